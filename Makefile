@@ -1,0 +1,40 @@
+# Onceguard — two commands: `make run` and `make test`. Both set themselves up.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+PG_URL ?= postgres://postgres@127.0.0.1:5432/test
+
+.PHONY: run test lint fmt bench setup clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@touch $@
+
+setup: $(VENV)/.installed
+
+## make run: migrate the embedded SQLite database, seed the demo, start web + workers + schedules.
+run: setup
+	$(PY) manage.py migrate --noinput
+	PORT=$(PORT) $(PY) manage.py run_all --port $(PORT)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+## make test: lint, the whole suite on SQLite, then on PostgreSQL when reachable (or DATABASE_URL says so).
+test: lint
+	bash scripts/test.sh
+
+bench: setup
+	DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} $(PY) -m bench
+
+clean:
+	rm -rf $(VENV) var staticfiles

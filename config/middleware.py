@@ -1,0 +1,38 @@
+"""Request guards that run before any view reads the body."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+
+from config.problems import problem_response
+
+
+class ApiBodyLimitMiddleware:
+    """Refuse API bodies over MAX_REQUEST_BYTES with 413 before a byte is parsed."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path.startswith("/api/"):
+            try:
+                length = int(request.META.get("CONTENT_LENGTH") or 0)
+            except ValueError:
+                length = -1
+            limit = settings.MAX_REQUEST_BYTES
+            if length < 0:
+                return problem_response(
+                    400, "bad_content_length", "Bad Content-Length", "Content-Length is not a number."
+                )
+            if length > limit:
+                return problem_response(
+                    413,
+                    "payload_too_large",
+                    "Payload too large",
+                    f"The body exceeds the limit of {limit} bytes.",
+                    limit=limit,
+                )
+        return self.get_response(request)

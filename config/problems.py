@@ -1,0 +1,97 @@
+"""RFC 9457 problem+json for every error the API can answer, with a stable `code`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.response import Response
+
+from ledger.errors import DomainError
+
+log = logging.getLogger("onceguard.api")
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+# DRF's own exceptions, given codes that do not change between DRF versions.
+_DRF_CODES: dict[type[Exception], tuple[str, str]] = {
+    drf_exceptions.ParseError: ("malformed_json", "Malformed request body"),
+    drf_exceptions.AuthenticationFailed: ("unauthenticated", "Authentication failed"),
+    drf_exceptions.NotAuthenticated: ("unauthenticated", "Authentication required"),
+    drf_exceptions.PermissionDenied: ("forbidden", "Permission denied"),
+    drf_exceptions.NotFound: ("not_found", "Not found"),
+    drf_exceptions.MethodNotAllowed: ("method_not_allowed", "Method not allowed"),
+    drf_exceptions.NotAcceptable: ("not_acceptable", "Not acceptable"),
+    drf_exceptions.UnsupportedMediaType: ("unsupported_media_type", "Unsupported media type"),
+    drf_exceptions.Throttled: ("throttled", "Too many requests"),
+    drf_exceptions.ValidationError: ("validation_error", "Request is not valid"),
+}
+
+
+def problem_body(status: int, code: str, title: str, detail: str, instance: str = "", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": f"https://onceguard.invalid/problems/{code}",
+        "title": title,
+        "status": status,
+        "code": code,
+        "detail": detail,
+    }
+    if instance:
+        body["instance"] = instance
+    body.update(extra)
+    return body
+
+
+def problem_response(status: int, code: str, title: str, detail: str, **extra: Any) -> JsonResponse:
+    """A problem+json response outside DRF (middleware, plain Django views)."""
+    return JsonResponse(
+        problem_body(status, code, title, detail, **extra), status=status, content_type=PROBLEM_CONTENT_TYPE
+    )
+
+
+def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    request = context.get("request")
+    instance = request.path if request is not None else ""
+    headers: dict[str, str] = {}
+    if isinstance(exc, DomainError):
+        body = problem_body(exc.status, exc.code, exc.title, exc.detail, instance, **exc.extra)
+        if exc.retry_after is not None:
+            headers["Retry-After"] = str(max(0, int(exc.retry_after)))
+        return Response(body, status=exc.status, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
+    if isinstance(exc, Http404):
+        exc = drf_exceptions.NotFound()
+    if isinstance(exc, drf_exceptions.APIException):
+        code, title = next(
+            (v for cls, v in _DRF_CODES.items() if isinstance(exc, cls)), ("error", "Request could not be processed")
+        )
+        extra: dict[str, Any] = {}
+        if isinstance(exc, drf_exceptions.ValidationError):
+            extra["errors"] = exc.detail
+            detail = "One or more fields are not valid."
+        elif isinstance(exc, drf_exceptions.ParseError):
+            # The parser's message can quote the body; never echo it.
+            detail = "The request body is not valid JSON."
+        else:
+            detail = str(exc.detail)
+        if getattr(exc, "wait", None):
+            headers["Retry-After"] = str(int(exc.wait))
+        if isinstance(exc, (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed)):
+            headers["WWW-Authenticate"] = 'Bearer realm="api"'
+        body = problem_body(exc.status_code, code, title, detail, instance, **extra)
+        return Response(body, status=exc.status_code, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
+    # Unexpected: log the class only (the message may carry request data), answer 500.
+    log.error("unhandled_error path=%s error=%s", instance, type(exc).__name__, exc_info=False)
+    body = problem_body(
+        500, "internal_error", "Internal error", "The server failed; nothing was recorded for this request.", instance
+    )
+    return Response(body, status=500, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return problem_response(404, "not_found", "Not found", "No such resource.", instance=request.path)
+
+
+def handler500(request: HttpRequest) -> JsonResponse:
+    return problem_response(500, "internal_error", "Internal error", "The server failed.", instance=request.path)

@@ -1,0 +1,137 @@
+"""Console pages for the ledger. Operations, attempts and events are read-only here for
+everyone, superusers included: every change goes through a service and leaves its event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from ledger import services
+from ledger.models import ApiKey, Attempt, Operation, OperationEvent, Provider, Tenant
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """No add, no change, no delete — not even for a superuser."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    extra = 0
+    can_delete = False
+    fields = [
+        "number",
+        "outcome",
+        "started_at",
+        "sent_at",
+        "finished_at",
+        "error_class",
+        "message",
+        "provider_ref",
+        "response_status",
+        "execution_id",
+    ]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class EventInline(admin.TabularInline):
+    model = OperationEvent
+    extra = 0
+    can_delete = False
+    fields = ["at", "from_status", "to_status", "actor", "reason", "attempt"]
+    readonly_fields = fields
+    ordering = ["at", "id"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Operation)
+class OperationAdmin(ReadOnlyAdmin):
+    list_display = ["key", "tenant", "provider", "mode", "status", "attempts", "provider_ref", "updated_at"]
+    list_filter = ["status", "mode", "tenant", "provider", "error_class"]
+    search_fields = ["=key", "=reconciliation_handle", "=provider_ref", "=execution_id", "=correlation_id"]
+    date_hierarchy = "created_at"
+    list_select_related = ["tenant", "provider"]
+    show_full_result_count = False
+    inlines = [AttemptInline, EventInline]
+    exclude = ["payload", "request", "response_body"]
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyAdmin):
+    list_display = ["operation", "number", "outcome", "started_at", "finished_at", "error_class", "provider_ref"]
+    list_filter = ["outcome", "error_class"]
+    search_fields = ["=operation__key", "=provider_ref", "=execution_id"]
+    list_select_related = ["operation"]
+    exclude = ["response_body"]
+    show_full_result_count = False
+
+
+@admin.register(OperationEvent)
+class OperationEventAdmin(ReadOnlyAdmin):
+    list_display = ["operation", "from_status", "to_status", "actor", "reason", "at"]
+    list_filter = ["to_status", "from_status"]
+    search_fields = ["=operation__key", "actor"]
+    list_select_related = ["operation"]
+    show_full_result_count = False
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "tenant", "name", "scopes", "created_at", "revoked_at"]
+    list_filter = ["tenant", "revoked_at"]
+    search_fields = ["prefix", "name"]
+    readonly_fields = ["tenant", "prefix", "hashed_key", "scopes", "created_at", "revoked_at", "last_used_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The secret must be shown exactly once: keys are made with `manage.py apikey_create`.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        for api_key in queryset:
+            services.apikey_revoke(api_key_id=api_key.pk)
+        messages.success(request, f"Revoked {queryset.count()} key(s).")
+
+
+@admin.register(Provider)
+class ProviderAdmin(admin.ModelAdmin):
+    list_display = ["slug", "tenant", "idempotency_class", "base_url", "max_attempts", "throttled_until", "paused_at"]
+    list_filter = ["tenant", "idempotency_class"]
+    search_fields = ["slug", "base_url"]

@@ -1,0 +1,218 @@
+"""Ledger HTTP API: parse input, call a service or selector, render the output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers as drf_serializers
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ledger import selectors, services
+from ledger.errors import InvalidKey, ValidationFailed
+from ledger.models import Operation, OperationStatus
+from ledger.serializers import (
+    ClaimInputSerializer,
+    ClaimOutputSerializer,
+    CompleteInputSerializer,
+    FailInputSerializer,
+    HeartbeatInputSerializer,
+    OperationOutputSerializer,
+    SentInputSerializer,
+    operation_representation,
+)
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def _valid(serializer_class: type[drf_serializers.Serializer], request: Request) -> dict[str, Any]:
+    if not isinstance(request.data, dict):
+        raise ValidationFailed("The request body must be a JSON object.")
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+def idempotency_key_from(request: Request, body_key: str | None) -> str:
+    """The key comes in the body (`key`) or the `Idempotency-Key` header; both must agree."""
+    header_key = request.headers.get("Idempotency-Key")
+    if body_key not in (None, "") and header_key not in (None, "") and body_key != header_key:
+        raise InvalidKey("The `key` field and the Idempotency-Key header disagree.")
+    key = body_key if body_key not in (None, "") else header_key
+    return services.validate_key(key)
+
+
+def render_operation(
+    op: Operation, *, status: int, replayed: bool = False, headers: dict[str, str] | None = None
+) -> Response:
+    headers = dict(headers or {})
+    if replayed:
+        headers[REPLAYED_HEADER] = "true"
+    return Response(
+        operation_representation(op, provider_slug=selectors.provider_slug(op.provider_id)),
+        status=status,
+        headers=headers,
+    )
+
+
+class ClaimCreateApi(APIView):
+    @extend_schema(
+        request=ClaimInputSerializer,
+        responses={201: ClaimOutputSerializer, 200: OperationOutputSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        summary="Claim an idempotency key before performing a side effect (guard mode)",
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(ClaimInputSerializer, request)
+        key = idempotency_key_from(request, data.pop("key", None))
+        tenant = request.user.tenant
+        provider = services.provider_for(tenant=tenant, slug=data.pop("provider"))
+        result = services.operation_claim(
+            tenant=tenant, key=key, provider=provider, actor=request.user.actor, via_claims=True, **data
+        )
+        op = result.operation
+        if result.replayed:
+            return render_operation(op, status=200, replayed=True)
+        body = operation_representation(op, provider_slug=provider.slug if provider else None)
+        body["lease_token"] = op.lease_token
+        body["attempt"] = op.attempts
+        return Response(body, status=201, headers={"Location": f"/api/v1/operations/{op.pk}"})
+
+
+class OperationSentApi(APIView):
+    @extend_schema(
+        request=SentInputSerializer,
+        responses={200: OperationOutputSerializer},
+        summary="Write the sent marker before the effect",
+    )
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = _valid(SentInputSerializer, request)
+        op = services.operation_mark_sent(
+            operation_id=operation_id,
+            lease_token=data["lease_token"],
+            reconciliation_handle=data["reconciliation_handle"],
+            actor=request.user.actor,
+            tenant_id=request.user.tenant.pk,
+        )
+        return render_operation(op, status=200)
+
+
+class OperationCompleteApi(APIView):
+    @extend_schema(
+        request=CompleteInputSerializer,
+        responses={200: OperationOutputSerializer},
+        summary="Record the effect's outcome",
+    )
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = _valid(CompleteInputSerializer, request)
+        op = services.operation_complete(
+            operation_id=operation_id,
+            lease_token=data["lease_token"],
+            provider_ref=data["provider_ref"],
+            response_status=data["response_status"],
+            response_body=data["response"],
+            actor=request.user.actor,
+            tenant_id=request.user.tenant.pk,
+        )
+        return render_operation(op, status=200)
+
+
+class OperationFailApi(APIView):
+    @extend_schema(
+        request=FailInputSerializer,
+        responses={200: OperationOutputSerializer},
+        summary="Record a failure and its class",
+    )
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = _valid(FailInputSerializer, request)
+        op = services.operation_fail(
+            operation_id=operation_id,
+            lease_token=data["lease_token"],
+            error_class=data["error_class"],
+            message=data["message"],
+            response_status=data["response_status"],
+            retry_after=data["retry_after_seconds"],
+            actor=request.user.actor,
+            tenant_id=request.user.tenant.pk,
+        )
+        return render_operation(op, status=200)
+
+
+class OperationHeartbeatApi(APIView):
+    @extend_schema(
+        request=HeartbeatInputSerializer, responses={200: OperationOutputSerializer}, summary="Extend the lease"
+    )
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = _valid(HeartbeatInputSerializer, request)
+        op = services.operation_heartbeat(
+            operation_id=operation_id,
+            lease_token=data["lease_token"],
+            lease_seconds=data["lease_seconds"],
+            tenant_id=request.user.tenant.pk,
+        )
+        return render_operation(op, status=200)
+
+
+class OperationDetailApi(APIView):
+    @extend_schema(responses={200: OperationOutputSerializer}, summary="One operation")
+    def get(self, request: Request, operation_id: int) -> Response:
+        return render_operation(
+            selectors.operation_get(tenant=request.user.tenant, operation_id=operation_id), status=200
+        )
+
+
+class OperationFilter(django_filters.FilterSet):
+    key = django_filters.CharFilter(field_name="key")
+    status = django_filters.ChoiceFilter(field_name="status", choices=OperationStatus.choices)
+    provider = django_filters.CharFilter(field_name="provider__slug")
+    updated_after = django_filters.IsoDateTimeFilter(field_name="updated_at", lookup_expr="gt")
+    reconciliation_handle = django_filters.CharFilter(field_name="reconciliation_handle")
+    provider_ref = django_filters.CharFilter(field_name="provider_ref")
+    execution_id = django_filters.CharFilter(field_name="execution_id")
+    correlation_id = django_filters.CharFilter(field_name="correlation_id")
+
+    class Meta:
+        model = Operation
+        fields: list[str] = []
+
+
+class OperationCursorPagination(CursorPagination):
+    ordering = "-id"
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class OperationListApi(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(name, str, OpenApiParameter.QUERY, required=False)
+            for name in (
+                "key",
+                "status",
+                "provider",
+                "updated_after",
+                "reconciliation_handle",
+                "provider_ref",
+                "execution_id",
+                "correlation_id",
+                "cursor",
+                "page_size",
+            )
+        ],
+        responses={200: OperationOutputSerializer(many=True)},
+        summary="List operations (cursor-paginated)",
+    )
+    def get(self, request: Request) -> Response:
+        filterset = OperationFilter(request.query_params, queryset=selectors.operation_list(tenant=request.user.tenant))
+        if not filterset.is_valid():
+            raise drf_serializers.ValidationError(filterset.errors)
+        paginator = OperationCursorPagination()
+        page = paginator.paginate_queryset(filterset.qs, request, view=self)
+        return paginator.get_paginated_response(
+            [operation_representation(op, provider_slug=op.provider.slug if op.provider else None) for op in page]
+        )

@@ -1,0 +1,76 @@
+"""Named domain errors. Each carries its HTTP status and stable problem code (DESIGN §5);
+config.problems maps them to RFC 9457 problem+json in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    status: int = 400
+    code: str = "bad_request"
+    title: str = "Bad request"
+
+    def __init__(self, detail: str = "", *, retry_after: int | None = None, extra: dict[str, Any] | None = None):
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.retry_after = retry_after
+        self.extra = extra or {}
+
+
+class InvalidKey(DomainError):
+    code, title = "invalid_idempotency_key", "Invalid idempotency key"
+
+
+class UnknownProvider(DomainError):
+    code, title = "unknown_provider", "Unknown provider"
+
+
+class ValidationFailed(DomainError):
+    code, title = "validation_error", "Request is not valid"
+
+
+class KeyReusedWithDifferentRequest(DomainError):
+    status, code, title = 422, "key_reused_with_different_request", "Key reused with a different request"
+
+
+class OperationInProgress(DomainError):
+    status, code, title = 409, "operation_in_progress", "Operation in progress"
+
+
+class OperationRetryScheduled(DomainError):
+    status, code, title = 409, "operation_retry_scheduled", "Retry scheduled"
+
+
+class OperationNeedsReconciliation(DomainError):
+    status, code, title = 409, "operation_needs_reconciliation", "Operation outcome is being reconciled"
+
+
+class OperationManagedByService(DomainError):
+    status, code, title = 409, "operation_managed_by_service", "Operation is executed by the service"
+
+
+class OperationAlreadyFinished(DomainError):
+    status, code, title = 409, "operation_already_finished", "Operation already finished"
+
+
+class LeaseLost(DomainError):
+    """The token is not the latest attempt's, or the row left the state that token held."""
+
+    status, code, title = 409, "lease_lost", "Lease lost"
+
+
+class LeaseExpired(DomainError):
+    status, code, title = 409, "lease_expired", "Lease expired"
+
+
+class IllegalTransition(DomainError):
+    status, code, title = 409, "illegal_transition", "Illegal state transition"
+
+
+class OperationNotFound(DomainError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class AdmissionRefused(DomainError):
+    status, code, title = 429, "admission_refused", "Admission refused"

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from ledger import services
+from ledger.models import IdempotencyClass, Tenant
+
+CREDENTIALS = Path(settings.VAR_DIR) / "credentials.txt"
+
+
+class Command(BaseCommand):
+    help = "First-run set-up for the embedded mode: a demo tenant, provider, API key and admin login."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--base-url", default="http://127.0.0.1:8010")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if CREDENTIALS.exists() and Tenant.objects.filter(slug="demo").exists():
+            self.stdout.write(CREDENTIALS.read_text())
+            return
+        tenant = Tenant.objects.filter(slug="demo").first() or services.tenant_create(slug="demo", name="Demo tenant")
+        services.provider_upsert(
+            tenant=tenant,
+            slug="demo-charges",
+            base_url=options["base_url"],
+            idempotency_class=IdempotencyClass.KEY_ENFORCED,
+            lookup_path="/charges?idempotency_key={key}",
+            ref_pointer="/id",
+            status_pointer="/status",
+            success_values=["succeeded"],
+        )
+        _, secret = services.apikey_create(tenant=tenant, scopes=["read", "write", "admin"], name="demo")
+        password = secrets.token_urlsafe(12)
+        User = get_user_model()
+        user = User.objects.filter(username="admin").first() or User(username="admin", is_staff=True, is_superuser=True)
+        user.set_password(password)
+        user.save()
+        text = (
+            "Onceguard demo credentials (also in var/credentials.txt):\n"
+            f"  console login : admin / {password}\n"
+            f"  API key       : {secret}\n"
+            "  tenant        : demo   provider: demo-charges (key-enforced)\n"
+        )
+        CREDENTIALS.write_text(text)
+        CREDENTIALS.chmod(0o600)
+        self.stdout.write(text)

@@ -1,0 +1,295 @@
+"""Ledger tables, states and constraints. No business logic: writes live in services."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class OperationStatus(models.TextChoices):
+    # execute mode: accepted, waiting for a worker. Out: a worker taking the lease.
+    QUEUED = "queued", "queued"
+    # a lease is held; the effect may be under way. Out: the holder (complete/fail);
+    # the sweeper once the lease has expired.
+    CLAIMED = "claimed", "claimed"
+    # failed before the effect could have happened; next_attempt_at set. Out: the next
+    # claim once due (guard), a worker once due (execute), the sweeper at end of life.
+    RETRY_WAIT = "retry_wait", "retry wait"
+    # outcome unknown (timeout/reset after send, lease expired after `sent`). Out: the
+    # sweeper (reconcile); the last holder's late complete/fail.
+    UNCERTAIN = "uncertain", "uncertain"
+    # a human must decide. Out: a reviewer's decision; the last holder's late complete/fail.
+    REVIEW = "review", "review"
+    # effect confirmed, provider_ref and response recorded. Terminal.
+    SUCCEEDED = "succeeded", "succeeded"
+    # the effect definitely did not happen and won't be retried; a DLQ entry exists.
+    # Terminal (a replay creates lineage, never edits).
+    FAILED = "failed", "failed"
+    # a reviewer decided not to do it. Terminal.
+    ABANDONED = "abandoned", "abandoned"
+
+
+S = OperationStatus
+TERMINAL_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.ABANDONED})
+OPEN_STATES = frozenset(set(S) - TERMINAL_STATES)
+# States whose latest lease holder may still report a result (DESIGN §3 fencing).
+REPORTABLE_STATES = frozenset({S.CLAIMED, S.UNCERTAIN, S.REVIEW})
+UNRESOLVED_STATES = frozenset({S.UNCERTAIN, S.REVIEW})
+
+# The only moves there are. Anything else is a bug and raises IllegalTransition.
+ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {
+    None: frozenset({S.CLAIMED, S.QUEUED}),
+    S.QUEUED: frozenset({S.CLAIMED}),
+    S.CLAIMED: frozenset({S.SUCCEEDED, S.FAILED, S.RETRY_WAIT, S.UNCERTAIN, S.REVIEW}),
+    S.RETRY_WAIT: frozenset({S.CLAIMED, S.FAILED}),
+    S.UNCERTAIN: frozenset({S.SUCCEEDED, S.RETRY_WAIT, S.REVIEW, S.FAILED}),
+    S.REVIEW: frozenset({S.SUCCEEDED, S.RETRY_WAIT, S.ABANDONED, S.FAILED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.ABANDONED: frozenset(),
+}
+
+
+def sources_of(target: str) -> frozenset[str]:
+    """Every state a row may move to ``target`` from, read off the table above."""
+    return frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if s is not None and target in targets)
+
+
+class OperationMode(models.TextChoices):
+    GUARD = "guard", "guard (caller performs the effect)"
+    EXECUTE = "execute", "execute (the service performs the effect)"
+
+
+class ErrorClass(models.TextChoices):
+    TRANSIENT = "transient", "transient"
+    INVALID_INPUT = "invalid_input", "invalid input"
+    PERMISSION = "permission", "permission"
+    AMBIGUOUS = "ambiguous", "ambiguous"
+
+
+class IdempotencyClass(models.TextChoices):
+    # Re-issuing with the same key is safe (Stripe's Idempotency-Key, a unique constraint).
+    KEY_ENFORCED = "key_enforced", "key-enforced"
+    # Nothing stops a second effect (SMTP, webhooks): uncertain rows go to review.
+    KEY_ADVISORY = "key_advisory", "key-advisory"
+
+
+class AttemptOutcome(models.TextChoices):
+    PENDING = "pending", "pending"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed (definitive)"
+    # failed with a definitive "not done" answer; a retry is safe.
+    TRANSIENT = "transient", "transient failure"
+    # sent, answer unknown; stays so until reconciliation resolves it.
+    AMBIGUOUS = "ambiguous", "ambiguous"
+    # reconciliation established the effect did not happen.
+    NOT_FOUND = "not_found", "not found at provider"
+    # lease expired before anything was sent.
+    EXPIRED = "expired", "lease expired before send"
+    # the result arrived with a superseded token; kept here as evidence only.
+    FENCED = "fenced", "fenced (superseded)"
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class ApiKey(models.Model):
+    """A tenant's API key. Only a sha256 of the secret is stored; the prefix identifies it."""
+
+    SCOPES = ("read", "write", "admin")
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16, db_index=True)
+    hashed_key = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.tenant})"
+
+
+class Provider(models.Model):
+    """A receiver of side effects, configured as data (DESIGN §3 execute mode)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="providers")
+    slug = models.SlugField(max_length=63)
+    idempotency_class = models.CharField(max_length=16, choices=IdempotencyClass.choices)
+    idempotency_header = models.CharField(max_length=100, default="Idempotency-Key")
+    base_url = models.URLField(max_length=500, blank=True)
+    # May use {key} and {reconciliation_handle}. 200 = found, 404 = not found.
+    lookup_path = models.CharField(max_length=500, blank=True)
+    ref_pointer = models.CharField(max_length=200, default="/id")
+    status_pointer = models.CharField(max_length=200, blank=True)
+    success_values = models.JSONField(default=list, blank=True)
+    lookup_settle_seconds = models.PositiveIntegerField(default=30)
+    key_ttl_seconds = models.PositiveIntegerField(default=86400)
+    timeout_seconds = models.FloatField(default=10.0)
+    # Retry policy (DESIGN §3): visible on every operation as a snapshot.
+    max_attempts = models.PositiveIntegerField(default=4)
+    lifetime_seconds = models.PositiveIntegerField(default=1800)
+    base_delay_seconds = models.FloatField(default=1.0)
+    max_delay_seconds = models.FloatField(default=300.0)
+    unit_price = models.DecimalField(max_digits=12, decimal_places=4, default=0)
+    throttled_until = models.DateTimeField(null=True, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_reason = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "slug"], name="provider_unique_slug_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.slug}"
+
+
+class Operation(models.Model):
+    """One row per logical side effect, unique on (tenant, key)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations")
+    key = models.CharField(max_length=255)
+    mode = models.CharField(max_length=8, choices=OperationMode.choices, default=OperationMode.GUARD)
+    status = models.CharField(max_length=16, choices=OperationStatus.choices)
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, null=True, blank=True, related_name="operations")
+    action = models.CharField(max_length=100, blank=True)
+    fingerprint = models.CharField(max_length=64)
+    # execute mode only: the provider-neutral request the workers send.
+    request = models.JSONField(null=True, blank=True)
+    payload = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    # 429/503 answers: counted in `attempts` but not against max_attempts.
+    throttled_attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=4)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The latest attempt's token. Never cleared: fencing compares against it.
+    lease_token = models.CharField(max_length=32, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    uses_sent_marker = models.BooleanField(default=False)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    error_class = models.CharField(max_length=16, blank=True, choices=ErrorClass.choices)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    reconciliation_handle = models.CharField(max_length=255, blank=True)
+    execution_id = models.CharField(max_length=255, blank=True)
+    workflow_id = models.CharField(max_length=255, blank=True)
+    workflow_version = models.CharField(max_length=100, blank=True)
+    correlation_id = models.CharField(max_length=255, blank=True)
+    superseded_by = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Sweeper bookkeeping.
+    reconcile_until = models.DateTimeField(null=True, blank=True)
+    lookup_failures = models.PositiveIntegerField(default=0)
+    alerted_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ledger_operation"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="operation_unique_key_per_tenant"),
+            # A terminal state always has its finishing time, and only a terminal one does.
+            models.CheckConstraint(
+                condition=(Q(status__in=list(TERMINAL_STATES)) & Q(done_at__isnull=False))
+                | (~Q(status__in=list(TERMINAL_STATES)) & Q(done_at__isnull=True)),
+                name="operation_done_at_iff_terminal",
+            ),
+            models.CheckConstraint(condition=Q(status__in=list(S.values)), name="operation_status_valid"),
+            models.CheckConstraint(
+                condition=~Q(status=S.CLAIMED) | Q(lease_expires_at__isnull=False),
+                name="operation_claimed_has_lease",
+            ),
+        ]
+        indexes = [
+            # The sweeper and workers read only the open rows, by state and time.
+            models.Index(
+                fields=["status", "lease_expires_at"],
+                name="op_claimed_lease_idx",
+                condition=Q(status="claimed"),
+            ),
+            models.Index(
+                fields=["status", "next_attempt_at"],
+                name="op_due_idx",
+                condition=Q(status__in=["queued", "retry_wait"]),
+            ),
+            models.Index(
+                fields=["status", "updated_at"],
+                name="op_unresolved_idx",
+                condition=Q(status__in=["uncertain", "review"]),
+            ),
+            models.Index(fields=["tenant", "status", "updated_at"], name="op_tenant_status_idx"),
+            models.Index(fields=["tenant", "updated_at", "id"], name="op_tenant_updated_idx"),
+            models.Index(fields=["reconciliation_handle"], name="op_handle_idx"),
+            models.Index(fields=["provider_ref"], name="op_ref_idx"),
+            models.Index(fields=["execution_id"], name="op_execution_idx"),
+            models.Index(fields=["correlation_id"], name="op_correlation_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATES
+
+
+class Attempt(models.Model):
+    """One row per try. A fenced holder's late result is kept here, never on the operation."""
+
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="attempt_set")
+    number = models.PositiveIntegerField()
+    lease_token = models.CharField(max_length=32)
+    started_at = models.DateTimeField()
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.PENDING)
+    error_class = models.CharField(max_length=16, blank=True)
+    message = models.CharField(max_length=500, blank=True)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    execution_id = models.CharField(max_length=255, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ledger_attempt"
+        constraints = [models.UniqueConstraint(fields=["operation", "number"], name="attempt_unique_number")]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}#{self.number}"
+
+
+class OperationEvent(models.Model):
+    """Append-only history: every transition, its actor and its reason."""
+
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events")
+    from_status = models.CharField(max_length=16, blank=True)
+    to_status = models.CharField(max_length=16)
+    actor = models.CharField(max_length=150)
+    reason = models.CharField(max_length=500, blank=True)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ledger_operationevent"
+        indexes = [models.Index(fields=["operation", "at"], name="opevent_op_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}: {self.from_status or '∅'} → {self.to_status}"

@@ -1,0 +1,1001 @@
+"""Every write to the ledger. One function per transition, keyword-only and typed.
+
+Each transition is one guarded conditional UPDATE plus its OperationEvent row in the same
+transaction; zero rows updated means somebody else moved the row first and raises a named
+error, never an overwrite. On PostgreSQL the hot transitions (claim, complete) are a
+single statement (data-modifying CTEs), so a claim→complete costs two round trips and two
+commits, exactly like the two raw seed statements. On SQLite the same pieces run as
+several statements inside one BEGIN IMMEDIATE transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from ledger import sql
+from ledger.errors import (
+    IllegalTransition,
+    InvalidKey,
+    KeyReusedWithDifferentRequest,
+    LeaseExpired,
+    LeaseLost,
+    OperationAlreadyFinished,
+    OperationInProgress,
+    OperationManagedByService,
+    OperationNeedsReconciliation,
+    OperationRetryScheduled,
+    UnknownProvider,
+    ValidationFailed,
+)
+from ledger.models import (
+    ALLOWED_TRANSITIONS,
+    REPORTABLE_STATES,
+    TERMINAL_STATES,
+    AttemptOutcome,
+    ErrorClass,
+    Operation,
+    OperationMode,
+    OperationStatus,
+    Provider,
+    Tenant,
+)
+
+S = OperationStatus
+log = logging.getLogger("onceguard.ledger")
+
+MAX_KEY_LENGTH = 255
+MAX_MESSAGE_LENGTH = 500
+
+
+# --- Inputs -----------------------------------------------------------------------------
+
+
+def validate_key(key: Any) -> str:
+    """1–255 printable characters; the key is logged, so it must not carry personal data."""
+    if not isinstance(key, str) or key == "":
+        raise InvalidKey("An idempotency key is required (body `key` or header `Idempotency-Key`).")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidKey(f"The idempotency key is longer than {MAX_KEY_LENGTH} characters.")
+    if not key.isprintable() or key.strip() != key:
+        raise InvalidKey("The idempotency key must be printable characters without leading or trailing blanks.")
+    return key
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_fingerprint(*, mode: str, provider: str, action: str, request: Any) -> str:
+    """sha256 of the canonical JSON of (mode, provider, action, request) — DESIGN §3."""
+    blob = canonical_json([mode, provider, action, request])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def clamp_lease(seconds: float | None) -> float:
+    cfg = settings.ONCEGUARD
+    if seconds is None:
+        seconds = cfg["LEASE_DEFAULT_SECONDS"]
+    return float(min(max(float(seconds), cfg["LEASE_MIN_SECONDS"]), cfg["LEASE_MAX_SECONDS"]))
+
+
+def sanitize_message(message: str | None) -> str:
+    """Error text is stored for operators; keep it short and single-line."""
+    text = " ".join((message or "").split())
+    return text[:MAX_MESSAGE_LENGTH]
+
+
+def backoff_seconds(*, attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter: uniform(0, min(cap, base · 2^(attempt-1)))."""
+    ceiling = min(cap, base * (2 ** max(0, attempt - 1)))
+    return (rng or random).uniform(0, ceiling)
+
+
+def provider_for(*, tenant: Tenant | int, slug: str | None) -> Provider | None:
+    if slug in (None, ""):
+        return None
+    tenant_id = tenant if isinstance(tenant, int) else tenant.pk
+    provider = Provider.objects.filter(tenant_id=tenant_id, slug=slug).first()
+    if provider is None:
+        raise UnknownProvider(f"No provider named {slug!r} is configured for this tenant.")
+    return provider
+
+
+def _new_token() -> str:
+    return secrets.token_hex(16)
+
+
+# --- Results ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    operation: Operation
+    # True when this call created the row or took a new attempt on it (201).
+    acquired: bool
+    # True when the row was already terminal and its recorded outcome is replayed (200).
+    replayed: bool
+
+
+# --- The generic guarded transition -----------------------------------------------------
+
+
+def _guard_clause(*, op_id: int, from_states: frozenset[str], token: str | None, extra: str) -> tuple[str, list[Any]]:
+    states = sorted(from_states)
+    where = f"id = %s AND status IN ({', '.join(['%s'] * len(states))})"
+    params: list[Any] = [op_id, *states]
+    if token is not None:
+        where += " AND lease_token = %s"
+        params.append(token)
+    if extra:
+        where += f" AND {extra}"
+    return where, params
+
+
+def _transition(
+    *,
+    op_id: int,
+    to: str,
+    from_states: frozenset[str],
+    actor: str,
+    reason: str,
+    token: str | None = None,
+    sets: list[tuple[str, str, list[Any]]] | None = None,
+    extra_where: str = "",
+    extra_params: list[Any] | None = None,
+    attempt_update: list[tuple[str, str, list[Any]]] | None = None,
+    attempt_insert: bool = False,
+) -> Operation | None:
+    """One guarded UPDATE of an operation plus its event row (and its attempt row).
+
+    ``sets`` and ``attempt_update`` are (column, sql expression, params). With
+    ``attempt_insert`` a new Attempt numbered ``attempts`` (after the update) is created
+    carrying the row's lease. Returns the updated row, or None when the guard matched no
+    row (someone else moved it first). Callers raise the named error.
+    """
+    for source in from_states:
+        if to not in ALLOWED_TRANSITIONS[source]:
+            raise IllegalTransition(f"{source} → {to} is not an allowed move.")
+    where, where_params = _guard_clause(op_id=op_id, from_states=from_states, token=token, extra=extra_where)
+    where_params += extra_params or []
+    set_sql = ["status = %s", f"updated_at = {sql.now()}"]
+    set_params: list[Any] = [to]
+    if to in TERMINAL_STATES:
+        set_sql.append(f"done_at = {sql.now()}")
+    for column, expr, params in sets or []:
+        set_sql.append(f"{column} = {expr}")
+        set_params += params
+    att_sql: list[str] = []
+    att_params: list[Any] = []
+    for column, expr, params in attempt_update or []:
+        att_sql.append(f"{column} = {expr}")
+        att_params += params
+    event_params = [actor[:150], sanitize_message(reason)]
+
+    if sql.is_postgres():
+        parts = [
+            f"WITH old AS (SELECT id AS old_id, status AS old_status FROM ledger_operation WHERE {where} FOR UPDATE)",
+            f", upd AS (UPDATE ledger_operation SET {', '.join(set_sql)} FROM old WHERE id = old.old_id"
+            f" RETURNING {sql.OP_SELECT}, old.old_status)",
+        ]
+        params = [*where_params, *set_params]
+        if att_sql:
+            parts.append(
+                f", att AS (UPDATE ledger_attempt SET {', '.join(att_sql)} FROM upd"
+                " WHERE ledger_attempt.operation_id = upd.id AND ledger_attempt.number = upd.attempts)"
+            )
+            params += att_params
+        if attempt_insert:
+            parts.append(
+                ", att_new AS (INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at,"
+                " lease_expires_at, sent_at, outcome, error_class, message, provider_ref, execution_id)"
+                " SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '',"
+                " execution_id FROM upd)"
+            )
+        parts.append(
+            ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
+            " attempt, at) SELECT id, old_status, status, %s, %s, attempts, now() FROM upd)"
+        )
+        params += event_params
+        parts.append(f" SELECT {sql.OP_SELECT} FROM upd")
+        with connection.cursor() as cursor:
+            cursor.execute("".join(parts), params)
+            row = cursor.fetchone()
+        return sql.operation_from_row(row) if row else None
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT status FROM ledger_operation WHERE {where}", where_params)
+            found = cursor.fetchone()
+            if found is None:
+                return None
+            cursor.execute(
+                f"UPDATE ledger_operation SET {', '.join(set_sql)} WHERE id = %s RETURNING {sql.OP_SELECT}",
+                [*set_params, op_id],
+            )
+            op = sql.operation_from_row(cursor.fetchone())
+            if att_sql:
+                cursor.execute(
+                    f"UPDATE ledger_attempt SET {', '.join(att_sql)} WHERE operation_id = %s AND number = %s",
+                    [*att_params, op_id, op.attempts],
+                )
+            if attempt_insert:
+                _insert_attempt(cursor, op)
+            _insert_event(cursor, op_id=op_id, old=found[0], new=to, actor=actor, reason=reason, attempt=op.attempts)
+    return op
+
+
+def _insert_attempt(cursor: Any, op: Operation) -> None:
+    cursor.execute(
+        "INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at, lease_expires_at, sent_at,"
+        " outcome, error_class, message, provider_ref, execution_id)"
+        " SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '', execution_id"
+        " FROM ledger_operation WHERE id = %s",
+        [op.pk],
+    )
+
+
+def _insert_event(cursor: Any, *, op_id: int, old: str, new: str, actor: str, reason: str, attempt: int | None) -> None:
+    cursor.execute(
+        "INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)"
+        f" VALUES (%s, %s, %s, %s, %s, %s, {sql.now()})",
+        [op_id, old, new, actor[:150], sanitize_message(reason), attempt],
+    )
+
+
+def _after_failed(op: Operation) -> None:
+    """Every `failed` row has its DLQ entry, written in the same transaction."""
+    from dlq.services import failed_event_record_for_operation
+
+    failed_event_record_for_operation(operation=op)
+
+
+# --- Claim --------------------------------------------------------------------------------
+
+_INSERT_COLUMNS = (
+    "tenant_id, key, mode, status, provider_id, action, fingerprint, request, payload, attempts,"
+    " throttled_attempts, max_attempts, claimed_at, lease_expires_at, lease_token, sent_at, uses_sent_marker,"
+    " next_attempt_at, deadline, expires_at, last_error, error_class, provider_ref, response_status,"
+    " response_body, reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,"
+    " lookup_failures, created_at, updated_at"
+)
+
+
+def _insert_values(
+    *,
+    status: str,
+    lease_seconds: float,
+    mark_sent: bool,
+    deadline_seconds: float | None,
+    lifetime_seconds: float,
+) -> tuple[str, list[Any]]:
+    """The VALUES tail after the plain parameters: times computed by the database."""
+    now = sql.now()
+    lease_sql, lease_p = sql.now_plus(lease_seconds)
+    life_sql, life_p = sql.now_plus(lifetime_seconds)
+    params: list[Any] = []
+    claimed = status == S.CLAIMED
+    parts = [
+        now if claimed else "NULL",  # claimed_at
+        lease_sql if claimed else "NULL",  # lease_expires_at
+    ]
+    if claimed:
+        params += lease_p
+    parts.append("%s")  # lease_token
+    parts.append(now if (claimed and mark_sent) else "NULL")  # sent_at
+    parts.append("%s")  # uses_sent_marker
+    parts.append(now if status == S.QUEUED else "NULL")  # next_attempt_at
+    if deadline_seconds is not None:
+        d_sql, d_p = sql.now_plus(deadline_seconds)
+        parts.append(d_sql)
+        tail_params = d_p
+    else:
+        parts.append("NULL")
+        tail_params = []
+    parts.append(life_sql)  # expires_at
+    return ", ".join(parts), [params, tail_params, life_p]
+
+
+def operation_claim(
+    *,
+    tenant: Tenant,
+    key: str,
+    provider: Provider | None,
+    action: str = "",
+    request: Any = None,
+    payload: Any = None,
+    mode: str = OperationMode.GUARD,
+    lease_seconds: float | None = None,
+    uses_sent_marker: bool = False,
+    mark_sent: bool = False,
+    deadline_seconds: float | None = None,
+    reconciliation_handle: str = "",
+    execution_id: str = "",
+    workflow_id: str = "",
+    workflow_version: str = "",
+    correlation_id: str = "",
+    actor: str = "api",
+    via_claims: bool = True,
+    fingerprint: str | None = None,
+) -> ClaimResult:
+    """Claim ``key`` atomically, or answer for the row that already holds it (DESIGN §5).
+
+    New key → a row in ``claimed`` (guard) or ``queued`` (execute) with its first attempt.
+    ``mark_sent`` writes the sent marker in the same commit (in-process guard, workers).
+    Raises the named 409/422 errors for rows that cannot be claimed now.
+    """
+    key = validate_key(key)
+    provider_slug = provider.slug if provider else ""
+    if fingerprint is None:
+        fingerprint = request_fingerprint(mode=mode, provider=provider_slug, action=action, request=request)
+    lease = clamp_lease(lease_seconds)
+    token = _new_token()
+    status = S.QUEUED if mode == OperationMode.EXECUTE else S.CLAIMED
+    max_attempts = provider.max_attempts if provider else 4
+    lifetime = float(provider.lifetime_seconds if provider else 1800)
+    if mark_sent:
+        uses_sent_marker = True
+    values_tail, (p_lease, p_deadline, p_life) = _insert_values(
+        status=status,
+        lease_seconds=lease,
+        mark_sent=mark_sent,
+        deadline_seconds=deadline_seconds,
+        lifetime_seconds=lifetime,
+    )
+    now = sql.now()
+    insert = (
+        f"INSERT INTO ledger_operation ({_INSERT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s,"
+        f" {sql.json_param()}, {sql.json_param()}, %s, 0, %s, {values_tail}, '', '', '', NULL, NULL,"
+        f" %s, %s, %s, %s, %s, 0, {now}, {now})"
+        " ON CONFLICT (tenant_id, key) DO NOTHING"
+        f" RETURNING {sql.OP_SELECT}"
+    )
+    attempts = 1 if status == S.CLAIMED else 0
+    insert_params = [
+        tenant.pk,
+        key,
+        mode,
+        status,
+        provider.pk if provider else None,
+        action,
+        fingerprint,
+        sql.dumps(request) if mode == OperationMode.EXECUTE else None,
+        sql.dumps(payload),
+        attempts,
+        max_attempts,
+        *p_lease,
+        token,
+        uses_sent_marker,
+        *p_deadline,
+        *p_life,
+        reconciliation_handle[:255],
+        execution_id[:255],
+        workflow_id[:255],
+        workflow_version[:100],
+        correlation_id[:255],
+    ]
+    reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
+
+    op: Operation | None
+    created = False
+    if sql.is_postgres():
+        # One statement: insert the row, its first attempt and its event, or return the
+        # existing row when the key is taken (the SELECT arm sees the pre-insert snapshot).
+        stmt = (
+            f"WITH ins AS ({insert})"
+            + (
+                ", att AS (INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at,"
+                " lease_expires_at, sent_at, outcome, error_class, message, provider_ref, execution_id)"
+                " SELECT id, 1, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '',"
+                " execution_id FROM ins)"
+                if attempts
+                else ""
+            )
+            + ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
+            " attempt, at) SELECT id, '', status, %s, %s, attempts, now() FROM ins)"
+            f" SELECT {sql.OP_SELECT}, true FROM ins"
+            f" UNION ALL SELECT {sql.OP_SELECT}, false FROM ledger_operation"
+            " WHERE tenant_id = %s AND key = %s AND NOT EXISTS (SELECT 1 FROM ins)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(stmt, [*insert_params, actor, reason, tenant.pk, key])
+            row = cursor.fetchone()
+        if row is None:
+            # The conflicting row was committed after this statement's snapshot.
+            op = _fetch_by_key(tenant_id=tenant.pk, key=key)
+        else:
+            op, created = sql.operation_from_row(row), bool(row[-1])
+    else:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(insert, insert_params)
+                row = cursor.fetchone()
+                if row is not None:
+                    op, created = sql.operation_from_row(row), True
+                    if attempts:
+                        _insert_attempt(cursor, op)
+                    _insert_event(cursor, op_id=op.pk, old="", new=status, actor=actor, reason=reason, attempt=attempts)
+                else:
+                    op = _fetch_by_key(tenant_id=tenant.pk, key=key)
+    if created:
+        assert op is not None
+        return ClaimResult(operation=op, acquired=True, replayed=False)
+    assert op is not None
+    return _answer_existing(
+        op=op,
+        fingerprint=fingerprint,
+        lease=lease,
+        mark_sent=mark_sent,
+        via_claims=via_claims,
+        actor=actor,
+        execution_id=execution_id,
+    )
+
+
+def _fetch_by_key(*, tenant_id: int, key: str) -> Operation | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {sql.OP_SELECT} FROM ledger_operation WHERE tenant_id = %s AND key = %s", [tenant_id, key]
+        )
+        row = cursor.fetchone()
+    return sql.operation_from_row(row) if row else None
+
+
+def _seconds_until(moment: datetime | None) -> int:
+    if moment is None:
+        return 1
+    return max(1, int((moment - timezone.now()).total_seconds() + 0.999))
+
+
+def _answer_existing(
+    *,
+    op: Operation,
+    fingerprint: str,
+    lease: float,
+    mark_sent: bool,
+    via_claims: bool,
+    actor: str,
+    execution_id: str,
+) -> ClaimResult:
+    if op.fingerprint != fingerprint:
+        raise KeyReusedWithDifferentRequest(
+            "This key was first used with a different request; use a new key for a different operation.",
+            extra={"operation_id": op.pk},
+        )
+    if via_claims and op.mode == OperationMode.EXECUTE:
+        raise OperationManagedByService(
+            "This key belongs to an operation the service executes; poll it instead.", extra={"operation_id": op.pk}
+        )
+    if op.status in TERMINAL_STATES:
+        return ClaimResult(operation=_newest_in_lineage(op), acquired=False, replayed=True)
+    if op.status == S.CLAIMED:
+        raise OperationInProgress(
+            "Another holder has this operation.",
+            retry_after=_seconds_until(op.lease_expires_at),
+            extra={"operation_id": op.pk},
+        )
+    if op.status == S.QUEUED:
+        raise OperationRetryScheduled("The operation is queued.", retry_after=1, extra={"operation_id": op.pk})
+    if op.status in (S.UNCERTAIN, S.REVIEW):
+        raise OperationNeedsReconciliation(
+            "The outcome of an earlier attempt is unknown and is being reconciled; do not re-send.",
+            extra={"operation_id": op.pk, "status": op.status},
+        )
+    # retry_wait: due rows are re-claimed by the same key in guard mode (a new attempt).
+    if op.mode == OperationMode.GUARD:
+        retaken = operation_reclaim(
+            operation_id=op.pk, lease_seconds=lease, mark_sent=mark_sent, actor=actor, execution_id=execution_id
+        )
+        if retaken is not None:
+            return ClaimResult(operation=retaken, acquired=True, replayed=False)
+        current = _fetch_by_key(tenant_id=op.tenant_id, key=op.key)
+        assert current is not None
+        if current.status != S.RETRY_WAIT:
+            # Someone else moved it between our read and our update: answer its new state.
+            return _answer_existing(
+                op=current,
+                fingerprint=fingerprint,
+                lease=lease,
+                mark_sent=mark_sent,
+                via_claims=via_claims,
+                actor=actor,
+                execution_id=execution_id,
+            )
+        op = current
+    raise OperationRetryScheduled(
+        "A retry is scheduled.", retry_after=_seconds_until(op.next_attempt_at), extra={"operation_id": op.pk}
+    )
+
+
+def _newest_in_lineage(op: Operation) -> Operation:
+    """A failed operation superseded by replays answers with the newest replay's outcome."""
+    seen = {op.pk}
+    current = op
+    while current.superseded_by_id and current.superseded_by_id not in seen:
+        nxt = Operation.objects.filter(pk=current.superseded_by_id).first()
+        if nxt is None:
+            break
+        seen.add(nxt.pk)
+        current = nxt
+    return current
+
+
+def operation_reclaim(
+    *, operation_id: int, lease_seconds: float, mark_sent: bool = False, actor: str, execution_id: str = ""
+) -> Operation | None:
+    """retry_wait (due) → claimed: a new attempt with a fresh token on the same operation."""
+    lease_sql, lease_p = sql.now_plus(lease_seconds)
+    sets = [
+        ("attempts", "attempts + 1", []),
+        ("lease_token", "%s", [_new_token()]),
+        ("claimed_at", sql.now(), []),
+        ("lease_expires_at", lease_sql, lease_p),
+        ("sent_at", sql.now() if mark_sent else "NULL", []),
+        ("next_attempt_at", "NULL", []),
+    ]
+    if mark_sent:
+        sets.append(("uses_sent_marker", "%s", [True]))
+    if execution_id:
+        sets.append(("execution_id", "%s", [execution_id[:255]]))
+    return _transition(
+        op_id=operation_id,
+        to=S.CLAIMED,
+        from_states=frozenset({S.RETRY_WAIT}),
+        actor=actor,
+        reason="retry claimed, sent" if mark_sent else "retry claimed",
+        sets=sets,
+        extra_where=f"next_attempt_at <= {sql.now()}",
+        attempt_insert=True,
+    )
+
+
+# --- Holder calls: sent, heartbeat, complete, fail -----------------------------------------
+
+
+def _tenant_clause(tenant_id: int | None) -> tuple[str, list[Any]]:
+    return ("tenant_id = %s", [tenant_id]) if tenant_id is not None else ("", [])
+
+
+def _diagnose_holder_refusal(
+    *, op_id: int, token: str, tenant_id: int | None = None, allow_expired: bool = True
+) -> Exception:
+    """After a guarded update matched nothing: name why, for the caller."""
+    rows = Operation.objects.filter(pk=op_id)
+    if tenant_id is not None:
+        rows = rows.filter(tenant_id=tenant_id)
+    op = rows.only("status", "lease_token", "lease_expires_at").first()
+    if op is None:
+        from ledger.errors import OperationNotFound
+
+        return OperationNotFound("No such operation.")
+    if op.lease_token != token:
+        return LeaseLost("A newer attempt holds this operation; your result was kept as evidence only.")
+    if op.status in TERMINAL_STATES:
+        return OperationAlreadyFinished(f"The operation is already {op.status}.", extra={"status": op.status})
+    if op.status == S.CLAIMED and not allow_expired:
+        return LeaseExpired("Your lease has expired; do not perform the effect. Claim again.")
+    return LeaseLost(f"The operation is {op.status}; this token can no longer do that.", extra={"status": op.status})
+
+
+def operation_mark_sent(
+    *,
+    operation_id: int,
+    lease_token: str,
+    reconciliation_handle: str = "",
+    actor: str = "api",
+    tenant_id: int | None = None,
+) -> Operation:
+    """The marker written before the effect: from now on a crash means "possibly sent".
+
+    Refused once the lease has expired — a holder must not start an effect it may no
+    longer own.
+    """
+    sets = [("sent_at", f"COALESCE(sent_at, {sql.now()})", [])]
+    if reconciliation_handle:
+        sets.append(("reconciliation_handle", "%s", [reconciliation_handle[:255]]))
+    op = _transition_same_state(
+        op_id=operation_id,
+        state=S.CLAIMED,
+        token=lease_token,
+        sets=sets,
+        extra_where=f"lease_expires_at > {sql.now()}" + (" AND tenant_id = %s" if tenant_id is not None else ""),
+        extra_params=[tenant_id] if tenant_id is not None else [],
+        attempt_sets=[("sent_at", f"COALESCE(sent_at, {sql.now()})", [])],
+        actor=actor,
+        reason="sent marker",
+    )
+    if op is None:
+        raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id, allow_expired=False)
+    return op
+
+
+def operation_heartbeat(
+    *, operation_id: int, lease_token: str, lease_seconds: float | None = None, tenant_id: int | None = None
+) -> Operation:
+    """Extend a live holder's lease (claimed, same token). No event row: not a transition."""
+    lease_sql, lease_p = sql.now_plus(clamp_lease(lease_seconds))
+    tenant_sql = " AND tenant_id = %s" if tenant_id is not None else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE ledger_operation SET lease_expires_at = {lease_sql}, updated_at = {sql.now()}"
+            f" WHERE id = %s AND status = %s AND lease_token = %s{tenant_sql} RETURNING {sql.OP_SELECT}",
+            [*lease_p, operation_id, S.CLAIMED, lease_token, *([tenant_id] if tenant_id is not None else [])],
+        )
+        row = cursor.fetchone()
+        if row is not None:
+            cursor.execute(
+                f"UPDATE ledger_attempt SET lease_expires_at = {lease_sql} WHERE operation_id = %s AND lease_token = %s",
+                [*lease_p, operation_id, lease_token],
+            )
+    if row is None:
+        raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
+    return sql.operation_from_row(row)
+
+
+def _transition_same_state(
+    *,
+    op_id: int,
+    state: str,
+    token: str,
+    sets: list[tuple[str, str, list[Any]]],
+    extra_where: str,
+    extra_params: list[Any],
+    attempt_sets: list[tuple[str, str, list[Any]]],
+    actor: str,
+    reason: str,
+) -> Operation | None:
+    """A guarded in-state update that still leaves an event (the sent marker)."""
+    where, where_params = _guard_clause(op_id=op_id, from_states=frozenset({state}), token=token, extra=extra_where)
+    where_params += extra_params
+    set_sql = ", ".join([f"updated_at = {sql.now()}"] + [f"{c} = {e}" for c, e, _ in sets])
+    set_params = [p for _, _, ps in sets for p in ps]
+    att_sql = ", ".join(f"{c} = {e}" for c, e, _ in attempt_sets)
+    att_params = [p for _, _, ps in attempt_sets for p in ps]
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE ledger_operation SET {set_sql} WHERE {where} RETURNING {sql.OP_SELECT}",
+                [*set_params, *where_params],
+            )
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            op = sql.operation_from_row(row)
+            cursor.execute(
+                f"UPDATE ledger_attempt SET {att_sql} WHERE operation_id = %s AND number = %s",
+                [*att_params, op_id, op.attempts],
+            )
+            _insert_event(cursor, op_id=op_id, old=state, new=state, actor=actor, reason=reason, attempt=op.attempts)
+    return op
+
+
+def _record_fenced_evidence(
+    *,
+    operation_id: int,
+    lease_token: str,
+    provider_ref: str = "",
+    response_status: int | None = None,
+    response_body: Any = None,
+    error_class: str = "",
+    message: str = "",
+) -> None:
+    """A superseded holder's late result is kept on its own Attempt, never on the row."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ledger_attempt SET outcome = %s, provider_ref = %s, response_status = %s,"
+            f" response_body = {sql.json_param()}, error_class = %s, message = %s,"
+            f" finished_at = COALESCE(finished_at, {sql.now()})"
+            " WHERE operation_id = %s AND lease_token = %s",
+            [
+                AttemptOutcome.FENCED,
+                provider_ref[:255],
+                response_status,
+                sql.dumps(response_body),
+                error_class,
+                sanitize_message(message),
+                operation_id,
+                lease_token,
+            ],
+        )
+
+
+def operation_complete(
+    *,
+    operation_id: int,
+    lease_token: str,
+    provider_ref: str = "",
+    response_status: int | None = 200,
+    response_body: Any = None,
+    actor: str = "api",
+    reason: str = "completed",
+    tenant_id: int | None = None,
+) -> Operation:
+    """claimed|uncertain|review → succeeded, for the latest attempt's token only.
+
+    The latest holder's result is the best evidence there is, so it is accepted even
+    after the sweeper moved the row to uncertain or review (DESIGN §3 fencing).
+    """
+    body = sql.dumps(response_body)
+    op = _transition(
+        op_id=operation_id,
+        to=S.SUCCEEDED,
+        from_states=REPORTABLE_STATES,
+        token=lease_token,
+        actor=actor,
+        reason=reason,
+        sets=[
+            ("provider_ref", "%s", [provider_ref[:255]]),
+            ("response_status", "%s", [response_status]),
+            ("response_body", sql.json_param(), [body]),
+            ("lease_expires_at", "NULL", []),
+            ("error_class", "''", []),
+        ],
+        extra_where=_tenant_clause(tenant_id)[0],
+        extra_params=_tenant_clause(tenant_id)[1],
+        attempt_update=[
+            ("outcome", "%s", [AttemptOutcome.SUCCEEDED]),
+            ("finished_at", sql.now(), []),
+            ("provider_ref", "%s", [provider_ref[:255]]),
+            ("response_status", "%s", [response_status]),
+        ],
+    )
+    if op is not None:
+        log.info("operation_succeeded key=%s attempt=%s provider_ref=%s", op.key, op.attempts, op.provider_ref)
+        return op
+    error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
+    if isinstance(error, LeaseLost) and "status" not in error.extra:
+        _record_fenced_evidence(
+            operation_id=operation_id,
+            lease_token=lease_token,
+            provider_ref=provider_ref,
+            response_status=response_status,
+            response_body=response_body,
+        )
+    elif isinstance(error, OperationAlreadyFinished):
+        current = Operation.objects.get(pk=operation_id)
+        # The same holder repeating its own successful complete gets the row back.
+        if (
+            current.status == S.SUCCEEDED
+            and current.lease_token == lease_token
+            and current.provider_ref == provider_ref[:255]
+        ):
+            return current
+    raise error
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    to: str
+    next_attempt_in: float | None
+    reason: str
+    attempt_outcome: str
+
+
+def _decide_failure(
+    *,
+    op: Operation,
+    error_class: str,
+    throttled: bool,
+    retry_after: float | None,
+    now: datetime,
+    has_unresolved_sent: bool,
+) -> FailureDecision:
+    """DESIGN §3 failure classes → the next state."""
+    if error_class == ErrorClass.AMBIGUOUS:
+        return FailureDecision(S.UNCERTAIN, None, "ambiguous outcome", AttemptOutcome.AMBIGUOUS)
+    if error_class in (ErrorClass.INVALID_INPUT, ErrorClass.PERMISSION):
+        to = S.REVIEW if has_unresolved_sent else S.FAILED
+        return FailureDecision(to, None, f"{error_class}: no retry", AttemptOutcome.FAILED)
+    # transient: the effect did not happen; retry unless a cap is hit.
+    counted = op.attempts - op.throttled_attempts - (1 if throttled else 0)
+    provider = Provider.objects.filter(pk=op.provider_id).first() if op.provider_id else None
+    base = provider.base_delay_seconds if provider else 1.0
+    cap = provider.max_delay_seconds if provider else 300.0
+    delay = backoff_seconds(attempt=max(1, counted), base=base, cap=cap)
+    if retry_after is not None:
+        delay = max(delay, float(retry_after))
+    out_of_attempts = not throttled and counted >= op.max_attempts
+    out_of_time = op.expires_at is not None and now + timedelta(seconds=delay) > op.expires_at
+    past_deadline = op.deadline is not None and now + timedelta(seconds=delay) > op.deadline
+    if out_of_attempts or out_of_time or past_deadline:
+        why = "attempts exhausted" if out_of_attempts else "lifetime exhausted"
+        to = S.REVIEW if has_unresolved_sent else S.FAILED
+        return FailureDecision(to, None, f"transient: {why}", AttemptOutcome.TRANSIENT)
+    return FailureDecision(S.RETRY_WAIT, delay, "transient: retry scheduled", AttemptOutcome.TRANSIENT)
+
+
+def operation_fail(
+    *,
+    operation_id: int,
+    lease_token: str,
+    error_class: str,
+    message: str = "",
+    response_status: int | None = None,
+    response_body: Any = None,
+    retry_after: float | None = None,
+    throttled: bool = False,
+    actor: str = "api",
+    tenant_id: int | None = None,
+) -> Operation:
+    """Record a failure reported by the latest holder and apply DESIGN §3's table.
+
+    ``throttled`` (a 429/503 answer) schedules the retry without consuming an attempt. A
+    cap hit while an earlier sent attempt is unresolved lands in ``review``, never
+    ``failed``: a failed row may be replayed, so "maybe sent" must never land there.
+    """
+    if error_class not in ErrorClass.values:
+        raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)}.")
+    message = sanitize_message(message)
+    with transaction.atomic():
+        rows = Operation.objects.select_for_update().filter(
+            pk=operation_id, lease_token=lease_token, status__in=REPORTABLE_STATES
+        )
+        if tenant_id is not None:
+            rows = rows.filter(tenant_id=tenant_id)
+        op = rows.first()
+        if op is None:
+            error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
+            if isinstance(error, LeaseLost) and "status" not in error.extra:
+                _record_fenced_evidence(
+                    operation_id=operation_id,
+                    lease_token=lease_token,
+                    error_class=error_class,
+                    message=message,
+                    response_status=response_status,
+                    response_body=response_body,
+                )
+            raise error
+        now = sql.db_now()
+        unresolved_before = op.attempt_set.filter(outcome=AttemptOutcome.AMBIGUOUS, number__lt=op.attempts).exists()
+        decision = _decide_failure(
+            op=op,
+            error_class=error_class,
+            throttled=throttled,
+            retry_after=retry_after,
+            now=now,
+            has_unresolved_sent=unresolved_before,
+        )
+        attempt_update = [
+            ("outcome", "%s", [decision.attempt_outcome]),
+            ("finished_at", sql.now(), []),
+            ("error_class", "%s", [error_class]),
+            ("message", "%s", [message]),
+            ("response_status", "%s", [response_status]),
+        ]
+        if decision.to == op.status:
+            # An ambiguous report on a row already uncertain: evidence only.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE ledger_attempt SET outcome = %s, error_class = %s, message = %s,"
+                    f" finished_at = COALESCE(finished_at, {sql.now()}) WHERE operation_id = %s AND number = %s",
+                    [decision.attempt_outcome, error_class, message, op.pk, op.attempts],
+                )
+            return op
+        if decision.to not in ALLOWED_TRANSITIONS[op.status]:
+            # e.g. review → uncertain: the row already waits for a human; keep the evidence.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE ledger_attempt SET outcome = %s, error_class = %s, message = %s"
+                    " WHERE operation_id = %s AND number = %s",
+                    [decision.attempt_outcome, error_class, message, op.pk, op.attempts],
+                )
+            return op
+        sets: list[tuple[str, str, list[Any]]] = [
+            ("error_class", "%s", [error_class]),
+            ("last_error", "%s", [message]),
+            ("lease_expires_at", "NULL", []),
+        ]
+        if response_status is not None or response_body is not None:
+            sets += [
+                ("response_status", "%s", [response_status]),
+                ("response_body", sql.json_param(), [sql.dumps(response_body)]),
+            ]
+        if throttled:
+            sets.append(("throttled_attempts", "throttled_attempts + 1", []))
+        if decision.next_attempt_in is not None:
+            due_sql, due_p = sql.now_plus(decision.next_attempt_in)
+            sets.append(("next_attempt_at", due_sql, due_p))
+        updated = _transition(
+            op_id=op.pk,
+            to=decision.to,
+            from_states=frozenset({op.status}),
+            token=lease_token,
+            actor=actor,
+            reason=f"{decision.reason}: {message}" if message else decision.reason,
+            sets=sets,
+            attempt_update=attempt_update,
+        )
+        if updated is None:  # pragma: no cover - the row is locked above
+            raise LeaseLost("The operation moved while failing.")
+        if updated.status == S.FAILED:
+            _after_failed(updated)
+    log.info(
+        "operation_failed key=%s attempt=%s error_class=%s to=%s",
+        updated.key,
+        updated.attempts,
+        error_class,
+        updated.status,
+    )
+    return updated
+
+
+# --- Service-side moves (sweeper, reviewers) ------------------------------------------------
+
+
+def operation_transition(
+    *,
+    operation: Operation,
+    to: str,
+    actor: str,
+    reason: str,
+    sets: list[tuple[str, str, list[Any]]] | None = None,
+    attempt_update: list[tuple[str, str, list[Any]]] | None = None,
+) -> Operation:
+    """Move an operation from the state it was read in; raises if it moved meanwhile."""
+    if to not in ALLOWED_TRANSITIONS.get(operation.status, frozenset()):
+        raise IllegalTransition(f"{operation.status} → {to} is not an allowed move.")
+    with transaction.atomic():
+        updated = _transition(
+            op_id=operation.pk,
+            to=to,
+            from_states=frozenset({operation.status}),
+            token=operation.lease_token,
+            actor=actor,
+            reason=reason,
+            sets=sets,
+            attempt_update=attempt_update,
+        )
+        if updated is None:
+            raise LeaseLost("The operation moved before this change could be applied.")
+        if updated.status == S.FAILED:
+            _after_failed(updated)
+    return updated
+
+
+# --- Tenants, keys, providers ----------------------------------------------------------
+
+
+def tenant_create(*, slug: str, name: str = "") -> Tenant:
+    try:
+        with transaction.atomic():
+            return Tenant.objects.create(slug=slug, name=name or slug)
+    except IntegrityError as exc:
+        raise ValidationFailed(f"A tenant named {slug!r} exists already.") from exc
+
+
+def apikey_create(*, tenant: Tenant, scopes: list[str] | None = None, name: str = "") -> tuple[Any, str]:
+    """Create an API key; the secret is returned once and only its sha256 is stored."""
+    from ledger.auth import hash_api_key
+    from ledger.models import ApiKey
+
+    scopes = scopes or ["read", "write"]
+    unknown = set(scopes) - set(ApiKey.SCOPES)
+    if unknown:
+        raise ValidationFailed(f"Unknown scopes: {', '.join(sorted(unknown))}.")
+    prefix = secrets.token_hex(4)
+    secret = f"og_{prefix}_{secrets.token_urlsafe(32)}"
+    api_key = ApiKey.objects.create(
+        tenant=tenant, name=name, prefix=prefix, hashed_key=hash_api_key(secret), scopes=scopes
+    )
+    return api_key, secret
+
+
+def apikey_revoke(*, api_key_id: int) -> None:
+    from ledger.models import ApiKey
+
+    ApiKey.objects.filter(pk=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def provider_upsert(*, tenant: Tenant, slug: str, **fields: Any) -> Provider:
+    provider, _ = Provider.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+    return provider

@@ -1,0 +1,92 @@
+"""The few places where PostgreSQL and SQLite differ, kept in one module.
+
+Every statement here takes the database's clock (never the app server's) for leases and
+due times. Literal percent signs are written ``%%`` because every statement is executed
+with a parameter list (Django's cursors then treat ``%`` as the placeholder sigil).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection
+from django.utils.dateparse import parse_datetime
+
+from ledger.models import Operation
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def now() -> str:
+    return "now()" if is_postgres() else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+def now_plus(seconds: float) -> tuple[str, list[Any]]:
+    """SQL for the database's now() + ``seconds`` and its parameter."""
+    if is_postgres():
+        return "(now() + %s * interval '1 second')", [float(seconds)]
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{float(seconds):+.3f} seconds"]
+
+
+def for_update() -> str:
+    # SQLite has one writer at a time and we BEGIN IMMEDIATE, so the lock is already held.
+    return " FOR UPDATE" if is_postgres() else ""
+
+
+def json_param() -> str:
+    return "%s::jsonb" if is_postgres() else "%s"
+
+
+def dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# Column list shared by every statement that returns an operation row.
+OP_FIELDS = [f for f in Operation._meta.concrete_fields]
+OP_COLUMNS = [f.column for f in OP_FIELDS]
+OP_SELECT = ", ".join(OP_COLUMNS)
+_DATETIME_COLS = {f.column for f in OP_FIELDS if f.get_internal_type() == "DateTimeField"}
+_JSON_COLS = {f.column for f in OP_FIELDS if f.get_internal_type() == "JSONField"}
+_BOOL_COLS = {f.column for f in OP_FIELDS if f.get_internal_type() == "BooleanField"}
+_ATTNAMES = [f.attname for f in OP_FIELDS]
+
+
+def _to_datetime(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    parsed = parse_datetime(value)
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def operation_from_row(row: tuple[Any, ...] | list[Any]) -> Operation:
+    """Build an Operation from the first len(OP_COLUMNS) values of a raw row."""
+    values = list(row[: len(OP_COLUMNS)])
+    for i, column in enumerate(OP_COLUMNS):
+        v = values[i]
+        if v is None:
+            continue
+        if column in _DATETIME_COLS:
+            values[i] = _to_datetime(v)
+        elif column in _JSON_COLS and isinstance(v, (str, bytes)):
+            values[i] = json.loads(v)
+        elif column in _BOOL_COLS:
+            values[i] = bool(v)
+    op = Operation.from_db("default", _ATTNAMES, values)
+    return op
+
+
+def db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {now()}", [])
+        value = cursor.fetchone()[0]
+    result = _to_datetime(value)
+    assert result is not None
+    return result

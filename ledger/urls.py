@@ -1,0 +1,13 @@
+from django.urls import path
+
+from ledger import apis
+
+urlpatterns = [
+    path("claims", apis.ClaimCreateApi.as_view(), name="claim-create"),
+    path("operations", apis.OperationListApi.as_view(), name="operation-list"),
+    path("operations/<int:operation_id>", apis.OperationDetailApi.as_view(), name="operation-detail"),
+    path("operations/<int:operation_id>/sent", apis.OperationSentApi.as_view(), name="operation-sent"),
+    path("operations/<int:operation_id>/complete", apis.OperationCompleteApi.as_view(), name="operation-complete"),
+    path("operations/<int:operation_id>/fail", apis.OperationFailApi.as_view(), name="operation-fail"),
+    path("operations/<int:operation_id>/heartbeat", apis.OperationHeartbeatApi.as_view(), name="operation-heartbeat"),
+]

@@ -1,0 +1,50 @@
+"""Shared fixtures: tenants, API keys, an API client that speaks Bearer auth."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from ledger import services
+from ledger.models import IdempotencyClass, Provider, Tenant
+
+
+def on_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def tenant(db: Any) -> Tenant:
+    return services.tenant_create(slug="acme")
+
+
+@pytest.fixture
+def other_tenant(db: Any) -> Tenant:
+    return services.tenant_create(slug="globex")
+
+
+@pytest.fixture
+def provider(tenant: Tenant) -> Provider:
+    return services.provider_upsert(
+        tenant=tenant, slug="stripe", base_url="http://127.0.0.1:9", idempotency_class=IdempotencyClass.KEY_ENFORCED
+    )
+
+
+@pytest.fixture
+def make_client() -> Callable[..., APIClient]:
+    def make(tenant: Tenant, scopes: list[str] | None = None) -> APIClient:
+        _, secret = services.apikey_create(tenant=tenant, scopes=scopes or ["read", "write"])
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def api(tenant: Tenant, provider: Provider, make_client: Callable[..., APIClient]) -> APIClient:
+    return make_client(tenant)
