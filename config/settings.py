@@ -103,6 +103,9 @@ SQLITE_PATH = os.environ.get("SQLITE_PATH", str(VAR_DIR / "onceguard.sqlite3"))
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)}
+    if os.environ.get("PG_TEST_DB_NAME"):
+        # Lets parallel test runs on one server use separate test databases.
+        DATABASES["default"]["TEST"] = {"NAME": os.environ["PG_TEST_DB_NAME"]}
 else:
     DATABASES = {
         "default": {

@@ -814,6 +814,22 @@ def _decide_failure(
     return FailureDecision(S.RETRY_WAIT, delay, "transient: retry scheduled", AttemptOutcome.TRANSIENT)
 
 
+def decide_unsent_expiry(op: Operation) -> tuple[str, float | None, str]:
+    """A lease that expired before anything was sent is a transient failure of that attempt."""
+    decision = _decide_failure(
+        op=op,
+        error_class=ErrorClass.TRANSIENT,
+        throttled=False,
+        retry_after=None,
+        now=sql.db_now(),
+        has_unresolved_sent=op.attempt_set.filter(outcome=AttemptOutcome.AMBIGUOUS).exists(),
+    )
+    if decision.to == S.RETRY_WAIT:
+        # Due at once: nothing was sent, so there is no reason to wait.
+        return S.RETRY_WAIT, 0.0, "lease expired before the sent marker"
+    return decision.to, None, f"lease expired before the sent marker; {decision.reason}"
+
+
 def operation_fail(
     *,
     operation_id: int,
@@ -940,6 +956,8 @@ def operation_transition(
     reason: str,
     sets: list[tuple[str, str, list[Any]]] | None = None,
     attempt_update: list[tuple[str, str, list[Any]]] | None = None,
+    extra_where: str = "",
+    extra_params: list[Any] | None = None,
 ) -> Operation:
     """Move an operation from the state it was read in; raises if it moved meanwhile."""
     if to not in ALLOWED_TRANSITIONS.get(operation.status, frozenset()):
@@ -954,6 +972,8 @@ def operation_transition(
             reason=reason,
             sets=sets,
             attempt_update=attempt_update,
+            extra_where=extra_where,
+            extra_params=extra_params,
         )
         if updated is None:
             raise LeaseLost("The operation moved before this change could be applied.")
