@@ -206,8 +206,8 @@ class Operation(models.Model):
             models.UniqueConstraint(fields=["tenant", "key"], name="operation_unique_key_per_tenant"),
             # A terminal state always has its finishing time, and only a terminal one does.
             models.CheckConstraint(
-                condition=(Q(status__in=list(TERMINAL_STATES)) & Q(done_at__isnull=False))
-                | (~Q(status__in=list(TERMINAL_STATES)) & Q(done_at__isnull=True)),
+                condition=(Q(status__in=sorted(TERMINAL_STATES)) & Q(done_at__isnull=False))
+                | (~Q(status__in=sorted(TERMINAL_STATES)) & Q(done_at__isnull=True)),
                 name="operation_done_at_iff_terminal",
             ),
             models.CheckConstraint(condition=Q(status__in=list(S.values)), name="operation_status_valid"),

@@ -204,7 +204,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='operation',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('status__in', ['abandoned', 'succeeded', 'failed']), ('done_at__isnull', False)), models.Q(models.Q(('status__in', ['abandoned', 'succeeded', 'failed']), _negated=True), ('done_at__isnull', True)), _connector='OR'), name='operation_done_at_iff_terminal'),
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('status__in', ['abandoned', 'failed', 'succeeded']), ('done_at__isnull', False)), models.Q(models.Q(('status__in', ['abandoned', 'failed', 'succeeded']), _negated=True), ('done_at__isnull', True)), _connector='OR'), name='operation_done_at_iff_terminal'),
         ),
         migrations.AddConstraint(
             model_name='operation',
