@@ -188,6 +188,12 @@ ONCEGUARD = {
     "LEASE_MIN_SECONDS": env_int("LEASE_MIN_SECONDS", 5),
     "LEASE_MAX_SECONDS": env_int("LEASE_MAX_SECONDS", 15 * 60),
     "LEASE_DEFAULT_SECONDS": env_int("LEASE_DEFAULT_SECONDS", 60),
+    # Sweeper: how long a pass holds a row it reconciles, how many failed lookups before a
+    # human is asked, and when an open row counts as stuck (one alert per row).
+    "RECONCILE_LEASE_SECONDS": env_int("RECONCILE_LEASE_SECONDS", 60),
+    "LOOKUP_FAILURE_LIMIT": env_int("LOOKUP_FAILURE_LIMIT", 5),
+    "STUCK_ALERT_SECONDS": env_int("STUCK_ALERT_SECONDS", 3600),
+    "SWEEP_INTERVAL_SECONDS": env_int("SWEEP_INTERVAL_SECONDS", 30),
 }
 
 # --- django-q2: schedules and side channels --------------------------------------------

@@ -1,0 +1,29 @@
+"""django-q2 schedules owned by the ledger: the sweeper. Entry points take nothing but
+call the service; the schedule rows are installed idempotently by `schedules_install`."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+
+def sweep_task() -> dict[str, int]:
+    from ledger.sweeper import sweep
+
+    return sweep().counts
+
+
+def install_schedules() -> list[str]:
+    """Create or update the ledger's schedules; returns their names."""
+    from django_q.models import Schedule
+
+    minutes = max(1, round(settings.ONCEGUARD["SWEEP_INTERVAL_SECONDS"] / 60))
+    Schedule.objects.update_or_create(
+        name="ledger.sweep",
+        defaults={
+            "func": "ledger.schedules.sweep_task",
+            "schedule_type": Schedule.MINUTES,
+            "minutes": minutes,
+            "repeats": -1,
+        },
+    )
+    return ["ledger.sweep"]

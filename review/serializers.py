@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from ledger.models import Operation
+from ledger.serializers import _iso, operation_representation
+from review.models import ReviewDecision
+
+
+class DecisionInputSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=ReviewDecision.choices)
+    note = serializers.CharField(max_length=2000)
+    provider_ref = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+
+
+def review_item_representation(op: Operation) -> dict[str, Any]:
+    """The operation plus the evidence a reviewer needs: attempts (incl. fenced results) and history."""
+    body = operation_representation(op, provider_slug=op.provider.slug if op.provider_id else None)
+    body["tenant"] = op.tenant.slug
+    body["attempts_detail"] = [
+        {
+            "number": a.number,
+            "outcome": a.outcome,
+            "started_at": _iso(a.started_at),
+            "sent_at": _iso(a.sent_at),
+            "finished_at": _iso(a.finished_at),
+            "error_class": a.error_class,
+            "message": a.message,
+            "provider_ref": a.provider_ref,
+            "response_status": a.response_status,
+        }
+        for a in op.attempt_set.order_by("number")
+    ]
+    body["events"] = [
+        {"at": _iso(e.at), "from": e.from_status, "to": e.to_status, "actor": e.actor, "reason": e.reason}
+        for e in op.events.order_by("at", "id")
+    ]
+    return body
