@@ -30,6 +30,16 @@ _DRF_CODES: dict[type[Exception], tuple[str, str]] = {
 }
 
 
+# Members RFC 9457 (and we) define. A domain error's own field of the same name (e.g. the
+# operation's `status`) is renamed `operation_<name>`: it must neither collide with the
+# parameters below (a TypeError, so a 500) nor overwrite the problem's HTTP status.
+_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "code", "detail", "instance"})
+
+
+def _extension_members(extra: dict[str, Any]) -> dict[str, Any]:
+    return {(f"operation_{name}" if name in _PROBLEM_MEMBERS else name): value for name, value in extra.items()}
+
+
 def problem_body(status: int, code: str, title: str, detail: str, instance: str = "", **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": f"https://onceguard.invalid/problems/{code}",
@@ -56,7 +66,7 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     instance = request.path if request is not None else ""
     headers: dict[str, str] = {}
     if isinstance(exc, DomainError):
-        body = problem_body(exc.status, exc.code, exc.title, exc.detail, instance, **exc.extra)
+        body = problem_body(exc.status, exc.code, exc.title, exc.detail, instance, **_extension_members(exc.extra))
         if exc.retry_after is not None:
             headers["Retry-After"] = str(max(0, int(exc.retry_after)))
         return Response(body, status=exc.status, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
