@@ -467,14 +467,16 @@ def _answer_existing(
     actor: str,
     execution_id: str,
 ) -> ClaimResult:
+    # Checked before the fingerprint: the fingerprint includes the mode, so a guard claim
+    # of an execute-mode key never matches it and would otherwise always answer 422.
+    if via_claims and op.mode == OperationMode.EXECUTE:
+        raise OperationManagedByService(
+            "This key belongs to an operation the service executes; poll it instead.", extra={"operation_id": op.pk}
+        )
     if op.fingerprint != fingerprint:
         raise KeyReusedWithDifferentRequest(
             "This key was first used with a different request; use a new key for a different operation.",
             extra={"operation_id": op.pk},
-        )
-    if via_claims and op.mode == OperationMode.EXECUTE:
-        raise OperationManagedByService(
-            "This key belongs to an operation the service executes; poll it instead.", extra={"operation_id": op.pk}
         )
     if op.status in TERMINAL_STATES:
         return ClaimResult(operation=_newest_in_lineage(op), acquired=False, replayed=True)
