@@ -94,6 +94,17 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Admission limits for execute-mode submissions (None = no limit). They are checked
+    # against the open rows under a per-tenant lock, never against a counter that could drift.
+    max_in_flight = models.PositiveIntegerField(null=True, blank=True, help_text="queued + claimed + retry_wait")
+    max_unresolved = models.PositiveIntegerField(null=True, blank=True, help_text="uncertain + review")
+    max_queued_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="request bytes not yet sent")
+    budget_amount = models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True)
+    budget_period_seconds = models.PositiveIntegerField(default=86400, db_default=86400)
+    # Callbacks go only to URLs under one of these prefixes (scheme://host[:port]/path).
+    callback_allow_list = models.JSONField(default=list, db_default=[], blank=True)
+    # HMAC-SHA256 key signing callback bodies; generated on first use.
+    callback_secret = models.CharField(max_length=128, blank=True, default="", db_default="")
 
     def __str__(self) -> str:
         return self.slug
@@ -120,11 +131,24 @@ class ApiKey(models.Model):
         return f"{self.prefix}… ({self.tenant})"
 
 
+class ProviderKind(models.TextChoices):
+    # A receiver the tenant configured; execute-mode submissions name it.
+    HTTP = "http", "HTTP provider"
+    # The tenant's own callback receivers: operations created by the service only.
+    CALLBACK = "callback", "callbacks (internal)"
+
+
 class Provider(models.Model):
     """A receiver of side effects, configured as data (DESIGN §3 execute mode)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="providers")
     slug = models.SlugField(max_length=63)
+    kind = models.CharField(max_length=16, choices=ProviderKind.choices, default=ProviderKind.HTTP, db_default="http")
+    # Request headers a submitter may set (case-insensitive names). Credentials never come
+    # from the caller: the adapter adds `auth_header` from the environment variable named here.
+    forward_headers = models.JSONField(default=list, db_default=[], blank=True)
+    auth_header = models.CharField(max_length=100, blank=True, default="", db_default="")
+    auth_secret_env = models.CharField(max_length=100, blank=True, default="", db_default="")
     idempotency_class = models.CharField(max_length=16, choices=IdempotencyClass.choices)
     idempotency_header = models.CharField(max_length=100, default="Idempotency-Key")
     base_url = models.URLField(max_length=500, blank=True)
@@ -192,6 +216,12 @@ class Operation(models.Model):
     workflow_version = models.CharField(max_length=100, blank=True)
     correlation_id = models.CharField(max_length=255, blank=True)
     superseded_by = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Execute mode: size of the stored request (admission's queued-bytes limit), the
+    # provider's unit price at submission (the tenant's budget; refunded by failed/abandoned)
+    # and where the terminal outcome is POSTed.
+    request_bytes = models.PositiveIntegerField(default=0, db_default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=4, default=0, db_default=0)
+    callback_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
     # Sweeper bookkeeping.
     reconcile_until = models.DateTimeField(null=True, blank=True)
     lookup_failures = models.PositiveIntegerField(default=0)
@@ -234,6 +264,14 @@ class Operation(models.Model):
                 condition=Q(status__in=["uncertain", "review"]),
             ),
             models.Index(fields=["tenant", "status", "updated_at"], name="op_tenant_status_idx"),
+            # Workers take due execute-mode rows oldest first (FOR UPDATE SKIP LOCKED).
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                name="op_exec_due_idx",
+                condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
+            ),
+            # Admission's budget: what a tenant submitted in the current period.
+            models.Index(fields=["tenant", "created_at"], name="op_tenant_created_idx"),
             models.Index(fields=["tenant", "updated_at", "id"], name="op_tenant_updated_idx"),
             models.Index(fields=["reconciliation_handle"], name="op_handle_idx"),
             models.Index(fields=["provider_ref"], name="op_ref_idx"),
@@ -293,3 +331,20 @@ class OperationEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operation_id}: {self.from_status or '∅'} → {self.to_status}"
+
+
+class AdmissionRefusalCount(models.Model):
+    """Refused admissions by tenant and reason, for metrics. Refusals store nothing about
+    the request itself; this counter is all that remains of them."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    reason = models.CharField(max_length=64)
+    count = models.PositiveBigIntegerField(default=0)
+    last_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ledger_admissionrefusalcount"
+        constraints = [models.UniqueConstraint(fields=["tenant", "reason"], name="admission_refusal_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.reason}={self.count}"
