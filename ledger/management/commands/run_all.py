@@ -21,6 +21,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("bootstrap_demo")
+        call_command("schedules_install")
         host, port = options["host"], options["port"]
         python = sys.executable
         commands = {
