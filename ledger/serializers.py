@@ -9,12 +9,28 @@ from rest_framework import serializers
 from ledger.models import ErrorClass, Operation
 
 
+def no_nul_characters(value: Any) -> None:
+    """PostgreSQL stores neither U+0000 in jsonb nor NUL in text: refuse it as input (a 400),
+    on every database, instead of failing at the INSERT (a 500)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise serializers.ValidationError("NUL characters (U+0000) are not allowed.")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 class ClaimInputSerializer(serializers.Serializer):
     key = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=10_000)
     provider = serializers.SlugField(max_length=63)
     action = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
-    request = serializers.JSONField(required=False, allow_null=True, default=None)
-    payload = serializers.JSONField(required=False, allow_null=True, default=None)
+    request = serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
+    payload = serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
     reconciliation_handle = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
     execution_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
     workflow_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
@@ -38,7 +54,7 @@ class HeartbeatInputSerializer(LeaseTokenSerializer):
 
 class CompleteInputSerializer(LeaseTokenSerializer):
     provider_ref = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    response = serializers.JSONField(required=False, allow_null=True, default=None)
+    response = serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
     response_status = serializers.IntegerField(
         required=False, allow_null=True, default=200, min_value=100, max_value=599
     )
