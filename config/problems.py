@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
@@ -99,9 +100,14 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     return Response(body, status=500, content_type=PROBLEM_CONTENT_TYPE)
 
 
-def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    # API clients get problem+json; the console keeps Django's HTML page.
+    if not request.path.startswith("/api/"):
+        return defaults.page_not_found(request, exception or Http404())
     return problem_response(404, "not_found", "Not found", "No such resource.", instance=request.path)
 
 
-def handler500(request: HttpRequest) -> JsonResponse:
+def handler500(request: HttpRequest) -> HttpResponse:
+    if not request.path.startswith("/api/"):
+        return defaults.server_error(request)
     return problem_response(500, "internal_error", "Internal error", "The server failed.", instance=request.path)

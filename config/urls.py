@@ -11,3 +11,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
 ]
+
+handler404 = "config.problems.handler404"
+handler500 = "config.problems.handler500"
