@@ -245,22 +245,24 @@ def start_mock_provider(mode: str, header: str = "Idempotency-Key", *, process: 
 
 def start_relay(
     upstream: str | RunningServer,
-    mode: str = FORWARD_AND_RESPOND,
+    mode: str | None = None,
     *,
     delay: float = 0.0,
     header: str = "Idempotency-Key",
     upstream_timeout: float = 30.0,
     process: bool = False,
 ) -> RunningServer:
-    """A fault relay on 127.0.0.1, a free port, in front of ``upstream`` (a URL or a RunningServer)."""
+    """A fault relay on 127.0.0.1, a free port, in front of ``upstream`` (a URL or a RunningServer).
+
+    ``mode`` None means what the command does: ``RELAY_MODE``, else forward-and-respond.
+    """
     upstream_url = upstream.url if isinstance(upstream, RunningServer) else upstream
     if process:
         argv = [
             "relay",
             "--upstream",
             upstream_url,
-            "--mode",
-            mode,
+            *(["--mode", mode] if mode else []),
             "--delay",
             str(delay),
             "--header",
@@ -270,6 +272,12 @@ def start_relay(
         ]
         return _start_process("relay", argv, "/_relay/health")
     server = make_relay(
-        upstream_url, mode=mode, delay=delay, host=LOOPBACK, port=0, header=header, upstream_timeout=upstream_timeout
+        upstream_url,
+        mode=mode or os.environ.get("RELAY_MODE") or FORWARD_AND_RESPOND,
+        delay=delay,
+        host=LOOPBACK,
+        port=0,
+        header=header,
+        upstream_timeout=upstream_timeout,
     )
     return _start_in_thread("relay", server)
