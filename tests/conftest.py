@@ -48,3 +48,17 @@ def make_client() -> Callable[..., APIClient]:
 @pytest.fixture
 def api(tenant: Tenant, provider: Provider, make_client: Callable[..., APIClient]) -> APIClient:
     return make_client(tenant)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_stray_test_db_sessions(django_db_setup: Any, django_db_blocker: Any) -> Any:
+    """Threads of live servers and concurrency tests keep persistent connections; end them
+    before the test database is dropped, so teardown never fails on PostgreSQL."""
+    yield
+    with django_db_blocker.unblock():
+        if on_postgres():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
