@@ -308,8 +308,11 @@ class RelayHandler(JsonRequestHandler):
             self.state.update(entry, dropped=True)
             self.drop_connection(reset=mode == FORWARD_THEN_RESET)
             return
-        if mode == DELAY_THEN_RESPOND and delay:
-            self.server.stopping.wait(delay)
+        if mode == DELAY_THEN_RESPOND and delay and self.server.stopping.wait(delay):
+            # Stopped while holding the answer: the caller never gets it.
+            self.state.update(entry, dropped=True)
+            self.drop_connection()
+            return
         headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _NOT_RETURNED]
         if not self.send_bytes(response.status_code, response.content, headers):
             # The caller gave up (its timeout) before the answer came: it saw nothing.

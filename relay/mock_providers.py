@@ -331,8 +331,11 @@ class MockProviderHandler(JsonRequestHandler):
 
     def play(self, step: dict[str, Any], collection: str, path: str, body: Any, key: str | None) -> None:
         if step.get("delay"):
-            # Wakes early when the server stops, so a stopped server never holds a thread.
-            self.server.stopping.wait(float(step["delay"]))
+            # Wakes early when the server stops: a stopped server holds no thread and,
+            # like a crashed one, performs nothing more and answers nothing.
+            if self.server.stopping.wait(float(step["delay"])):
+                self.drop_connection()
+                return
         headers = [(str(name), str(value)) for name, value in step.get("headers", {}).items()]
         if "retry_after" in step:
             headers.append(("Retry-After", str(step["retry_after"])))
