@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -18,22 +19,33 @@ class Command(BaseCommand):
     help = "First-run set-up for the embedded mode: a demo tenant, provider, API key and admin login."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--base-url", default="http://127.0.0.1:8010")
+        parser.add_argument("--port-base", type=int, default=int(os.environ.get("DEMO_PORT_BASE", "8010")))
 
     def handle(self, *args: Any, **options: Any) -> None:
         if CREDENTIALS.exists() and Tenant.objects.filter(slug="demo").exists():
             self.stdout.write(CREDENTIALS.read_text())
             return
         tenant = Tenant.objects.filter(slug="demo").first() or services.tenant_create(slug="demo", name="Demo tenant")
+        base = options["port_base"]
+        # Each demo provider points at its fault relay (port + 1), which forwards to the mock.
         services.provider_upsert(
             tenant=tenant,
             slug="demo-charges",
-            base_url=options["base_url"],
+            base_url=f"http://127.0.0.1:{base + 1}",
             idempotency_class=IdempotencyClass.KEY_ENFORCED,
             lookup_path="/charges?idempotency_key={key}",
             ref_pointer="/id",
             status_pointer="/status",
             success_values=["succeeded"],
+            lookup_settle_seconds=5,
+            timeout_seconds=5,
+        )
+        services.provider_upsert(
+            tenant=tenant,
+            slug="demo-mailer",
+            base_url=f"http://127.0.0.1:{base + 3}",
+            idempotency_class=IdempotencyClass.KEY_ADVISORY,
+            timeout_seconds=5,
         )
         _, secret = services.apikey_create(tenant=tenant, scopes=["read", "write", "admin"], name="demo")
         password = secrets.token_urlsafe(12)
@@ -45,7 +57,7 @@ class Command(BaseCommand):
             "Onceguard demo credentials (also in var/credentials.txt):\n"
             f"  console login : admin / {password}\n"
             f"  API key       : {secret}\n"
-            "  tenant        : demo   provider: demo-charges (key-enforced)\n"
+            "  tenant        : demo   providers: demo-charges (key-enforced), demo-mailer (key-advisory)\n"
         )
         CREDENTIALS.write_text(text)
         CREDENTIALS.chmod(0o600)

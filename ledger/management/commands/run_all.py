@@ -43,6 +43,21 @@ class Command(BaseCommand):
             ],
             "schedules": [python, "manage.py", "qcluster"],
         }
+        if os.environ.get("DEMO", "1") != "0":
+            # Demo receivers on loopback: a key-enforced and a key-advisory mock provider,
+            # each behind a fault relay, so the crash window can be reproduced with curl.
+            base = int(os.environ.get("DEMO_PORT_BASE", "8010"))
+            for name, mode, port_ in (("enforced", "enforced", base), ("advisory", "advisory", base + 2)):
+                commands[f"mock-{name}"] = [python, "manage.py", "mockprovider", "--port", str(port_), "--mode", mode]
+                commands[f"relay-{name}"] = [
+                    python,
+                    "manage.py",
+                    "relay",
+                    "--port",
+                    str(port_ + 1),
+                    "--upstream",
+                    f"http://127.0.0.1:{port_}",
+                ]
         children: dict[str, subprocess.Popen[bytes]] = {}
         for name, cmd in commands.items():
             children[name] = subprocess.Popen(cmd, start_new_session=True)
