@@ -15,6 +15,8 @@ import json
 import logging
 import random
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -832,6 +834,27 @@ def decide_unsent_expiry(op: Operation) -> tuple[str, float | None, str]:
     return decision.to, None, f"lease expired before the sent marker; {decision.reason}"
 
 
+class _FencedReport(Exception):
+    """A superseded holder's refusal, carried out of the transaction that found it."""
+
+    def __init__(self, error: LeaseLost, **evidence: Any):
+        super().__init__(str(error))
+        self.error = error
+        self.evidence = evidence
+
+
+@contextmanager
+def _atomic_keeping_fenced_evidence() -> Iterator[None]:
+    """transaction.atomic(), except that a superseded holder's evidence is written after the
+    rollback: written inside, it was rolled back together with the refusal."""
+    try:
+        with transaction.atomic():
+            yield
+    except _FencedReport as fenced:
+        _record_fenced_evidence(**fenced.evidence)
+        raise fenced.error from None
+
+
 def operation_fail(
     *,
     operation_id: int,
@@ -854,7 +877,7 @@ def operation_fail(
     if error_class not in ErrorClass.values:
         raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)}.")
     message = sanitize_message(message)
-    with transaction.atomic():
+    with _atomic_keeping_fenced_evidence():
         rows = Operation.objects.select_for_update().filter(
             pk=operation_id, lease_token=lease_token, status__in=REPORTABLE_STATES
         )
@@ -864,7 +887,8 @@ def operation_fail(
         if op is None:
             error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
             if isinstance(error, LeaseLost) and "status" not in error.extra:
-                _record_fenced_evidence(
+                raise _FencedReport(
+                    error,
                     operation_id=operation_id,
                     lease_token=lease_token,
                     error_class=error_class,
