@@ -194,6 +194,16 @@ ONCEGUARD = {
     "LOOKUP_FAILURE_LIMIT": env_int("LOOKUP_FAILURE_LIMIT", 5),
     "STUCK_ALERT_SECONDS": env_int("STUCK_ALERT_SECONDS", 3600),
     "SWEEP_INTERVAL_SECONDS": env_int("SWEEP_INTERVAL_SECONDS", 30),
+    # Execute mode. A worker's lease is 2 × the provider's timeout + this margin, so
+    # attempt timeout < lease < django-q2 timeout (Q_TIMEOUT) < django-q2 retry (Q_RETRY).
+    "WORKER_LEASE_MARGIN_SECONDS": float(os.environ.get("WORKER_LEASE_MARGIN_SECONDS") or 5),
+    # Largest stored request envelope (method/path/query/headers/body as canonical JSON).
+    "EXECUTE_MAX_REQUEST_BYTES": env_int("EXECUTE_MAX_REQUEST_BYTES", 256 * 1024),
+    "WORKER_MAX_RESPONSE_BYTES": env_int("WORKER_MAX_RESPONSE_BYTES", 256 * 1024),
+    # Workers ignore HTTP(S)_PROXY unless told otherwise (a proxy must not see loopback calls).
+    "WORKER_HTTP_TRUST_ENV": env_bool("WORKER_HTTP_TRUST_ENV", False),
+    "CALLBACK_TIMEOUT_SECONDS": env_int("CALLBACK_TIMEOUT_SECONDS", 5),
+    "CALLBACK_MAX_ATTEMPTS": env_int("CALLBACK_MAX_ATTEMPTS", 8),
 }
 
 # --- django-q2: schedules and side channels --------------------------------------------

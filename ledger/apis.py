@@ -23,6 +23,7 @@ from ledger.serializers import (
     HeartbeatInputSerializer,
     OperationOutputSerializer,
     SentInputSerializer,
+    SubmitInputSerializer,
     operation_representation,
 )
 
@@ -188,6 +189,23 @@ class OperationCursorPagination(CursorPagination):
 
 
 class OperationListApi(APIView):
+    @extend_schema(
+        request=SubmitInputSerializer,
+        responses={202: OperationOutputSerializer, 200: OperationOutputSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        summary="Submit an operation for the service to execute (execute mode)",
+    )
+    def post(self, request: Request) -> Response:
+        from ledger.execute import operation_submit
+
+        data = _valid(SubmitInputSerializer, request)
+        key = idempotency_key_from(request, data.pop("key", None))
+        result = operation_submit(tenant=request.user.tenant, key=key, actor=request.user.actor, **data)
+        op = result.operation
+        if result.replayed:
+            return render_operation(op, status=200, replayed=True)
+        return render_operation(op, status=202, headers={"Location": f"/api/v1/operations/{op.pk}"})
+
     @extend_schema(
         parameters=[
             OpenApiParameter(name, str, OpenApiParameter.QUERY, required=False)

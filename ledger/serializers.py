@@ -40,6 +40,26 @@ class ClaimInputSerializer(serializers.Serializer):
     uses_sent_marker = serializers.BooleanField(required=False, default=False)
 
 
+class SubmitInputSerializer(serializers.Serializer):
+    """POST /api/v1/operations: the provider-neutral envelope (execute mode)."""
+
+    key = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=10_000)
+    provider = serializers.SlugField(max_length=63)
+    action = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
+    # method/path/query/headers/body; validated against the provider by the service.
+    request = serializers.JSONField()
+    payload = serializers.JSONField(required=False, allow_null=True, default=None)
+    deadline_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001)
+    callback_url = serializers.CharField(
+        required=False, allow_blank=True, trim_whitespace=False, max_length=1000, default=""
+    )
+    reconciliation_handle = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    execution_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    workflow_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    workflow_version = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
+    correlation_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+
+
 class LeaseTokenSerializer(serializers.Serializer):
     lease_token = serializers.CharField(max_length=64)
 
@@ -139,4 +159,15 @@ def operation_representation(op: Operation, *, provider_slug: str | None = None)
         "updated_at": _iso(op.updated_at),
         "done_at": _iso(op.done_at),
         "superseded_by": op.superseded_by_id,
+        **(_execute_fields(op) if op.mode == "execute" else {}),
+    }
+
+
+def _execute_fields(op: Operation) -> dict[str, Any]:
+    """Execute mode: the retry budget the workers apply, visible on the operation."""
+    return {
+        "throttled_attempts": op.throttled_attempts,
+        "deadline": _iso(op.deadline),
+        "expires_at": _iso(op.expires_at),
+        "callback_url": op.callback_url,
     }

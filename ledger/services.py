@@ -262,6 +262,15 @@ def _after_failed(op: Operation) -> None:
     failed_event_record_for_operation(operation=op)
 
 
+def _after_terminal(op: Operation) -> None:
+    """A finished execute-mode operation with a callback_url gets its callback operation,
+    written in the same transaction as the terminal move when the caller holds one."""
+    if op.callback_url and op.status in TERMINAL_STATES:
+        from ledger.callbacks import callback_enqueue
+
+        callback_enqueue(operation=op)
+
+
 # --- Claim --------------------------------------------------------------------------------
 
 _INSERT_COLUMNS = (
@@ -329,6 +338,7 @@ def operation_claim(
     actor: str = "api",
     via_claims: bool = True,
     fingerprint: str | None = None,
+    extra_columns: dict[str, Any] | None = None,
 ) -> ClaimResult:
     """Claim ``key`` atomically, or answer for the row that already holds it (DESIGN §5).
 
@@ -355,10 +365,13 @@ def operation_claim(
         lifetime_seconds=lifetime,
     )
     now = sql.now()
+    # Plain columns only a new execute-mode row sets (request_bytes, cost, callback_url).
+    extra = list((extra_columns or {}).items())
     insert = (
-        f"INSERT INTO ledger_operation ({_INSERT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s,"
+        f"INSERT INTO ledger_operation ({_INSERT_COLUMNS}{''.join(', ' + c for c, _ in extra)})"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s,"
         f" {sql.json_param()}, {sql.json_param()}, %s, 0, %s, {values_tail}, '', '', '', NULL, NULL,"
-        f" %s, %s, %s, %s, %s, 0, {now}, {now})"
+        f" %s, %s, %s, %s, %s, 0, {now}, {now}{', %s' * len(extra)})"
         " ON CONFLICT (tenant_id, key) DO NOTHING"
         f" RETURNING {sql.OP_SELECT}"
     )
@@ -385,6 +398,7 @@ def operation_claim(
         workflow_id[:255],
         workflow_version[:100],
         correlation_id[:255],
+        *(value for _, value in extra),
     ]
     reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
 
@@ -754,6 +768,7 @@ def operation_complete(
         ],
     )
     if op is not None:
+        _after_terminal(op)
         log.info("operation_succeeded key=%s attempt=%s provider_ref=%s", op.key, op.attempts, op.provider_ref)
         return op
     error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
@@ -961,6 +976,7 @@ def operation_fail(
             raise LeaseLost("The operation moved while failing.")
         if updated.status == S.FAILED:
             _after_failed(updated)
+        _after_terminal(updated)
     log.info(
         "operation_failed key=%s attempt=%s error_class=%s to=%s",
         updated.key,
@@ -1005,6 +1021,7 @@ def operation_transition(
             raise LeaseLost("The operation moved before this change could be applied.")
         if updated.status == S.FAILED:
             _after_failed(updated)
+        _after_terminal(updated)
     return updated
 
 
@@ -1045,3 +1062,54 @@ def apikey_revoke(*, api_key_id: int) -> None:
 def provider_upsert(*, tenant: Tenant, slug: str, **fields: Any) -> Provider:
     provider, _ = Provider.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
     return provider
+
+
+# --- Provider throttling and pausing (execute mode) -------------------------------------------
+
+
+def provider_throttle(*, provider_id: int, seconds: float) -> None:
+    """A 429/503 answer: workers take none of this provider's work until ``throttled_until``
+    (database clock). Only ever extends, so two workers reporting at once keep the later time."""
+    until_sql, until_p = sql.now_plus(max(0.0, seconds))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE ledger_provider SET throttled_until = {until_sql}"
+            f" WHERE id = %s AND (throttled_until IS NULL OR throttled_until < {until_sql})",
+            [*until_p, provider_id, *until_p],
+        )
+    log.info("provider_throttled provider=%s seconds=%.1f", provider_id, seconds)
+
+
+def provider_pause(*, provider_id: int, reason: str, actor: str = "worker") -> bool:
+    """401/403 from a provider: no worker sends to it until an operator resumes it.
+
+    Returns True when this call paused it (and raised the alert); a provider already paused
+    stays paused with its first reason."""
+    from dlq.alerts import alert_raise
+
+    reason = sanitize_message(reason)[:200]
+    with transaction.atomic():
+        paused = Provider.objects.filter(pk=provider_id, paused_at__isnull=True).update(
+            paused_at=timezone.now(), paused_reason=reason, updated_at=timezone.now()
+        )
+        if paused:
+            provider = Provider.objects.only("id", "tenant_id", "slug").get(pk=provider_id)
+            alert_raise(
+                tenant_id=provider.tenant_id,
+                kind="provider_paused",
+                ref=provider.slug,
+                summary=f"provider {provider.slug} paused: {reason}",
+            )
+    if paused:
+        log.warning("provider_paused provider=%s actor=%s reason=%s", provider_id, actor, reason)
+    return bool(paused)
+
+
+def provider_resume(*, provider_id: int, actor: str) -> bool:
+    """An operator's decision: the provider's queued work flows again."""
+    resumed = Provider.objects.filter(pk=provider_id, paused_at__isnull=False).update(
+        paused_at=None, paused_reason="", throttled_until=None, updated_at=timezone.now()
+    )
+    if resumed:
+        log.info("provider_resumed provider=%s actor=%s", provider_id, actor)
+    return bool(resumed)

@@ -1,0 +1,308 @@
+"""Provider adapters: turn an execute-mode operation into one HTTP call and classify what
+came back (DESIGN §3 "Failure classes").
+
+Providers are data (base URL, idempotency header, ref pointer, status pointer, timeout), so
+one adapter serves them all. The operation key always travels in the provider's
+idempotency header: a key-enforced provider dedups a re-issue against the first try.
+
+Nothing here writes to the database; ``ledger.execute`` records the outcome. Nothing here
+logs a URL, a body or a header value: paths and bodies may carry personal data.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import hmac
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+
+from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider
+from ledger.reconcile import json_pointer
+
+SIGNATURE_HEADER = "Onceguard-Signature"
+
+# Statuses DESIGN §3 names explicitly; everything else falls back by range.
+_TRANSIENT = {408, 425}
+_THROTTLED = {429, 503}
+_PERMISSION = {401, 403}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one attempt established. ``error_class`` None means the effect succeeded."""
+
+    error_class: str | None
+    provider_ref: str = ""
+    status: int | None = None
+    body: Any = None
+    message: str = ""
+    # 429/503: how long the provider asked us to stay away; the attempt is not counted.
+    throttled: bool = False
+    retry_after: float | None = None
+    duration_ms: int = 0
+    # Set by the adapter when the request may have reached the provider.
+    sent: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error_class is None
+
+
+def _cfg(name: str, default: Any) -> Any:
+    return settings.ONCEGUARD.get(name, default)
+
+
+def lease_seconds_for(provider: Provider) -> float:
+    """Lease of a worker's attempt: attempt bound + margin (attempt timeout < lease).
+
+    httpx bounds each phase (connect, write, each read) by the provider's timeout and the
+    adapter stops reading once the attempt's deadline has passed, so two timeouts cover a
+    slow connect followed by a slow answer; the margin covers recording the outcome."""
+    return 2 * float(provider.timeout_seconds) + float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
+
+
+def parse_retry_after(value: str | None, *, cap: float) -> float | None:
+    """Retry-After as delta-seconds or an HTTP-date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    seconds: float | None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(0.0, seconds), cap)
+
+
+def classify_response(
+    *, provider: Provider, status: int, headers: httpx.Headers | dict[str, str], body: Any
+) -> Outcome:
+    """DESIGN §3's table for an answer that arrived."""
+    if 200 <= status < 300:
+        if not provider.ref_pointer:
+            ref = ""
+        else:
+            value = json_pointer(body, provider.ref_pointer) if isinstance(body, (dict, list)) else None
+            if value in (None, "") or isinstance(value, (dict, list, bool)):
+                # The provider says yes but we cannot tell which object: reconcile, don't guess.
+                return Outcome(
+                    ErrorClass.AMBIGUOUS, status=status, body=body, message=f"HTTP {status} without a usable ref"
+                )
+            ref = str(value)
+        if provider.status_pointer and provider.success_values:
+            state = json_pointer(body, provider.status_pointer) if isinstance(body, (dict, list)) else None
+            if str(state) not in {str(v) for v in provider.success_values}:
+                return Outcome(
+                    ErrorClass.AMBIGUOUS,
+                    provider_ref=ref,
+                    status=status,
+                    body=body,
+                    message=f"HTTP {status} with status {str(state)[:40]!r}",
+                )
+        return Outcome(None, provider_ref=ref, status=status, body=body)
+    cap = float(provider.max_delay_seconds)
+    if status in _THROTTLED:
+        retry_after = parse_retry_after(headers.get("Retry-After"), cap=cap)
+        return Outcome(
+            ErrorClass.TRANSIENT,
+            status=status,
+            body=body,
+            message=f"HTTP {status}: throttled",
+            throttled=True,
+            retry_after=retry_after,
+        )
+    if status in _TRANSIENT:
+        return Outcome(ErrorClass.TRANSIENT, status=status, body=body, message=f"HTTP {status}")
+    if status == 409 and provider.idempotency_class == IdempotencyClass.KEY_ENFORCED:
+        # "Key in use": our earlier request with this key is still being handled there.
+        retry_after = parse_retry_after(headers.get("Retry-After"), cap=cap)
+        return Outcome(
+            ErrorClass.TRANSIENT, status=status, body=body, message="HTTP 409: key in use", retry_after=retry_after
+        )
+    if status in _PERMISSION:
+        return Outcome(ErrorClass.PERMISSION, status=status, body=body, message=f"HTTP {status}: permission")
+    if 300 <= status < 500:
+        return Outcome(ErrorClass.INVALID_INPUT, status=status, body=body, message=f"HTTP {status}")
+    # 500/502/504 and the rest: the provider may have acted.
+    return Outcome(ErrorClass.AMBIGUOUS, status=status, body=body, message=f"HTTP {status}")
+
+
+# --- Building the request ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    method: str
+    url: str
+    params: dict[str, Any]
+    headers: dict[str, str]
+    content: bytes | None
+
+
+def _join(base_url: str, path: str) -> str:
+    return base_url.rstrip("/") + "/" + path.lstrip("/")
+
+
+def prepare_request(
+    *,
+    provider: Provider,
+    operation: Operation,
+    callback_body: bytes | None = None,
+    extra_headers: dict[str, str] | None = None,
+) -> PreparedRequest:
+    """The HTTP request of an attempt: the stored envelope, the key, the credentials."""
+    envelope = operation.request or {}
+    headers = {str(k): str(v) for k, v in (envelope.get("headers") or {}).items()}
+    headers.update(extra_headers or {})
+    headers[provider.idempotency_header] = operation.key
+    if provider.auth_header and provider.auth_secret_env:
+        secret = os.environ.get(provider.auth_secret_env, "")
+        if secret:
+            headers[provider.auth_header] = secret
+    content: bytes | None = None
+    if callback_body is not None:
+        content = callback_body
+        headers["Content-Type"] = "application/json"
+        url = str(envelope["url"])
+    else:
+        url = _join(provider.base_url, str(envelope.get("path") or "/"))
+        if "body" in envelope and envelope["body"] is not None:
+            content = json.dumps(envelope["body"], separators=(",", ":"), ensure_ascii=False).encode()
+            headers.setdefault("content-type", "application/json")
+    return PreparedRequest(
+        method=str(envelope.get("method") or "POST").upper(),
+        url=url,
+        params=dict(envelope.get("query") or {}),
+        headers=headers,
+        content=content,
+    )
+
+
+def sign(*, secret: str, body: bytes, timestamp: int | None = None) -> str:
+    """``t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>`` (Stripe's scheme)."""
+    ts = int(time.time()) if timestamp is None else timestamp
+    mac = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={ts},v1={mac}"
+
+
+def verify_signature(*, secret: str, body: bytes, header: str, tolerance_seconds: int = 300) -> bool:
+    """What a callback receiver does (also used by the tests)."""
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    try:
+        ts = int(parts["t"])
+    except (KeyError, ValueError):
+        return False
+    if abs(time.time() - ts) > tolerance_seconds:
+        return False
+    return hmac.compare_digest(sign(secret=secret, body=body, timestamp=ts), header)
+
+
+# --- Sending ------------------------------------------------------------------------------
+
+
+def http_client(*, max_connections: int = 20) -> httpx.Client:
+    """One per worker thread: pooled keep-alive connections, no redirects followed (a 3xx is
+    an answer), and no proxy variables from the environment unless configured."""
+    return httpx.Client(
+        follow_redirects=False,
+        trust_env=bool(_cfg("WORKER_HTTP_TRUST_ENV", False)),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+    )
+
+
+def _read_body(response: httpx.Response, *, deadline: float, limit: int) -> tuple[bytes, bool]:
+    """Read at most ``limit`` bytes, stopping once the attempt's deadline has passed."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks)[:limit], False
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("attempt deadline passed while reading the answer")
+    return b"".join(chunks), True
+
+
+def _decode(raw: bytes, complete: bool) -> Any:
+    if not raw or not complete:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def send(
+    *,
+    provider: Provider,
+    operation: Operation,
+    client: httpx.Client,
+    callback_body: bytes | None = None,
+    extra_headers: dict[str, str] | None = None,
+) -> Outcome:
+    """One attempt against the provider, classified. Never raises for network trouble."""
+    timeout = float(provider.timeout_seconds)
+    started = time.monotonic()
+    deadline = started + timeout
+
+    def done(outcome: Outcome) -> Outcome:
+        ms = int((time.monotonic() - started) * 1000)
+        return Outcome(**{**outcome.__dict__, "duration_ms": ms})
+
+    try:
+        prepared = prepare_request(
+            provider=provider, operation=operation, callback_body=callback_body, extra_headers=extra_headers
+        )
+        scheme = urlsplit(prepared.url).scheme
+        if scheme not in ("http", "https"):
+            return done(Outcome(ErrorClass.INVALID_INPUT, message="provider URL is not http(s)", sent=False))
+        request = client.build_request(
+            prepared.method,
+            prepared.url,
+            params=prepared.params,
+            headers=prepared.headers,
+            content=prepared.content,
+            timeout=httpx.Timeout(timeout),
+        )
+    except (httpx.InvalidURL, ValueError, KeyError, TypeError) as exc:
+        return done(
+            Outcome(ErrorClass.INVALID_INPUT, message=f"request not buildable ({type(exc).__name__})", sent=False)
+        )
+
+    limit = int(_cfg("WORKER_MAX_RESPONSE_BYTES", 256 * 1024))
+    try:
+        response = client.send(request, stream=True)
+        try:
+            raw, complete = _read_body(response, deadline=deadline, limit=limit)
+        finally:
+            response.close()
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        # Nothing left this process: the provider cannot have acted.
+        return done(Outcome(ErrorClass.TRANSIENT, message=f"{type(exc).__name__} before send", sent=False))
+    except httpx.HTTPError as exc:
+        # Timeout, reset or protocol error after the request went out: we do not know.
+        return done(Outcome(ErrorClass.AMBIGUOUS, message=f"{type(exc).__name__} after send"))
+    except OSError as exc:
+        return done(Outcome(ErrorClass.AMBIGUOUS, message=f"{type(exc).__name__} after send"))
+    outcome = classify_response(
+        provider=provider, status=response.status_code, headers=response.headers, body=_decode(raw, complete)
+    )
+    return done(outcome)

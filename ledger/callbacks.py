@@ -1,0 +1,161 @@
+"""Callbacks: the terminal outcome of an execute-mode operation POSTed to the submitter.
+
+A callback is itself a ledger operation (key ``callback:{operation id}``, DESIGN §5) on the
+tenant's internal callback provider, written ``queued`` in the same transaction as the
+terminal move that causes it. The workers deliver it like any other operation — retried
+with backoff, never blocking the worker that finished the original — signed with an HMAC
+of the tenant's callback secret. Receivers should dedup on the ``Idempotency-Key`` header:
+a callback whose answer was lost is re-sent with the same key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from ledger.errors import DomainError, ValidationFailed
+from ledger.models import IdempotencyClass, Operation, OperationMode, Provider, ProviderKind, Tenant
+
+log = logging.getLogger("onceguard.callbacks")
+
+CALLBACK_PROVIDER_SLUG = "_callbacks"
+CALLBACK_ACTION = "callback"
+MAX_CALLBACK_URL_LENGTH = 1000
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme == "https" else 80
+
+
+def callback_url_allowed(*, allow_list: list[str], url: str) -> bool:
+    """True when ``url`` is http(s), carries no credentials, and lies under an allow-list
+    prefix: same scheme, host and port, and a path at or below the prefix's path."""
+    try:
+        target = urlsplit(url)
+        target_port = target.port or _default_port(target.scheme)
+    except ValueError:
+        return False
+    if target.scheme not in ("http", "https") or not target.hostname or target.username or target.password:
+        return False
+    if target.fragment:
+        return False
+    for prefix in allow_list or []:
+        try:
+            allowed = urlsplit(str(prefix))
+            allowed_port = allowed.port or _default_port(allowed.scheme)
+        except ValueError:
+            continue
+        if (allowed.scheme, (allowed.hostname or "").lower(), allowed_port) != (
+            target.scheme,
+            target.hostname.lower(),
+            target_port,
+        ):
+            continue
+        base = allowed.path or "/"
+        path = target.path or "/"
+        if base.endswith("/") and path.startswith(base):
+            return True
+        if path == base or path.startswith(base + "/"):
+            return True
+    return False
+
+
+def callback_url_check(*, tenant: Tenant, url: str) -> str:
+    """Validate a submitted callback_url against the tenant's allow-list (400 otherwise)."""
+    if not isinstance(url, str) or len(url) > MAX_CALLBACK_URL_LENGTH or not url.isprintable():
+        raise ValidationFailed("callback_url must be a URL of at most 1000 printable characters.")
+    if not callback_url_allowed(allow_list=tenant.callback_allow_list, url=url):
+        # Never echo the URL back: it may carry personal data in its path or query.
+        raise ValidationFailed(
+            "callback_url is not on this tenant's callback allow-list.", extra={"field": "callback_url"}
+        )
+    return url
+
+
+def tenant_callback_secret(*, tenant_id: int, rotate: bool = False) -> str:
+    """The tenant's signing secret, created on first use (a guarded update: two racing
+    first uses agree on one secret)."""
+    fresh = secrets.token_urlsafe(32)
+    if rotate:
+        Tenant.objects.filter(pk=tenant_id).update(callback_secret=fresh)
+    else:
+        Tenant.objects.filter(pk=tenant_id, callback_secret="").update(callback_secret=fresh)
+    return Tenant.objects.values_list("callback_secret", flat=True).get(pk=tenant_id)
+
+
+def callback_provider(*, tenant_id: int) -> Provider:
+    """The tenant's internal callback provider (created on first use).
+
+    Key-enforced without a lookup: an ambiguous delivery is re-sent with the same key (the
+    sweeper's execute-mode rule), which is what receivers dedup on."""
+    provider = Provider.objects.filter(tenant_id=tenant_id, slug=CALLBACK_PROVIDER_SLUG).first()
+    if provider is not None:
+        return provider
+    cfg = settings.ONCEGUARD
+    try:
+        with transaction.atomic():
+            return Provider.objects.create(
+                tenant_id=tenant_id,
+                slug=CALLBACK_PROVIDER_SLUG,
+                kind=ProviderKind.CALLBACK,
+                idempotency_class=IdempotencyClass.KEY_ENFORCED,
+                base_url="",
+                ref_pointer="",
+                timeout_seconds=float(cfg.get("CALLBACK_TIMEOUT_SECONDS", 5)),
+                max_attempts=int(cfg.get("CALLBACK_MAX_ATTEMPTS", 8)),
+                lifetime_seconds=int(cfg.get("CALLBACK_LIFETIME_SECONDS", 86400)),
+                base_delay_seconds=2.0,
+                max_delay_seconds=600.0,
+            )
+    except IntegrityError:
+        return Provider.objects.get(tenant_id=tenant_id, slug=CALLBACK_PROVIDER_SLUG)
+
+
+def callback_enqueue(*, operation: Operation) -> Operation | None:
+    """Queue the callback of a finished operation, in the caller's transaction. Idempotent:
+    the key ``callback:{id}`` exists once, whoever finishes the operation."""
+    from ledger.services import operation_claim
+
+    if not operation.callback_url or operation.mode != OperationMode.EXECUTE:
+        return None
+    provider = callback_provider(tenant_id=operation.tenant_id)
+    try:
+        result = operation_claim(
+            tenant=Tenant(pk=operation.tenant_id),
+            key=f"callback:{operation.pk}",
+            provider=provider,
+            action=CALLBACK_ACTION,
+            request={"method": "POST", "url": operation.callback_url, "operation_id": operation.pk},
+            mode=OperationMode.EXECUTE,
+            via_claims=False,
+            actor="callbacks",
+            correlation_id=operation.correlation_id,
+            workflow_id=operation.workflow_id,
+            execution_id=operation.execution_id,
+        )
+    except DomainError:
+        # Already queued or running: the callback exists, which is all we need.
+        return None
+    log.info("callback_queued key=%s for=%s", result.operation.key, operation.key)
+    return result.operation
+
+
+def callback_body(*, callback_operation: Operation) -> bytes:
+    """What the receiver gets: the finished operation's public representation (never its
+    payload or request), built at send time from the terminal row, so a re-send is equal."""
+    from ledger.selectors import provider_slug
+    from ledger.serializers import operation_representation
+
+    source_id = (callback_operation.request or {}).get("operation_id")
+    source = Operation.objects.get(pk=source_id, tenant_id=callback_operation.tenant_id)
+    document: dict[str, Any] = {
+        "type": "operation.finished",
+        "operation": operation_representation(source, provider_slug=provider_slug(source.provider_id)),
+    }
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,0 +1,118 @@
+"""Helpers for the execute-mode suite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from ledger import adapters, sql
+from ledger.execute import operation_execute, operations_take
+from ledger.models import Operation
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+
+
+def run_due(*, limit: int = 50, rounds: int = 1) -> list[Operation]:
+    """Take what is due and execute it, in this thread (the test's own DB connection)."""
+    recorded: list[Operation] = []
+    with adapters.http_client() as client:
+        for _ in range(rounds):
+            for op in operations_take(limit=limit, actor="test-worker"):
+                result = operation_execute(operation=op, client=client, actor="test-worker")
+                if result is not None:
+                    recorded.append(result)
+    return recorded
+
+
+def make_due(operation_id: int) -> None:
+    """Bring a scheduled retry forward to now (database clock) instead of sleeping."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE ledger_operation SET next_attempt_at = {sql.now()} WHERE id = %s", [operation_id])
+
+
+def unthrottle(provider_id: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_provider SET throttled_until = NULL WHERE id = %s", [provider_id])
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` seconds pass (bounded, short sleeps)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process that must use this test's database."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "config.settings"}
+    name = str(connection.settings_dict["NAME"])
+    if connection.vendor == "postgresql":
+        url = os.environ["DATABASE_URL"]
+        env["DATABASE_URL"] = url.rsplit("/", 1)[0] + "/" + name
+        env.pop("PG_TEST_DB_NAME", None)
+    else:
+        env.pop("DATABASE_URL", None)
+        env["SQLITE_PATH"] = name
+    env.update(extra)
+    return env
+
+
+def start_worker(
+    *, env: dict[str, str], concurrency: int = 4, extra_args: list[str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``manage.py worker`` as a real process; its output goes to a file (a pipe nobody reads
+    could fill up and stall it)."""
+    log = tempfile.TemporaryFile()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(BASE_DIR / "manage.py"),
+            "worker",
+            "--concurrency",
+            str(concurrency),
+            "--poll",
+            "0.1",
+            *(extra_args or []),
+        ],
+        cwd=BASE_DIR,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    process.log = log  # type: ignore[attr-defined]
+    return process
+
+
+def stop_process(process: subprocess.Popen[bytes], *, timeout: float = 15.0) -> str:
+    """SIGTERM (graceful), SIGKILL if it does not go; returns the tail of its output."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+    log = process.log  # type: ignore[attr-defined]
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    log.close()
+    return text[-4000:]
+
+
+def statuses(**filters: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for status in Operation.objects.filter(**filters).values_list("status", flat=True):
+        counts[status] = counts.get(status, 0) + 1
+    return counts
