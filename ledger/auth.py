@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
@@ -72,3 +73,13 @@ class HasApiKeyScope(permissions.BasePermission):
         if needed in principal.scopes or "admin" in principal.scopes:
             return True
         raise exceptions.PermissionDenied(f"This API key lacks the '{needed}' scope.")
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Documents the Bearer API key in the OpenAPI schema."""
+
+    target_class = "ledger.auth.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "A tenant API key: `Authorization: Bearer og_…`"}

@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 
 from ledger.apis import OperationCursorPagination, _valid
 from review import selectors, services
-from review.serializers import DecisionInputSerializer, review_item_representation
+from review.serializers import DecisionInputSerializer, ReviewItemOutputSerializer, review_item_representation
 
 
 class ReviewItemListApi(APIView):
@@ -26,6 +26,7 @@ class ReviewItemListApi(APIView):
                 description="exact key, reconciliation handle, provider ref, execution id or correlation id",
             ),
         ],
+        responses={200: ReviewItemOutputSerializer(many=True)},
         summary="Operations waiting for a human decision",
     )
     def get(self, request: Request) -> Response:
@@ -47,7 +48,11 @@ class ReviewItemListApi(APIView):
 
 
 class ReviewDecisionApi(APIView):
-    @extend_schema(request=DecisionInputSerializer, summary="Record a review decision (note mandatory)")
+    @extend_schema(
+        request=DecisionInputSerializer,
+        responses={200: ReviewItemOutputSerializer},
+        summary="Record a review decision (note mandatory)",
+    )
     def post(self, request: Request, operation_id: int) -> Response:
         data = _valid(DecisionInputSerializer, request)
         op = services.review_decision_record(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
+from django.db.models import F, Q
 
-from ledger.models import Operation, OperationStatus
+from ledger.models import Operation, OperationStatus, Provider, Tenant
 
 
 class ReviewDecision(models.TextChoices):
@@ -30,3 +32,243 @@ class ReviewItem(Operation):
         proxy = True
         verbose_name = "review item"
         permissions = [("decide_reviewitem", "Can record review decisions")]
+
+
+# --- Staff ↔ tenants ------------------------------------------------------------------------
+
+
+class StaffTenant(models.Model):
+    """A staff user works for these tenants and sees nothing of any other (superusers: all)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="onceguard_tenants")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="staff")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "staff tenant membership"
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="stafftenant_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} → {self.tenant}"
+
+
+# --- Access log (hash-chained per tenant) ---------------------------------------------------
+
+
+class AccessAction(models.TextChoices):
+    # a masked payload was shown in plain text (console or API), with a reason.
+    REVEAL = "reveal", "payload revealed"
+    # a CSV export was downloaded.
+    EXPORT = "export", "export"
+    # a data-subject search was run (the search itself is about a person).
+    SUBJECT_SEARCH = "subject_search", "data-subject search"
+
+
+class AccessLog(models.Model):
+    """Who looked at personal data, what, why, when and from where.
+
+    Append-only and hash-chained per tenant: ``hash`` = sha256 over the canonical row and
+    ``prev_hash``; ``seq`` numbers the tenant's chain. A purge cuts a prefix of a chain and
+    records the last deleted hash as the anchor in its RetentionRun.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    seq = models.PositiveBigIntegerField()
+    at = models.DateTimeField()
+    action = models.CharField(max_length=20, choices=AccessAction.choices)
+    # "user:<username>" or "apikey:<prefix>". Plain values, not foreign keys: deleting a user
+    # must not rewrite (and so break) the chain.
+    actor = models.CharField(max_length=150)
+    user_id_at_time = models.BigIntegerField(null=True, blank=True)
+    object_type = models.CharField(max_length=50)
+    object_id = models.CharField(max_length=64, blank=True)
+    # The object's key or event id (never personal data, DESIGN §3).
+    object_ref = models.CharField(max_length=255, blank=True)
+    fields = models.JSONField(default=list, blank=True)
+    reason = models.CharField(max_length=500)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        verbose_name = "access-log entry"
+        verbose_name_plural = "access log"
+        ordering = ["-at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "seq"], name="accesslog_unique_seq")]
+        indexes = [
+            models.Index(fields=["tenant", "at"], name="accesslog_tenant_at_idx"),
+            models.Index(fields=["object_type", "object_id"], name="accesslog_object_idx"),
+        ]
+        permissions = [
+            ("view_payload", "Can reveal masked payloads (a reason is required and logged)"),
+            ("export_data", "Can export lists as CSV"),
+            ("search_subjects", "Can search records by data subject (phone, email)"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}#{self.seq} {self.actor} {self.action} {self.object_type}:{self.object_id}"
+
+
+# --- Data-subject index ---------------------------------------------------------------------
+
+
+class SubjectKind(models.TextChoices):
+    PHONE = "phone", "phone number"
+    EMAIL = "email", "email address"
+
+
+class RecordType(models.TextChoices):
+    OPERATIONS = "operations", "operations"
+    FAILED_EVENTS = "failed_events", "DLQ entries"
+    ACCESS_LOG = "access_log", "access log"
+
+
+class SubjectIndex(models.Model):
+    """Keyed HMACs of normalized identifiers found in a payload: find every record about a
+    person without decrypting anything. ``key_id`` names the HMAC key (rotation)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    record_type = models.CharField(max_length=16, choices=RecordType.choices)
+    record_id = models.BigIntegerField()
+    kind = models.CharField(max_length=8, choices=SubjectKind.choices)
+    key_id = models.CharField(max_length=32)
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "subject index entry"
+        verbose_name_plural = "subject index"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["record_type", "record_id", "kind", "key_id", "digest"], name="subjectindex_unique"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "digest"], name="subjectindex_digest_idx"),
+            models.Index(fields=["record_type", "record_id"], name="subjectindex_record_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.record_type}:{self.record_id} {self.kind}"
+
+
+# --- Retention ------------------------------------------------------------------------------
+
+
+class RetentionPolicy(models.Model):
+    """Per tenant and record type: payload TTL (then redact), record TTL (then delete),
+    legal hold (nothing purged). Empty TTL = keep forever."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="retention_policies")
+    record_type = models.CharField(max_length=16, choices=RecordType.choices)
+    payload_ttl = models.DurationField(null=True, blank=True, help_text="e.g. 30 days; empty: never redact")
+    record_ttl = models.DurationField(null=True, blank=True, help_text="e.g. 365 days; empty: never delete")
+    legal_hold = models.BooleanField(default=False, help_text="While set, nothing of this kind is purged.")
+    legal_hold_note = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "retention policies"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "record_type"], name="retentionpolicy_unique"),
+            models.CheckConstraint(
+                condition=Q(payload_ttl__isnull=True)
+                | Q(record_ttl__isnull=True)
+                | Q(payload_ttl__lte=F("record_ttl")),
+                name="retentionpolicy_payload_before_record",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.record_type}"
+
+
+class RetentionRunStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    # every batch finished.
+    DONE = "done", "done"
+    # stopped at the batch limit; the next run continues.
+    PARTIAL = "partial", "partial (batch limit reached)"
+    FAILED = "failed", "failed"
+
+
+class RetentionRun(models.Model):
+    """One purge pass over one tenant: what was redacted, deleted, discarded, by which policy."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    pass_id = models.CharField(max_length=32, db_index=True)
+    trigger = models.CharField(max_length=16, default="schedule")
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=RetentionRunStatus.choices, default=RetentionRunStatus.RUNNING)
+    redacted = models.PositiveIntegerField(default=0)
+    deleted = models.PositiveIntegerField(default=0)
+    discarded = models.PositiveIntegerField(default=0)
+    tombstones_created = models.PositiveIntegerField(default=0)
+    tombstones_expired = models.PositiveIntegerField(default=0)
+    batches = models.PositiveIntegerField(default=0)
+    # Per record type: {"operations": {"policy": id, "redacted": n, "deleted": n, "held": bool}, …}
+    details = models.JSONField(default=dict, blank=True)
+    # The access-log chain's anchor after this run cut a prefix: the last deleted row.
+    accesslog_anchor_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    accesslog_anchor_hash = models.CharField(max_length=64, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "started_at"], name="retentionrun_tenant_idx")]
+
+    def __str__(self) -> str:
+        return f"retention {self.tenant_id} {self.started_at:%Y-%m-%d %H:%M}"
+
+
+class Tombstone(models.Model):
+    """What is left of a deleted operation: enough to keep answering its key (DESIGN §6).
+
+    ledger.services.operation_claim refuses to re-create a key that has a tombstone (a NOT
+    EXISTS guard inside its INSERT) and answers from this row instead.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    operation_id = models.BigIntegerField()
+    mode = models.CharField(max_length=8)
+    action = models.CharField(max_length=100, blank=True)
+    provider_slug = models.CharField(max_length=63, blank=True)
+    fingerprint = models.CharField(max_length=64)
+    final_status = models.CharField(max_length=16)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    done_at = models.DateTimeField()
+    deleted_at = models.DateTimeField()
+    keep_until = models.DateTimeField()
+
+    class Meta:
+        db_table = "review_tombstone"
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="tombstone_unique_key")]
+        indexes = [models.Index(fields=["keep_until"], name="tombstone_keep_idx")]
+
+    def __str__(self) -> str:
+        return f"†{self.key}"
+
+
+class PausedProvider(Provider):
+    """Providers as operators see them: pause state and a resume action."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "provider pause"
+        permissions = [("resume_provider", "Can resume paused providers")]
+
+
+class LoginFailure(models.Model):
+    """Failed console logins, for throttling (kept a day)."""
+
+    username = models.CharField(max_length=150, db_index=True)
+    ip = models.GenericIPAddressField(null=True, blank=True, db_index=True)
+    at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.username}@{self.ip} {self.at}"

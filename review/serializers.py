@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from ledger.models import Operation
-from ledger.serializers import _iso, operation_representation
+from ledger.serializers import OperationOutputSerializer, _iso, operation_representation
 from review.models import ReviewDecision
 
 
@@ -13,6 +13,14 @@ class DecisionInputSerializer(serializers.Serializer):
     decision = serializers.ChoiceField(choices=ReviewDecision.choices)
     note = serializers.CharField(max_length=2000)
     provider_ref = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+
+
+class ReviewItemOutputSerializer(OperationOutputSerializer):
+    """Documentation of a review item: the operation plus its evidence."""
+
+    tenant = serializers.CharField()
+    attempts_detail = serializers.ListField(child=serializers.DictField())
+    events = serializers.ListField(child=serializers.DictField())
 
 
 def review_item_representation(op: Operation) -> dict[str, Any]:

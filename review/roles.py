@@ -1,0 +1,96 @@
+"""Console roles as Django groups (DESIGN §6). The permissions of each role are declared here
+and applied by migration review.0003 and again after every ``migrate`` (post_migrate), so a
+permission another app adds later (a new DLQ model) reaches its roles without a new migration.
+
+A role grants model permissions; which tenants' rows a user sees is a separate matter
+(StaffTenant memberships, enforced by review.tenancy).
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Any
+
+OPERATOR, REVIEWER, AUDITOR, ADMIN = "operator", "reviewer", "auditor", "admin"
+ROLES = (OPERATOR, REVIEWER, AUDITOR, ADMIN)
+
+CONSOLE_APPS = ("ledger", "dlq", "review")
+
+# The ledger's history tables and the access log are never changed by hand (DESIGN §6);
+# their admins refuse it anyway, and no role is even granted the permission.
+_NEVER_BY_HAND = [
+    f"{verb}_{model}"
+    for verb in ("add", "change", "delete")
+    for model in ("operation", "attempt", "operationevent", "accesslog", "reviewitem", "subjectindex", "tombstone")
+] + [f"{verb}_retentionrun" for verb in ("add", "change", "delete")]
+
+_READ_LEDGER = [
+    "ledger.view_operation",
+    "ledger.view_attempt",
+    "ledger.view_operationevent",
+    "ledger.view_provider",
+    "ledger.view_tenant",
+]
+
+# app_label.codename patterns (fnmatch) per role.
+ROLE_PERMISSIONS: dict[str, list[str]] = {
+    OPERATOR: [
+        *_READ_LEDGER,
+        "dlq.view_*",
+        "dlq.replay_failedevent",
+        "dlq.resolve_failedevent",
+        "dlq.add_bulkreplay",
+        "dlq.change_bulkreplay",
+        "review.view_pausedprovider",
+        "review.resume_provider",
+        "review.view_reviewitem",
+    ],
+    REVIEWER: [*_READ_LEDGER, "review.view_reviewitem", "review.decide_reviewitem"],
+    AUDITOR: [
+        "ledger.view_*",
+        "dlq.view_*",
+        "review.view_*",
+        "review.export_data",
+        "review.search_subjects",
+    ],
+    ADMIN: [
+        "ledger.*",
+        "dlq.*",
+        "review.*",
+    ],
+}
+
+
+def _matches(perm: str, patterns: list[str]) -> bool:
+    app, _, codename = perm.partition(".")
+    if codename in _NEVER_BY_HAND:
+        return False
+    return any(fnmatchcase(perm, p) for p in patterns)
+
+
+def role_permission_codes(role: str, available: list[str]) -> list[str]:
+    """The ``app.codename`` permissions of ``role`` among ``available``."""
+    return sorted(p for p in available if _matches(p, ROLE_PERMISSIONS[role]))
+
+
+def sync_role_groups(apps: Any = None, using: str = "default") -> dict[str, int]:
+    """Create the role groups and set their permissions exactly; returns counts per role."""
+    if apps is None:
+        from django.apps import apps as global_apps
+
+        apps = global_apps
+    Group = apps.get_model("auth", "Group")
+    Permission = apps.get_model("auth", "Permission")
+    rows = list(
+        Permission.objects.using(using)
+        .filter(content_type__app_label__in=CONSOLE_APPS)
+        .values_list("pk", "content_type__app_label", "codename")
+    )
+    by_code = {f"{app}.{code}": pk for pk, app, code in rows}
+    counts: dict[str, int] = {}
+    for role in ROLES:
+        group, _ = Group.objects.using(using).get_or_create(name=role)
+        wanted = [by_code[c] for c in role_permission_codes(role, list(by_code))]
+        group.permissions.set(wanted)
+        counts[role] = len(wanted)
+    return counts

@@ -1,0 +1,203 @@
+"""Tenant scoping for staff: the one place that decides which tenants' rows a user sees.
+
+* ``tenant_ids_for_user`` — None for superusers (every tenant), else the user's StaffTenant
+  memberships (a staff user with none sees nothing).
+* ``TenantScopeMiddleware`` puts that on ``request.onceguard_tenant_ids`` for every request.
+* ``TenantScopedAdminMixin`` is mixed into EVERY ModelAdmin by the console's admin site
+  (review.console.OnceguardAdminSite.register), so lists, searches, filters, detail pages,
+  actions, autocompletes and exports of every model — whoever wrote the ModelAdmin — only
+  ever see rows of the user's tenants. Models without a path to a tenant are superuser-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.filters import RelatedOnlyFieldListFilter
+from django.db import models
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from ledger.models import Tenant
+
+ATTR = "onceguard_tenant_ids"
+
+
+def tenant_ids_for_user(user: Any) -> list[int] | None:
+    """None = every tenant (superuser); otherwise the list (possibly empty)."""
+    if user is None or not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
+        return []
+    if user.is_superuser:
+        return None
+    from review.models import StaffTenant
+
+    return sorted(StaffTenant.objects.filter(user_id=user.pk).values_list("tenant_id", flat=True))
+
+
+def tenant_ids_for_request(request: HttpRequest) -> list[int] | None:
+    if not hasattr(request, ATTR):
+        setattr(request, ATTR, tenant_ids_for_user(getattr(request, "user", None)))
+    return getattr(request, ATTR)
+
+
+class TenantScopeMiddleware:
+    """Computes ``request.onceguard_tenant_ids`` once per console request (after auth)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not request.path.startswith("/api/"):
+            # Lazily: only requests that look at tenant data pay for the membership query.
+            from django.utils.functional import SimpleLazyObject
+
+            setattr(request, ATTR, SimpleLazyObject(lambda: tenant_ids_for_user(request.user)))
+        return self.get_response(request)
+
+
+def _resolve(value: Any) -> list[int] | None:
+    # SimpleLazyObject wrapping None is truthy-ish; unwrap explicitly.
+    if value is None:
+        return None
+    if hasattr(value, "_wrapped"):
+        from django.utils.functional import empty
+
+        if value._wrapped is empty:
+            value._setup()
+        return value._wrapped
+    return value
+
+
+def scope_of(request: HttpRequest) -> list[int] | None:
+    return _resolve(tenant_ids_for_request(request))
+
+
+def tenant_path(model: type[models.Model], depth: int = 3) -> str | None:
+    """The ORM path from ``model`` to its tenant id: ``id`` for Tenant itself, ``tenant_id``
+    for a model with a tenant FK, ``operation__tenant_id`` through one FK, and so on."""
+    if model is Tenant or (model._meta.proxy and model._meta.concrete_model is Tenant):
+        return "id"
+    for field in model._meta.concrete_model._meta.get_fields():
+        if getattr(field, "many_to_one", False) and field.related_model is Tenant:
+            return f"{field.name}_id"
+    if depth <= 1:
+        return None
+    for field in model._meta.concrete_model._meta.get_fields():
+        if getattr(field, "many_to_one", False) and field.concrete and field.related_model is not model:
+            inner = tenant_path(field.related_model, depth - 1)
+            if inner and inner != "id":
+                return f"{field.name}__{inner}"
+            if inner == "id":
+                return f"{field.name}_id"
+    return None
+
+
+def scope_queryset(qs: QuerySet[Any], tenant_ids: list[int] | None) -> QuerySet[Any]:
+    """Rows of ``qs`` within ``tenant_ids`` (None: all). Models without a tenant: none."""
+    if tenant_ids is None:
+        return qs
+    path = tenant_path(qs.model)
+    if path is None:
+        return qs.none()
+    return qs.filter(**{f"{path}__in": tenant_ids})
+
+
+def object_tenant_id(obj: models.Model) -> int | None:
+    path = tenant_path(type(obj))
+    if path is None:
+        return None
+    value: Any = obj
+    for part in path.split("__"):
+        if value is None:
+            return None
+        value = getattr(value, part)
+    return value
+
+
+def in_scope(obj: models.Model | None, tenant_ids: list[int] | None) -> bool:
+    if obj is None or tenant_ids is None:
+        return True
+    return object_tenant_id(obj) in tenant_ids
+
+
+class TenantScopedAdminMixin:
+    """Mixed in front of every registered ModelAdmin by the console's admin site."""
+
+    onceguard_scoped = True
+
+    def _scope(self, request: HttpRequest) -> list[int] | None:
+        return scope_of(request)
+
+    def _tenantless(self) -> bool:
+        return tenant_path(self.model) is None  # type: ignore[attr-defined]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return scope_queryset(super().get_queryset(request), self._scope(request))  # type: ignore[misc]
+
+    # Models with no tenant (users, groups, django-q's tables) are for superusers only.
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        if self._tenantless() and not request.user.is_superuser:
+            return False
+        return super().has_module_permission(request)  # type: ignore[misc]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if self._tenantless() and not request.user.is_superuser:
+            return False
+        return in_scope(obj, self._scope(request)) and super().has_view_permission(request, obj)  # type: ignore[misc]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if self._tenantless() and not request.user.is_superuser:
+            return False
+        return in_scope(obj, self._scope(request)) and super().has_change_permission(request, obj)  # type: ignore[misc]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if self._tenantless() and not request.user.is_superuser:
+            return False
+        return in_scope(obj, self._scope(request)) and super().has_delete_permission(request, obj)  # type: ignore[misc]
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        if self._tenantless() and not request.user.is_superuser:
+            return False
+        return super().has_add_permission(request, *args)  # type: ignore[misc]
+
+    def get_list_filter(self, request: HttpRequest) -> list[Any]:
+        # A plain related filter lists every tenant / provider in the database; only the
+        # values present in the (scoped) rows may be offered.
+        filters = list(super().get_list_filter(request))  # type: ignore[misc]
+        out: list[Any] = []
+        for item in filters:
+            if isinstance(item, str) and "__" not in item:
+                try:
+                    field = self.model._meta.get_field(item)  # type: ignore[attr-defined]
+                except Exception:
+                    out.append(item)
+                    continue
+                if field.is_relation:
+                    out.append((item, RelatedOnlyFieldListFilter))
+                    continue
+            out.append(item)
+        return out
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # Choices of a related model (tenant, provider, target) are scoped too, so a form
+        # can neither show nor accept another tenant's rows.
+        scope = self._scope(request)
+        if scope is not None and "queryset" not in kwargs:
+            kwargs["queryset"] = scope_queryset(db_field.related_model._default_manager.all(), scope)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        scope = self._scope(request)
+        if scope is not None and object_tenant_id(obj) not in scope:
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied("That tenant is not one of yours.")
+        super().save_model(request, obj, form, change)  # type: ignore[misc]
+
+
+def scoped_admin_class(admin_class: type[admin.ModelAdmin]) -> type[admin.ModelAdmin]:
+    if getattr(admin_class, "onceguard_scoped", False):
+        return admin_class
+    return type(admin_class.__name__, (TenantScopedAdminMixin, admin_class), {"__module__": admin_class.__module__})
