@@ -117,7 +117,8 @@ def classify_response(
                     message=f"HTTP {status} with status {str(state)[:40]!r}",
                 )
         return Outcome(None, provider_ref=ref, status=status, body=body)
-    cap = float(provider.max_delay_seconds)
+    # The provider's own Retry-After is honoured beyond our backoff cap, within reason.
+    cap = max(float(provider.max_delay_seconds), float(_cfg("RETRY_AFTER_MAX_SECONDS", 3600)))
     if status in _THROTTLED:
         retry_after = parse_retry_after(headers.get("Retry-After"), cap=cap)
         return Outcome(
