@@ -1,0 +1,196 @@
+"""The console shows operations, attempts and events but nobody edits them by hand — not even
+a superuser (DESIGN §6) — and finds them by key, handle, ref, execution and correlation id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from ledger import services
+from ledger.models import Attempt, Operation, OperationEvent
+from tests.ledger.support import ledger_counts, row
+
+pytestmark = pytest.mark.django_db
+
+MODELS = {"operation": Operation, "attempt": Attempt, "operationevent": OperationEvent}
+
+
+@pytest.fixture
+def admin_client(django_user_model: Any) -> Client:
+    user = django_user_model.objects.create_superuser("root", "root@example.invalid", None)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _finished(tenant: Any, provider: Any, key: str, **fields: Any) -> Operation:
+    op = services.operation_claim(
+        tenant=tenant,
+        key=key,
+        provider=provider,
+        reconciliation_handle=fields.get("handle", ""),
+        execution_id=fields.get("execution_id", ""),
+        correlation_id=fields.get("correlation_id", ""),
+    ).operation
+    return services.operation_complete(
+        operation_id=op.pk, lease_token=op.lease_token, provider_ref=fields.get("ref", "")
+    )
+
+
+@pytest.fixture
+def ops(tenant: Any, provider: Any) -> dict[str, Operation]:
+    return {
+        "one": _finished(
+            tenant, provider, "alpha-key", handle="pi_alpha", ref="ch_alpha", execution_id="exec-alpha",
+            correlation_id="corr-alpha",
+        ),
+        "two": _finished(
+            tenant, provider, "bravo-key", handle="pi_bravo", ref="ch_bravo", execution_id="exec-bravo",
+            correlation_id="corr-bravo",
+        ),
+    }  # fmt: skip
+
+
+def _instance(name: str, op: Operation) -> Any:
+    return {"operation": op, "attempt": op.attempt_set.first(), "operationevent": op.events.first()}[name]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_superuser_gets_403_on_add(admin_client, ops, name):
+    before = ledger_counts()
+
+    assert admin_client.get(reverse(f"admin:ledger_{name}_add")).status_code == 403
+    assert admin_client.post(reverse(f"admin:ledger_{name}_add"), {"key": "forged"}).status_code == 403
+
+    assert ledger_counts() == before
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_superuser_gets_403_when_posting_a_change(admin_client, ops, name):
+    obj = _instance(name, ops["one"])
+    before = row(ops["one"].pk)
+    before_obj = type(obj).objects.filter(pk=obj.pk).values().get()
+    fields = {"status": "failed", "provider_ref": "forged", "outcome": "failed", "to_status": "failed"}
+
+    response = admin_client.post(reverse(f"admin:ledger_{name}_change", args=[obj.pk]), fields)
+
+    assert response.status_code == 403
+    assert row(ops["one"].pk) == before
+    assert type(obj).objects.filter(pk=obj.pk).values().get() == before_obj
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_superuser_gets_403_on_delete(admin_client, ops, name):
+    obj = _instance(name, ops["one"])
+    before = ledger_counts()
+
+    assert admin_client.get(reverse(f"admin:ledger_{name}_delete", args=[obj.pk])).status_code == 403
+    assert admin_client.post(reverse(f"admin:ledger_{name}_delete", args=[obj.pk]), {"post": "yes"}).status_code == 403
+
+    assert ledger_counts() == before
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_bulk_delete_is_not_offered_and_refused(admin_client, ops, name):
+    changelist = reverse(f"admin:ledger_{name}_changelist")
+    obj = _instance(name, ops["one"])
+    before = ledger_counts()
+
+    page = admin_client.get(changelist)
+    admin_client.post(changelist, {"action": "delete_selected", "_selected_action": [obj.pk], "post": "yes"})
+
+    assert page.status_code == 200
+    assert b"delete_selected" not in page.content
+    assert ledger_counts() == before
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_superuser_can_view_the_detail_read_only(admin_client, ops, name):
+    obj = _instance(name, ops["one"])
+
+    response = admin_client.get(reverse(f"admin:ledger_{name}_change", args=[obj.pk]))
+
+    assert response.status_code == 200
+    assert b'name="_save"' not in response.content
+    assert b'name="_continue"' not in response.content
+
+
+def test_the_operation_page_shows_attempts_and_events_but_not_the_payload(admin_client, tenant, provider):
+    op = services.operation_claim(
+        tenant=tenant, key="with-payload", provider=provider, payload={"pan": "4242"}
+    ).operation
+    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_shown")
+
+    response = admin_client.get(reverse("admin:ledger_operation_change", args=[op.pk]))
+
+    assert response.status_code == 200
+    assert b"ch_shown" in response.content
+    assert b"4242" not in response.content
+    assert b"claimed" in response.content and b"succeeded" in response.content
+
+
+@pytest.mark.parametrize(
+    "term",
+    ["alpha-key", "pi_alpha", "ch_alpha", "exec-alpha", "corr-alpha"],
+    ids=["key", "reconciliation_handle", "provider_ref", "execution_id", "correlation_id"],
+)
+def test_operation_changelist_searches_by_identifier(admin_client, ops, term):
+    response = admin_client.get(reverse("admin:ledger_operation_changelist"), {"q": term})
+
+    assert response.status_code == 200
+    assert response.context["cl"].result_count == 1
+    assert list(response.context["cl"].result_list) == [ops["one"]]
+
+
+@pytest.mark.parametrize(
+    ("term", "expected"),
+    [("alpha-key", 1), ("ch_alpha", 1), ("exec-alpha", 1), ("nothing-like-it", 0)],
+    ids=["key", "provider_ref", "execution_id", "no-match"],
+)
+def test_attempt_changelist_searches_by_identifier(admin_client, ops, term, expected):
+    response = admin_client.get(reverse("admin:ledger_attempt_changelist"), {"q": term})
+
+    assert response.status_code == 200
+    results = list(response.context["cl"].result_list)
+    assert len(results) == expected
+    assert all(a.operation_id == ops["one"].pk for a in results)
+
+
+def test_event_changelist_searches_by_operation_key(admin_client, ops):
+    response = admin_client.get(reverse("admin:ledger_operationevent_changelist"), {"q": "bravo-key"})
+
+    assert response.status_code == 200
+    results = list(response.context["cl"].result_list)
+    assert len(results) == 2
+    assert {e.operation_id for e in results} == {ops["two"].pk}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_changelists_render_with_their_filters(admin_client, ops, name):
+    response = admin_client.get(reverse(f"admin:ledger_{name}_changelist"))
+
+    assert response.status_code == 200
+    assert response.context["cl"].result_count >= 2
+    assert response.context["cl"].has_filters
+
+
+def test_staff_without_superuser_cannot_edit_either(django_user_model, ops):
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("ops", "ops@example.invalid", None, is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="ledger"))
+    client = Client()
+    client.force_login(user)
+    before = row(ops["one"].pk)
+
+    assert client.get(reverse("admin:ledger_operation_add")).status_code == 403
+    assert (
+        client.post(reverse("admin:ledger_operation_change", args=[ops["one"].pk]), {"status": "x"}).status_code == 403
+    )
+    assert (
+        client.post(reverse("admin:ledger_operation_delete", args=[ops["one"].pk]), {"post": "yes"}).status_code == 403
+    )
+    assert row(ops["one"].pk) == before
