@@ -390,10 +390,13 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
                 reason=f"completed in {outcome.duration_ms} ms",
             )
     assert outcome.error_class is not None
-    if outcome.throttled:
+    # The callback provider fronts every receiver of the tenant: one receiver's 429 or 403
+    # must not hold back the others, so it only reschedules its own delivery.
+    shared = provider.kind != ProviderKind.CALLBACK
+    if outcome.throttled and shared:
         seconds = outcome.retry_after if outcome.retry_after is not None else max(1.0, provider.base_delay_seconds)
         services.provider_throttle(provider_id=provider.pk, seconds=seconds)
-    if outcome.error_class == ErrorClass.PERMISSION:
+    if outcome.error_class == ErrorClass.PERMISSION and shared:
         services.provider_pause(provider_id=provider.pk, reason=outcome.message or "permission denied", actor=actor)
     return services.operation_fail(
         operation_id=op.pk,

@@ -32,3 +32,62 @@ def provider_slug(provider_id: int | None) -> str | None:
         if slug is not None:
             _PROVIDER_SLUGS[provider_id] = slug
     return slug
+
+
+# --- Execute-mode metrics (exposed at /metrics by the observability work) ------------------
+
+
+def metrics_admissions_refused_by_reason() -> dict[str, int]:
+    """Refused execute-mode admissions since the start, by reason code (zeros included)."""
+    from ledger.admission import admission_refusals_by_reason
+
+    return admission_refusals_by_reason()
+
+
+def metrics_active_leases() -> int:
+    """Rows held by a live lease right now (workers' and guard callers' attempts)."""
+    from django.db import connection
+
+    from ledger import sql
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM ledger_operation WHERE status = 'claimed' AND lease_expires_at > {sql.now()}", []
+        )
+        return int(cursor.fetchone()[0])
+
+
+def metrics_attempts_by_outcome() -> dict[str, int]:
+    """Every attempt ever made, by outcome (every outcome present, zeros included)."""
+    from django.db.models import Count
+
+    from ledger.models import Attempt, AttemptOutcome
+
+    totals = dict.fromkeys(AttemptOutcome.values, 0)
+    for row in Attempt.objects.values("outcome").annotate(n=Count("id")).order_by():
+        totals[row["outcome"]] = row["n"]
+    return totals
+
+
+def metrics_oldest_eligible_age_seconds() -> float:
+    """How long the oldest operation a worker could take right now has been due: queued or
+    retry_wait, due, its provider neither paused nor throttled. 0 when nothing waits."""
+    from django.db import connection
+
+    from ledger import sql
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT MIN(o.next_attempt_at), {sql.now()} FROM ledger_operation o"
+            " JOIN ledger_provider p ON p.id = o.provider_id"
+            " WHERE o.status IN ('queued', 'retry_wait') AND o.mode = 'execute'"
+            f" AND o.next_attempt_at <= {sql.now()} AND p.paused_at IS NULL"
+            f" AND (p.throttled_until IS NULL OR p.throttled_until <= {sql.now()})",
+            [],
+        )
+        oldest, now = cursor.fetchone()
+    if oldest is None:
+        return 0.0
+    oldest_dt, now_dt = sql._to_datetime(oldest), sql._to_datetime(now)
+    assert oldest_dt is not None and now_dt is not None
+    return max(0.0, (now_dt - oldest_dt).total_seconds())

@@ -116,3 +116,43 @@ def statuses(**filters: Any) -> dict[str, int]:
     for status in Operation.objects.filter(**filters).values_list("status", flat=True):
         counts[status] = counts.get(status, 0) + 1
     return counts
+
+
+class CallbackReceiver:
+    """A loopback callback endpoint: records each delivery (headers, raw body); answers the
+    scripted statuses in order, then 200."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.lock = threading.Lock()
+        self.deliveries: list[tuple[dict[str, str], bytes]] = []
+        self.statuses: list[int] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with receiver.lock:
+                    receiver.deliveries.append(({k: v for k, v in self.headers.items()}, raw))
+                    status = receiver.statuses.pop(0) if receiver.statuses else 200
+                body = json.dumps({"received": True}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

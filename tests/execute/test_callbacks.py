@@ -1,0 +1,139 @@
+"""Callbacks: the terminal outcome POSTed to an allow-listed URL, signed, retried, delivered
+through the ledger under the key callback:{operation id}, never inside the worker's attempt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from ledger.adapters import SIGNATURE_HEADER, verify_signature
+from ledger.callbacks import callback_url_allowed
+from ledger.execute import operation_submit
+from ledger.models import Operation, OperationStatus, Tenant
+from tests.execute.support import CallbackReceiver, make_due, run_due
+
+S = OperationStatus
+
+
+@pytest.fixture
+def receiver() -> Iterator[CallbackReceiver]:
+    r = CallbackReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def allowed(tenant: Tenant, receiver: CallbackReceiver) -> Tenant:
+    tenant.callback_allow_list = [f"{receiver.url}/hooks/"]
+    tenant.save()
+    return tenant
+
+
+def submit(tenant, key, callback_url, amount=1000):
+    return operation_submit(
+        tenant=tenant,
+        key=key,
+        provider="charges",
+        request={"method": "POST", "path": "/charges", "body": {"amount": amount}},
+        callback_url=callback_url,
+        correlation_id="corr-1",
+    ).operation
+
+
+def test_outcome_is_posted_signed_under_the_callback_key(allowed, enforced, receiver):
+    op = submit(allowed, "order-9:charge:v1", f"{receiver.url}/hooks/onceguard")
+    (done,) = run_due()
+    assert done.status == S.SUCCEEDED
+    # The callback is its own queued operation, written with the terminal move: the worker
+    # that finished the charge did not wait for the receiver.
+    callback = Operation.objects.get(tenant=allowed, key=f"callback:{op.pk}")
+    assert callback.status == S.QUEUED and receiver.deliveries == []
+    (sent,) = run_due()
+    assert sent.pk == callback.pk and sent.status == S.SUCCEEDED
+    ((headers, raw),) = receiver.deliveries
+    assert headers["Idempotency-Key"] == f"callback:{op.pk}"
+    allowed.refresh_from_db()
+    assert verify_signature(secret=allowed.callback_secret, body=raw, header=headers[SIGNATURE_HEADER])
+    assert not verify_signature(secret="wrong", body=raw, header=headers[SIGNATURE_HEADER])
+    document = json.loads(raw)
+    assert document["type"] == "operation.finished"
+    assert document["operation"]["id"] == op.pk and document["operation"]["status"] == S.SUCCEEDED
+    assert document["operation"]["provider_ref"] == done.provider_ref
+    assert "request" not in document["operation"] and "payload" not in document["operation"]
+
+
+def test_failed_outcomes_are_called_back_too(allowed, enforced, receiver):
+    _, mock = enforced
+    mock.script([{"status": 422}])
+    op = submit(allowed, "k-cb-failed", f"{receiver.url}/hooks/x")
+    run_due()
+    run_due()
+    ((_, raw),) = receiver.deliveries
+    assert json.loads(raw)["operation"]["status"] == S.FAILED
+    assert Operation.objects.get(pk=op.pk).status == S.FAILED
+
+
+def test_a_failing_receiver_is_retried_with_backoff_and_the_same_key(allowed, enforced, receiver):
+    receiver.statuses = [503, 500]
+    op = submit(allowed, "k-cb-retry", f"{receiver.url}/hooks/x")
+    run_due()
+    callback_key = f"callback:{op.pk}"
+    (first,) = run_due()
+    assert first.status == S.RETRY_WAIT and first.next_attempt_at is not None
+    # One receiver's 503 does not throttle the tenant's other callbacks.
+    assert first.provider.throttled_until is None
+    make_due(first.pk)
+    (second,) = run_due()
+    assert second.status == S.UNCERTAIN  # a 500: the receiver may have acted
+    from ledger.sweeper import sweep
+
+    sweep()  # key-enforced, no lookup, execute mode: re-issue with the same key
+    make_due(second.pk)
+    (third,) = run_due()
+    assert third.status == S.SUCCEEDED and third.attempts == 3
+    assert [h["Idempotency-Key"] for h, _ in receiver.deliveries] == [callback_key] * 3
+    # The bodies are the same document every time (signatures differ only by their time).
+    assert len({raw for _, raw in receiver.deliveries}) == 1
+
+
+def test_one_callback_per_operation_whoever_finishes_it(allowed, enforced, receiver):
+    from ledger.callbacks import callback_enqueue
+
+    op = submit(allowed, "k-cb-once", f"{receiver.url}/hooks/x")
+    (done,) = run_due()
+    assert callback_enqueue(operation=done) is None  # already queued: no second one
+    assert Operation.objects.filter(key__startswith="callback:").count() == 1
+    run_due()
+    assert len(receiver.deliveries) == 1
+    assert Operation.objects.get(pk=op.pk).status == S.SUCCEEDED
+
+
+def test_a_url_removed_from_the_allow_list_is_not_called(allowed, enforced, receiver):
+    submit(allowed, "k-cb-revoked", f"{receiver.url}/hooks/x")
+    run_due()
+    allowed.callback_allow_list = []
+    allowed.save()
+    (callback,) = run_due()
+    assert callback.status == S.FAILED and receiver.deliveries == []
+
+
+@pytest.mark.parametrize(
+    ("url", "ok"),
+    [
+        ("https://hooks.example.com/onceguard/a", True),
+        ("https://hooks.example.com/onceguard", True),
+        ("https://hooks.example.com:443/onceguard/a?x=1", True),
+        ("https://hooks.example.com/onceguardX", False),
+        ("http://hooks.example.com/onceguard/a", False),
+        ("https://hooks.example.com.evil.example/onceguard/a", False),
+        ("https://user:pw@hooks.example.com/onceguard/a", False),
+        ("https://hooks.example.com:8443/onceguard/a", False),
+        ("https://other.example.com/onceguard/a", False),
+        ("ftp://hooks.example.com/onceguard/a", False),
+        ("not a url", False),
+    ],
+)
+def test_allow_list_matching(url, ok):
+    assert callback_url_allowed(allow_list=["https://hooks.example.com/onceguard"], url=url) is ok
