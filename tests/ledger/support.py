@@ -104,6 +104,15 @@ def events_of(operation_id: int) -> list[tuple[str, str, str, str]]:
     )
 
 
+def plain(value: Any) -> Any:
+    """A stored JSON value as plaintext: payloads and responses may be sealed at rest."""
+    try:
+        from ledger.crypto import open_json
+    except ImportError:
+        return value
+    return open_json(value)
+
+
 def ledger_counts() -> dict[str, int]:
     from dlq.models import FailedEvent
 

@@ -38,6 +38,7 @@ from tests.ledger.support import (
     expire_lease,
     ledger_counts,
     make_retry_due,
+    plain,
     row,
 )
 
@@ -171,7 +172,7 @@ def test_transient_failure_on_the_last_attempt_is_failed_with_a_dlq_entry(tenant
     entry = FailedEvent.objects.get(operation_id=op.pk)
     assert entry.original_key == op.key
     assert entry.error_class == ErrorClass.TRANSIENT
-    assert entry.payload == {"order": 7}
+    assert plain(entry.payload) == {"order": 7}
     assert entry.status == "pending"
     assert "attempts exhausted" in events_of(op.pk)[-1][3]
 
