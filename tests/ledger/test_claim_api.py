@@ -490,3 +490,22 @@ def test_problem_bodies_carry_type_title_status_detail(api):
 
     assert set(body) >= {"type", "title", "status", "code", "detail"}
     assert body["type"].endswith("/operation_in_progress")
+
+
+def test_api_transitions_record_the_api_key_as_actor(api):
+    from ledger.models import ApiKey
+    from tests.ledger.support import events_of
+
+    first = claim(api).json()
+    token = first["lease_token"]
+    post(api, op_url(first["id"], "sent"), {"lease_token": token})
+    post(api, op_url(first["id"], "fail"), {"lease_token": token, "error_class": "ambiguous", "message": "reset"})
+
+    actor = f"apikey:{ApiKey.objects.get().prefix}"
+    events = events_of(first["id"])
+    assert [(old, new, who) for old, new, who, _ in events] == [
+        ("", S.CLAIMED, actor),
+        (S.CLAIMED, S.CLAIMED, actor),
+        (S.CLAIMED, S.UNCERTAIN, actor),
+    ]
+    assert "reset" in events[-1][3]

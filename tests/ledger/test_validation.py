@@ -290,3 +290,31 @@ def _nested(levels: int) -> Any:
     for _ in range(levels - 1):
         value = [value]
     return value
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        {"provider": "paypal"},
+        {"lease_seconds": "abc"},
+        {"action": ["charge"]},
+        {"payload": {"note": "a\x00b"}},
+        {"payload": {"blob": "x" * (2 * 1024 * 1024)}},
+    ],
+    ids=["unknown-provider", "bad-lease", "bad-action", "nul-payload", "too-large"],
+)
+def test_a_refused_claim_leaves_no_trace_so_the_corrected_retry_succeeds(api, mistake):
+    refused = api.post(CLAIM_URL, claim_body("retry-me", **mistake), format="json")
+    assert refused.status_code in (400, 413)
+
+    corrected = api.post(CLAIM_URL, claim_body("retry-me"), format="json")
+
+    assert corrected.status_code == 201, corrected.content
+    assert corrected.json()["attempt"] == 1
+
+
+def test_a_claim_refused_for_auth_leaves_no_trace(api, tenant, make_client):
+    reader = make_client(tenant, scopes=["read"])
+    assert reader.post(CLAIM_URL, claim_body("auth-retry"), format="json").status_code == 403
+
+    assert api.post(CLAIM_URL, claim_body("auth-retry"), format="json").status_code == 201
