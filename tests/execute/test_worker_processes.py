@@ -1,0 +1,133 @@
+"""Real worker processes (``manage.py worker``) against real loopback providers: the
+operations table as the queue, exactly-once at a key-enforced provider, crashes."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from django.db import connection
+
+from ledger import sql
+from ledger.errors import DomainError
+from ledger.execute import operation_submit
+from ledger.models import Attempt, Operation, OperationStatus
+from ledger.sweeper import sweep
+from tests.execute.support import child_env, start_worker, statuses, stop_process, wait_until
+
+S = OperationStatus
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def request(i: int) -> dict:
+    return {"method": "POST", "path": "/charges", "body": {"amount": 100 + i, "order": f"order-{i}"}}
+
+
+def submit(tenant, key: str, i: int, provider: str = "charges"):
+    return operation_submit(tenant=tenant, key=key, provider=provider, request=request(i))
+
+
+def taken_by(output: str) -> int:
+    match = re.search(r"taken=(\d+)", output)
+    return int(match[1]) if match else -1
+
+
+def test_two_workers_execute_each_key_exactly_once_with_duplicates_and_a_cold_start(tenant, enforced):
+    provider, mock = enforced
+    on_pg = connection.vendor == "postgresql"
+    unique = 400 if on_pg else 60
+    duplicates = unique // 4  # 20% of all submissions are repeats of a key
+    keys = [f"order-{i}:charge:v1" for i in range(unique)]
+    # Crash between commit and execution: everything is committed while no worker runs.
+    first_wave = unique * 3 // 4
+    for i in range(first_wave):
+        submit(tenant, keys[i], i)
+    assert statuses() == {S.QUEUED: first_wave}
+    env = child_env(LOG_LEVEL="WARNING")
+    workers = [start_worker(env=env, concurrency=8) for _ in range(2)]
+    outputs: list[str] = []
+    try:
+        rng = random.Random(7)
+        answers: dict[str, int] = {}
+
+        def repeat(j: int) -> None:
+            try:
+                result = submit(tenant, keys[j], j)
+                answer = "replayed" if result.replayed else "created"
+            except DomainError as refusal:  # 409 while queued or in progress
+                answer = refusal.code
+            answers[answer] = answers.get(answer, 0) + 1
+
+        # The rest arrive while the workers run, mixed with repeats of keys already known.
+        for i in range(first_wave, unique):
+            submit(tenant, keys[i], i)
+            if i % 3 == 0:
+                repeat(rng.randrange(0, i + 1))
+        while sum(answers.values()) < duplicates:
+            repeat(rng.randrange(0, unique))
+        assert sum(answers.values()) == duplicates and "created" not in answers, answers
+        finished = wait_until(lambda: statuses() == {S.SUCCEEDED: unique}, timeout=90, interval=0.25)
+    finally:
+        outputs = [stop_process(w) for w in workers]
+    assert finished, (statuses(), outputs)
+    effects = mock.effects()
+    # Exactly once per key at the provider, and no second request was even needed.
+    assert effects["by_key"] == dict.fromkeys(keys, 1)
+    assert effects["count"] == unique and effects["requests"] == unique
+    assert Operation.objects.count() == unique  # duplicates created nothing
+    assert Attempt.objects.count() == unique
+    assert all(taken_by(out) > 0 for out in outputs), outputs  # both workers took part
+    assert sum(taken_by(out) for out in outputs) == unique
+
+
+def _wait_for_lease_expiry(op_id: int) -> bool:
+    return wait_until(
+        lambda: (
+            Operation.objects.get(pk=op_id).lease_expires_at is not None
+            and Operation.objects.get(pk=op_id).lease_expires_at < sql.db_now()
+        ),
+        timeout=6,
+        interval=0.1,
+    )
+
+
+@pytest.mark.parametrize("provider_class", ["advisory", "enforced"])
+def test_a_worker_killed_mid_call_is_reconciled_and_never_runs_twice(tenant, request, provider_class):
+    from tests.execute.conftest import configure_provider
+
+    mock = request.getfixturevalue(f"mock_{provider_class}")
+    configure_provider(tenant, mock, slug="fx", enforced=provider_class == "enforced", timeout_seconds=1.0)
+    # The provider holds the request; the worker is killed while it waits for the answer.
+    mock.script([{"delay": 0.8}])
+    op = submit(tenant, "k-killed", 1, provider="fx").operation
+    env = child_env(LOG_LEVEL="WARNING", WORKER_LEASE_MARGIN_SECONDS="0.2")
+    worker = start_worker(env=env, concurrency=2)
+    try:
+        # The provider has the request in hand (counted on arrival, held for 0.8 s).
+        assert wait_until(lambda: mock.effects()["requests"] == 1, timeout=20)
+        assert Operation.objects.get(pk=op.pk).status == S.CLAIMED
+        worker.kill()  # SIGKILL: no cleanup, no result recorded
+        worker.wait(timeout=5)
+    finally:
+        stop_process(worker)
+    row = Operation.objects.get(pk=op.pk)
+    assert row.status == S.CLAIMED and row.sent_at is not None  # the sent marker is what it left
+    assert _wait_for_lease_expiry(op.pk)
+    assert wait_until(lambda: mock.effects()["count"] == 1, timeout=3)  # the held request did act
+    sweep()
+    row = Operation.objects.get(pk=op.pk)
+    if provider_class == "advisory":
+        # Nothing at an advisory receiver stops a second effect: a human decides.
+        assert row.status == S.REVIEW, list(row.events.values_list("reason", flat=True))
+    else:
+        # Looked up by key at the provider: found, recorded, never re-sent.
+        assert row.status == S.SUCCEEDED and row.provider_ref.startswith("ch_")
+    # Another worker comes along: it finds nothing to take.
+    again = start_worker(env=env, concurrency=2, extra_args=["--max-idle", "0.5"])
+    try:
+        again.wait(timeout=20)
+    finally:
+        output = stop_process(again)
+    assert taken_by(output) == 0, output
+    assert mock.effects()["requests"] == 1 and mock.effects()["count"] == 1
