@@ -18,6 +18,9 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--web-workers", type=int, default=2)
+        parser.add_argument(
+            "--exec-workers", type=int, default=int(os.environ.get("EXEC_WORKERS", "1")), help="execute-mode workers"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("bootstrap_demo")
@@ -43,6 +46,9 @@ class Command(BaseCommand):
             ],
             "schedules": [python, "manage.py", "qcluster"],
         }
+        # Execute mode: workers take due operations from the operations table.
+        for n in range(options["exec_workers"]):
+            commands[f"worker-{n + 1}"] = [python, "manage.py", "worker"]
         if os.environ.get("DEMO", "1") != "0":
             # Demo receivers on loopback: a key-enforced and a key-advisory mock provider,
             # each behind a fault relay, so the crash window can be reproduced with curl.
