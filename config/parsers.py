@@ -1,7 +1,8 @@
-"""The API's JSON parser: DRF's, with a bound on nesting depth."""
+"""The API's JSON parser: DRF's, refusing what parses but cannot be fingerprinted or stored."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rest_framework.exceptions import ParseError
@@ -12,19 +13,32 @@ from rest_framework.parsers import JSONParser
 MAX_JSON_DEPTH = 64
 
 
-def json_depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value, walked without recursion."""
-    deepest = 0
+def json_problem(value: Any) -> str | None:
+    """Why a parsed JSON value cannot be stored, or None. Walked without recursion.
+
+    json.loads accepts numbers that overflow to infinity (1e400) and lone surrogate escapes
+    ("\\ud800"); neither can be written back as JSON or UTF-8 (jsonb, encryption, logs).
+    """
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict):
-            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
+            stack.extend((k, depth) for k in item.keys())
             stack.extend((v, depth + 1) for v in item.values())
         elif isinstance(item, list):
-            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
             stack.extend((v, depth + 1) for v in item)
-    return deepest
+        elif isinstance(item, float) and not math.isfinite(item):
+            return "JSON numbers must be finite."
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "JSON strings must be valid Unicode (no lone surrogates)."
+    return None
 
 
 class BoundedJSONParser(JSONParser):
@@ -33,6 +47,7 @@ class BoundedJSONParser(JSONParser):
             data = super().parse(stream, media_type, parser_context)
         except RecursionError as exc:
             raise ParseError("JSON nested too deeply.") from exc
-        if json_depth(data) > MAX_JSON_DEPTH:
-            raise ParseError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels.")
+        problem = json_problem(data)
+        if problem is not None:
+            raise ParseError(problem)
         return data
