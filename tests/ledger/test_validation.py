@@ -318,3 +318,34 @@ def test_a_claim_refused_for_auth_leaves_no_trace(api, tenant, make_client):
     assert reader.post(CLAIM_URL, claim_body("auth-retry"), format="json").status_code == 403
 
     assert api.post(CLAIM_URL, claim_body("auth-retry"), format="json").status_code == 201
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"key": "a", "provider": "stripe", "lease_seconds": 1e400}',
+        b'{"key": "a", "provider": "stripe", "request": {"n": -1e400}}',
+        b'{"key": "a", "provider": "stripe", "payload": {"n": 1e400}}',
+        b'{"key": "a", "provider": "stripe", "payload": {"\\ud800": "lone surrogate key"}}',
+        b'{"key": "a", "provider": "stripe", "payload": ["\\udfff"]}',
+        b'{"key": "\\ud800", "provider": "stripe"}',
+    ],
+    ids=["inf-lease", "inf-request", "inf-payload", "surrogate-key-in-payload", "surrogate-value", "surrogate-key"],
+)
+def test_json_that_parses_but_cannot_be_stored_is_a_400(api, body):
+    before = ledger_counts()
+
+    response = raw_post(api, CLAIM_URL, body)
+
+    assert_problem(response, 400, "malformed_json")
+    assert ledger_counts() == before
+
+
+def test_an_overflowing_number_in_a_complete_response_is_a_400(api, held):
+    snapshot = row(held["id"])
+    body = b'{"lease_token": "%s", "response": {"amount": 1e999}}' % held["lease_token"].encode()
+
+    response = raw_post(api, op_url(held["id"], "complete"), body)
+
+    assert_problem(response, 400, "malformed_json")
+    assert row(held["id"]) == snapshot
