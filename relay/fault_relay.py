@@ -42,6 +42,7 @@ import httpx
 from relay.server import (
     HOP_BY_HOP,
     MAX_DELAY_SECONDS,
+    MAX_RELAY_BODY_BYTES,
     MAX_SCRIPT_STEPS,
     BadRequestBody,
     BodyTooLarge,
@@ -265,10 +266,14 @@ class RelayHandler(JsonRequestHandler):
         if self.path_only.startswith("/_relay/"):
             self.control()
             return
+        if not self.path.startswith("/"):
+            # Absolute-form targets would make this an open proxy; it only reaches its upstream.
+            self.send_problem(400, "relay_origin_form_only", "The relay only accepts origin-form paths")
+            return
         try:
-            body = self.read_body()
+            body = self.read_body(MAX_RELAY_BODY_BYTES)
         except (BodyTooLarge, BadRequestBody) as exc:
-            self.handle_body_errors(exc)
+            self.handle_body_errors(exc, MAX_RELAY_BODY_BYTES)
             return
         try:
             mode, delay = self.state.choose(self.headers.get(MODE_HEADER), self.headers.get(DELAY_HEADER))

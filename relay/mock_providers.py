@@ -325,37 +325,43 @@ class MockProviderHandler(JsonRequestHandler):
             self.send_json(409, {"error": "idempotency_key_in_use"}, [("Retry-After", "1")])
             return
         try:
-            self.play(step, collection, path, body, key)
+            answer = self.play(step, collection, path, body, key)
         finally:
+            # Released before the first answer byte: a caller that retries the moment it
+            # reads the answer must find the key free, not "in use".
             self.state.end(key)
+        if answer is None:
+            self.drop_connection()
+        else:
+            self.send_json(answer.status, answer.body, answer.headers)
 
-    def play(self, step: dict[str, Any], collection: str, path: str, body: Any, key: str | None) -> None:
+    def play(self, step: dict[str, Any], collection: str, path: str, body: Any, key: str | None) -> Answer | None:
+        """What to answer for this request and step; None means close without answering."""
         if step.get("delay"):
             # Wakes early when the server stops: a stopped server holds no thread and,
             # like a crashed one, performs nothing more and answers nothing.
             if self.server.stopping.wait(float(step["delay"])):
-                self.drop_connection()
-                return
+                return None
         headers = [(str(name), str(value)) for name, value in step.get("headers", {}).items()]
         if "retry_after" in step:
             headers.append(("Retry-After", str(step["retry_after"])))
         scripted_status = step.get("status")
         commit = step.get("commit", bool(step.get("drop")) or scripted_status is None or 200 <= scripted_status < 300)
         if not commit:
-            body_out = step.get("body", {"error": "scripted_failure", "status": scripted_status})
-            self.send_json(scripted_status or 500, body_out, headers)
-            return
+            return Answer(
+                scripted_status or 500,
+                step.get("body", {"error": "scripted_failure", "status": scripted_status}),
+                headers,
+            )
         outcome = step.get("outcome") or (self.headers.get(OUTCOME_HEADER) or "succeeded").strip().lower()
         if outcome not in OUTCOMES:
-            self.send_json(400, {"error": "unknown_outcome", "allowed": list(OUTCOMES)})
-            return
+            return Answer(400, {"error": "unknown_outcome", "allowed": list(OUTCOMES)}, [])
         answer = self.state.perform(collection=collection, path=path, body=body, key=key, outcome=outcome)
         if step.get("drop"):
-            self.drop_connection()
-            return
-        status = scripted_status or answer.status
-        body_out = step["body"] if "body" in step else answer.body
-        self.send_json(status, body_out, answer.headers + headers)
+            return None
+        return Answer(
+            scripted_status or answer.status, step["body"] if "body" in step else answer.body, answer.headers + headers
+        )
 
 
 class MockProviderServer(LoopbackServer):

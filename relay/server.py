@@ -20,6 +20,9 @@ log = logging.getLogger("onceguard.relay")
 
 # Bounds: a test server must never grow without limit or hold a thread forever.
 MAX_BODY_BYTES = 1024 * 1024
+# The relay passes through whatever the code under test sends; Onceguard accepts up to 10 MB.
+MAX_RELAY_BODY_BYTES = 16 * 1024 * 1024
+MAX_DISCARD_BYTES = 32 * 1024 * 1024
 MAX_DELAY_SECONDS = 120.0
 MAX_SCRIPT_STEPS = 1000
 SOCKET_TIMEOUT_SECONDS = 30.0
@@ -79,13 +82,16 @@ class LoopbackServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     def serve_in_thread(self, name: str) -> threading.Thread:
+        self._serving = True
         thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True)
         thread.start()
         return thread
 
     def stop(self) -> None:
         self.stopping.set()
-        self.shutdown()
+        # shutdown() waits for serve_forever to notice; on a server never served it would wait forever.
+        if getattr(self, "_serving", False):
+            self.shutdown()
         self.server_close()
 
 
@@ -130,8 +136,20 @@ class JsonRequestHandler(BaseHTTPRequestHandler):
         if length < 0:
             raise BadRequestBody("Content-Length is negative")
         if length > limit:
+            self._discard(length)
             raise BodyTooLarge
         return self.rfile.read(length)
+
+    def _discard(self, length: int) -> None:
+        # Read a moderately oversized body before answering 413: closing on unread bytes
+        # makes the kernel send a reset, and the caller would see that instead of the 413.
+        if length > MAX_DISCARD_BYTES:
+            return
+        while length > 0:
+            chunk = self.rfile.read(min(length, 64 * 1024))
+            if not chunk:
+                return
+            length -= len(chunk)
 
     def _read_chunked(self, limit: int) -> bytes:
         body = bytearray()
@@ -219,8 +237,8 @@ class JsonRequestHandler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def handle_body_errors(self, exc: Exception) -> None:
+    def handle_body_errors(self, exc: Exception, limit: int = MAX_BODY_BYTES) -> None:
         if isinstance(exc, BodyTooLarge):
-            self.send_json(413, {"error": "body_too_large", "limit_bytes": MAX_BODY_BYTES})
+            self.send_json(413, {"error": "body_too_large", "limit_bytes": limit})
         else:
             self.send_json(400, {"error": "bad_request_body"})

@@ -311,3 +311,35 @@ def test_reset_empties_the_journal(http, mock_enforced, relay_factory):
     assert relay.journal() == []
     charge(http, relay.url)
     assert [e["seq"] for e in relay.journal()] == [2]
+
+
+def test_a_chunked_request_body_is_relayed_whole(http, mock_enforced, relay_factory):
+    relay = relay_factory(mock_enforced)
+
+    response = http.post(
+        relay.url + "/charges", content=iter([b'{"amount":', b" 5}"]), headers={"Idempotency-Key": "chunked"}
+    )
+
+    assert response.status_code == 201
+    assert response.json()["amount"] == 5
+
+
+def test_bodies_over_the_providers_limit_are_relayed_and_refused_by_the_provider(http, mock_enforced, relay_factory):
+    relay = relay_factory(mock_enforced)
+
+    response = http.post(relay.url + "/charges", content=b"x" * (2 * 1024 * 1024), headers={"Idempotency-Key": "big"})
+
+    assert response.status_code == 413
+    assert only_entry(relay)["upstream_status"] == 413
+
+
+def test_the_relay_refuses_absolute_form_targets_so_it_is_never_an_open_proxy(mock_enforced, relay_factory):
+    relay = relay_factory(mock_enforced)
+
+    with socket.create_connection(("127.0.0.1", relay.port), timeout=2) as sock:
+        sock.sendall(b"GET http://example.com/charges HTTP/1.1\r\nHost: example.com\r\n\r\n")
+        answer = sock.recv(1024)
+
+    assert answer.startswith(b"HTTP/1.0 400")
+    assert relay.journal() == []
+    assert mock_enforced.effects()["requests"] == 0

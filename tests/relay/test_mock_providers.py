@@ -118,6 +118,14 @@ def test_enforced_provider_answers_409_to_a_repeat_while_the_first_request_is_st
     assert mock_enforced.effects()["count"] == 1
 
 
+def test_a_retry_sent_the_moment_an_answer_arrives_never_finds_the_key_in_use(http, mock_enforced):
+    mock_enforced.script([{"status": 503}] * 30)
+
+    statuses = [charge(http, mock_enforced.url, **KEY).status_code for _ in range(31)]
+
+    assert statuses == [503] * 30 + [201]
+
+
 def test_concurrent_requests_with_one_key_make_exactly_one_effect(mock_enforced):
     def send(_: int) -> int:
         with httpx.Client(timeout=2.0, trust_env=False) as client:
