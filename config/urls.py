@@ -7,6 +7,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("ledger.urls")),
     path("api/v1/review/", include("review.urls")),
+    path("api/v1/dlq/", include("dlq.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("", RedirectView.as_view(url="/admin/", permanent=False)),

@@ -1,8 +1,296 @@
-"""Alert seam used by the ledger, sweeper and DLQ. The DLQ work fills in delivery."""
+"""Alerts: written as rows in the transaction that causes them, delivered after commit.
+
+``alert_raise`` is the seam the ledger, the sweeper and the DLQ call. It only writes (or
+counts) an ``Alert`` row and asks django-q2 for a dispatch once the caller commits, so a
+failing or hanging channel can never block or roll back the caller.
+
+Dispatch hands each channel the alerts past its cursor (a guarded UPDATE moves the cursor,
+so two dispatchers never take the same alerts): a few become one message each, many become
+one digest, and a channel over its rate window waits for the next flush, which then sends a
+digest. Messages carry ids, kinds, counts and console links — never payload text. Each
+message is an ``AlertDelivery`` row, retried with backoff until it is sent or out of
+attempts.
+"""
 
 from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from django.db import transaction
+from django.db.models import F, Max
+from django.utils import timezone
+
+from dlq.conf import dlq_setting
+from dlq.models import Alert, AlertChannel, AlertChannelKind, AlertDelivery, AlertDeliveryStatus
+from ledger.models import Tenant
+
+log = logging.getLogger("onceguard.alerts")
+
+MAX_SUMMARY = 300
+# A digest lists at most this many alerts by id; the counts cover all of them.
+DIGEST_LIST = 20
+_DUE = (AlertDeliveryStatus.PENDING, AlertDeliveryStatus.RETRYING)
 
 
 def alert_raise(*, tenant_id: int, kind: str, ref: str, summary: str) -> None:
     """Record an alert-worthy event (kind e.g. 'dlq_new', 'provider_paused', 'review_needed',
-    'operation_stuck'); ``ref`` is an id or key, ``summary`` never carries payload text."""
+    'operation_stuck'); ``ref`` is an id or key, ``summary`` never carries payload text.
+
+    Written in the caller's transaction; the same (kind, ref) within the dedup window only
+    counts as a repeat. Delivery is enqueued after the caller commits.
+    """
+    now = timezone.now()
+    window = max(1, int(dlq_setting("ALERT_DEDUP_SECONDS")))
+    bucket = int(now.timestamp()) // window
+    dedup_key = f"{kind}:{ref}:{bucket}"[:400]
+    alert, created = Alert.objects.get_or_create(
+        tenant_id=tenant_id,
+        dedup_key=dedup_key,
+        defaults={
+            "kind": kind[:50],
+            "ref": str(ref)[:255],
+            "summary": " ".join(summary.split())[:MAX_SUMMARY],
+            "created_at": now,
+            "last_raised_at": now,
+        },
+    )
+    if not created:
+        Alert.objects.filter(pk=alert.pk).update(repeat_count=F("repeat_count") + 1, last_raised_at=now)
+        return
+    log.info("alert_raised tenant=%s kind=%s ref=%s alert=%s", tenant_id, kind, ref, alert.pk)
+    # robust: a broker hiccup after commit is logged, never raised into the caller.
+    transaction.on_commit(lambda: _enqueue_dispatch(tenant_id), robust=True)
+
+
+def _enqueue_dispatch(tenant_id: int) -> None:
+    from dlq.tasks import enqueue
+
+    enqueue("dlq.tasks.alert_dispatch_task", tenant_id)
+
+
+# --- Messages ------------------------------------------------------------------------------
+
+
+def _console(path: str) -> str:
+    return str(dlq_setting("CONSOLE_BASE_URL")).rstrip("/") + path
+
+
+def alert_link(alert: Alert) -> str:
+    ref = alert.ref
+    if alert.kind.startswith("dlq") and ref.isdigit():
+        return _console(f"/admin/dlq/failedevent/{ref}/change/")
+    if alert.kind == "provider_paused":
+        return _console("/admin/ledger/provider/")
+    if ref.isdigit():
+        return _console(f"/admin/ledger/operation/{ref}/change/")
+    return _console("/admin/")
+
+
+def _slack_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render_body(*, channel: AlertChannel, tenant_slug: str, alerts: list[Alert], digest: bool) -> dict[str, Any]:
+    """The body for one channel kind, from ids, kinds, counts and summaries only."""
+    counts = Counter(a.kind for a in alerts)
+    if digest:
+        headline = f"[Onceguard · {tenant_slug}] {len(alerts)} alerts: " + ", ".join(
+            f"{n} × {kind}" for kind, n in sorted(counts.items())
+        )
+        link = _console("/admin/dlq/failedevent/?status__exact=pending")
+        listed = alerts[:DIGEST_LIST]
+        lines = [f"{a.kind} {a.ref}" for a in listed]
+        if len(alerts) > len(listed):
+            lines.append(f"… and {len(alerts) - len(listed)} more")
+    else:
+        alert = alerts[0]
+        headline = f"[Onceguard · {tenant_slug}] {alert.kind} {alert.ref}: {alert.summary}"
+        link = alert_link(alert)
+        lines = []
+    if channel.kind == AlertChannelKind.SLACK:
+        text = "\n".join([_slack_escape(headline), *(_slack_escape(line) for line in lines), f"<{link}|Open console>"])
+        return {"text": text, "unfurl_links": False, "unfurl_media": False}
+    if channel.kind == AlertChannelKind.DISCORD:
+        content = "\n".join([headline, *lines, link])
+        if len(content) > 2000:
+            content = content[:1990] + "\n…"
+        # No @everyone/@here/role pings, whatever a summary says.
+        return {"username": "Onceguard", "content": content, "allowed_mentions": {"parse": []}}
+    return {
+        "type": "onceguard.alerts",
+        "tenant": tenant_slug,
+        "digest": digest,
+        "count": len(alerts),
+        "counts": dict(sorted(counts.items())),
+        "alerts": [
+            {
+                "id": a.pk,
+                "kind": a.kind,
+                "ref": a.ref,
+                "summary": a.summary,
+                "created_at": a.created_at.isoformat(),
+                "url": alert_link(a),
+            }
+            for a in (alerts[:DIGEST_LIST] if digest else alerts)
+        ],
+        "console_url": link,
+    }
+
+
+# --- Dispatch ------------------------------------------------------------------------------
+
+
+def _take_alerts(channel: AlertChannel) -> tuple[list[Alert], int]:
+    """Move the channel's cursor over every alert waiting for it.
+
+    Returns the alerts and how many messages the rate window still allows; nothing is
+    taken while the window is full (the next flush sends what waited as a digest).
+    """
+    waiting = Alert.objects.filter(tenant_id=channel.tenant_id, pk__gt=channel.cursor_alert_id)
+    newest = waiting.aggregate(m=Max("id"))["m"]
+    if newest is None:
+        return [], 0
+    recent = AlertDelivery.objects.filter(
+        channel=channel, created_at__gte=timezone.now() - timedelta(seconds=channel.window_seconds)
+    ).count()
+    budget = channel.max_messages_per_window - recent
+    if budget <= 0:
+        return [], 0
+    # Guarded: a second dispatcher that read the same cursor matches no row and backs off.
+    moved = AlertChannel.objects.filter(pk=channel.pk, cursor_alert_id=channel.cursor_alert_id).update(
+        cursor_alert_id=newest
+    )
+    if not moved:
+        return [], 0
+    taken = Alert.objects.filter(tenant_id=channel.tenant_id, pk__gt=channel.cursor_alert_id, pk__lte=newest).order_by(
+        "id"
+    )
+    if channel.kinds:
+        taken = taken.filter(kind__in=channel.kinds)
+    alerts = list(taken)
+    channel.cursor_alert_id = newest
+    return alerts, budget
+
+
+def _plan_deliveries(channel: AlertChannel, alerts: list[Alert], budget: int) -> list[AlertDelivery]:
+    if not alerts:
+        return []
+    tenant_slug = Tenant.objects.filter(pk=channel.tenant_id).values_list("slug", flat=True).first() or "?"
+    now = timezone.now()
+    # One message per alert only while they fit both the digest threshold and the window.
+    if len(alerts) <= channel.digest_threshold and len(alerts) <= budget:
+        groups = [([a], False) for a in alerts]
+    else:
+        groups = [(alerts, True)]
+    return [
+        AlertDelivery(
+            channel=channel,
+            alert_ids=[a.pk for a in group],
+            alert_count=len(group),
+            digest=digest,
+            body=render_body(channel=channel, tenant_slug=tenant_slug, alerts=group, digest=digest),
+            next_attempt_at=now,
+        )
+        for group, digest in groups
+    ]
+
+
+def alert_dispatch(*, tenant_id: int | None = None) -> dict[str, int]:
+    """Hand waiting alerts to each active channel, then send every due delivery.
+
+    No transaction is held while a channel is called: a hanging channel delays only this
+    task, never a writer.
+    """
+    channels = AlertChannel.objects.filter(active=True)
+    if tenant_id is not None:
+        channels = channels.filter(tenant_id=tenant_id)
+    planned = 0
+    for channel in channels:
+        with transaction.atomic():
+            alerts, budget = _take_alerts(channel)
+            if alerts:
+                deliveries = _plan_deliveries(channel, alerts, budget)
+                AlertDelivery.objects.bulk_create(deliveries)
+                planned += len(deliveries)
+    result = alert_deliver_due(tenant_id=tenant_id)
+    result["planned"] = planned
+    return result
+
+
+def alert_deliver_due(*, tenant_id: int | None = None, limit: int = 200) -> dict[str, int]:
+    due = AlertDelivery.objects.filter(
+        status__in=_DUE, next_attempt_at__lte=timezone.now(), channel__active=True
+    ).order_by("next_attempt_at", "id")
+    if tenant_id is not None:
+        due = due.filter(channel__tenant_id=tenant_id)
+    counts = {"sent": 0, "failed": 0}
+    for delivery_id in list(due.values_list("id", flat=True)[:limit]):
+        outcome = alert_delivery_send(delivery_id=delivery_id)
+        if outcome == AlertDeliveryStatus.SENT:
+            counts["sent"] += 1
+        elif outcome is not None:
+            counts["failed"] += 1
+    return counts
+
+
+def _retry_delay(attempts: int) -> float:
+    base = float(dlq_setting("ALERT_RETRY_BASE_SECONDS"))
+    return min(3600.0, base * (2 ** max(0, attempts - 1)))
+
+
+def alert_delivery_send(*, delivery_id: int) -> str | None:
+    """Send one delivery once. Returns its new status, or None if someone else has it."""
+    delivery = AlertDelivery.objects.select_related("channel").filter(pk=delivery_id).first()
+    if delivery is None or delivery.status not in _DUE:
+        return None
+    channel = delivery.channel
+    now = timezone.now()
+    # Take it like a lease: until this passes nobody else sends it; after a crash it is due again.
+    hold = now + timedelta(seconds=channel.timeout_seconds + 30)
+    taken = AlertDelivery.objects.filter(
+        pk=delivery.pk, status__in=_DUE, attempts=delivery.attempts, next_attempt_at__lte=now
+    ).update(attempts=F("attempts") + 1, next_attempt_at=hold)
+    if not taken:
+        return None
+    attempts = delivery.attempts + 1
+    error = ""
+    retry_after: float | None = None
+    try:
+        response = httpx.post(
+            channel.url,
+            json=delivery.body,
+            timeout=channel.timeout_seconds,
+            headers={"User-Agent": "Onceguard-alerts"},
+            follow_redirects=False,
+        )
+        if 200 <= response.status_code < 300:
+            AlertDelivery.objects.filter(pk=delivery.pk, attempts=attempts).update(
+                status=AlertDeliveryStatus.SENT, sent_at=timezone.now(), next_attempt_at=None, last_error=""
+            )
+            log.info("alert_sent channel=%s delivery=%s alerts=%s", channel.pk, delivery.pk, delivery.alert_count)
+            return AlertDeliveryStatus.SENT
+        error = f"HTTP {response.status_code}"
+        if response.status_code == 429 and response.headers.get("Retry-After", "").isdigit():
+            retry_after = float(response.headers["Retry-After"])
+    except httpx.HTTPError as exc:
+        error = type(exc).__name__
+    status = AlertDeliveryStatus.RETRYING
+    next_at: Any = timezone.now() + timedelta(seconds=max(_retry_delay(attempts), retry_after or 0))
+    if attempts >= int(dlq_setting("ALERT_MAX_ATTEMPTS")):
+        status, next_at = AlertDeliveryStatus.DEAD, None
+    AlertDelivery.objects.filter(pk=delivery.pk, attempts=attempts).update(
+        status=status, next_attempt_at=next_at, last_error=error[:300]
+    )
+    log.warning(
+        "alert_delivery_failed channel=%s delivery=%s attempt=%s error=%s status=%s",
+        channel.pk,
+        delivery.pk,
+        attempts,
+        error,
+        status,
+    )
+    return status

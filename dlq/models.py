@@ -1,18 +1,21 @@
-"""Dead-letter queue tables (DESIGN §4)."""
+"""Dead-letter queue tables (DESIGN §4). No business logic: every write lives in services."""
 
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
 
-from ledger.models import Operation, Tenant
+from ledger.models import ErrorClass, Operation, Tenant
 
 
 class FailedEventStatus(models.TextChoices):
-    # waiting for an operator: replay, resolve or discard.
+    # waiting for an operator (or the auto-replay schedule): replay, resolve or discard.
     PENDING = "pending", "pending"
     # a replay is being sent (the guarded pending→replaying update allocated its number).
+    # Out: the replay's own outcome (replayed / back to pending); dlq.tasks.replays_recover
+    # when the sender died mid-way.
     REPLAYING = "replaying", "replaying"
-    # the last replay succeeded. Replaying again needs `force` and a note.
+    # the last replay succeeded. Out: a forced re-replay (needs a note), resolve, discard.
     REPLAYED = "replayed", "replayed"
     # an operator fixed it another way. Terminal.
     RESOLVED = "resolved", "resolved"
@@ -20,10 +23,81 @@ class FailedEventStatus(models.TextChoices):
     DISCARDED = "discarded", "discarded"
 
 
+FE = FailedEventStatus
+FE_TERMINAL_STATES = frozenset({FE.RESOLVED, FE.DISCARDED})
+# Entries an operator still has to look at (the console's default view, the alert counts).
+FE_OPEN_STATES = frozenset({FE.PENDING, FE.REPLAYING})
+
+# The only moves there are; services raise IllegalTransition for anything else.
+FE_ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    FE.PENDING: frozenset({FE.REPLAYING, FE.RESOLVED, FE.DISCARDED}),
+    # replayed when the replay succeeded, pending when it failed (history stays on Replay).
+    FE.REPLAYING: frozenset({FE.REPLAYED, FE.PENDING}),
+    # replaying again only with `force` and a note.
+    FE.REPLAYED: frozenset({FE.REPLAYING, FE.RESOLVED, FE.DISCARDED}),
+    FE.RESOLVED: frozenset(),
+    FE.DISCARDED: frozenset(),
+}
+
+
+def fe_sources_of(target: str) -> frozenset[str]:
+    return frozenset(s for s, targets in FE_ALLOWED_TRANSITIONS.items() if target in targets)
+
+
+class FailedEventShape(models.TextChoices):
+    """What the ingest parser recognised; `raw` entries are stored as received and flagged."""
+
+    OPERATION = "operation", "ledger operation"
+    ENVELOPE = "envelope", "Onceguard envelope"
+    N8N_EXECUTION = "n8n_execution", "n8n Error Trigger (execution)"
+    N8N_TRIGGER = "n8n_trigger", "n8n Error Trigger (trigger)"
+    RAW = "raw", "unrecognised (raw)"
+
+
+# The error classes of the ledger, plus "not known" for ingested failures that do not say.
+ERROR_CLASS_CHOICES = [("", "unclassified"), *ErrorClass.choices]
+
+
+class ReplayTarget(models.Model):
+    """An HTTP endpoint replays are sent to (e.g. an n8n Webhook node URL).
+
+    The original idempotency key travels in ``idempotency_header`` so a key-enforced
+    receiver dedups the replay against the first try.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="replay_targets")
+    slug = models.SlugField(max_length=63)
+    url = models.URLField(max_length=1000)
+    idempotency_header = models.CharField(max_length=100, default="Idempotency-Key")
+    timeout_seconds = models.FloatField(default=10.0)
+    # The tenant's default target: events that name none inherit it.
+    is_default = models.BooleanField(default=False)
+    active = models.BooleanField(default=True)
+    # Opt-in: the schedule may replay transient failures to this target on its own.
+    auto_replay = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "slug"], name="replaytarget_unique_slug"),
+            # At most one default per tenant.
+            models.UniqueConstraint(fields=["tenant"], condition=Q(is_default=True), name="replaytarget_one_default"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.slug}"
+
+
 class FailedEvent(models.Model):
+    """One failure, however often it was reported. Replays never edit it: each is a Replay row."""
+
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="failed_events")
+    # The identity of DESIGN §4 (explicit id, n8n workflow+execution, trigger, or sha256).
     event_id = models.CharField(max_length=255)
+    # True when the identity is the digest of the raw body (nothing better was found).
     weak_identity = models.BooleanField(default=False)
+    shape = models.CharField(max_length=16, choices=FailedEventShape.choices, default=FailedEventShape.ENVELOPE)
     source_workflow_id = models.CharField(max_length=255, blank=True)
     source_workflow_name = models.CharField(max_length=255, blank=True)
     source_execution_id = models.CharField(max_length=255, blank=True)
@@ -31,27 +105,296 @@ class FailedEvent(models.Model):
     source_node = models.CharField(max_length=255, blank=True)
     source_mode = models.CharField(max_length=50, blank=True)
     payload = models.JSONField(null=True, blank=True)
+    # Only the configured non-personal paths of the payload, in plain text, for filtering
+    # (DESIGN §6). Keys are the dotted paths, values scalars.
+    search_fields = models.JSONField(default=dict, blank=True)
     error_message = models.TextField(blank=True)
-    error_class = models.CharField(max_length=16, blank=True)
+    error_class = models.CharField(max_length=16, blank=True, choices=ERROR_CLASS_CHOICES)
     failed_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
+    # How often the source retried this failure (n8n `retryOf` chains, operation attempts).
     retry_count = models.PositiveIntegerField(default=0)
+    # How often the same report was posted again (an identical repost).
+    seen_count = models.PositiveIntegerField(default=1)
     status = models.CharField(max_length=16, choices=FailedEventStatus.choices, default=FailedEventStatus.PENDING)
+    # Sent in the target's idempotency header on replay: the explicit key, else the ledger
+    # key of the operation, else the identity.
     original_key = models.CharField(max_length=255, blank=True)
     operation = models.OneToOneField(
         Operation, on_delete=models.SET_NULL, null=True, blank=True, related_name="failed_event"
     )
+    # The target named at ingest (a slug, resolved at replay time so a target configured
+    # later still applies); empty → the tenant's default target.
+    replay_target_slug = models.CharField(max_length=63, blank=True)
+    # Replay numbers handed out so far (the n of `replay:{id}:{n}`).
     replay_count = models.PositiveIntegerField(default=0)
+    # Automatic replays of this lineage root so far (capped by AUTO_REPLAY_MAX_PER_ROOT).
+    auto_replay_count = models.PositiveIntegerField(default=0)
+    status_note = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "event_id"], name="failedevent_unique_identity"),
+            models.CheckConstraint(condition=Q(status__in=list(FE.values)), name="failedevent_status_valid"),
         ]
         indexes = [
-            models.Index(fields=["tenant", "status", "failed_at"], name="fe_tenant_status_idx"),
+            # The list (console and API) is always per tenant, newest first, with an
+            # optional filter on one of these columns; each index serves filter + order.
+            models.Index(fields=["tenant", "status", "failed_at", "id"], name="fe_tenant_status_idx"),
+            models.Index(fields=["tenant", "failed_at", "id"], name="fe_tenant_failed_idx"),
+            models.Index(fields=["tenant", "source_workflow_id", "failed_at", "id"], name="fe_tenant_workflow_idx"),
+            models.Index(fields=["tenant", "error_class", "failed_at", "id"], name="fe_tenant_class_idx"),
+            models.Index(fields=["tenant", "source_execution_id"], name="fe_tenant_execution_idx"),
+            models.Index(fields=["tenant", "original_key"], name="fe_tenant_key_idx"),
+            # The auto-replay schedule reads only pending transient entries.
+            models.Index(
+                fields=["failed_at"],
+                name="fe_auto_replay_idx",
+                condition=Q(status="pending", error_class="transient"),
+            ),
+            # The recovery pass reads only entries stuck in replaying.
+            models.Index(fields=["updated_at"], name="fe_replaying_idx", condition=Q(status="replaying")),
+            # (PostgreSQL also gets a GIN index on search_fields, made in migration 0003.)
+        ]
+        permissions = [
+            ("replay_failedevent", "Can replay dead-lettered events"),
+            ("resolve_failedevent", "Can resolve or discard dead-lettered events"),
         ]
 
     def __str__(self) -> str:
         return self.event_id
+
+
+class FailedEventAlias(models.Model):
+    """Further identities of one failure: an n8n retry (`retryOf`) is the same failure again,
+    so the retry's own execution identity points at the entry of the execution it retried."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    identity = models.CharField(max_length=255)
+    event = models.ForeignKey(FailedEvent, on_delete=models.CASCADE, related_name="aliases")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "identity"], name="failedeventalias_unique")]
+
+    def __str__(self) -> str:
+        return self.identity
+
+
+class FailedEventChange(models.Model):
+    """Append-only history of an entry: every status change, its actor and its note."""
+
+    event = models.ForeignKey(FailedEvent, on_delete=models.CASCADE, related_name="changes")
+    from_status = models.CharField(max_length=16, blank=True)
+    to_status = models.CharField(max_length=16)
+    actor = models.CharField(max_length=150)
+    note = models.CharField(max_length=500, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["event", "at"], name="fechange_event_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.event_id}: {self.from_status or '∅'} → {self.to_status}"
+
+
+class ReplayTrigger(models.TextChoices):
+    MANUAL = "manual", "manual"
+    BULK = "bulk", "bulk"
+    AUTO = "auto", "automatic (schedule)"
+
+
+class ReplayOutcome(models.TextChoices):
+    # sending (or the sender died; dlq.tasks.replays_recover settles it).
+    PENDING = "pending", "pending"
+    SUCCEEDED = "succeeded", "succeeded"
+    # a definitive "not done" answer (4xx, refused before send).
+    FAILED = "failed", "failed"
+    # sent, answer never seen or 5xx: the target may or may not have acted.
+    AMBIGUOUS = "ambiguous", "ambiguous"
+    # the ledger refused the send (the replay key was already taken).
+    REFUSED = "refused", "refused"
+
+
+class BulkReplayStatus(models.TextChoices):
+    # dry run: the selection is frozen and waits for a confirm before expires_at.
+    DRAFT = "draft", "draft (dry run)"
+    # confirmed; the task works through the selection at the configured rate.
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    EXPIRED = "expired", "expired"
+
+
+class BulkReplay(models.Model):
+    """A frozen selection: the dry run stores the ids, a confirm replays exactly those."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="bulk_replays")
+    filters = models.JSONField(default=dict, blank=True)
+    event_ids = models.JSONField(default=list)
+    count = models.PositiveIntegerField()
+    # sha256 of the sorted ids: shown with the count so a confirm can be checked against it.
+    digest = models.CharField(max_length=64)
+    target_slug = models.CharField(max_length=63, blank=True)
+    force = models.BooleanField(default=False)
+    note = models.CharField(max_length=500, blank=True)
+    status = models.CharField(max_length=16, choices=BulkReplayStatus.choices, default=BulkReplayStatus.DRAFT)
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    confirmed_by = models.CharField(max_length=150, blank=True)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # How far the runner got in event_ids (resumable across task runs).
+    position = models.PositiveIntegerField(default=0)
+    succeeded = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"bulk replay #{self.pk} ({self.count})"
+
+
+class Replay(models.Model):
+    """Lineage: one row per replay attempt of an entry — who, when, why, where, what came back."""
+
+    event = models.ForeignKey(FailedEvent, on_delete=models.CASCADE, related_name="replays")
+    number = models.PositiveIntegerField()
+    trigger = models.CharField(max_length=8, choices=ReplayTrigger.choices, default=ReplayTrigger.MANUAL)
+    # "Re-run as new": a derived key {key}~r{n} instead of the original one.
+    as_new = models.BooleanField(default=False)
+    forced = models.BooleanField(default=False)
+    # The ledger key guarding the send: replay:{event id}:{n}.
+    ledger_key = models.CharField(max_length=255)
+    operation = models.ForeignKey(Operation, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # The idempotency key the target received.
+    sent_key = models.CharField(max_length=255)
+    target = models.ForeignKey(ReplayTarget, on_delete=models.SET_NULL, null=True, blank=True, related_name="replays")
+    target_slug = models.CharField(max_length=63)
+    target_url = models.CharField(max_length=1000)
+    bulk = models.ForeignKey(BulkReplay, on_delete=models.SET_NULL, null=True, blank=True, related_name="replays")
+    actor = models.CharField(max_length=150)
+    note = models.CharField(max_length=500, blank=True)
+    outcome = models.CharField(max_length=16, choices=ReplayOutcome.choices, default=ReplayOutcome.PENDING)
+    error_class = models.CharField(max_length=16, blank=True)
+    # Our description of what went wrong (status code, exception class): never payload text.
+    error_message = models.CharField(max_length=500, blank=True)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    # The target's answer (JSON, or {"text": …} truncated); masked in the console.
+    response_body = models.JSONField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["event", "number"], name="replay_unique_number"),
+            models.CheckConstraint(
+                condition=Q(outcome="pending") | Q(finished_at__isnull=False), name="replay_finished_has_time"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["ledger_key"], name="replay_ledger_key_idx"),
+            models.Index(fields=["outcome", "started_at"], name="replay_pending_idx", condition=Q(outcome="pending")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_id}#{self.number}"
+
+
+class AlertChannelKind(models.TextChoices):
+    SLACK = "slack", "Slack incoming webhook"
+    DISCORD = "discord", "Discord webhook"
+    WEBHOOK = "webhook", "generic JSON webhook"
+
+
+class AlertChannel(models.Model):
+    """Where alerts go. Messages carry ids, counts and a console link — never payload text."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_channels")
+    name = models.SlugField(max_length=63)
+    kind = models.CharField(max_length=16, choices=AlertChannelKind.choices)
+    url = models.URLField(max_length=1000)
+    # Alert kinds this channel wants; empty = all.
+    kinds = models.JSONField(default=list, blank=True)
+    active = models.BooleanField(default=True)
+    timeout_seconds = models.FloatField(default=5.0)
+    # More than this many alerts waiting at once → one digest message instead.
+    digest_threshold = models.PositiveIntegerField(default=3)
+    # At most this many messages per rate window; the rest wait and go out as a digest.
+    max_messages_per_window = models.PositiveIntegerField(default=5)
+    window_seconds = models.PositiveIntegerField(default=60)
+    # Every alert with an id at or below this has been handed to a delivery for this
+    # channel. Moved by a guarded UPDATE, so two dispatchers never take the same alerts.
+    cursor_alert_id = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="alertchannel_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.name} ({self.kind})"
+
+
+class Alert(models.Model):
+    """Something an operator should hear about, written in the transaction that caused it.
+
+    Deduplicated on (tenant, kind, ref) within a time bucket: raising the same alert again
+    only counts it.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=50)
+    ref = models.CharField(max_length=255)
+    summary = models.CharField(max_length=300)
+    dedup_key = models.CharField(max_length=400)
+    repeat_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    last_raised_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "dedup_key"], name="alert_dedup")]
+        indexes = [models.Index(fields=["tenant", "id"], name="alert_tenant_id_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.ref}"
+
+
+class AlertDeliveryStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    SENT = "sent", "sent"
+    # the last try failed; next_attempt_at says when the retry is due.
+    RETRYING = "retrying", "retrying"
+    # out of attempts.
+    DEAD = "dead", "dead"
+
+
+class AlertDelivery(models.Model):
+    """One message to one channel: a single alert, or a digest of many."""
+
+    channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="deliveries")
+    alert_ids = models.JSONField(default=list)
+    alert_count = models.PositiveIntegerField(default=1)
+    digest = models.BooleanField(default=False)
+    # The exact body posted (built from ids, kinds and counts only), so a retry resends it.
+    body = models.JSONField()
+    status = models.CharField(max_length=16, choices=AlertDeliveryStatus.choices, default=AlertDeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["channel", "created_at"], name="alertdelivery_channel_idx"),
+            models.Index(
+                fields=["next_attempt_at"],
+                name="alertdelivery_due_idx",
+                condition=Q(status__in=["pending", "retrying"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}: {self.alert_count} alert(s) {self.status}"

@@ -1,25 +1,141 @@
-"""Every write to the dead-letter queue."""
+"""Every write to the dead-letter queue (DESIGN §4). Keyword-only, typed, one per action.
+
+Status changes are guarded UPDATEs (zero rows → someone else moved the entry first → a
+named error) and each leaves a FailedEventChange row in the same transaction. A replay is
+three short commits around the HTTP call, never a transaction held across it:
+
+1. allocate n: the guarded ``pending→replaying`` UPDATE (+ the Replay lineage row);
+2. claim ``replay:{event id}:{n}`` in the ledger with the sent marker (we send right after);
+3. send; then record the outcome in the ledger, on the Replay row and on the entry
+   (``replayed``, or back to ``pending``), and point the original failed operation at the
+   replay (``superseded_by``) — one transaction.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from dlq.models import FailedEvent
-from ledger.models import Operation
+from dlq import selectors
+from dlq.alerts import alert_raise
+from dlq.conf import dlq_setting
+from dlq.errors import (
+    BulkReplayNotConfirmable,
+    BulkReplayNotFound,
+    BulkReplayRateLimited,
+    BulkReplayTooLarge,
+    ConfirmationRequired,
+    EventTooLarge,
+    FailedEventBusy,
+    FailedEventClosed,
+    NoteRequired,
+    ReplayInProgress,
+    ReplayNeedsForce,
+)
+from dlq.models import (
+    FE_ALLOWED_TRANSITIONS,
+    FE_TERMINAL_STATES,
+    AlertChannel,
+    BulkReplay,
+    BulkReplayStatus,
+    FailedEvent,
+    FailedEventAlias,
+    FailedEventChange,
+    FailedEventShape,
+    FailedEventStatus,
+    Replay,
+    ReplayOutcome,
+    ReplayTarget,
+    ReplayTrigger,
+)
+from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure, search_values
+from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
+from ledger import services as ledger_services
+from ledger.errors import DomainError, IllegalTransition, InvalidKey
+from ledger.models import TERMINAL_STATES, ErrorClass, Operation, OperationStatus, Tenant
+
+FE = FailedEventStatus
+log = logging.getLogger("onceguard.dlq")
+
+MAX_NOTE = 500
+
+
+def _note(note: str | None) -> str:
+    return ledger_services.sanitize_message(note)[:MAX_NOTE]
+
+
+def _log_change(*, event_pk: int, old: str, new: str, actor: str, note: str) -> None:
+    FailedEventChange.objects.create(event_id=event_pk, from_status=old, to_status=new, actor=actor[:150], note=note)
+
+
+def _check_move(old: str, new: str) -> None:
+    if new not in FE_ALLOWED_TRANSITIONS.get(old, frozenset()):
+        raise IllegalTransition(f"{old} → {new} is not an allowed move for a dead-letter entry.")
+
+
+def _move(*, event_pk: int, old: str, new: str, actor: str, note: str, **sets: Any) -> bool:
+    """One guarded UPDATE old→new plus its change row; False when the entry was not in ``old``."""
+    _check_move(old, new)
+    with transaction.atomic():
+        moved = FailedEvent.objects.filter(pk=event_pk, status=old).update(
+            status=new, updated_at=timezone.now(), **sets
+        )
+        if moved:
+            _log_change(event_pk=event_pk, old=old, new=new, actor=actor, note=note)
+    return bool(moved)
+
+
+def _alert_new(event: FailedEvent) -> None:
+    # Ids and the class only: error messages and payloads may carry personal data.
+    where = f" in workflow {event.source_workflow_id}" if event.source_workflow_id else ""
+    alert_raise(
+        tenant_id=event.tenant_id,
+        kind="dlq_new",
+        ref=str(event.pk),
+        summary=f"new dead-letter entry ({event.error_class or 'unclassified'}, {event.shape}){where}",
+    )
+
+
+# --- Automatic: terminally failed operations ------------------------------------------------
 
 
 def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
     """The DLQ entry of a terminally failed operation, written in the caller's transaction.
 
     The payload is the operation's payload (execute mode: its request), so an operator can
-    inspect and replay it; the identity is the ledger key, so a second call is a no-op.
+    inspect and replay it; the identity is ``op:{id}``, so a second call is a no-op. The
+    ledger operation guarding a replay (``replay:{event id}:{n}``) belongs to the entry it
+    replays: its failure is recorded on that entry's Replay row, not as a new entry.
     """
+    if operation.key.startswith("replay:"):
+        replay = (
+            Replay.objects.filter(ledger_key=operation.key, event__tenant_id=operation.tenant_id)
+            .select_related("event")
+            .first()
+        )
+        if replay is not None:
+            return replay.event
     now = timezone.now()
-    event, _ = FailedEvent.objects.get_or_create(
+    stored = operation.payload if operation.payload is not None else operation.request
+    # The operation's value may be sealed already; search paths need the plaintext.
+    plain = open_payload(stored)
+    event, created = FailedEvent.objects.get_or_create(
         tenant_id=operation.tenant_id,
         event_id=f"op:{operation.pk}",
         defaults={
-            "payload": operation.payload if operation.payload is not None else operation.request,
+            "shape": FailedEventShape.OPERATION,
+            "payload": seal_payload(plain),
+            "search_fields": search_values(plain, dlq_setting("SEARCH_PATHS")),
             "error_message": operation.last_error,
             "error_class": operation.error_class,
             "failed_at": now,
@@ -31,4 +147,759 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
             "source_workflow_id": operation.workflow_id,
         },
     )
+    if created:
+        index_payload(tenant_id=event.tenant_id, event_pk=event.pk, plain=plain, source=operation.action)
+        _log_change(event_pk=event.pk, old="", new=FE.PENDING, actor="ledger", note=f"operation {operation.pk} failed")
+        _alert_new(event)
+        log.info("dlq_recorded event=%s operation=%s key=%s", event.pk, operation.pk, operation.key)
     return event
+
+
+# --- Ingest ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    event: FailedEvent
+    # "created"; "repost" (the same report again); "retry" (an n8n retry of a known execution).
+    outcome: str
+
+    @property
+    def created(self) -> bool:
+        return self.outcome == "created"
+
+
+def failed_event_ingest(
+    *,
+    tenant: Tenant,
+    raw: bytes,
+    actor: str,
+    replay_target: str = "",
+    explicit_key: str = "",
+) -> IngestResult:
+    """Store a reported failure once, by its identity (DESIGN §4); unknown shapes are kept raw.
+
+    ``explicit_key`` (an Idempotency-Key header) is the original key when the body names none.
+    """
+    limit = int(dlq_setting("MAX_EVENT_BYTES"))
+    if len(raw) > limit:
+        raise EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit})
+    parsed = parse_failure(raw)
+    if explicit_key:
+        explicit_key = ledger_services.validate_key(explicit_key)
+        if parsed.original_key and parsed.original_key != explicit_key:
+            raise InvalidKey("The body's idempotency_key and the Idempotency-Key header disagree.")
+        parsed.original_key = explicit_key
+    if replay_target:
+        parsed.replay_target_slug = replay_target[:63]
+    # A concurrent report of the same failure may win an insert; the next round is a repost.
+    for round_ in range(3):
+        try:
+            with transaction.atomic():
+                result = _ingest_once(tenant=tenant, parsed=parsed, actor=actor)
+        except IntegrityError:
+            if round_ == 2:
+                raise
+            continue
+        log.info(
+            "dlq_ingested tenant=%s event=%s outcome=%s shape=%s weak=%s",
+            tenant.slug,
+            result.event.pk,
+            result.outcome,
+            parsed.shape,
+            parsed.weak,
+        )
+        return result
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> IngestResult:
+    now = timezone.now()
+    existing = selectors.failed_event_find(tenant_id=tenant.pk, identity=parsed.identity)
+    if existing is not None:
+        FailedEvent.objects.filter(pk=existing.pk).update(last_seen_at=now, seen_count=F("seen_count") + 1)
+        existing.refresh_from_db()
+        return IngestResult(existing, "repost")
+    if parsed.retry_of:
+        root = selectors.failed_event_find(tenant_id=tenant.pk, identity=parsed.retry_of)
+        if root is not None:
+            # The same failure again: count the retry, remember the retry's own identity.
+            FailedEventAlias.objects.create(tenant=tenant, identity=parsed.identity, event=root)
+            sets: dict[str, Any] = {"last_seen_at": now, "retry_count": F("retry_count") + 1}
+            if parsed.error_message:
+                sets["error_message"] = parsed.error_message
+            FailedEvent.objects.filter(pk=root.pk).update(**sets)
+            root.refresh_from_db()
+            return IngestResult(root, "retry")
+    source = parsed.source
+    event = FailedEvent.objects.create(
+        tenant=tenant,
+        event_id=parsed.identity,
+        weak_identity=parsed.weak,
+        shape=parsed.shape,
+        source_workflow_id=source.get("workflow_id", ""),
+        source_workflow_name=source.get("workflow_name", ""),
+        source_execution_id=source.get("execution_id", ""),
+        source_execution_url=source.get("execution_url", ""),
+        source_node=source.get("node", ""),
+        source_mode=source.get("mode", ""),
+        payload=seal_payload(parsed.payload),
+        search_fields=search_values(parsed.payload, dlq_setting("SEARCH_PATHS")),
+        error_message=parsed.error_message,
+        error_class=parsed.error_class,
+        failed_at=parsed.failed_at or now,
+        last_seen_at=now,
+        retry_count=parsed.retry_count,
+        original_key=parsed.original_key or parsed.identity,
+        replay_target_slug=parsed.replay_target_slug,
+    )
+    if parsed.retry_of:
+        # The execution this one retried, if it is reported later, is this failure too.
+        FailedEventAlias.objects.create(tenant=tenant, identity=parsed.retry_of, event=event)
+    index_payload(tenant_id=tenant.pk, event_pk=event.pk, plain=parsed.payload, source=parsed.shape)
+    _log_change(event_pk=event.pk, old="", new=FE.PENDING, actor=actor, note=f"ingested ({parsed.shape})")
+    _alert_new(event)
+    return IngestResult(event, "created")
+
+
+# --- Replay ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetAnswer:
+    ok: bool
+    status: int | None
+    body: Any
+    error_class: str
+    message: str
+    duration_ms: int
+    provider_ref: str = ""
+
+
+def derive_new_key(key: str, n: int) -> str:
+    """ "Re-run as new": ``{key}~r{n}``, shortened from the left of the suffix to fit 255."""
+    suffix = f"~r{n}"
+    return key[: ledger_services.MAX_KEY_LENGTH - len(suffix)] + suffix
+
+
+def _read_answer(response: httpx.Response) -> Any:
+    keep = int(dlq_setting("RESPONSE_KEEP_BYTES"))
+    data = b""
+    for chunk in response.iter_bytes():
+        data += chunk
+        if len(data) > keep:
+            break
+    try:
+        return json.loads(data[:keep]) if data else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"text": data[:keep].decode("utf-8", errors="replace")[:2000]}
+
+
+def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: int, number: int) -> TargetAnswer:
+    """POST the stored payload with the key in the target's idempotency header, and classify
+    the answer by DESIGN §3's table (a 409 "key in use" is transient)."""
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "Onceguard-replay",
+        "X-Onceguard-Event": str(event_pk),
+        "X-Onceguard-Replay": str(number),
+        target.idempotency_header: key,
+    }
+    content = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    started = time.monotonic()
+
+    def elapsed() -> int:
+        return int((time.monotonic() - started) * 1000)
+
+    try:
+        with httpx.Client(timeout=target.timeout_seconds, follow_redirects=False) as client:
+            with client.stream("POST", target.url, content=content, headers=headers) as response:
+                status = response.status_code
+                body = _read_answer(response)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        # Never reached the target: nothing can have happened.
+        return TargetAnswer(False, None, None, ErrorClass.TRANSIENT, f"not delivered: {type(exc).__name__}", elapsed())
+    except httpx.HTTPError as exc:
+        return TargetAnswer(
+            False, None, None, ErrorClass.AMBIGUOUS, f"sent, no answer: {type(exc).__name__}", elapsed()
+        )
+    if 200 <= status < 300:
+        ref = body.get("id") if isinstance(body, dict) else None
+        return TargetAnswer(True, status, body, "", f"HTTP {status}", elapsed(), str(ref)[:255] if ref else "")
+    error_class = ErrorClass.TRANSIENT if status == 409 else error_class_for_status(status)
+    return TargetAnswer(False, status, body, error_class, f"HTTP {status}", elapsed())
+
+
+def _not_replayable(event_pk: int, *, force: bool) -> DomainError:
+    status = FailedEvent.objects.filter(pk=event_pk).values_list("status", flat=True).first()
+    if status == FE.REPLAYED and not force:
+        return ReplayNeedsForce(
+            "This entry was replayed successfully already; replaying it again needs force=true and a note."
+        )
+    if status in FE_TERMINAL_STATES:
+        return FailedEventClosed(f"This entry is {status}; it cannot be replayed.", extra={"status": status})
+    return ReplayInProgress("Another replay of this entry is under way.", retry_after=1, extra={"status": status})
+
+
+def _replay_begin(
+    *,
+    event: FailedEvent,
+    target: ReplayTarget,
+    actor: str,
+    note: str,
+    force: bool,
+    as_new: bool,
+    trigger: str,
+    bulk_id: int | None,
+) -> Replay:
+    """Allocate n with the guarded pending→replaying UPDATE and write the lineage row."""
+    with transaction.atomic():
+        old = None
+        counters: dict[str, Any] = {"replay_count": F("replay_count") + 1, "updated_at": timezone.now()}
+        if trigger == ReplayTrigger.AUTO:
+            counters["auto_replay_count"] = F("auto_replay_count") + 1
+        for state in (FE.PENDING, FE.REPLAYED) if force else (FE.PENDING,):
+            # Zero rows: a double click, a second operator or the schedule got here first.
+            if FailedEvent.objects.filter(pk=event.pk, status=state).update(status=FE.REPLAYING, **counters):
+                old = state
+                break
+        if old is None:
+            raise _not_replayable(event.pk, force=force)
+        number = FailedEvent.objects.filter(pk=event.pk).values_list("replay_count", flat=True).get()
+        key = event.original_key or event.event_id
+        replay = Replay.objects.create(
+            event=event,
+            number=number,
+            trigger=trigger,
+            as_new=as_new,
+            forced=force and old == FE.REPLAYED,
+            ledger_key=f"replay:{event.pk}:{number}",
+            sent_key=derive_new_key(key, number) if as_new else key,
+            target=target,
+            target_slug=target.slug,
+            target_url=target.url,
+            bulk_id=bulk_id,
+            actor=actor[:150],
+            note=note,
+            started_at=timezone.now(),
+        )
+        what = "re-run as new" if as_new else "replay"
+        _log_change(
+            event_pk=event.pk,
+            old=old,
+            new=FE.REPLAYING,
+            actor=actor,
+            note=f"{what} #{number} to {target.slug}" + (f": {note}" if note else ""),
+        )
+    return replay
+
+
+def failed_event_replay(
+    *,
+    tenant_id: int,
+    event_pk: int,
+    actor: str,
+    target_slug: str = "",
+    force: bool = False,
+    note: str = "",
+    as_new: bool = False,
+    confirm: bool = False,
+    trigger: str = ReplayTrigger.MANUAL,
+    bulk_id: int | None = None,
+) -> Replay:
+    """Send the stored payload to a ReplayTarget with the original key, once (DESIGN §4).
+
+    Raises ``ReplayInProgress`` (409) when another replay holds the entry,
+    ``ReplayNeedsForce`` for a replayed entry without force and a note. ``as_new`` derives a
+    new key ``{key}~r{n}`` and needs ``confirm`` and a note. Returns the Replay row with
+    its outcome; a failed replay has put the entry back to ``pending``.
+    """
+    note = _note(note)
+    if as_new and not confirm:
+        raise ConfirmationRequired(
+            "Re-running as new sends a new key ({key}~r{n}), so the receiver cannot dedup it against the first "
+            "try; send confirm=true with a note."
+        )
+    if (as_new or force) and not note:
+        raise NoteRequired("This replay needs a note saying why.")
+    event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
+    if is_redacted(event.payload):
+        raise FailedEventClosed("This entry's payload was redacted by retention; there is nothing to replay.")
+    target = selectors.replay_target_resolve(tenant_id=tenant_id, slug=target_slug or event.replay_target_slug)
+    replay = _replay_begin(
+        event=event,
+        target=target,
+        actor=actor,
+        note=note,
+        force=force,
+        as_new=as_new,
+        trigger=trigger,
+        bulk_id=bulk_id,
+    )
+    tenant = Tenant.objects.get(pk=tenant_id)
+    try:
+        claim = ledger_services.operation_claim(
+            tenant=tenant,
+            key=replay.ledger_key,
+            provider=None,
+            action="dlq.replay",
+            request={"event": event.pk, "replay": replay.number, "target": target.slug, "key": replay.sent_key},
+            mark_sent=True,
+            via_claims=False,
+            lease_seconds=target.timeout_seconds + 10,
+            workflow_id=event.source_workflow_id,
+            execution_id=event.source_execution_id,
+            correlation_id=f"dlq:{event.pk}",
+            actor=actor,
+        )
+    except DomainError as exc:
+        _replay_refused(replay=replay, actor=actor, why=type(exc).__name__)
+        raise ReplayInProgress("The ledger refused the replay's key; nothing was sent.") from exc
+    if not claim.acquired:
+        _replay_refused(replay=replay, actor=actor, why="replay key already taken")
+        raise ReplayInProgress("The ledger already holds this replay's key; nothing was sent.")
+    op = claim.operation
+    Replay.objects.filter(pk=replay.pk).update(operation=op)
+    answer = send_to_target(
+        target=target, payload=open_payload(event.payload), key=replay.sent_key, event_pk=event.pk, number=replay.number
+    )
+    return _replay_finish(replay=replay, event=event, op=op, answer=answer, actor=actor)
+
+
+def _replay_refused(*, replay: Replay, actor: str, why: str) -> None:
+    with transaction.atomic():
+        Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.PENDING).update(
+            outcome=ReplayOutcome.REFUSED, error_message=why[:500], finished_at=timezone.now()
+        )
+        _settle_entry(replay=replay, to=FE.PENDING, actor=actor, note=f"replay #{replay.number} refused: {why}")
+
+
+def _settle_entry(*, replay: Replay, to: str, actor: str, note: str) -> None:
+    """replaying → replayed|pending, only for the replay that holds the entry."""
+    _check_move(FE.REPLAYING, to)
+    moved = FailedEvent.objects.filter(pk=replay.event_id, status=FE.REPLAYING, replay_count=replay.number).update(
+        status=to, updated_at=timezone.now()
+    )
+    if moved:
+        _log_change(event_pk=replay.event_id, old=FE.REPLAYING, new=to, actor=actor, note=note)
+
+
+def _ledger_record(*, op: Operation, answer: TargetAnswer, actor: str) -> Operation:
+    """Record the target's answer on the replay's ledger operation and return the row."""
+    if answer.ok:
+        return ledger_services.operation_complete(
+            operation_id=op.pk,
+            lease_token=op.lease_token,
+            provider_ref=answer.provider_ref,
+            response_status=answer.status,
+            response_body=answer.body,
+            actor=actor,
+            reason="replay delivered",
+        )
+    op = ledger_services.operation_fail(
+        operation_id=op.pk,
+        lease_token=op.lease_token,
+        error_class=answer.error_class,
+        message=answer.message,
+        response_status=answer.status,
+        actor=actor,
+    )
+    if op.status == OperationStatus.RETRY_WAIT:
+        # Nobody comes back for a replay's key: the next replay is a new n, a new key.
+        op = ledger_services.operation_transition(
+            operation=op,
+            to=OperationStatus.FAILED,
+            actor=actor,
+            reason="replays are not retried in place; the next replay is a new attempt",
+        )
+    return op
+
+
+def _replay_finish(*, replay: Replay, event: FailedEvent, op: Operation, answer: TargetAnswer, actor: str) -> Replay:
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                op = _ledger_record(op=op, answer=answer, actor=actor)
+        except DomainError as exc:
+            # The ledger row moved meanwhile (e.g. swept): the answer is still the evidence.
+            log.warning("dlq_replay_ledger_refused replay=%s error=%s", replay.pk, type(exc).__name__)
+            op = Operation.objects.get(pk=op.pk)
+        if answer.ok:
+            outcome = ReplayOutcome.SUCCEEDED
+        elif answer.error_class == ErrorClass.AMBIGUOUS or op.status not in TERMINAL_STATES:
+            outcome = ReplayOutcome.AMBIGUOUS
+        else:
+            outcome = ReplayOutcome.FAILED
+        Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.PENDING).update(
+            outcome=outcome,
+            error_class=answer.error_class,
+            error_message=answer.message[:500],
+            response_status=answer.status,
+            response_body=seal_payload(answer.body),
+            duration_ms=answer.duration_ms,
+            finished_at=timezone.now(),
+            operation=op,
+        )
+        to = FE.REPLAYED if outcome == ReplayOutcome.SUCCEEDED else FE.PENDING
+        _settle_entry(replay=replay, to=to, actor=actor, note=f"replay #{replay.number} {outcome} ({answer.message})")
+        if event.operation_id and op.status in TERMINAL_STATES:
+            try:
+                with transaction.atomic():
+                    ledger_services.operation_supersede(
+                        operation_id=event.operation_id,
+                        by_operation_id=op.pk,
+                        actor=actor,
+                        reason=f"replay #{replay.number} of DLQ entry {event.pk}: {op.status}",
+                    )
+            except DomainError as exc:
+                log.warning("dlq_supersede_refused event=%s error=%s", event.pk, type(exc).__name__)
+    replay.refresh_from_db()
+    log.info(
+        "dlq_replayed event=%s replay=%s outcome=%s status=%s target=%s trigger=%s",
+        event.pk,
+        replay.number,
+        replay.outcome,
+        answer.status,
+        replay.target_slug,
+        replay.trigger,
+    )
+    return replay
+
+
+# --- Resolve / discard -------------------------------------------------------------------------
+
+
+def _close(*, tenant_id: int, event_pk: int, to: str, actor: str, note: str) -> FailedEvent:
+    note = _note(note)
+    if not note:
+        raise NoteRequired(f"Marking an entry {to} needs a note saying why.")
+    event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
+    for old in (FE.PENDING, FE.REPLAYED):
+        if _move(event_pk=event.pk, old=old, new=to, actor=actor, note=note, status_note=note):
+            event.refresh_from_db()
+            log.info("dlq_closed event=%s to=%s actor=%s", event.pk, to, actor)
+            return event
+    status = FailedEvent.objects.filter(pk=event.pk).values_list("status", flat=True).first()
+    if status == FE.REPLAYING:
+        raise FailedEventBusy("A replay of this entry is under way; try again when it has finished.", retry_after=1)
+    raise FailedEventClosed(f"This entry is {status} already.", extra={"status": status})
+
+
+def failed_event_resolve(*, tenant_id: int, event_pk: int, actor: str, note: str) -> FailedEvent:
+    """pending|replayed → resolved: an operator fixed it another way. The note is mandatory."""
+    return _close(tenant_id=tenant_id, event_pk=event_pk, to=FE.RESOLVED, actor=actor, note=note)
+
+
+def failed_event_discard(*, tenant_id: int, event_pk: int, actor: str, note: str) -> FailedEvent:
+    """pending|replayed → discarded: dropped on purpose. The note is mandatory."""
+    return _close(tenant_id=tenant_id, event_pk=event_pk, to=FE.DISCARDED, actor=actor, note=note)
+
+
+# --- Bulk replay -------------------------------------------------------------------------------
+
+
+def bulk_replay_prepare(
+    *,
+    tenant: Tenant,
+    filters: dict[str, Any],
+    actor: str,
+    target_slug: str = "",
+    force: bool = False,
+    note: str = "",
+    event_pks: list[int] | None = None,
+) -> BulkReplay:
+    """Dry run: freeze the selection (ids + count + digest); nothing is sent.
+
+    Without a status filter the selection is the replayable entries: pending (and replayed
+    ones with ``force``). ``event_pks`` (the console's ticked rows) narrows it further.
+    """
+    note = _note(note)
+    if force and not note:
+        raise NoteRequired("A forced bulk replay needs a note saying why.")
+    if target_slug:
+        selectors.replay_target_resolve(tenant_id=tenant.pk, slug=target_slug)
+    query = dict(filters)
+    if not query.get("status"):
+        query["status"] = [FE.PENDING, FE.REPLAYED] if force else [FE.PENDING]
+    qs = selectors.failed_event_list(tenant_id=tenant.pk, **query)
+    if event_pks is not None:
+        qs = qs.filter(pk__in=event_pks)
+    limit = int(dlq_setting("BULK_MAX_SELECTION"))
+    ids = list(qs.order_by("id").values_list("id", flat=True)[: limit + 1])
+    if len(ids) > limit:
+        raise BulkReplayTooLarge(f"The selection has more than {limit} entries; narrow the filters.")
+    digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()
+    bulk = BulkReplay.objects.create(
+        tenant=tenant,
+        filters=selectors.filters_as_json(query),
+        event_ids=ids,
+        count=len(ids),
+        digest=digest,
+        target_slug=target_slug,
+        force=force,
+        note=note,
+        created_by=actor[:150],
+        expires_at=timezone.now() + timedelta(seconds=int(dlq_setting("BULK_DRY_RUN_TTL_SECONDS"))),
+    )
+    log.info("dlq_bulk_prepared bulk=%s tenant=%s count=%s", bulk.pk, tenant.slug, bulk.count)
+    return bulk
+
+
+def bulk_replay_confirm(
+    *,
+    tenant: Tenant,
+    bulk_id: int,
+    actor: str,
+    count: int | None = None,
+    target_slug: str | None = None,
+    note: str | None = None,
+) -> BulkReplay:
+    """draft → running (guarded); the runner replays exactly the frozen ids, paced.
+
+    ``count`` (what the operator was shown) must match the frozen count. ``target_slug`` and
+    ``note`` may still be chosen at confirm time; the selection itself cannot change. One
+    bulk replay runs per tenant at a time (a second confirm answers 429).
+    """
+    options: dict[str, Any] = {}
+    if target_slug:
+        selectors.replay_target_resolve(tenant_id=tenant.pk, slug=target_slug)
+        options["target_slug"] = target_slug
+    if note:
+        options["note"] = _note(note)
+    with transaction.atomic():
+        # Serialises confirms of one tenant, so the one-at-a-time check cannot race.
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        bulk = BulkReplay.objects.filter(pk=bulk_id, tenant=tenant).first()
+        if bulk is None:
+            raise BulkReplayNotFound("No such bulk replay.")
+        if count is not None and count != bulk.count:
+            raise BulkReplayNotConfirmable(
+                f"The frozen selection has {bulk.count} entries, not {count}.", extra={"count": bulk.count}
+            )
+        running = BulkReplay.objects.filter(tenant=tenant, status=BulkReplayStatus.RUNNING).exclude(pk=bulk.pk)
+        if running.exists():
+            raise BulkReplayRateLimited("Another bulk replay is running for this tenant.", retry_after=30)
+        now = timezone.now()
+        moved = BulkReplay.objects.filter(pk=bulk.pk, status=BulkReplayStatus.DRAFT, expires_at__gt=now).update(
+            status=BulkReplayStatus.RUNNING, confirmed_by=actor[:150], confirmed_at=now, **options
+        )
+        if not moved:
+            if bulk.status == BulkReplayStatus.DRAFT:
+                BulkReplay.objects.filter(pk=bulk.pk, status=BulkReplayStatus.DRAFT).update(
+                    status=BulkReplayStatus.EXPIRED
+                )
+                raise BulkReplayNotConfirmable("The dry run expired; run it again.", extra={"status": "expired"})
+            raise BulkReplayNotConfirmable(f"This bulk replay is {bulk.status}.", extra={"status": bulk.status})
+        transaction.on_commit(lambda: _enqueue_bulk(bulk.pk), robust=True)
+    bulk.refresh_from_db()
+    log.info("dlq_bulk_confirmed bulk=%s count=%s actor=%s", bulk.pk, bulk.count, actor)
+    return bulk
+
+
+def _enqueue_bulk(bulk_id: int) -> None:
+    from dlq.tasks import enqueue
+
+    enqueue("dlq.tasks.bulk_replay_run_task", bulk_id)
+
+
+def bulk_replay_run(*, bulk_id: int, budget_seconds: float | None = None) -> BulkReplay | None:
+    """Work through a confirmed selection at BULK_REPLAY_PER_SECOND, resumably.
+
+    Each position is taken with a guarded UPDATE before its entry is replayed, so two runners
+    (a re-delivered task) never replay the same entry twice. Entries that are no longer
+    replayable (resolved meanwhile, being replayed) are counted as skipped.
+    """
+    bulk = BulkReplay.objects.filter(pk=bulk_id).first()
+    if bulk is None or bulk.status != BulkReplayStatus.RUNNING:
+        return bulk
+    rate = max(1.0, float(dlq_setting("BULK_REPLAY_PER_SECOND")))
+    budget = float(budget_seconds if budget_seconds is not None else dlq_setting("BULK_TASK_BUDGET_SECONDS"))
+    started = time.monotonic()
+    sent = 0
+    while True:
+        position = BulkReplay.objects.filter(pk=bulk.pk).values_list("position", flat=True).get()
+        if position >= bulk.count:
+            BulkReplay.objects.filter(pk=bulk.pk, status=BulkReplayStatus.RUNNING).update(
+                status=BulkReplayStatus.DONE, finished_at=timezone.now()
+            )
+            break
+        if time.monotonic() - started > budget:
+            _enqueue_bulk(bulk.pk)
+            break
+        wait = started + sent / rate - time.monotonic()
+        if wait > 0:
+            time.sleep(min(wait, 1.0))
+        taken = BulkReplay.objects.filter(pk=bulk.pk, status=BulkReplayStatus.RUNNING, position=position).update(
+            position=position + 1
+        )
+        if not taken:
+            break
+        counter = "skipped"
+        try:
+            replay = failed_event_replay(
+                tenant_id=bulk.tenant_id,
+                event_pk=bulk.event_ids[position],
+                actor=bulk.confirmed_by,
+                target_slug=bulk.target_slug,
+                force=bulk.force,
+                note=bulk.note or f"bulk replay #{bulk.pk}",
+                trigger=ReplayTrigger.BULK,
+                bulk_id=bulk.pk,
+            )
+            counter = "succeeded" if replay.outcome == ReplayOutcome.SUCCEEDED else "failed"
+        except DomainError as exc:
+            log.info("dlq_bulk_skipped bulk=%s event=%s reason=%s", bulk.pk, bulk.event_ids[position], exc.code)
+        BulkReplay.objects.filter(pk=bulk.pk).update(**{counter: F(counter) + 1})
+        sent += 1
+    bulk.refresh_from_db()
+    return bulk
+
+
+# --- Automatic replay and recovery -------------------------------------------------------------
+
+
+def _root_deadline(event: FailedEvent) -> datetime:
+    """A lineage root lives as long as its operation did, else the configured lifetime."""
+    lifetime = event.failed_at + timedelta(seconds=int(dlq_setting("AUTO_REPLAY_LIFETIME_SECONDS")))
+    if event.operation_id:
+        expires = Operation.objects.filter(pk=event.operation_id).values_list("expires_at", flat=True).first()
+        if expires is not None:
+            return expires
+    return lifetime
+
+
+def auto_replay_due(*, limit: int | None = None) -> dict[str, int]:
+    """Replay pending transient failures to targets that opted in, capped per lineage root.
+
+    Never after an ambiguous or non-transient replay outcome (that one is for a human), never
+    past the root's lifetime, and with a doubling pause after each automatic try.
+    """
+    cap = int(dlq_setting("AUTO_REPLAY_MAX_PER_ROOT"))
+    base = float(dlq_setting("AUTO_REPLAY_BASE_DELAY_SECONDS"))
+    now = timezone.now()
+    oldest = now - timedelta(seconds=int(dlq_setting("AUTO_REPLAY_LIFETIME_SECONDS")))
+    candidates = FailedEvent.objects.filter(
+        status=FE.PENDING, error_class=ErrorClass.TRANSIENT, failed_at__gte=oldest, auto_replay_count__lt=cap
+    ).order_by("failed_at")[: limit or int(dlq_setting("AUTO_REPLAY_BATCH"))]
+    counts = {"replayed": 0, "failed": 0, "skipped": 0}
+    for event in candidates:
+        if _root_deadline(event) <= now:
+            counts["skipped"] += 1
+            continue
+        try:
+            target = selectors.replay_target_resolve(tenant_id=event.tenant_id, slug=event.replay_target_slug)
+        except DomainError:
+            counts["skipped"] += 1
+            continue
+        last = event.replays.order_by("-number").first()
+        if not target.auto_replay or (
+            last is not None
+            and (
+                last.outcome != ReplayOutcome.FAILED
+                or last.error_class != ErrorClass.TRANSIENT
+                or (last.finished_at and now < last.finished_at + timedelta(seconds=base * 2**event.auto_replay_count))
+            )
+        ):
+            counts["skipped"] += 1
+            continue
+        try:
+            replay = failed_event_replay(
+                tenant_id=event.tenant_id,
+                event_pk=event.pk,
+                actor="auto-replay",
+                note=f"automatic replay {event.auto_replay_count + 1} of {cap}",
+                trigger=ReplayTrigger.AUTO,
+            )
+        except DomainError:
+            counts["skipped"] += 1
+            continue
+        counts["replayed" if replay.outcome == ReplayOutcome.SUCCEEDED else "failed"] += 1
+    return counts
+
+
+def replays_recover(*, stale_seconds: float | None = None) -> dict[str, int]:
+    """Settle replays whose sender died between allocating n and recording the answer.
+
+    The ledger row says what is known: succeeded → replayed; a definitive failure (or no
+    claim at all: nothing was sent) → pending; otherwise the outcome is unknown → the Replay
+    is marked ambiguous and the entry goes back to pending for a human to decide.
+    """
+    stale = float(stale_seconds if stale_seconds is not None else dlq_setting("REPLAYING_STALE_SECONDS"))
+    cutoff = timezone.now() - timedelta(seconds=stale)
+    counts: dict[str, int] = {}
+    for replay in Replay.objects.filter(outcome=ReplayOutcome.PENDING, started_at__lt=cutoff).select_related("event"):
+        op = Operation.objects.filter(tenant_id=replay.event.tenant_id, key=replay.ledger_key).first()
+        if (
+            op is not None
+            and op.status == OperationStatus.CLAIMED
+            and op.lease_expires_at
+            and op.lease_expires_at > (timezone.now())
+        ):
+            continue
+        if op is None:
+            outcome, to, why = ReplayOutcome.FAILED, FE.PENDING, "sender stopped before the send"
+        elif op.status == OperationStatus.SUCCEEDED:
+            outcome, to, why = ReplayOutcome.SUCCEEDED, FE.REPLAYED, "recorded by the ledger"
+        elif op.status in (OperationStatus.FAILED, OperationStatus.RETRY_WAIT):
+            outcome, to, why = ReplayOutcome.FAILED, FE.PENDING, "recorded by the ledger"
+        else:
+            outcome, to, why = ReplayOutcome.AMBIGUOUS, FE.PENDING, f"sender stopped; ledger row {op.status}"
+        with transaction.atomic():
+            done = Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.PENDING).update(
+                outcome=outcome, error_message=why, finished_at=timezone.now(), operation=op
+            )
+            if done:
+                _settle_entry(replay=replay, to=to, actor="recovery", note=f"replay #{replay.number} {outcome}: {why}")
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
+
+
+# --- Configuration -------------------------------------------------------------------------------
+
+
+def replay_target_upsert(
+    *,
+    tenant: Tenant,
+    slug: str,
+    url: str,
+    idempotency_header: str | None = None,
+    timeout_seconds: float | None = None,
+    is_default: bool | None = None,
+    auto_replay: bool | None = None,
+    active: bool | None = None,
+) -> ReplayTarget:
+    """Create or update a tenant's replay target; ``is_default`` moves the default to it."""
+    fields: dict[str, Any] = {"url": url}
+    for name, value in (
+        ("idempotency_header", idempotency_header),
+        ("timeout_seconds", timeout_seconds),
+        ("is_default", is_default),
+        ("auto_replay", auto_replay),
+        ("active", active),
+    ):
+        if value is not None:
+            fields[name] = value
+    with transaction.atomic():
+        if is_default:
+            ReplayTarget.objects.filter(tenant=tenant, is_default=True).exclude(slug=slug).update(is_default=False)
+        target, _ = ReplayTarget.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+    return target
+
+
+def event_too_large(length: int) -> EventTooLarge | None:
+    """The 413 for a declared body length over the DLQ limit (checked before reading it)."""
+    limit = int(dlq_setting("MAX_EVENT_BYTES"))
+    if length > limit:
+        return EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit})
+    return None
+
+
+def alert_channel_upsert(
+    *, tenant: Tenant, name: str, kind: str, url: str, kinds: list[str] | None = None
+) -> AlertChannel:
+    """Create or update a tenant's alert channel (Slack, Discord or generic webhook)."""
+    defaults: dict[str, Any] = {"kind": kind, "url": url}
+    if kinds is not None:
+        defaults["kinds"] = kinds
+    channel, _ = AlertChannel.objects.update_or_create(tenant=tenant, name=name, defaults=defaults)
+    return channel

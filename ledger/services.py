@@ -1025,6 +1025,37 @@ def operation_transition(
     return updated
 
 
+def operation_supersede(*, operation_id: int, by_operation_id: int, actor: str, reason: str = "") -> Operation:
+    """A failed operation records the replay that supersedes it (DESIGN §4).
+
+    The row stays `failed` (history is never edited); only ``superseded_by`` moves, to a
+    newer operation than the one it points at, with an event row. Later claims of its key
+    answer with the newest replay's outcome (``_newest_in_lineage``).
+    """
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE ledger_operation SET superseded_by_id = %s, updated_at = {sql.now()}"
+                " WHERE id = %s AND status = %s AND id <> %s"
+                " AND (superseded_by_id IS NULL OR superseded_by_id < %s)"
+                f" RETURNING {sql.OP_SELECT}",
+                [by_operation_id, operation_id, S.FAILED, by_operation_id, by_operation_id],
+            )
+            row = cursor.fetchone()
+            if row is None:
+                raise IllegalTransition("Only a failed operation can be superseded, and only by a newer one.")
+            _insert_event(
+                cursor,
+                op_id=operation_id,
+                old=S.FAILED,
+                new=S.FAILED,
+                actor=actor,
+                reason=reason or f"superseded by operation {by_operation_id}",
+                attempt=None,
+            )
+    return sql.operation_from_row(row)
+
+
 # --- Tenants, keys, providers ----------------------------------------------------------
 
 

@@ -1,0 +1,594 @@
+"""The DLQ console. Entries, replays and alerts are changed only through services (each
+change leaves its FailedEventChange / Replay row); payloads are shown as a masked skeleton.
+
+Lists stay fast at a million rows: every filter is either a choices filter (no query), a
+text input, or a date range, the tenant filter lists tenants (not distinct values of the big
+table), counts are capped, and the default order (-failed_at, -id) is an index's order.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+
+from dlq import selectors, services
+from dlq.conf import dlq_setting
+from dlq.models import (
+    Alert,
+    AlertChannel,
+    AlertDelivery,
+    BulkReplay,
+    FailedEvent,
+    FailedEventChange,
+    FailedEventStatus,
+    Replay,
+    ReplayTarget,
+)
+from dlq.payloads import is_redacted, open_payload
+from ledger.errors import DomainError
+from ledger.models import Tenant
+
+MASK = "•••"
+COUNT_CAP = 10_000
+
+
+def mask_skeleton(value: Any, depth: int = 0) -> Any:
+    """The payload's shape with every value replaced by •••: keys say what is there."""
+    if depth > 8:
+        return MASK
+    if isinstance(value, dict):
+        return {str(k): mask_skeleton(v, depth + 1) for k, v in list(value.items())[:100]}
+    if isinstance(value, list):
+        items = [mask_skeleton(v, depth + 1) for v in value[:20]]
+        if len(value) > 20:
+            items.append(f"{MASK} ({len(value) - 20} more)")
+        return items
+    return None if value is None else MASK
+
+
+def masked_json(value: Any) -> str:
+    if value is None:
+        return "—"
+    if is_redacted(value):
+        return "(redacted by retention)"
+    try:
+        plain = open_payload(value)
+    except Exception:
+        return "(sealed with a key that is not configured)"
+    return json.dumps(mask_skeleton(plain), indent=2, ensure_ascii=False)
+
+
+def actor_of(request: HttpRequest) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+class CappedCountPaginator(Paginator):
+    """COUNT(*) over a million filtered rows is the slow part of a changelist: count at most
+    COUNT_CAP + 1 rows (a bounded subquery); pages beyond the cap need narrower filters."""
+
+    @cached_property
+    def count(self) -> int:
+        return self.object_list[: COUNT_CAP + 1].count()
+
+
+# --- Filters -----------------------------------------------------------------------------------
+
+
+class InputFilter(admin.SimpleListFilter):
+    """A free-text filter rendered as an input box (no query over the table to build it)."""
+
+    template = "admin/dlq/input_filter.html"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        # Must be non-empty for Django to render the filter at all.
+        return [("", "")]
+
+    def choices(self, changelist: Any) -> Any:
+        # The other filters in force, kept as hidden inputs of this filter's little form.
+        pairs = [
+            (name, value)
+            for name, values in changelist.get_filters_params().items()
+            if name != self.parameter_name
+            for value in (values if isinstance(values, list) else [values])
+        ]
+        yield {"query_pairs": pairs, "parameter_name": self.parameter_name, "value": self.value() or ""}
+
+
+class WorkflowFilter(InputFilter):
+    title = "source workflow id"
+    parameter_name = "workflow"
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> QuerySet[FailedEvent]:
+        return queryset.filter(source_workflow_id=self.value()) if self.value() else queryset
+
+
+class MatchFilter(InputFilter):
+    title = "payload field (path:value)"
+    parameter_name = "match"
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> QuerySet[FailedEvent]:
+        if not self.value():
+            return queryset
+        try:
+            match = selectors.parse_match([self.value()])
+        except DomainError as exc:
+            messages.warning(request, exc.detail)
+            return queryset.none()
+        return selectors._filter_match(queryset, match)
+
+
+class TenantFilter(admin.SimpleListFilter):
+    """Tenants from the tenant table (a distinct over the entries would scan them all)."""
+
+    title = "tenant"
+    parameter_name = "tenant"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        tenants = Tenant.objects.order_by("slug")
+        scope = None
+        try:
+            from review.tenancy import scope_of
+        except ImportError:  # no console tenancy in this tree: superuser view
+            pass
+        else:
+            scope = scope_of(request)
+        if scope is not None:
+            tenants = tenants.filter(pk__in=scope)
+        return [(str(t.pk), t.slug) for t in tenants[:200]]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(tenant_id=self.value()) if self.value() else queryset
+
+
+# --- Inlines -------------------------------------------------------------------------------------
+
+
+class _ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReplayInline(_ReadOnlyInline):
+    model = Replay
+    fields = [
+        "number",
+        "trigger",
+        "started_at",
+        "actor",
+        "note",
+        "target_slug",
+        "sent_key",
+        "as_new",
+        "forced",
+        "outcome",
+        "response_status",
+        "error_message",
+        "operation",
+        "finished_at",
+    ]
+    readonly_fields = fields
+    ordering = ["number"]
+    verbose_name_plural = "replay history (lineage)"
+
+
+class ChangeInline(_ReadOnlyInline):
+    model = FailedEventChange
+    fields = ["at", "from_status", "to_status", "actor", "note"]
+    readonly_fields = fields
+    ordering = ["at", "id"]
+    verbose_name_plural = "status history"
+
+
+# --- Forms -------------------------------------------------------------------------------------
+
+
+class _TargetChoice(forms.ChoiceField):
+    def __init__(self, tenant_id: int, **kwargs: Any):
+        targets = ReplayTarget.objects.filter(tenant_id=tenant_id, active=True).order_by("slug")
+        choices = [("", "the entry's target (or the tenant's default)")] + [
+            (t.slug, f"{t.slug} → {t.url}{' (default)' if t.is_default else ''}") for t in targets
+        ]
+        super().__init__(choices=choices, required=False, **kwargs)
+
+
+class ReplayForm(forms.Form):
+    note = forms.CharField(required=False, max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
+    force = forms.BooleanField(required=False, help_text="Replay an entry that was replayed successfully already.")
+    as_new = forms.BooleanField(
+        required=False,
+        label="Re-run as new",
+        help_text="Send a derived key {key}~r{n} instead of the original one: the receiver will NOT dedup it "
+        "against the first try. Only for receivers that cached the first failure.",
+    )
+    confirm = forms.BooleanField(required=False, label="I confirm the re-run as new")
+
+    def __init__(self, *args: Any, tenant_id: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["target"] = _TargetChoice(tenant_id)
+
+
+class NoteForm(forms.Form):
+    note = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
+
+
+# --- FailedEvent -----------------------------------------------------------------------------------
+
+
+@admin.register(FailedEvent)
+class FailedEventAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "event_id",
+        "tenant",
+        "status",
+        "error_class",
+        "shape",
+        "source_workflow_id",
+        "source_node",
+        "retry_count",
+        "replay_count",
+        "failed_at",
+    ]
+    list_filter = [
+        "status",
+        "error_class",
+        "shape",
+        "weak_identity",
+        ("failed_at", admin.DateFieldListFilter),
+        TenantFilter,
+        WorkflowFilter,
+        MatchFilter,
+    ]
+    search_fields = ["=event_id", "=original_key", "=source_execution_id"]
+    ordering = ["-failed_at", "-id"]
+    list_select_related = ["tenant"]
+    show_full_result_count = False
+    paginator = CappedCountPaginator
+    list_per_page = 50
+    inlines = [ReplayInline, ChangeInline]
+    actions = ["replay_selected", "resolve_selected", "discard_selected"]
+    change_form_template = "admin/dlq/failedevent/change_form.html"
+    fieldsets = [
+        (None, {"fields": ["event_id", "tenant", "status", "status_note", "weak_identity", "shape"]}),
+        (
+            "Source",
+            {
+                "fields": [
+                    "source_workflow_id",
+                    "source_workflow_name",
+                    "source_execution_id",
+                    "execution_link",
+                    "source_node",
+                    "source_mode",
+                    "operation",
+                ]
+            },
+        ),
+        (
+            "Failure",
+            {"fields": ["error_class", "error_message", "failed_at", "last_seen_at", "retry_count", "seen_count"]},
+        ),
+        ("Replay", {"fields": ["original_key", "replay_target_slug", "replay_count", "auto_replay_count"]}),
+        ("Payload (masked)", {"fields": ["payload_masked", "search_fields"]}),
+    ]
+    readonly_fields = [
+        "event_id",
+        "tenant",
+        "status",
+        "status_note",
+        "weak_identity",
+        "shape",
+        "source_workflow_id",
+        "source_workflow_name",
+        "source_execution_id",
+        "execution_link",
+        "source_node",
+        "source_mode",
+        "operation",
+        "error_class",
+        "error_message",
+        "failed_at",
+        "last_seen_at",
+        "retry_count",
+        "seen_count",
+        "original_key",
+        "replay_target_slug",
+        "replay_count",
+        "auto_replay_count",
+        "payload_masked",
+        "search_fields",
+    ]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Read-only page; the actions below go through services.
+        return False
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("dlq.replay_failedevent")
+
+    def has_resolve_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("dlq.resolve_failedevent")
+
+    @admin.display(description="payload")
+    def payload_masked(self, obj: FailedEvent) -> str:
+        return format_html(
+            '<pre style="max-height:30em;overflow:auto">{}</pre><p class="help">Values are masked. '
+            "Revealing them needs the reveal permission and a reason (logged).</p>",
+            masked_json(obj.payload),
+        )
+
+    @admin.display(description="execution URL")
+    def execution_link(self, obj: FailedEvent) -> str:
+        url = obj.source_execution_url
+        if url.startswith(("https://", "http://")):
+            return format_html('<a href="{}" rel="noreferrer noopener" target="_blank">{}</a>', url, url)
+        return url or "—"
+
+    # --- per-entry actions (change page buttons) ---
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        own = [
+            path("<int:pk>/replay/", wrap(self.replay_view), name="dlq_failedevent_replay"),
+            path(
+                "<int:pk>/resolve/",
+                wrap(self.close_view),
+                {"to": FailedEventStatus.RESOLVED},
+                name="dlq_failedevent_resolve",
+            ),
+            path(
+                "<int:pk>/discard/",
+                wrap(self.close_view),
+                {"to": FailedEventStatus.DISCARDED},
+                name="dlq_failedevent_discard",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def _entry(self, request: HttpRequest, pk: int) -> FailedEvent:
+        # get_queryset is tenant-scoped by the console: another tenant's entry is a 404.
+        return get_object_or_404(self.get_queryset(request), pk=pk)
+
+    def _change_url(self, pk: int) -> str:
+        return reverse("admin:dlq_failedevent_change", args=[pk])
+
+    def replay_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        if not self.has_replay_permission(request):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        event = self._entry(request, pk)
+        form = ReplayForm(request.POST or None, tenant_id=event.tenant_id)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                replay = services.failed_event_replay(
+                    tenant_id=event.tenant_id,
+                    event_pk=event.pk,
+                    actor=actor_of(request),
+                    target_slug=data["target"],
+                    force=data["force"],
+                    note=data["note"],
+                    as_new=data["as_new"],
+                    confirm=data["confirm"],
+                )
+            except DomainError as exc:
+                messages.error(request, f"Not replayed: {exc.detail}")
+            else:
+                level = messages.SUCCESS if replay.outcome == "succeeded" else messages.WARNING
+                messages.add_message(
+                    request,
+                    level,
+                    f"Replay #{replay.number} to {replay.target_slug}: {replay.outcome} ({replay.error_message}).",
+                )
+                return HttpResponseRedirect(self._change_url(event.pk))
+        return self._form_page(request, event, form, title=f"Replay entry {event.pk}", button="Replay now")
+
+    def close_view(self, request: HttpRequest, pk: int, to: str) -> HttpResponse:
+        if not self.has_resolve_permission(request):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        event = self._entry(request, pk)
+        form = NoteForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            fn = services.failed_event_resolve if to == FailedEventStatus.RESOLVED else services.failed_event_discard
+            try:
+                fn(
+                    tenant_id=event.tenant_id,
+                    event_pk=event.pk,
+                    actor=actor_of(request),
+                    note=form.cleaned_data["note"],
+                )
+            except DomainError as exc:
+                messages.error(request, f"Not changed: {exc.detail}")
+            else:
+                messages.success(request, f"Entry {event.pk} marked {to}.")
+                return HttpResponseRedirect(self._change_url(event.pk))
+        verb = "Resolve" if to == FailedEventStatus.RESOLVED else "Discard"
+        return self._form_page(request, event, form, title=f"{verb} entry {event.pk}", button=verb)
+
+    def _form_page(
+        self, request: HttpRequest, event: FailedEvent, form: forms.Form, *, title: str, button: str
+    ) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": title,
+            "event": event,
+            "form": form,
+            "button": button,
+            "back_url": self._change_url(event.pk),
+        }
+        return TemplateResponse(request, "admin/dlq/failedevent/action_form.html", context)
+
+    # --- bulk actions (count shown before confirming) ---
+
+    @admin.action(description="Replay selected entries…", permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> HttpResponse | None:
+        tenant_ids = set(queryset.values_list("tenant_id", flat=True).distinct()[:2])
+        if len(tenant_ids) != 1:
+            messages.error(request, "A bulk replay works on one tenant's entries at a time.")
+            return None
+        tenant = Tenant.objects.get(pk=tenant_ids.pop())
+        if request.POST.get("bulk_confirm"):
+            try:
+                bulk = services.bulk_replay_confirm(
+                    tenant=tenant,
+                    bulk_id=int(request.POST["bulk_id"]),
+                    actor=actor_of(request),
+                    count=int(request.POST["bulk_count"]),
+                    target_slug=request.POST.get("target", ""),
+                    note=request.POST.get("note", ""),
+                )
+            except (DomainError, ValueError, KeyError) as exc:
+                messages.error(request, f"Not started: {getattr(exc, 'detail', 'bad request')}")
+                return None
+            messages.success(request, f"Bulk replay #{bulk.pk} of {bulk.count} entries started (paced).")
+            return None
+        bulk = services.bulk_replay_prepare(
+            tenant=tenant,
+            filters={},
+            actor=actor_of(request),
+            event_pks=list(queryset.values_list("pk", flat=True)[: COUNT_CAP + 1]),
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Confirm bulk replay",
+            "bulk": bulk,
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "ticked": queryset.count(),
+            "target_field": _TargetChoice(tenant.pk).widget.render("target", ""),
+            "action": "replay_selected",
+            "rate": dlq_setting("BULK_REPLAY_PER_SECOND"),
+        }
+        return TemplateResponse(request, "admin/dlq/failedevent/bulk_confirm.html", context)
+
+    def _bulk_close(self, request: HttpRequest, queryset: QuerySet[FailedEvent], to: str) -> HttpResponse | None:
+        note = request.POST.get("note", "").strip()
+        if request.POST.get("bulk_confirm") and note:
+            fn = services.failed_event_resolve if to == FailedEventStatus.RESOLVED else services.failed_event_discard
+            done = skipped = 0
+            for event in queryset.only("pk", "tenant_id")[:COUNT_CAP]:
+                try:
+                    fn(tenant_id=event.tenant_id, event_pk=event.pk, actor=actor_of(request), note=note)
+                    done += 1
+                except DomainError:
+                    skipped += 1
+            messages.success(request, f"{done} entries marked {to}; {skipped} skipped (not pending or replayed).")
+            return None
+        if request.POST.get("bulk_confirm"):
+            messages.error(request, "A note is required.")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Mark entries {to}",
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "ticked": queryset.count(),
+            "action": f"{'resolve' if to == FailedEventStatus.RESOLVED else 'discard'}_selected",
+            "to": to,
+        }
+        return TemplateResponse(request, "admin/dlq/failedevent/bulk_confirm.html", context)
+
+    @admin.action(description="Resolve selected entries…", permissions=["resolve"])
+    def resolve_selected(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> HttpResponse | None:
+        return self._bulk_close(request, queryset, FailedEventStatus.RESOLVED)
+
+    @admin.action(description="Discard selected entries…", permissions=["resolve"])
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet[FailedEvent]) -> HttpResponse | None:
+        return self._bulk_close(request, queryset, FailedEventStatus.DISCARDED)
+
+
+# --- Lineage, bulk replays, targets, alerts ------------------------------------------------------
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Replay)
+class ReplayAdmin(_ReadOnlyAdmin):
+    list_display = ["event", "number", "trigger", "outcome", "target_slug", "actor", "started_at", "response_status"]
+    list_filter = ["outcome", "trigger", "as_new", "forced"]
+    search_fields = ["=ledger_key", "=sent_key"]
+    list_select_related = ["event"]
+    ordering = ["-id"]
+    show_full_result_count = False
+    exclude = ["response_body"]
+    readonly_fields = ["response_masked"]
+
+    @admin.display(description="target's answer")
+    def response_masked(self, obj: Replay) -> str:
+        return format_html("<pre>{}</pre>", masked_json(obj.response_body))
+
+
+@admin.register(BulkReplay)
+class BulkReplayAdmin(_ReadOnlyAdmin):
+    list_display = ["id", "tenant", "status", "count", "position", "succeeded", "failed", "skipped", "created_by"]
+    list_filter = ["status"]
+    ordering = ["-id"]
+    exclude = ["event_ids"]
+
+
+@admin.register(ReplayTarget)
+class ReplayTargetAdmin(admin.ModelAdmin):
+    list_display = ["slug", "tenant", "url", "idempotency_header", "is_default", "auto_replay", "active"]
+    list_filter = ["is_default", "auto_replay", "active"]
+    search_fields = ["slug", "url"]
+
+
+@admin.register(AlertChannel)
+class AlertChannelAdmin(admin.ModelAdmin):
+    list_display = ["name", "tenant", "kind", "active", "digest_threshold", "max_messages_per_window"]
+    list_filter = ["kind", "active"]
+    exclude = ["cursor_alert_id"]
+
+
+@admin.register(Alert)
+class AlertAdmin(_ReadOnlyAdmin):
+    list_display = ["id", "tenant", "kind", "ref", "summary", "repeat_count", "created_at"]
+    list_filter = ["kind"]
+    ordering = ["-id"]
+    show_full_result_count = False
+
+
+@admin.register(AlertDelivery)
+class AlertDeliveryAdmin(_ReadOnlyAdmin):
+    list_display = ["id", "channel", "status", "digest", "alert_count", "attempts", "last_error", "sent_at"]
+    list_filter = ["status", "digest"]
+    ordering = ["-id"]

@@ -1,0 +1,245 @@
+"""DLQ HTTP API: parse input, call a service or selector, render the output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http.request import RawPostDataException
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from dlq import selectors, services
+from dlq.conf import dlq_setting
+from dlq.errors import EventTooLarge
+from dlq.serializers import (
+    BulkReplayInputSerializer,
+    BulkReplayOutputSerializer,
+    CloseInputSerializer,
+    FailedEventListQuerySerializer,
+    FailedEventOutputSerializer,
+    ReplayInputSerializer,
+    ReplayOutputSerializer,
+    bulk_replay_representation,
+    failed_event_representation,
+    replay_representation,
+)
+from ledger.apis import _valid
+from ledger.errors import ValidationFailed
+
+_LIST_PARAMS = [
+    OpenApiParameter("status", str, OpenApiParameter.QUERY, required=False),
+    OpenApiParameter("workflow", str, OpenApiParameter.QUERY, required=False, description="source workflow id"),
+    OpenApiParameter("error_class", str, OpenApiParameter.QUERY, required=False),
+    OpenApiParameter("failed_after", OpenApiTypes.DATETIME, OpenApiParameter.QUERY, required=False),
+    OpenApiParameter("failed_before", OpenApiTypes.DATETIME, OpenApiParameter.QUERY, required=False),
+    OpenApiParameter(
+        "match",
+        str,
+        OpenApiParameter.QUERY,
+        required=False,
+        many=True,
+        description="path:value on a configured searchable payload path (repeatable; all must match)",
+    ),
+    OpenApiParameter("execution_id", str, OpenApiParameter.QUERY, required=False),
+    OpenApiParameter("key", str, OpenApiParameter.QUERY, required=False, description="original idempotency key"),
+    OpenApiParameter("shape", str, OpenApiParameter.QUERY, required=False),
+    OpenApiParameter("cursor", str, OpenApiParameter.QUERY, required=False),
+    OpenApiParameter("page_size", int, OpenApiParameter.QUERY, required=False),
+]
+
+
+class FailedEventCursorPagination(CursorPagination):
+    ordering = selectors.LIST_ORDERING
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+def _list_filters(query: dict[str, Any], match: dict[str, str]) -> dict[str, Any]:
+    return {
+        "status": query.get("status"),
+        "workflow": query.get("workflow"),
+        "error_class": query.get("error_class"),
+        "failed_after": query.get("failed_after"),
+        "failed_before": query.get("failed_before"),
+        "execution_id": query.get("execution_id"),
+        "original_key": query.get("key"),
+        "shape": query.get("shape"),
+        "match": match,
+    }
+
+
+class FailedEventsApi(APIView):
+    """GET lists the tenant's entries (read scope); POST ingests a failure (write scope)."""
+
+    @extend_schema(
+        parameters=_LIST_PARAMS,
+        responses={200: FailedEventOutputSerializer(many=True)},
+        summary="List dead-letter entries (cursor-paginated, newest first)",
+    )
+    def get(self, request: Request) -> Response:
+        serializer = FailedEventListQuerySerializer(data=request.query_params)
+        serializer.is_valid(raise_exception=True)
+        match = selectors.parse_match(request.query_params.getlist("match"))
+        qs = selectors.failed_event_list(
+            tenant_id=request.user.tenant.pk, **_list_filters(dict(serializer.validated_data), match)
+        )
+        paginator = FailedEventCursorPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response([failed_event_representation(e) for e in page])
+
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT},
+        parameters=[
+            OpenApiParameter(
+                "replay_target", str, OpenApiParameter.QUERY, required=False, description="replay target slug"
+            ),
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                required=False,
+                description="the original idempotency key of the failed work (if the body names none)",
+            ),
+        ],
+        responses={201: FailedEventOutputSerializer, 200: FailedEventOutputSerializer},
+        summary="Report a failure: our envelope, n8n's Error Trigger payload as is, or any JSON",
+        description=(
+            "Idempotent by the failure's identity: the same failure posted again answers 200 with the existing "
+            "entry (an n8n `retryOf` counts as the same failure and bumps retry_count). Bodies over the DLQ size "
+            "limit answer 413."
+        ),
+    )
+    def post(self, request: Request) -> Response:
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        too_large = services.event_too_large(declared)
+        if too_large is not None:
+            raise too_large
+        try:
+            raw = request.body
+        except (RequestDataTooBig, RawPostDataException) as exc:
+            limit = int(dlq_setting("MAX_EVENT_BYTES"))
+            raise EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit}) from exc
+        result = services.failed_event_ingest(
+            tenant=request.user.tenant,
+            raw=raw,
+            actor=request.user.actor,
+            replay_target=request.query_params.get("replay_target", ""),
+            explicit_key=request.headers.get("Idempotency-Key", ""),
+        )
+        body = failed_event_representation(result.event)
+        body["ingest"] = result.outcome
+        headers = {"Location": f"/api/v1/dlq/events/{result.event.pk}"}
+        return Response(body, status=201 if result.created else 200, headers=headers)
+
+
+class FailedEventDetailApi(APIView):
+    @extend_schema(responses={200: FailedEventOutputSerializer}, summary="One entry with its replay history")
+    def get(self, request: Request, event_id: int) -> Response:
+        event = selectors.failed_event_get(tenant_id=request.user.tenant.pk, event_pk=event_id)
+        body = failed_event_representation(event)
+        body["replays"] = [replay_representation(r) for r in selectors.replay_history(event=event)]
+        return Response(body)
+
+
+class FailedEventReplayApi(APIView):
+    @extend_schema(
+        request=ReplayInputSerializer,
+        responses={201: ReplayOutputSerializer},
+        summary="Replay an entry to its target with the original idempotency key",
+        description=(
+            "409 replay_in_progress when another replay holds the entry; 409 replay_needs_force for an entry "
+            "replayed already (send force=true and a note). as_new=true re-runs with a derived key {key}~r{n} "
+            "and needs confirm=true and a note. The answer's `outcome` says what the target answered."
+        ),
+    )
+    def post(self, request: Request, event_id: int) -> Response:
+        data = _valid(ReplayInputSerializer, request)
+        replay = services.failed_event_replay(
+            tenant_id=request.user.tenant.pk,
+            event_pk=event_id,
+            actor=request.user.actor,
+            target_slug=data["target"],
+            force=data["force"],
+            note=data["note"],
+            as_new=data["as_new"],
+            confirm=data["confirm"],
+        )
+        return Response(replay_representation(replay), status=201)
+
+
+class FailedEventResolveApi(APIView):
+    @extend_schema(
+        request=CloseInputSerializer, responses={200: FailedEventOutputSerializer}, summary="Mark resolved (note)"
+    )
+    def post(self, request: Request, event_id: int) -> Response:
+        data = _valid(CloseInputSerializer, request)
+        event = services.failed_event_resolve(
+            tenant_id=request.user.tenant.pk, event_pk=event_id, actor=request.user.actor, note=data["note"]
+        )
+        return Response(failed_event_representation(event))
+
+
+class FailedEventDiscardApi(APIView):
+    @extend_schema(
+        request=CloseInputSerializer, responses={200: FailedEventOutputSerializer}, summary="Mark discarded (note)"
+    )
+    def post(self, request: Request, event_id: int) -> Response:
+        data = _valid(CloseInputSerializer, request)
+        event = services.failed_event_discard(
+            tenant_id=request.user.tenant.pk, event_pk=event_id, actor=request.user.actor, note=data["note"]
+        )
+        return Response(failed_event_representation(event))
+
+
+class BulkReplayApi(APIView):
+    @extend_schema(
+        request=BulkReplayInputSerializer,
+        responses={201: BulkReplayOutputSerializer, 202: BulkReplayOutputSerializer},
+        summary="Bulk replay: a dry run freezes the selection; a second call with its id confirms it",
+        description=(
+            "`dry_run: true` with filters (status, workflow, error_class, failed_after, failed_before, match) "
+            "answers 201 with the frozen selection (id, count, event_ids, digest); nothing is sent. "
+            '`{"id": N}` (optionally with `count` to check) confirms: exactly those entries are replayed, '
+            "paced, in the background (202). One bulk replay runs per tenant at a time (429 otherwise)."
+        ),
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(BulkReplayInputSerializer, request)
+        tenant = request.user.tenant
+        if data.get("id") is not None:
+            if not data["confirm"]:
+                raise ValidationFailed("Send confirm=true (or leave it out) to confirm a selection.")
+            bulk = services.bulk_replay_confirm(
+                tenant=tenant, bulk_id=data["id"], actor=request.user.actor, count=data.get("count")
+            )
+            return Response(bulk_replay_representation(bulk), status=202)
+        if not data["dry_run"]:
+            raise ValidationFailed("A bulk replay starts with a dry run: send dry_run=true with the filters.")
+        match = selectors.parse_match(data.get("match") or [])
+        bulk = services.bulk_replay_prepare(
+            tenant=tenant,
+            filters={k: v for k, v in _list_filters(data, match).items() if k != "original_key"},
+            actor=request.user.actor,
+            target_slug=data["target"],
+            force=data["force"],
+            note=data["note"],
+        )
+        return Response(
+            bulk_replay_representation(bulk), status=201, headers={"Location": f"/api/v1/dlq/replays/{bulk.pk}"}
+        )
+
+
+class BulkReplayDetailApi(APIView):
+    @extend_schema(responses={200: BulkReplayOutputSerializer}, summary="A bulk replay's selection and progress")
+    def get(self, request: Request, bulk_id: int) -> Response:
+        bulk = selectors.bulk_replay_get(tenant_id=request.user.tenant.pk, bulk_id=bulk_id)
+        return Response(bulk_replay_representation(bulk))

@@ -1,0 +1,60 @@
+"""Named DLQ errors. Like the ledger's, each carries its HTTP status and stable code;
+config.problems renders every DomainError as problem+json."""
+
+from __future__ import annotations
+
+from ledger.errors import DomainError
+
+
+class FailedEventNotFound(DomainError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class EventTooLarge(DomainError):
+    status, code, title = 413, "payload_too_large", "Payload too large"
+
+
+class NoteRequired(DomainError):
+    code, title = "note_required", "A note is required"
+
+
+class ConfirmationRequired(DomainError):
+    code, title = "confirmation_required", "Confirmation required"
+
+
+class ReplayTargetMissing(DomainError):
+    status, code, title = 409, "replay_target_missing", "No replay target"
+
+
+class ReplayInProgress(DomainError):
+    """Another replay of the entry holds it (double click, two operators, the schedule)."""
+
+    status, code, title = 409, "replay_in_progress", "Replay in progress"
+
+
+class ReplayNeedsForce(DomainError):
+    status, code, title = 409, "replay_needs_force", "Already replayed"
+
+
+class FailedEventClosed(DomainError):
+    status, code, title = 409, "failed_event_closed", "Entry is resolved or discarded"
+
+
+class FailedEventBusy(DomainError):
+    status, code, title = 409, "failed_event_busy", "Entry is being replayed"
+
+
+class BulkReplayNotFound(DomainError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class BulkReplayNotConfirmable(DomainError):
+    status, code, title = 409, "bulk_replay_not_confirmable", "Selection cannot be confirmed"
+
+
+class BulkReplayTooLarge(DomainError):
+    code, title = "bulk_selection_too_large", "Selection too large"
+
+
+class BulkReplayRateLimited(DomainError):
+    status, code, title = 429, "bulk_replay_rate_limited", "A bulk replay is already running"

@@ -1,0 +1,291 @@
+"""Reading a reported failure: our envelope, n8n's Error Trigger payload (both variants) as
+is, or anything else (stored raw and flagged). Pure functions, no database.
+
+Identity (DESIGN §4), first that applies: an explicit ``event_id``;
+``n8n:{workflow.id}:{execution.id}`` (``retryOf`` names the execution this one retried);
+``n8n:{workflow.id}:trigger:{timestamp}:{node}`` for the trigger variant; else
+``sha256:{digest of the raw body}``, flagged as a weak identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+
+from dlq.models import FailedEventShape
+from ledger.errors import ValidationFailed
+from ledger.models import ErrorClass
+from ledger.services import sanitize_message, validate_key
+
+MAX_IDENTITY = 255
+MAX_SEARCH_VALUE = 200
+ENVELOPE_TYPE = "onceguard.failed_event"
+_ENVELOPE_MARKERS = frozenset({"event_id", "idempotency_key", "key", "error", "error_message", "error_class", "source"})
+
+
+@dataclass
+class ParsedFailure:
+    shape: str
+    identity: str
+    weak: bool
+    payload: Any
+    # Identity of the execution this report retried (n8n `retryOf`), if any.
+    retry_of: str = ""
+    error_message: str = ""
+    error_class: str = ""
+    failed_at: datetime | None = None
+    original_key: str = ""
+    replay_target_slug: str = ""
+    retry_count: int = 0
+    source: dict[str, str] = field(default_factory=dict)
+
+
+def error_class_for_status(status: int) -> str:
+    """DESIGN §3's table, for an HTTP status a receiver answered."""
+    if 200 <= status < 300:
+        return ""
+    if status in (408, 425, 429, 503):
+        return ErrorClass.TRANSIENT
+    if status in (401, 403):
+        return ErrorClass.PERMISSION
+    if status >= 500:
+        return ErrorClass.AMBIGUOUS
+    return ErrorClass.INVALID_INPUT
+
+
+# Network error codes that mean "never reached the receiver" vs "sent, answer lost".
+_TRANSIENT_CODES = ("ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH", "ENETUNREACH")
+_AMBIGUOUS_CODES = ("ETIMEDOUT", "ECONNRESET", "ESOCKETTIMEDOUT", "EPIPE", "ECONNABORTED")
+_STATUS_IN_TEXT = re.compile(r"(?:\[(\d{3})\]|status code (\d{3})|\b(\d{3}) - )", re.IGNORECASE)
+
+
+def error_class_from_report(*, message: str, http_code: Any = None) -> str:
+    """Best effort for n8n errors, which carry no class: the HTTP code, else network codes."""
+    code: int | None = None
+    if isinstance(http_code, (int, str)) and str(http_code).isdigit():
+        code = int(http_code)
+    else:
+        found = _STATUS_IN_TEXT.search(message or "")
+        if found:
+            code = int(next(g for g in found.groups() if g))
+    if code is not None and 100 <= code <= 599:
+        return error_class_for_status(code)
+    upper = (message or "").upper()
+    if any(c in upper for c in _TRANSIENT_CODES):
+        return ErrorClass.TRANSIENT
+    if any(c in upper for c in _AMBIGUOUS_CODES) or "TIMEOUT" in upper or "TIMED OUT" in upper:
+        return ErrorClass.AMBIGUOUS
+    return ""
+
+
+def weak_identity(raw: bytes) -> str:
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _text(value: Any, limit: int = 255) -> str:
+    if value is None or isinstance(value, (dict, list)):
+        return ""
+    return str(value).strip()[:limit]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _identity_part(value: Any) -> str:
+    # ':' separates the parts; keep each part from smuggling one in.
+    return _text(value, 80).replace(":", "_")
+
+
+def _clip_identity(identity: str) -> str:
+    if len(identity) <= MAX_IDENTITY:
+        return identity
+    return identity[: MAX_IDENTITY - 17] + "~" + hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value / 1000 if value > 10_000_000_000 else value
+        try:
+            return datetime.fromtimestamp(seconds, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            return None
+    if isinstance(value, str):
+        parsed = parse_datetime(value)
+        if parsed is not None and parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed
+    return None
+
+
+def search_values(payload: Any, paths: list[str]) -> dict[str, str]:
+    """The configured (non-personal) paths' scalar values, as strings, for filtering."""
+    found: dict[str, str] = {}
+    for path in paths:
+        node: Any = payload
+        for part in path.split("."):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                node = None
+                break
+        if isinstance(node, bool):
+            found[path] = "true" if node else "false"
+        elif isinstance(node, (str, int, float)):
+            found[path] = str(node)[:MAX_SEARCH_VALUE]
+    return found
+
+
+def _n8n_execution(body: dict[str, Any], raw: bytes) -> ParsedFailure:
+    execution = _dict(body.get("execution"))
+    workflow = _dict(body.get("workflow"))
+    error = _dict(execution.get("error"))
+    wf_id, exec_id = _identity_part(workflow.get("id")), _identity_part(execution.get("id"))
+    retry_of = _identity_part(execution.get("retryOf"))
+    message = sanitize_message(_text(error.get("message"), 2000))
+    parsed = ParsedFailure(
+        shape=FailedEventShape.N8N_EXECUTION,
+        identity=f"n8n:{wf_id}:{exec_id}" if wf_id and exec_id else weak_identity(raw),
+        weak=not (wf_id and exec_id),
+        payload=body,
+        retry_of=f"n8n:{wf_id}:{retry_of}" if wf_id and retry_of else "",
+        error_message=message,
+        error_class=error_class_from_report(message=message, http_code=error.get("httpCode")),
+        source={
+            "workflow_id": _text(workflow.get("id")),
+            "workflow_name": _text(workflow.get("name")),
+            "execution_id": _text(execution.get("id")),
+            "execution_url": _text(execution.get("url"), 1000),
+            "node": _text(execution.get("lastNodeExecuted")),
+            "mode": _text(execution.get("mode"), 50),
+        },
+    )
+    # An execution that is a retry shows that the source retried at least once.
+    parsed.retry_count = 1 if parsed.retry_of else 0
+    return parsed
+
+
+def _n8n_trigger(body: dict[str, Any], raw: bytes) -> ParsedFailure:
+    trigger = _dict(body.get("trigger"))
+    workflow = _dict(body.get("workflow"))
+    error = _dict(trigger.get("error"))
+    node = _dict(error.get("node"))
+    wf_id = _identity_part(workflow.get("id"))
+    timestamp = _identity_part(error.get("timestamp"))
+    node_name = _identity_part(node.get("name"))
+    strong = bool(wf_id and timestamp and node_name)
+    message = sanitize_message(_text(error.get("message"), 2000))
+    cause = _dict(error.get("cause"))
+    full_message = sanitize_message(
+        f"{message}: {_text(cause.get('message'), 1000)}" if cause.get("message") else message
+    )
+    return ParsedFailure(
+        shape=FailedEventShape.N8N_TRIGGER,
+        identity=f"n8n:{wf_id}:trigger:{timestamp}:{node_name}" if strong else weak_identity(raw),
+        weak=not strong,
+        payload=body,
+        error_message=full_message,
+        error_class=error_class_from_report(message=full_message),
+        failed_at=_parse_time(error.get("timestamp")),
+        source={
+            "workflow_id": _text(workflow.get("id")),
+            "workflow_name": _text(workflow.get("name")),
+            "node": _text(node.get("name")),
+            "mode": _text(trigger.get("mode"), 50),
+        },
+    )
+
+
+def _envelope(body: dict[str, Any], raw: bytes) -> ParsedFailure:
+    source = _dict(body.get("source"))
+    error = body.get("error")
+    if isinstance(error, dict):
+        message, error_class = error.get("message"), error.get("class") or error.get("error_class")
+    else:
+        message, error_class = (error if isinstance(error, str) else body.get("error_message")), None
+    error_class = error_class or body.get("error_class") or ""
+    if error_class not in ("", *ErrorClass.values):
+        raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)} (or omitted).")
+    key = body.get("idempotency_key", body.get("key"))
+    original_key = validate_key(key) if key not in (None, "") else ""
+    event_id = body.get("event_id")
+    if event_id not in (None, "") and (not isinstance(event_id, (str, int)) or len(str(event_id)) > MAX_IDENTITY):
+        raise ValidationFailed(f"event_id must be a string of at most {MAX_IDENTITY} characters.")
+    retry_count = body.get("retry_count", 0)
+    if not isinstance(retry_count, int) or isinstance(retry_count, bool) or retry_count < 0:
+        raise ValidationFailed("retry_count must be a non-negative integer.")
+    wf_id, exec_id = _identity_part(source.get("workflow_id")), _identity_part(source.get("execution_id"))
+    if event_id not in (None, ""):
+        identity, weak = str(event_id).strip(), False
+    elif wf_id and exec_id:
+        # The same identity the n8n payload of that execution gets: both reports are one entry.
+        identity, weak = f"n8n:{wf_id}:{exec_id}", False
+    else:
+        identity, weak = weak_identity(raw), True
+    message = sanitize_message(_text(message, 2000))
+    return ParsedFailure(
+        shape=FailedEventShape.ENVELOPE,
+        identity=identity,
+        weak=weak,
+        payload=body.get("payload"),
+        error_message=message,
+        error_class=error_class or error_class_from_report(message=message),
+        failed_at=_parse_time(body.get("failed_at")),
+        original_key=original_key,
+        replay_target_slug=_text(body.get("replay_target"), 63),
+        retry_count=retry_count,
+        source={
+            "workflow_id": _text(source.get("workflow_id")),
+            "workflow_name": _text(source.get("workflow_name")),
+            "execution_id": _text(source.get("execution_id")),
+            "execution_url": _text(source.get("execution_url"), 1000),
+            "node": _text(source.get("node")),
+            "mode": _text(source.get("mode"), 50),
+        },
+    )
+
+
+def _is_envelope(body: dict[str, Any]) -> bool:
+    if body.get("type") == ENVELOPE_TYPE:
+        return True
+    return "payload" in body and bool(_ENVELOPE_MARKERS & body.keys())
+
+
+def parse_failure(raw: bytes) -> ParsedFailure:
+    """Recognise the shape of a reported failure; unknown shapes are kept raw, never refused.
+
+    Only our own envelope can be refused (400), when a field it defines has the wrong type.
+    """
+    try:
+        body: Any = json.loads(raw.decode("utf-8")) if raw.strip() else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        text = raw.decode("utf-8", errors="replace")
+        return ParsedFailure(shape=FailedEventShape.RAW, identity=weak_identity(raw), weak=True, payload={"raw": text})
+    # n8n's HTTP Request node may send its items as a one-element list.
+    item = body[0] if isinstance(body, list) and len(body) == 1 and isinstance(body[0], dict) else body
+    if isinstance(item, dict):
+        if isinstance(item.get("execution"), dict) and isinstance(item.get("workflow"), dict):
+            parsed = _n8n_execution(item, raw)
+        elif isinstance(item.get("trigger"), dict) and isinstance(item.get("workflow"), dict):
+            parsed = _n8n_trigger(item, raw)
+        elif _is_envelope(item):
+            return _clip(_envelope(item, raw))
+        else:
+            parsed = ParsedFailure(shape=FailedEventShape.RAW, identity=weak_identity(raw), weak=True, payload=body)
+        parsed.payload = body
+        parsed.replay_target_slug = _text(item.get("replay_target"), 63)
+        return _clip(parsed)
+    return ParsedFailure(shape=FailedEventShape.RAW, identity=weak_identity(raw), weak=True, payload=body)
+
+
+def _clip(parsed: ParsedFailure) -> ParsedFailure:
+    parsed.identity = _clip_identity(parsed.identity)
+    if parsed.retry_of:
+        parsed.retry_of = _clip_identity(parsed.retry_of)
+    return parsed

@@ -1,0 +1,185 @@
+"""Input and output shapes of the DLQ API. No logic beyond shape.
+
+Payloads are never part of an API answer: the list, the detail and the replay answers carry
+ids, sources, classes and counts (revealing a payload is the console's job, with a reason).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from dlq.models import ERROR_CLASS_CHOICES, BulkReplay, FailedEvent, FailedEventShape, FailedEventStatus, Replay
+
+
+class FailedEventListQuerySerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=FailedEventStatus.choices, required=False)
+    workflow = serializers.CharField(required=False, max_length=255)
+    error_class = serializers.ChoiceField(choices=ERROR_CLASS_CHOICES, required=False, allow_blank=True)
+    failed_after = serializers.DateTimeField(required=False)
+    failed_before = serializers.DateTimeField(required=False)
+    execution_id = serializers.CharField(required=False, max_length=255)
+    key = serializers.CharField(required=False, max_length=255)
+    shape = serializers.ChoiceField(choices=FailedEventShape.choices, required=False)
+
+
+class ReplayInputSerializer(serializers.Serializer):
+    target = serializers.SlugField(required=False, allow_blank=True, max_length=63, default="")
+    force = serializers.BooleanField(required=False, default=False)
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+    # "Re-run as new": a derived key {key}~r{n}; needs confirm and a note.
+    as_new = serializers.BooleanField(required=False, default=False)
+    confirm = serializers.BooleanField(required=False, default=False)
+
+
+class CloseInputSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class BulkReplayInputSerializer(serializers.Serializer):
+    # A dry run freezes the selection; a second call with its id confirms it.
+    dry_run = serializers.BooleanField(required=False, default=False)
+    id = serializers.IntegerField(required=False, min_value=1)
+    count = serializers.IntegerField(required=False, min_value=0)
+    confirm = serializers.BooleanField(required=False, default=True)
+    status = serializers.ChoiceField(choices=FailedEventStatus.choices, required=False)
+    workflow = serializers.CharField(required=False, max_length=255)
+    error_class = serializers.ChoiceField(choices=ERROR_CLASS_CHOICES, required=False, allow_blank=True)
+    failed_after = serializers.DateTimeField(required=False)
+    failed_before = serializers.DateTimeField(required=False)
+    match = serializers.ListField(child=serializers.CharField(max_length=500), required=False, max_length=10)
+    target = serializers.SlugField(required=False, allow_blank=True, max_length=63, default="")
+    force = serializers.BooleanField(required=False, default=False)
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class FailedEventOutputSerializer(serializers.Serializer):
+    """Documentation of the entry representation (rendered by failed_event_representation)."""
+
+    id = serializers.IntegerField()
+    event_id = serializers.CharField()
+    weak_identity = serializers.BooleanField()
+    shape = serializers.CharField()
+    status = serializers.CharField()
+    source = serializers.DictField()
+    error_class = serializers.CharField()
+    error_message = serializers.CharField()
+    failed_at = serializers.DateTimeField()
+    last_seen_at = serializers.DateTimeField()
+    retry_count = serializers.IntegerField()
+    seen_count = serializers.IntegerField()
+    replay_count = serializers.IntegerField()
+    original_key = serializers.CharField()
+    operation_id = serializers.IntegerField(allow_null=True)
+    replay_target = serializers.CharField()
+    search_fields = serializers.DictField()
+    status_note = serializers.CharField()
+
+
+class ReplayOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    event = serializers.IntegerField()
+    number = serializers.IntegerField()
+    trigger = serializers.CharField()
+    as_new = serializers.BooleanField()
+    forced = serializers.BooleanField()
+    ledger_key = serializers.CharField()
+    operation_id = serializers.IntegerField(allow_null=True)
+    sent_key = serializers.CharField()
+    target = serializers.CharField()
+    actor = serializers.CharField()
+    note = serializers.CharField()
+    outcome = serializers.CharField()
+    error_class = serializers.CharField()
+    error_message = serializers.CharField()
+    response_status = serializers.IntegerField(allow_null=True)
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class BulkReplayOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.CharField()
+    count = serializers.IntegerField()
+    digest = serializers.CharField()
+    event_ids = serializers.ListField(child=serializers.IntegerField())
+    filters = serializers.DictField()
+    target = serializers.CharField()
+    force = serializers.BooleanField()
+    expires_at = serializers.DateTimeField()
+    position = serializers.IntegerField()
+    succeeded = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    skipped = serializers.IntegerField()
+
+
+def failed_event_representation(event: FailedEvent) -> dict[str, Any]:
+    return {
+        "id": event.pk,
+        "event_id": event.event_id,
+        "weak_identity": event.weak_identity,
+        "shape": event.shape,
+        "status": event.status,
+        "source": {
+            "workflow_id": event.source_workflow_id,
+            "workflow_name": event.source_workflow_name,
+            "execution_id": event.source_execution_id,
+            "execution_url": event.source_execution_url,
+            "node": event.source_node,
+            "mode": event.source_mode,
+        },
+        "error_class": event.error_class,
+        "error_message": event.error_message,
+        "failed_at": event.failed_at.isoformat(),
+        "last_seen_at": event.last_seen_at.isoformat(),
+        "retry_count": event.retry_count,
+        "seen_count": event.seen_count,
+        "replay_count": event.replay_count,
+        "original_key": event.original_key,
+        "operation_id": event.operation_id,
+        "replay_target": event.replay_target_slug,
+        "search_fields": event.search_fields,
+        "status_note": event.status_note,
+    }
+
+
+def replay_representation(replay: Replay) -> dict[str, Any]:
+    return {
+        "id": replay.pk,
+        "event": replay.event_id,
+        "number": replay.number,
+        "trigger": replay.trigger,
+        "as_new": replay.as_new,
+        "forced": replay.forced,
+        "ledger_key": replay.ledger_key,
+        "operation_id": replay.operation_id,
+        "sent_key": replay.sent_key,
+        "target": replay.target_slug,
+        "actor": replay.actor,
+        "note": replay.note,
+        "outcome": replay.outcome,
+        "error_class": replay.error_class,
+        "error_message": replay.error_message,
+        "response_status": replay.response_status,
+        "started_at": replay.started_at.isoformat(),
+        "finished_at": replay.finished_at.isoformat() if replay.finished_at else None,
+    }
+
+
+def bulk_replay_representation(bulk: BulkReplay) -> dict[str, Any]:
+    return {
+        "id": bulk.pk,
+        "status": bulk.status,
+        "count": bulk.count,
+        "digest": bulk.digest,
+        "event_ids": bulk.event_ids,
+        "filters": bulk.filters,
+        "target": bulk.target_slug,
+        "force": bulk.force,
+        "expires_at": bulk.expires_at.isoformat(),
+        "position": bulk.position,
+        "succeeded": bulk.succeeded,
+        "failed": bulk.failed,
+        "skipped": bulk.skipped,
+    }

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from dlq import apis
+
+urlpatterns = [
+    path("events", apis.FailedEventsApi.as_view(), name="dlq-events"),
+    path("events/<int:event_id>", apis.FailedEventDetailApi.as_view(), name="dlq-event-detail"),
+    path("events/<int:event_id>/replay", apis.FailedEventReplayApi.as_view(), name="dlq-event-replay"),
+    path("events/<int:event_id>/resolve", apis.FailedEventResolveApi.as_view(), name="dlq-event-resolve"),
+    path("events/<int:event_id>/discard", apis.FailedEventDiscardApi.as_view(), name="dlq-event-discard"),
+    path("replays", apis.BulkReplayApi.as_view(), name="dlq-bulk-replays"),
+    path("replays/<int:bulk_id>", apis.BulkReplayDetailApi.as_view(), name="dlq-bulk-replay-detail"),
+]

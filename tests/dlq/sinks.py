@@ -1,0 +1,87 @@
+"""A loopback HTTP sink for replay targets and alert channels: records every request and
+answers as told (ok, a status, slow, or hanging until the client gave up)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers.items() if k.lower() == name.lower()), None)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self.lock = threading.Lock()
+        # "ok" → 200 {"id": "sink-N"}; "status" → self.status; "hang" → hold the request
+        # until released (at most 1 s), then 200; "slow" → wait self.delay (≤ 1 s), then 200.
+        self.mode = "ok"
+        self.status = 200
+        self.delay = 0.0
+        self.release = threading.Event()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with sink.lock:
+                    sink.requests.append(Received("POST", self.path, dict(self.headers.items()), body))
+                    number = len(sink.requests)
+                    mode, status, delay = sink.mode, sink.status, sink.delay
+                if mode == "hang":
+                    sink.release.wait(timeout=1.0)
+                elif mode == "slow":
+                    threading.Event().wait(min(delay, 1.0))
+                code = status if mode == "status" else 200
+                answer = json.dumps({"id": f"sink-{number}", "ok": code < 300}).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> Sink:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def received(self) -> list[Received]:
+        with self.lock:
+            return list(self.requests)
+
+    def bodies_text(self) -> str:
+        return "\n".join(r.body.decode("utf-8", errors="replace") for r in self.received())
