@@ -48,7 +48,8 @@ ALLOWED_HOSTS = [
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # The stock admin with the console's site (tenant scoping, masking, dashboard).
+    "review.adminconfig.OnceguardAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -68,12 +69,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "review.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.middleware.ApiBodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "review.tenancy.TenantScopeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -153,7 +156,16 @@ CSRF_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
-if not DEBUG and env_bool("SECURE_COOKIES", False):
+# Console sessions end when the browser closes and at most SESSION_COOKIE_AGE after sign-in.
+SESSION_EXPIRE_AT_BROWSER_CLOSE = env_bool("SESSION_EXPIRE_AT_BROWSER_CLOSE", True)
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+# Secure cookies + HSTS whenever DEBUG is off and the service answers to a non-loopback host
+# (so it sits behind TLS). The embedded default on plain-http loopback keeps them off, or
+# the browser would never send the session cookie back; SECURE_COOKIES=1/0 decides explicitly.
+_LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
+SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG and any(h not in _LOOPBACK_HOSTS for h in ALLOWED_HOSTS))
+if not DEBUG and SECURE_COOKIES:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)

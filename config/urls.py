@@ -5,6 +5,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Payload reveal (scope `payload`, reason, access log) — before the ledger's routes.
+    path("api/v1/", include("review.privacy_urls")),
     path("api/v1/", include("ledger.urls")),
     path("api/v1/review/", include("review.urls")),
     path("api/v1/dlq/", include("dlq.urls")),

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from ledger.crypto import open_json
 from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider
 from ledger.reconcile import json_pointer
 
@@ -169,7 +170,7 @@ def prepare_request(
     extra_headers: dict[str, str] | None = None,
 ) -> PreparedRequest:
     """The HTTP request of an attempt: the stored envelope, the key, the credentials."""
-    envelope = operation.request or {}
+    envelope = open_json(operation.request) or {}
     headers = {str(k): str(v) for k, v in (envelope.get("headers") or {}).items()}
     headers.update(extra_headers or {})
     headers[provider.idempotency_header] = operation.key

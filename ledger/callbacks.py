@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from ledger.crypto import open_json
 from ledger.errors import DomainError, ValidationFailed
 from ledger.models import IdempotencyClass, Operation, OperationMode, Provider, ProviderKind, Tenant
 
@@ -152,7 +153,7 @@ def callback_body(*, callback_operation: Operation) -> bytes:
     from ledger.selectors import provider_slug
     from ledger.serializers import operation_representation
 
-    source_id = (callback_operation.request or {}).get("operation_id")
+    source_id = (open_json(callback_operation.request) or {}).get("operation_id")
     source = Operation.objects.get(pk=source_id, tenant_id=callback_operation.tenant_id)
     document: dict[str, Any] = {
         "type": "operation.finished",

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from ledger import adapters, admission, callbacks, services, sql
+from ledger.crypto import open_json
 from ledger.errors import AdmissionRefused, DomainError, UnknownProvider, ValidationFailed
 from ledger.models import (
     ErrorClass,
@@ -361,7 +362,7 @@ _default_cache = ProviderCache()
 
 def _send(*, op: Operation, provider: Provider, client: httpx.Client) -> adapters.Outcome:
     if provider.kind == ProviderKind.CALLBACK:
-        url = str((op.request or {}).get("url") or "")
+        url = str((open_json(op.request) or {}).get("url") or "")
         tenant = Tenant.objects.only("id", "callback_allow_list").get(pk=op.tenant_id)
         if not callbacks.callback_url_allowed(allow_list=tenant.callback_allow_list, url=url):
             return adapters.Outcome(ErrorClass.INVALID_INPUT, message="callback URL no longer allowed", sent=False)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ledger import services
+from ledger.crypto import open_json
 from ledger.errors import DomainError
 from ledger.models import ErrorClass, Operation, OperationStatus, Tenant
 
@@ -107,7 +108,7 @@ def run_once(
     op = result.operation
     if result.replayed:
         if op.status == OperationStatus.SUCCEEDED:
-            return op.response_body
+            return open_json(op.response_body)
         raise OperationFailed(op)
     started = time.monotonic()
     try:

@@ -113,7 +113,8 @@ class Tenant(models.Model):
 class ApiKey(models.Model):
     """A tenant's API key. Only a sha256 of the secret is stored; the prefix identifies it."""
 
-    SCOPES = ("read", "write", "admin")
+    # `payload`: may reveal payloads (with a reason, logged); not implied by `admin`.
+    SCOPES = ("read", "write", "admin", "payload")
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100, blank=True)

@@ -6,6 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from ledger.crypto import open_json
 from ledger.models import ErrorClass, Operation
 
 
@@ -145,7 +146,7 @@ def operation_representation(op: Operation, *, provider_slug: str | None = None)
         "lease_expires_at": _iso(op.lease_expires_at),
         "response": None
         if op.response_status is None and op.response_body is None
-        else {"status": op.response_status, "body": op.response_body},
+        else {"status": op.response_status, "body": open_json(op.response_body)},
         "error_class": op.error_class,
         "last_error": op.last_error,
         "reconciliation_handle": op.reconciliation_handle,

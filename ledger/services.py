@@ -26,6 +26,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger import sql
+from ledger.crypto import payload_written, seal_json
 from ledger.errors import (
     IllegalTransition,
     InvalidKey,
@@ -369,9 +370,12 @@ def operation_claim(
     extra = list((extra_columns or {}).items())
     insert = (
         f"INSERT INTO ledger_operation ({_INSERT_COLUMNS}{''.join(', ' + c for c, _ in extra)})"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s,"
+        " SELECT %s, %s, %s, %s, %s, %s, %s,"
         f" {sql.json_param()}, {sql.json_param()}, %s, 0, %s, {values_tail}, '', '', '', NULL, NULL,"
-        f" %s, %s, %s, %s, %s, 0, {now}, {now}{', %s' * len(extra)})"
+        f" %s, %s, %s, %s, %s, 0, {now}, {now}{', %s' * len(extra)}"
+        # A key whose operation retention deleted keeps answering from its tombstone and is
+        # never created again (DESIGN §6): the guard sits inside the atomic INSERT.
+        " WHERE NOT EXISTS (SELECT 1 FROM review_tombstone WHERE tenant_id = %s AND key = %s)"
         " ON CONFLICT (tenant_id, key) DO NOTHING"
         f" RETURNING {sql.OP_SELECT}"
     )
@@ -384,8 +388,8 @@ def operation_claim(
         provider.pk if provider else None,
         action,
         fingerprint,
-        sql.dumps(request) if mode == OperationMode.EXECUTE else None,
-        sql.dumps(payload),
+        sql.dumps(seal_json(request)) if mode == OperationMode.EXECUTE else None,
+        sql.dumps(seal_json(payload)),
         attempts,
         max_attempts,
         *p_lease,
@@ -399,6 +403,8 @@ def operation_claim(
         workflow_version[:100],
         correlation_id[:255],
         *(value for _, value in extra),
+        tenant.pk,
+        key,
     ]
     reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
 
@@ -445,8 +451,18 @@ def operation_claim(
                     op = _fetch_by_key(tenant_id=tenant.pk, key=key)
     if created:
         assert op is not None
+        payload_written(
+            tenant_id=tenant.pk,
+            record_type="operations",
+            record_id=op.pk,
+            values=[payload, request if mode == OperationMode.EXECUTE else None],
+            source=f"{provider_slug}:{action}",
+        )
         return ClaimResult(operation=op, acquired=True, replayed=False)
-    assert op is not None
+    if op is None:
+        from review.retention import tombstone_answer
+
+        return tombstone_answer(tenant_id=tenant.pk, key=key, fingerprint=fingerprint)
     return _answer_existing(
         op=op,
         fingerprint=fingerprint,
@@ -718,7 +734,7 @@ def _record_fenced_evidence(
                 AttemptOutcome.FENCED,
                 provider_ref[:255],
                 response_status,
-                sql.dumps(response_body),
+                sql.dumps(seal_json(response_body)),
                 error_class,
                 sanitize_message(message),
                 operation_id,
@@ -743,7 +759,7 @@ def operation_complete(
     The latest holder's result is the best evidence there is, so it is accepted even
     after the sweeper moved the row to uncertain or review (DESIGN §3 fencing).
     """
-    body = sql.dumps(response_body)
+    body = sql.dumps(seal_json(response_body))
     op = _transition(
         op_id=operation_id,
         to=S.SUCCEEDED,
@@ -955,7 +971,7 @@ def operation_fail(
         if response_status is not None or response_body is not None:
             sets += [
                 ("response_status", "%s", [response_status]),
-                ("response_body", sql.json_param(), [sql.dumps(response_body)]),
+                ("response_body", sql.json_param(), [sql.dumps(seal_json(response_body))]),
             ]
         if throttled:
             sets.append(("throttled_attempts", "throttled_attempts + 1", []))

@@ -19,6 +19,7 @@ from django.db import connection, transaction
 
 from dlq.alerts import alert_raise
 from ledger import sql
+from ledger.crypto import seal_json
 from ledger.errors import LeaseLost
 from ledger.models import AttemptOutcome, ErrorClass, IdempotencyClass, Operation, OperationMode, OperationStatus
 from ledger.reconcile import LookupOutcome, provider_lookup
@@ -221,7 +222,7 @@ def reconcile_uncertain(
                         *clear,
                         ("provider_ref", "%s", [result.provider_ref[:255]]),
                         ("response_status", "%s", [200]),
-                        ("response_body", sql.json_param(), [sql.dumps(result.body)]),
+                        ("response_body", sql.json_param(), [sql.dumps(seal_json(result.body))]),
                         ("lease_expires_at", "NULL", []),
                     ],
                     attempt_update=[
@@ -240,7 +241,7 @@ def reconcile_uncertain(
                         ("provider_ref", "%s", [result.provider_ref[:255]]),
                         ("error_class", "%s", [ErrorClass.INVALID_INPUT]),
                         ("last_error", "%s", [f"provider reports status {result.status_value}"[:500]]),
-                        ("response_body", sql.json_param(), [sql.dumps(result.body)]),
+                        ("response_body", sql.json_param(), [sql.dumps(seal_json(result.body))]),
                     ],
                     also=_mark_ambiguous_attempts(AttemptOutcome.FAILED),
                 )

@@ -1,4 +1,8 @@
-"""Review console: the queue, and one page per item with the evidence and the decision form."""
+"""Console pages of the review app: the review queue and its decide page, the access log,
+retention policies and runs, tombstones, staff memberships, provider pauses.
+
+Every ModelAdmin here (and in every other app) is tenant-scoped and payload-masked by the
+console's admin site (review.console), not by code in each class."""
 
 from __future__ import annotations
 
@@ -6,13 +10,24 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from ledger.admin import ReadOnlyAdmin
 from ledger.errors import DomainError
-from review.models import ReviewDecision, ReviewItem
+from review.models import (
+    AccessLog,
+    LoginFailure,
+    PausedProvider,
+    RetentionPolicy,
+    RetentionRun,
+    ReviewDecision,
+    ReviewItem,
+    StaffTenant,
+    Tombstone,
+)
 from review.services import review_decision_record
 
 
@@ -66,6 +81,7 @@ class ReviewItemAdmin(ReadOnlyAdmin):
                     messages.success(request, f"Recorded {form.cleaned_data['decision']} for {item.key}.")
                     return HttpResponseRedirect(reverse("admin:review_reviewitem_changelist"))
         context = {
+            **(extra_context or {}),
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": f"Review {item.key}",
@@ -76,3 +92,154 @@ class ReviewItemAdmin(ReadOnlyAdmin):
             "can_decide": can_decide,
         }
         return TemplateResponse(request, "admin/review/decide.html", context)
+
+
+@admin.register(AccessLog)
+class AccessLogAdmin(ReadOnlyAdmin):
+    """Auditors list, filter and export (CSV) who looked at what, why, when, from where."""
+
+    list_display = [
+        "at",
+        "tenant",
+        "actor",
+        "action",
+        "object_type",
+        "object_id",
+        "object_ref",
+        "field_list",
+        "reason",
+        "ip",
+        "seq",
+    ]
+    list_filter = ["action", "tenant", "object_type", ("at", admin.DateFieldListFilter)]
+    search_fields = ["actor", "=object_id", "=object_ref", "reason"]
+    date_hierarchy = "at"
+    list_select_related = ["tenant"]
+    show_full_result_count = False
+    readonly_fields = [
+        "tenant",
+        "seq",
+        "at",
+        "action",
+        "actor",
+        "user_id_at_time",
+        "object_type",
+        "object_id",
+        "object_ref",
+        "fields",
+        "reason",
+        "ip",
+        "prev_hash",
+        "hash",
+    ]
+
+    @admin.display(description="fields")
+    def field_list(self, obj: AccessLog) -> str:
+        return ", ".join(obj.fields or [])
+
+
+@admin.register(RetentionPolicy)
+class RetentionPolicyAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "updated_at"]
+    list_filter = ["tenant", "record_type", "legal_hold"]
+    fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
+
+
+@admin.register(RetentionRun)
+class RetentionRunAdmin(ReadOnlyAdmin):
+    list_display = [
+        "started_at",
+        "tenant",
+        "status",
+        "trigger",
+        "redacted",
+        "deleted",
+        "discarded",
+        "tombstones_created",
+        "tombstones_expired",
+        "batches",
+        "finished_at",
+    ]
+    list_filter = ["status", "tenant", "trigger"]
+    date_hierarchy = "started_at"
+    list_select_related = ["tenant"]
+    readonly_fields = [
+        "tenant",
+        "pass_id",
+        "trigger",
+        "started_at",
+        "finished_at",
+        "status",
+        "redacted",
+        "deleted",
+        "discarded",
+        "tombstones_created",
+        "tombstones_expired",
+        "batches",
+        "details",
+        "accesslog_anchor_seq",
+        "accesslog_anchor_hash",
+        "error",
+    ]
+
+
+@admin.register(Tombstone)
+class TombstoneAdmin(ReadOnlyAdmin):
+    list_display = ["key", "tenant", "final_status", "provider_ref", "done_at", "deleted_at", "keep_until"]
+    list_filter = ["tenant", "final_status"]
+    search_fields = ["=key", "=provider_ref"]
+    list_select_related = ["tenant"]
+
+
+@admin.register(StaffTenant)
+class StaffTenantAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "created_at"]
+    list_filter = ["tenant"]
+    search_fields = ["user__username"]
+    autocomplete_fields: list[str] = []
+
+
+class PausedFilter(admin.SimpleListFilter):
+    title = "paused"
+    parameter_name = "paused"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "paused"), ("no", "running")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(paused_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(paused_at__isnull=True)
+        return queryset
+
+
+@admin.register(PausedProvider)
+class PausedProviderAdmin(ReadOnlyAdmin):
+    """Operators see why a provider is paused and resume it (a service call, logged)."""
+
+    list_display = ["slug", "tenant", "paused_at", "paused_reason", "throttled_until", "idempotency_class"]
+    list_filter = [PausedFilter, "tenant"]
+    search_fields = ["slug"]
+    list_select_related = ["tenant"]
+    actions = ["resume"]
+    fields = ["tenant", "slug", "idempotency_class", "base_url", "paused_at", "paused_reason", "throttled_until"]
+
+    def has_resume_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("review.resume_provider")
+
+    @admin.action(description="Resume selected providers", permissions=["resume"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[PausedProvider]) -> None:
+        from ledger.services import provider_resume
+
+        done = 0
+        for provider in queryset.filter(paused_at__isnull=False):
+            if provider_resume(provider_id=provider.pk, actor=actor_of(request)):
+                done += 1
+        messages.success(request, f"Resumed {done} provider(s).")
+
+
+@admin.register(LoginFailure)
+class LoginFailureAdmin(ReadOnlyAdmin):
+    list_display = ["at", "username", "ip"]
+    search_fields = ["username", "ip"]

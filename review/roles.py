@@ -53,24 +53,50 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.export_data",
         "review.search_subjects",
     ],
+    # Everything a tenant's administrator configures; history stays service-only and tenants
+    # themselves (and users) are made by a superuser.
     ADMIN: [
-        "ledger.*",
-        "dlq.*",
-        "review.*",
+        "ledger.view_*",
+        "dlq.view_*",
+        "review.view_*",
+        "ledger.add_provider",
+        "ledger.change_provider",
+        "ledger.change_apikey",
+        "ledger.change_tenant",
+        "dlq.replay_failedevent",
+        "dlq.resolve_failedevent",
+        "dlq.*_replaytarget",
+        "dlq.*_alertchannel",
+        "dlq.add_bulkreplay",
+        "dlq.change_bulkreplay",
+        "review.decide_reviewitem",
+        "review.resume_provider",
+        "review.export_data",
+        "review.search_subjects",
+        "review.*_retentionpolicy",
+        "review.*_stafftenant",
     ],
 }
 
 
-def _matches(perm: str, patterns: list[str]) -> bool:
+# Revealing payloads is its own decision: only the admin role has it (auditors see who
+# looked and why, not the data itself — separation of duties). Grant it to a person, not a role,
+# when someone else's work needs it.
+_ADMIN_ONLY = ["review.view_payload"]
+
+
+def _matches(perm: str, patterns: list[str], role: str) -> bool:
     app, _, codename = perm.partition(".")
     if codename in _NEVER_BY_HAND:
+        return False
+    if perm in _ADMIN_ONLY and role != ADMIN:
         return False
     return any(fnmatchcase(perm, p) for p in patterns)
 
 
 def role_permission_codes(role: str, available: list[str]) -> list[str]:
     """The ``app.codename`` permissions of ``role`` among ``available``."""
-    return sorted(p for p in available if _matches(p, ROLE_PERMISSIONS[role]))
+    return sorted(p for p in available if _matches(p, ROLE_PERMISSIONS[role], role))
 
 
 def sync_role_groups(apps: Any = None, using: str = "default") -> dict[str, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ledger.crypto import open_json
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, ProviderKind
 from tests.execute.support import run_due
 
@@ -22,7 +23,7 @@ def test_submit_answers_202_with_location_and_writes_a_queued_row(api, enforced,
     assert response["Location"] == f"/api/v1/operations/{body['id']}"
     assert body["status"] == S.QUEUED and body["mode"] == "execute" and body["attempts"] == 0
     op = Operation.objects.get(pk=body["id"])
-    assert op.status == S.QUEUED and op.next_attempt_at is not None and op.request["path"] == "/charges"
+    assert op.status == S.QUEUED and op.next_attempt_at is not None and open_json(op.request)["path"] == "/charges"
     assert op.request_bytes > 0
     assert list(OperationEvent.objects.filter(operation=op).values_list("to_status", flat=True)) == [S.QUEUED]
     # Queued is not an attempt: nothing is sent before a worker takes it.

@@ -1,0 +1,490 @@
+"""The console's admin site: every ModelAdmin registered on it is tenant-scoped and
+payload-masked, whoever wrote it; plus the dashboard, reveal, data-subject search and CSV
+exports.
+
+``OnceguardAdminSite.register`` puts two mixins in front of every ModelAdmin class:
+``TenantScopedAdminMixin`` (review.tenancy: rows of the user's tenants only) and
+``ConsoleAdminMixin`` (below: payload columns never rendered, a masked payload panel with a
+reveal link on detail pages, CSV export of the filtered list).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.admin.utils import lookup_field
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import models
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, path, reverse
+from django.utils import timezone
+from django.utils.text import slugify
+
+from ledger.errors import DomainError
+from review import privacy, security
+from review.models import AccessAction
+from review.tenancy import object_tenant_id, scope_of, tenant_path
+
+EXPORT_MAX_ROWS = 100_000
+
+
+def _is_payloadish(name: Any, masked: tuple[str, ...]) -> bool:
+    # Exact column names only: a ModelAdmin's own masked renderings (e.g. `payload_masked`)
+    # stay; the raw columns never render.
+    return isinstance(name, str) and name in masked
+
+
+def _strip(names: Any, masked: tuple[str, ...]) -> list[Any]:
+    return [n for n in (names or []) if not _is_payloadish(n, masked)]
+
+
+def client_ip(request: HttpRequest) -> str | None:
+    return security.client_ip(request)
+
+
+def actor_of(request: HttpRequest) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+def _csv_cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    # Spreadsheet formula injection: a cell must never start as a formula.
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + text
+    return text
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+class ConsoleAdminMixin:
+    """Masking, payload panels and CSV export, for every ModelAdmin on the console site."""
+
+    def _masked(self) -> tuple[str, ...]:
+        return privacy.payload_fields_of(self.model)  # type: ignore[attr-defined]
+
+    # Payload columns are never rendered by the stock admin: not in lists, forms, searches.
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        return _strip(super().get_fields(request, obj), self._masked())  # type: ignore[misc]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        out = []
+        for name, opts in super().get_fieldsets(request, obj):  # type: ignore[misc]
+            opts = dict(opts)
+            opts["fields"] = [
+                tuple(_strip(f, self._masked())) if isinstance(f, (list, tuple)) else f
+                for f in opts.get("fields", [])
+                if not _is_payloadish(f, self._masked())
+            ]
+            out.append((name, opts))
+        return out
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        return _strip(super().get_readonly_fields(request, obj), self._masked())  # type: ignore[misc]
+
+    def get_exclude(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        base = list(super().get_exclude(request, obj) or [])  # type: ignore[misc]
+        return base + [f for f in self._masked() if f not in base]
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        return _strip(super().get_list_display(request), self._masked())  # type: ignore[misc]
+
+    def get_search_fields(self, request: HttpRequest) -> list[Any]:
+        return _strip(super().get_search_fields(request), self._masked())  # type: ignore[misc]
+
+    def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        instances = super().get_inline_instances(request, obj)  # type: ignore[misc]
+        for inline in instances:
+            masked = privacy.payload_fields_of(inline.model)
+            if masked:
+                inline.exclude = list(inline.exclude or []) + list(masked)
+                if inline.fields:
+                    inline.fields = _strip(inline.fields, masked)
+                inline.readonly_fields = _strip(inline.readonly_fields, masked)
+        return instances
+
+    # Detail pages: the masked payload panel, with a reveal link for those allowed.
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        if self._masked():
+            obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
+            if obj is not None:
+                extra_context["onceguard_payload"] = payload_panel_context(request, obj, self.admin_site)  # type: ignore[attr-defined]
+        return super().change_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        extra_context["onceguard_can_export"] = can_export(request, self.model)  # type: ignore[attr-defined]
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+    def get_urls(self) -> list[Any]:
+        info = self.model._meta.app_label, self.model._meta.model_name  # type: ignore[attr-defined]
+        extra = [
+            path(
+                "export.csv",
+                self.admin_site.admin_view(self.export_csv_view),  # type: ignore[attr-defined]
+                name="{}_{}_export".format(*info),
+            )
+        ]
+        return extra + super().get_urls()  # type: ignore[misc]
+
+    def export_columns(self, request: HttpRequest) -> list[str]:
+        return [c for c in self.get_list_display(request) if c != "action_checkbox" and isinstance(c, str)]
+
+    def export_csv_view(self, request: HttpRequest) -> HttpResponse:
+        """The current list — same filters, search and tenant scope — as CSV."""
+        if not (self.has_view_permission(request) and can_export(request, self.model)):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        changelist = self.get_changelist_instance(request)  # type: ignore[attr-defined]
+        qs = changelist.queryset
+        columns = self.export_columns(request)
+        path_ = tenant_path(self.model)  # type: ignore[attr-defined]
+        if path_ is not None:
+            tenant_ids = sorted(set(qs.order_by().values_list(path_, flat=True).distinct()[:1000]))
+            filters = {k: v for k, v in request.GET.items()}
+            for tenant_id in tenant_ids:
+                if tenant_id is None:
+                    continue
+                privacy.accesslog_append(
+                    tenant_id=tenant_id,
+                    action=AccessAction.EXPORT,
+                    actor=actor_of(request),
+                    user_id=request.user.pk,
+                    object_type=self.model._meta.label_lower,  # type: ignore[attr-defined]
+                    object_id="",
+                    object_ref=json.dumps(filters, sort_keys=True)[:255],
+                    fields=columns,
+                    reason="CSV export of the filtered list",
+                    ip=client_ip(request),
+                )
+
+        def rows() -> Iterator[str]:
+            writer = csv.writer(_Echo())
+            yield writer.writerow([str(label_for(c, self.model, self)) for c in columns])  # type: ignore[attr-defined]
+            for obj in qs[:EXPORT_MAX_ROWS].iterator(chunk_size=2000):
+                out = []
+                for column in columns:
+                    try:
+                        _, _, value = lookup_field(column, obj, self)
+                    except Exception:  # a broken column must not stop the export
+                        value = ""
+                    out.append(_csv_cell(value))
+                yield writer.writerow(out)
+
+        name = slugify(str(self.model._meta.verbose_name_plural))  # type: ignore[attr-defined]
+        response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{name}-{timezone.now():%Y%m%d-%H%M%S}.csv"'
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+def label_for(name: str, model: type[models.Model], model_admin: Any) -> str:
+    from django.contrib.admin.utils import label_for_field
+
+    try:
+        return str(label_for_field(name, model, model_admin))
+    except Exception:
+        return name
+
+
+def can_export(request: HttpRequest, model: type[models.Model]) -> bool:
+    return request.user.has_perm("review.export_data")
+
+
+def can_reveal(request: HttpRequest) -> bool:
+    return request.user.has_perm("review.view_payload")
+
+
+def payload_panel_context(request: HttpRequest, obj: models.Model, site: admin.AdminSite) -> dict[str, Any]:
+    states = [privacy.payload_state(obj, f) for f in privacy.payload_fields_of(obj)]
+    states = [s for s in states if s.state != "empty"]
+    reveal_url = None
+    if any(s.state in ("sealed", "plain") for s in states):
+        opts = obj._meta
+        reveal_url = reverse(f"{site.name}:onceguard_reveal", args=[opts.app_label, opts.model_name, obj.pk])
+    return {
+        "states": states,
+        "can_reveal": can_reveal(request),
+        "reveal_url": reveal_url,
+        "search_fields": getattr(obj, "search_fields", None)
+        if isinstance(getattr(obj, "search_fields", None), dict)
+        else None,
+    }
+
+
+# --- Forms -----------------------------------------------------------------------------------------
+
+
+class RevealForm(forms.Form):
+    fields_wanted = forms.MultipleChoiceField(
+        label="Fields", widget=forms.CheckboxSelectMultiple, required=True, choices=()
+    )
+    reason = forms.CharField(
+        label="Reason",
+        min_length=privacy.MIN_REASON_LENGTH,
+        max_length=500,
+        widget=forms.Textarea(
+            attrs={"rows": 3, "placeholder": "e.g. Ticket OPS-142: customer asks why the lead was not created"}
+        ),
+        help_text="Required. Logged with your name, the time and your address; auditors read it.",
+    )
+
+    def __init__(self, *args: Any, choices: list[tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["fields_wanted"].choices = choices
+        self.fields["fields_wanted"].initial = [c for c, _ in choices]
+
+
+class SubjectSearchForm(forms.Form):
+    phone = forms.CharField(required=False, max_length=40, label="Phone number")
+    email = forms.CharField(required=False, max_length=254, label="Email address")
+    reason = forms.CharField(
+        min_length=privacy.MIN_REASON_LENGTH,
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "e.g. Access request #2291 under APP 12"}),
+        help_text="Required: a search about a person is logged like a reveal.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if not data.get("phone") and not data.get("email"):
+            raise ValidationError("Give a phone number or an email address.")
+        return data
+
+
+class ThrottledAuthenticationForm(AdminAuthenticationForm):
+    """The admin login, refusing attempts while a username or address is locked out."""
+
+    def clean(self) -> dict[str, Any]:
+        username = self.cleaned_data.get("username") or ""
+        ip = security.client_ip(self.request)
+        if security.login_locked(username=username, ip=ip):
+            raise ValidationError(
+                "Too many failed sign-in attempts. Wait 15 minutes or ask an administrator.", code="throttled"
+            )
+        try:
+            data = super().clean()
+        except ValidationError as exc:
+            if getattr(exc, "code", None) == "invalid_login":
+                security.login_failed(username=username, ip=ip)
+            raise
+        security.login_succeeded(username=username)
+        return data
+
+
+# --- The site -----------------------------------------------------------------------------------------
+
+
+class OnceguardAdminSite(admin.AdminSite):
+    site_header = "Onceguard console"
+    site_title = "Onceguard"
+    index_title = "Overview"
+    login_form = ThrottledAuthenticationForm
+    index_template = "admin/onceguard/index.html"
+
+    def register(self, model_or_iterable: Any, admin_class: Any = None, **options: Any) -> None:
+        from review.tenancy import scoped_admin_class
+
+        admin_class = admin_class or admin.ModelAdmin
+        if not getattr(admin_class, "onceguard_console", False):
+            admin_class = type(
+                admin_class.__name__,
+                (ConsoleAdminMixin, admin_class),
+                {"__module__": admin_class.__module__, "onceguard_console": True},
+            )
+        super().register(model_or_iterable, scoped_admin_class(admin_class), **options)
+
+    def each_context(self, request: HttpRequest) -> dict[str, Any]:
+        context = super().each_context(request)
+        scope = scope_of(request) if getattr(request, "user", None) and request.user.is_authenticated else []
+        if scope is None:
+            context["onceguard_scope"] = "all tenants"
+        elif scope:
+            from ledger.models import Tenant
+
+            context["onceguard_scope"] = ", ".join(Tenant.objects.filter(pk__in=scope).values_list("slug", flat=True))
+        else:
+            context["onceguard_scope"] = "no tenant assigned"
+        if getattr(request, "user", None) and request.user.is_authenticated:
+            context["onceguard_roles"] = ", ".join(sorted(request.user.groups.values_list("name", flat=True))) or (
+                "superuser" if request.user.is_superuser else "no role"
+            )
+            context["onceguard_can_search_subjects"] = request.user.has_perm("review.search_subjects")
+        return context
+
+    def get_urls(self) -> list[Any]:
+        extra = [
+            path(
+                "onceguard/reveal/<str:app_label>/<str:model_name>/<str:object_id>/",
+                self.admin_view(self.reveal_view),
+                name="onceguard_reveal",
+            ),
+            path("onceguard/subjects/", self.admin_view(self.subject_search_view), name="onceguard_subjects"),
+        ]
+        return extra + super().get_urls()
+
+    def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        from review.selectors import dashboard_numbers
+
+        extra_context = dict(extra_context or {})
+        extra_context["dash"] = dashboard_context(request, dashboard_numbers(tenant_ids=scope_of(request)), self)
+        return super().index(request, extra_context)
+
+    # --- reveal ---------------------------------------------------------------------------
+
+    def _scoped_object(self, request: HttpRequest, app_label: str, model_name: str, object_id: str) -> tuple[Any, Any]:
+        model_admin = next(
+            (
+                ma
+                for m, ma in self._registry.items()
+                if m._meta.app_label == app_label and m._meta.model_name == model_name
+            ),
+            None,
+        )
+        if model_admin is None or not privacy.payload_fields_of(model_admin.model):
+            raise Http404("No such page.")
+        obj = model_admin.get_object(request, object_id)  # scoped by TenantScopedAdminMixin
+        if obj is None or not model_admin.has_view_permission(request, obj):
+            raise Http404("No such record in your tenants.")
+        return model_admin, obj
+
+    def reveal_view(self, request: HttpRequest, app_label: str, model_name: str, object_id: str) -> HttpResponse:
+        model_admin, obj = self._scoped_object(request, app_label, model_name, object_id)
+        states = [s for s in (privacy.payload_state(obj, f) for f in privacy.payload_fields_of(obj))]
+        choices = [(s.field, s.label) for s in states if s.state in ("sealed", "plain")]
+        allowed = can_reveal(request)
+        form = RevealForm(request.POST or None, choices=choices)
+        revealed: dict[str, str] | None = None
+        entry = None
+        if request.method == "POST":
+            if not allowed:
+                raise PermissionDenied("You do not have the view_payload permission.")
+            if form.is_valid():
+                try:
+                    values, entry = privacy.payload_reveal(
+                        obj=obj,
+                        tenant_id=object_tenant_id(obj),
+                        fields=form.cleaned_data["fields_wanted"],
+                        reason=form.cleaned_data["reason"],
+                        actor=actor_of(request),
+                        user_id=request.user.pk,
+                        ip=client_ip(request),
+                    )
+                except DomainError as exc:
+                    messages.error(request, exc.detail)
+                else:
+                    revealed = {
+                        privacy.FIELD_LABELS.get(k, k): json.dumps(v, indent=2, ensure_ascii=False)
+                        for k, v in values.items()
+                    }
+        opts = model_admin.model._meta
+        try:
+            back = reverse(f"{self.name}:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
+        except NoReverseMatch:
+            back = None
+        context = {
+            **self.each_context(request),
+            "title": f"Reveal payload of {obj}",
+            "opts": opts,
+            "obj": obj,
+            "states": states,
+            "form": form,
+            "allowed": allowed,
+            "revealed": revealed,
+            "entry": entry,
+            "back_url": back,
+        }
+        response = TemplateResponse(request, "admin/onceguard/reveal.html", context, status=200 if allowed else 403)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    # --- data-subject search -------------------------------------------------------------------
+
+    def subject_search_view(self, request: HttpRequest) -> HttpResponse:
+        if not request.user.has_perm("review.search_subjects"):
+            raise PermissionDenied
+        form = SubjectSearchForm(request.POST or None)
+        hits = None
+        if request.method == "POST" and form.is_valid():
+            scope = scope_of(request)
+            phone, email = form.cleaned_data["phone"], form.cleaned_data["email"]
+            hits = privacy.subject_search(tenant_ids=scope, phone=phone, email=email)
+            from dlq.models import FailedEvent
+            from ledger.models import Operation, Tenant
+
+            ops = list(Operation.objects.filter(pk__in=hits.operation_ids).select_related("tenant", "provider"))
+            events = list(FailedEvent.objects.filter(pk__in=hits.failed_event_ids).select_related("tenant"))
+            tenant_ids = scope if scope is not None else list(Tenant.objects.values_list("pk", flat=True))
+            touched = {o.tenant_id for o in ops} | {e.tenant_id for e in events}
+            # Logged for every tenant searched (the search itself is about a person), with
+            # the kinds searched for and a digest prefix — never the phone number or address.
+            kinds = [k for k, v in (("phone", phone), ("email", email)) if v]
+            for tenant_id in sorted(touched or set(tenant_ids[:50])):
+                privacy.accesslog_append(
+                    tenant_id=tenant_id,
+                    action=AccessAction.SUBJECT_SEARCH,
+                    actor=actor_of(request),
+                    user_id=request.user.pk,
+                    object_type="subject",
+                    object_ref=f"{len(hits.operation_ids)} operations, {len(hits.failed_event_ids)} DLQ entries",
+                    fields=kinds,
+                    reason=form.cleaned_data["reason"],
+                    ip=client_ip(request),
+                )
+            hits = {"operations": ops, "events": events}
+        context = {**self.each_context(request), "title": "Find records about a person", "form": form, "hits": hits}
+        return TemplateResponse(request, "admin/onceguard/subjects.html", context)
+
+
+def _changelist(site: admin.AdminSite, app: str, model: str, query: str = "") -> str | None:
+    try:
+        url = reverse(f"{site.name}:{app}_{model}_changelist")
+    except NoReverseMatch:
+        return None
+    return f"{url}?{query}" if query else url
+
+
+def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin.AdminSite) -> dict[str, Any]:
+    """The dashboard's numbers, each with the link to the list it counts."""
+    ops_url = lambda q="": _changelist(site, "ledger", "operation", q)  # noqa: E731
+    dlq_url = lambda q="": _changelist(site, "dlq", "failedevent", q)  # noqa: E731
+    user = request.user
+    can_ops = user.has_perm("ledger.view_operation")
+    can_dlq = user.has_perm("dlq.view_failedevent")
+    return {
+        **numbers,
+        "operations": [
+            {"state": s, "count": n, "url": ops_url(f"status__exact={s}") if can_ops else None}
+            for s, n in numbers["operations"]
+        ],
+        "operations_url": ops_url() if can_ops else None,
+        "eligible_url": ops_url("status__in=queued,retry_wait") if can_ops else None,
+        "dlq": [
+            {"state": s, "count": n, "url": dlq_url(f"status__exact={s}") if can_dlq else None}
+            for s, n in numbers["dlq"]
+        ],
+        "dlq_url": dlq_url() if can_dlq else None,
+        "review_url": _changelist(site, "review", "reviewitem")
+        if (user.has_perm("review.view_reviewitem") or user.has_perm("review.decide_reviewitem"))
+        else None,
+        "paused_url": _changelist(site, "review", "pausedprovider", "paused=yes")
+        if user.has_perm("review.view_pausedprovider")
+        else None,
+        "purge_url": _changelist(site, "review", "retentionrun") if user.has_perm("review.view_retentionrun") else None,
+        "sweep_url": _changelist(site, "django_q", "success", "func__exact=ledger.schedules.sweep_task")
+        if user.is_superuser
+        else None,
+        "subjects_url": reverse(f"{site.name}:onceguard_subjects") if user.has_perm("review.search_subjects") else None,
+        "accesslog_url": _changelist(site, "review", "accesslog") if user.has_perm("review.view_accesslog") else None,
+    }

@@ -1,0 +1,425 @@
+"""Privacy: masking, reveal with a reason, the hash-chained access log, the data-subject index.
+
+Everything that shows a payload in plain text goes through :func:`payload_reveal`, which
+writes the AccessLog row first. Everything else renders :func:`mask_json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from fnmatch import fnmatchcase
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, models, transaction
+from django.utils import timezone
+
+from ledger import crypto
+from ledger.errors import ValidationFailed
+from review.models import AccessAction, AccessLog, RecordType, RetentionRun, SubjectIndex
+
+log = logging.getLogger("onceguard.privacy")
+
+GENESIS = "0" * 64
+MIN_REASON_LENGTH = 8
+
+# Columns that hold payloads, per model label. Masked everywhere; revealed only here.
+PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
+    "ledger.operation": ("payload", "request", "response_body"),
+    "review.reviewitem": ("payload", "request", "response_body"),
+    "ledger.attempt": ("response_body",),
+    "dlq.failedevent": ("payload",),
+    "dlq.replay": ("response_body",),
+}
+FIELD_LABELS = {"payload": "payload", "request": "request (execute mode)", "response_body": "recorded response"}
+
+
+def payload_fields_of(model: type[models.Model] | models.Model) -> tuple[str, ...]:
+    return PAYLOAD_FIELDS.get(model._meta.label_lower, ())
+
+
+def privacy_setting(name: str, default: Any) -> Any:
+    return getattr(settings, "ONCEGUARD_PRIVACY", {}).get(name, default)
+
+
+# --- Masking -----------------------------------------------------------------------------------
+
+
+def mask_json(value: Any, *, depth: int = 0) -> Any:
+    """Same shape, no values: keys stay (they say what is there), every scalar becomes a
+    type-and-size placeholder. Deep structures are cut off."""
+    if depth > 6:
+        return "‹…›"
+    if isinstance(value, dict):
+        return {str(k): mask_json(v, depth=depth + 1) for k, v in list(value.items())[:50]}
+    if isinstance(value, list):
+        items = [mask_json(v, depth=depth + 1) for v in value[:10]]
+        if len(value) > 10:
+            items.append(f"‹{len(value) - 10} more›")
+        return items
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "‹bool›"
+    if isinstance(value, (int, float)):
+        return "‹number›"
+    return f"‹text·{len(str(value))}›"
+
+
+@dataclass(frozen=True)
+class PayloadState:
+    field: str
+    label: str
+    # "empty", "sealed", "plain" (written before encryption), "redacted"
+    state: str
+    masked: str
+    key_id: str | None
+    redacted_at: str | None
+    redaction: dict[str, Any] | None
+
+
+def payload_state(obj: models.Model, field: str) -> PayloadState:
+    raw = getattr(obj, field, None)
+    label = FIELD_LABELS.get(field, field)
+    if raw is None:
+        return PayloadState(field, label, "empty", "", None, None, None)
+    if crypto.is_redacted(raw):
+        info = raw[crypto.REDACTED]
+        return PayloadState(field, label, "redacted", "", None, info.get("at"), info)
+    if crypto.is_sealed(raw):
+        try:
+            shape = mask_json(crypto.open_json(raw))
+        except crypto.EncryptionKeyError:
+            shape = "‹sealed with a key that is not configured›"
+        return PayloadState(
+            field, label, "sealed", json.dumps(shape, indent=2, ensure_ascii=False), crypto.key_id_of(raw), None, None
+        )
+    return PayloadState(
+        field, label, "plain", json.dumps(mask_json(raw), indent=2, ensure_ascii=False), None, None, None
+    )
+
+
+# --- Access log ---------------------------------------------------------------------------------
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def canonical_access_row(row: AccessLog) -> str:
+    return json.dumps(
+        {
+            "tenant": row.tenant_id,
+            "seq": row.seq,
+            "at": _iso(row.at),
+            "action": row.action,
+            "actor": row.actor,
+            "user_id": row.user_id_at_time,
+            "object_type": row.object_type,
+            "object_id": row.object_id,
+            "object_ref": row.object_ref,
+            "fields": list(row.fields or []),
+            "reason": row.reason,
+            "ip": row.ip,
+            "prev_hash": row.prev_hash,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def access_row_hash(row: AccessLog) -> str:
+    return hashlib.sha256(canonical_access_row(row).encode()).hexdigest()
+
+
+def _lock_chain(tenant_id: int) -> None:
+    # One writer per tenant chain at a time. SQLite transactions BEGIN IMMEDIATE (the write
+    # lock); the unique (tenant, seq) constraint backs both up.
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x0A11CE, int(tenant_id)])
+
+
+def chain_anchor(tenant_id: int) -> tuple[int, str]:
+    """(last seq, last hash) of everything purged from the tenant's chain, or (0, genesis)."""
+    run = (
+        RetentionRun.objects.filter(tenant_id=tenant_id, accesslog_anchor_seq__isnull=False)
+        .order_by("-accesslog_anchor_seq")
+        .values("accesslog_anchor_seq", "accesslog_anchor_hash")
+        .first()
+    )
+    if run is None:
+        return 0, GENESIS
+    return int(run["accesslog_anchor_seq"]), run["accesslog_anchor_hash"]
+
+
+def normalize_ip(ip: str | None) -> str | None:
+    if not ip:
+        return None
+    try:
+        return ipaddress.ip_address(ip.strip()).compressed
+    except ValueError:
+        return None
+
+
+def accesslog_append(
+    *,
+    tenant_id: int,
+    action: str,
+    actor: str,
+    object_type: str,
+    object_id: str = "",
+    object_ref: str = "",
+    fields: Iterable[str] = (),
+    reason: str,
+    ip: str | None = None,
+    user_id: int | None = None,
+) -> AccessLog:
+    """Append one row to the tenant's chain (in the caller's transaction when there is one)."""
+    with transaction.atomic():
+        _lock_chain(tenant_id)
+        last = AccessLog.objects.filter(tenant_id=tenant_id).order_by("-seq").values("seq", "hash").first()
+        if last is None:
+            seq, prev = chain_anchor(tenant_id)
+        else:
+            seq, prev = int(last["seq"]), last["hash"]
+        row = AccessLog(
+            tenant_id=tenant_id,
+            seq=seq + 1,
+            at=timezone.now(),
+            action=action,
+            actor=actor[:150],
+            user_id_at_time=user_id,
+            object_type=object_type[:50],
+            object_id=str(object_id)[:64],
+            object_ref=str(object_ref)[:255],
+            fields=sorted(set(fields)),
+            reason=reason[:500],
+            ip=normalize_ip(ip),
+            prev_hash=prev,
+        )
+        row.hash = access_row_hash(row)
+        row.save(force_insert=True)
+    log.info(
+        "access_logged tenant=%s seq=%s action=%s actor=%s object=%s:%s",
+        tenant_id,
+        row.seq,
+        action,
+        actor,
+        object_type,
+        object_id,
+    )
+    return row
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    tenant_id: int
+    seq: int | None
+    problem: str
+
+
+def accesslog_verify(*, tenant_ids: list[int] | None = None) -> tuple[int, list[ChainProblem]]:
+    """Recompute every tenant's chain: (rows checked, problems). Empty problems = intact."""
+    checked = 0
+    problems: list[ChainProblem] = []
+    tenants = AccessLog.objects.values_list("tenant_id", flat=True).distinct()
+    if tenant_ids is not None:
+        tenants = tenants.filter(tenant_id__in=tenant_ids)
+    for tenant_id in sorted(set(tenants)):
+        anchor_seq, anchor_hash = chain_anchor(tenant_id)
+        expected_seq, expected_prev = anchor_seq + 1, anchor_hash
+        for row in AccessLog.objects.filter(tenant_id=tenant_id).order_by("seq").iterator(chunk_size=2000):
+            checked += 1
+            if row.seq != expected_seq:
+                problems.append(ChainProblem(tenant_id, row.seq, f"expected seq {expected_seq}: rows missing"))
+            if row.prev_hash != expected_prev:
+                problems.append(ChainProblem(tenant_id, row.seq, "prev_hash does not match the previous row"))
+            if access_row_hash(row) != row.hash:
+                problems.append(ChainProblem(tenant_id, row.seq, "row content does not match its hash (edited)"))
+            expected_seq, expected_prev = row.seq + 1, row.hash
+    return checked, problems
+
+
+# --- Reveal ---------------------------------------------------------------------------------------
+
+
+def object_label(obj: models.Model) -> tuple[str, str, str]:
+    """(object_type, object_id, object_ref) for the log. Refs are keys/ids, never personal data."""
+    ref = getattr(obj, "key", None) or getattr(obj, "event_id", None) or getattr(obj, "ledger_key", None) or ""
+    label = obj._meta.concrete_model._meta.label_lower
+    return label, str(obj.pk), str(ref)
+
+
+def payload_reveal(
+    *,
+    obj: models.Model,
+    tenant_id: int,
+    fields: Iterable[str],
+    reason: str,
+    actor: str,
+    ip: str | None,
+    user_id: int | None = None,
+) -> tuple[dict[str, Any], AccessLog]:
+    """The plaintext of ``fields`` of ``obj``; the AccessLog row is written first.
+
+    Callers check permission and tenant scope before calling (console: view_payload and
+    the admin's scoped queryset; API: the key's `payload` scope and its tenant).
+    """
+    reason = " ".join((reason or "").split())
+    if len(reason) < MIN_REASON_LENGTH:
+        raise ValidationFailed(f"Say why you need to see it (at least {MIN_REASON_LENGTH} characters).")
+    allowed = payload_fields_of(obj)
+    wanted = [f for f in (fields or allowed) if f in allowed]
+    if not wanted:
+        raise ValidationFailed(f"Nothing to reveal; fields are {', '.join(allowed) or 'none'}.")
+    object_type, object_id, object_ref = object_label(obj)
+    entry = accesslog_append(
+        tenant_id=tenant_id,
+        action=AccessAction.REVEAL,
+        actor=actor,
+        user_id=user_id,
+        object_type=object_type,
+        object_id=object_id,
+        object_ref=object_ref,
+        fields=wanted,
+        reason=reason,
+        ip=ip,
+    )
+    values: dict[str, Any] = {}
+    for field in wanted:
+        raw = getattr(obj, field)
+        values[field] = None if crypto.is_redacted(raw) else crypto.open_json(raw)
+    return values, entry
+
+
+# --- Data-subject index ---------------------------------------------------------------------------
+
+# Keys anywhere in a payload whose values identify a person, by kind. Extend with
+# ONCEGUARD_PRIVACY["SUBJECT_KEYS"]; explicit dotted paths per source with
+# ONCEGUARD_PRIVACY["SUBJECT_PATHS"] = [{"source": "<glob>", "paths": {"a.b": "phone"}}].
+DEFAULT_SUBJECT_KEYS: dict[str, str] = {
+    "email": "email",
+    "email_address": "email",
+    "emailaddress": "email",
+    "phone": "phone",
+    "phone_number": "phone",
+    "phonenumber": "phone",
+    "mobile": "phone",
+    "from_number": "phone",
+    "caller_number": "phone",
+    "customer_phone": "phone",
+    "customer_email": "email",
+}
+
+
+def _walk(value: Any, path: tuple[str, ...] = (), depth: int = 0) -> Iterator[tuple[tuple[str, ...], Any]]:
+    if depth > 8:
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, (*path, str(k)), depth + 1)
+    elif isinstance(value, list):
+        for v in value[:200]:
+            yield from _walk(v, path, depth + 1)
+    else:
+        yield path, value
+
+
+def extract_identifiers(value: Any, *, source: str = "") -> set[tuple[str, str]]:
+    """{(kind, normalized identifier)} found in a plaintext payload."""
+    keys = {**DEFAULT_SUBJECT_KEYS, **{k.lower(): v for k, v in privacy_setting("SUBJECT_KEYS", {}).items()}}
+    paths: dict[str, str] = {}
+    for rule in privacy_setting("SUBJECT_PATHS", []):
+        if fnmatchcase(source or "", rule.get("source", "*")):
+            paths.update(rule.get("paths", {}))
+    found: set[tuple[str, str]] = set()
+    for path, leaf in _walk(value):
+        if not path:
+            continue
+        kind = paths.get(".".join(path)) or keys.get(path[-1].lower())
+        if kind:
+            normalized = crypto.normalize_identifier(kind, leaf)
+            if normalized:
+                found.add((kind, normalized))
+    return found
+
+
+def subject_index_record(
+    *, tenant_id: int, record_type: str, record_id: int, values: Iterable[Any], source: str = ""
+) -> int:
+    """Index the identifiers of a record's plaintext payload(s); returns rows written."""
+    identifiers: set[tuple[str, str]] = set()
+    for value in values:
+        if value is not None and not crypto.is_redacted(value):
+            identifiers |= extract_identifiers(crypto.open_json(value), source=source)
+    if not identifiers:
+        return 0
+    rows = []
+    for kind, text in sorted(identifiers):
+        key_id, hexdigest = crypto.digest(f"{kind}:{text}")
+        rows.append(
+            SubjectIndex(
+                tenant_id=tenant_id,
+                record_type=record_type,
+                record_id=record_id,
+                kind=kind,
+                key_id=key_id,
+                digest=hexdigest,
+            )
+        )
+    SubjectIndex.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)
+
+
+@dataclass(frozen=True)
+class SubjectHits:
+    operation_ids: list[int]
+    failed_event_ids: list[int]
+
+
+def subject_search(*, tenant_ids: list[int] | None, phone: str = "", email: str = "") -> SubjectHits:
+    """Every operation and DLQ entry indexed under this phone number or email address."""
+    digests: list[str] = []
+    for kind, raw in (("phone", phone), ("email", email)):
+        if raw:
+            normalized = crypto.normalize_identifier(kind, raw)
+            if normalized:
+                digests += [d for _, d in crypto.digests_all_keys(f"{kind}:{normalized}")]
+    if not digests:
+        return SubjectHits([], [])
+    rows = SubjectIndex.objects.filter(digest__in=digests)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=tenant_ids)
+    op_ids = sorted(set(rows.filter(record_type=RecordType.OPERATIONS).values_list("record_id", flat=True)))
+    fe_ids = set(rows.filter(record_type=RecordType.FAILED_EVENTS).values_list("record_id", flat=True))
+    # A DLQ entry made from an operation carries that operation's payload.
+    from dlq.models import FailedEvent
+
+    if op_ids:
+        fe_ids |= set(FailedEvent.objects.filter(operation_id__in=op_ids).values_list("pk", flat=True))
+    return SubjectHits(op_ids, sorted(fe_ids))
+
+
+def redaction_marker(*, value: Any, policy_id: int | None, run_id: int | None, at: datetime) -> dict[str, Any]:
+    """What stays of a destroyed payload: when, why, and a keyed digest (never a bare hash)."""
+    plain = crypto.open_json(value)
+    blob = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    key_id, hexdigest = crypto.digest(f"payload:{blob}")
+    return {
+        crypto.REDACTED: {
+            "at": _iso(at),
+            "policy": policy_id,
+            "run": run_id,
+            "hmac": hexdigest,
+            "key_id": key_id,
+            "bytes": len(blob.encode()),
+        }
+    }

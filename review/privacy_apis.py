@@ -1,0 +1,92 @@
+"""Payload reveal over the API: the key's `payload` scope, a reason, an AccessLog row.
+
+The `payload` scope is deliberately NOT implied by `admin`: handing an automation an admin
+key must not hand it the personal data in every payload. The key's tenant bounds what it
+can reveal; the AccessLog actor is ``apikey:<prefix>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ledger.errors import DomainError, OperationNotFound
+from ledger.models import Operation
+from review import privacy
+
+PAYLOAD_SCOPE = "payload"
+
+
+class FailedEventNotFound(DomainError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+def _require_payload_scope(request: Request) -> None:
+    if PAYLOAD_SCOPE not in request.user.scopes:
+        raise exceptions.PermissionDenied("Revealing payloads needs an API key with the 'payload' scope.")
+
+
+def _fields(request: Request) -> list[str]:
+    raw = request.query_params.get("fields", "")
+    return [f.strip() for f in raw.split(",") if f.strip()]
+
+
+def _reveal(request: Request, obj: Any) -> Response:
+    values, entry = privacy.payload_reveal(
+        obj=obj,
+        tenant_id=request.user.tenant.pk,
+        fields=_fields(request),
+        reason=request.query_params.get("reason", ""),
+        actor=request.user.actor,
+        ip=request.META.get("REMOTE_ADDR"),
+    )
+    response = Response(
+        {
+            "object": entry.object_type,
+            "id": obj.pk,
+            "ref": entry.object_ref,
+            "fields": values,
+            "access_log": {"seq": entry.seq, "at": entry.at.isoformat(), "hash": entry.hash},
+        }
+    )
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+_PARAMS = [
+    OpenApiParameter("reason", str, OpenApiParameter.QUERY, required=True, description="why (logged; ≥ 8 characters)"),
+    OpenApiParameter("fields", str, OpenApiParameter.QUERY, required=False, description="comma-separated; default all"),
+]
+
+
+class OperationPayloadRevealApi(APIView):
+    required_scope = PAYLOAD_SCOPE
+
+    @extend_schema(
+        parameters=_PARAMS, summary="Reveal an operation's payload/request/response (scope `payload`; logged)"
+    )
+    def get(self, request: Request, operation_id: int) -> Response:
+        _require_payload_scope(request)
+        op = Operation.objects.filter(pk=operation_id, tenant_id=request.user.tenant.pk).first()
+        if op is None:
+            raise OperationNotFound("No such operation.")
+        return _reveal(request, op)
+
+
+class FailedEventPayloadRevealApi(APIView):
+    required_scope = PAYLOAD_SCOPE
+
+    @extend_schema(parameters=_PARAMS, summary="Reveal a DLQ entry's payload (scope `payload`; logged)")
+    def get(self, request: Request, event_id: int) -> Response:
+        from dlq.models import FailedEvent
+
+        _require_payload_scope(request)
+        event = FailedEvent.objects.filter(pk=event_id, tenant_id=request.user.tenant.pk).first()
+        if event is None:
+            raise FailedEventNotFound("No such entry.")
+        return _reveal(request, event)

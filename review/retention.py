@@ -1,0 +1,520 @@
+"""Retention: redact payloads past their TTL, delete records past theirs, keep tombstones.
+
+Rules (DESIGN §6):
+* Only terminal operations (succeeded, failed, abandoned) and resolved/discarded DLQ entries
+  are redacted or deleted. A DLQ entry still pending past its record TTL is first discarded
+  with an alert; it is deleted by a later run, once ``DISCARD_GRACE`` has passed.
+* Legal hold on a policy: nothing of that record type is touched.
+* A deleted operation leaves a Tombstone kept for the longest of 24 h and the provider's key
+  TTL; operations something still references (a living DLQ entry, an operation superseded by
+  it) are not deleted until the reference is gone. ``operation_claim`` never re-creates a
+  tombstoned key (a NOT EXISTS guard inside its INSERT) and answers from the tombstone.
+* Work happens in bounded batches, each its own short transaction (no long locks), and every
+  pass over a tenant leaves a RetentionRun with counts per record type and policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from ledger import sql
+from ledger.errors import KeyReusedWithDifferentRequest
+from ledger.models import TERMINAL_STATES, Operation, OperationMode, Provider
+from review.models import (
+    AccessLog,
+    RecordType,
+    RetentionPolicy,
+    RetentionRun,
+    RetentionRunStatus,
+    SubjectIndex,
+    Tombstone,
+)
+from review.privacy import redaction_marker
+
+log = logging.getLogger("onceguard.retention")
+
+TOMBSTONE_FLOOR = timedelta(hours=24)
+
+
+def retention_setting(name: str, default: Any) -> Any:
+    return getattr(settings, "ONCEGUARD_RETENTION", {}).get(name, default)
+
+
+# --- Tombstones ---------------------------------------------------------------------------------
+
+
+def tombstone_answer(*, tenant_id: int, key: str, fingerprint: str) -> Any:
+    """What a claim of a deleted key gets: the recorded outcome, rebuilt from the tombstone
+    (200 + Idempotent-Replayed), or 422 when the request differs."""
+    from ledger.errors import OperationNotFound
+    from ledger.services import ClaimResult
+
+    stone = Tombstone.objects.filter(tenant_id=tenant_id, key=key).first()
+    if stone is None:
+        # Neither a row nor a tombstone, yet the INSERT did nothing: a concurrent purge
+        # removed the tombstone between the two reads. Asking again is safe.
+        raise OperationNotFound("The key's record is being purged; retry the claim.")
+    if stone.fingerprint != fingerprint:
+        raise KeyReusedWithDifferentRequest(
+            "This key was first used with a different request; use a new key for a different operation.",
+            extra={"operation_id": stone.operation_id},
+        )
+    op = Operation(
+        id=stone.operation_id,
+        tenant_id=tenant_id,
+        key=stone.key,
+        mode=stone.mode,
+        status=stone.final_status,
+        action=stone.action,
+        fingerprint=stone.fingerprint,
+        provider_ref=stone.provider_ref,
+        response_status=stone.response_status,
+        response_body=None,
+        last_error="record deleted by retention; outcome kept",
+        created_at=stone.created_at,
+        updated_at=stone.deleted_at,
+        done_at=stone.done_at,
+    )
+    return ClaimResult(operation=op, acquired=False, replayed=True)
+
+
+# --- The purge ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TypeCounts:
+    policy: int | None = None
+    held: bool = False
+    redacted: int = 0
+    deleted: int = 0
+    discarded: int = 0
+    skipped_referenced: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PurgeBudget:
+    batch_size: int
+    max_batches: int
+    used: int = 0
+
+    def take(self) -> bool:
+        if self.used >= self.max_batches:
+            return False
+        self.used += 1
+        return True
+
+
+@dataclass
+class TenantPurge:
+    run: RetentionRun
+    now: datetime
+    budget: PurgeBudget
+    counts: dict[str, TypeCounts] = field(default_factory=dict)
+    exhausted: bool = False
+
+
+def _policies(tenant_id: int) -> dict[str, RetentionPolicy]:
+    return {p.record_type: p for p in RetentionPolicy.objects.filter(tenant_id=tenant_id)}
+
+
+def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
+    cutoff = tp.now - policy.payload_ttl
+    while True:
+        ids = list(
+            Operation.objects.filter(tenant_id=tp.run.tenant_id, status__in=TERMINAL_STATES, done_at__lt=cutoff)
+            .filter(
+                (Q(payload__isnull=False) & ~Q(payload__has_key="_redacted"))
+                | (Q(request__isnull=False) & ~Q(request__has_key="_redacted"))
+                | (Q(response_body__isnull=False) & ~Q(response_body__has_key="_redacted"))
+            )
+            .order_by("done_at", "id")
+            .values_list("pk", flat=True)[: tp.budget.batch_size]
+        )
+        if not ids:
+            return
+        if not tp.budget.take():
+            tp.exhausted = True
+            return
+        with transaction.atomic():
+            rows = Operation.objects.select_for_update().filter(pk__in=ids, status__in=TERMINAL_STATES)
+            for op in rows.only("pk", "payload", "request", "response_body"):
+                updates = {}
+                for column in ("payload", "request", "response_body"):
+                    value = getattr(op, column)
+                    if value is not None and not _is_redacted(value):
+                        updates[column] = redaction_marker(
+                            value=value, policy_id=policy.pk, run_id=tp.run.pk, at=tp.now
+                        )
+                if updates:
+                    Operation.objects.filter(pk=op.pk).update(**updates)
+                    from ledger.models import Attempt
+
+                    Attempt.objects.filter(operation_id=op.pk, response_body__isnull=False).update(response_body=None)
+                    counts.redacted += 1
+        if len(ids) < tp.budget.batch_size:
+            return
+
+
+def _is_redacted(value: Any) -> bool:
+    from ledger.crypto import is_redacted
+
+    return is_redacted(value)
+
+
+def _operation_deletable(tenant_id: int, cutoff: datetime) -> Any:
+    from dlq.models import FailedEvent
+
+    living_event = FailedEvent.objects.filter(operation_id=OuterRef("pk"))
+    superseding = Operation.objects.filter(superseded_by_id=OuterRef("pk"))
+    return (
+        Operation.objects.filter(tenant_id=tenant_id, status__in=TERMINAL_STATES, done_at__lt=cutoff)
+        .annotate(has_event=Exists(living_event), referenced=Exists(superseding))
+        .filter(has_event=False, referenced=False)
+    )
+
+
+def _newest_outcome(op: Operation) -> Operation:
+    from ledger.services import _newest_in_lineage
+
+    return _newest_in_lineage(op)
+
+
+def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
+    cutoff = tp.now - policy.record_ttl
+    provider_ttl = dict(Provider.objects.filter(tenant_id=tp.run.tenant_id).values_list("pk", "key_ttl_seconds"))
+    provider_slug = dict(Provider.objects.filter(tenant_id=tp.run.tenant_id).values_list("pk", "slug"))
+    while True:
+        ids = list(
+            _operation_deletable(tp.run.tenant_id, cutoff)
+            .order_by("done_at", "id")
+            .values_list("pk", flat=True)[: tp.budget.batch_size]
+        )
+        if not ids:
+            return
+        if not tp.budget.take():
+            tp.exhausted = True
+            return
+        with transaction.atomic():
+            ops = list(
+                Operation.objects.select_for_update()
+                .filter(pk__in=ids, status__in=TERMINAL_STATES)
+                .only(
+                    "pk",
+                    "tenant_id",
+                    "key",
+                    "mode",
+                    "action",
+                    "provider_id",
+                    "fingerprint",
+                    "status",
+                    "provider_ref",
+                    "response_status",
+                    "created_at",
+                    "done_at",
+                    "superseded_by_id",
+                )
+            )
+            stones = []
+            for op in ops:
+                outcome = _newest_outcome(op) if op.superseded_by_id else op
+                floor = max(TOMBSTONE_FLOOR, timedelta(seconds=provider_ttl.get(op.provider_id, 0) or 0))
+                stones.append(
+                    Tombstone(
+                        tenant_id=op.tenant_id,
+                        key=op.key,
+                        operation_id=op.pk,
+                        mode=op.mode or OperationMode.GUARD,
+                        action=op.action,
+                        provider_slug=provider_slug.get(op.provider_id, ""),
+                        fingerprint=op.fingerprint,
+                        final_status=outcome.status,
+                        provider_ref=outcome.provider_ref,
+                        response_status=outcome.response_status,
+                        created_at=op.created_at,
+                        done_at=op.done_at,
+                        deleted_at=tp.now,
+                        keep_until=tp.now + floor,
+                    )
+                )
+            Tombstone.objects.bulk_create(stones, ignore_conflicts=True)
+            op_ids = [op.pk for op in ops]
+            SubjectIndex.objects.filter(record_type=RecordType.OPERATIONS, record_id__in=op_ids).delete()
+            # Attempts and events go with their operation (ON DELETE CASCADE in the ORM).
+            deleted, _ = Operation.objects.filter(pk__in=op_ids).delete()
+            counts.deleted += len(op_ids)
+            tp.run.tombstones_created += len(stones)
+        if len(ids) < tp.budget.batch_size:
+            return
+
+
+def _fe_models() -> Any:
+    from dlq import models as dlq_models
+
+    return dlq_models
+
+
+def _redact_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
+    m = _fe_models()
+    cutoff = tp.now - policy.payload_ttl
+    closed = [m.FailedEventStatus.RESOLVED, m.FailedEventStatus.DISCARDED]
+    while True:
+        ids = list(
+            m.FailedEvent.objects.filter(tenant_id=tp.run.tenant_id, status__in=closed, updated_at__lt=cutoff)
+            .filter(payload__isnull=False)
+            .exclude(payload__has_key="_redacted")
+            .order_by("updated_at", "id")
+            .values_list("pk", flat=True)[: tp.budget.batch_size]
+        )
+        if not ids:
+            return
+        if not tp.budget.take():
+            tp.exhausted = True
+            return
+        with transaction.atomic():
+            for event in (
+                m.FailedEvent.objects.select_for_update().filter(pk__in=ids, status__in=closed).only("pk", "payload")
+            ):
+                marker = redaction_marker(value=event.payload, policy_id=policy.pk, run_id=tp.run.pk, at=tp.now)
+                # .update(): the row's updated_at (its age for the record TTL) stays as it was.
+                m.FailedEvent.objects.filter(pk=event.pk).update(payload=marker)
+                m.Replay.objects.filter(event_id=event.pk, response_body__isnull=False).update(response_body=None)
+                counts.redacted += 1
+        if len(ids) < tp.budget.batch_size:
+            return
+
+
+def _discard_stale_pending(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
+    from dlq.alerts import alert_raise
+
+    m = _fe_models()
+    cutoff = tp.now - policy.record_ttl
+    stale = m.FailedEvent.objects.filter(
+        tenant_id=tp.run.tenant_id, status=m.FailedEventStatus.PENDING, failed_at__lt=cutoff
+    )
+    while True:
+        ids = list(stale.order_by("failed_at", "id").values_list("pk", flat=True)[: tp.budget.batch_size])
+        if not ids:
+            return
+        if not tp.budget.take():
+            tp.exhausted = True
+            return
+        with transaction.atomic():
+            for event in m.FailedEvent.objects.select_for_update().filter(
+                pk__in=ids, status=m.FailedEventStatus.PENDING
+            ):
+                # The alert first, in the same transaction: nobody loses an entry unannounced.
+                alert_raise(
+                    tenant_id=tp.run.tenant_id,
+                    kind="retention_discarded",
+                    ref=event.event_id,
+                    summary=f"DLQ entry {event.pk} was pending past its retention period and was discarded",
+                )
+                note = f"retention: pending past the record TTL (policy {policy.pk}, run {tp.run.pk})"
+                moved = m.FailedEvent.objects.filter(pk=event.pk, status=m.FailedEventStatus.PENDING).update(
+                    status=m.FailedEventStatus.DISCARDED, status_note=note[:500], updated_at=tp.now
+                )
+                if moved:
+                    m.FailedEventChange.objects.create(
+                        event_id=event.pk,
+                        from_status=m.FailedEventStatus.PENDING,
+                        to_status=m.FailedEventStatus.DISCARDED,
+                        actor="retention",
+                        note=note[:500],
+                    )
+                    counts.discarded += 1
+        if len(ids) < tp.budget.batch_size:
+            return
+
+
+def _delete_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
+    m = _fe_models()
+    cutoff = tp.now - policy.record_ttl
+    grace = timedelta(seconds=int(retention_setting("DISCARD_GRACE_SECONDS", 7 * 86400)))
+    closed = [m.FailedEventStatus.RESOLVED, m.FailedEventStatus.DISCARDED]
+    rows = m.FailedEvent.objects.filter(tenant_id=tp.run.tenant_id, status__in=closed, failed_at__lt=cutoff).filter(
+        # Entries retention itself discarded stay visible for the grace period first.
+        ~Q(status_note__startswith="retention:") | Q(updated_at__lt=tp.now - grace)
+    )
+    while True:
+        ids = list(rows.order_by("failed_at", "id").values_list("pk", flat=True)[: tp.budget.batch_size])
+        if not ids:
+            return
+        if not tp.budget.take():
+            tp.exhausted = True
+            return
+        with transaction.atomic():
+            SubjectIndex.objects.filter(record_type=RecordType.FAILED_EVENTS, record_id__in=ids).delete()
+            m.FailedEvent.objects.filter(pk__in=ids, status__in=closed).delete()
+            counts.deleted += len(ids)
+        if len(ids) < tp.budget.batch_size:
+            return
+
+
+def _delete_access_log(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
+    cutoff = tp.now - policy.record_ttl
+    while True:
+        # A prefix of the chain, oldest first: the chain stays verifiable from the anchor.
+        batch = list(
+            AccessLog.objects.filter(tenant_id=tp.run.tenant_id, at__lt=cutoff)
+            .order_by("seq")
+            .values_list("seq", "hash")[: tp.budget.batch_size]
+        )
+        if not batch:
+            return
+        if not tp.budget.take():
+            tp.exhausted = True
+            return
+        last_seq, last_hash = batch[-1]
+        with transaction.atomic():
+            AccessLog.objects.filter(tenant_id=tp.run.tenant_id, seq__lte=last_seq).delete()
+            tp.run.accesslog_anchor_seq = last_seq
+            tp.run.accesslog_anchor_hash = last_hash
+            # The anchor is saved in the same transaction as the cut, so the chain can
+            # always be verified from what is left.
+            tp.run.save(update_fields=["accesslog_anchor_seq", "accesslog_anchor_hash"])
+            counts.deleted += len(batch)
+        if len(batch) < tp.budget.batch_size:
+            return
+
+
+def _expire_tombstones(tp: TenantPurge) -> None:
+    while True:
+        ids = list(
+            Tombstone.objects.filter(tenant_id=tp.run.tenant_id, keep_until__lt=tp.now)
+            .order_by("keep_until")
+            .values_list("pk", flat=True)[: tp.budget.batch_size]
+        )
+        if not ids:
+            return
+        if not tp.budget.take():
+            tp.exhausted = True
+            return
+        deleted, _ = Tombstone.objects.filter(pk__in=ids).delete()
+        tp.run.tombstones_expired += deleted
+        if len(ids) < tp.budget.batch_size:
+            return
+
+
+def retention_purge_tenant(
+    *,
+    tenant_id: int,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    trigger: str = "schedule",
+    pass_id: str | None = None,
+) -> RetentionRun | None:
+    """One purge pass over one tenant; None when the tenant has no retention policy."""
+    policies = _policies(tenant_id)
+    has_stones = Tombstone.objects.filter(tenant_id=tenant_id).exists()
+    if not policies and not has_stones:
+        return None
+    now = now or sql.db_now()
+    run = RetentionRun.objects.create(
+        tenant_id=tenant_id, pass_id=pass_id or uuid.uuid4().hex, trigger=trigger, started_at=timezone.now()
+    )
+    tp = TenantPurge(
+        run=run,
+        now=now,
+        budget=PurgeBudget(
+            batch_size=batch_size or int(retention_setting("BATCH_SIZE", 500)),
+            max_batches=max_batches or int(retention_setting("MAX_BATCHES", 200)),
+        ),
+    )
+    started = time.monotonic()
+    try:
+        for record_type in RecordType.values:
+            policy = policies.get(record_type)
+            counts = tp.counts.setdefault(record_type, TypeCounts(policy=policy.pk if policy else None))
+            if policy is None:
+                continue
+            if policy.legal_hold:
+                counts.held = True
+                continue
+            if record_type == RecordType.OPERATIONS:
+                if policy.payload_ttl is not None:
+                    _redact_operations(tp, policy, counts)
+                if policy.record_ttl is not None:
+                    _delete_operations(tp, policy, counts)
+            elif record_type == RecordType.FAILED_EVENTS:
+                if policy.record_ttl is not None:
+                    _discard_stale_pending(tp, policy, counts)
+                if policy.payload_ttl is not None:
+                    _redact_failed_events(tp, policy, counts)
+                if policy.record_ttl is not None:
+                    _delete_failed_events(tp, policy, counts)
+            elif record_type == RecordType.ACCESS_LOG and policy.record_ttl is not None:
+                _delete_access_log(tp, policy, counts)
+        _expire_tombstones(tp)
+        run.status = RetentionRunStatus.PARTIAL if tp.exhausted else RetentionRunStatus.DONE
+    except Exception as exc:
+        run.status = RetentionRunStatus.FAILED
+        run.error = f"{type(exc).__name__}"[:500]
+        log.exception("retention_failed tenant=%s run=%s", tenant_id, run.pk)
+    run.redacted = sum(c.redacted for c in tp.counts.values())
+    run.deleted = sum(c.deleted for c in tp.counts.values())
+    run.discarded = sum(c.discarded for c in tp.counts.values())
+    run.batches = tp.budget.used
+    run.details = {k: v.as_dict() for k, v in tp.counts.items()}
+    run.finished_at = timezone.now()
+    run.save()
+    log.info(
+        "retention_run tenant=%s run=%s status=%s redacted=%s deleted=%s discarded=%s tombstones=%s/%s batches=%s ms=%d",
+        tenant_id,
+        run.pk,
+        run.status,
+        run.redacted,
+        run.deleted,
+        run.discarded,
+        run.tombstones_created,
+        run.tombstones_expired,
+        run.batches,
+        (time.monotonic() - started) * 1000,
+    )
+    return run
+
+
+def retention_purge(
+    *,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    trigger: str = "schedule",
+) -> list[RetentionRun]:
+    """One pass over every tenant with a policy (or tombstones)."""
+    from ledger.models import Tenant
+
+    pass_id = uuid.uuid4().hex
+    tenant_ids = set(RetentionPolicy.objects.values_list("tenant_id", flat=True)) | set(
+        Tombstone.objects.values_list("tenant_id", flat=True).distinct()
+    )
+    runs = []
+    for tenant_id in sorted(tenant_ids & set(Tenant.objects.values_list("pk", flat=True))):
+        run = retention_purge_tenant(
+            tenant_id=tenant_id,
+            now=now,
+            batch_size=batch_size,
+            max_batches=max_batches,
+            trigger=trigger,
+            pass_id=pass_id,
+        )
+        if run is not None:
+            runs.append(run)
+    return runs
+
+
+def connection_vendor() -> str:
+    return connection.vendor
