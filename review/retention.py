@@ -106,12 +106,17 @@ class TypeCounts:
 
 @dataclass
 class PurgeBudget:
+    """Bounded work per pass: at most ``max_batches`` batches and ``seconds`` of wall time
+    (below django-q2's task timeout); the next pass continues where this one stopped."""
+
     batch_size: int
     max_batches: int
+    seconds: float = 60.0
     used: int = 0
+    started: float = field(default_factory=time.monotonic)
 
     def take(self) -> bool:
-        if self.used >= self.max_batches:
+        if self.used >= self.max_batches or time.monotonic() - self.started > self.seconds:
             return False
         self.used += 1
         return True
@@ -311,10 +316,13 @@ def _discard_stale_pending(tp: TenantPurge, policy: RetentionPolicy, counts: Typ
         if not tp.budget.take():
             tp.exhausted = True
             return
-        with transaction.atomic():
-            for event in m.FailedEvent.objects.select_for_update().filter(
-                pk__in=ids, status=m.FailedEventStatus.PENDING
-            ):
+        from dlq.errors import FailedEventBusy, FailedEventClosed
+        from dlq.services import failed_event_discard
+
+        for event in m.FailedEvent.objects.filter(pk__in=ids, status=m.FailedEventStatus.PENDING).only(
+            "pk", "event_id"
+        ):
+            with transaction.atomic():
                 # The alert first, in the same transaction: nobody loses an entry unannounced.
                 alert_raise(
                     tenant_id=tp.run.tenant_id,
@@ -322,19 +330,19 @@ def _discard_stale_pending(tp: TenantPurge, policy: RetentionPolicy, counts: Typ
                     ref=event.event_id,
                     summary=f"DLQ entry {event.pk} was pending past its retention period and was discarded",
                 )
-                note = f"retention: pending past the record TTL (policy {policy.pk}, run {tp.run.pk})"
-                moved = m.FailedEvent.objects.filter(pk=event.pk, status=m.FailedEventStatus.PENDING).update(
-                    status=m.FailedEventStatus.DISCARDED, status_note=note[:500], updated_at=tp.now
-                )
-                if moved:
-                    m.FailedEventChange.objects.create(
-                        event_id=event.pk,
-                        from_status=m.FailedEventStatus.PENDING,
-                        to_status=m.FailedEventStatus.DISCARDED,
+                try:
+                    failed_event_discard(
+                        tenant_id=tp.run.tenant_id,
+                        event_pk=event.pk,
                         actor="retention",
-                        note=note[:500],
+                        note=f"retention: pending past the record TTL (policy {policy.pk}, run {tp.run.pk})",
                     )
-                    counts.discarded += 1
+                except (FailedEventBusy, FailedEventClosed):
+                    # An operator (or a replay) got to it first: theirs is the better decision,
+                    # and the alert goes with the discard that did not happen.
+                    transaction.set_rollback(True)
+                    continue
+                counts.discarded += 1
         if len(ids) < tp.budget.batch_size:
             return
 
@@ -432,6 +440,7 @@ def retention_purge_tenant(
         budget=PurgeBudget(
             batch_size=batch_size or int(retention_setting("BATCH_SIZE", 500)),
             max_batches=max_batches or int(retention_setting("MAX_BATCHES", 200)),
+            seconds=float(retention_setting("TIME_BUDGET_SECONDS", 60)),
         ),
     )
     started = time.monotonic()

@@ -1,0 +1,91 @@
+"""Key rotation: re-encrypt every stored payload under the current key, in batches, and
+re-key the data-subject index. Safe to interrupt and run again (each batch is its own short
+transaction and only touches rows not yet under the current key)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.apps import apps
+from django.db import transaction
+from django.db.models import Q
+
+from ledger import crypto
+from review.models import RecordType, SubjectIndex
+
+# (model label, columns, record type for the subject index, subject-index columns)
+SEALED_COLUMNS: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] = [
+    ("ledger.Operation", ("payload", "request", "response_body"), RecordType.OPERATIONS, ("payload", "request")),
+    ("ledger.Attempt", ("response_body",), None, ()),
+    ("dlq.FailedEvent", ("payload",), RecordType.FAILED_EVENTS, ("payload",)),
+    ("dlq.Replay", ("response_body",), None, ()),
+]
+
+
+def _stale(column: str, current: str) -> Q:
+    """Rows whose ``column`` holds something not sealed under the current key."""
+    sealed_now = Q(**{f"{column}___enc__startswith": f"{crypto.VERSION}:{current}:"})
+    redacted = Q(**{f"{column}__has_key": crypto.REDACTED})
+    return Q(**{f"{column}__isnull": False}) & ~sealed_now & ~redacted
+
+
+def encryption_rotate(
+    *, batch_size: int = 500, dry_run: bool = False, out: Callable[[str], Any] | None = None
+) -> dict[str, dict[str, int]]:
+    current = crypto.keyring().current_id
+    report: dict[str, dict[str, int]] = {}
+    for label, columns, record_type, indexed in SEALED_COLUMNS:
+        try:
+            model = apps.get_model(label)
+        except LookupError:
+            continue
+        stale = Q()
+        for column in columns:
+            stale |= _stale(column, current)
+        rows = model.objects.filter(stale)
+        counts = {"stale": rows.count(), "resealed": 0, "reindexed": 0}
+        if not dry_run:
+            last_pk = 0
+            while True:
+                batch = list(rows.filter(pk__gt=last_pk).order_by("pk").only("pk", *columns)[:batch_size])
+                if not batch:
+                    break
+                with transaction.atomic():
+                    for obj in batch:
+                        updates = {c: crypto.reseal_json(getattr(obj, c)) for c in columns}
+                        model.objects.filter(pk=obj.pk).update(**updates)
+                        counts["resealed"] += 1
+                last_pk = batch[-1].pk
+                if out:
+                    out(f"{label}: {counts['resealed']}/{counts['stale']} resealed")
+        if record_type is not None and not dry_run:
+            counts["reindexed"] = _rekey_subject_index(model, record_type, indexed, current, batch_size)
+        report[label] = counts
+    return report
+
+
+def _rekey_subject_index(model: Any, record_type: str, columns: tuple[str, ...], current: str, batch_size: int) -> int:
+    from review.privacy import subject_index_record
+
+    done = 0
+    while True:
+        ids = list(
+            SubjectIndex.objects.filter(record_type=record_type)
+            .exclude(key_id=current)
+            .order_by("record_id")
+            .values_list("record_id", flat=True)
+            .distinct()[:batch_size]
+        )
+        if not ids:
+            return done
+        with transaction.atomic():
+            for obj in model.objects.filter(pk__in=ids).only("pk", "tenant_id", *columns):
+                subject_index_record(
+                    tenant_id=obj.tenant_id,
+                    record_type=record_type,
+                    record_id=obj.pk,
+                    values=[getattr(obj, c) for c in columns],
+                )
+            SubjectIndex.objects.filter(record_type=record_type, record_id__in=ids).exclude(key_id=current).delete()
+            done += len(ids)

@@ -1,0 +1,35 @@
+"""django-q2 schedules owned by the console: the retention purge. Installed idempotently by
+``manage.py schedules_install`` (which imports this module)."""
+
+from __future__ import annotations
+
+import os
+
+
+def retention_purge_task() -> dict[str, int]:
+    from review.retention import retention_purge
+
+    runs = retention_purge(trigger="schedule")
+    return {
+        "tenants": len(runs),
+        "redacted": sum(r.redacted for r in runs),
+        "deleted": sum(r.deleted for r in runs),
+        "discarded": sum(r.discarded for r in runs),
+    }
+
+
+def install_schedules() -> list[str]:
+    """Create or update the console's schedules; returns their names."""
+    from django_q.models import Schedule
+
+    minutes = max(1, int(os.environ.get("RETENTION_INTERVAL_MINUTES", "60")))
+    Schedule.objects.update_or_create(
+        name="review.retention_purge",
+        defaults={
+            "func": "review.schedules.retention_purge_task",
+            "schedule_type": Schedule.MINUTES,
+            "minutes": minutes,
+            "repeats": -1,
+        },
+    )
+    return ["review.retention_purge"]
