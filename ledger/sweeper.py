@@ -307,13 +307,17 @@ def alert_stuck(*, batch: int = 500, report: SweepReport | None = None) -> Sweep
     """Open rows older than the threshold: one alert per row, ever (alerted_at)."""
     report = report or SweepReport()
     cutoff_sql, cutoff_p = sql.now_plus(-_cfg("STUCK_ALERT_SECONDS"))
-    states = [S.CLAIMED, S.UNCERTAIN, S.REVIEW]
-    ids = _ids(
-        f"UPDATE ledger_operation SET alerted_at = {sql.now()} WHERE id IN (SELECT id FROM ledger_operation"
-        f" WHERE status IN (%s, %s, %s) AND updated_at < {cutoff_sql} AND alerted_at IS NULL LIMIT %s)"
-        " AND alerted_at IS NULL RETURNING id",
-        [*states, *cutoff_p, batch],
-    )
+    ids: list[int] = []
+    # One statement per partial index (claimed; uncertain+review): an IN over all three
+    # states matches neither index's predicate and scans the whole table.
+    for states in ([S.CLAIMED], [S.UNCERTAIN, S.REVIEW]):
+        marks = ", ".join(["%s"] * len(states))
+        ids += _ids(
+            f"UPDATE ledger_operation SET alerted_at = {sql.now()} WHERE id IN (SELECT id FROM ledger_operation"
+            f" WHERE status IN ({marks}) AND updated_at < {cutoff_sql} AND alerted_at IS NULL LIMIT %s)"
+            " AND alerted_at IS NULL RETURNING id",
+            [*states, *cutoff_p, batch],
+        )
     for op in Operation.objects.filter(pk__in=ids).only("id", "tenant_id", "key", "status"):
         alert_raise(
             tenant_id=op.tenant_id,
