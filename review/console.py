@@ -25,7 +25,7 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
-from django.utils.text import slugify
+from django.utils.text import capfirst, slugify
 
 from ledger.errors import DomainError
 from review import privacy, security
@@ -193,7 +193,7 @@ def label_for(name: str, model: type[models.Model], model_admin: Any) -> str:
     from django.contrib.admin.utils import label_for_field
 
     try:
-        return str(label_for_field(name, model, model_admin))
+        return capfirst(str(label_for_field(name, model, model_admin)))
     except Exception:
         return name
 

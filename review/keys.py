@@ -44,7 +44,7 @@ def encryption_rotate(
         for column in columns:
             stale |= _stale(column, current)
         rows = model.objects.filter(stale)
-        counts = {"stale": rows.count(), "resealed": 0, "reindexed": 0}
+        counts = {"stale": rows.count(), "resealed": 0, "unreadable": 0, "reindexed": 0}
         if not dry_run:
             last_pk = 0
             while True:
@@ -53,7 +53,13 @@ def encryption_rotate(
                     break
                 with transaction.atomic():
                     for obj in batch:
-                        updates = {c: crypto.reseal_json(getattr(obj, c)) for c in columns}
+                        try:
+                            updates = {c: crypto.reseal_json(getattr(obj, c)) for c in columns}
+                        except crypto.EncryptionKeyError:
+                            # Sealed under a key that is no longer configured: left as it is,
+                            # counted, so the operator knows not to drop keys yet.
+                            counts["unreadable"] += 1
+                            continue
                         model.objects.filter(pk=obj.pk).update(**updates)
                         counts["resealed"] += 1
                 last_pk = batch[-1].pk
@@ -66,12 +72,14 @@ def encryption_rotate(
 
 
 def _rekey_subject_index(model: Any, record_type: str, columns: tuple[str, ...], current: str, batch_size: int) -> int:
+    """Index rows under an old key id are recomputed under the current one (by record)."""
     from review.privacy import subject_index_record
 
     done = 0
+    last_id = -1
     while True:
         ids = list(
-            SubjectIndex.objects.filter(record_type=record_type)
+            SubjectIndex.objects.filter(record_type=record_type, record_id__gt=last_id)
             .exclude(key_id=current)
             .order_by("record_id")
             .values_list("record_id", flat=True)
@@ -79,13 +87,17 @@ def _rekey_subject_index(model: Any, record_type: str, columns: tuple[str, ...],
         )
         if not ids:
             return done
+        last_id = ids[-1]
         with transaction.atomic():
             for obj in model.objects.filter(pk__in=ids).only("pk", "tenant_id", *columns):
-                subject_index_record(
-                    tenant_id=obj.tenant_id,
-                    record_type=record_type,
-                    record_id=obj.pk,
-                    values=[getattr(obj, c) for c in columns],
-                )
-            SubjectIndex.objects.filter(record_type=record_type, record_id__in=ids).exclude(key_id=current).delete()
-            done += len(ids)
+                try:
+                    subject_index_record(
+                        tenant_id=obj.tenant_id,
+                        record_type=record_type,
+                        record_id=obj.pk,
+                        values=[getattr(obj, c) for c in columns],
+                    )
+                except crypto.EncryptionKeyError:
+                    continue  # keeps its old-key rows until its key is configured again
+                SubjectIndex.objects.filter(record_type=record_type, record_id=obj.pk).exclude(key_id=current).delete()
+                done += 1
