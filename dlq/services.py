@@ -337,8 +337,8 @@ def _not_replayable(event_pk: int, *, force: bool) -> DomainError:
             "This entry was replayed successfully already; replaying it again needs force=true and a note."
         )
     if status in FE_TERMINAL_STATES:
-        return FailedEventClosed(f"This entry is {status}; it cannot be replayed.", extra={"status": status})
-    return ReplayInProgress("Another replay of this entry is under way.", retry_after=1, extra={"status": status})
+        return FailedEventClosed(f"This entry is {status}; it cannot be replayed.", extra={"entry_status": status})
+    return ReplayInProgress("Another replay of this entry is under way.", retry_after=1, extra={"entry_status": status})
 
 
 def _replay_begin(
@@ -582,7 +582,7 @@ def _close(*, tenant_id: int, event_pk: int, to: str, actor: str, note: str) -> 
     status = FailedEvent.objects.filter(pk=event.pk).values_list("status", flat=True).first()
     if status == FE.REPLAYING:
         raise FailedEventBusy("A replay of this entry is under way; try again when it has finished.", retry_after=1)
-    raise FailedEventClosed(f"This entry is {status} already.", extra={"status": status})
+    raise FailedEventClosed(f"This entry is {status} already.", extra={"entry_status": status})
 
 
 def failed_event_resolve(*, tenant_id: int, event_pk: int, actor: str, note: str) -> FailedEvent:
@@ -683,14 +683,14 @@ def bulk_replay_confirm(
         moved = BulkReplay.objects.filter(pk=bulk.pk, status=BulkReplayStatus.DRAFT, expires_at__gt=now).update(
             status=BulkReplayStatus.RUNNING, confirmed_by=actor[:150], confirmed_at=now, **options
         )
-        if not moved:
-            if bulk.status == BulkReplayStatus.DRAFT:
-                BulkReplay.objects.filter(pk=bulk.pk, status=BulkReplayStatus.DRAFT).update(
-                    status=BulkReplayStatus.EXPIRED
-                )
-                raise BulkReplayNotConfirmable("The dry run expired; run it again.", extra={"status": "expired"})
-            raise BulkReplayNotConfirmable(f"This bulk replay is {bulk.status}.", extra={"status": bulk.status})
-        transaction.on_commit(lambda: _enqueue_bulk(bulk.pk), robust=True)
+        if moved:
+            transaction.on_commit(lambda: _enqueue_bulk(bulk.pk), robust=True)
+    if not moved:
+        # Outside the transaction above, so the expiry is recorded even though we refuse.
+        if BulkReplay.objects.filter(pk=bulk.pk, status=BulkReplayStatus.DRAFT).update(status=BulkReplayStatus.EXPIRED):
+            raise BulkReplayNotConfirmable("The dry run expired; run it again.", extra={"bulk_status": "expired"})
+        bulk.refresh_from_db()
+        raise BulkReplayNotConfirmable(f"This bulk replay is {bulk.status}.", extra={"bulk_status": bulk.status})
     bulk.refresh_from_db()
     log.info("dlq_bulk_confirmed bulk=%s count=%s actor=%s", bulk.pk, bulk.count, actor)
     return bulk
@@ -723,7 +723,8 @@ def bulk_replay_run(*, bulk_id: int, budget_seconds: float | None = None) -> Bul
                 status=BulkReplayStatus.DONE, finished_at=timezone.now()
             )
             break
-        if time.monotonic() - started > budget:
+        if sent and time.monotonic() - started > budget:
+            # Stay under django-q2's task timeout: a fresh task picks up at `position`.
             _enqueue_bulk(bulk.pk)
             break
         wait = started + sent / rate - time.monotonic()
