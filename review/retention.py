@@ -453,18 +453,19 @@ def retention_purge_tenant(
             if policy.legal_hold:
                 counts.held = True
                 continue
+            # Deletes before redactions: a row about to go is not worth redacting first, and a
+            # row that cannot go yet (still referenced) is redacted all the same.
             if record_type == RecordType.OPERATIONS:
-                if policy.payload_ttl is not None:
-                    _redact_operations(tp, policy, counts)
                 if policy.record_ttl is not None:
                     _delete_operations(tp, policy, counts)
+                if policy.payload_ttl is not None:
+                    _redact_operations(tp, policy, counts)
             elif record_type == RecordType.FAILED_EVENTS:
                 if policy.record_ttl is not None:
                     _discard_stale_pending(tp, policy, counts)
+                    _delete_failed_events(tp, policy, counts)
                 if policy.payload_ttl is not None:
                     _redact_failed_events(tp, policy, counts)
-                if policy.record_ttl is not None:
-                    _delete_failed_events(tp, policy, counts)
             elif record_type == RecordType.ACCESS_LOG and policy.record_ttl is not None:
                 _delete_access_log(tp, policy, counts)
         _expire_tombstones(tp)
