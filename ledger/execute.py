@@ -210,7 +210,7 @@ def operation_submit(
         fingerprint=fingerprint,
         extra_columns={"request_bytes": size, "cost": str(cost), "callback_url": callback_url},
     )
-    if callback_url:
+    if callback_url and not tenant.callback_secret:
         # The secret exists before the first callback could be signed.
         callbacks.tenant_callback_secret(tenant_id=tenant.pk)
     if not admission.tenant_has_limits(tenant):
