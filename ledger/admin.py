@@ -135,3 +135,7 @@ class ProviderAdmin(admin.ModelAdmin):
     list_display = ["slug", "tenant", "idempotency_class", "base_url", "max_attempts", "throttled_until", "paused_at"]
     list_filter = ["tenant", "idempotency_class"]
     search_fields = ["slug", "base_url"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # Slugs are how operations, claims and caches name a provider: fixed once created.
+        return ["tenant", "slug"] if obj is not None else []

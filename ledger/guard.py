@@ -21,6 +21,7 @@ return value must be JSON-serializable: it is what later calls replay.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,6 +32,7 @@ from ledger.errors import DomainError
 from ledger.models import ErrorClass, Operation, OperationStatus, Tenant
 
 T = TypeVar("T")
+log = logging.getLogger("onceguard.guard")
 
 
 class GuardedError(Exception):
@@ -123,11 +125,18 @@ def run_once(
             actor=actor,
         )
         raise
+    # The effect has happened: record it even when the value cannot be replayed as JSON.
+    try:
+        services.canonical_json(value)
+        recorded: Any = value
+    except (TypeError, ValueError):
+        log.warning("guard_result_not_json key=%s type=%s", key, type(value).__name__)
+        recorded = {"_not_json": type(value).__name__}
     services.operation_complete(
         operation_id=op.pk,
         lease_token=op.lease_token,
         provider_ref=ref_from(value) if ref_from else "",
-        response_body=value,
+        response_body=recorded,
         actor=actor,
     )
     return value

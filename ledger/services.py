@@ -659,7 +659,8 @@ def operation_heartbeat(
     """Extend a live holder's lease (claimed, same token). No event row: not a transition."""
     lease_sql, lease_p = sql.now_plus(clamp_lease(lease_seconds))
     tenant_sql = " AND tenant_id = %s" if tenant_id is not None else ""
-    with connection.cursor() as cursor:
+    # One transaction: the attempt's copy of the lease never disagrees with the row's.
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE ledger_operation SET lease_expires_at = {lease_sql}, updated_at = {sql.now()}"
             f" WHERE id = %s AND status = %s AND lease_token = %s{tenant_sql} RETURNING {sql.OP_SELECT}",

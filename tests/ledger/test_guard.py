@@ -261,3 +261,18 @@ def test_a_guard_key_is_not_claimable_through_the_api_while_running(tenant, prov
 
     # The guard's row is guard mode with the same fingerprint: the API sees it in progress.
     assert seen["status"] == 409
+
+
+def test_a_result_that_is_not_json_is_still_recorded_as_succeeded(tenant, provider):
+    calls: list[int] = []
+
+    def effect() -> object:
+        calls.append(1)
+        return object()
+
+    first = run_once(tenant=tenant, key="odd:1", fn=effect, provider="stripe")
+    again = run_once(tenant=tenant, key="odd:1", fn=effect, provider="stripe")
+    assert calls == [1]
+    assert isinstance(first, object)
+    assert again == {"_not_json": "object"}
+    assert Operation.objects.get(key="odd:1").status == OperationStatus.SUCCEEDED
