@@ -43,35 +43,22 @@ def tenant_ids_for_request(request: HttpRequest) -> list[int] | None:
 
 
 class TenantScopeMiddleware:
-    """Computes ``request.onceguard_tenant_ids`` once per console request (after auth)."""
+    """Computes ``request.onceguard_tenant_ids`` once per signed-in console request (after
+    auth): None for superusers, else the list of the user's tenants. API requests are scoped
+    by their key's tenant instead."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not request.path.startswith("/api/"):
-            # Lazily: only requests that look at tenant data pay for the membership query.
-            from django.utils.functional import SimpleLazyObject
-
-            setattr(request, ATTR, SimpleLazyObject(lambda: tenant_ids_for_user(request.user)))
+        user = getattr(request, "user", None)
+        if not request.path.startswith("/api/") and user is not None and user.is_authenticated:
+            setattr(request, ATTR, tenant_ids_for_user(user))
         return self.get_response(request)
 
 
-def _resolve(value: Any) -> list[int] | None:
-    # SimpleLazyObject wrapping None is truthy-ish; unwrap explicitly.
-    if value is None:
-        return None
-    if hasattr(value, "_wrapped"):
-        from django.utils.functional import empty
-
-        if value._wrapped is empty:
-            value._setup()
-        return value._wrapped
-    return value
-
-
 def scope_of(request: HttpRequest) -> list[int] | None:
-    return _resolve(tenant_ids_for_request(request))
+    return tenant_ids_for_request(request)
 
 
 def tenant_path(model: type[models.Model], depth: int = 3) -> str | None:
