@@ -292,6 +292,8 @@ class OnceguardAdminSite(admin.AdminSite):
     index_title = "Overview"
     login_form = ThrottledAuthenticationForm
     index_template = "admin/onceguard/index.html"
+    # Lists need the width (ids, keys, reasons); the app index is one click away.
+    enable_nav_sidebar = False
 
     def register(self, model_or_iterable: Any, admin_class: Any = None, **options: Any) -> None:
         from review.tenancy import scoped_admin_class
@@ -465,14 +467,14 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
     return {
         **numbers,
         "operations": [
-            {"state": s, "count": n, "url": ops_url(f"status__exact={s}") if can_ops else None}
-            for s, n in numbers["operations"]
+            {"state": s, "label": label, "count": n, "url": ops_url(f"status__exact={s}") if can_ops else None}
+            for s, label, n in numbers["operations"]
         ],
         "operations_url": ops_url() if can_ops else None,
         "eligible_url": ops_url("status__in=queued,retry_wait") if can_ops else None,
         "dlq": [
-            {"state": s, "count": n, "url": dlq_url(f"status__exact={s}") if can_dlq else None}
-            for s, n in numbers["dlq"]
+            {"state": s, "label": label, "count": n, "url": dlq_url(f"status__exact={s}") if can_dlq else None}
+            for s, label, n in numbers["dlq"]
         ],
         "dlq_url": dlq_url() if can_dlq else None,
         "review_url": _changelist(site, "review", "reviewitem")

@@ -70,14 +70,14 @@ def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
     last_purge = _scoped(RetentionRun.objects.all(), tenant_ids).order_by("-started_at", "-id").first()
     return {
         "now": now,
-        "operations": [(s, by_state.get(s, 0)) for s in OperationStatus.values],
+        "operations": [(s, label, by_state.get(s, 0)) for s, label in OperationStatus.choices],
         "operations_total": sum(by_state.values()),
         "oldest_eligible_at": eligible,
         "oldest_eligible_age": (now - eligible) if eligible else None,
         "review_backlog": review["n"],
         "review_oldest_at": review["oldest"],
         "review_oldest_age": (now - review["oldest"]) if review["oldest"] else None,
-        "dlq": [(s, dlq_by_status.get(s, 0)) for s in FailedEventStatus.values],
+        "dlq": [(s, label, dlq_by_status.get(s, 0)) for s, label in FailedEventStatus.choices],
         "dlq_total": sum(dlq_by_status.values()),
         "paused_providers": paused,
         "throttled_providers": throttled,
