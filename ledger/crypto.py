@@ -227,7 +227,10 @@ def normalize_phone(value: str, *, default_country_code: str | None = None) -> s
         return "+" + digits[2:]
     cc = default_country_code
     if cc is None:
-        cc = str(getattr(settings, "ONCEGUARD_PRIVACY", {}).get("DEFAULT_COUNTRY_CODE", "") or "")
+        cc = str(
+            getattr(settings, "ONCEGUARD_PRIVACY", {}).get("DEFAULT_COUNTRY_CODE")
+            or os.environ.get("ONCEGUARD_DEFAULT_COUNTRY_CODE", "")
+        )
     if cc and digits.startswith("0") and not digits.startswith("00"):
         return "+" + cc + digits[1:]
     return "+" + digits

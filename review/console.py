@@ -120,7 +120,11 @@ class ConsoleAdminMixin:
         if self._masked():
             obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
             if obj is not None:
-                extra_context["onceguard_payload"] = payload_panel_context(request, obj, self.admin_site)  # type: ignore[attr-defined]
+                panel = payload_panel_context(request, obj, self.admin_site)  # type: ignore[attr-defined]
+                # An admin that renders its own masked view (e.g. the DLQ's `payload_masked`)
+                # gets only the reveal row here, not a second copy of the shape.
+                panel["compact"] = any("masked" in str(f) for f in self.get_readonly_fields(request, obj))
+                extra_context["onceguard_payload"] = panel
         return super().change_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:

@@ -24,6 +24,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("bootstrap_demo")
+        if os.environ.get("DEMO", "1") != "0":
+            call_command("demo_seed")
         call_command("schedules_install")
         host, port = options["host"], options["port"]
         python = sys.executable
