@@ -79,7 +79,8 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return self.object_list[: COUNT_CAP + 1].count()
+        # Without ORDER BY: counting needs no order, and any index may serve the filter.
+        return self.object_list.order_by()[: COUNT_CAP + 1].count()
 
 
 # --- Filters -----------------------------------------------------------------------------------
@@ -260,7 +261,8 @@ class FailedEventAdmin(admin.ModelAdmin):
         WorkflowFilter,
         MatchFilter,
     ]
-    search_fields = ["=event_id", "=original_key", "=source_execution_id"]
+    # Exact lookups (not "=…", which is iexact and cannot use an index).
+    search_fields = ["event_id__exact", "original_key__exact", "source_execution_id__exact"]
     ordering = ["-failed_at", "-id"]
     list_select_related = ["tenant"]
     show_full_result_count = False
@@ -545,7 +547,7 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
 class ReplayAdmin(_ReadOnlyAdmin):
     list_display = ["event", "number", "trigger", "outcome", "target_slug", "actor", "started_at", "response_status"]
     list_filter = ["outcome", "trigger", "as_new", "forced"]
-    search_fields = ["=ledger_key", "=sent_key"]
+    search_fields = ["ledger_key__exact", "sent_key__exact"]
     list_select_related = ["event"]
     ordering = ["-id"]
     show_full_result_count = False

@@ -18,6 +18,7 @@ import logging
 from collections import Counter
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 from django.db import transaction
@@ -87,7 +88,8 @@ def alert_link(alert: Alert) -> str:
         return _console("/admin/ledger/provider/")
     if ref.isdigit():
         return _console(f"/admin/ledger/operation/{ref}/change/")
-    return _console("/admin/")
+    # Otherwise a ledger key (never personal data, DESIGN §3): the console's search finds it.
+    return _console(f"/admin/ledger/operation/?{urlencode({'q': ref})}")
 
 
 def _slack_escape(text: str) -> str:

@@ -92,7 +92,8 @@ class ReplayTarget(models.Model):
 class FailedEvent(models.Model):
     """One failure, however often it was reported. Replays never edit it: each is a Replay row."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="failed_events")
+    # No index of its own: the list indexes below all start with the tenant.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="failed_events", db_index=False)
     # The identity of DESIGN §4 (explicit id, n8n workflow+execution, trigger, or sha256).
     event_id = models.CharField(max_length=255)
     # True when the identity is the digest of the raw body (nothing better was found).
@@ -136,7 +137,9 @@ class FailedEvent(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "event_id"], name="failedevent_unique_identity"),
+            # event_id first: the same index answers the console's search by identity
+            # across tenants (a superuser's search) and the per-tenant identity lookup.
+            models.UniqueConstraint(fields=["event_id", "tenant"], name="failedevent_unique_identity"),
             models.CheckConstraint(condition=Q(status__in=list(FE.values)), name="failedevent_status_valid"),
         ]
         indexes = [
@@ -146,8 +149,13 @@ class FailedEvent(models.Model):
             models.Index(fields=["tenant", "failed_at", "id"], name="fe_tenant_failed_idx"),
             models.Index(fields=["tenant", "source_workflow_id", "failed_at", "id"], name="fe_tenant_workflow_idx"),
             models.Index(fields=["tenant", "error_class", "failed_at", "id"], name="fe_tenant_class_idx"),
-            models.Index(fields=["tenant", "source_execution_id"], name="fe_tenant_execution_idx"),
-            models.Index(fields=["tenant", "original_key"], name="fe_tenant_key_idx"),
+            # The console of a superuser (all tenants): newest first, optionally by status.
+            models.Index(fields=["failed_at", "id"], name="fe_failed_idx"),
+            models.Index(fields=["status", "failed_at", "id"], name="fe_status_failed_idx"),
+            models.Index(fields=["error_class", "failed_at", "id"], name="fe_class_failed_idx"),
+            # Exact searches (console search box, API filters), with or without a tenant.
+            models.Index(fields=["source_execution_id", "tenant"], name="fe_execution_idx"),
+            models.Index(fields=["original_key", "tenant"], name="fe_key_idx"),
             # The auto-replay schedule reads only pending transient entries.
             models.Index(
                 fields=["failed_at"],

@@ -316,7 +316,7 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
             with client.stream("POST", target.url, content=content, headers=headers) as response:
                 status = response.status_code
                 body = _read_answer(response)
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         # Never reached the target: nothing can have happened.
         return TargetAnswer(False, None, None, ErrorClass.TRANSIENT, f"not delivered: {type(exc).__name__}", elapsed())
     except httpx.HTTPError as exc:
@@ -460,9 +460,16 @@ def failed_event_replay(
         raise ReplayInProgress("The ledger already holds this replay's key; nothing was sent.")
     op = claim.operation
     Replay.objects.filter(pk=replay.pk).update(operation=op)
-    answer = send_to_target(
-        target=target, payload=open_payload(event.payload), key=replay.sent_key, event_pk=event.pk, number=replay.number
-    )
+    try:
+        answer = send_to_target(
+            target=target,
+            payload=open_payload(event.payload),
+            key=replay.sent_key,
+            event_pk=event.pk,
+            number=replay.number,
+        )
+    except Exception as exc:  # anything else mid-send: we cannot know whether it arrived
+        answer = TargetAnswer(False, None, None, ErrorClass.AMBIGUOUS, f"send failed: {type(exc).__name__}", 0)
     return _replay_finish(replay=replay, event=event, op=op, answer=answer, actor=actor)
 
 
