@@ -64,7 +64,7 @@ def masked_json(value: Any) -> str:
         return "(redacted by retention)"
     try:
         plain = open_payload(value)
-    except Exception:
+    except Exception:  # a key that is not configured: say so, never break the page
         return "(sealed with a key that is not configured)"
     return json.dumps(mask_skeleton(plain), indent=2, ensure_ascii=False)
 
@@ -475,12 +475,16 @@ class FailedEventAdmin(admin.ModelAdmin):
                 return None
             messages.success(request, f"Bulk replay #{bulk.pk} of {bulk.count} entries started (paced).")
             return None
-        bulk = services.bulk_replay_prepare(
-            tenant=tenant,
-            filters={},
-            actor=actor_of(request),
-            event_pks=list(queryset.values_list("pk", flat=True)[: COUNT_CAP + 1]),
-        )
+        try:
+            bulk = services.bulk_replay_prepare(
+                tenant=tenant,
+                filters={},
+                actor=actor_of(request),
+                event_pks=list(queryset.values_list("pk", flat=True)[: COUNT_CAP + 1]),
+            )
+        except DomainError as exc:
+            messages.error(request, f"Not prepared: {exc.detail}")
+            return None
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,

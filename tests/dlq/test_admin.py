@@ -200,3 +200,12 @@ def test_dlq_schedules_command_is_idempotent():
     call_command("dlq_schedules", stdout=StringIO())
     funcs = sorted(Schedule.objects.filter(name__startswith="dlq:").values_list("func", flat=True))
     assert funcs == ["dlq.tasks.alerts_flush_task", "dlq.tasks.auto_replay_task", "dlq.tasks.replays_recover_task"]
+
+
+def test_a_bulk_selection_over_the_limit_is_refused_with_a_message(admin_client, tenant, settings):
+    settings.ONCEGUARD_DLQ = {"BULK_MAX_SELECTION": 1}
+    ticked = [str(ingest(tenant, f"lead-{i}").pk) for i in range(2)]
+    response = admin_client.post(changelist(), {"action": "replay_selected", "_selected_action": ticked}, follow=True)
+    assert response.status_code == 200
+    assert "more than 1 entries" in response.content.decode()
+    assert not BulkReplay.objects.exists()

@@ -234,3 +234,17 @@ def test_ingestion_answers_201_when_the_channel_answers_500_and_delivery_runs_af
     response = client.post("/api/v1/dlq/events", LEAD | {"event_id": "x"}, format="json")
     assert response.status_code == 201
     assert len(sink.received()) == 1 and AlertDelivery.objects.get().status == "retrying"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_django_q2_runs_the_enqueued_dispatch_by_its_dotted_path(client, tenant, sink, monkeypatch):
+    """The real enqueue (django-q2 in sync mode): the task path resolves and delivers."""
+    from django_q.conf import Conf
+
+    from dlq import tasks
+
+    monkeypatch.setattr(Conf, "SYNC", True)
+    monkeypatch.setattr("dlq.tasks.enqueue", tasks.__dict__["_real_enqueue"])
+    channel(tenant, "webhook", sink)
+    [event_id] = ingest(client)
+    assert [a["ref"] for a in sink.received()[0].json()["alerts"]] == [str(event_id)]
