@@ -1,0 +1,354 @@
+"""``make bench``: one run, every scenario, a table on stdout and var/bench-latest.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import common, dbsetup, explain, httpapi, inproc, raw
+from bench.common import Stats, run_lanes, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+
+TARGETS = [
+    # (label, numerator, denominator, kind, target)
+    ("(b) guard / (a) 1 conn", "b guard run_once", "a raw 1 conn", "fresh", 0.8),
+    ("(b) guard / (a) 1 conn", "b guard run_once", "a raw 1 conn", "replay", 0.5),
+    ("(c) HTTP / (a) 4 conns", "c http", "a raw 4 conns", "fresh", 0.3),
+    ("(c) HTTP / (a) 4 conns", "c http", "a raw 4 conns", "replay", 0.3),
+]
+INFO_RATIOS = [
+    ("(b') services / (a) 1 conn", "b services direct", "a raw 1 conn"),
+    ("(b) guard / (b') services", "b guard run_once", "b services direct"),
+    ("(a') wide / (a) 1 conn", "a' raw ledger-shaped table", "a raw 1 conn"),
+]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--ops", type=int, default=int(os.environ.get("BENCH_OPS", 3000)), help="ops per scenario")
+    p.add_argument("--warmup", type=int, default=int(os.environ.get("BENCH_WARMUP", 200)), help="warm-up ops")
+    p.add_argument(
+        "--http-configs",
+        default=os.environ.get("BENCH_HTTP_CONFIGS", "2x4,4x2,sync4"),
+        help="gunicorn configurations to try (WxT = gthread workers×threads, syncN = N sync workers)",
+    )
+    p.add_argument(
+        "--http-ops",
+        type=int,
+        default=int(os.environ.get("BENCH_HTTP_OPS", 1500)),
+        help="ops per HTTP scenario (an HTTP fresh op is two requests; kept lower to stay within ~3 minutes)",
+    )
+    p.add_argument("--http-trial-ops", type=int, default=250, help="fresh ops per configuration trial")
+    p.add_argument("--no-http", action="store_true", help="skip (c)")
+    p.add_argument("--profile", action="store_true", help="profile (b) and (c) in-process instead of measuring")
+    p.add_argument("--json", default=str(VAR / "bench-latest.json"), help="where to write the results")
+    return p.parse_args(argv)
+
+
+class Keys:
+    def __init__(self) -> None:
+        self.run = f"{int(time.time()):x}"
+
+    def make(self, scenario: str, n: int, tag: str = "") -> list[str]:
+        return [f"bench-{self.run}-{scenario}{tag}-{i:05d}" for i in range(n)]
+
+
+T0 = time.monotonic()
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def section(text: str) -> None:
+    say(f"{text}   [t+{time.monotonic() - T0:.0f}s, load {os.getloadavg()[0]:.1f}]")
+
+
+def run_pair(
+    label: str,
+    factory_for: Any,
+    keys: Keys,
+    slug: str,
+    args: argparse.Namespace,
+    ops: int | None = None,
+    **lane_kw: Any,
+) -> list[Stats]:
+    """Fresh keys (claim→complete), then replays of the same, now finished, keys."""
+    fresh_keys, warm_keys = keys.make(slug, ops or args.ops), keys.make(slug, args.warmup, "w")
+    out = []
+    for kind, items in (("fresh", fresh_keys), ("replay", fresh_keys)):
+        common.analyze(args.dsn)
+        run = run_lanes(factory_for(kind), items, warmup=warm_keys, **lane_kw)
+        stats = summarize(label, kind, run)
+        say(
+            f"  {label:<32} {kind:<6} {stats.ops_per_s:8.0f} ops/s  p50 {stats.p50_ms:6.2f} ms  p99 {stats.p99_ms:6.2f} ms"
+        )
+        out.append(stats)
+    return out
+
+
+def scenario_raw(bench_dsn: str, tenant_id: int, keys: Keys, args: argparse.Namespace) -> list[Stats]:
+    raw.create_tables(bench_dsn)
+    probe = common.pg_backend_probe(bench_dsn)
+    results = []
+    for label, table, procs, slug in (
+        ("a raw 1 conn", raw.NARROW, 1, "raw1"),
+        ("a raw 4 conns", raw.NARROW, 4, "raw4"),
+        ("a' raw ledger-shaped table", raw.WIDE, 1, "wide1"),
+    ):
+        results += run_pair(
+            label,
+            lambda kind, table=table: raw.lane_factory(bench_dsn, table, kind, tenant_id),
+            keys,
+            slug,
+            args,
+            procs=procs,
+            threads=1,
+            probe=probe,
+        )
+    probe.close()  # type: ignore[attr-defined]
+    return results
+
+
+def scenario_inproc(seeded: dict[str, Any], keys: Keys, args: argparse.Namespace) -> list[Stats]:
+    from bench.trace import count_round_trips
+
+    tenant, provider = seeded["tenant"], seeded["provider"]
+    probe = inproc.backend_probe()
+    results = []
+    for label, make, slug in (
+        ("b guard run_once", lambda kind: inproc.guard_factory(tenant, kind), "guard"),
+        ("b services direct", lambda kind: inproc.services_factory(tenant, provider, kind), "svc"),
+    ):
+        pair = run_pair(label, make, keys, slug, args, procs=0, threads=1, probe=probe)
+        # Round trips per op, counted on a small untimed sample from libpq's trace.
+        sample = keys.make(slug, 20, "rt")
+        pair[0].extra.update(count_round_trips(make("fresh")(0), sample))
+        pair[1].extra.update(count_round_trips(make("replay")(0), sample))
+        results += pair
+    return results
+
+
+def scenario_http(seeded: dict[str, Any], bench_url: str, keys: Keys, args: argparse.Namespace) -> list[Stats]:
+    configs = [httpapi.parse_config(c) for c in args.http_configs.split(",") if c]
+    log = VAR / "bench-gunicorn.log"
+    api_key = seeded["api_key"]
+    pg_probe = common.pg_backend_probe(common.libpq_dsn(bench_url))
+    trials: list[Stats] = []
+    if len(configs) > 1:
+        for cfg in configs:
+            with httpapi.gunicorn(cfg, bench_url, log) as server:
+                slug = f"try{cfg.workers}{cfg.threads}{cfg.worker_class[0]}"
+                run = run_lanes(
+                    httpapi.lane_factory(server.port, api_key, "fresh"),
+                    keys.make(slug, args.http_trial_ops),
+                    warmup=keys.make(slug, 80, "w"),
+                    procs=2,
+                    threads=4,
+                    probe=common.combine_probes(pg_probe, server.probe()),
+                )
+                stats = summarize(f"c trial {cfg.label}", "fresh", run, config=cfg.label)
+                trials.append(stats)
+                say(f"  trial {cfg.label:<16} fresh {stats.ops_per_s:7.0f} ops/s  p50 {stats.p50_ms:6.2f} ms")
+    best = max(trials, key=lambda s: s.ops_per_s).extra["config"] if trials else configs[0].label
+    cfg = next(c for c in configs if c.label == best)
+    with httpapi.gunicorn(cfg, bench_url, log) as server:
+        results = run_pair(
+            "c http",
+            lambda kind: httpapi.lane_factory(server.port, api_key, kind),
+            keys,
+            "http",
+            args,
+            ops=args.http_ops,
+            procs=2,
+            threads=4,
+            probe=common.combine_probes(pg_probe, server.probe()),
+        )
+    for s in results:
+        s.extra["config"] = cfg.label
+    pg_probe.close()  # type: ignore[attr-defined]
+    # Round trips per request pair, counted in-process (same Django code path, no socket).
+    from bench.profiling import Wsgi, new_handler, wsgi_ops
+    from bench.trace import count_round_trips
+
+    ops = wsgi_ops(Wsgi(new_handler(), api_key))
+    dbsetup.quiet_logging()
+    sample = keys.make("httprt", 20)
+    results[0].extra.update(count_round_trips(ops["fresh"], sample))
+    results[1].extra.update(count_round_trips(ops["replay"], sample))
+    return trials + results
+
+
+def scenario_explain(seeded: dict[str, Any], bench_dsn: str, keys: Keys, results: list[Stats]) -> list[dict[str, Any]]:
+    from ledger import services
+    from ledger.guard import run_once
+
+    tenant, provider = seeded["tenant"], seeded["provider"]
+    plans = []
+    tenant_id = tenant.pk
+    plans += explain.explain_raw(bench_dsn, raw.NARROW, tenant_id, keys.make("raw1", 1)[0])
+    plans += explain.explain_raw(bench_dsn, raw.WIDE, tenant_id, keys.make("wide1", 1)[0])
+    finished = keys.make("svc", 1)[0]
+    fresh = "explain-" + keys.run
+    req = inproc._request
+
+    def claim(key: str) -> Any:
+        return services.operation_claim(
+            tenant=tenant,
+            key=key,
+            provider=provider,
+            action="bench",
+            request=req(key),
+            mark_sent=True,
+            actor="guard",
+            via_claims=False,
+        )
+
+    def fresh_pair() -> None:
+        op = claim(fresh).operation
+        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={"ok": True})
+
+    from bench.httpapi import claim_body
+    from bench.profiling import Wsgi, new_handler
+
+    client = Wsgi(new_handler(), seeded["api_key"])
+    dbsetup.quiet_logging()
+    plans += explain.explain_selects("HTTP replay claim", lambda: client.post("/api/v1/claims", claim_body(finished)))
+    plans += explain.explain_ledger(
+        [
+            ("ledger fresh claim→complete", fresh_pair),
+            ("ledger replay claim", lambda: claim(finished)),
+            (
+                "run_once replay (adds)",
+                lambda: run_once(
+                    tenant=tenant,
+                    key=finished,
+                    fn=inproc._must_not_run,
+                    args=(finished,),
+                    provider=provider.slug,
+                    action="bench",
+                    request=req(finished),
+                ),
+            ),
+        ]
+    )
+    return plans
+
+
+def fmt_table(results: list[Stats]) -> str:
+    head = f"{'scenario':<34}{'kind':<8}{'ops':>6}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}  {'RT/op':>5}  CPU ms/op (client / server / pg)  errors"
+    lines = [head, "-" * len(head)]
+    for s in results:
+        cpu = s.extra.get("cpu_ms_per_op", {})
+        cpu_txt = " / ".join(f"{cpu[k]:.3f}" if k in cpu else "  -  " for k in ("client", "app", "pg"))
+        rt = s.extra.get("round_trips_per_op")
+        label = s.scenario + (f" [{s.extra['config']}]" if "config" in s.extra and "trial" not in s.scenario else "")
+        lines.append(
+            f"{label:<34}{s.kind:<8}{s.ops:>6}{s.ops_per_s:>9.0f}{s.p50_ms:>9.2f}{s.p99_ms:>9.2f}  "
+            f"{rt if rt is not None else '':>5}  {cpu_txt:<29}  {s.errors or ''}{' ' + s.first_error[:70] if s.errors else ''}"
+        )
+    lines.append(
+        "RT/op = PostgreSQL round trips per op from libpq's trace ((c): counted in-process, same code path)."
+        " CPU: client = the load loop's processes ((b): the app itself, in-process), server = gunicorn master +"
+        " workers, pg = the bench database's backends; all per op, over the timed region only."
+    )
+    return "\n".join(lines)
+
+
+def ratios(results: list[Stats]) -> list[dict[str, Any]]:
+    by = {(s.scenario, s.kind): s.ops_per_s for s in results}
+    out = []
+    for label, num, den, kind, target in TARGETS:
+        if (num, kind) in by and (den, kind) in by and by[(den, kind)]:
+            r = by[(num, kind)] / by[(den, kind)]
+            out.append({"ratio": label, "kind": kind, "value": round(r, 3), "target": target, "pass": r >= target})
+    for label, num, den in INFO_RATIOS:
+        for kind in ("fresh", "replay"):
+            if (num, kind) in by and (den, kind) in by and by[(den, kind)]:
+                out.append({"ratio": label, "kind": kind, "value": round(by[(num, kind)] / by[(den, kind)], 3)})
+    return out
+
+
+def git_state() -> dict[str, Any]:
+    """The tree measured: HEAD and the uncommitted files under ledger/ and config/."""
+    import subprocess
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "ledger", "config").splitlines()]
+    return {"head": git("rev-parse", "--short", "HEAD"), "dirty": dirty}
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    base_url = os.environ.get("DATABASE_URL", "")
+    bench_url = common.bench_database_url(base_url)
+    bench_dsn = args.dsn = common.libpq_dsn(bench_url)
+    VAR.mkdir(exist_ok=True)
+    started = time.monotonic()
+    say(f"onceguard bench — database {common.BENCH_DB} on {bench_dsn.split('@')[-1].split('/')[0]}")
+    dbsetup.ensure_database(base_url)
+    dbsetup.migrate(bench_url)
+    dbsetup.setup_django(bench_url)
+    if args.profile:
+        from bench import profiling
+
+        return profiling.main(args)
+    seeded = dbsetup.seed()
+    keys = Keys()
+    say(
+        f"{args.ops} ops per scenario after {args.warmup} warm-up ops; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+    )
+
+    section("(a) raw SQL through psycopg, autocommit")
+    results = scenario_raw(bench_dsn, seeded["tenant"].pk, keys, args)
+    section("(b) in-process guard")
+    results += scenario_inproc(seeded, keys, args)
+    if not args.no_http:
+        section(f"(c) HTTP API via gunicorn, client concurrency 8 (2 processes × 4 threads), {args.http_ops} ops")
+        results += scenario_http(seeded, bench_url, keys, args)
+    section("plans")
+    common.analyze(bench_dsn)
+    plans = scenario_explain(seeded, bench_dsn, keys, results)
+
+    say("")
+    say(fmt_table(results))
+    say("")
+    rs = ratios(results)
+    for r in rs:
+        mark = "" if "target" not in r else f"  target ≥ {r['target']:.1f}  {'PASS' if r['pass'] else 'MISS'}"
+        say(f"{r['ratio']:<30}{r['kind']:<7}{r['value']:6.2f}{mark}")
+    say("")
+    say("Plans (EXPLAIN ANALYZE, BUFFERS, WAL):")
+    say(explain.format_plans(plans))
+    elapsed = time.monotonic() - started
+    doc = {
+        "git": git_state(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_end": os.getloadavg(),
+        "http_ops": args.http_ops,
+        "ops": args.ops,
+        "warmup": args.warmup,
+        "elapsed_s": round(elapsed, 1),
+        "results": [s.as_dict() for s in results],
+        "ratios": rs,
+        "plans": plans,
+    }
+    Path(args.json).write_text(json.dumps(doc, indent=2, default=str))
+    say(f"\nwrote {args.json} in {elapsed:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
