@@ -72,8 +72,8 @@ def start_worker(
     *, env: dict[str, str], concurrency: int = 4, extra_args: list[str] | None = None
 ) -> subprocess.Popen[bytes]:
     """``manage.py worker`` as a real process; its output goes to a file (a pipe nobody reads
-    could fill up and stall it)."""
-    log = tempfile.TemporaryFile()
+    could fill up and stall it), readable while it runs with :func:`worker_output`."""
+    log = tempfile.NamedTemporaryFile(prefix="onceguard-worker-", suffix=".log", delete=False)
     process = subprocess.Popen(
         [
             sys.executable,
@@ -91,8 +91,14 @@ def start_worker(
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    process.log = log  # type: ignore[attr-defined]
+    log.close()  # the child holds its own descriptor
+    process.log_path = log.name  # type: ignore[attr-defined]
     return process
+
+
+def worker_output(process: subprocess.Popen[bytes]) -> str:
+    with open(process.log_path, "rb") as fh:  # type: ignore[attr-defined]
+        return fh.read().decode(errors="replace")
 
 
 def stop_process(process: subprocess.Popen[bytes], *, timeout: float = 15.0) -> str:
@@ -104,10 +110,8 @@ def stop_process(process: subprocess.Popen[bytes], *, timeout: float = 15.0) -> 
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=5)
-    log = process.log  # type: ignore[attr-defined]
-    log.seek(0)
-    text = log.read().decode(errors="replace")
-    log.close()
+    text = worker_output(process)
+    os.unlink(process.log_path)  # type: ignore[attr-defined]
     return text[-4000:]
 
 

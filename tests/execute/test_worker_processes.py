@@ -8,13 +8,15 @@ import re
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from ledger import sql
 from ledger.errors import DomainError
 from ledger.execute import operation_submit
 from ledger.models import Attempt, Operation, OperationStatus
+from ledger.services import provider_resume
 from ledger.sweeper import sweep
-from tests.execute.support import child_env, start_worker, statuses, stop_process, wait_until
+from tests.execute.support import child_env, start_worker, statuses, stop_process, wait_until, worker_output
 
 S = OperationStatus
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,10 +46,17 @@ def test_two_workers_execute_each_key_exactly_once_with_duplicates_and_a_cold_st
     for i in range(first_wave):
         submit(tenant, keys[i], i)
     assert statuses() == {S.QUEUED: first_wave}
-    env = child_env(LOG_LEVEL="WARNING")
+    # Hold the provider until both workers are up, so both take from the backlog (one
+    # starting a second late would otherwise find it drained and prove nothing).
+    provider.paused_at = timezone.now()
+    provider.save()
+    env = child_env(LOG_LEVEL="INFO")
     workers = [start_worker(env=env, concurrency=8) for _ in range(2)]
     outputs: list[str] = []
     try:
+        assert wait_until(lambda: all("worker_started" in worker_output(w) for w in workers), timeout=30)
+        assert statuses() == {S.QUEUED: first_wave}  # nothing ran before both were up
+        provider_resume(provider_id=provider.pk, actor="test")
         rng = random.Random(7)
         answers: dict[str, int] = {}
 
