@@ -119,16 +119,17 @@ def _embedded_spec() -> tuple[str, str]:
 def keyring() -> Keyring:
     """The configured keys (cached per process and per configuration)."""
     spec = os.environ.get(KEYS_ENV, "").strip()
-    source = KEYS_ENV
-    if not spec:
-        spec, source = _embedded_spec()
-    cached = _cache.get(spec)
+    cache_key = spec or f"file:{key_file_path()}"
+    cached = _cache.get(cache_key)
     if cached is not None:
         return cached
     with _lock:
+        source = KEYS_ENV
+        if not spec:
+            spec, source = _embedded_spec()
         ring = _parse(spec, source)
         _cache.clear()
-        _cache[spec] = ring
+        _cache[cache_key] = ring
     return ring
 
 
