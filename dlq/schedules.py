@@ -12,9 +12,11 @@ SCHEDULES: dict[str, tuple[str, int]] = {
 }
 
 
-def install_schedules(schedule_model: Any) -> list[str]:
+def install_schedules(schedule_model: Any = None) -> list[str]:
     """Create or update each schedule by name (idempotent). Takes the model so a data
     migration can pass its historical one."""
+    if schedule_model is None:
+        from django_q.models import Schedule as schedule_model
     installed = []
     for name, (func, minutes) in SCHEDULES.items():
         schedule_model.objects.update_or_create(

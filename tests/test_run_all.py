@@ -1,0 +1,90 @@
+"""`make run`'s command starts the whole service on a fresh embedded database and stops
+cleanly on Ctrl-C; `schedules_install` installs every app's schedules."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from django.core.management import call_command
+from django_q.models import Schedule
+
+from tests.conftest import on_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.django_db
+def test_schedules_install_installs_every_apps_schedules_idempotently():
+    call_command("schedules_install")
+    call_command("schedules_install")
+    names = set(Schedule.objects.values_list("name", flat=True))
+    assert "ledger.sweep" in names and "review.retention_purge" in names
+    assert any(n.startswith("dlq") for n in names)
+    assert Schedule.objects.filter(name="ledger.sweep").count() == 1
+
+
+def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
+    if on_postgres():
+        pytest.skip("the embedded mode is SQLite")
+    port, demo_base = _free_port(), _free_port()
+    env = {
+        **os.environ,
+        "ONCEGUARD_VAR_DIR": str(tmp_path),
+        "DEMO_PORT_BASE": str(demo_base),
+        "EXEC_WORKERS": "1",
+    }
+    env.pop("DATABASE_URL", None)
+    env.pop("SQLITE_PATH", None)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
+    log = (tmp_path / "run.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "run_all", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        answered = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                answered = httpx.get(f"http://127.0.0.1:{port}/admin/login/", timeout=2).status_code
+                break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        output = (tmp_path / "run.log").read_text(errors="replace")
+        assert answered == 200, output[-3000:]
+        key = next(line.split(":", 1)[1].strip() for line in output.splitlines() if "API key" in line)
+        claim = httpx.post(
+            f"http://127.0.0.1:{port}/api/v1/claims",
+            json={"provider": "demo-charges", "request": {"amount": 1}},
+            headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "smoke:1"},
+            timeout=10,
+        )
+        assert claim.status_code == 201, claim.text
+        assert "console login : admin /" in output
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        log.close()
+    assert proc.returncode == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
