@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import exceptions
+from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -20,6 +20,16 @@ from ledger.models import Operation
 from review import privacy
 
 PAYLOAD_SCOPE = "payload"
+
+
+class PayloadRevealOutputSerializer(serializers.Serializer):
+    """Documentation of the reveal answer."""
+
+    object = serializers.CharField(help_text="e.g. ledger.operation, dlq.failedevent")
+    id = serializers.IntegerField()
+    ref = serializers.CharField(help_text="the key or event id")
+    fields = serializers.DictField(help_text="field name → plaintext value (null when redacted)")
+    access_log = serializers.DictField(help_text="seq, at and hash of the AccessLog row this reveal wrote")
 
 
 class FailedEventNotFound(DomainError):
@@ -68,7 +78,9 @@ class OperationPayloadRevealApi(APIView):
     required_scope = PAYLOAD_SCOPE
 
     @extend_schema(
-        parameters=_PARAMS, summary="Reveal an operation's payload/request/response (scope `payload`; logged)"
+        parameters=_PARAMS,
+        responses={200: PayloadRevealOutputSerializer},
+        summary="Reveal an operation's payload/request/response (scope `payload`; logged)",
     )
     def get(self, request: Request, operation_id: int) -> Response:
         _require_payload_scope(request)
@@ -81,7 +93,11 @@ class OperationPayloadRevealApi(APIView):
 class FailedEventPayloadRevealApi(APIView):
     required_scope = PAYLOAD_SCOPE
 
-    @extend_schema(parameters=_PARAMS, summary="Reveal a DLQ entry's payload (scope `payload`; logged)")
+    @extend_schema(
+        parameters=_PARAMS,
+        responses={200: PayloadRevealOutputSerializer},
+        summary="Reveal a DLQ entry's payload (scope `payload`; logged)",
+    )
     def get(self, request: Request, event_id: int) -> Response:
         from dlq.models import FailedEvent
 
