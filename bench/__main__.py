@@ -8,11 +8,13 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import common, dbsetup, explain, httpapi, inproc, raw
-from bench.common import Stats, run_lanes, summarize
+from bench.common import Stats, merge_runs, run_lanes, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -48,6 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--http-trial-ops", type=int, default=250, help="fresh ops per configuration trial")
     p.add_argument("--no-http", action="store_true", help="skip (c)")
+    p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 6)), help="interleaved rounds")
     p.add_argument("--profile", action="store_true", help="profile (b) and (c) in-process instead of measuring")
     p.add_argument("--json", default=str(VAR / "bench-latest.json"), help="where to write the results")
     return p.parse_args(argv)
@@ -72,78 +75,115 @@ def section(text: str) -> None:
     say(f"{text}   [t+{time.monotonic() - T0:.0f}s, load {os.getloadavg()[0]:.1f}]")
 
 
-def run_pair(
-    label: str,
-    factory_for: Any,
-    keys: Keys,
-    slug: str,
-    args: argparse.Namespace,
-    ops: int | None = None,
-    **lane_kw: Any,
-) -> list[Stats]:
-    """Fresh keys (claim→complete), then replays of the same, now finished, keys."""
-    fresh_keys, warm_keys = keys.make(slug, ops or args.ops), keys.make(slug, args.warmup, "w")
-    out = []
-    for kind, items in (("fresh", fresh_keys), ("replay", fresh_keys)):
+@dataclass
+class Spec:
+    """One scenario of an interleaved group."""
+
+    label: str
+    factory_for: Callable[[str], Any]  # kind ("fresh" | "replay") → lane factory
+    slug: str
+    ops: int
+    lane_kw: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    # Warm-up ops per lane in rounds after the first (raw: psycopg prepares on the 6th use).
+    rewarm: int = 2
+
+
+def run_interleaved(specs: list[Spec], keys: Keys, args: argparse.Namespace) -> list[Stats]:
+    """Fresh keys (claim→complete), then replays of the same, now finished, keys.
+
+    The scenarios of a group run in ``args.rounds`` short rounds, round-robin with the
+    order rotated each round, so the slow drifts of a shared machine (other engineers'
+    tests, their WAL fsyncs) fall on every scenario alike and the ratios stay meaningful.
+    The first round of each scenario warms up with ``args.warmup`` ops, later rounds with a
+    few (``Spec.rewarm`` per lane).
+    """
+    rounds = max(1, args.rounds)
+    out: list[Stats] = []
+    for kind in ("fresh", "replay"):
         common.analyze(args.dsn)
-        run = run_lanes(factory_for(kind), items, warmup=warm_keys, **lane_kw)
-        stats = summarize(label, kind, run)
-        say(
-            f"  {label:<32} {kind:<6} {stats.ops_per_s:8.0f} ops/s  p50 {stats.p50_ms:6.2f} ms  p99 {stats.p99_ms:6.2f} ms"
-        )
-        out.append(stats)
+        runs: dict[str, list[Any]] = {s.label: [] for s in specs}
+        for r in range(rounds):
+            order = specs[r % len(specs) :] + specs[: r % len(specs)]
+            for spec in order:
+                chunk = keys.make(spec.slug, spec.ops)[r::rounds]
+                lanes = max(1, spec.lane_kw.get("procs", 0)) * spec.lane_kw.get("threads", 1)
+                warm_n = args.warmup if r == 0 else spec.rewarm * lanes
+                warm = keys.make(spec.slug, warm_n, f"w{r}")
+                runs[spec.label].append(run_lanes(spec.factory_for(kind), chunk, warmup=warm, **spec.lane_kw))
+        for spec in specs:
+            stats = summarize(spec.label, kind, merge_runs(runs[spec.label]), **spec.extra)
+            say(
+                f"  {spec.label:<32} {kind:<6} {stats.ops_per_s:8.0f} ops/s  p50 {stats.p50_ms:6.2f} ms"
+                f"  p99 {stats.p99_ms:6.2f} ms"
+            )
+            out.append(stats)
     return out
 
 
-def scenario_raw(bench_dsn: str, tenant_id: int, keys: Keys, args: argparse.Namespace) -> list[Stats]:
-    raw.create_tables(bench_dsn)
-    probe = common.pg_backend_probe(bench_dsn)
-    results = []
-    for label, table, procs, slug in (
-        ("a raw 1 conn", raw.NARROW, 1, "raw1"),
-        ("a raw 4 conns", raw.NARROW, 4, "raw4"),
-        ("a' raw ledger-shaped table", raw.WIDE, 1, "wide1"),
-    ):
-        results += run_pair(
-            label,
-            lambda kind, table=table: raw.lane_factory(bench_dsn, table, kind, tenant_id),
-            keys,
-            slug,
-            args,
-            procs=procs,
-            threads=1,
-            probe=probe,
-        )
-    probe.close()  # type: ignore[attr-defined]
-    return results
-
-
-def scenario_inproc(seeded: dict[str, Any], keys: Keys, args: argparse.Namespace) -> list[Stats]:
+def single_connection_group(
+    seeded: dict[str, Any], bench_dsn: str, keys: Keys, args: argparse.Namespace
+) -> list[Stats]:
+    """(a) raw at 1 connection, (a') raw on a ledger-shaped table, (b) guard and services."""
     from bench.trace import count_round_trips
 
     tenant, provider = seeded["tenant"], seeded["provider"]
-    probe = inproc.backend_probe()
-    results = []
-    for label, make, slug in (
-        ("b guard run_once", lambda kind: inproc.guard_factory(tenant, kind), "guard"),
-        ("b services direct", lambda kind: inproc.services_factory(tenant, provider, kind), "svc"),
-    ):
-        pair = run_pair(label, make, keys, slug, args, procs=0, threads=1, probe=probe)
-        # Round trips per op, counted on a small untimed sample from libpq's trace.
-        sample = keys.make(slug, 20, "rt")
-        pair[0].extra.update(count_round_trips(make("fresh")(0), sample))
-        pair[1].extra.update(count_round_trips(make("replay")(0), sample))
-        results += pair
+    raw.create_tables(bench_dsn)
+    pg = common.pg_backend_probe(bench_dsn)
+    inproc_pg = inproc.backend_probe()
+    specs = [
+        Spec(
+            "a raw 1 conn",
+            lambda kind: raw.lane_factory(bench_dsn, raw.NARROW, kind, tenant.pk),
+            "raw1",
+            args.ops,
+            {"procs": 0, "probe": pg},
+            rewarm=10,
+        ),
+        Spec(
+            "a' raw ledger-shaped table",
+            lambda kind: raw.lane_factory(bench_dsn, raw.WIDE, kind, tenant.pk),
+            "wide1",
+            args.ops,
+            {"procs": 0, "probe": pg},
+            rewarm=10,
+        ),
+        Spec(
+            "b guard run_once", lambda kind: inproc.guard_factory(tenant, kind), "guard", args.ops, {"probe": inproc_pg}
+        ),
+        Spec(
+            "b services direct",
+            lambda kind: inproc.services_factory(tenant, provider, kind),
+            "svc",
+            args.ops,
+            {"probe": inproc_pg},
+        ),
+    ]
+    results = run_interleaved(specs, keys, args)
+    pg.close()  # type: ignore[attr-defined]
+    # Round trips per op, counted on a small untimed sample from libpq's trace.
+    for stats in results:
+        spec = next(s for s in specs if s.label == stats.scenario)
+        if stats.scenario.startswith("b "):
+            sample = keys.make(spec.slug, 20, "rt")
+            if stats.kind == "fresh":
+                stats.extra.update(count_round_trips(spec.factory_for("fresh")(0), sample))
+            else:
+                stats.extra.update(count_round_trips(spec.factory_for("replay")(0), sample))
     return results
 
 
-def scenario_http(seeded: dict[str, Any], bench_url: str, keys: Keys, args: argparse.Namespace) -> list[Stats]:
+def concurrent_group(seeded: dict[str, Any], bench_url: str, keys: Keys, args: argparse.Namespace) -> list[Stats]:
+    """Pick the gunicorn configuration (short trials), then (a) at 4 connections and (c)
+    HTTP at client concurrency 8, interleaved."""
+    bench_dsn = common.libpq_dsn(bench_url)
+    tenant_id = seeded["tenant"].pk
     configs = [httpapi.parse_config(c) for c in args.http_configs.split(",") if c]
     log = VAR / "bench-gunicorn.log"
     api_key = seeded["api_key"]
-    pg_probe = common.pg_backend_probe(common.libpq_dsn(bench_url))
+    pg = common.pg_backend_probe(bench_dsn)
     trials: list[Stats] = []
-    if len(configs) > 1:
+    if len(configs) > 1 and not args.no_http:
         for cfg in configs:
             with httpapi.gunicorn(cfg, bench_url, log) as server:
                 slug = f"try{cfg.workers}{cfg.threads}{cfg.worker_class[0]}"
@@ -153,28 +193,37 @@ def scenario_http(seeded: dict[str, Any], bench_url: str, keys: Keys, args: argp
                     warmup=keys.make(slug, 80, "w"),
                     procs=2,
                     threads=4,
-                    probe=common.combine_probes(pg_probe, server.probe()),
+                    probe=common.combine_probes(pg, server.probe()),
                 )
                 stats = summarize(f"c trial {cfg.label}", "fresh", run, config=cfg.label)
                 trials.append(stats)
                 say(f"  trial {cfg.label:<16} fresh {stats.ops_per_s:7.0f} ops/s  p50 {stats.p50_ms:6.2f} ms")
     best = max(trials, key=lambda s: s.ops_per_s).extra["config"] if trials else configs[0].label
     cfg = next(c for c in configs if c.label == best)
+    raw4 = Spec(
+        "a raw 4 conns",
+        lambda kind: raw.lane_factory(bench_dsn, raw.NARROW, kind, tenant_id),
+        "raw4",
+        args.ops,
+        {"procs": 4, "threads": 1, "probe": pg},
+        rewarm=10,
+    )
+    if args.no_http:
+        results = run_interleaved([raw4], keys, args)
+        pg.close()  # type: ignore[attr-defined]
+        return results
+    say(f"  → {cfg.label}; interleaved with (a) at 4 connections")
     with httpapi.gunicorn(cfg, bench_url, log) as server:
-        results = run_pair(
+        http = Spec(
             "c http",
             lambda kind: httpapi.lane_factory(server.port, api_key, kind),
-            keys,
             "http",
-            args,
-            ops=args.http_ops,
-            procs=2,
-            threads=4,
-            probe=common.combine_probes(pg_probe, server.probe()),
+            args.http_ops,
+            {"procs": 2, "threads": 4, "probe": common.combine_probes(pg, server.probe())},
+            {"config": cfg.label},
         )
-    for s in results:
-        s.extra["config"] = cfg.label
-    pg_probe.close()  # type: ignore[attr-defined]
+        results = run_interleaved([raw4, http], keys, args)
+    pg.close()  # type: ignore[attr-defined]
     # Round trips per request pair, counted in-process (same Django code path, no socket).
     from bench.profiling import Wsgi, new_handler, wsgi_ops
     from bench.trace import count_round_trips
@@ -182,8 +231,9 @@ def scenario_http(seeded: dict[str, Any], bench_url: str, keys: Keys, args: argp
     ops = wsgi_ops(Wsgi(new_handler(), api_key))
     dbsetup.quiet_logging()
     sample = keys.make("httprt", 20)
-    results[0].extra.update(count_round_trips(ops["fresh"], sample))
-    results[1].extra.update(count_round_trips(ops["replay"], sample))
+    for stats in results:
+        if stats.scenario == "c http":
+            stats.extra.update(count_round_trips(ops[stats.kind], sample))
     return trials + results
 
 
@@ -309,13 +359,13 @@ def main(argv: list[str]) -> int:
         f"{args.ops} ops per scenario after {args.warmup} warm-up ops; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
     )
 
-    section("(a) raw SQL through psycopg, autocommit")
-    results = scenario_raw(bench_dsn, seeded["tenant"].pk, keys, args)
-    section("(b) in-process guard")
-    results += scenario_inproc(seeded, keys, args)
-    if not args.no_http:
-        section(f"(c) HTTP API via gunicorn, client concurrency 8 (2 processes × 4 threads), {args.http_ops} ops")
-        results += scenario_http(seeded, bench_url, keys, args)
+    section(f"(a) raw SQL at 1 connection + (b) in-process guard, interleaved in {args.rounds} rounds")
+    results = single_connection_group(seeded, bench_dsn, keys, args)
+    section(
+        f"(a) raw SQL at 4 connections + (c) HTTP via gunicorn at client concurrency 8 (2 processes × 4 threads),"
+        f" {args.http_ops} HTTP ops, interleaved"
+    )
+    results += concurrent_group(seeded, bench_url, keys, args)
     section("plans")
     common.analyze(bench_dsn)
     plans = scenario_explain(seeded, bench_dsn, keys, results)
@@ -338,6 +388,7 @@ def main(argv: list[str]) -> int:
         "cpus": os.cpu_count(),
         "loadavg_at_end": os.getloadavg(),
         "http_ops": args.http_ops,
+        "rounds": args.rounds,
         "ops": args.ops,
         "warmup": args.warmup,
         "elapsed_s": round(elapsed, 1),

@@ -192,6 +192,21 @@ class LaneRun:
     cpu: dict[str, float]
 
 
+def merge_runs(runs: Sequence[LaneRun]) -> LaneRun:
+    """Rounds of one scenario as one run: latencies pooled, walls and CPU added up."""
+    cpu: dict[str, float] = {}
+    for r in runs:
+        for k, v in r.cpu.items():
+            cpu[k] = cpu.get(k, 0.0) + v
+    return LaneRun(
+        latencies=[x for r in runs for x in r.latencies],
+        wall=sum(r.wall for r in runs),
+        errors=sum(r.errors for r in runs),
+        first_error=next((r.first_error for r in runs if r.first_error), ""),
+        cpu=cpu,
+    )
+
+
 def _split(items: Sequence[Any], lanes: int) -> list[list[Any]]:
     return [list(items[i::lanes]) for i in range(lanes)]
 
