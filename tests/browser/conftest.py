@@ -17,10 +17,6 @@ from typing import Any
 
 import pytest
 
-# Playwright's sync API runs an event loop in this thread; Django's ORM (used by the tests
-# to set up data) refuses to run inside one unless told it is safe (it is: one thread).
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
@@ -50,17 +46,28 @@ def _ensure_chromium() -> None:
         pytest.fail("apt-get installed chromium but /usr/bin/chromium is missing")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module. Playwright's sync API keeps an event loop running in
+    this thread while it lives; Django's ORM (the tests' set-up) refuses to run inside one
+    unless told it is safe (it is: one thread), so that is allowed for exactly this long."""
     _ensure_chromium()
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                yield chromium
+            finally:
+                chromium.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 class Console:
