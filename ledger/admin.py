@@ -123,7 +123,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    @admin.action(description="Revoke selected API keys")
+    # Only for those who may change keys: without `permissions` any viewer (an auditor) could run it.
+    @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         for api_key in queryset:
             services.apikey_revoke(api_key_id=api_key.pk)

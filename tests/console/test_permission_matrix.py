@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventStatus, Replay
-from ledger.models import Operation, OperationStatus, Provider, Tenant
+from ledger import services
+from ledger.models import ApiKey, Operation, OperationStatus, Provider, Tenant
 from review.models import AccessLog, RetentionPolicy
 from tests.console.support import (
     MARKERS,
@@ -38,6 +39,7 @@ class World:
     failed: Operation
     event: FailedEvent
     paused: Provider
+    api_key: ApiKey
 
 
 def _world(tenant: Tenant, tag: str) -> World:
@@ -47,7 +49,8 @@ def _world(tenant: Tenant, tag: str) -> World:
     review = op_in_review(tenant, mailer, f"{tag}:review", payload=example("voice-call-analyzed.json"))
     failed = failed_op(tenant, crm, f"{tag}:failed", payload=example("crm-create-contact-request.json"))
     Provider.objects.filter(pk=crm.pk).update(paused_at=timezone.now(), paused_reason="HTTP 401")
-    return World(review, failed, FailedEvent.objects.get(operation=failed), Provider.objects.get(pk=crm.pk))
+    key, _ = services.apikey_create(tenant=tenant, scopes=["read"], name=f"{tag}-key")
+    return World(review, failed, FailedEvent.objects.get(operation=failed), Provider.objects.get(pk=crm.pk), key)
 
 
 @pytest.fixture
@@ -81,6 +84,11 @@ def resolve_dlq(client: Client, w: World) -> bool:
 def resume_provider(client: Client, w: World) -> bool:
     client.post("/admin/review/pausedprovider/", {"action": "resume", "_selected_action": [w.paused.pk], "index": 0})
     return Provider.objects.get(pk=w.paused.pk).paused_at is None
+
+
+def revoke_api_key(client: Client, w: World) -> bool:
+    client.post("/admin/ledger/apikey/", {"action": "revoke", "_selected_action": [w.api_key.pk], "index": 0})
+    return ApiKey.objects.get(pk=w.api_key.pk).revoked_at is not None
 
 
 def reveal_payload(client: Client, w: World) -> bool:
@@ -130,6 +138,7 @@ CONSOLE_ACTIONS = {
     "replay_dlq": (replay_dlq, {"operator", "admin"}),
     "resolve_dlq": (resolve_dlq, {"operator", "admin"}),
     "resume_provider": (resume_provider, {"operator", "admin"}),
+    "revoke_api_key": (revoke_api_key, {"admin"}),
     "reveal_payload": (reveal_payload, {"admin"}),
     "export_csv": (export_csv, {"auditor", "admin"}),
     "read_access_log": (read_access_log, {"auditor", "admin"}),
@@ -214,8 +223,6 @@ def test_api_matrix(
 
 def test_a_revoked_key_can_do_nothing(worlds: dict[str, World], tenant: Tenant) -> None:
     from rest_framework.test import APIClient
-
-    from ledger import services
 
     key, secret = services.apikey_create(tenant=tenant, scopes=["read", "write", "admin", "payload"])
     services.apikey_revoke(api_key_id=key.pk)
