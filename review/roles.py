@@ -53,8 +53,8 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.export_data",
         "review.search_subjects",
     ],
-    # Everything a tenant's administrator configures; history stays service-only and tenants
-    # themselves (and users) are made by a superuser.
+    # Everything a tenant's administrator configures; history stays service-only, and tenants,
+    # users and their tenant memberships are a superuser's (users are not tenant-scoped).
     ADMIN: [
         "ledger.view_*",
         "dlq.view_*",
@@ -74,7 +74,6 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.export_data",
         "review.search_subjects",
         "review.*_retentionpolicy",
-        "review.*_stafftenant",
     ],
 }
 
