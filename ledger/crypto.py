@@ -254,8 +254,8 @@ def normalize_identifier(kind: str, value: Any) -> str:
 def payload_written(*, tenant_id: int, record_type: str, record_id: int, values: list[Any], source: str = "") -> None:
     """Called by the services that store a payload: fills the data-subject index (keyed
     HMACs of the identifiers in it), so an auditor can find the record without decrypting.
-    Never raises into the caller's write: a failure is logged (ids only) and the record
-    can be re-indexed by ``manage.py encryption_rotate --reindex``."""
+    Never raises into the caller's write: a failure is logged (ids only, in its own
+    savepoint) and the record is simply not findable by subject until indexed again."""
     if all(v is None for v in values):
         return
     try:
