@@ -668,9 +668,12 @@ def operation_heartbeat(
         )
         row = cursor.fetchone()
         if row is not None:
+            # Copy the row's value: the attempt mirrors the lease exactly, not a second clock read.
             cursor.execute(
-                f"UPDATE ledger_attempt SET lease_expires_at = {lease_sql} WHERE operation_id = %s AND lease_token = %s",
-                [*lease_p, operation_id, lease_token],
+                "UPDATE ledger_attempt SET lease_expires_at ="
+                " (SELECT lease_expires_at FROM ledger_operation WHERE id = %s)"
+                " WHERE operation_id = %s AND lease_token = %s",
+                [operation_id, operation_id, lease_token],
             )
     if row is None:
         raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
