@@ -4,7 +4,7 @@ is, or anything else (stored raw and flagged). Pure functions, no database.
 Identity (DESIGN §4), first that applies: an explicit ``event_id``;
 ``n8n:{workflow.id}:{execution.id}`` (``retryOf`` names the execution this one retried);
 ``n8n:{workflow.id}:trigger:{timestamp}:{node}`` for the trigger variant; else
-``sha256:{digest of the raw body}``, flagged as a weak identity.
+``hmac:{key id}:{keyed digest of the raw body}``, flagged as a weak identity.
 """
 
 from __future__ import annotations
@@ -85,7 +85,14 @@ def error_class_from_report(*, message: str, http_code: Any = None) -> str:
 
 
 def weak_identity(raw: bytes) -> str:
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
+    """A keyed HMAC of the raw body, never a bare hash: a tiny body (a phone number) could be
+    guessed back from sha256 (DESIGN §6). After a key rotation the same body gets a new
+    identity, so a repost across a rotation is a second (still weak, flagged) entry."""
+    from ledger.crypto import digest
+
+    # latin-1 maps every byte to one character: any body, text or not, has a digest.
+    kid, hexdigest = digest(raw.decode("latin-1"))
+    return f"hmac:{kid}:{hexdigest}"
 
 
 def _text(value: Any, limit: int = 255) -> str:

@@ -36,12 +36,19 @@ def test_n8n_trigger_variant_identity_is_workflow_timestamp_and_node():
     assert "Workflow could not be activated" in parsed.error_message
 
 
+def keyed(raw: bytes) -> str:
+    from ledger.crypto import digest
+
+    kid, hexdigest = digest(raw.decode("latin-1"))
+    return f"hmac:{kid}:{hexdigest}"
+
+
 def test_an_unsaved_n8n_execution_without_id_falls_back_to_a_weak_identity():
     body = example("n8n-error-trigger-execution.json")
     del body["execution"]["id"]
     raw = json.dumps(body).encode()
     parsed = parse_failure(raw)
-    assert parsed.weak and parsed.identity == "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert parsed.weak and parsed.identity == keyed(raw)
     assert parsed.shape == FailedEventShape.N8N_EXECUTION
 
 
@@ -57,7 +64,9 @@ def test_unknown_json_is_kept_raw_with_a_weak_identity_from_the_body_digest():
     parsed = parse_failure(raw)
     assert parsed.shape == FailedEventShape.RAW
     assert parsed.weak
-    assert parsed.identity == "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert parsed.identity == keyed(raw)
+    # Never a bare hash a small body could be guessed back from (DESIGN §6).
+    assert hashlib.sha256(raw).hexdigest() not in parsed.identity
     assert parsed.payload == example("voice-call-analyzed.json")
 
 
