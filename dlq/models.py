@@ -395,6 +395,7 @@ class AlertDelivery(models.Model):
     sent_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "alert deliveries"
         indexes = [
             models.Index(fields=["channel", "created_at"], name="alertdelivery_channel_idx"),
             models.Index(
