@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from io import StringIO
 
+import pytest
 from django.core.management import call_command
 
 
+@pytest.mark.django_db
 def test_no_model_change_is_missing_a_migration():
     out = StringIO()
     try:
