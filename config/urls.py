@@ -3,6 +3,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from ledger.metrics import metrics_view
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Payload reveal (scope `payload`, reason, access log) — before the ledger's routes.
@@ -12,6 +14,7 @@ urlpatterns = [
     path("api/v1/dlq/", include("dlq.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("metrics", metrics_view, name="metrics"),
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
 ]
 
