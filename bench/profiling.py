@@ -24,7 +24,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +257,50 @@ def server_side_binding() -> Iterator[None]:
         connection.settings_dict["OPTIONS"] = saved
 
 
+@contextmanager
+def cached_lookups() -> Iterator[None]:
+    """Price proposal 'cache the API key and the provider per process': memoize
+    ApiKeyAuthentication.authenticate (by header) and services.provider_for (by tenant,
+    slug) in this process only, for the duration of the block."""
+    from ledger import auth, services
+
+    original_auth = auth.ApiKeyAuthentication.authenticate
+    original_provider = services.provider_for
+    principals: dict[str, Any] = {}
+    providers: dict[tuple[Any, Any], Any] = {}
+
+    def authenticate(self: Any, request: Any) -> Any:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if header not in principals:
+            principals[header] = original_auth(self, request)
+        return principals[header]
+
+    def provider_for(*, tenant: Any, slug: str | None) -> Any:
+        key = (getattr(tenant, "pk", tenant), slug)
+        if key not in providers:
+            providers[key] = original_provider(tenant=tenant, slug=slug)
+        return providers[key]
+
+    auth.ApiKeyAuthentication.authenticate = authenticate  # type: ignore[method-assign]
+    services.provider_for = provider_for
+    try:
+        yield
+    finally:
+        auth.ApiKeyAuthentication.authenticate = original_auth  # type: ignore[method-assign]
+        services.provider_for = original_provider
+
+
+def combined(*contexts: Callable[[], Any]) -> Callable[[], Any]:
+    @contextmanager
+    def ctx() -> Iterator[None]:
+        with ExitStack() as stack:
+            for c in contexts:
+                stack.enter_context(c())
+            yield
+
+    return ctx
+
+
 # --- Measurement helpers ---------------------------------------------------------------
 
 
@@ -285,6 +329,35 @@ def timed_loop(op: Callable[[str], None], keys: list[str]) -> dict[str, float]:
     pg = proc_cpu_seconds(backend) - pg0
     n = len(keys)
     return {"wall_ms": wall * 1000 / n, "python_cpu_ms": cpu * 1000 / n, "pg_cpu_ms": pg * 1000 / n}
+
+
+def interleaved_plain(
+    variants: list[tuple[str, dict[str, Callable[[str], None]], Callable[[], Any]]],
+    keygen: KeyGen,
+    n: int,
+    rounds: int,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each variant's fresh and replay loops in ``rounds`` chunks, round-robin, so A/B pairs
+    see the same machine. ``ctx`` sets the variant up (and a few untimed ops warm it)."""
+    sums: dict[str, dict[str, Counter[str]]] = {
+        name: {"fresh": Counter(), "replay": Counter()} for name, _, _ in variants
+    }
+    done: dict[str, list[str]] = {}
+    for name, ops, ctx in variants:
+        with ctx():
+            _, done[name] = pair_keys(keygen, "pd", n, ops["fresh"])
+    fresh_keys = {name: keygen.batch("pf", n) for name, _, _ in variants}
+    for r in range(rounds):
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
+        for name, ops, ctx in order:
+            with ctx():
+                for key in keygen.batch("pw", 6):  # psycopg prepares on the 6th use
+                    ops["fresh"](key)
+                for kind, keys in (("fresh", fresh_keys[name][r::rounds]), ("replay", done[name][r::rounds])):
+                    m = timed_loop(ops[kind], keys)
+                    for k, v in m.items():
+                        sums[name][kind][k] += v * len(keys)
+    return {name: {kind: {k: v / n for k, v in c.items()} for kind, c in kinds.items()} for name, kinds in sums.items()}
 
 
 def pair_keys(keygen: KeyGen, tag: str, n: int, fresh: Callable[[str], None]) -> tuple[list[str], list[str]]:
@@ -390,29 +463,35 @@ def main(args: Any) -> int:
             ops["fresh"](key)
             ops["replay"](key)
 
-    say("\n== Plain loops (no profiler): wall / Python CPU / PostgreSQL backend CPU per op ==")
-    plain: dict[str, Any] = {}
-    variants = [(name, ops) for name, ops in paths.items()]
-    variants.append((f"WSGI, MIDDLEWARE={API_MIDDLEWARE}", slim))
-    for name, ops in variants:
-        fresh_keys, done_keys = pair_keys(keygen, "p", n, ops["fresh"])
-        plain[name] = {"fresh": timed_loop(ops["fresh"], fresh_keys), "replay": timed_loop(ops["replay"], done_keys)}
-    connection.health_check_enabled = False
-    fresh_keys, done_keys = pair_keys(keygen, "hc", n, http["fresh"])
-    plain["WSGI, CONN_HEALTH_CHECKS off"] = {
-        "fresh": timed_loop(http["fresh"], fresh_keys),
-        "replay": timed_loop(http["replay"], done_keys),
-    }
-    connection.health_check_enabled = connection.settings_dict["CONN_HEALTH_CHECKS"]
-    with server_side_binding():
-        for name, ops in (("services direct", svc_ops), ("guard run_once", guard_ops), ("WSGI in-process", http)):
-            for key in keygen.batch("ssbwarm", 10):
-                ops["fresh"](key)
-            fresh_keys, done_keys = pair_keys(keygen, "ssb", n, ops["fresh"])
-            plain[f"{name}, server-side binding + prepared statements"] = {
-                "fresh": timed_loop(ops["fresh"], fresh_keys),
-                "replay": timed_loop(ops["replay"], done_keys),
-            }
+    say("\n== Plain loops (no profiler), A/B variants interleaved in rounds: per op ==")
+
+    @contextmanager
+    def no_health_checks() -> Iterator[None]:
+        connection.health_check_enabled = False
+        try:
+            yield
+        finally:
+            connection.health_check_enabled = connection.settings_dict["CONN_HEALTH_CHECKS"]
+
+    variants: list[tuple[str, dict[str, Callable[[str], None]], Callable[[], Any]]] = [
+        ("guard run_once", guard_ops, nullcontext),
+        ("guard run_once, prepared statements", guard_ops, server_side_binding),
+        ("guard run_once, provider cached", guard_ops, cached_lookups),
+        ("guard run_once, prepared + provider cached", guard_ops, combined(server_side_binding, cached_lookups)),
+        ("services direct", svc_ops, nullcontext),
+        ("services direct, prepared statements", svc_ops, server_side_binding),
+        ("WSGI in-process", http, nullcontext),
+        (f"WSGI, MIDDLEWARE={API_MIDDLEWARE}", slim, nullcontext),
+        ("WSGI, CONN_HEALTH_CHECKS off", http, no_health_checks),
+        ("WSGI, prepared statements", http, server_side_binding),
+        ("WSGI, API key + provider cached", http, cached_lookups),
+        (
+            "WSGI, all four (slim middleware, no health check, prepared, cached)",
+            slim,
+            combined(no_health_checks, server_side_binding, cached_lookups),
+        ),
+    ]
+    plain = interleaved_plain(variants, keygen, n, rounds=4)
     for name, kinds in plain.items():
         for kind, m in kinds.items():
             say(
