@@ -19,6 +19,7 @@ import cProfile
 import functools
 import io
 import json
+import os
 import pstats
 import sys
 import time
@@ -227,6 +228,19 @@ def wsgi_ops(client: Wsgi) -> dict[str, Callable[[str], None]]:
     return {"fresh": fresh, "replay": replay}
 
 
+def raw_reference(tenant_id: int) -> dict[str, Callable[[str], None]]:
+    """(a)'s raw statements on one psycopg connection, run in this same loop harness."""
+    from bench import common, raw
+
+    dsn = common.libpq_dsn(os.environ["DATABASE_URL"])
+    raw.create_tables(dsn)
+    ops: dict[str, Callable[[str], None]] = {}
+    for kind in ("fresh", "replay"):
+        op = raw.lane_factory(dsn, raw.NARROW, kind, tenant_id)(0)
+        ops[kind] = op
+    return ops
+
+
 def new_handler(middleware: list[str] | None = None) -> Any:
     from django.conf import settings
     from django.core.handlers.wsgi import WSGIHandler
@@ -315,13 +329,16 @@ class KeyGen:
 
 
 def timed_loop(op: Callable[[str], None], keys: list[str]) -> dict[str, float]:
-    """Wall and CPU per op of a plain loop (no profiler)."""
+    """Wall and CPU per op of a plain loop (no profiler). PostgreSQL CPU is read from the
+    op's own backend when it names one (``op.backend_pid``), else Django's."""
     from django.db import connection
 
     from bench.common import proc_cpu_seconds
 
-    connection.ensure_connection()
-    backend = connection.connection.info.backend_pid
+    backend = getattr(op, "backend_pid", None)
+    if backend is None:
+        connection.ensure_connection()
+        backend = connection.connection.info.backend_pid
     pg0, cpu0, t0 = proc_cpu_seconds(backend), time.process_time(), time.perf_counter()
     for key in keys:
         op(key)
@@ -473,7 +490,9 @@ def main(args: Any) -> int:
         finally:
             connection.health_check_enabled = connection.settings_dict["CONN_HEALTH_CHECKS"]
 
+    raw_ops = raw_reference(tenant.pk)
     variants: list[tuple[str, dict[str, Callable[[str], None]], Callable[[], Any]]] = [
+        ("raw 1 conn (reference for the ratios)", raw_ops, nullcontext),
         ("guard run_once", guard_ops, nullcontext),
         ("guard run_once, prepared statements", guard_ops, server_side_binding),
         ("guard run_once, provider cached", guard_ops, cached_lookups),
@@ -492,11 +511,14 @@ def main(args: Any) -> int:
         ),
     ]
     plain = interleaved_plain(variants, keygen, n, rounds=4)
+    reference = plain["raw 1 conn (reference for the ratios)"]
+    say("  (vs raw = raw wall / variant wall: the throughput ratio of single-connection serial loops)")
     for name, kinds in plain.items():
         for kind, m in kinds.items():
+            vs = "" if name.startswith("WSGI") else f"  vs raw {reference[kind]['wall_ms'] / m['wall_ms']:5.2f}"
             say(
                 f"  {name:<58} {kind:<6} wall {m['wall_ms']:6.3f} ms  python {m['python_cpu_ms']:6.3f} ms"
-                f"  pg {m['pg_cpu_ms']:6.3f} ms"
+                f"  pg {m['pg_cpu_ms']:6.3f} ms{vs}"
             )
     doc["plain"] = plain
 

@@ -143,6 +143,8 @@ def lane_factory(dsn: str, table: str, kind: str, tenant_id: int) -> Any:
             if row is None or row[1] != "succeeded":
                 raise RuntimeError(f"replay of {key} found {row!r}")
 
-        return fresh if kind == "fresh" else replay
+        op = fresh if kind == "fresh" else replay
+        op.backend_pid = conn.info.backend_pid  # type: ignore[attr-defined]
+        return op
 
     return factory
