@@ -12,46 +12,19 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ledger import services, sql
+from ledger import sql
 from ledger.models import IdempotencyClass, Operation, OperationStatus
 from ledger.sweeper import sweep
-from relay.testing import RunningServer, start_mock_provider, start_relay
+from tests.e2e.support import ADVISORY, ENFORCED, EXPECTED, TIMEOUT, Stack, effects, settle
 from tests.execute.support import child_env, make_due, run_due, start_worker, stop_process, wait_until
 
 S = OperationStatus
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TIMEOUT = 0.5  # the provider's attempt timeout; delay-then-respond holds answers 3x longer
 
-
-class Stack:
-    def __init__(self, cls: str) -> None:
-        self.cls = cls
-        self.provider = start_mock_provider("enforced" if cls == IdempotencyClass.KEY_ENFORCED else "advisory")
-        self.relay = start_relay(self.provider, delay=TIMEOUT * 3)
-
-    def stop(self) -> None:
-        self.relay.stop()
-        self.provider.stop()
-
-
-@pytest.fixture(params=[IdempotencyClass.KEY_ENFORCED, IdempotencyClass.KEY_ADVISORY])
+@pytest.fixture(params=[ENFORCED, ADVISORY])
 def stack(request: Any, tenant: Any) -> Iterator[Stack]:
-    s = Stack(request.param)
-    services.provider_upsert(
-        tenant=tenant,
-        slug="pay",
-        base_url=s.relay.url,
-        idempotency_class=request.param,
-        lookup_path="/charges?idempotency_key={key}" if request.param == IdempotencyClass.KEY_ENFORCED else "",
-        ref_pointer="/id",
-        status_pointer="/status",
-        success_values=["succeeded"],
-        lookup_settle_seconds=0,
-        timeout_seconds=TIMEOUT,
-        base_delay_seconds=0.05,
-        max_delay_seconds=0.1,
-    )
+    s = Stack(tenant, request.param, base_delay_seconds=0.05, max_delay_seconds=0.1)
     yield s
     s.stop()
 
@@ -78,41 +51,6 @@ def submit(api: Any, key: str) -> dict[str, Any]:
     )
     assert r.status_code == 202, r.content
     return r.json()
-
-
-def settle(op_id: int, seconds: float = 5.0) -> None:
-    """Age the attempt on the database clock past timeout + settle time instead of sleeping."""
-    past, params = sql.now_plus(-seconds)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE ledger_operation SET sent_at = CASE WHEN sent_at IS NULL THEN NULL ELSE {past} END,"
-            f" claimed_at = {past} WHERE id = %s",
-            [*params, *params, op_id],
-        )
-
-
-def effects(server: RunningServer) -> int:
-    return server.effects()["count"]
-
-
-EXPECTED = {
-    "forward-and-respond": {
-        IdempotencyClass.KEY_ENFORCED: (S.SUCCEEDED, 1),
-        IdempotencyClass.KEY_ADVISORY: (S.SUCCEEDED, 1),
-    },
-    "fail-before-forward": {
-        IdempotencyClass.KEY_ENFORCED: (S.SUCCEEDED, 1),
-        IdempotencyClass.KEY_ADVISORY: (S.REVIEW, 0),
-    },
-    "forward-then-drop-response": {
-        IdempotencyClass.KEY_ENFORCED: (S.SUCCEEDED, 1),
-        IdempotencyClass.KEY_ADVISORY: (S.REVIEW, 1),
-    },
-    "delay-then-respond": {
-        IdempotencyClass.KEY_ENFORCED: (S.SUCCEEDED, 1),
-        IdempotencyClass.KEY_ADVISORY: (S.REVIEW, 1),
-    },
-}
 
 
 @pytest.mark.parametrize("relay_mode", list(EXPECTED))

@@ -18,42 +18,20 @@ import pytest
 from ledger import services
 from ledger.models import IdempotencyClass, Operation, OperationStatus
 from ledger.sweeper import sweep
-from relay.testing import RunningServer, start_mock_provider, start_relay
+from relay.testing import RunningServer
+from tests.e2e.support import ADVISORY, ENFORCED, EXPECTED, TIMEOUT, Stack, effects, settle
 from tests.ledger.support import expire_lease
 
 S = OperationStatus
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The caller's deadline for one provider call; the relay's delay mode exceeds it.
-CALL_TIMEOUT = 0.5
+CALL_TIMEOUT = TIMEOUT
 
 
-class Stack:
-    def __init__(self, cls: str) -> None:
-        self.provider = start_mock_provider("enforced" if cls == IdempotencyClass.KEY_ENFORCED else "advisory")
-        self.relay = start_relay(self.provider, delay=CALL_TIMEOUT * 3)
-
-    def stop(self) -> None:
-        self.relay.stop()
-        self.provider.stop()
-
-
-@pytest.fixture(params=[IdempotencyClass.KEY_ENFORCED, IdempotencyClass.KEY_ADVISORY])
+@pytest.fixture(params=[ENFORCED, ADVISORY])
 def stack(request: Any, tenant: Any) -> Iterator[tuple[Stack, Any]]:
-    s = Stack(request.param)
-    provider = services.provider_upsert(
-        tenant=tenant,
-        slug="pay",
-        base_url=s.relay.url,
-        idempotency_class=request.param,
-        lookup_path="/charges?idempotency_key={key}" if request.param == IdempotencyClass.KEY_ENFORCED else "",
-        ref_pointer="/id",
-        status_pointer="/status",
-        success_values=["succeeded"],
-        lookup_settle_seconds=0,
-        timeout_seconds=CALL_TIMEOUT,
-    )
-    yield s, provider
+    s = Stack(tenant, request.param)
+    yield s, s.ledger_provider
     s.stop()
 
 
@@ -114,45 +92,8 @@ def _op(key: str) -> Operation:
     return Operation.objects.get(key=key)
 
 
-def settle(op_id: int, seconds: float = 5.0) -> None:
-    """Age the sent marker on the database's clock past the provider's timeout + settle time,
-    instead of sleeping: only then does the sweeper trust a "not found"."""
-    from django.db import connection
-
-    from ledger import sql
-
-    past, params = sql.now_plus(-seconds)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE ledger_operation SET sent_at = CASE WHEN sent_at IS NULL THEN NULL ELSE {past} END,"
-            f" claimed_at = {past} WHERE id = %s",
-            [*params, *params, op_id],
-        )
-
-
 def _effects(server: RunningServer) -> int:
-    return server.effects()["count"]
-
-
-# relay mode → expected (enforced, advisory): final status and effect count at the provider.
-EXPECTED = {
-    "forward-and-respond": {
-        IdempotencyClass.KEY_ENFORCED: (S.SUCCEEDED, 1),
-        IdempotencyClass.KEY_ADVISORY: (S.SUCCEEDED, 1),
-    },
-    "fail-before-forward": {
-        IdempotencyClass.KEY_ENFORCED: (S.SUCCEEDED, 1),
-        IdempotencyClass.KEY_ADVISORY: (S.REVIEW, 0),
-    },
-    "forward-then-drop-response": {
-        IdempotencyClass.KEY_ENFORCED: (S.SUCCEEDED, 1),
-        IdempotencyClass.KEY_ADVISORY: (S.REVIEW, 1),
-    },
-    "delay-then-respond": {
-        IdempotencyClass.KEY_ENFORCED: (S.SUCCEEDED, 1),
-        IdempotencyClass.KEY_ADVISORY: (S.REVIEW, 1),
-    },
-}
+    return effects(server)
 
 
 @pytest.mark.parametrize("relay_mode", list(EXPECTED))
