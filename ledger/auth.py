@@ -10,6 +10,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from ledger.caching import TtlCache
 from ledger.models import ApiKey, Tenant
 
 
@@ -34,6 +35,21 @@ class ApiPrincipal:
         return f"apikey:{self.prefix}"
 
 
+def _load_principal(hashed: str) -> tuple[ApiPrincipal, ApiKey] | None:
+    try:
+        api_key = ApiKey.objects.select_related("tenant").get(hashed_key=hashed, revoked_at__isnull=True)
+    except ApiKey.DoesNotExist:
+        return None
+    principal = ApiPrincipal(
+        api_key_id=api_key.pk, prefix=api_key.prefix, tenant=api_key.tenant, scopes=frozenset(api_key.scopes)
+    )
+    return principal, api_key
+
+
+# Valid keys by hash, for API_KEY_CACHE_SECONDS: revocation reaches every node within that.
+API_KEYS: TtlCache[tuple[ApiPrincipal, ApiKey]] = TtlCache("API_KEY_CACHE_SECONDS")
+
+
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -44,17 +60,10 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
-        api_key = (
-            ApiKey.objects.select_related("tenant")
-            .filter(hashed_key=hash_api_key(secret.strip()), revoked_at__isnull=True)
-            .first()
-        )
-        if api_key is None:
+        found = API_KEYS.get(hash_api_key(secret.strip()), lambda: _load_principal(hash_api_key(secret.strip())))
+        if found is None:
             raise exceptions.AuthenticationFailed("Unknown or revoked API key.")
-        principal = ApiPrincipal(
-            api_key_id=api_key.pk, prefix=api_key.prefix, tenant=api_key.tenant, scopes=frozenset(api_key.scopes)
-        )
-        return principal, api_key
+        return found
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'

@@ -26,6 +26,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger import sql
+from ledger.caching import TtlCache
 from ledger.crypto import payload_written, seal_json
 from ledger.errors import (
     IllegalTransition,
@@ -104,11 +105,15 @@ def backoff_seconds(*, attempt: int, base: float, cap: float, rng: random.Random
     return (rng or random).uniform(0, ceiling)
 
 
+# Providers by (tenant id, slug), for PROVIDER_CACHE_SECONDS; upserts forget their entry.
+PROVIDERS: TtlCache[Provider] = TtlCache("PROVIDER_CACHE_SECONDS")
+
+
 def provider_for(*, tenant: Tenant | int, slug: str | None) -> Provider | None:
     if slug in (None, ""):
         return None
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
-    provider = Provider.objects.filter(tenant_id=tenant_id, slug=slug).first()
+    provider = PROVIDERS.get((tenant_id, slug), lambda: Provider.objects.filter(tenant_id=tenant_id, slug=slug).first())
     if provider is None:
         raise UnknownProvider(f"No provider named {slug!r} is configured for this tenant.")
     return provider
@@ -1105,13 +1110,16 @@ def apikey_create(*, tenant: Tenant, scopes: list[str] | None = None, name: str 
 
 
 def apikey_revoke(*, api_key_id: int) -> None:
+    from ledger.auth import API_KEYS
     from ledger.models import ApiKey
 
     ApiKey.objects.filter(pk=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    API_KEYS.forget_where(lambda found: found[1].pk == api_key_id)
 
 
 def provider_upsert(*, tenant: Tenant, slug: str, **fields: Any) -> Provider:
     provider, _ = Provider.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+    PROVIDERS.forget((tenant.pk, slug))
     return provider
 
 

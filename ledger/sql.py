@@ -66,21 +66,30 @@ def _to_datetime(value: Any) -> datetime | None:
     return parsed
 
 
+_DATETIME_IDX = [i for i, c in enumerate(OP_COLUMNS) if c in _DATETIME_COLS]
+_JSON_IDX = [i for i, c in enumerate(OP_COLUMNS) if c in _JSON_COLS]
+_BOOL_IDX = [i for i, c in enumerate(OP_COLUMNS) if c in _BOOL_COLS]
+
+
 def operation_from_row(row: tuple[Any, ...] | list[Any]) -> Operation:
-    """Build an Operation from the first len(OP_COLUMNS) values of a raw row."""
+    """Build an Operation from the first len(OP_COLUMNS) values of a raw row.
+
+    Only the columns that need it are converted: psycopg already returns aware datetimes
+    and booleans (SQLite returns text and integers); both return JSON as text here.
+    """
     values = list(row[: len(OP_COLUMNS)])
-    for i, column in enumerate(OP_COLUMNS):
+    if not is_postgres():
+        for i in _DATETIME_IDX:
+            if values[i] is not None:
+                values[i] = _to_datetime(values[i])
+        for i in _BOOL_IDX:
+            if values[i] is not None:
+                values[i] = bool(values[i])
+    for i in _JSON_IDX:
         v = values[i]
-        if v is None:
-            continue
-        if column in _DATETIME_COLS:
-            values[i] = _to_datetime(v)
-        elif column in _JSON_COLS and isinstance(v, (str, bytes)):
+        if isinstance(v, (str, bytes)):
             values[i] = json.loads(v)
-        elif column in _BOOL_COLS:
-            values[i] = bool(v)
-    op = Operation.from_db("default", _ATTNAMES, values)
-    return op
+    return Operation.from_db("default", _ATTNAMES, values)
 
 
 def db_now() -> datetime:

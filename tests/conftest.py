@@ -62,3 +62,15 @@ def _close_stray_test_db_sessions(django_db_setup: Any, django_db_blocker: Any) 
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
+
+
+@pytest.fixture(autouse=True)
+def _forget_process_caches() -> Any:
+    """Per-process caches are keyed by ids and test databases reuse ids between tests."""
+    from ledger import caching, selectors
+
+    caching.clear_all()
+    selectors._PROVIDER_SLUGS.clear()
+    yield
+    caching.clear_all()
+    selectors._PROVIDER_SLUGS.clear()

@@ -1,0 +1,56 @@
+"""A small per-process cache with a time limit, for the two lookups every API request
+makes (its API key, the provider it names). Misses are never cached, so a key or provider
+created a moment ago works at once; a change or revocation reaches other processes within
+the configured seconds and this process at once (the services forget their entries)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+from django.conf import settings
+
+V = TypeVar("V")
+
+_ALL: list[TtlCache[object]] = []
+
+
+class TtlCache(Generic[V]):
+    def __init__(self, setting: str, max_entries: int = 10_000) -> None:
+        self.setting = setting
+        self.max_entries = max_entries
+        self._entries: dict[Hashable, tuple[float, V]] = {}
+        _ALL.append(self)  # type: ignore[arg-type]
+
+    def get(self, key: Hashable, load: Callable[[], V | None]) -> V | None:
+        ttl = float(settings.ONCEGUARD.get(self.setting, 0))
+        if ttl <= 0:
+            return load()
+        now = time.monotonic()
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        value = load()
+        if value is not None:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[key] = (now + ttl, value)
+        return value
+
+    def forget(self, key: Hashable) -> None:
+        self._entries.pop(key, None)
+
+    def forget_where(self, predicate: Callable[[V], bool]) -> None:
+        for key, (_, value) in list(self._entries.items()):
+            if predicate(value):
+                self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def clear_all() -> None:
+    """Forget everything (tests: databases reuse ids between tests)."""
+    for cache in _ALL:
+        cache.clear()
