@@ -33,8 +33,14 @@ fmt: setup
 test: lint
 	bash scripts/test.sh
 
+## make bench: every benchmark against PostgreSQL, each beside its baseline measured in the same run.
+## BENCH_SUITES narrows it, e.g. `make bench BENCH_SUITES="bench bench.sweeper"`.
+BENCH_SUITES ?= bench bench.execute bench.sweeper bench.dlq bench.retention
 bench: setup
-	DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} $(PY) -m bench
+	@set -e; for suite in $(BENCH_SUITES); do \
+	  echo; echo "===== $$suite ====="; \
+	  DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} $(PY) -m $$suite; \
+	done
 
 clean:
 	rm -rf $(VENV) var staticfiles

@@ -183,11 +183,16 @@ class Provider(models.Model):
 class Operation(models.Model):
     """One row per logical side effect, unique on (tenant, key)."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations")
+    # No single-column index: (tenant, key) and the tenant composites below cover it.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations", db_index=False)
     key = models.CharField(max_length=255)
     mode = models.CharField(max_length=8, choices=OperationMode.choices, default=OperationMode.GUARD)
     status = models.CharField(max_length=16, choices=OperationStatus.choices)
-    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, null=True, blank=True, related_name="operations")
+    # Not indexed: only deleting a provider (rare, PROTECTed) searches by it; every claim
+    # would pay for the index.
+    provider = models.ForeignKey(
+        Provider, on_delete=models.PROTECT, null=True, blank=True, related_name="operations", db_index=False
+    )
     action = models.CharField(max_length=100, blank=True)
     fingerprint = models.CharField(max_length=64)
     # execute mode only: the provider-neutral request the workers send.
@@ -216,7 +221,9 @@ class Operation(models.Model):
     workflow_id = models.CharField(max_length=255, blank=True)
     workflow_version = models.CharField(max_length=100, blank=True)
     correlation_id = models.CharField(max_length=255, blank=True)
-    superseded_by = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    superseded_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     # Execute mode: size of the stored request (admission's queued-bytes limit), the
     # provider's unit price at submission (the tenant's budget; refunded by failed/abandoned)
     # and where the terminal outcome is POSTed.
@@ -274,10 +281,15 @@ class Operation(models.Model):
             # Admission's budget: what a tenant submitted in the current period.
             models.Index(fields=["tenant", "created_at"], name="op_tenant_created_idx"),
             models.Index(fields=["tenant", "updated_at", "id"], name="op_tenant_updated_idx"),
-            models.Index(fields=["reconciliation_handle"], name="op_handle_idx"),
+            # Identifier searches: partial, so the many rows without one cost no index write.
+            models.Index(
+                fields=["reconciliation_handle"], name="op_handle_idx", condition=~Q(reconciliation_handle="")
+            ),
             models.Index(fields=["provider_ref"], name="op_ref_idx"),
-            models.Index(fields=["execution_id"], name="op_execution_idx"),
-            models.Index(fields=["correlation_id"], name="op_correlation_idx"),
+            models.Index(fields=["execution_id"], name="op_execution_idx", condition=~Q(execution_id="")),
+            models.Index(fields=["correlation_id"], name="op_correlation_idx", condition=~Q(correlation_id="")),
+            # Deleting an operation (retention) finds the rows that point at it.
+            models.Index(fields=["superseded_by"], name="op_superseded_idx", condition=Q(superseded_by__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -291,7 +303,8 @@ class Operation(models.Model):
 class Attempt(models.Model):
     """One row per try. A fenced holder's late result is kept here, never on the operation."""
 
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="attempt_set")
+    # Indexed by the unique (operation, number).
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
     number = models.PositiveIntegerField()
     lease_token = models.CharField(max_length=32)
     started_at = models.DateTimeField()
@@ -318,7 +331,8 @@ class Attempt(models.Model):
 class OperationEvent(models.Model):
     """Append-only history: every transition, its actor and its reason."""
 
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events")
+    # Indexed by (operation, at).
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events", db_index=False)
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16)
     actor = models.CharField(max_length=150)
