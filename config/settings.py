@@ -217,6 +217,16 @@ SPECTACULAR_SETTINGS = {
 ONCEGUARD = {
     # Per-process caches of API keys and providers (seconds; 0 disables): a revoked key or a
     # changed provider takes effect within this long on every node.
+    # Payload/request paths copied in plain text into Operation.search_fields for filtering
+    # (`?match=path:value`). Only non-personal paths belong here.
+    "OPERATION_SEARCH_PATHS": [
+        p.strip()
+        for p in os.environ.get(
+            "OPERATION_SEARCH_PATHS",
+            "event_type,action,method,path,source,body.source,workflow.id,call.agent_id,order_id,body.order_id",
+        ).split(",")
+        if p.strip()
+    ],
     "API_KEY_CACHE_SECONDS": env_int("API_KEY_CACHE_SECONDS", 5),
     "PROVIDER_CACHE_SECONDS": env_int("PROVIDER_CACHE_SECONDS", 5),
     # A caller's lease wish is clamped into this range (seconds).

@@ -24,7 +24,6 @@ from ledger.models import ErrorClass
 from ledger.services import sanitize_message, validate_key
 
 MAX_IDENTITY = 255
-MAX_SEARCH_VALUE = 200
 ENVELOPE_TYPE = "onceguard.failed_event"
 _ENVELOPE_MARKERS = frozenset({"event_id", "idempotency_key", "key", "error", "error_message", "error_class", "source"})
 
@@ -129,24 +128,6 @@ def _parse_time(value: Any) -> datetime | None:
             parsed = parsed.replace(tzinfo=UTC)
         return parsed
     return None
-
-
-def search_values(payload: Any, paths: list[str]) -> dict[str, str]:
-    """The configured (non-personal) paths' scalar values, as strings, for filtering."""
-    found: dict[str, str] = {}
-    for path in paths:
-        node: Any = payload
-        for part in path.split("."):
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            else:
-                node = None
-                break
-        if isinstance(node, bool):
-            found[path] = "true" if node else "false"
-        elif isinstance(node, (str, int, float)):
-            found[path] = str(node)[:MAX_SEARCH_VALUE]
-    return found
 
 
 def _n8n_execution(body: dict[str, Any], raw: bytes) -> ParsedFailure:

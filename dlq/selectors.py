@@ -5,13 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
 from django.db.models import QuerySet
 
 from dlq.conf import dlq_setting
 from dlq.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
 from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay, ReplayTarget
-from ledger.errors import ValidationFailed
+from ledger import search
 
 # Newest first; (failed_at, id) is the tail of every list index, so filter + order + limit
 # is one index range scan whatever the table size.
@@ -19,31 +18,12 @@ LIST_ORDERING = ("-failed_at", "-id")
 
 
 def parse_match(values: list[str]) -> dict[str, str]:
-    """``path:value`` (or ``path=value``) pairs on the configured searchable paths."""
-    allowed = set(dlq_setting("SEARCH_PATHS"))
-    match: dict[str, str] = {}
-    for raw in values:
-        sep = ":" if ":" in raw else "="
-        path, found, value = raw.partition(sep)
-        path = path.strip()
-        if not found or not path:
-            raise ValidationFailed("match must look like path:value, e.g. workflow.id:17.")
-        if path not in allowed:
-            raise ValidationFailed(f"{path!r} is not a searchable path; configured: {', '.join(sorted(allowed))}.")
-        match[path] = value.strip()
-    return match
+    """``path:value`` pairs on the DLQ's configured searchable paths."""
+    return search.parse_match(values, list(dlq_setting("SEARCH_PATHS")))
 
 
 def _filter_match(qs: QuerySet[FailedEvent], match: dict[str, str]) -> QuerySet[FailedEvent]:
-    if not match:
-        return qs
-    if connection.vendor == "postgresql":
-        # jsonb @> — served by the GIN index on search_fields (jsonb_path_ops).
-        return qs.filter(search_fields__contains=match)
-    # SQLite has no JSON containment: one key lookup per path (keys are flat dotted strings).
-    for path, value in match.items():
-        qs = qs.filter(**{f"search_fields__{path}": value})
-    return qs
+    return search.filter_match(qs, match)
 
 
 def failed_event_list(

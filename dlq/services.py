@@ -58,11 +58,12 @@ from dlq.models import (
     ReplayTarget,
     ReplayTrigger,
 )
-from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure, search_values
+from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
 from ledger import services as ledger_services
 from ledger.errors import DomainError, IllegalTransition, InvalidKey
 from ledger.models import TERMINAL_STATES, ErrorClass, Operation, OperationStatus, Tenant
+from ledger.search import search_values
 
 FE = FailedEventStatus
 log = logging.getLogger("onceguard.dlq")

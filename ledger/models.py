@@ -198,6 +198,9 @@ class Operation(models.Model):
     # execute mode only: the provider-neutral request the workers send.
     request = models.JSONField(null=True, blank=True)
     payload = models.JSONField(null=True, blank=True)
+    # Plain text of the configured non-personal paths only (OPERATION_SEARCH_PATHS), for
+    # filtering without decrypting; never a personal identifier (DESIGN §6).
+    search_fields = models.JSONField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     # 429/503 answers: counted in `attempts` but not against max_attempts.
     throttled_attempts = models.PositiveIntegerField(default=0)

@@ -54,6 +54,7 @@ from ledger.models import (
     Provider,
     Tenant,
 )
+from ledger.search import search_values
 
 S = OperationStatus
 log = logging.getLogger("onceguard.ledger")
@@ -373,11 +374,18 @@ def operation_claim(
     now = sql.now()
     # Plain columns only a new execute-mode row sets (request_bytes, cost, callback_url).
     extra = list((extra_columns or {}).items())
+    # The configured non-personal paths of the payload (else the request), in plain text.
+    searchable = search_values(
+        payload if payload is not None else request, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]
+    )
+    if searchable:
+        extra.append(("search_fields", sql.dumps(searchable)))
+    placeholders = "".join(", " + (sql.json_param() if c == "search_fields" else "%s") for c, _ in extra)
     insert = (
         f"INSERT INTO ledger_operation ({_INSERT_COLUMNS}{''.join(', ' + c for c, _ in extra)})"
         " SELECT %s, %s, %s, %s, %s, %s, %s,"
         f" {sql.json_param()}, {sql.json_param()}, %s, 0, %s, {values_tail}, '', '', '', NULL, NULL,"
-        f" %s, %s, %s, %s, %s, 0, {now}, {now}{', %s' * len(extra)}"
+        f" %s, %s, %s, %s, %s, 0, {now}, {now}{placeholders}"
         # A key whose operation retention deleted keeps answering from its tombstone and is
         # never created again (DESIGN §6): the guard sits inside the atomic INSERT.
         " WHERE NOT EXISTS (SELECT 1 FROM review_tombstone WHERE tenant_id = %s AND key = %s)"

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from dlq.models import FailedEventShape
-from dlq.parsing import error_class_from_report, parse_failure, search_values
+from dlq.parsing import error_class_from_report, parse_failure
 from ledger.errors import InvalidKey, ValidationFailed
+from ledger.search import search_values
 from tests.dlq.conftest import example, example_bytes
 
 
