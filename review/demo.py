@@ -29,7 +29,7 @@ from django.contrib.auth.models import Group, User
 from django.db import transaction
 
 from ledger import services
-from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Tenant
+from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
 
 EXAMPLES = Path(__file__).resolve().parent / "demo_examples"
 TENANT = "demo"
@@ -110,10 +110,11 @@ def demo_seed() -> dict[str, Any]:
         idempotency_class=IdempotencyClass.KEY_ENFORCED,
         key_ttl_seconds=86400,
     )
-    charges = services.provider_upsert(
+    # `bootstrap_demo` points demo-charges at the demo relay `make run` starts: keep that.
+    charges = Provider.objects.filter(tenant=tenant, slug="demo-charges").first() or services.provider_upsert(
         tenant=tenant,
         slug="demo-charges",
-        base_url="http://127.0.0.1:8010",
+        base_url="http://127.0.0.1:8011",
         idempotency_class=IdempotencyClass.KEY_ENFORCED,
     )
     voice = _example("voice-call-analyzed.json")

@@ -79,6 +79,29 @@ def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
         )
         assert claim.status_code == 201, claim.text
         assert "console login : admin /" in output
+        # Execute mode end to end: the worker sends through the demo relay to the demo mock.
+        auth = {"Authorization": f"Bearer {key}"}
+        submitted = httpx.post(
+            f"http://127.0.0.1:{port}/api/v1/operations",
+            json={
+                "key": "smoke:2",
+                "provider": "demo-charges",
+                "request": {"method": "POST", "path": "/charges", "body": {"amount": 1}},
+            },
+            headers=auth,
+            timeout=10,
+        )
+        assert submitted.status_code == 202, submitted.text
+        body: dict = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and body.get("status") != "succeeded":
+            time.sleep(0.3)
+            location = f"http://127.0.0.1:{port}{submitted.headers['Location']}"
+            body = httpx.get(location, headers=auth, timeout=5).json()
+        log_lines = [
+            line for line in (tmp_path / "run.log").read_text(errors="replace").splitlines() if "GET /api" not in line
+        ]
+        assert body.get("status") == "succeeded", (body.get("last_error"), log_lines[-20:])
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:

@@ -22,11 +22,29 @@ class Command(BaseCommand):
         parser.add_argument("--port-base", type=int, default=int(os.environ.get("DEMO_PORT_BASE", "8010")))
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if CREDENTIALS.exists() and Tenant.objects.filter(slug="demo").exists():
+        tenant = Tenant.objects.filter(slug="demo").first() or services.tenant_create(slug="demo", name="Demo tenant")
+        # Every start: the demo providers follow DEMO_PORT_BASE (where run_all starts them).
+        self._providers(tenant, options["port_base"])
+        if CREDENTIALS.exists():
             self.stdout.write(CREDENTIALS.read_text())
             return
-        tenant = Tenant.objects.filter(slug="demo").first() or services.tenant_create(slug="demo", name="Demo tenant")
-        base = options["port_base"]
+        _, secret = services.apikey_create(tenant=tenant, scopes=["read", "write", "admin"], name="demo")
+        password = secrets.token_urlsafe(12)
+        User = get_user_model()
+        user = User.objects.filter(username="admin").first() or User(username="admin", is_staff=True, is_superuser=True)
+        user.set_password(password)
+        user.save()
+        text = (
+            "Onceguard demo credentials (also in var/credentials.txt):\n"
+            f"  console login : admin / {password}\n"
+            f"  API key       : {secret}\n"
+            "  tenant        : demo   providers: demo-charges (key-enforced), demo-mailer (key-advisory)\n"
+        )
+        CREDENTIALS.write_text(text)
+        CREDENTIALS.chmod(0o600)
+        self.stdout.write(text)
+
+    def _providers(self, tenant: Tenant, base: int) -> None:
         # Each demo provider points at its fault relay (port + 1), which forwards to the mock.
         services.provider_upsert(
             tenant=tenant,
@@ -47,18 +65,3 @@ class Command(BaseCommand):
             idempotency_class=IdempotencyClass.KEY_ADVISORY,
             timeout_seconds=5,
         )
-        _, secret = services.apikey_create(tenant=tenant, scopes=["read", "write", "admin"], name="demo")
-        password = secrets.token_urlsafe(12)
-        User = get_user_model()
-        user = User.objects.filter(username="admin").first() or User(username="admin", is_staff=True, is_superuser=True)
-        user.set_password(password)
-        user.save()
-        text = (
-            "Onceguard demo credentials (also in var/credentials.txt):\n"
-            f"  console login : admin / {password}\n"
-            f"  API key       : {secret}\n"
-            "  tenant        : demo   providers: demo-charges (key-enforced), demo-mailer (key-advisory)\n"
-        )
-        CREDENTIALS.write_text(text)
-        CREDENTIALS.chmod(0o600)
-        self.stdout.write(text)
