@@ -547,6 +547,20 @@ def _answer_existing(
             return ClaimResult(operation=retaken, acquired=True, replayed=False)
         current = _fetch_by_key(tenant_id=op.tenant_id, key=op.key)
         assert current is not None
+        if current.status == S.RETRY_WAIT and current.expires_at is not None and current.expires_at <= sql.db_now():
+            # Old work expires instead of acting after its context changed: fail it now
+            # (retry_wait means nothing was sent) and answer the recorded failure.
+            try:
+                current = operation_transition(
+                    operation=current,
+                    to=S.FAILED,
+                    actor=actor,
+                    reason="lifetime ended while waiting for a retry",
+                    sets=[("error_class", "%s", [current.error_class or ErrorClass.TRANSIENT])],
+                    extra_where=f"expires_at <= {sql.now()}",
+                )
+            except LeaseLost:
+                current = _fetch_by_key(tenant_id=op.tenant_id, key=op.key) or current
         if current.status != S.RETRY_WAIT:
             # Someone else moved it between our read and our update: answer its new state.
             return _answer_existing(
@@ -601,7 +615,8 @@ def operation_reclaim(
         actor=actor,
         reason="retry claimed, sent" if mark_sent else "retry claimed",
         sets=sets,
-        extra_where=f"next_attempt_at <= {sql.now()}",
+        # Due, and still within the operation's lifetime.
+        extra_where=f"next_attempt_at <= {sql.now()} AND (expires_at IS NULL OR expires_at > {sql.now()})",
         attempt_insert=True,
     )
 

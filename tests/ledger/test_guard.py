@@ -276,3 +276,23 @@ def test_a_result_that_is_not_json_is_still_recorded_as_succeeded(tenant, provid
     assert isinstance(first, object)
     assert again == {"_not_json": "object"}
     assert Operation.objects.get(key="odd:1").status == OperationStatus.SUCCEEDED
+
+
+def test_a_retry_claimed_after_the_lifetime_ended_fails_instead_of_acting(tenant, provider, api):
+    from django.db import connection
+
+    from ledger import sql
+
+    first = services.operation_claim(tenant=tenant, key="late:1", provider=provider, request={"a": 1})
+    op = first.operation
+    services.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="transient", message="503")
+    past, params = sql.now_plus(-1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE ledger_operation SET next_attempt_at = {past}, expires_at = {past} WHERE id = %s",
+            [*params, *params, op.pk],
+        )
+    again = services.operation_claim(tenant=tenant, key="late:1", provider=provider, request={"a": 1})
+    assert again.replayed and again.operation.status == S.FAILED
+    assert FailedEvent.objects.filter(operation_id=op.pk).exists()
+    assert Operation.objects.get(pk=op.pk).attempts == 1
