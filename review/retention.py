@@ -19,6 +19,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -158,6 +159,21 @@ def _keyset(qs: Any, column: str, last: tuple[Any, int] | None, size: int) -> li
     return list(qs.order_by(column, "pk").values_list(column, "pk")[:size])
 
 
+def _keyset_batches(tp: TenantPurge, rows: Any, column: str) -> Iterator[list[int]]:
+    """Ids of ``rows`` in keyset batches of the run's size, while its budget lasts (the run
+    is marked exhausted when it runs out, so the next run continues)."""
+    last = None
+    while True:
+        page = _keyset(rows, column, last, tp.budget.batch_size)
+        if not page:
+            return
+        if not tp.budget.take():
+            tp.exhausted = True
+            return
+        last = page[-1]
+        yield [pk for _, pk in page]
+
+
 def _not_redacted(*columns: str) -> Q:
     q = Q()
     for column in columns:
@@ -175,16 +191,7 @@ def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
     rows = Operation.objects.filter(
         tenant_id=tp.run.tenant_id, updated_at__lt=cutoff, status__in=TERMINAL_STATES, done_at__lt=cutoff
     ).filter(_not_redacted(*columns))
-    last = None
-    while True:
-        page = _keyset(rows, "updated_at", last, tp.budget.batch_size)
-        if not page:
-            return
-        if not tp.budget.take():
-            tp.exhausted = True
-            return
-        last = page[-1]
-        ids = [pk for _, pk in page]
+    for ids in _keyset_batches(tp, rows, "updated_at"):
         with transaction.atomic():
             changed: list[tuple[int, list[Any]]] = []
             for op in (
@@ -315,16 +322,7 @@ def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
     rows = Operation.objects.filter(
         tenant_id=tp.run.tenant_id, updated_at__lt=cutoff, status__in=TERMINAL_STATES, done_at__lt=cutoff
     )
-    last = None
-    while True:
-        page = _keyset(rows, "updated_at", last, tp.budget.batch_size)
-        if not page:
-            return
-        if not tp.budget.take():
-            tp.exhausted = True
-            return
-        last = page[-1]
-        ids = [pk for _, pk in page]
+    for ids in _keyset_batches(tp, rows, "updated_at"):
         with transaction.atomic():
             # Lock the batch (two columns only), then drop what is still referenced (a living
             # DLQ entry, an operation it superseded): those wait for a later run.
