@@ -115,7 +115,7 @@ def _common_layers(layers: Layers) -> None:
     layers.patch(services, "provider_for", "ledger: services.provider_for (ORM query build)")
     layers.patch(services, "operation_claim", "ledger: operation_claim (SQL text, params)")
     layers.patch(services, "operation_complete", "ledger: operation_complete")
-    layers.patch(services, "_transition", "ledger: _transition (SQL text, params)")
+    layers.patch(services, "guarded_transition", "ledger: guarded_transition (SQL text, params)")
     layers.patch(services, "request_fingerprint", "ledger: request_fingerprint (sha256 of JSON)")
     layers.patch(services, "_answer_existing", "ledger: _answer_existing (replay decision)")
     layers.patch(sql, "operation_from_row", "ledger: sql.operation_from_row (model build)")

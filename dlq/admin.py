@@ -33,6 +33,7 @@ from dlq.models import (
     FailedEventChange,
     FailedEventStatus,
     Replay,
+    ReplayOutcome,
     ReplayTarget,
 )
 from dlq.payloads import is_redacted, open_payload
@@ -404,7 +405,7 @@ class FailedEventAdmin(admin.ModelAdmin):
             except DomainError as exc:
                 messages.error(request, f"Not replayed: {exc.detail}")
             else:
-                level = messages.SUCCESS if replay.outcome == "succeeded" else messages.WARNING
+                level = messages.SUCCESS if replay.outcome == ReplayOutcome.SUCCEEDED else messages.WARNING
                 messages.add_message(
                     request,
                     level,

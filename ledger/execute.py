@@ -232,6 +232,12 @@ def operation_submit(
 # --- Take -----------------------------------------------------------------------------------
 
 
+# Declared states and mode, as the SQL literals the due index's predicate matches.
+DUE = sql.states_in(S.QUEUED, S.RETRY_WAIT)
+CLAIMED = sql.state_literal(S.CLAIMED)
+EXECUTE = f"'{OperationMode.EXECUTE}'"
+
+
 def _lease_margin() -> float:
     return float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
 
@@ -244,7 +250,7 @@ def _take_postgres(*, limit: int, actor: str) -> list[Operation]:
     statement = f"""
 WITH due AS (
     SELECT o.id, o.status AS old_status FROM ledger_operation o
-    WHERE o.status IN ('queued', 'retry_wait') AND o.mode = 'execute' AND o.next_attempt_at <= now()
+    WHERE o.status IN {DUE} AND o.mode = {EXECUTE} AND o.next_attempt_at <= now()
       AND o.provider_id NOT IN (
           SELECT p.id FROM ledger_provider p WHERE p.paused_at IS NOT NULL OR p.throttled_until > now())
     ORDER BY o.next_attempt_at, o.id
@@ -252,7 +258,7 @@ WITH due AS (
     FOR UPDATE OF o SKIP LOCKED
 ), upd AS (
     UPDATE ledger_operation o SET
-        status = 'claimed',
+        status = {CLAIMED},
         attempts = o.attempts + 1,
         lease_token = replace(gen_random_uuid()::text, '-', ''),
         claimed_at = now(),
@@ -271,7 +277,7 @@ WITH due AS (
     FROM upd
 ), ev AS (
     INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)
-    SELECT id, old_status, 'claimed', %s,
+    SELECT id, old_status, {CLAIMED}, %s,
         CASE WHEN sent_at IS NULL THEN 'taken past its deadline' ELSE 'taken, sent' END, attempts, now()
     FROM upd
 )
@@ -292,7 +298,7 @@ def _take_sqlite(*, limit: int, actor: str) -> list[Operation]:
                 "SELECT o.id, o.status, p.timeout_seconds,"
                 f" (o.deadline IS NOT NULL AND o.deadline <= {now}) OR (o.expires_at IS NOT NULL AND o.expires_at <= {now})"
                 " FROM ledger_operation o JOIN ledger_provider p ON p.id = o.provider_id"
-                f" WHERE o.status IN ('queued', 'retry_wait') AND o.mode = 'execute' AND o.next_attempt_at <= {now}"
+                f" WHERE o.status IN {DUE} AND o.mode = {EXECUTE} AND o.next_attempt_at <= {now}"
                 f" AND p.paused_at IS NULL AND (p.throttled_until IS NULL OR p.throttled_until <= {now})"
                 " ORDER BY o.next_attempt_at, o.id LIMIT %s",
                 [limit],
@@ -300,7 +306,7 @@ def _take_sqlite(*, limit: int, actor: str) -> list[Operation]:
             due = cursor.fetchall()
         for op_id, old_status, timeout, expired in due:
             lease_sql, lease_p = sql.now_plus(2 * float(timeout) + _lease_margin())
-            op = services._transition(
+            op = services.guarded_transition(
                 op_id=op_id,
                 to=S.CLAIMED,
                 from_states=frozenset({old_status}),
@@ -308,7 +314,7 @@ def _take_sqlite(*, limit: int, actor: str) -> list[Operation]:
                 reason="taken past its deadline" if expired else "taken, sent",
                 sets=[
                     ("attempts", "attempts + 1", []),
-                    ("lease_token", "%s", [services._new_token()]),
+                    ("lease_token", "%s", [services.new_lease_token()]),
                     ("claimed_at", now, []),
                     ("lease_expires_at", lease_sql, lease_p),
                     ("sent_at", "NULL" if expired else now, []),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from ledger.errors import OperationNotFound
-from ledger.models import Operation, Provider, Tenant
+from ledger.models import Operation, OperationMode, OperationStatus, Provider, Tenant
 
 
 def operation_list(*, tenant: Tenant) -> QuerySet[Operation]:
@@ -52,7 +52,9 @@ def metrics_active_leases() -> int:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT COUNT(*) FROM ledger_operation WHERE status = 'claimed' AND lease_expires_at > {sql.now()}", []
+            f"SELECT COUNT(*) FROM ledger_operation WHERE status IN {sql.states_in(OperationStatus.CLAIMED)}"
+            f" AND lease_expires_at > {sql.now()}",
+            [],
         )
         return int(cursor.fetchone()[0])
 
@@ -80,7 +82,8 @@ def metrics_oldest_eligible_age_seconds() -> float:
         cursor.execute(
             f"SELECT MIN(o.next_attempt_at), {sql.now()} FROM ledger_operation o"
             " JOIN ledger_provider p ON p.id = o.provider_id"
-            " WHERE o.status IN ('queued', 'retry_wait') AND o.mode = 'execute'"
+            f" WHERE o.status IN {sql.states_in(OperationStatus.QUEUED, OperationStatus.RETRY_WAIT)}"
+            f" AND o.mode = '{OperationMode.EXECUTE}'"
             f" AND o.next_attempt_at <= {sql.now()} AND p.paused_at IS NULL"
             f" AND (p.throttled_until IS NULL OR p.throttled_until <= {sql.now()})",
             [],

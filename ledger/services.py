@@ -120,7 +120,7 @@ def provider_for(*, tenant: Tenant | int, slug: str | None) -> Provider | None:
     return provider
 
 
-def _new_token() -> str:
+def new_lease_token() -> str:
     return secrets.token_hex(16)
 
 
@@ -151,7 +151,7 @@ def _guard_clause(*, op_id: int, from_states: frozenset[str], token: str | None,
     return where, params
 
 
-def _transition(
+def guarded_transition(
     *,
     op_id: int,
     to: str,
@@ -358,7 +358,7 @@ def operation_claim(
     if fingerprint is None:
         fingerprint = request_fingerprint(mode=mode, provider=provider_slug, action=action, request=request)
     lease = clamp_lease(lease_seconds)
-    token = _new_token()
+    token = new_lease_token()
     status = S.QUEUED if mode == OperationMode.EXECUTE else S.CLAIMED
     max_attempts = provider.max_attempts if provider else 4
     lifetime = float(provider.lifetime_seconds if provider else 1800)
@@ -598,7 +598,7 @@ def operation_reclaim(
     lease_sql, lease_p = sql.now_plus(lease_seconds)
     sets = [
         ("attempts", "attempts + 1", []),
-        ("lease_token", "%s", [_new_token()]),
+        ("lease_token", "%s", [new_lease_token()]),
         ("claimed_at", sql.now(), []),
         ("lease_expires_at", lease_sql, lease_p),
         ("sent_at", sql.now() if mark_sent else "NULL", []),
@@ -608,7 +608,7 @@ def operation_reclaim(
         sets.append(("uses_sent_marker", "%s", [True]))
     if execution_id:
         sets.append(("execution_id", "%s", [execution_id[:255]]))
-    return _transition(
+    return guarded_transition(
         op_id=operation_id,
         to=S.CLAIMED,
         from_states=frozenset({S.RETRY_WAIT}),
@@ -792,7 +792,7 @@ def operation_complete(
     after the sweeper moved the row to uncertain or review (DESIGN §3 fencing).
     """
     body = sql.dumps(seal_json(response_body))
-    op = _transition(
+    op = guarded_transition(
         op_id=operation_id,
         to=S.SUCCEEDED,
         from_states=REPORTABLE_STATES,
@@ -1010,7 +1010,7 @@ def operation_fail(
         if decision.next_attempt_in is not None:
             due_sql, due_p = sql.now_plus(decision.next_attempt_in)
             sets.append(("next_attempt_at", due_sql, due_p))
-        updated = _transition(
+        updated = guarded_transition(
             op_id=op.pk,
             to=decision.to,
             from_states=frozenset({op.status}),
@@ -1053,7 +1053,7 @@ def operation_transition(
     if to not in ALLOWED_TRANSITIONS.get(operation.status, frozenset()):
         raise IllegalTransition(f"{operation.status} → {to} is not an allowed move.")
     with transaction.atomic():
-        updated = _transition(
+        updated = guarded_transition(
             op_id=operation.pk,
             to=to,
             from_states=frozenset({operation.status}),

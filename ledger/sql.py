@@ -37,6 +37,20 @@ def for_update() -> str:
     return " FOR UPDATE" if is_postgres() else ""
 
 
+def state_literal(state: str) -> str:
+    """A declared operation state as an SQL literal (never anything else: it is checked)."""
+    if state not in _STATUS_VALUES:
+        raise ValueError(f"not a declared operation state: {state!r}")
+    return f"'{state}'"
+
+
+def states_in(*states: str) -> str:
+    """``('queued', 'retry_wait')`` from declared states. Rendered as literals on purpose: a
+    partial index on a state predicate can only serve a query whose states the planner can
+    see, which a parameter of a prepared (generic) plan hides."""
+    return "(" + ", ".join(state_literal(state) for state in states) + ")"
+
+
 def json_param() -> str:
     return "%s::jsonb" if is_postgres() else "%s"
 
@@ -44,6 +58,8 @@ def json_param() -> str:
 def dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
+
+_STATUS_VALUES = frozenset(value for value, _ in Operation._meta.get_field("status").choices)
 
 # Column list shared by every statement that returns an operation row.
 OP_FIELDS = [f for f in Operation._meta.concrete_fields]
