@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
-from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf_serializers
 from rest_framework.pagination import CursorPagination
@@ -13,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import search, selectors, services
+from ledger import selectors, services
 from ledger.errors import InvalidKey, ValidationFailed
 from ledger.models import Operation, OperationStatus
 from ledger.serializers import (
@@ -228,8 +227,7 @@ class OperationListApi(APIView):
         summary="List operations (cursor-paginated)",
     )
     def get(self, request: Request) -> Response:
-        match = search.parse_match(request.query_params.getlist("match"), settings.ONCEGUARD["OPERATION_SEARCH_PATHS"])
-        rows = search.filter_match(selectors.operation_list(tenant=request.user.tenant), match)
+        rows = selectors.operation_list(tenant=request.user.tenant, match=request.query_params.getlist("match"))
         filterset = OperationFilter(request.query_params, queryset=rows)
         if not filterset.is_valid():
             raise drf_serializers.ValidationError(filterset.errors)

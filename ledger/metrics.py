@@ -25,7 +25,7 @@ def _oldest_age_seconds(states: Iterable[str]) -> float:
     marks = ", ".join(["%s"] * len(states))
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT MIN(updated_at) FROM ledger_operation WHERE status IN ({marks})", states)
-        oldest = sql._to_datetime(cursor.fetchone()[0])
+        oldest = sql.to_datetime(cursor.fetchone()[0])
     if oldest is None:
         return 0.0
     return max(0.0, (sql.db_now() - oldest).total_seconds())

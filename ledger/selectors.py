@@ -8,8 +8,16 @@ from ledger.errors import OperationNotFound
 from ledger.models import Operation, OperationMode, OperationStatus, Provider, Tenant
 
 
-def operation_list(*, tenant: Tenant) -> QuerySet[Operation]:
-    return Operation.objects.filter(tenant=tenant).select_related("provider")
+def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySet[Operation]:
+    """A tenant's operations; ``match`` are `path:value` filters on OPERATION_SEARCH_PATHS."""
+    from django.conf import settings
+
+    from ledger import search
+
+    rows = Operation.objects.filter(tenant=tenant).select_related("provider")
+    if match:
+        rows = search.filter_match(rows, search.parse_match(match, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]))
+    return rows
 
 
 def operation_get(*, tenant: Tenant, operation_id: int) -> Operation:
@@ -91,6 +99,6 @@ def metrics_oldest_eligible_age_seconds() -> float:
         oldest, now = cursor.fetchone()
     if oldest is None:
         return 0.0
-    oldest_dt, now_dt = sql._to_datetime(oldest), sql._to_datetime(now)
+    oldest_dt, now_dt = sql.to_datetime(oldest), sql.to_datetime(now)
     assert oldest_dt is not None and now_dt is not None
     return max(0.0, (now_dt - oldest_dt).total_seconds())

@@ -71,7 +71,7 @@ _BOOL_COLS = {f.column for f in OP_FIELDS if f.get_internal_type() == "BooleanFi
 _ATTNAMES = [f.attname for f in OP_FIELDS]
 
 
-def _to_datetime(value: Any) -> datetime | None:
+def to_datetime(value: Any) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, datetime):
@@ -97,7 +97,7 @@ def operation_from_row(row: tuple[Any, ...] | list[Any]) -> Operation:
     if not is_postgres():
         for i in _DATETIME_IDX:
             if values[i] is not None:
-                values[i] = _to_datetime(values[i])
+                values[i] = to_datetime(values[i])
         for i in _BOOL_IDX:
             if values[i] is not None:
                 values[i] = bool(values[i])
@@ -112,6 +112,6 @@ def db_now() -> datetime:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {now()}", [])
         value = cursor.fetchone()[0]
-    result = _to_datetime(value)
+    result = to_datetime(value)
     assert result is not None
     return result
