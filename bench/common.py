@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-BENCH_DB = "onceguard_bench"
+BENCH_DB = os.environ.get("BENCH_DB", "onceguard_bench")
 TENANT_SLUG = "bench"
 PROVIDER_SLUG = "bench-sink"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -119,7 +119,8 @@ def _embedded_spec() -> tuple[str, str]:
 def keyring() -> Keyring:
     """The configured keys (cached per process and per configuration)."""
     spec = os.environ.get(KEYS_ENV, "").strip()
-    cache_key = spec or f"file:{key_file_path()}"
+    # Every seal and open asks for the ring: the key is kept cheap (no Path per call).
+    cache_key = spec or f"file:{settings.VAR_DIR}"
     cached = _cache.get(cache_key)
     if cached is not None:
         return cached

@@ -10,6 +10,7 @@ several statements inside one BEGIN IMMEDIATE transaction.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -151,6 +152,82 @@ def _guard_clause(*, op_id: int, from_states: frozenset[str], token: str | None,
     return where, params
 
 
+@dataclass(frozen=True)
+class _TransitionShape:
+    """What a guarded transition's SQL text depends on (values are always parameters)."""
+
+    pg: bool
+    to: str
+    from_states: frozenset[str]
+    fenced: bool
+    sets: tuple[tuple[str, str], ...]
+    extra_where: str
+    attempt_update: tuple[tuple[str, str], ...]
+    attempt_insert: bool
+
+
+@dataclass(frozen=True)
+class _TransitionSql:
+    states: tuple[str, ...]
+    # PostgreSQL: one statement. SQLite: select, update, attempt update (or "").
+    statement: str
+    select: str = ""
+    update: str = ""
+    attempt_update: str = ""
+
+
+@functools.lru_cache(maxsize=256)
+def _transition_sql(shape: _TransitionShape) -> _TransitionSql:
+    """Built once per shape and process: the text of a transition never depends on its
+    values, so PostgreSQL prepares it and the hot paths skip building it."""
+    for source in shape.from_states:
+        if shape.to not in ALLOWED_TRANSITIONS[source]:
+            raise IllegalTransition(f"{source} → {shape.to} is not an allowed move.")
+    states = tuple(sorted(shape.from_states))
+    where, _ = _guard_clause(
+        op_id=0, from_states=shape.from_states, token="" if shape.fenced else None, extra=shape.extra_where
+    )
+    now = sql.now()
+    set_sql = ["status = %s", f"updated_at = {now}"]
+    if shape.to in TERMINAL_STATES:
+        set_sql.append(f"done_at = {now}")
+    set_sql += [f"{column} = {expr}" for column, expr in shape.sets]
+    att_sql = ", ".join(f"{column} = {expr}" for column, expr in shape.attempt_update)
+    if not shape.pg:
+        return _TransitionSql(
+            states=states,
+            statement="",
+            select=f"SELECT status FROM ledger_operation WHERE {where}",
+            update=f"UPDATE ledger_operation SET {', '.join(set_sql)} WHERE id = %s RETURNING {sql.OP_SELECT}",
+            attempt_update=(
+                f"UPDATE ledger_attempt SET {att_sql} WHERE operation_id = %s AND number = %s" if att_sql else ""
+            ),
+        )
+    parts = [
+        f"WITH old AS (SELECT id AS old_id, status AS old_status FROM ledger_operation WHERE {where} FOR UPDATE)",
+        f", upd AS (UPDATE ledger_operation SET {', '.join(set_sql)} FROM old WHERE id = old.old_id"
+        f" RETURNING {sql.OP_SELECT}, old.old_status)",
+    ]
+    if att_sql:
+        parts.append(
+            f", att AS (UPDATE ledger_attempt SET {att_sql} FROM upd"
+            " WHERE ledger_attempt.operation_id = upd.id AND ledger_attempt.number = upd.attempts)"
+        )
+    if shape.attempt_insert:
+        parts.append(
+            ", att_new AS (INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at,"
+            " lease_expires_at, sent_at, outcome, error_class, message, provider_ref, execution_id)"
+            " SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '',"
+            " execution_id FROM upd)"
+        )
+    parts.append(
+        ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
+        " attempt, at) SELECT id, old_status, status, %s, %s, attempts, now() FROM upd)"
+    )
+    parts.append(f" SELECT {sql.OP_SELECT} FROM upd")
+    return _TransitionSql(states=states, statement="".join(parts))
+
+
 def guarded_transition(
     *,
     op_id: int,
@@ -172,72 +249,47 @@ def guarded_transition(
     carrying the row's lease. Returns the updated row, or None when the guard matched no
     row (someone else moved it first). Callers raise the named error.
     """
-    for source in from_states:
-        if to not in ALLOWED_TRANSITIONS[source]:
-            raise IllegalTransition(f"{source} → {to} is not an allowed move.")
-    where, where_params = _guard_clause(op_id=op_id, from_states=from_states, token=token, extra=extra_where)
-    where_params += extra_params or []
-    set_sql = ["status = %s", f"updated_at = {sql.now()}"]
-    set_params: list[Any] = [to]
-    if to in TERMINAL_STATES:
-        set_sql.append(f"done_at = {sql.now()}")
-    for column, expr, params in sets or []:
-        set_sql.append(f"{column} = {expr}")
-        set_params += params
-    att_sql: list[str] = []
-    att_params: list[Any] = []
-    for column, expr, params in attempt_update or []:
-        att_sql.append(f"{column} = {expr}")
-        att_params += params
-    event_params = [actor[:150], sanitize_message(reason)]
-
-    if sql.is_postgres():
-        parts = [
-            f"WITH old AS (SELECT id AS old_id, status AS old_status FROM ledger_operation WHERE {where} FOR UPDATE)",
-            f", upd AS (UPDATE ledger_operation SET {', '.join(set_sql)} FROM old WHERE id = old.old_id"
-            f" RETURNING {sql.OP_SELECT}, old.old_status)",
-        ]
-        params = [*where_params, *set_params]
-        if att_sql:
-            parts.append(
-                f", att AS (UPDATE ledger_attempt SET {', '.join(att_sql)} FROM upd"
-                " WHERE ledger_attempt.operation_id = upd.id AND ledger_attempt.number = upd.attempts)"
-            )
-            params += att_params
-        if attempt_insert:
-            parts.append(
-                ", att_new AS (INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at,"
-                " lease_expires_at, sent_at, outcome, error_class, message, provider_ref, execution_id)"
-                " SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '',"
-                " execution_id FROM upd)"
-            )
-        parts.append(
-            ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
-            " attempt, at) SELECT id, old_status, status, %s, %s, attempts, now() FROM upd)"
+    sets = sets or []
+    attempt_update = attempt_update or []
+    pg = sql.is_postgres()
+    text = _transition_sql(
+        _TransitionShape(
+            pg=pg,
+            to=to,
+            from_states=frozenset(from_states),
+            fenced=token is not None,
+            sets=tuple((column, expr) for column, expr, _ in sets),
+            extra_where=extra_where,
+            attempt_update=tuple((column, expr) for column, expr, _ in attempt_update),
+            attempt_insert=attempt_insert,
         )
-        params += event_params
-        parts.append(f" SELECT {sql.OP_SELECT} FROM upd")
-        with connection.cursor() as cursor:
-            cursor.execute("".join(parts), params)
-            row = cursor.fetchone()
+    )
+    where_params: list[Any] = [op_id, *text.states]
+    if token is not None:
+        where_params.append(token)
+    where_params += extra_params or []
+    set_params: list[Any] = [to]
+    for _, _, params in sets:
+        set_params += params
+    att_params: list[Any] = []
+    for _, _, params in attempt_update:
+        att_params += params
+
+    if pg:
+        params = [*where_params, *set_params, *att_params, actor[:150], sanitize_message(reason)]
+        row = sql.fetch_one(text.statement, params)
         return sql.operation_from_row(row) if row else None
 
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT status FROM ledger_operation WHERE {where}", where_params)
+            cursor.execute(text.select, where_params)
             found = cursor.fetchone()
             if found is None:
                 return None
-            cursor.execute(
-                f"UPDATE ledger_operation SET {', '.join(set_sql)} WHERE id = %s RETURNING {sql.OP_SELECT}",
-                [*set_params, op_id],
-            )
+            cursor.execute(text.update, [*set_params, op_id])
             op = sql.operation_from_row(cursor.fetchone())
-            if att_sql:
-                cursor.execute(
-                    f"UPDATE ledger_attempt SET {', '.join(att_sql)} WHERE operation_id = %s AND number = %s",
-                    [*att_params, op_id, op.attempts],
-                )
+            if text.attempt_update:
+                cursor.execute(text.attempt_update, [*att_params, op_id, op.attempts])
             if attempt_insert:
                 _insert_attempt(cursor, op)
             _insert_event(cursor, op_id=op_id, old=found[0], new=to, actor=actor, reason=reason, attempt=op.attempts)
@@ -289,39 +341,60 @@ _INSERT_COLUMNS = (
 )
 
 
-def _insert_values(
-    *,
-    status: str,
-    lease_seconds: float,
-    mark_sent: bool,
-    deadline_seconds: float | None,
-    lifetime_seconds: float,
-) -> tuple[str, list[Any]]:
-    """The VALUES tail after the plain parameters: times computed by the database."""
+@functools.lru_cache(maxsize=64)
+def _claim_statement(*, pg: bool, status: str, mark_sent: bool, has_deadline: bool, extra: tuple[str, ...]) -> str:
+    """The claim statement for one shape of claim, built once per process.
+
+    Only the shape (dialect, initial state, sent marker, deadline, extra columns) changes the
+    text; every value is a parameter, so on PostgreSQL psycopg prepares it after a few uses
+    and the planner never sees it again. The parameters are listed in :func:`operation_claim`.
+    """
     now = sql.now()
-    lease_sql, lease_p = sql.now_plus(lease_seconds)
-    life_sql, life_p = sql.now_plus(lifetime_seconds)
-    params: list[Any] = []
+    lease_sql, _ = sql.now_plus(0)
     claimed = status == S.CLAIMED
-    parts = [
+    tail = [
         now if claimed else "NULL",  # claimed_at
         lease_sql if claimed else "NULL",  # lease_expires_at
+        "%s",  # lease_token
+        now if (claimed and mark_sent) else "NULL",  # sent_at
+        "%s",  # uses_sent_marker
+        now if status == S.QUEUED else "NULL",  # next_attempt_at
+        lease_sql if has_deadline else "NULL",  # deadline
+        lease_sql,  # expires_at
     ]
-    if claimed:
-        params += lease_p
-    parts.append("%s")  # lease_token
-    parts.append(now if (claimed and mark_sent) else "NULL")  # sent_at
-    parts.append("%s")  # uses_sent_marker
-    parts.append(now if status == S.QUEUED else "NULL")  # next_attempt_at
-    if deadline_seconds is not None:
-        d_sql, d_p = sql.now_plus(deadline_seconds)
-        parts.append(d_sql)
-        tail_params = d_p
-    else:
-        parts.append("NULL")
-        tail_params = []
-    parts.append(life_sql)  # expires_at
-    return ", ".join(parts), [params, tail_params, life_p]
+    json_p = sql.json_param()
+    placeholders = "".join(", " + (json_p if c == "search_fields" else "%s") for c in extra)
+    insert = (
+        f"INSERT INTO ledger_operation ({_INSERT_COLUMNS}{''.join(', ' + c for c in extra)})"
+        " SELECT %s, %s, %s, %s, %s, %s, %s,"
+        f" {json_p}, {json_p}, %s, 0, %s, {', '.join(tail)}, '', '', '', NULL, NULL,"
+        f" %s, %s, %s, %s, %s, 0, {now}, {now}{placeholders}"
+        # A key whose operation retention deleted keeps answering from its tombstone and is
+        # never created again (DESIGN §6): the guard sits inside the atomic INSERT.
+        " WHERE NOT EXISTS (SELECT 1 FROM review_tombstone WHERE tenant_id = %s AND key = %s)"
+        " ON CONFLICT (tenant_id, key) DO NOTHING"
+        f" RETURNING {sql.OP_SELECT}"
+    )
+    if not pg:
+        return insert
+    # One statement: insert the row, its first attempt and its event, or return the
+    # existing row when the key is taken (the SELECT arm sees the pre-insert snapshot).
+    return (
+        f"WITH ins AS ({insert})"
+        + (
+            ", att AS (INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at,"
+            " lease_expires_at, sent_at, outcome, error_class, message, provider_ref, execution_id)"
+            " SELECT id, 1, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '',"
+            " execution_id FROM ins)"
+            if claimed
+            else ""
+        )
+        + ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
+        " attempt, at) SELECT id, '', status, %s, %s, attempts, now() FROM ins)"
+        f" SELECT {sql.OP_SELECT}, true FROM ins"
+        f" UNION ALL SELECT {sql.OP_SELECT}, false FROM ledger_operation"
+        " WHERE tenant_id = %s AND key = %s AND NOT EXISTS (SELECT 1 FROM ins)"
+    )
 
 
 def operation_claim(
@@ -364,14 +437,6 @@ def operation_claim(
     lifetime = float(provider.lifetime_seconds if provider else 1800)
     if mark_sent:
         uses_sent_marker = True
-    values_tail, (p_lease, p_deadline, p_life) = _insert_values(
-        status=status,
-        lease_seconds=lease,
-        mark_sent=mark_sent,
-        deadline_seconds=deadline_seconds,
-        lifetime_seconds=lifetime,
-    )
-    now = sql.now()
     # Plain columns only a new execute-mode row sets (request_bytes, cost, callback_url).
     extra = list((extra_columns or {}).items())
     # The configured non-personal paths of the payload (else the request), in plain text.
@@ -380,17 +445,13 @@ def operation_claim(
     )
     if searchable:
         extra.append(("search_fields", sql.dumps(searchable)))
-    placeholders = "".join(", " + (sql.json_param() if c == "search_fields" else "%s") for c, _ in extra)
-    insert = (
-        f"INSERT INTO ledger_operation ({_INSERT_COLUMNS}{''.join(', ' + c for c, _ in extra)})"
-        " SELECT %s, %s, %s, %s, %s, %s, %s,"
-        f" {sql.json_param()}, {sql.json_param()}, %s, 0, %s, {values_tail}, '', '', '', NULL, NULL,"
-        f" %s, %s, %s, %s, %s, 0, {now}, {now}{placeholders}"
-        # A key whose operation retention deleted keeps answering from its tombstone and is
-        # never created again (DESIGN §6): the guard sits inside the atomic INSERT.
-        " WHERE NOT EXISTS (SELECT 1 FROM review_tombstone WHERE tenant_id = %s AND key = %s)"
-        " ON CONFLICT (tenant_id, key) DO NOTHING"
-        f" RETURNING {sql.OP_SELECT}"
+    pg = sql.is_postgres()
+    statement = _claim_statement(
+        pg=pg,
+        status=status,
+        mark_sent=mark_sent,
+        has_deadline=deadline_seconds is not None,
+        extra=tuple(c for c, _ in extra),
     )
     attempts = 1 if status == S.CLAIMED else 0
     insert_params = [
@@ -405,11 +466,11 @@ def operation_claim(
         sql.dumps(seal_json(payload)),
         attempts,
         max_attempts,
-        *p_lease,
+        *(sql.now_plus(lease)[1] if status == S.CLAIMED else ()),
         token,
         uses_sent_marker,
-        *p_deadline,
-        *p_life,
+        *(sql.now_plus(deadline_seconds)[1] if deadline_seconds is not None else ()),
+        *sql.now_plus(lifetime)[1],
         reconciliation_handle[:255],
         execution_id[:255],
         workflow_id[:255],
@@ -423,28 +484,8 @@ def operation_claim(
 
     op: Operation | None
     created = False
-    if sql.is_postgres():
-        # One statement: insert the row, its first attempt and its event, or return the
-        # existing row when the key is taken (the SELECT arm sees the pre-insert snapshot).
-        stmt = (
-            f"WITH ins AS ({insert})"
-            + (
-                ", att AS (INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at,"
-                " lease_expires_at, sent_at, outcome, error_class, message, provider_ref, execution_id)"
-                " SELECT id, 1, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '',"
-                " execution_id FROM ins)"
-                if attempts
-                else ""
-            )
-            + ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
-            " attempt, at) SELECT id, '', status, %s, %s, attempts, now() FROM ins)"
-            f" SELECT {sql.OP_SELECT}, true FROM ins"
-            f" UNION ALL SELECT {sql.OP_SELECT}, false FROM ledger_operation"
-            " WHERE tenant_id = %s AND key = %s AND NOT EXISTS (SELECT 1 FROM ins)"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(stmt, [*insert_params, actor, reason, tenant.pk, key])
-            row = cursor.fetchone()
+    if pg:
+        row = sql.fetch_one(statement, [*insert_params, actor, reason, tenant.pk, key])
         if row is None:
             # The conflicting row was committed after this statement's snapshot.
             op = _fetch_by_key(tenant_id=tenant.pk, key=key)
@@ -453,7 +494,7 @@ def operation_claim(
     else:
         with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute(insert, insert_params)
+                cursor.execute(statement, insert_params)
                 row = cursor.fetchone()
                 if row is not None:
                     op, created = sql.operation_from_row(row), True
@@ -488,11 +529,9 @@ def operation_claim(
 
 
 def _fetch_by_key(*, tenant_id: int, key: str) -> Operation | None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {sql.OP_SELECT} FROM ledger_operation WHERE tenant_id = %s AND key = %s", [tenant_id, key]
-        )
-        row = cursor.fetchone()
+    row = sql.fetch_one(
+        f"SELECT {sql.OP_SELECT} FROM ledger_operation WHERE tenant_id = %s AND key = %s", [tenant_id, key]
+    )
     return sql.operation_from_row(row) if row else None
 
 
