@@ -48,9 +48,9 @@ def setup_django(bench_url: str) -> None:
 
 
 def quiet_logging() -> None:
-    """The ledger logs one INFO line per completed operation: keep that cost (it is real)
-    but send it to var/bench-app.log instead of the terminal. Call again after anything
-    that re-runs django.setup() (it reconfigures logging)."""
+    """Whatever the app logs at the configured level (LOG_LEVEL) still costs what it costs,
+    but goes to var/bench-app.log instead of the terminal. Call again after anything that
+    re-runs django.setup() (it reconfigures logging)."""
     import logging
 
     stream = open(ROOT / "var" / "bench-app.log", "a")  # lives as long as the process

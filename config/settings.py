@@ -72,12 +72,13 @@ MIDDLEWARE = [
     "review.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.middleware.ApiBodyLimitMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Session, user and messages: console only (config.middleware.API_PREFIX skips them).
+    "config.middleware.ConsoleSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "config.middleware.ConsoleAuthenticationMiddleware",
     "review.tenancy.TenantScopeMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "config.middleware.ConsoleMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 

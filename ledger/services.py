@@ -856,7 +856,9 @@ def operation_complete(
     )
     if op is not None:
         _after_terminal(op)
-        log.info("operation_succeeded key=%s attempt=%s provider_ref=%s", op.key, op.attempts, op.provider_ref)
+        # DEBUG: a success needs no one's attention and its record is the event row; what
+        # does (fenced, failed, uncertain, paused) is logged at INFO or above.
+        log.debug("operation_succeeded key=%s attempt=%s provider_ref=%s", op.key, op.attempts, op.provider_ref)
         return op
     error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
     if isinstance(error, LeaseLost) and "status" not in error.extra:
