@@ -171,6 +171,8 @@ class _TransitionSql:
     states: tuple[str, ...]
     # PostgreSQL: one statement. SQLite: select, update, attempt update (or "").
     statement: str
+    # PostgreSQL: the SET parameters come before the guard's (a plain UPDATE … WHERE).
+    set_first: bool = False
     select: str = ""
     update: str = ""
     attempt_update: str = ""
@@ -203,11 +205,19 @@ def _transition_sql(shape: _TransitionShape) -> _TransitionSql:
                 f"UPDATE ledger_attempt SET {att_sql} WHERE operation_id = %s AND number = %s" if att_sql else ""
             ),
         )
-    parts = [
-        f"WITH old AS (SELECT id AS old_id, status AS old_status FROM ledger_operation WHERE {where} FOR UPDATE)",
-        f", upd AS (UPDATE ledger_operation SET {', '.join(set_sql)} FROM old WHERE id = old.old_id"
-        f" RETURNING {sql.OP_SELECT}, old.old_status)",
-    ]
+    if len(states) == 1:
+        # The old state is known: the guard goes straight into the UPDATE (which re-checks
+        # it on the newest row version if it has to wait for a concurrent writer).
+        parts = [
+            f"WITH upd AS (UPDATE ledger_operation SET {', '.join(set_sql)} WHERE {where}"
+            f" RETURNING {sql.OP_SELECT}, {sql.state_literal(states[0])}::varchar AS old_status)"
+        ]
+    else:
+        parts = [
+            f"WITH old AS (SELECT id AS old_id, status AS old_status FROM ledger_operation WHERE {where} FOR UPDATE)",
+            f", upd AS (UPDATE ledger_operation SET {', '.join(set_sql)} FROM old WHERE id = old.old_id"
+            f" RETURNING {sql.OP_SELECT}, old.old_status)",
+        ]
     if att_sql:
         parts.append(
             f", att AS (UPDATE ledger_attempt SET {att_sql} FROM upd"
@@ -225,7 +235,7 @@ def _transition_sql(shape: _TransitionShape) -> _TransitionSql:
         " attempt, at) SELECT id, old_status, status, %s, %s, attempts, now() FROM upd)"
     )
     parts.append(f" SELECT {sql.OP_SELECT} FROM upd")
-    return _TransitionSql(states=states, statement="".join(parts))
+    return _TransitionSql(states=states, statement="".join(parts), set_first=len(states) == 1)
 
 
 def guarded_transition(
@@ -241,6 +251,7 @@ def guarded_transition(
     extra_params: list[Any] | None = None,
     attempt_update: list[tuple[str, str, list[Any]]] | None = None,
     attempt_insert: bool = False,
+    likely: str | None = None,
 ) -> Operation | None:
     """One guarded UPDATE of an operation plus its event row (and its attempt row).
 
@@ -248,7 +259,28 @@ def guarded_transition(
     ``attempt_insert`` a new Attempt numbered ``attempts`` (after the update) is created
     carrying the row's lease. Returns the updated row, or None when the guard matched no
     row (someone else moved it first). Callers raise the named error.
+
+    ``likely`` names the state the row is almost always in (a completion: ``claimed``). On
+    PostgreSQL the move is first tried from that state alone — its event's old state is then
+    known, so the statement needs no locking read of the row first — and only when that
+    matches nothing from all of ``from_states``.
     """
+    if likely is not None and likely in from_states and len(from_states) > 1 and sql.is_postgres():
+        moved = guarded_transition(
+            op_id=op_id,
+            to=to,
+            from_states=frozenset({likely}),
+            actor=actor,
+            reason=reason,
+            token=token,
+            sets=sets,
+            extra_where=extra_where,
+            extra_params=extra_params,
+            attempt_update=attempt_update,
+            attempt_insert=attempt_insert,
+        )
+        if moved is not None:
+            return moved
     sets = sets or []
     attempt_update = attempt_update or []
     pg = sql.is_postgres()
@@ -276,7 +308,8 @@ def guarded_transition(
         att_params += params
 
     if pg:
-        params = [*where_params, *set_params, *att_params, actor[:150], sanitize_message(reason)]
+        head = [*set_params, *where_params] if text.set_first else [*where_params, *set_params]
+        params = [*head, *att_params, actor[:150], sanitize_message(reason)]
         row = sql.fetch_one(text.statement, params)
         return sql.operation_from_row(row) if row else None
 
@@ -835,6 +868,7 @@ def operation_complete(
         op_id=operation_id,
         to=S.SUCCEEDED,
         from_states=REPORTABLE_STATES,
+        likely=S.CLAIMED,
         token=lease_token,
         actor=actor,
         reason=reason,
