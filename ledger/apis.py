@@ -40,7 +40,8 @@ def _valid(serializer_class: type[drf_serializers.Serializer], request: Request)
 
 def idempotency_key_from(request: Request, body_key: str | None) -> str:
     """The key comes in the body (`key`) or the `Idempotency-Key` header; both must agree."""
-    header_key = request.headers.get("Idempotency-Key")
+    # request.headers would build a dict of every header for this one read.
+    header_key = request.META.get("HTTP_IDEMPOTENCY_KEY")
     if body_key not in (None, "") and header_key not in (None, "") and body_key != header_key:
         raise InvalidKey("The `key` field and the Idempotency-Key header disagree.")
     key = body_key if body_key not in (None, "") else header_key
