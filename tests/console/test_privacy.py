@@ -58,7 +58,7 @@ def test_payloads_and_recorded_responses_are_ciphertext_in_the_database(tenant):
     )
     for column in ("payload", "response_body"):
         stored = _raw("ledger_operation", column, op.pk)
-        assert '"_enc": "v1:' in stored.replace('":"', '": "') or '"_enc":"v1:' in stored
+        assert '"_enc": "v2:' in stored.replace('":"', '": "') or '"_enc":"v2:' in stored
         assert not any(marker in stored for marker in MARKERS), column
     # The owner's API still gets its recorded outcome back (DESIGN §5 replay).
     assert crypto.open_json(Operation.objects.get(pk=op.pk).response_body) == {"email": "priya.raman@example.invalid"}
@@ -291,6 +291,35 @@ def test_rotation_reencrypts_under_the_new_key_and_the_old_key_can_then_be_dropp
     monkeypatch.setenv(crypto.KEYS_ENV, new_spec)
     assert crypto.open_json(Operation.objects.get(pk=op.pk).payload)["body"]["email"] == "priya.raman@example.invalid"
     assert privacy.subject_search(tenant_ids=[tenant.pk], phone="+61412345678").operation_ids == [op.pk]
+
+
+def test_legacy_fernet_values_still_open_and_rotation_rewrites_them_as_v2(tenant, monkeypatch):
+    spec = f"same1:{Fernet.generate_key().decode()}"
+    monkeypatch.setenv(crypto.KEYS_ENV, spec)
+    provider = enforced_provider(tenant, "crm3")
+    op = succeeded_op(tenant, provider, "legacy-1", payload=example("crm-create-contact-request.json"))
+    ring = crypto.keyring()
+    # A value as the first format (v1, a Fernet token) wrote it, under the same key.
+    blob = json.dumps({"email": "priya.raman@example.invalid"}).encode()
+    legacy = {crypto.ENVELOPE: f"v1:same1:{ring.fernets['same1'].encrypt(blob).decode()}"}
+    Operation.objects.filter(pk=op.pk).update(response_body=legacy)
+    assert crypto.open_json(Operation.objects.get(pk=op.pk).response_body) == {"email": "priya.raman@example.invalid"}
+    assert encryption_rotate(dry_run=True)["ledger.Operation"]["stale"] == 1
+    encryption_rotate()
+    stored = Operation.objects.get(pk=op.pk).response_body
+    assert stored[crypto.ENVELOPE].startswith("v2:same1:")
+    assert crypto.open_json(stored) == {"email": "priya.raman@example.invalid"}
+
+
+def test_a_tampered_or_foreign_envelope_is_refused_with_a_clear_error(monkeypatch):
+    monkeypatch.setenv(crypto.KEYS_ENV, f"mine1:{Fernet.generate_key().decode()}")
+    sealed = crypto.seal_json({"phone": "+61412345678"})
+    head, _, token = sealed[crypto.ENVELOPE].rpartition(":")
+    flipped = token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1]
+    for bad in (f"{head}:{flipped}", f"v2:other1:{token}", f"v9:mine1:{token}", "v2:mine1:"):
+        with pytest.raises(crypto.EncryptionKeyError) as err:
+            crypto.open_json({crypto.ENVELOPE: bad})
+        assert "+614" not in str(err.value)
 
 
 def test_the_embedded_default_generates_a_key_file_once(tmp_path, settings, monkeypatch, caplog):
