@@ -7,6 +7,7 @@ payload. Filters are `path:value` pairs; PostgreSQL answers them with `@>` on a 
 
 from __future__ import annotations
 
+import functools
 from typing import Any, TypeVar
 
 from django.db import connection
@@ -18,12 +19,19 @@ MAX_SEARCH_VALUE = 200
 M = TypeVar("M", bound=Model)
 
 
+@functools.lru_cache(maxsize=32)
+def _split_paths(paths: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple((path, tuple(path.split("."))) for path in paths)
+
+
 def search_values(payload: Any, paths: list[str]) -> dict[str, str]:
     """The configured (non-personal) paths' scalar values, as strings, for filtering."""
     found: dict[str, str] = {}
-    for path in paths:
+    if not isinstance(payload, dict):
+        return found
+    for path, parts in _split_paths(tuple(paths)):
         node: Any = payload
-        for part in path.split("."):
+        for part in parts:
             if isinstance(node, dict) and part in node:
                 node = node[part]
             else:

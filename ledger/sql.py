@@ -7,11 +7,13 @@ with a parameter list (Django's cursors then treat ``%`` as the placeholder sigi
 
 from __future__ import annotations
 
+import functools
 import json
 import weakref
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import signals
 from django.db.models.base import ModelState
@@ -20,8 +22,15 @@ from django.utils.dateparse import parse_datetime
 from ledger.models import Operation
 
 
+@functools.lru_cache(maxsize=8)
+def _vendor(engine: str) -> str:
+    return connections[DEFAULT_DB_ALIAS].vendor
+
+
 def is_postgres() -> bool:
-    return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+    # By ENGINE, not through the connection proxy (a thread-local lookup): asked several
+    # times per claim.
+    return _vendor(settings.DATABASES[DEFAULT_DB_ALIAS]["ENGINE"]) == "postgresql"
 
 
 def now() -> str:
@@ -97,7 +106,7 @@ def operation_from_row(row: tuple[Any, ...] | list[Any]) -> Operation:
     and booleans (SQLite returns text and integers); both return JSON as text here.
     """
     values = list(row[: len(OP_COLUMNS)])
-    if connections[DEFAULT_DB_ALIAS].vendor != "postgresql":
+    if not is_postgres():
         for i in _DATETIME_IDX:
             if values[i] is not None:
                 values[i] = to_datetime(values[i])
