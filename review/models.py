@@ -230,7 +230,9 @@ class Tombstone(models.Model):
     EXISTS guard inside its INSERT) and answers from this row instead.
     """
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # Indexed by the unique (tenant, key): a tenant-only index let a claim's tombstone check
+    # (planned once, on an empty table) walk every tombstone of the tenant.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     key = models.CharField(max_length=255)
     operation_id = models.BigIntegerField()
     mode = models.CharField(max_length=8)
