@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
+from django.http import HttpResponse
+from django.http.response import HttpResponseBase
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf_serializers
 from rest_framework.pagination import CursorPagination
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -48,17 +51,30 @@ def idempotency_key_from(request: Request, body_key: str | None) -> str:
     return services.validate_key(key)
 
 
+def answer(request: Request, body: dict[str, Any], *, status: int, headers: dict[str, str]) -> HttpResponseBase:
+    """A success answer. When DRF negotiated its plain JSONRenderer for ``application/json``
+    (every client that asks for JSON or anything), that renderer's bytes go straight into an
+    HttpResponse: the same body and headers as a DRF Response, without the template-response
+    machinery around it (~20 µs). Any other negotiation result gets a DRF Response."""
+    renderer = getattr(request, "accepted_renderer", None)
+    if type(renderer) is JSONRenderer and request.accepted_media_type == JSONRenderer.media_type:
+        response = HttpResponse(
+            renderer.render(body, JSONRenderer.media_type, {}), status=status, content_type=JSONRenderer.media_type
+        )
+        for name, value in headers.items():
+            response[name] = value
+        return response
+    return Response(body, status=status, headers=headers)
+
+
 def render_operation(
-    op: Operation, *, status: int, replayed: bool = False, headers: dict[str, str] | None = None
-) -> Response:
+    request: Request, op: Operation, *, status: int, replayed: bool = False, headers: dict[str, str] | None = None
+) -> HttpResponseBase:
     headers = dict(headers or {})
     if replayed:
         headers[REPLAYED_HEADER] = "true"
-    return Response(
-        operation_representation(op, provider_slug=selectors.provider_slug(op.provider_id)),
-        status=status,
-        headers=headers,
-    )
+    body = operation_representation(op, provider_slug=selectors.provider_slug(op.provider_id))
+    return answer(request, body, status=status, headers=headers)
 
 
 class ClaimCreateApi(APIView):
@@ -68,7 +84,7 @@ class ClaimCreateApi(APIView):
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
         summary="Claim an idempotency key before performing a side effect (guard mode)",
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponseBase:
         data = _valid(ClaimInputSerializer, request)
         key = idempotency_key_from(request, data.pop("key", None))
         tenant = request.user.tenant
@@ -78,11 +94,11 @@ class ClaimCreateApi(APIView):
         )
         op = result.operation
         if result.replayed:
-            return render_operation(op, status=200, replayed=True)
+            return render_operation(request, op, status=200, replayed=True)
         body = operation_representation(op, provider_slug=provider.slug if provider else None)
         body["lease_token"] = op.lease_token
         body["attempt"] = op.attempts
-        return Response(body, status=201, headers={"Location": f"/api/v1/operations/{op.pk}"})
+        return answer(request, body, status=201, headers={"Location": f"/api/v1/operations/{op.pk}"})
 
 
 class OperationSentApi(APIView):
@@ -91,7 +107,7 @@ class OperationSentApi(APIView):
         responses={200: OperationOutputSerializer},
         summary="Write the sent marker before the effect",
     )
-    def post(self, request: Request, operation_id: int) -> Response:
+    def post(self, request: Request, operation_id: int) -> HttpResponseBase:
         data = _valid(SentInputSerializer, request)
         op = services.operation_mark_sent(
             operation_id=operation_id,
@@ -100,7 +116,7 @@ class OperationSentApi(APIView):
             actor=request.user.actor,
             tenant_id=request.user.tenant.pk,
         )
-        return render_operation(op, status=200)
+        return render_operation(request, op, status=200)
 
 
 class OperationCompleteApi(APIView):
@@ -109,7 +125,7 @@ class OperationCompleteApi(APIView):
         responses={200: OperationOutputSerializer},
         summary="Record the effect's outcome",
     )
-    def post(self, request: Request, operation_id: int) -> Response:
+    def post(self, request: Request, operation_id: int) -> HttpResponseBase:
         data = _valid(CompleteInputSerializer, request)
         op = services.operation_complete(
             operation_id=operation_id,
@@ -120,7 +136,7 @@ class OperationCompleteApi(APIView):
             actor=request.user.actor,
             tenant_id=request.user.tenant.pk,
         )
-        return render_operation(op, status=200)
+        return render_operation(request, op, status=200)
 
 
 class OperationFailApi(APIView):
@@ -129,7 +145,7 @@ class OperationFailApi(APIView):
         responses={200: OperationOutputSerializer},
         summary="Record a failure and its class",
     )
-    def post(self, request: Request, operation_id: int) -> Response:
+    def post(self, request: Request, operation_id: int) -> HttpResponseBase:
         data = _valid(FailInputSerializer, request)
         op = services.operation_fail(
             operation_id=operation_id,
@@ -141,14 +157,14 @@ class OperationFailApi(APIView):
             actor=request.user.actor,
             tenant_id=request.user.tenant.pk,
         )
-        return render_operation(op, status=200)
+        return render_operation(request, op, status=200)
 
 
 class OperationHeartbeatApi(APIView):
     @extend_schema(
         request=HeartbeatInputSerializer, responses={200: OperationOutputSerializer}, summary="Extend the lease"
     )
-    def post(self, request: Request, operation_id: int) -> Response:
+    def post(self, request: Request, operation_id: int) -> HttpResponseBase:
         data = _valid(HeartbeatInputSerializer, request)
         op = services.operation_heartbeat(
             operation_id=operation_id,
@@ -156,14 +172,14 @@ class OperationHeartbeatApi(APIView):
             lease_seconds=data["lease_seconds"],
             tenant_id=request.user.tenant.pk,
         )
-        return render_operation(op, status=200)
+        return render_operation(request, op, status=200)
 
 
 class OperationDetailApi(APIView):
     @extend_schema(responses={200: OperationOutputSerializer}, summary="One operation")
-    def get(self, request: Request, operation_id: int) -> Response:
+    def get(self, request: Request, operation_id: int) -> HttpResponseBase:
         return render_operation(
-            selectors.operation_get(tenant=request.user.tenant, operation_id=operation_id), status=200
+            request, selectors.operation_get(tenant=request.user.tenant, operation_id=operation_id), status=200
         )
 
 
@@ -196,7 +212,7 @@ class OperationListApi(APIView):
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
         summary="Submit an operation for the service to execute (execute mode)",
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponseBase:
         from ledger.execute import operation_submit
 
         data = _valid(SubmitInputSerializer, request)
@@ -204,8 +220,8 @@ class OperationListApi(APIView):
         result = operation_submit(tenant=request.user.tenant, key=key, actor=request.user.actor, **data)
         op = result.operation
         if result.replayed:
-            return render_operation(op, status=200, replayed=True)
-        return render_operation(op, status=202, headers={"Location": f"/api/v1/operations/{op.pk}"})
+            return render_operation(request, op, status=200, replayed=True)
+        return render_operation(request, op, status=202, headers={"Location": f"/api/v1/operations/{op.pk}"})
 
     @extend_schema(
         parameters=[
