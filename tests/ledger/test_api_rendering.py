@@ -45,7 +45,7 @@ def test_replays_details_and_completions_render_identically(api, monkeypatch):
     for direct, via_drf in (replay, detail):
         assert direct == via_drf
     assert replay[0][1]["Idempotent-Replayed"] == "true"
-    assert "\\u2028".encode() in detail[0][2] and "caf\u00e9".encode() in detail[0][2]
+    assert b"\\u2028" in detail[0][2] and "caf\u00e9".encode() in detail[0][2]
 
 
 def test_a_fresh_claim_renders_like_a_drf_response(api, monkeypatch):
