@@ -46,9 +46,10 @@ def json_problem(value: Any) -> str | None:
 
 
 # What json_problem looks for can only come from these in the raw UTF-8 text: a lone
-# surrogate from a backslash-u escape (strict UTF-8 decoding yields none), a float overflowing to
-# infinity from an exponent (a digit then e/E) or from 309+ integer digits.
-_MAY_HOLD_A_PROBLEM = re.compile(rb"\\u|[0-9][eE]|[0-9]{309}")
+# surrogate from a backslash-u escape (strict UTF-8 decoding yields none); a float that
+# overflows to infinity, from a number token with an exponent (JSON puts a number value at
+# the start or after ':', '[' or ',', then optional whitespace) or from 309+ integer digits.
+_MAY_HOLD_A_PROBLEM = re.compile(rb"\\u|(?:^|[:\[,])[ \t\n\r]*-?[0-9]+(?:\.[0-9]+)?[eE]|[0-9]{309}")
 
 
 def clean_by_construction(raw: bytes, encoding: str) -> bool:

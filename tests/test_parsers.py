@@ -41,6 +41,13 @@ EDGE_BODIES = [
     b'{"n": 1e400}',
     b'{"n": -1E400}',
     b'{"n": 1e300}',
+    b"1e400",
+    b" -1e400",
+    b"[1e400]",
+    b'{"a":[0,\n 1E+400]}',
+    b'{"a":\t9.5e999}',
+    b'{"lease_token": "a1e9_-Zz", "n": 1}',
+    b'{"s": "x:1e400"}',
     b'{"n": 1.5e-400}',
     b'{"n": ' + b"9" * 309 + b".0}",
     b'{"n": ' + b"9" * 308 + b".0}",
@@ -104,3 +111,5 @@ def test_a_body_with_a_lone_surrogate_is_never_taken_as_clean():
     assert not clean_by_construction(nested(MAX_JSON_DEPTH + 1), "utf-8")
     assert not clean_by_construction(b'{"s": "x"}', "latin-1")
     assert clean_by_construction(b'{"key": "order-1", "request": {"amount": 1200}}', "utf-8")
+    # Digits before an e inside a string (lease tokens, keys) do not look like a number.
+    assert clean_by_construction(b'{"lease_token": "Qx1e9_-7E", "response": {"ok": true}}', "utf-8")
