@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import weakref
 from datetime import UTC, datetime
 from typing import Any
 
@@ -130,22 +129,20 @@ def operation_from_row(row: tuple[Any, ...] | list[Any]) -> Operation:
     return op
 
 
-# The ledger's own cursor per psycopg connection (one thread each): see fetch_one.
-_CURSORS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def _ledger_cursor(raw: Any) -> Any:
-    cursor = _CURSORS.get(raw)
-    if cursor is None or cursor.closed:
+def _ledger_cursor(db: Any) -> Any:
+    """The ledger's own cursor on ``db``'s psycopg connection, kept on the (per-thread)
+    connection wrapper and made again when Django has replaced the connection."""
+    cursor = getattr(db, "_ledger_cursor", None)
+    if cursor is None or cursor.closed or cursor.connection is not db.connection:
         from psycopg.types.datetime import TimestamptzLoader
         from psycopg.types.json import JsonbLoader
 
         # The connection's own cursor class (server- or client-side binding, as configured),
         # with psycopg's C loaders for timestamps and JSON instead of Django's Python ones.
-        cursor = raw.cursor()
+        cursor = db.connection.cursor()
         cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
         cursor.adapters.register_loader("jsonb", JsonbLoader)
-        _CURSORS[raw] = cursor
+        db._ledger_cursor = cursor
     return cursor
 
 
@@ -169,7 +166,7 @@ def fetch_one(statement: str, params: list[Any]) -> tuple[Any, ...] | None:
     db.validate_thread_sharing()
     db.validate_no_broken_transaction()
     with db.wrap_database_errors:
-        cursor = _ledger_cursor(db.connection)
+        cursor = _ledger_cursor(db)
         cursor.execute(statement, params)
         return cursor.fetchone()
 

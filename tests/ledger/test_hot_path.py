@@ -1,0 +1,104 @@
+"""The ledger's hot path (ledger.sql.fetch_one, cached statements, rows built without
+Model.__init__) behaves exactly like Django's own cursor and ORM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.transaction import TransactionManagementError
+
+from ledger import services, sql
+from ledger.models import Operation, OperationStatus, Provider, Tenant
+from tests.conftest import on_postgres
+from tests.ledger.support import events_of, ledger_counts
+
+S = OperationStatus
+pytestmark = pytest.mark.django_db
+
+
+def _claim(tenant: Tenant, provider: Provider, key: str, **kwargs: Any) -> Operation:
+    result = services.operation_claim(
+        tenant=tenant, key=key, provider=provider, action="charge", request={"amount": 1}, **kwargs
+    )
+    assert result.acquired
+    return result.operation
+
+
+def test_rows_built_by_the_hot_path_equal_what_the_orm_loads(tenant, provider):
+    op = _claim(tenant, provider, "hot-1", payload={"order_id": "A-1"})
+    done = services.operation_complete(
+        operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1", response_body={"ok": True}
+    )
+    loaded = Operation.objects.get(pk=op.pk)
+    for row in (op, done):
+        assert row._state.adding is False and row._state.db == "default"
+    for field in Operation._meta.concrete_fields:
+        assert getattr(done, field.attname) == getattr(loaded, field.attname), field.name
+    # Relations and methods work as on an ORM instance.
+    assert done.tenant == tenant and done.provider == provider
+    assert done.is_terminal and str(done) == "hot-1"
+    done.refresh_from_db()
+    assert done.status == S.SUCCEEDED
+
+
+def test_a_claim_inside_an_atomic_block_is_rolled_back_with_it(tenant, provider):
+    before = ledger_counts()
+    with transaction.atomic():
+        _claim(tenant, provider, "hot-rolled-back")
+        assert Operation.objects.filter(key="hot-rolled-back").exists()
+        transaction.set_rollback(True)
+    assert ledger_counts() == before
+    # And the key is free again.
+    assert _claim(tenant, provider, "hot-rolled-back").attempts == 1
+
+
+def test_database_errors_are_djangos(tenant):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        sql.fetch_one(
+            "INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)"
+            f" VALUES (%s, '', 'claimed', 'test', '', 1, {sql.now()}) RETURNING id",
+            [None],
+        )
+
+
+def test_a_broken_transaction_is_refused_before_the_statement_like_djangos_cursor(tenant, provider):
+    with transaction.atomic():
+        connection.needs_rollback = True  # what an error swallowed inside the block leaves
+        with pytest.raises(TransactionManagementError):
+            _claim(tenant, provider, "hot-after-error")
+
+
+def test_an_observer_sees_the_ledger_statements(tenant, provider):
+    seen: list[str] = []
+
+    def wrapper(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(statement)
+        return execute(statement, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        op = _claim(tenant, provider, "hot-observed")
+        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={})
+    assert any("ledger_operation" in s and "INSERT" in s for s in seen)
+    assert any("UPDATE ledger_operation" in s for s in seen)
+
+
+def test_a_replaced_connection_gets_a_new_ledger_cursor(tenant, provider):
+    if not on_postgres():
+        pytest.skip("the reused cursor exists on PostgreSQL only")
+    op = _claim(tenant, provider, "hot-reconnect")
+    first = connection._ledger_cursor
+    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={})
+    assert connection._ledger_cursor is first
+    first.close()
+    assert _claim(tenant, provider, "hot-reconnect-2").attempts == 1
+    assert connection._ledger_cursor is not first
+
+
+def test_a_completion_from_uncertain_still_records_the_move_it_made(tenant, provider):
+    op = _claim(tenant, provider, "hot-uncertain")
+    services.operation_transition(operation=op, to=S.UNCERTAIN, actor="sweeper", reason="lease expired")
+    done = services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={"late": 1})
+    assert done.status == S.SUCCEEDED
+    assert [(e[0], e[1]) for e in events_of(op.pk)][-2:] == [("claimed", "uncertain"), ("uncertain", "succeeded")]
