@@ -30,6 +30,10 @@ INFO_RATIOS = [
     ("(b') services / (a) 1 conn", "b services direct", "a raw 1 conn"),
     ("(b) guard / (b') services", "b guard run_once", "b services direct"),
     ("(a') wide / (a) 1 conn", "a' raw ledger-shaped table", "a raw 1 conn"),
+    # The ceiling of the ledger's own two statements (six rows, their indexes, foreign keys
+    # and state CHECKs) with no Python around them, and how much of it the app keeps.
+    ("(a'') ledger SQL / (a) 1 conn", "a'' ledger's SQL, bare psycopg", "a raw 1 conn"),
+    ("(b) guard / (a'') ledger SQL", "b guard run_once", "a'' ledger's SQL, bare psycopg"),
 ]
 
 
@@ -135,6 +139,7 @@ def single_connection_group(
     raw.create_tables(bench_dsn)
     pg = common.pg_backend_probe(bench_dsn)
     inproc_pg = inproc.backend_probe()
+    captured = raw.capture_ledger_statements(tenant, provider)
     specs = [
         Spec(
             "a raw 1 conn",
@@ -148,6 +153,14 @@ def single_connection_group(
             "a' raw ledger-shaped table",
             lambda kind: raw.lane_factory(bench_dsn, raw.WIDE, kind, tenant.pk),
             "wide1",
+            args.ops,
+            {"procs": 0, "probe": pg},
+            rewarm=10,
+        ),
+        Spec(
+            "a'' ledger's SQL, bare psycopg",
+            lambda kind: raw.ledger_lane_factory(bench_dsn, captured, kind),
+            "ledgersql",
             args.ops,
             {"procs": 0, "probe": pg},
             rewarm=10,

@@ -148,3 +148,108 @@ def lane_factory(dsn: str, table: str, kind: str, tenant_id: int) -> Any:
         return op
 
     return factory
+
+
+# --- (a'') the ledger's own statements through bare psycopg ------------------------------------
+
+
+def capture_ledger_statements(tenant: Any, provider: Any) -> dict[str, Any]:
+    """The exact claim and completion statements the in-process guard sends (text and
+    parameters), captured from one claim→complete that is rolled back afterwards.
+
+    Replayed by :func:`ledger_lane_factory` with only the key, the new row's id and its
+    lease token changed: the cost of the ledger's SQL and schema (six rows, their indexes,
+    foreign keys and state CHECKs) with no Django or service code around it — the ceiling
+    any implementation of those two statements can reach on this machine.
+    """
+    from django.db import connection, transaction
+
+    from bench.inproc import ACTION, _request
+    from ledger import services
+
+    seen: list[tuple[str, list[Any]]] = []
+
+    def wrapper(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append((statement, list(params or [])))
+        return execute(statement, params, many, context)
+
+    key = f"capture-{secrets.token_hex(6)}"
+    with transaction.atomic():
+        with connection.execute_wrapper(wrapper):
+            op = services.operation_claim(
+                tenant=tenant,
+                key=key,
+                provider=provider,
+                action=ACTION,
+                request=_request(key),
+                mark_sent=True,
+                actor="guard",
+                via_claims=False,
+            ).operation
+            services.operation_complete(
+                operation_id=op.pk, lease_token=op.lease_token, response_body={"ok": True, "ref": key}, actor="guard"
+            )
+        transaction.set_rollback(True)
+    if len(seen) != 2:
+        raise RuntimeError(f"expected the claim and the completion statements, saw {len(seen)}")
+    (claim_sql, claim_params), (complete_sql, complete_params) = seen
+
+    def positions(params: list[Any], value: Any) -> list[int]:
+        return [i for i, p in enumerate(params) if type(p) is type(value) and p == value]
+
+    key_at, claim_token_at = positions(claim_params, key), positions(claim_params, op.lease_token)
+    id_at, token_at = positions(complete_params, op.pk), positions(complete_params, op.lease_token)
+    if not key_at or len(claim_token_at) != 1 or len(id_at) != 1 or len(token_at) != 1:
+        raise RuntimeError("could not place the key, id and token in the captured parameters")
+    from ledger.sql import OP_COLUMNS
+
+    return {
+        "claim": claim_sql,
+        "claim_params": claim_params,
+        "key_at": key_at,
+        "token_at": claim_token_at[0],
+        "complete": complete_sql,
+        "complete_params": complete_params,
+        "id_at": id_at[0],
+        "complete_token_at": token_at[0],
+        "row_token_at": OP_COLUMNS.index("lease_token"),
+    }
+
+
+def ledger_lane_factory(dsn: str, captured: dict[str, Any], kind: str) -> Any:
+    """Claim→complete (fresh) or a claim of a finished key (replay) with the captured
+    statements, one psycopg connection per lane, autocommit, prepared like the app's."""
+
+    def factory(_lane: int) -> Op:
+        conn = psycopg.connect(dsn, autocommit=True)
+        cur = conn.cursor()
+
+        def claim(key: str) -> Any:
+            params = list(captured["claim_params"])
+            for i in captured["key_at"]:
+                params[i] = key
+            params[captured["token_at"]] = secrets.token_hex(16)
+            cur.execute(captured["claim"], params)
+            return cur.fetchone()
+
+        def fresh(key: str) -> None:
+            row = claim(key)
+            if row is None or row[-1] is not True:
+                raise RuntimeError(f"fresh key {key} was not created")
+            params = list(captured["complete_params"])
+            params[captured["id_at"]] = row[0]
+            params[captured["complete_token_at"]] = row[captured["row_token_at"]]
+            cur.execute(captured["complete"], params)
+            if cur.fetchone() is None:
+                raise RuntimeError("the captured completion matched no row")
+
+        def replay(key: str) -> None:
+            row = claim(key)
+            if row is None or row[-1] is not False:
+                raise RuntimeError(f"replay of {key} did not find the finished row")
+
+        op = fresh if kind == "fresh" else replay
+        op.backend_pid = conn.info.backend_pid  # type: ignore[attr-defined]
+        return op
+
+    return factory
