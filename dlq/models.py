@@ -30,7 +30,9 @@ FE_OPEN_STATES = frozenset({FE.PENDING, FE.REPLAYING})
 
 # The only moves there are; services raise IllegalTransition for anything else.
 FE_ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
-    FE.PENDING: frozenset({FE.REPLAYING, FE.RESOLVED, FE.DISCARDED}),
+    # replayed: a replay that came back ambiguous was later settled as succeeded (a
+    # reviewer's decision or the sweeper's lookup on its ledger operation).
+    FE.PENDING: frozenset({FE.REPLAYING, FE.REPLAYED, FE.RESOLVED, FE.DISCARDED}),
     # replayed when the replay succeeded, pending when it failed (history stays on Replay).
     FE.REPLAYING: frozenset({FE.REPLAYED, FE.PENDING}),
     # replaying again only with `force` and a note.

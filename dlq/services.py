@@ -550,17 +550,7 @@ def _replay_finish(*, replay: Replay, event: FailedEvent, op: Operation, answer:
         )
         to = FE.REPLAYED if outcome == ReplayOutcome.SUCCEEDED else FE.PENDING
         _settle_entry(replay=replay, to=to, actor=actor, note=f"replay #{replay.number} {outcome} ({answer.message})")
-        if event.operation_id and op.status in TERMINAL_STATES:
-            try:
-                with transaction.atomic():
-                    ledger_services.operation_supersede(
-                        operation_id=event.operation_id,
-                        by_operation_id=op.pk,
-                        actor=actor,
-                        reason=f"replay #{replay.number} of DLQ entry {event.pk}: {op.status}",
-                    )
-            except DomainError as exc:
-                log.warning("dlq_supersede_refused event=%s error=%s", event.pk, type(exc).__name__)
+        _supersede_original(event=event, op=op, number=replay.number, actor=actor)
     replay.refresh_from_db()
     log.info(
         "dlq_replayed event=%s replay=%s outcome=%s status=%s target=%s trigger=%s",
@@ -572,6 +562,57 @@ def _replay_finish(*, replay: Replay, event: FailedEvent, op: Operation, answer:
         replay.trigger,
     )
     return replay
+
+
+def _supersede_original(*, event: FailedEvent, op: Operation, number: int, actor: str) -> None:
+    """The entry's original failed operation now answers with its replay's outcome."""
+    if not event.operation_id or op.status not in TERMINAL_STATES:
+        return
+    try:
+        with transaction.atomic():
+            ledger_services.operation_supersede(
+                operation_id=event.operation_id,
+                by_operation_id=op.pk,
+                actor=actor,
+                reason=f"replay #{number} of DLQ entry {event.pk}: {op.status}",
+            )
+    except DomainError as exc:
+        log.warning("dlq_supersede_refused event=%s error=%s", event.pk, type(exc).__name__)
+
+
+def replay_settle_for_operation(*, operation: Operation, actor: str) -> None:
+    """A replay that came back ambiguous leaves its ledger operation uncertain. When that
+    operation is settled later (a reviewer's decision, the sweeper's lookup), its Replay row
+    takes the outcome, and a success marks the entry replayed — unless a newer replay of the
+    entry has started since, which then owns the entry's state.
+
+    Called by the ledger on every terminal move, in the same transaction; only keys of the
+    replay:{entry}:{n} form are looked at, so other completions pay nothing.
+    """
+    if not operation.key.startswith("replay:") or operation.status not in TERMINAL_STATES:
+        return
+    replay = (
+        Replay.objects.filter(ledger_key=operation.key, operation_id=operation.pk, outcome=ReplayOutcome.AMBIGUOUS)
+        .select_related("event")
+        .first()
+    )
+    if replay is None:
+        return
+    succeeded = operation.status == OperationStatus.SUCCEEDED
+    outcome = ReplayOutcome.SUCCEEDED if succeeded else ReplayOutcome.FAILED
+    note = f"replay #{replay.number} settled {operation.status} after an ambiguous answer"
+    with transaction.atomic():
+        if not Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.AMBIGUOUS).update(outcome=outcome):
+            return
+        if succeeded:
+            _check_move(FE.PENDING, FE.REPLAYED)
+            moved = FailedEvent.objects.filter(
+                pk=replay.event_id, status=FE.PENDING, replay_count=replay.number
+            ).update(status=FE.REPLAYED, updated_at=timezone.now())
+            if moved:
+                _log_change(event_pk=replay.event_id, old=FE.PENDING, new=FE.REPLAYED, actor=actor, note=note)
+        _supersede_original(event=replay.event, op=operation, number=replay.number, actor=actor)
+    log.info("dlq_replay_settled event=%s replay=%s outcome=%s", replay.event_id, replay.number, outcome)
 
 
 # --- Resolve / discard -------------------------------------------------------------------------

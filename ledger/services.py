@@ -354,13 +354,20 @@ def _after_failed(op: Operation) -> None:
     failed_event_record_for_operation(operation=op)
 
 
-def _after_terminal(op: Operation) -> None:
-    """A finished execute-mode operation with a callback_url gets its callback operation,
-    written in the same transaction as the terminal move when the caller holds one."""
-    if op.callback_url and op.status in TERMINAL_STATES:
+def _after_terminal(op: Operation, *, actor: str) -> None:
+    """What follows a terminal move, in the same transaction when the caller holds one: a
+    finished execute-mode operation with a callback_url gets its callback operation; a DLQ
+    replay's operation settled after an ambiguous answer settles its replay."""
+    if op.status not in TERMINAL_STATES:
+        return
+    if op.callback_url:
         from ledger.callbacks import callback_enqueue
 
         callback_enqueue(operation=op)
+    if op.key.startswith("replay:"):
+        from dlq.services import replay_settle_for_operation
+
+        replay_settle_for_operation(operation=op, actor=actor)
 
 
 # --- Claim --------------------------------------------------------------------------------
@@ -889,7 +896,7 @@ def operation_complete(
         ],
     )
     if op is not None:
-        _after_terminal(op)
+        _after_terminal(op, actor=actor)
         # DEBUG: a success needs no one's attention and its record is the event row; what
         # does (fenced, failed, uncertain, paused) is logged at INFO or above.
         log.debug("operation_succeeded key=%s attempt=%s provider_ref=%s", op.key, op.attempts, op.provider_ref)
@@ -1099,7 +1106,7 @@ def operation_fail(
             raise LeaseLost("The operation moved while failing.")
         if updated.status == S.FAILED:
             _after_failed(updated)
-        _after_terminal(updated)
+        _after_terminal(updated, actor=actor)
     log.info(
         "operation_failed key=%s attempt=%s error_class=%s to=%s",
         updated.key,
@@ -1144,7 +1151,7 @@ def operation_transition(
             raise LeaseLost("The operation moved before this change could be applied.")
         if updated.status == S.FAILED:
             _after_failed(updated)
-        _after_terminal(updated)
+        _after_terminal(updated, actor=actor)
     return updated
 
 

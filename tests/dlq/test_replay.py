@@ -10,7 +10,9 @@ import pytest
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventChange, Replay
+from ledger import services as ledger_services
 from ledger.models import Operation
+from review.services import review_decision_record
 from tests.dlq.conftest import example, example_bytes, post_raw
 
 pytestmark = pytest.mark.django_db
@@ -120,6 +122,48 @@ def test_a_target_that_times_out_after_the_send_is_ambiguous(client, tenant, sin
     assert data["outcome"] == "ambiguous" and data["error_class"] == "ambiguous"
     # Unknown outcome: the ledger says so; the entry is an operator's again.
     assert Operation.objects.get(key=f"replay:{event_id}:1").status == "uncertain"
+    assert FailedEvent.objects.get(pk=event_id).status == "pending"
+
+
+def _ambiguous_replay(client, tenant, sink) -> tuple[int, Operation]:
+    dlq_services.replay_target_upsert(tenant=tenant, slug="slow", url=sink.url, timeout_seconds=0.3, is_default=True)
+    sink.mode = "hang"
+    event_id = ingest(client)
+    assert replay(client, event_id).json()["outcome"] == "ambiguous"
+    sink.release.set()
+    op = Operation.objects.get(key=f"replay:{event_id}:1")
+    # The sweeper could not tell (a webhook target has no lookup): a human decides.
+    op = ledger_services.operation_transition(operation=op, to="review", actor="sweeper", reason="no lookup")
+    return event_id, op
+
+
+def test_an_ambiguous_replay_confirmed_by_a_reviewer_marks_the_entry_replayed(client, tenant, sink):
+    event_id, op = _ambiguous_replay(client, tenant, sink)
+    assert FailedEvent.objects.get(pk=event_id).status == "pending"
+    review_decision_record(
+        operation_id=op.pk, decision="confirm_succeeded", note="target shows lead 77 created", actor="rita"
+    )
+    assert FailedEvent.objects.get(pk=event_id).status == "replayed"
+    assert Replay.objects.get(event_id=event_id, number=1).outcome == "succeeded"
+    change = FailedEventChange.objects.filter(event_id=event_id).order_by("-id").first()
+    assert (change.from_status, change.to_status, change.actor) == ("pending", "replayed", "rita")
+    assert "settled succeeded" in change.note
+
+
+def test_an_ambiguous_replay_abandoned_by_a_reviewer_leaves_the_entry_pending(client, tenant, sink):
+    event_id, op = _ambiguous_replay(client, tenant, sink)
+    review_decision_record(operation_id=op.pk, decision="abandon", note="cannot verify", actor="rita")
+    assert FailedEvent.objects.get(pk=event_id).status == "pending"
+    assert Replay.objects.get(event_id=event_id, number=1).outcome == "failed"
+
+
+def test_a_newer_replay_owns_the_entry_when_an_older_ambiguous_one_is_settled(client, tenant, sink):
+    event_id, op = _ambiguous_replay(client, tenant, sink)
+    sink.mode, sink.status = "status", 422
+    assert replay(client, event_id).json()["outcome"] == "failed"
+    review_decision_record(operation_id=op.pk, decision="confirm_succeeded", note="it did arrive", actor="rita")
+    # Replay #1's row says what was decided; the entry keeps the newest replay's answer.
+    assert Replay.objects.get(event_id=event_id, number=1).outcome == "succeeded"
     assert FailedEvent.objects.get(pk=event_id).status == "pending"
 
 
