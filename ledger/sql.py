@@ -102,7 +102,8 @@ def operation_from_row(row: tuple[Any, ...] | list[Any]) -> Operation:
     """Build an Operation from the first len(OP_COLUMNS) values of a raw row.
 
     Only the columns that need it are converted: psycopg already returns aware datetimes
-    and booleans (SQLite returns text and integers); both return JSON as text here.
+    and booleans (SQLite returns text and integers); both return JSON as text here (also
+    :func:`fetch_one`), so every JSON column is parsed exactly once, here.
     """
     values = list(row[: len(OP_COLUMNS)])
     if not is_postgres():
@@ -135,13 +136,13 @@ def _ledger_cursor(db: Any) -> Any:
     cursor = getattr(db, "_ledger_cursor", None)
     if cursor is None or cursor.closed or cursor.connection is not db.connection:
         from psycopg.types.datetime import TimestamptzLoader
-        from psycopg.types.json import JsonbLoader
 
         # The connection's own cursor class (server- or client-side binding, as configured),
-        # with psycopg's C loaders for timestamps and JSON instead of Django's Python ones.
+        # with psycopg's C timestamp loader instead of Django's Python one. JSON stays text,
+        # as from Django's cursors: operation_from_row parses it (a JSON string value would
+        # be indistinguishable from unparsed text otherwise).
         cursor = db.connection.cursor()
         cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
-        cursor.adapters.register_loader("jsonb", JsonbLoader)
         db._ledger_cursor = cursor
     return cursor
 

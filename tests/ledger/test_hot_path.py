@@ -9,7 +9,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
-from ledger import services, sql
+from ledger import crypto, services, sql
 from ledger.models import Operation, OperationStatus, Provider, Tenant
 from tests.conftest import on_postgres
 from tests.ledger.support import events_of, ledger_counts
@@ -102,3 +102,16 @@ def test_a_completion_from_uncertain_still_records_the_move_it_made(tenant, prov
     done = services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={"late": 1})
     assert done.status == S.SUCCEEDED
     assert [(e[0], e[1]) for e in events_of(op.pk)][-2:] == [("claimed", "uncertain"), ("uncertain", "succeeded")]
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_json_scalars_round_trip_through_the_hot_path(tenant, provider, settings, encrypt):
+    settings.ONCEGUARD_PRIVACY = {**getattr(settings, "ONCEGUARD_PRIVACY", {}), "ENCRYPT": encrypt}
+    op = _claim(tenant, provider, f"hot-scalar-{encrypt}", payload="just text")
+    done = services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body="plain")
+    replayed = services.operation_claim(
+        tenant=tenant, key=f"hot-scalar-{encrypt}", provider=provider, action="charge", request={"amount": 1}
+    )
+    for row in (done, replayed.operation, Operation.objects.get(pk=op.pk)):
+        assert crypto.open_json(row.response_body) == "plain"
+        assert crypto.open_json(row.payload) == "just text"
