@@ -66,6 +66,14 @@ from ledger.models import TERMINAL_STATES, ErrorClass, Operation, OperationStatu
 from ledger.search import search_values
 
 FE = FailedEventStatus
+# The ledger key guarding replay n of an entry: replay:{entry id}:{n}.
+REPLAY_KEY_PREFIX = "replay:"
+
+
+def replay_ledger_key(event_pk: int, number: int) -> str:
+    return f"{REPLAY_KEY_PREFIX}{event_pk}:{number}"
+
+
 log = logging.getLogger("onceguard.dlq")
 
 MAX_NOTE = 500
@@ -118,7 +126,7 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
     ledger operation guarding a replay (``replay:{event id}:{n}``) belongs to the entry it
     replays: its failure is recorded on that entry's Replay row, not as a new entry.
     """
-    if operation.key.startswith("replay:"):
+    if operation.key.startswith(REPLAY_KEY_PREFIX):
         replay = (
             Replay.objects.filter(ledger_key=operation.key, event__tenant_id=operation.tenant_id)
             .select_related("event")
@@ -374,7 +382,7 @@ def _replay_begin(
             trigger=trigger,
             as_new=as_new,
             forced=force and old == FE.REPLAYED,
-            ledger_key=f"replay:{event.pk}:{number}",
+            ledger_key=replay_ledger_key(event.pk, number),
             sent_key=derive_new_key(key, number) if as_new else key,
             target=target,
             target_slug=target.slug,
@@ -587,9 +595,9 @@ def replay_settle_for_operation(*, operation: Operation, actor: str) -> None:
     entry has started since, which then owns the entry's state.
 
     Called by the ledger on every terminal move, in the same transaction; only keys of the
-    replay:{entry}:{n} form are looked at, so other completions pay nothing.
+    replay:{entry}:{n} form are looked at, so other completions pay no query.
     """
-    if not operation.key.startswith("replay:") or operation.status not in TERMINAL_STATES:
+    if not operation.key.startswith(REPLAY_KEY_PREFIX) or operation.status not in TERMINAL_STATES:
         return
     replay = (
         Replay.objects.filter(ledger_key=operation.key, operation_id=operation.pk, outcome=ReplayOutcome.AMBIGUOUS)

@@ -194,7 +194,7 @@ def open_json(value: Any) -> Any:
         if version == VERSION:
             aead = ring.aeads.get(key_id)
             if aead is None:
-                raise InvalidTag
+                raise EncryptionKeyError(f"No configured key decrypts a value sealed with key {key_id!r}.")
             sealed = base64.urlsafe_b64decode(token)
             blob = aead.decrypt(sealed[:12], sealed[12:], f"{version}:{key_id}".encode())
         else:

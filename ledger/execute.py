@@ -271,10 +271,7 @@ WITH due AS (
     WHERE o.id = due.id AND p.id = o.provider_id
     RETURNING {cols}, due.old_status
 ), att AS (
-    INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
-        outcome, error_class, message, provider_ref, execution_id)
-    SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '', execution_id
-    FROM upd
+    {services.new_attempt_sql(source="upd")}
 ), ev AS (
     INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)
     SELECT id, old_status, {CLAIMED}, %s,

@@ -224,12 +224,7 @@ def _transition_sql(shape: _TransitionShape) -> _TransitionSql:
             " WHERE ledger_attempt.operation_id = upd.id AND ledger_attempt.number = upd.attempts)"
         )
     if shape.attempt_insert:
-        parts.append(
-            ", att_new AS (INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at,"
-            " lease_expires_at, sent_at, outcome, error_class, message, provider_ref, execution_id)"
-            " SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '',"
-            " execution_id FROM upd)"
-        )
+        parts.append(f", att_new AS ({new_attempt_sql(source='upd')})")
     parts.append(
         ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
         " attempt, at) SELECT id, old_status, status, %s, %s, attempts, now() FROM upd)"
@@ -329,14 +324,20 @@ def guarded_transition(
     return op
 
 
-def _insert_attempt(cursor: Any, op: Operation) -> None:
-    cursor.execute(
+def new_attempt_sql(*, source: str, number: str = "attempts") -> str:
+    """INSERT of a pending Attempt for each operation row of ``source`` (a table or a CTE
+    with the operation's columns), carrying that row's lease: numbered ``number`` (an SQL
+    expression over the row). Every place that opens an attempt uses this one statement."""
+    return (
         "INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at, lease_expires_at, sent_at,"
         " outcome, error_class, message, provider_ref, execution_id)"
-        " SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '', execution_id"
-        " FROM ledger_operation WHERE id = %s",
-        [op.pk],
+        f" SELECT id, {number}, lease_token, claimed_at, lease_expires_at, sent_at, '{AttemptOutcome.PENDING.value}',"
+        f" '', '', '', execution_id FROM {source}"
     )
+
+
+def _insert_attempt(cursor: Any, op: Operation) -> None:
+    cursor.execute(new_attempt_sql(source="ledger_operation") + " WHERE id = %s", [op.pk])
 
 
 def _insert_event(cursor: Any, *, op_id: int, old: str, new: str, actor: str, reason: str, attempt: int | None) -> None:
@@ -364,10 +365,9 @@ def _after_terminal(op: Operation, *, actor: str) -> None:
         from ledger.callbacks import callback_enqueue
 
         callback_enqueue(operation=op)
-    if op.key.startswith("replay:"):
-        from dlq.services import replay_settle_for_operation
+    from dlq.services import replay_settle_for_operation
 
-        replay_settle_for_operation(operation=op, actor=actor)
+    replay_settle_for_operation(operation=op, actor=actor)
 
 
 # --- Claim --------------------------------------------------------------------------------
@@ -390,7 +390,7 @@ def _claim_statement(*, pg: bool, status: str, mark_sent: bool, has_deadline: bo
     and the planner never sees it again. The parameters are listed in :func:`operation_claim`.
     """
     now = sql.now()
-    lease_sql, _ = sql.now_plus(0)
+    lease_sql = sql.now_plus_text()
     claimed = status == S.CLAIMED
     tail = [
         now if claimed else "NULL",  # claimed_at
@@ -421,14 +421,7 @@ def _claim_statement(*, pg: bool, status: str, mark_sent: bool, has_deadline: bo
     # existing row when the key is taken (the SELECT arm sees the pre-insert snapshot).
     return (
         f"WITH ins AS ({insert})"
-        + (
-            ", att AS (INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at,"
-            " lease_expires_at, sent_at, outcome, error_class, message, provider_ref, execution_id)"
-            " SELECT id, 1, lease_token, claimed_at, lease_expires_at, sent_at, 'pending', '', '', '',"
-            " execution_id FROM ins)"
-            if claimed
-            else ""
-        )
+        + (f", att AS ({new_attempt_sql(source='ins', number='1')})" if claimed else "")
         + ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
         " attempt, at) SELECT id, '', status, %s, %s, attempts, now() FROM ins)"
         f" SELECT {sql.OP_SELECT}, true FROM ins"

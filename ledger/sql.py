@@ -36,11 +36,18 @@ def now() -> str:
     return "now()" if is_postgres() else "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 
 
+def now_plus_text() -> str:
+    """SQL for the database's now() + one parameter (see :func:`now_plus` for its value)."""
+    if is_postgres():
+        return "(now() + %s * interval '1 second')"
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+
+
 def now_plus(seconds: float) -> tuple[str, list[Any]]:
     """SQL for the database's now() + ``seconds`` and its parameter."""
     if is_postgres():
-        return "(now() + %s * interval '1 second')", [float(seconds)]
-    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{float(seconds):+.3f} seconds"]
+        return now_plus_text(), [float(seconds)]
+    return now_plus_text(), [f"{float(seconds):+.3f} seconds"]
 
 
 def for_update() -> str:

@@ -84,7 +84,7 @@ def test_an_observer_sees_the_ledger_statements(tenant, provider):
     assert any("UPDATE ledger_operation" in s for s in seen)
 
 
-def test_a_replaced_connection_gets_a_new_ledger_cursor(tenant, provider):
+def test_a_closed_ledger_cursor_is_made_again(tenant, provider):
     if not on_postgres():
         pytest.skip("the reused cursor exists on PostgreSQL only")
     op = _claim(tenant, provider, "hot-reconnect")
