@@ -74,3 +74,17 @@ def _forget_process_caches() -> Any:
     yield
     caching.clear_all()
     selectors._PROVIDER_SLUGS.clear()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Heavy suites (browser, real n8n, soak, fuzzing) run once per `make test`, in the
+    PostgreSQL pass: on SQLite they are skipped, never silently dropped from CI (.ci/run
+    fails when the PostgreSQL pass did not happen)."""
+    from django.conf import settings
+
+    if "postgresql" in settings.DATABASES["default"]["ENGINE"]:
+        return
+    skip = pytest.mark.skip(reason="heavy suite: runs once, in the PostgreSQL pass")
+    for item in items:
+        if item.get_closest_marker("heavy") or item.get_closest_marker("browser"):
+            item.add_marker(skip)
