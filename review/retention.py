@@ -29,9 +29,14 @@ from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from dlq.alerts import alert_raise
+from dlq.errors import FailedEventBusy, FailedEventClosed
+from dlq.models import FailedEvent, FailedEventStatus, Replay
+from dlq.services import failed_event_discard
 from ledger import sql
+from ledger.crypto import is_redacted
 from ledger.errors import KeyReusedWithDifferentRequest
-from ledger.models import TERMINAL_STATES, Operation, OperationMode, Provider
+from ledger.models import TERMINAL_STATES, Attempt, Operation, OperationMode, Provider, Tenant
 from review.models import (
     AccessLog,
     RecordType,
@@ -152,19 +157,22 @@ def _keyset(qs: Any, column: str, last: tuple[Any, int] | None, size: int) -> li
     """The next ``size`` (column, id) pairs after ``last``, in index order: each batch starts
     where the previous one stopped (rows skipped on purpose are never scanned again)."""
     if last is not None:
-        # A row-value comparison: an index range condition on (column, id), where the
-        # equivalent OR would make the database rescan from the start each batch.
-        table = qs.model._meta.db_table
-        qs = qs.extra(where=[f"({table}.{column}, {table}.id) > (%s, %s)"], params=[last[0], last[1]])
+        value, pk = last
+        # (column, id) > (value, pk), spelled so that ``column >= value`` is an index range
+        # condition: the plain OR of the two cases would scan from the start every batch.
+        qs = qs.filter(Q(**{f"{column}__gte": value}) & (Q(**{f"{column}__gt": value}) | Q(pk__gt=pk)))
     return list(qs.order_by(column, "pk").values_list(column, "pk")[:size])
 
 
 def _keyset_batches(tp: TenantPurge, rows: Any, column: str) -> Iterator[list[int]]:
     """Ids of ``rows`` in keyset batches of the run's size, while its budget lasts (the run
-    is marked exhausted when it runs out, so the next run continues)."""
+    is marked exhausted when it runs out, so the next run continues). Every batch loop of the
+    purge goes through here: a loop that re-reads from the start would spin on a row it
+    leaves in place (a busy DLQ entry) until the budget runs out."""
     last = None
+    size = tp.budget.batch_size
     while True:
-        page = _keyset(rows, column, last, tp.budget.batch_size)
+        page = _keyset(rows, column, last, size)
         if not page:
             return
         if not tp.budget.take():
@@ -172,6 +180,8 @@ def _keyset_batches(tp: TenantPurge, rows: Any, column: str) -> Iterator[list[in
             return
         last = page[-1]
         yield [pk for _, pk in page]
+        if len(page) < size:
+            return
 
 
 def _not_redacted(*columns: str) -> Q:
@@ -182,8 +192,6 @@ def _not_redacted(*columns: str) -> Q:
 
 
 def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
-    from ledger.models import Attempt
-
     cutoff = tp.now - policy.payload_ttl
     columns = ("payload", "request", "response_body")
     # updated_at >= done_at, so updated_at < cutoff implies a payload past its TTL, and the
@@ -202,7 +210,7 @@ def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
                 values = []
                 for column in columns:
                     value = getattr(op, column)
-                    if value is not None and not _is_redacted(value):
+                    if value is not None and not is_redacted(value):
                         value = redaction_marker(value=value, policy_id=policy.pk, run_id=tp.run.pk, at=tp.now)
                     values.append(value)
                 changed.append((op.pk, values))
@@ -210,12 +218,6 @@ def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
             _update_json_columns("ledger_operation", columns, changed)
             Attempt.objects.filter(operation_id__in=ids, response_body__isnull=False).update(response_body=None)
             counts.redacted += len(changed)
-
-
-def _is_redacted(value: Any) -> bool:
-    from ledger.crypto import is_redacted
-
-    return is_redacted(value)
 
 
 def _newest_outcome(op: Operation) -> Operation:
@@ -310,8 +312,6 @@ def _update_json_columns(table: str, columns: tuple[str, ...], rows: list[tuple[
 
 
 def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
-    from dlq.models import FailedEvent
-
     cutoff = tp.now - policy.record_ttl
     providers = {
         pk: (slug, ttl)
@@ -402,63 +402,33 @@ def _tombstones_for_superseded(ids: list[int], providers: dict[int, tuple[str, i
     return len(stones)
 
 
-def _fe_models() -> Any:
-    from dlq import models as dlq_models
-
-    return dlq_models
-
-
 def _redact_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
-    m = _fe_models()
     cutoff = tp.now - policy.payload_ttl
-    closed = [m.FailedEventStatus.RESOLVED, m.FailedEventStatus.DISCARDED]
-    while True:
-        ids = list(
-            m.FailedEvent.objects.filter(tenant_id=tp.run.tenant_id, status__in=closed, updated_at__lt=cutoff)
-            .filter(payload__isnull=False)
-            .exclude(payload__has_key="_redacted")
-            .order_by("updated_at", "id")
-            .values_list("pk", flat=True)[: tp.budget.batch_size]
-        )
-        if not ids:
-            return
-        if not tp.budget.take():
-            tp.exhausted = True
-            return
+    closed = [FailedEventStatus.RESOLVED, FailedEventStatus.DISCARDED]
+    rows = (
+        FailedEvent.objects.filter(tenant_id=tp.run.tenant_id, status__in=closed, updated_at__lt=cutoff)
+        .filter(payload__isnull=False)
+        .exclude(payload__has_key="_redacted")
+    )
+    for ids in _keyset_batches(tp, rows, "updated_at"):
         with transaction.atomic():
             for event in (
-                m.FailedEvent.objects.select_for_update().filter(pk__in=ids, status__in=closed).only("pk", "payload")
+                FailedEvent.objects.select_for_update().filter(pk__in=ids, status__in=closed).only("pk", "payload")
             ):
                 marker = redaction_marker(value=event.payload, policy_id=policy.pk, run_id=tp.run.pk, at=tp.now)
                 # .update(): the row's updated_at (its age for the record TTL) stays as it was.
-                m.FailedEvent.objects.filter(pk=event.pk).update(payload=marker)
-                m.Replay.objects.filter(event_id=event.pk, response_body__isnull=False).update(response_body=None)
+                FailedEvent.objects.filter(pk=event.pk).update(payload=marker)
+                Replay.objects.filter(event_id=event.pk, response_body__isnull=False).update(response_body=None)
                 counts.redacted += 1
-        if len(ids) < tp.budget.batch_size:
-            return
 
 
 def _discard_stale_pending(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
-    from dlq.alerts import alert_raise
-
-    m = _fe_models()
     cutoff = tp.now - policy.record_ttl
-    stale = m.FailedEvent.objects.filter(
-        tenant_id=tp.run.tenant_id, status=m.FailedEventStatus.PENDING, failed_at__lt=cutoff
+    stale = FailedEvent.objects.filter(
+        tenant_id=tp.run.tenant_id, status=FailedEventStatus.PENDING, failed_at__lt=cutoff
     )
-    while True:
-        ids = list(stale.order_by("failed_at", "id").values_list("pk", flat=True)[: tp.budget.batch_size])
-        if not ids:
-            return
-        if not tp.budget.take():
-            tp.exhausted = True
-            return
-        from dlq.errors import FailedEventBusy, FailedEventClosed
-        from dlq.services import failed_event_discard
-
-        for event in m.FailedEvent.objects.filter(pk__in=ids, status=m.FailedEventStatus.PENDING).only(
-            "pk", "event_id"
-        ):
+    for ids in _keyset_batches(tp, stale, "failed_at"):
+        for event in FailedEvent.objects.filter(pk__in=ids, status=FailedEventStatus.PENDING).only("pk", "event_id"):
             with transaction.atomic():
                 # The alert first, in the same transaction: nobody loses an entry unannounced.
                 alert_raise(
@@ -480,77 +450,44 @@ def _discard_stale_pending(tp: TenantPurge, policy: RetentionPolicy, counts: Typ
                     transaction.set_rollback(True)
                     continue
                 counts.discarded += 1
-        if len(ids) < tp.budget.batch_size:
-            return
 
 
 def _delete_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
-    m = _fe_models()
     cutoff = tp.now - policy.record_ttl
     grace = timedelta(seconds=int(retention_setting("DISCARD_GRACE_SECONDS", 7 * 86400)))
-    closed = [m.FailedEventStatus.RESOLVED, m.FailedEventStatus.DISCARDED]
-    rows = m.FailedEvent.objects.filter(tenant_id=tp.run.tenant_id, status__in=closed, failed_at__lt=cutoff).filter(
+    closed = [FailedEventStatus.RESOLVED, FailedEventStatus.DISCARDED]
+    rows = FailedEvent.objects.filter(tenant_id=tp.run.tenant_id, status__in=closed, failed_at__lt=cutoff).filter(
         # Entries retention itself discarded stay visible for the grace period first.
         ~Q(status_note__startswith="retention:") | Q(updated_at__lt=tp.now - grace)
     )
-    while True:
-        ids = list(rows.order_by("failed_at", "id").values_list("pk", flat=True)[: tp.budget.batch_size])
-        if not ids:
-            return
-        if not tp.budget.take():
-            tp.exhausted = True
-            return
+    for ids in _keyset_batches(tp, rows, "failed_at"):
         with transaction.atomic():
             SubjectIndex.objects.filter(record_type=RecordType.FAILED_EVENTS, record_id__in=ids).delete()
-            m.FailedEvent.objects.filter(pk__in=ids, status__in=closed).delete()
+            FailedEvent.objects.filter(pk__in=ids, status__in=closed).delete()
             counts.deleted += len(ids)
-        if len(ids) < tp.budget.batch_size:
-            return
 
 
 def _delete_access_log(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
     cutoff = tp.now - policy.record_ttl
-    while True:
-        # A prefix of the chain, oldest first: the chain stays verifiable from the anchor.
-        batch = list(
-            AccessLog.objects.filter(tenant_id=tp.run.tenant_id, at__lt=cutoff)
-            .order_by("seq")
-            .values_list("seq", "hash")[: tp.budget.batch_size]
-        )
-        if not batch:
-            return
-        if not tp.budget.take():
-            tp.exhausted = True
-            return
-        last_seq, last_hash = batch[-1]
+    rows = AccessLog.objects.filter(tenant_id=tp.run.tenant_id, at__lt=cutoff)
+    # A prefix of the chain, oldest first: the chain stays verifiable from the anchor.
+    for ids in _keyset_batches(tp, rows, "seq"):
         with transaction.atomic():
+            last_seq, last_hash = AccessLog.objects.filter(pk=ids[-1]).values_list("seq", "hash").get()
             AccessLog.objects.filter(tenant_id=tp.run.tenant_id, seq__lte=last_seq).delete()
             tp.run.accesslog_anchor_seq = last_seq
             tp.run.accesslog_anchor_hash = last_hash
             # The anchor is saved in the same transaction as the cut, so the chain can
             # always be verified from what is left.
             tp.run.save(update_fields=["accesslog_anchor_seq", "accesslog_anchor_hash"])
-            counts.deleted += len(batch)
-        if len(batch) < tp.budget.batch_size:
-            return
+            counts.deleted += len(ids)
 
 
 def _expire_tombstones(tp: TenantPurge) -> None:
-    while True:
-        ids = list(
-            Tombstone.objects.filter(tenant_id=tp.run.tenant_id, keep_until__lt=tp.now)
-            .order_by("keep_until")
-            .values_list("pk", flat=True)[: tp.budget.batch_size]
-        )
-        if not ids:
-            return
-        if not tp.budget.take():
-            tp.exhausted = True
-            return
+    rows = Tombstone.objects.filter(tenant_id=tp.run.tenant_id, keep_until__lt=tp.now)
+    for ids in _keyset_batches(tp, rows, "keep_until"):
         deleted, _ = Tombstone.objects.filter(pk__in=ids).delete()
         tp.run.tombstones_expired += deleted
-        if len(ids) < tp.budget.batch_size:
-            return
 
 
 def retention_purge_tenant(
@@ -644,8 +581,6 @@ def retention_purge(
     trigger: str = "schedule",
 ) -> list[RetentionRun]:
     """One pass over every tenant with a policy (or tombstones)."""
-    from ledger.models import Tenant
-
     pass_id = uuid.uuid4().hex
     tenant_ids = set(RetentionPolicy.objects.values_list("tenant_id", flat=True)) | set(
         Tombstone.objects.values_list("tenant_id", flat=True).distinct()
