@@ -11,13 +11,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from dlq.errors import FailedEventBusy
 from dlq.models import Alert, FailedEvent, FailedEventStatus
 from ledger import crypto, services
 from ledger.errors import KeyReusedWithDifferentRequest
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
 from review import privacy
 from review.models import AccessLog, RetentionPolicy, RetentionRun, SubjectIndex, Tombstone
-from review.retention import retention_purge, retention_purge_tenant
+from review.retention import PurgeBudget, TenantPurge, _keyset_batches, retention_purge, retention_purge_tenant
 from tests.console.support import MARKERS, client_for, enforced_provider, example, failed_op, page, staff, succeeded_op
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -247,6 +248,48 @@ def test_purge_works_in_bounded_batches_and_reports_partial_runs(tenant, crm):
     run = retention_purge_tenant(tenant_id=tenant.pk, batch_size=3, max_batches=2)
     assert (run.status, run.deleted) == ("done", 1)
     assert Operation.objects.filter(tenant=tenant).count() == 0 and Tombstone.objects.count() == 7
+
+
+def test_keyset_batches_visit_every_row_once_across_ties_even_when_the_caller_leaves_them(tenant, crm):
+    """Rows sharing the batch column (one timestamp for all) straddle batch boundaries: each
+    id comes exactly once, in index order, though nothing changes the rows in between."""
+    ops = [succeeded_op(tenant, crm, f"tie-{n}") for n in range(7)]
+    Operation.objects.filter(pk__in=[op.pk for op in ops]).update(updated_at=timezone.now() - DAY)
+    tp = TenantPurge(
+        run=RetentionRun(tenant_id=tenant.pk), now=timezone.now(), budget=PurgeBudget(batch_size=3, max_batches=10)
+    )
+
+    batches = list(_keyset_batches(tp, Operation.objects.filter(tenant=tenant), "updated_at"))
+
+    assert [len(b) for b in batches] == [3, 3, 1]
+    assert [pk for b in batches for pk in b] == sorted(op.pk for op in ops)
+    assert tp.budget.used == 3 and not tp.exhausted
+
+
+def test_a_stale_pending_entry_that_cannot_be_discarded_is_passed_over_not_retried_until_the_budget_ends(
+    tenant, crm, monkeypatch
+):
+    """A replay holds the entry (FailedEventBusy): the run moves on and finishes ``done``; a
+    loop that re-read from the start would take that entry again each batch until the budget
+    ran out, and report the run ``partial``."""
+    RetentionPolicy.objects.create(tenant=tenant, record_type="failed_events", record_ttl=30 * DAY)
+    events = [FailedEvent.objects.get(operation=failed_op(tenant, crm, f"busy-{n}")) for n in range(3)]
+    for event in events:
+        age_event(event, 40)
+    tried: list[int] = []
+
+    def busy(*, event_pk: int, **_: Any) -> None:
+        tried.append(event_pk)
+        raise FailedEventBusy("being replayed")
+
+    monkeypatch.setattr("review.retention.failed_event_discard", busy)
+
+    run = retention_purge_tenant(tenant_id=tenant.pk, batch_size=2, max_batches=20)
+
+    assert (run.status, run.discarded, run.batches) == ("done", 0, 2)
+    assert sorted(tried) == sorted(e.pk for e in events)
+    assert set(FailedEvent.objects.values_list("status", flat=True)) == {FailedEventStatus.PENDING}
+    assert not Alert.objects.filter(kind="retention_discarded").exists()  # rolled back with the discard
 
 
 def test_a_redacted_record_says_so_in_the_console_and_keeps_its_history(tenant, crm):
