@@ -1,42 +1,20 @@
-"""Payload storage seam: sealed at rest when the tree has encryption (ledger.crypto), plain
-otherwise; opened only where the plaintext is needed (a replay's body, the search paths)."""
+"""Payload storage seam of the DLQ: payloads are sealed at rest by the ledger's encryption
+(``ledger.crypto``) and opened only where the plaintext is needed (a replay's body, the
+search paths). The import is plain on purpose: a tree whose encryption module cannot be
+imported must fail to start, not quietly store payloads in clear."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-log = logging.getLogger("onceguard.dlq")
+from ledger.crypto import is_redacted, payload_written
+from ledger.crypto import open_json as open_payload
+from ledger.crypto import seal_json as seal_payload
 
-
-def seal_payload(value: Any) -> Any:
-    try:
-        from ledger.crypto import seal_json
-    except ImportError:  # encryption at rest is not part of this tree
-        return value
-    return seal_json(value)
-
-
-def open_payload(value: Any) -> Any:
-    try:
-        from ledger.crypto import open_json
-    except ImportError:
-        return value
-    return open_json(value)
-
-
-def is_redacted(value: Any) -> bool:
-    try:
-        from ledger.crypto import is_redacted as redacted
-    except ImportError:
-        return False
-    return redacted(value)
+__all__ = ["index_payload", "is_redacted", "open_payload", "seal_payload"]
 
 
 def index_payload(*, tenant_id: int, event_pk: int, plain: Any, source: str = "") -> None:
-    """Data-subject index (keyed HMACs of identifiers), if the tree has one. Never raises."""
-    try:
-        from ledger.crypto import payload_written
-    except ImportError:
-        return
+    """Data-subject index (keyed HMACs of identifiers) of an entry's payload. Never raises:
+    ``payload_written`` logs an indexing failure and leaves the write alone."""
     payload_written(tenant_id=tenant_id, record_type="failed_events", record_id=event_pk, values=[plain], source=source)
