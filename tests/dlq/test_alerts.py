@@ -17,6 +17,7 @@ from dlq import alerts
 from dlq import services as dlq_services
 from dlq.models import Alert, AlertChannel, AlertDelivery
 from dlq.tasks import alert_dispatch_task, alerts_flush_task
+from dlq.tasks import enqueue as real_enqueue  # bound before the autouse `enqueued` fixture stubs it
 from tests.dlq.conftest import example
 
 PERSONAL = ("Priya", "priya.raman", "+61412345678", "Raman", "2010", "home and contents")
@@ -241,10 +242,8 @@ def test_django_q2_runs_the_enqueued_dispatch_by_its_dotted_path(client, tenant,
     """The real enqueue (django-q2 in sync mode): the task path resolves and delivers."""
     from django_q.conf import Conf
 
-    from dlq import tasks
-
     monkeypatch.setattr(Conf, "SYNC", True)
-    monkeypatch.setattr("dlq.tasks.enqueue", tasks.__dict__["_real_enqueue"])
+    monkeypatch.setattr("dlq.tasks.enqueue", real_enqueue)
     channel(tenant, "webhook", sink)
     [event_id] = ingest(client)
     assert [a["ref"] for a in sink.received()[0].json()["alerts"]] == [str(event_id)]
