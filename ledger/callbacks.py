@@ -20,8 +20,10 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from ledger.crypto import open_json
-from ledger.errors import DomainError, ValidationFailed
+from ledger.errors import ValidationFailed
 from ledger.models import IdempotencyClass, Operation, OperationMode, Provider, ProviderKind, Tenant
+from ledger.selectors import provider_slug
+from ledger.serializers import operation_representation
 
 log = logging.getLogger("onceguard.callbacks")
 
@@ -118,41 +120,31 @@ def callback_provider(*, tenant_id: int) -> Provider:
         return Provider.objects.get(tenant_id=tenant_id, slug=CALLBACK_PROVIDER_SLUG)
 
 
-def callback_enqueue(*, operation: Operation) -> Operation | None:
-    """Queue the callback of a finished operation, in the caller's transaction. Idempotent:
-    the key ``callback:{id}`` exists once, whoever finishes the operation."""
-    from ledger.services import operation_claim
-
+def callback_claim_arguments(*, operation: Operation) -> dict[str, Any] | None:
+    """What the callback operation of a finished operation is claimed with (the claim itself
+    is ``ledger.services.callback_enqueue``, which the terminal move calls): key
+    ``callback:{id}`` on the tenant's callback provider, in execute mode. None when the
+    operation has no callback."""
     if not operation.callback_url or operation.mode != OperationMode.EXECUTE:
         return None
-    provider = callback_provider(tenant_id=operation.tenant_id)
-    try:
-        result = operation_claim(
-            tenant=Tenant(pk=operation.tenant_id),
-            key=f"callback:{operation.pk}",
-            provider=provider,
-            action=CALLBACK_ACTION,
-            request={"method": "POST", "url": operation.callback_url, "operation_id": operation.pk},
-            mode=OperationMode.EXECUTE,
-            via_claims=False,
-            actor="callbacks",
-            correlation_id=operation.correlation_id,
-            workflow_id=operation.workflow_id,
-            execution_id=operation.execution_id,
-        )
-    except DomainError:
-        # Already queued or running: the callback exists, which is all we need.
-        return None
-    log.info("callback_queued key=%s for=%s", result.operation.key, operation.key)
-    return result.operation
+    return {
+        "tenant": Tenant(pk=operation.tenant_id),
+        "key": f"callback:{operation.pk}",
+        "provider": callback_provider(tenant_id=operation.tenant_id),
+        "action": CALLBACK_ACTION,
+        "request": {"method": "POST", "url": operation.callback_url, "operation_id": operation.pk},
+        "mode": OperationMode.EXECUTE,
+        "via_claims": False,
+        "actor": "callbacks",
+        "correlation_id": operation.correlation_id,
+        "workflow_id": operation.workflow_id,
+        "execution_id": operation.execution_id,
+    }
 
 
 def callback_body(*, callback_operation: Operation) -> bytes:
     """What the receiver gets: the finished operation's public representation (never its
     payload or request), built at send time from the terminal row, so a re-send is equal."""
-    from ledger.selectors import provider_slug
-    from ledger.serializers import operation_representation
-
     source_id = (open_json(callback_operation.request) or {}).get("operation_id")
     source = Operation.objects.get(pk=source_id, tenant_id=callback_operation.tenant_id)
     document: dict[str, Any] = {

@@ -34,6 +34,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
+from django.db import transaction
+
+from ledger import hooks
 
 log = logging.getLogger("onceguard.crypto")
 
@@ -279,17 +282,15 @@ def payload_written(*, tenant_id: int, record_type: str, record_id: int, values:
     """Called by the services that store a payload: fills the data-subject index (keyed
     HMACs of the identifiers in it), so an auditor can find the record without decrypting.
     Never raises into the caller's write: a failure is logged (ids only, in its own
-    savepoint) and the record is simply not findable by subject until indexed again."""
-    if all(v is None for v in values):
+    savepoint) and the record is simply not findable by subject until indexed again.
+
+    The index belongs to ``review.privacy``, which connects to ``hooks.payload_written``."""
+    if all(v is None for v in values) or not hooks.payload_written.receivers:
         return
     try:
-        from django.db import transaction
-
-        from review.privacy import subject_index_record
-
         # A savepoint: a failed index write must not poison the caller's transaction.
         with transaction.atomic():
-            subject_index_record(
+            hooks.payload_written.send(
                 tenant_id=tenant_id, record_type=record_type, record_id=record_id, values=values, source=source
             )
     except Exception as exc:  # indexing must not fail the write

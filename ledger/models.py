@@ -384,3 +384,37 @@ class AdmissionRefusalCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}:{self.reason}={self.count}"
+
+
+class Tombstone(models.Model):
+    """What is left of an operation retention deleted: enough to keep answering its key.
+
+    ``operation_claim`` never re-creates a key that has a tombstone (a NOT EXISTS guard
+    inside its INSERT) and answers from this row instead (``ledger.tombstones``). Written
+    and expired by the retention purge (``review.retention``).
+    """
+
+    # Indexed by the unique (tenant, key): a tenant-only index let a claim's tombstone check
+    # (planned once, on an empty table) walk every tombstone of the tenant.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    key = models.CharField(max_length=255)
+    operation_id = models.BigIntegerField()
+    mode = models.CharField(max_length=8)
+    action = models.CharField(max_length=100, blank=True)
+    provider_slug = models.CharField(max_length=63, blank=True)
+    fingerprint = models.CharField(max_length=64)
+    final_status = models.CharField(max_length=16)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    done_at = models.DateTimeField()
+    deleted_at = models.DateTimeField()
+    keep_until = models.DateTimeField()
+
+    class Meta:
+        db_table = "ledger_tombstone"
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="tombstone_unique_key")]
+        indexes = [models.Index(fields=["keep_until"], name="tombstone_keep_idx")]
+
+    def __str__(self) -> str:
+        return f"†{self.key}"

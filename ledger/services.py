@@ -26,10 +26,12 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from ledger import sql
+from ledger import callbacks, hooks, sql
+from ledger.auth import API_KEYS, hash_api_key
 from ledger.caching import TtlCache
 from ledger.crypto import payload_written, seal_json
 from ledger.errors import (
+    DomainError,
     IllegalTransition,
     InvalidKey,
     KeyReusedWithDifferentRequest,
@@ -39,6 +41,7 @@ from ledger.errors import (
     OperationInProgress,
     OperationManagedByService,
     OperationNeedsReconciliation,
+    OperationNotFound,
     OperationRetryScheduled,
     UnknownProvider,
     ValidationFailed,
@@ -47,6 +50,7 @@ from ledger.models import (
     ALLOWED_TRANSITIONS,
     REPORTABLE_STATES,
     TERMINAL_STATES,
+    ApiKey,
     AttemptOutcome,
     ErrorClass,
     Operation,
@@ -56,6 +60,7 @@ from ledger.models import (
     Tenant,
 )
 from ledger.search import search_values
+from ledger.tombstones import tombstone_answer
 
 S = OperationStatus
 log = logging.getLogger("onceguard.ledger")
@@ -349,25 +354,36 @@ def _insert_event(cursor: Any, *, op_id: int, old: str, new: str, actor: str, re
 
 
 def _after_failed(op: Operation) -> None:
-    """Every `failed` row has its DLQ entry, written in the same transaction."""
-    from dlq.services import failed_event_record_for_operation
-
-    failed_event_record_for_operation(operation=op)
+    """Every `failed` row has its DLQ entry, written in the same transaction (the DLQ
+    connects to ``operation_failed``)."""
+    hooks.operation_failed.send(operation=op)
 
 
 def _after_terminal(op: Operation, *, actor: str) -> None:
     """What follows a terminal move, in the same transaction when the caller holds one: a
-    finished execute-mode operation with a callback_url gets its callback operation; a DLQ
-    replay's operation settled after an ambiguous answer settles its replay."""
+    finished execute-mode operation with a callback_url gets its callback operation; then
+    ``operation_finished`` (the DLQ settles a replay whose operation this is)."""
     if op.status not in TERMINAL_STATES:
         return
     if op.callback_url:
-        from ledger.callbacks import callback_enqueue
-
         callback_enqueue(operation=op)
-    from dlq.services import replay_settle_for_operation
+    hooks.operation_finished.send(operation=op, actor=actor)
 
-    replay_settle_for_operation(operation=op, actor=actor)
+
+def callback_enqueue(*, operation: Operation) -> Operation | None:
+    """Queue the callback of a finished operation, in the caller's transaction: a claim of
+    the key ``callback:{id}`` (``ledger.callbacks`` says what it is claimed with), so it
+    exists once, whoever finishes the operation."""
+    arguments = callbacks.callback_claim_arguments(operation=operation)
+    if arguments is None:
+        return None
+    try:
+        result = operation_claim(**arguments)
+    except DomainError:
+        # Already queued or running: the callback exists, which is all we need.
+        return None
+    log.info("callback_queued key=%s for=%s", result.operation.key, operation.key)
+    return result.operation
 
 
 # --- Claim --------------------------------------------------------------------------------
@@ -411,7 +427,7 @@ def _claim_statement(*, pg: bool, status: str, mark_sent: bool, has_deadline: bo
         f" %s, %s, %s, %s, %s, 0, {now}, {now}{placeholders}"
         # A key whose operation retention deleted keeps answering from its tombstone and is
         # never created again (DESIGN §6): the guard sits inside the atomic INSERT.
-        " WHERE NOT EXISTS (SELECT 1 FROM review_tombstone WHERE tenant_id = %s AND key = %s)"
+        " WHERE NOT EXISTS (SELECT 1 FROM ledger_tombstone WHERE tenant_id = %s AND key = %s)"
         " ON CONFLICT (tenant_id, key) DO NOTHING"
         f" RETURNING {sql.OP_SELECT}"
     )
@@ -547,9 +563,8 @@ def operation_claim(
         )
         return ClaimResult(operation=op, acquired=True, replayed=False)
     if op is None:
-        from review.retention import tombstone_answer
-
-        return tombstone_answer(tenant_id=tenant.pk, key=key, fingerprint=fingerprint)
+        stone = tombstone_answer(tenant_id=tenant.pk, key=key, fingerprint=fingerprint)
+        return ClaimResult(operation=stone, acquired=False, replayed=True)
     return _answer_existing(
         op=op,
         fingerprint=fingerprint,
@@ -709,8 +724,6 @@ def _diagnose_holder_refusal(
         rows = rows.filter(tenant_id=tenant_id)
     op = rows.only("status", "lease_token", "lease_expires_at").first()
     if op is None:
-        from ledger.errors import OperationNotFound
-
         return OperationNotFound("No such operation.")
     if op.lease_token != token:
         return LeaseLost("A newer attempt holds this operation; your result was kept as evidence only.")
@@ -1192,9 +1205,6 @@ def tenant_create(*, slug: str, name: str = "") -> Tenant:
 
 def apikey_create(*, tenant: Tenant, scopes: list[str] | None = None, name: str = "") -> tuple[Any, str]:
     """Create an API key; the secret is returned once and only its sha256 is stored."""
-    from ledger.auth import hash_api_key
-    from ledger.models import ApiKey
-
     scopes = scopes or ["read", "write"]
     unknown = set(scopes) - set(ApiKey.SCOPES)
     if unknown:
@@ -1208,9 +1218,6 @@ def apikey_create(*, tenant: Tenant, scopes: list[str] | None = None, name: str 
 
 
 def apikey_revoke(*, api_key_id: int) -> None:
-    from ledger.auth import API_KEYS
-    from ledger.models import ApiKey
-
     ApiKey.objects.filter(pk=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
     API_KEYS.forget_where(lambda found: found[1].pk == api_key_id)
 
@@ -1242,8 +1249,6 @@ def provider_pause(*, provider_id: int, reason: str, actor: str = "worker") -> b
 
     Returns True when this call paused it (and raised the alert); a provider already paused
     stays paused with its first reason."""
-    from dlq.alerts import alert_raise
-
     reason = sanitize_message(reason)[:200]
     with transaction.atomic():
         paused = Provider.objects.filter(pk=provider_id, paused_at__isnull=True).update(
@@ -1251,7 +1256,7 @@ def provider_pause(*, provider_id: int, reason: str, actor: str = "worker") -> b
         )
         if paused:
             provider = Provider.objects.only("id", "tenant_id", "slug").get(pk=provider_id)
-            alert_raise(
+            hooks.alert_raised.send(
                 tenant_id=provider.tenant_id,
                 kind="provider_paused",
                 ref=provider.slug,

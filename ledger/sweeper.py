@@ -17,8 +17,7 @@ import httpx
 from django.conf import settings
 from django.db import connection, transaction
 
-from dlq.alerts import alert_raise
-from ledger import sql
+from ledger import hooks, sql
 from ledger.crypto import seal_json
 from ledger.errors import LeaseLost
 from ledger.models import AttemptOutcome, ErrorClass, IdempotencyClass, Operation, OperationMode, OperationStatus
@@ -146,7 +145,9 @@ def _release(op_id: int, *, lookup_failed: bool = False) -> None:
 
 
 def _review_alert(op: Operation) -> None:
-    alert_raise(tenant_id=op.tenant_id, kind="review_needed", ref=op.key, summary=f"operation {op.pk} needs a decision")
+    hooks.alert_raised.send(
+        tenant_id=op.tenant_id, kind="review_needed", ref=op.key, summary=f"operation {op.pk} needs a decision"
+    )
 
 
 def _mark_ambiguous_attempts(outcome: str) -> Any:
@@ -319,7 +320,7 @@ def alert_stuck(*, batch: int = 500, report: SweepReport | None = None) -> Sweep
             [*states, *cutoff_p, batch],
         )
     for op in Operation.objects.filter(pk__in=ids).only("id", "tenant_id", "key", "status"):
-        alert_raise(
+        hooks.alert_raised.send(
             tenant_id=op.tenant_id,
             kind="operation_stuck",
             ref=op.key,

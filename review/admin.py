@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from ledger.admin import ReadOnlyAdmin
 from ledger.errors import DomainError
+from ledger.models import Tombstone
 from review.models import (
     AccessLog,
     LoginFailure,
@@ -26,7 +27,6 @@ from review.models import (
     ReviewDecision,
     ReviewItem,
     StaffTenant,
-    Tombstone,
 )
 from review.services import review_decision_record
 

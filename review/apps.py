@@ -17,4 +17,10 @@ class ReviewConfig(AppConfig):
     verbose_name = "Console: review, privacy, retention"
 
     def ready(self) -> None:
+        # Imported here, not at module level: an AppConfig module is imported before the
+        # models are loaded, and these modules import models.
+        from ledger import hooks
+        from review.privacy import subject_index_record
+
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="review.sync_roles")
+        hooks.payload_written.connect(subject_index_record)

@@ -223,39 +223,6 @@ class RetentionRun(models.Model):
         return f"retention {self.tenant_id} {self.started_at:%Y-%m-%d %H:%M}"
 
 
-class Tombstone(models.Model):
-    """What is left of a deleted operation: enough to keep answering its key (DESIGN §6).
-
-    ledger.services.operation_claim refuses to re-create a key that has a tombstone (a NOT
-    EXISTS guard inside its INSERT) and answers from this row instead.
-    """
-
-    # Indexed by the unique (tenant, key): a tenant-only index let a claim's tombstone check
-    # (planned once, on an empty table) walk every tombstone of the tenant.
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
-    key = models.CharField(max_length=255)
-    operation_id = models.BigIntegerField()
-    mode = models.CharField(max_length=8)
-    action = models.CharField(max_length=100, blank=True)
-    provider_slug = models.CharField(max_length=63, blank=True)
-    fingerprint = models.CharField(max_length=64)
-    final_status = models.CharField(max_length=16)
-    provider_ref = models.CharField(max_length=255, blank=True)
-    response_status = models.PositiveIntegerField(null=True, blank=True)
-    created_at = models.DateTimeField()
-    done_at = models.DateTimeField()
-    deleted_at = models.DateTimeField()
-    keep_until = models.DateTimeField()
-
-    class Meta:
-        db_table = "review_tombstone"
-        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="tombstone_unique_key")]
-        indexes = [models.Index(fields=["keep_until"], name="tombstone_keep_idx")]
-
-    def __str__(self) -> str:
-        return f"†{self.key}"
-
-
 class PausedProvider(Provider):
     """Providers as operators see them: pause state and a resume action."""
 

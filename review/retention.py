@@ -35,8 +35,7 @@ from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import failed_event_discard
 from ledger import sql
 from ledger.crypto import is_redacted
-from ledger.errors import KeyReusedWithDifferentRequest
-from ledger.models import TERMINAL_STATES, Attempt, Operation, OperationMode, Provider, Tenant
+from ledger.models import TERMINAL_STATES, Attempt, Operation, OperationMode, Provider, Tenant, Tombstone
 from review.models import (
     AccessLog,
     RecordType,
@@ -44,7 +43,6 @@ from review.models import (
     RetentionRun,
     RetentionRunStatus,
     SubjectIndex,
-    Tombstone,
 )
 from review.privacy import redaction_marker
 
@@ -55,44 +53,6 @@ TOMBSTONE_FLOOR = timedelta(hours=24)
 
 def retention_setting(name: str, default: Any) -> Any:
     return getattr(settings, "ONCEGUARD_RETENTION", {}).get(name, default)
-
-
-# --- Tombstones ---------------------------------------------------------------------------------
-
-
-def tombstone_answer(*, tenant_id: int, key: str, fingerprint: str) -> Any:
-    """What a claim of a deleted key gets: the recorded outcome, rebuilt from the tombstone
-    (200 + Idempotent-Replayed), or 422 when the request differs."""
-    from ledger.errors import OperationNotFound
-    from ledger.services import ClaimResult
-
-    stone = Tombstone.objects.filter(tenant_id=tenant_id, key=key).first()
-    if stone is None:
-        # Neither a row nor a tombstone, yet the INSERT did nothing: a concurrent purge
-        # removed the tombstone between the two reads. Asking again is safe.
-        raise OperationNotFound("The key's record is being purged; retry the claim.")
-    if stone.fingerprint != fingerprint:
-        raise KeyReusedWithDifferentRequest(
-            "This key was first used with a different request; use a new key for a different operation.",
-            extra={"operation_id": stone.operation_id},
-        )
-    op = Operation(
-        id=stone.operation_id,
-        tenant_id=tenant_id,
-        key=stone.key,
-        mode=stone.mode,
-        status=stone.final_status,
-        action=stone.action,
-        fingerprint=stone.fingerprint,
-        provider_ref=stone.provider_ref,
-        response_status=stone.response_status,
-        response_body=None,
-        last_error="record deleted by retention; outcome kept",
-        created_at=stone.created_at,
-        updated_at=stone.deleted_at,
-        done_at=stone.done_at,
-    )
-    return ClaimResult(operation=op, acquired=False, replayed=True)
 
 
 # --- The purge ----------------------------------------------------------------------------------
@@ -291,7 +251,7 @@ def _insert_tombstones(stones: list[Tombstone]) -> None:
     with connection.cursor() as cursor:
         # executemany: psycopg pipelines it; SQLite runs it in one call.
         cursor.executemany(
-            f"INSERT INTO review_tombstone ({', '.join(columns)}) VALUES ({placeholders})"
+            f"INSERT INTO ledger_tombstone ({', '.join(columns)}) VALUES ({placeholders})"
             " ON CONFLICT (tenant_id, key) DO NOTHING",
             rows,
         )
@@ -362,7 +322,7 @@ def _tombstones_from_rows(ids: list[int], *, deleted_at: datetime) -> int:
         keep = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', %s, '+' || MAX(%s, COALESCE(p.key_ttl_seconds, 0)) || ' seconds')"
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO review_tombstone (tenant_id, key, operation_id, mode, action, provider_slug, fingerprint,"
+            "INSERT INTO ledger_tombstone (tenant_id, key, operation_id, mode, action, provider_slug, fingerprint,"
             " final_status, provider_ref, response_status, created_at, done_at, deleted_at, keep_until)"
             " SELECT o.tenant_id, o.key, o.id, o.mode, o.action, COALESCE(p.slug, ''), o.fingerprint, o.status,"
             f" o.provider_ref, o.response_status, o.created_at, o.done_at, %s, {keep}"

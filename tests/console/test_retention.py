@@ -15,9 +15,9 @@ from dlq.errors import FailedEventBusy
 from dlq.models import Alert, FailedEvent, FailedEventStatus
 from ledger import crypto, services
 from ledger.errors import KeyReusedWithDifferentRequest
-from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
+from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, Tombstone
 from review import privacy
-from review.models import AccessLog, RetentionPolicy, RetentionRun, SubjectIndex, Tombstone
+from review.models import AccessLog, RetentionPolicy, RetentionRun, SubjectIndex
 from review.retention import PurgeBudget, TenantPurge, _keyset_batches, retention_purge, retention_purge_tenant
 from tests.console.support import MARKERS, client_for, enforced_provider, example, failed_op, page, staff, succeeded_op
 

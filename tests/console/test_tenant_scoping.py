@@ -15,9 +15,9 @@ from dlq import services as dlq_services
 from dlq.alerts import alert_raise
 from dlq.models import AlertDelivery, BulkReplay, FailedEvent, FailedEventAlias, Replay
 from ledger import services
-from ledger.models import AdmissionRefusalCount, Attempt, Operation, OperationEvent, Tenant
+from ledger.models import AdmissionRefusalCount, Attempt, Operation, OperationEvent, Tenant, Tombstone
 from review import privacy
-from review.models import RetentionPolicy, RetentionRun, StaffTenant, Tombstone
+from review.models import RetentionPolicy, RetentionRun, StaffTenant
 from review.tenancy import object_tenant_id, tenant_path
 from tests.console.support import (
     advisory_provider,

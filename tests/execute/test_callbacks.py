@@ -99,7 +99,7 @@ def test_a_failing_receiver_is_retried_with_backoff_and_the_same_key(allowed, en
 
 
 def test_one_callback_per_operation_whoever_finishes_it(allowed, enforced, receiver):
-    from ledger.callbacks import callback_enqueue
+    from ledger.services import callback_enqueue
 
     op = submit(allowed, "k-cb-once", f"{receiver.url}/hooks/x")
     (done,) = run_due()
