@@ -72,13 +72,12 @@ MIDDLEWARE = [
     "review.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.middleware.ApiBodyLimitMiddleware",
-    # Session, user and messages: console only (config.middleware.API_PREFIX skips them).
-    "config.middleware.ConsoleSessionMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "config.middleware.ConsoleAuthenticationMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
     "review.tenancy.TenantScopeMiddleware",
-    "config.middleware.ConsoleMessageMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -196,7 +195,6 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["ledger.auth.HasApiKeyScope"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["config.parsers.BoundedJSONParser"],
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "config.negotiation.JsonFastNegotiation",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

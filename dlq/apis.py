@@ -28,7 +28,7 @@ from dlq.serializers import (
     failed_event_representation,
     replay_representation,
 )
-from ledger.apis import _valid
+from ledger.apis import validated_input
 from ledger.errors import ValidationFailed
 
 _LIST_PARAMS = [
@@ -162,7 +162,7 @@ class FailedEventReplayApi(APIView):
         ),
     )
     def post(self, request: Request, event_id: int) -> Response:
-        data = _valid(ReplayInputSerializer, request)
+        data = validated_input(ReplayInputSerializer, request)
         replay = services.failed_event_replay(
             tenant_id=request.user.tenant.pk,
             event_pk=event_id,
@@ -181,7 +181,7 @@ class FailedEventResolveApi(APIView):
         request=CloseInputSerializer, responses={200: FailedEventOutputSerializer}, summary="Mark resolved (note)"
     )
     def post(self, request: Request, event_id: int) -> Response:
-        data = _valid(CloseInputSerializer, request)
+        data = validated_input(CloseInputSerializer, request)
         event = services.failed_event_resolve(
             tenant_id=request.user.tenant.pk, event_pk=event_id, actor=request.user.actor, note=data["note"]
         )
@@ -193,7 +193,7 @@ class FailedEventDiscardApi(APIView):
         request=CloseInputSerializer, responses={200: FailedEventOutputSerializer}, summary="Mark discarded (note)"
     )
     def post(self, request: Request, event_id: int) -> Response:
-        data = _valid(CloseInputSerializer, request)
+        data = validated_input(CloseInputSerializer, request)
         event = services.failed_event_discard(
             tenant_id=request.user.tenant.pk, event_pk=event_id, actor=request.user.actor, note=data["note"]
         )
@@ -213,7 +213,7 @@ class BulkReplayApi(APIView):
         ),
     )
     def post(self, request: Request) -> Response:
-        data = _valid(BulkReplayInputSerializer, request)
+        data = validated_input(BulkReplayInputSerializer, request)
         tenant = request.user.tenant
         if data.get("id") is not None:
             if not data["confirm"]:

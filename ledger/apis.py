@@ -5,19 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
-from django.http import HttpResponse
-from django.http.response import HttpResponseBase
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf_serializers
 from rest_framework.pagination import CursorPagination
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.lean_input import lean_validator
 from ledger import selectors, services
 from ledger.errors import InvalidKey, ValidationFailed
+from ledger.execute import operation_submit
 from ledger.models import Operation, OperationStatus
 from ledger.serializers import (
     ClaimInputSerializer,
@@ -28,53 +25,37 @@ from ledger.serializers import (
     OperationOutputSerializer,
     SentInputSerializer,
     SubmitInputSerializer,
-    operation_representation,
 )
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 
-def _valid(serializer_class: type[drf_serializers.Serializer], request: Request) -> dict[str, Any]:
+def validated_input(serializer_class: type[drf_serializers.Serializer], request: Request) -> dict[str, Any]:
+    """The request body validated by ``serializer_class``; DRF's ValidationError (a 400
+    problem) when it is not valid."""
     if not isinstance(request.data, dict):
         raise ValidationFailed("The request body must be a JSON object.")
-    # The serializer's rules without building one per request; refusals are DRF's own.
-    return lean_validator(serializer_class)(request.data)
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
 
 
 def idempotency_key_from(request: Request, body_key: str | None) -> str:
     """The key comes in the body (`key`) or the `Idempotency-Key` header; both must agree."""
-    # request.headers would build a dict of every header for this one read.
-    header_key = request.META.get("HTTP_IDEMPOTENCY_KEY")
+    header_key = request.headers.get("Idempotency-Key")
     if body_key not in (None, "") and header_key not in (None, "") and body_key != header_key:
         raise InvalidKey("The `key` field and the Idempotency-Key header disagree.")
     key = body_key if body_key not in (None, "") else header_key
     return services.validate_key(key)
 
 
-def answer(request: Request, body: dict[str, Any], *, status: int, headers: dict[str, str]) -> HttpResponseBase:
-    """A success answer. When DRF negotiated its plain JSONRenderer for ``application/json``
-    (every client that asks for JSON or anything), that renderer's bytes go straight into an
-    HttpResponse: the same body and headers as a DRF Response, without the template-response
-    machinery around it (~20 µs). Any other negotiation result gets a DRF Response."""
-    renderer = getattr(request, "accepted_renderer", None)
-    if type(renderer) is JSONRenderer and request.accepted_media_type == JSONRenderer.media_type:
-        response = HttpResponse(
-            renderer.render(body, JSONRenderer.media_type, {}), status=status, content_type=JSONRenderer.media_type
-        )
-        for name, value in headers.items():
-            response[name] = value
-        return response
-    return Response(body, status=status, headers=headers)
-
-
-def render_operation(
-    request: Request, op: Operation, *, status: int, replayed: bool = False, headers: dict[str, str] | None = None
-) -> HttpResponseBase:
+def operation_response(
+    op: Operation, *, status: int, replayed: bool = False, headers: dict[str, str] | None = None
+) -> Response:
     headers = dict(headers or {})
     if replayed:
         headers[REPLAYED_HEADER] = "true"
-    body = operation_representation(op, provider_slug=selectors.provider_slug(op.provider_id))
-    return answer(request, body, status=status, headers=headers)
+    return Response(OperationOutputSerializer(op).data, status=status, headers=headers)
 
 
 class ClaimCreateApi(APIView):
@@ -84,8 +65,8 @@ class ClaimCreateApi(APIView):
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
         summary="Claim an idempotency key before performing a side effect (guard mode)",
     )
-    def post(self, request: Request) -> HttpResponseBase:
-        data = _valid(ClaimInputSerializer, request)
+    def post(self, request: Request) -> Response:
+        data = validated_input(ClaimInputSerializer, request)
         key = idempotency_key_from(request, data.pop("key", None))
         tenant = request.user.tenant
         provider = services.provider_for(tenant=tenant, slug=data.pop("provider"))
@@ -94,11 +75,8 @@ class ClaimCreateApi(APIView):
         )
         op = result.operation
         if result.replayed:
-            return render_operation(request, op, status=200, replayed=True)
-        body = operation_representation(op, provider_slug=provider.slug if provider else None)
-        body["lease_token"] = op.lease_token
-        body["attempt"] = op.attempts
-        return answer(request, body, status=201, headers={"Location": f"/api/v1/operations/{op.pk}"})
+            return operation_response(op, status=200, replayed=True)
+        return Response(ClaimOutputSerializer(op).data, status=201, headers={"Location": f"/api/v1/operations/{op.pk}"})
 
 
 class OperationSentApi(APIView):
@@ -107,8 +85,8 @@ class OperationSentApi(APIView):
         responses={200: OperationOutputSerializer},
         summary="Write the sent marker before the effect",
     )
-    def post(self, request: Request, operation_id: int) -> HttpResponseBase:
-        data = _valid(SentInputSerializer, request)
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = validated_input(SentInputSerializer, request)
         op = services.operation_mark_sent(
             operation_id=operation_id,
             lease_token=data["lease_token"],
@@ -116,7 +94,7 @@ class OperationSentApi(APIView):
             actor=request.user.actor,
             tenant_id=request.user.tenant.pk,
         )
-        return render_operation(request, op, status=200)
+        return operation_response(op, status=200)
 
 
 class OperationCompleteApi(APIView):
@@ -125,8 +103,8 @@ class OperationCompleteApi(APIView):
         responses={200: OperationOutputSerializer},
         summary="Record the effect's outcome",
     )
-    def post(self, request: Request, operation_id: int) -> HttpResponseBase:
-        data = _valid(CompleteInputSerializer, request)
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = validated_input(CompleteInputSerializer, request)
         op = services.operation_complete(
             operation_id=operation_id,
             lease_token=data["lease_token"],
@@ -136,7 +114,7 @@ class OperationCompleteApi(APIView):
             actor=request.user.actor,
             tenant_id=request.user.tenant.pk,
         )
-        return render_operation(request, op, status=200)
+        return operation_response(op, status=200)
 
 
 class OperationFailApi(APIView):
@@ -145,8 +123,8 @@ class OperationFailApi(APIView):
         responses={200: OperationOutputSerializer},
         summary="Record a failure and its class",
     )
-    def post(self, request: Request, operation_id: int) -> HttpResponseBase:
-        data = _valid(FailInputSerializer, request)
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = validated_input(FailInputSerializer, request)
         op = services.operation_fail(
             operation_id=operation_id,
             lease_token=data["lease_token"],
@@ -157,30 +135,29 @@ class OperationFailApi(APIView):
             actor=request.user.actor,
             tenant_id=request.user.tenant.pk,
         )
-        return render_operation(request, op, status=200)
+        return operation_response(op, status=200)
 
 
 class OperationHeartbeatApi(APIView):
     @extend_schema(
         request=HeartbeatInputSerializer, responses={200: OperationOutputSerializer}, summary="Extend the lease"
     )
-    def post(self, request: Request, operation_id: int) -> HttpResponseBase:
-        data = _valid(HeartbeatInputSerializer, request)
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = validated_input(HeartbeatInputSerializer, request)
         op = services.operation_heartbeat(
             operation_id=operation_id,
             lease_token=data["lease_token"],
             lease_seconds=data["lease_seconds"],
             tenant_id=request.user.tenant.pk,
         )
-        return render_operation(request, op, status=200)
+        return operation_response(op, status=200)
 
 
 class OperationDetailApi(APIView):
     @extend_schema(responses={200: OperationOutputSerializer}, summary="One operation")
-    def get(self, request: Request, operation_id: int) -> HttpResponseBase:
-        return render_operation(
-            request, selectors.operation_get(tenant=request.user.tenant, operation_id=operation_id), status=200
-        )
+    def get(self, request: Request, operation_id: int) -> Response:
+        op = selectors.operation_get(tenant=request.user.tenant, operation_id=operation_id)
+        return operation_response(op, status=200)
 
 
 class OperationFilter(django_filters.FilterSet):
@@ -212,16 +189,14 @@ class OperationListApi(APIView):
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
         summary="Submit an operation for the service to execute (execute mode)",
     )
-    def post(self, request: Request) -> HttpResponseBase:
-        from ledger.execute import operation_submit
-
-        data = _valid(SubmitInputSerializer, request)
+    def post(self, request: Request) -> Response:
+        data = validated_input(SubmitInputSerializer, request)
         key = idempotency_key_from(request, data.pop("key", None))
         result = operation_submit(tenant=request.user.tenant, key=key, actor=request.user.actor, **data)
         op = result.operation
         if result.replayed:
-            return render_operation(request, op, status=200, replayed=True)
-        return render_operation(request, op, status=202, headers={"Location": f"/api/v1/operations/{op.pk}"})
+            return operation_response(op, status=200, replayed=True)
+        return operation_response(op, status=202, headers={"Location": f"/api/v1/operations/{op.pk}"})
 
     @extend_schema(
         parameters=[
@@ -250,6 +225,4 @@ class OperationListApi(APIView):
             raise drf_serializers.ValidationError(filterset.errors)
         paginator = OperationCursorPagination()
         page = paginator.paginate_queryset(filterset.qs, request, view=self)
-        return paginator.get_paginated_response(
-            [operation_representation(op, provider_slug=op.provider.slug if op.provider else None) for op in page]
-        )
+        return paginator.get_paginated_response(OperationOutputSerializer(page, many=True).data)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ledger import selectors
 from ledger.crypto import open_json
 from ledger.models import ErrorClass, Operation
 
@@ -90,20 +92,28 @@ class FailInputSerializer(LeaseTokenSerializer):
     retry_after_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0)
 
 
-class OperationOutputSerializer(serializers.Serializer):
-    """Documentation of the operation representation (rendered by operation_representation)."""
+class OperationResponseSerializer(serializers.Serializer):
+    """What the provider answered, as recorded on the operation."""
 
-    id = serializers.IntegerField()
+    status = serializers.IntegerField(allow_null=True)
+    body = serializers.JSONField(allow_null=True)
+
+
+class OperationOutputSerializer(serializers.Serializer):
+    """The public shape of an operation: what every API answer renders and the OpenAPI
+    schema documents (one declaration). Payload and request are never part of it."""
+
+    id = serializers.IntegerField(source="pk")
     key = serializers.CharField()
     status = serializers.CharField()
     mode = serializers.CharField()
-    provider = serializers.CharField(allow_null=True)
+    provider = serializers.SerializerMethodField()
     action = serializers.CharField()
     attempts = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     provider_ref = serializers.CharField()
     lease_expires_at = serializers.DateTimeField(allow_null=True)
-    response = serializers.DictField(allow_null=True)
+    response = serializers.SerializerMethodField()
     error_class = serializers.CharField()
     last_error = serializers.CharField()
     reconciliation_handle = serializers.CharField()
@@ -116,59 +126,39 @@ class OperationOutputSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     done_at = serializers.DateTimeField(allow_null=True)
-    superseded_by = serializers.IntegerField(allow_null=True)
+    superseded_by = serializers.IntegerField(source="superseded_by_id", allow_null=True)
+    # The retry budget the workers apply (execute mode; a guard-mode operation shows its
+    # defaults: 0 throttled attempts, no deadline, no callback).
+    throttled_attempts = serializers.IntegerField()
+    deadline = serializers.DateTimeField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True)
+    callback_url = serializers.CharField()
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_provider(self, op: Operation) -> str | None:
+        # Slugs never change: a per-process cache instead of a join or a query per answer.
+        return selectors.provider_slug(op.provider_id)
+
+    @extend_schema_field(OperationResponseSerializer(allow_null=True))
+    def get_response(self, op: Operation) -> dict[str, Any] | None:
+        if op.response_status is None and op.response_body is None:
+            return None
+        return {"status": op.response_status, "body": open_json(op.response_body)}
 
 
 class ClaimOutputSerializer(OperationOutputSerializer):
+    """A claim that acquired the key: the operation plus the lease the caller now holds."""
+
     lease_token = serializers.CharField()
-    attempt = serializers.IntegerField()
+    attempt = serializers.IntegerField(source="attempts")
 
 
 def _iso(value: Any) -> str | None:
-    if value is None:
-        return None
-    text = value.isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
+    """A datetime as the API renders it (DRF's ISO 8601, UTC as ``Z``)."""
+    return serializers.DateTimeField().to_representation(value) if value is not None else None
 
 
-def operation_representation(op: Operation, *, provider_slug: str | None = None) -> dict[str, Any]:
-    """The public shape of an operation. Payload and request are never included here."""
-    return {
-        "id": op.pk,
-        "key": op.key,
-        "status": op.status,
-        "mode": op.mode,
-        "provider": provider_slug,
-        "action": op.action,
-        "attempts": op.attempts,
-        "max_attempts": op.max_attempts,
-        "provider_ref": op.provider_ref,
-        "lease_expires_at": _iso(op.lease_expires_at),
-        "response": None
-        if op.response_status is None and op.response_body is None
-        else {"status": op.response_status, "body": open_json(op.response_body)},
-        "error_class": op.error_class,
-        "last_error": op.last_error,
-        "reconciliation_handle": op.reconciliation_handle,
-        "execution_id": op.execution_id,
-        "workflow_id": op.workflow_id,
-        "workflow_version": op.workflow_version,
-        "correlation_id": op.correlation_id,
-        "sent_at": _iso(op.sent_at),
-        "next_attempt_at": _iso(op.next_attempt_at),
-        "created_at": _iso(op.created_at),
-        "updated_at": _iso(op.updated_at),
-        "done_at": _iso(op.done_at),
-        "superseded_by": op.superseded_by_id,
-        **(_execute_fields(op) if op.mode == "execute" else {}),
-    }
-
-
-def _execute_fields(op: Operation) -> dict[str, Any]:
-    """Execute mode: the retry budget the workers apply, visible on the operation."""
-    return {
-        "throttled_attempts": op.throttled_attempts,
-        "deadline": _iso(op.deadline),
-        "expires_at": _iso(op.expires_at),
-        "callback_url": op.callback_url,
-    }
+def operation_representation(op: Operation, **_: Any) -> dict[str, Any]:
+    """OperationOutputSerializer's rendering of ``op``, for callers outside a view
+    (callback bodies, review items). Extra keyword arguments are accepted and ignored."""
+    return dict(OperationOutputSerializer(op).data)

@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.apis import OperationCursorPagination, _valid
+from ledger.apis import OperationCursorPagination, validated_input
 from review import selectors, services
 from review.serializers import DecisionInputSerializer, ReviewItemOutputSerializer, review_item_representation
 
@@ -54,7 +54,7 @@ class ReviewDecisionApi(APIView):
         summary="Record a review decision (note mandatory)",
     )
     def post(self, request: Request, operation_id: int) -> Response:
-        data = _valid(DecisionInputSerializer, request)
+        data = validated_input(DecisionInputSerializer, request)
         op = services.review_decision_record(
             operation_id=operation_id,
             decision=data["decision"],
