@@ -37,6 +37,7 @@ from dlq.models import (
     ReplayTarget,
 )
 from dlq.payloads import is_redacted, open_payload
+from ledger.admin import ReadOnlyAdmin, ReadOnlyInline
 from ledger.errors import DomainError
 from ledger.models import Tenant
 
@@ -156,22 +157,7 @@ class TenantFilter(admin.SimpleListFilter):
 # --- Inlines -------------------------------------------------------------------------------------
 
 
-class _ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-    show_change_link = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReplayInline(_ReadOnlyInline):
+class ReplayInline(ReadOnlyInline):
     model = Replay
     fields = [
         "number",
@@ -194,7 +180,7 @@ class ReplayInline(_ReadOnlyInline):
     verbose_name_plural = "replay history (lineage)"
 
 
-class ChangeInline(_ReadOnlyInline):
+class ChangeInline(ReadOnlyInline):
     model = FailedEventChange
     fields = ["at", "from_status", "to_status", "actor", "note"]
     readonly_fields = fields
@@ -238,7 +224,9 @@ class NoteForm(forms.Form):
 
 
 @admin.register(FailedEvent)
-class FailedEventAdmin(admin.ModelAdmin):
+class FailedEventAdmin(ReadOnlyAdmin):
+    """Read-only page: replay, resolve and discard below go through services."""
+
     list_display = [
         "id",
         "event_id",
@@ -322,16 +310,6 @@ class FailedEventAdmin(admin.ModelAdmin):
         "payload_masked",
         "search_fields",
     ]
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Read-only page; the actions below go through services.
-        return False
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("dlq.replay_failedevent")
@@ -537,19 +515,8 @@ class FailedEventAdmin(admin.ModelAdmin):
 # --- Lineage, bulk replays, targets, alerts ------------------------------------------------------
 
 
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(Replay)
-class ReplayAdmin(_ReadOnlyAdmin):
+class ReplayAdmin(ReadOnlyAdmin):
     list_display = ["event", "number", "trigger", "outcome", "target_slug", "actor", "started_at", "response_status"]
     list_filter = ["outcome", "trigger", "as_new", "forced"]
     search_fields = ["ledger_key__exact", "sent_key__exact"]
@@ -565,7 +532,7 @@ class ReplayAdmin(_ReadOnlyAdmin):
 
 
 @admin.register(BulkReplay)
-class BulkReplayAdmin(_ReadOnlyAdmin):
+class BulkReplayAdmin(ReadOnlyAdmin):
     list_display = ["id", "tenant", "status", "count", "position", "succeeded", "failed", "skipped", "created_by"]
     list_filter = ["status"]
     ordering = ["-id"]
@@ -587,7 +554,7 @@ class AlertChannelAdmin(admin.ModelAdmin):
 
 
 @admin.register(Alert)
-class AlertAdmin(_ReadOnlyAdmin):
+class AlertAdmin(ReadOnlyAdmin):
     list_display = ["id", "tenant", "kind", "ref", "summary", "repeat_count", "created_at"]
     list_filter = ["kind"]
     ordering = ["-id"]
@@ -595,7 +562,7 @@ class AlertAdmin(_ReadOnlyAdmin):
 
 
 @admin.register(AlertDelivery)
-class AlertDeliveryAdmin(_ReadOnlyAdmin):
+class AlertDeliveryAdmin(ReadOnlyAdmin):
     list_display = ["id", "channel", "status", "digest", "alert_count", "attempts", "last_error", "sent_at"]
     list_filter = ["status", "digest"]
     ordering = ["-id"]

@@ -13,8 +13,10 @@ from ledger import services
 from ledger.models import ApiKey, Attempt, Operation, OperationEvent, Provider, Tenant
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """No add, no change, no delete — not even for a superuser."""
+class ReadOnlyPermissions:
+    """No add, no change, no delete — not even for a superuser: rows only services write
+    (each write leaves its event). The one declaration of it, for every app's console pages,
+    ModelAdmins and inlines alike; viewing stays with the user's view permission."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -25,16 +27,21 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+
+class ReadOnlyAdmin(ReadOnlyPermissions, admin.ModelAdmin):
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         return actions
 
 
-class AttemptInline(admin.TabularInline):
-    model = Attempt
+class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
     extra = 0
     can_delete = False
+
+
+class AttemptInline(ReadOnlyInline):
+    model = Attempt
     fields = [
         "number",
         "outcome",
@@ -49,26 +56,12 @@ class AttemptInline(admin.TabularInline):
     ]
     readonly_fields = fields
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class EventInline(admin.TabularInline):
+class EventInline(ReadOnlyInline):
     model = OperationEvent
-    extra = 0
-    can_delete = False
     fields = ["at", "from_status", "to_status", "actor", "reason", "attempt"]
     readonly_fields = fields
     ordering = ["at", "id"]
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Operation)

@@ -10,6 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from ledger import services
+from ledger.admin import ReadOnlyPermissions
 from ledger.models import Attempt, Operation, OperationEvent
 from tests.ledger.support import ledger_counts, row
 
@@ -194,3 +195,39 @@ def test_staff_without_superuser_cannot_edit_either(django_user_model, ops):
         client.post(reverse("admin:ledger_operation_delete", args=[ops["one"].pk]), {"post": "yes"}).status_code == 403
     )
     assert row(ops["one"].pk) == before
+
+
+def _registered_admin_classes() -> list[type]:
+    """Every console ModelAdmin class and every inline class they show."""
+    from django.apps import apps
+    from django.contrib import admin
+
+    found: list[type] = []
+    for model in apps.get_models():
+        if admin.site.is_registered(model):
+            model_admin = admin.site.get_model_admin(model)
+            found.append(type(model_admin))
+            found.extend(model_admin.inlines)
+    return found
+
+
+def _only_returns_false(function: Any) -> bool:
+    reference = ReadOnlyPermissions.has_add_permission.__code__
+    code = getattr(function, "__code__", None)
+    return code is not None and (code.co_code, code.co_consts) == (reference.co_code, reference.co_consts)
+
+
+def test_read_only_permissions_are_declared_once_and_mixed_in_everywhere():
+    """A console page that refuses add, change and delete takes them from ReadOnlyPermissions;
+    a class that spells out all three again is the copy this mixin replaced."""
+    names = ("has_add_permission", "has_change_permission", "has_delete_permission")
+    copies = {
+        f"{klass.__module__}.{klass.__qualname__}"
+        for admin_class in _registered_admin_classes()
+        for klass in admin_class.__mro__
+        if klass is not ReadOnlyPermissions and all(_only_returns_false(vars(klass).get(n)) for n in names)
+    }
+    assert copies == set()
+    read_only = [c for c in _registered_admin_classes() if issubclass(c, ReadOnlyPermissions)]
+    # The ledger's, the DLQ's and review's read-only pages and inlines all use it.
+    assert {c.__module__.split(".")[0] for c in read_only} >= {"ledger", "dlq", "review"}
