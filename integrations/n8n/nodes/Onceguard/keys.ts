@@ -1,0 +1,69 @@
+/**
+ * Idempotency keys, checked before any request. A key names one business effect: the same
+ * order charged, the same lead written. A key made of an execution id or the current time is
+ * new on every retry and every re-run, so it dedups nothing; those are refused here, with a
+ * message that says what to use instead.
+ */
+
+export const MAX_KEY_LENGTH = 255;
+
+// 2026-12-01T18:14:06, 2026-12-01 18:14 — a time of day, not a business date.
+const ISO_DATETIME = /\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}/;
+// Unix time in seconds (10 digits) or milliseconds (13 digits) standing alone in the key.
+const EPOCH = /(?:^|[^0-9])(\d{10}|\d{13})(?:[^0-9]|$)/;
+const ALL_DIGITS = /^\d+$/;
+// Seconds between 2001 and 2100: a 10-digit number in this range is read as a timestamp.
+const EPOCH_MIN_SECONDS = 1_000_000_000;
+const EPOCH_MAX_SECONDS = 4_102_444_800;
+
+export const GOOD_KEY_HINT =
+	'Build the key from the business record and the effect, e.g. {{ $json.order_id }}:charge:v1 ' +
+	'(or use "Key From Parts"), so every retry and re-run of the same effect sends the same key.';
+
+export class KeyProblem extends Error {}
+
+function looksLikeEpoch(key: string): boolean {
+	const match = EPOCH.exec(key);
+	if (!match) return false;
+	const value = Number(match[1]);
+	const seconds = match[1].length === 13 ? value / 1000 : value;
+	return seconds >= EPOCH_MIN_SECONDS && seconds <= EPOCH_MAX_SECONDS;
+}
+
+/** Why the key is not a good idempotency key, or '' when it is fine. */
+export function keyProblem(key: string, executionId: string): string {
+	if (!key) return 'The idempotency key is empty.';
+	if (key.length > MAX_KEY_LENGTH) return `The idempotency key is longer than ${MAX_KEY_LENGTH} characters.`;
+	if (key.trim() !== key) return 'The idempotency key starts or ends with blanks.';
+	if (/[\u0000-\u001f\u007f]/.test(key)) return 'The idempotency key contains control characters.';
+	const tokens = key.split(/[^A-Za-z0-9]+/).filter(Boolean);
+	if (executionId && (key === executionId || tokens.includes(executionId))) {
+		return `The idempotency key "${key}" contains this execution's id (${executionId}): a retry or a re-run gets a new execution id, so the key would never repeat.`;
+	}
+	if (ALL_DIGITS.test(key)) {
+		return `The idempotency key "${key}" is a bare number, like an execution id: it does not say which effect it guards.`;
+	}
+	if (ISO_DATETIME.test(key) || looksLikeEpoch(key)) {
+		return `The idempotency key "${key}" contains a timestamp: a retry a second later would get a new key and repeat the effect.`;
+	}
+	return '';
+}
+
+export function checkKey(key: string, executionId: string): string {
+	const problem = keyProblem(key, executionId);
+	if (problem) throw new KeyProblem(problem);
+	return key;
+}
+
+/** `{record}:{action}:v{version}`, the format of the runs/versions issue. */
+export function keyFromParts(record: string, action: string, version: number): string {
+	const rec = String(record ?? '').trim();
+	const act = String(action ?? '').trim();
+	if (!rec) throw new KeyProblem('The key part "Record" is empty: name the business record (an order id, a call id).');
+	if (!act) throw new KeyProblem('The key part "Action" is empty: name the effect (charge, crm-contact, email).');
+	if (act.includes(':')) throw new KeyProblem(`The key part "Action" ("${act}") must not contain ":".`);
+	if (!Number.isInteger(version) || version < 1) {
+		throw new KeyProblem(`The key part "Version" must be a whole number of at least 1 (got ${version}).`);
+	}
+	return `${rec}:${act}:v${version}`;
+}
