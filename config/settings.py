@@ -12,6 +12,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from config.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("ONCEGUARD_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -65,9 +67,12 @@ INSTALLED_APPS = [
     "dlq",
     "review",
     "relay",
+    "observability",
 ]
 
 MIDDLEWARE = [
+    # /healthz and /readyz answer before host validation, sessions and auth (observability.health).
+    "observability.health.HealthProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "review.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -270,16 +275,25 @@ if os.environ.get("Q_REDIS_URL"):
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = os.environ["Q_REDIS_URL"]
 
-# --- Logging: structured key=value, never payloads ------------------------------------
+# --- Logging: one structlog pipeline for ours, Django's and django-q2's lines -------------
+# LOG_FORMAT=json: one JSON object per line; anything else: `<time> <LEVEL> <logger> <event>
+# key=value …`. Payloads are never logged; a redaction processor is the second line of
+# defence (config.logs).
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {
-        "onceguard": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
-        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
-    },
-}
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "kv")
+LOGGING = logging_config(level=LOG_LEVEL, fmt=LOG_FORMAT, q_level=Q_CLUSTER["log_level"])
+
+# --- Health and metrics -------------------------------------------------------------------
+# Several processes (web workers, execute workers) add up their latency histograms through
+# files in this folder (prometheus-client's multi-process mode): `make run` sets it to
+# var/prometheus and empties it at start. It must be set before prometheus_client is
+# imported, i.e. in the environment of every process.
+PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+if PROMETHEUS_MULTIPROC_DIR:
+    Path(PROMETHEUS_MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
+# Per-tenant metric series cover at most this many tenants (the largest); the rest are summed.
+METRICS_TENANT_LABELS = env_int("METRICS_TENANT_LABELS", 20)
+# No django-q2 task finished for this long → metric onceguard_scheduler_stale=1 and an alert;
+# the sweeper's default is five sweep intervals (at least 300 s).
+SCHEDULER_STALE_SECONDS = env_int("SCHEDULER_STALE_SECONDS", 300)
+SWEEPER_STALE_SECONDS = env_int("SWEEPER_STALE_SECONDS", 0) or None

@@ -3,7 +3,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from ledger.metrics import metrics_view
+from observability.health import healthz, readyz
+from observability.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -15,6 +16,9 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("metrics", metrics_view, name="metrics"),
+    # Also answered by observability.health.HealthProbeMiddleware before any other middleware.
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
 ]
 

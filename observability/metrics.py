@@ -1,0 +1,221 @@
+"""``/metrics`` in the Prometheus text format (DESIGN §7): counts, ages and latencies only,
+never payloads or keys.
+
+Two sources, one exposition:
+
+- the database, read at scrape time (backlogs, ages, attempts, DLQ, review, providers held
+  back, the scheduler's heartbeat): the same answer from any web node;
+- the latency histograms the processes record (``config.telemetry``), added up across
+  every web and worker process of this node when ``PROMETHEUS_MULTIPROC_DIR`` is set.
+
+Tenant and provider labels appear only where their number is bounded: per-tenant series
+cover at most ``METRICS_TENANT_LABELS`` tenants (the largest; the rest are summed under
+``tenant="_other"``), provider series list only providers held back right now.
+Set ``METRICS_TOKEN`` to require ``Authorization: Bearer <token>`` from the scraper.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from dlq.models import FailedEvent, FailedEventStatus
+from ledger import selectors, sql
+from ledger.models import OPEN_STATES, Operation, OperationStatus, Provider, Tenant
+from observability.scheduler import scheduler_ages
+
+OTHER = "_other"
+
+
+def _oldest_age_seconds(states: Iterable[str]) -> float:
+    """Age of the oldest row in these states by updated_at (served by the partial indexes)."""
+    states = list(states)
+    marks = ", ".join(["%s"] * len(states))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT MIN(updated_at) FROM ledger_operation WHERE status IN ({marks})", states)
+        oldest = sql.to_datetime(cursor.fetchone()[0])
+    if oldest is None:
+        return 0.0
+    return max(0.0, (sql.db_now() - oldest).total_seconds())
+
+
+def _tenant_labels(counts: Counter[int]) -> dict[int, str]:
+    """tenant id → label: the slugs of the largest METRICS_TENANT_LABELS tenants, _other else."""
+    limit = int(getattr(settings, "METRICS_TENANT_LABELS", 20))
+    named = [tenant_id for tenant_id, _ in counts.most_common(limit)] if limit > 0 else []
+    slugs = dict(Tenant.objects.filter(pk__in=named).values_list("pk", "slug"))
+    return {tenant_id: slugs.get(tenant_id, OTHER) for tenant_id in counts}
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
+
+
+class DatabaseCollector(Collector):
+    """Figures read from the database at scrape time (the names predate this module)."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield _gauge(
+            "onceguard_oldest_eligible_operation_age_seconds",
+            "How long the oldest operation a worker could take now has been due.",
+            selectors.metrics_oldest_eligible_age_seconds(),
+        )
+        rejects = CounterMetricFamily(
+            "onceguard_admission_rejects", "Execute-mode admissions refused, by reason.", labels=["reason"]
+        )
+        for reason, n in sorted(selectors.metrics_admissions_refused_by_reason().items()):
+            rejects.add_metric([reason], n)
+        yield rejects
+        yield _gauge("onceguard_active_leases", "Operations held by a live lease.", selectors.metrics_active_leases())
+        attempts = CounterMetricFamily("onceguard_attempts", "Attempts by outcome.", labels=["outcome"])
+        for outcome, n in sorted(selectors.metrics_attempts_by_outcome().items()):
+            attempts.add_metric([outcome], n)
+        yield attempts
+        yield _gauge(
+            "onceguard_reconciliation_lag_seconds",
+            "Age of the oldest uncertain operation.",
+            _oldest_age_seconds([OperationStatus.UNCERTAIN]),
+        )
+        yield from self._open_operations()
+        yield from self._dlq()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT COUNT(*) FROM ledger_operation WHERE status = %s", [OperationStatus.REVIEW])
+            review = cursor.fetchone()[0]
+        yield _gauge("onceguard_review_backlog", "Operations waiting for a human decision.", review)
+        yield _gauge(
+            "onceguard_review_oldest_age_seconds",
+            "Age of the oldest operation in review.",
+            _oldest_age_seconds([OperationStatus.REVIEW]),
+        )
+        yield from self._providers_held_back()
+        yield from self._scheduler()
+
+    def _open_operations(self) -> Iterator[Metric]:
+        rows = list(
+            Operation.objects.filter(status__in=sorted(OPEN_STATES))
+            .values_list("tenant_id", "status")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        per_tenant: Counter[int] = Counter()
+        for tenant_id, _, n in rows:
+            per_tenant[tenant_id] += n
+        labels = _tenant_labels(per_tenant)
+        series: Counter[tuple[str, str]] = Counter()
+        for tenant_id, status, n in rows:
+            series[(labels[tenant_id], status)] += n
+        metric = GaugeMetricFamily(
+            "onceguard_open_operations",
+            "Operations not yet terminal, by tenant and state.",
+            labels=["tenant", "status"],
+        )
+        for (tenant, status), n in sorted(series.items()):
+            metric.add_metric([tenant, status], n)
+        yield metric
+
+    def _dlq(self) -> Iterator[Metric]:
+        backlog = dict.fromkeys(FailedEventStatus.values, 0)
+        pending: Counter[int] = Counter()
+        for tenant_id, status, n in (
+            FailedEvent.objects.values_list("tenant_id", "status").annotate(n=Count("id")).order_by()
+        ):
+            backlog[status] += n
+            if status == FailedEventStatus.PENDING:
+                pending[tenant_id] += n
+        by_status = GaugeMetricFamily("onceguard_dlq_entries", "Dead-letter entries by status.", labels=["status"])
+        for status, n in sorted(backlog.items()):
+            by_status.add_metric([status], n)
+        yield by_status
+        labels = _tenant_labels(pending)
+        per_tenant: Counter[str] = Counter()
+        for tenant_id, n in pending.items():
+            per_tenant[labels[tenant_id]] += n
+        by_tenant = GaugeMetricFamily(
+            "onceguard_dlq_pending_entries", "Dead-letter entries waiting for a replay, by tenant.", labels=["tenant"]
+        )
+        for tenant, n in sorted(per_tenant.items()):
+            by_tenant.add_metric([tenant], n)
+        yield by_tenant
+
+    def _providers_held_back(self) -> Iterator[Metric]:
+        now = timezone.now()
+        metric = GaugeMetricFamily(
+            "onceguard_provider_held_back",
+            "1 for each provider workers skip right now: paused (401/403, needs provider_resume) or throttled"
+            " (429/503 Retry-After).",
+            labels=["tenant", "provider", "reason"],
+        )
+        held = Provider.objects.filter(paused_at__isnull=False) | Provider.objects.filter(throttled_until__gt=now)
+        for tenant, slug, paused_at in held.values_list("tenant__slug", "slug", "paused_at").order_by("tenant", "slug"):
+            metric.add_metric([tenant, slug, "paused" if paused_at else "throttled"], 1)
+        yield metric
+
+    def _scheduler(self) -> Iterator[Metric]:
+        ages = scheduler_ages()
+        yield _gauge(
+            "onceguard_scheduler_heartbeat_age_seconds",
+            "Seconds since the django-q2 cluster last finished a task (schedules fire every minute).",
+            ages.heartbeat_age_seconds,
+        )
+        yield _gauge(
+            "onceguard_scheduler_stale",
+            "1 when the heartbeat is older than SCHEDULER_STALE_SECONDS.",
+            int(ages.heartbeat_stale),
+        )
+        yield _gauge(
+            "onceguard_sweeper_last_run_age_seconds",
+            "Seconds since the sweeper last completed a scheduled pass.",
+            ages.sweeper_age_seconds,
+        )
+        yield _gauge(
+            "onceguard_sweeper_stale",
+            "1 when the sweeper's last run is older than SWEEPER_STALE_SECONDS.",
+            int(ages.sweeper_stale),
+        )
+
+
+class _ThisProcess(Collector):
+    """The process's own registry (one-process mode): its histograms and process figures."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+
+
+def metrics_registry() -> CollectorRegistry:
+    """A registry for one scrape: the database's figures and the processes' histograms."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector())
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
+        MultiProcessCollector(registry, path=folder)
+    else:
+        registry.register(_ThisProcess())
+    return registry
+
+
+def _authorised(request: HttpRequest) -> bool:
+    token = os.environ.get("METRICS_TOKEN", "")
+    if not token:
+        return True
+    sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    return hmac.compare_digest(sent.encode(), token.encode())
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not _authorised(request):
+        return HttpResponse("unauthorized\n", status=401, content_type="text/plain; charset=utf-8")
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encoder(metrics_registry()), content_type=content_type)
