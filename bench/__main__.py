@@ -25,6 +25,9 @@ TARGETS = [
     ("(b) guard / (a) 1 conn", "b guard run_once", "a raw 1 conn", "replay", 0.5),
     ("(c) HTTP / (a) 4 conns", "c http", "a raw 4 conns", "fresh", 0.3),
     ("(c) HTTP / (a) 4 conns", "c http", "a raw 4 conns", "replay", 0.3),
+    # The ledger's HTTP path against the framework under it: same server, middleware,
+    # authentication and client, two requests per op (bench/floor.py).
+    ("(c) HTTP / (f) framework floor", "c http", "f framework floor", "fresh", 0.6),
 ]
 INFO_RATIOS = [
     ("(b') services / (a) 1 conn", "b services direct", "a raw 1 conn"),
@@ -35,6 +38,8 @@ INFO_RATIOS = [
     ("(a'') ledger SQL / (a) 1 conn", "a'' ledger's SQL, bare psycopg", "a raw 1 conn"),
     ("(b) guard / (a'') ledger SQL", "b guard run_once", "a'' ledger's SQL, bare psycopg"),
 ]
+# A replay is one request; the floor's op is two: (c) replay / (f) is information only.
+INFO_CROSS = [("(c) replay / (f) floor", ("c http", "replay"), ("f framework floor", "fresh"))]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,8 +48,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=int(os.environ.get("BENCH_WARMUP", 200)), help="warm-up ops")
     p.add_argument(
         "--http-configs",
-        default=os.environ.get("BENCH_HTTP_CONFIGS", "2x4,4x2,sync4"),
-        help="gunicorn configurations to try (WxT = gthread workers×threads, syncN = N sync workers)",
+        default=os.environ.get("BENCH_HTTP_CONFIGS", "granian2x4"),
+        help="servers for (c) and (f); with several, short trials pick the fastest (granianWxT = granian"
+        " workers×blocking threads, WxT = gunicorn gthread workers×threads, syncN = N gunicorn sync workers;"
+        " python -m bench.compare measures servers side by side over rounds)",
     )
     p.add_argument(
         "--http-ops",
@@ -91,6 +98,8 @@ class Spec:
     extra: dict[str, Any] = field(default_factory=dict)
     # Warm-up ops per lane in rounds after the first (raw: psycopg prepares on the 6th use).
     rewarm: int = 2
+    # The kinds this scenario runs; the framework floor has one (two requests per op).
+    kinds: tuple[str, ...] = ("fresh", "replay")
 
 
 def run_interleaved(specs: list[Spec], keys: Keys, args: argparse.Namespace) -> list[Stats]:
@@ -105,21 +114,22 @@ def run_interleaved(specs: list[Spec], keys: Keys, args: argparse.Namespace) -> 
     rounds = max(1, args.rounds)
     out: list[Stats] = []
     for kind in ("fresh", "replay"):
-        runs: dict[str, list[Any]] = {s.label: [] for s in specs}
+        kind_specs = [s for s in specs if kind in s.kinds]
+        runs: dict[str, list[Any]] = {s.label: [] for s in kind_specs}
         for r in range(rounds):
             # Fresh statistics before every round: psycopg prepares the ledger's statements,
             # and a generic plan made from the statistics of an empty table (taken once at the
             # start) is a sequential scan that grows with every insert — the steady state of
             # a live ledger is a table whose statistics know its size.
             common.analyze(args.dsn)
-            order = specs[r % len(specs) :] + specs[: r % len(specs)]
+            order = kind_specs[r % len(kind_specs) :] + kind_specs[: r % len(kind_specs)]
             for spec in order:
                 chunk = keys.make(spec.slug, spec.ops)[r::rounds]
                 lanes = max(1, spec.lane_kw.get("procs", 0)) * spec.lane_kw.get("threads", 1)
                 warm_n = args.warmup if r == 0 else spec.rewarm * lanes
                 warm = keys.make(spec.slug, warm_n, f"w{r}")
                 runs[spec.label].append(run_lanes(spec.factory_for(kind), chunk, warmup=warm, **spec.lane_kw))
-        for spec in specs:
+        for spec in kind_specs:
             stats = summarize(spec.label, kind, merge_runs(runs[spec.label]), **spec.extra)
             say(
                 f"  {spec.label:<32} {kind:<6} {stats.ops_per_s:8.0f} ops/s  p50 {stats.p50_ms:6.2f} ms"
@@ -191,18 +201,18 @@ def single_connection_group(
 
 
 def concurrent_group(seeded: dict[str, Any], bench_url: str, keys: Keys, args: argparse.Namespace) -> list[Stats]:
-    """Pick the gunicorn configuration (short trials), then (a) at 4 connections and (c)
-    HTTP at client concurrency 8, interleaved."""
+    """Pick the server configuration (short trials, when several are given), then (a) at 4
+    connections, (c) HTTP and (f) the framework floor at client concurrency 8, interleaved."""
     bench_dsn = common.libpq_dsn(bench_url)
     tenant_id = seeded["tenant"].pk
     configs = [httpapi.parse_config(c) for c in args.http_configs.split(",") if c]
-    log = VAR / "bench-gunicorn.log"
+    log = VAR / "bench-server.log"
     api_key = seeded["api_key"]
     pg = common.pg_backend_probe(bench_dsn)
     trials: list[Stats] = []
     if len(configs) > 1 and not args.no_http:
         for cfg in configs:
-            with httpapi.gunicorn(cfg, bench_url, log) as server:
+            with httpapi.serve(cfg, bench_url, log) as server:
                 slug = f"try{cfg.workers}{cfg.threads}{cfg.worker_class[0]}"
                 run = run_lanes(
                     httpapi.lane_factory(server.port, api_key, "fresh"),
@@ -230,16 +240,26 @@ def concurrent_group(seeded: dict[str, Any], bench_url: str, keys: Keys, args: a
         pg.close()  # type: ignore[attr-defined]
         return results
     say(f"  → {cfg.label}; interleaved with (a) at 4 connections")
-    with httpapi.gunicorn(cfg, bench_url, log) as server:
+    with httpapi.serve(cfg, bench_url, log) as server:
+        http_probe = common.combine_probes(pg, server.probe())
         http = Spec(
             "c http",
             lambda kind: httpapi.lane_factory(server.port, api_key, kind),
             "http",
             args.http_ops,
-            {"procs": 2, "threads": 4, "probe": common.combine_probes(pg, server.probe())},
+            {"procs": 2, "threads": 4, "probe": http_probe},
             {"config": cfg.label},
         )
-        results = run_interleaved([raw4, http], keys, args)
+        floor = Spec(
+            "f framework floor",
+            lambda _kind: httpapi.lane_factory(server.port, api_key, "floor"),
+            "floor",
+            args.http_ops,
+            {"procs": 2, "threads": 4, "probe": http_probe},
+            {"config": cfg.label},
+            kinds=("fresh",),
+        )
+        results = run_interleaved([raw4, http, floor], keys, args)
     pg.close()  # type: ignore[attr-defined]
     # Round trips per request pair, counted in-process (same Django code path, no socket).
     from bench.profiling import Wsgi, new_handler, wsgi_ops
@@ -324,7 +344,8 @@ def fmt_table(results: list[Stats]) -> str:
         )
     lines.append(
         "RT/op = PostgreSQL round trips per op from libpq's trace ((c): counted in-process, same code path)."
-        " CPU: client = the load loop's processes ((b): the app itself, in-process), server = gunicorn master +"
+        " CPU: client = the load loop's processes ((b): the app itself, in-process), server = the WSGI server's"
+        " main process +"
         " workers, pg = the bench database's backends; all per op, over the timed region only."
     )
     return "\n".join(lines)
@@ -341,6 +362,9 @@ def ratios(results: list[Stats]) -> list[dict[str, Any]]:
         for kind in ("fresh", "replay"):
             if (num, kind) in by and (den, kind) in by and by[(den, kind)]:
                 out.append({"ratio": label, "kind": kind, "value": round(by[(num, kind)] / by[(den, kind)], 3)})
+    for label, num_key, den_key in INFO_CROSS:
+        if num_key in by and den_key in by and by[den_key]:
+            out.append({"ratio": label, "kind": num_key[1], "value": round(by[num_key] / by[den_key], 3)})
     return out
 
 
@@ -379,7 +403,8 @@ def main(argv: list[str]) -> int:
     section(f"(a) raw SQL at 1 connection + (b) in-process guard, interleaved in {args.rounds} rounds")
     results = single_connection_group(seeded, bench_dsn, keys, args)
     section(
-        f"(a) raw SQL at 4 connections + (c) HTTP via gunicorn at client concurrency 8 (2 processes × 4 threads),"
+        f"(a) raw SQL at 4 connections + (c) HTTP and (f) the framework floor at client concurrency 8"
+        f" (2 processes × 4 threads),"
         f" {args.http_ops} HTTP ops, interleaved"
     )
     results += concurrent_group(seeded, bench_url, keys, args)

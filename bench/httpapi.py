@@ -1,9 +1,12 @@
-"""(c) The HTTP API served by gunicorn on loopback, driven by a bounded client loop.
+"""(c) The HTTP API served on loopback (granian or gunicorn), driven by a bounded client loop,
+and (f) the framework floor: an empty DRF APIView behind the same middleware, API-key
+authentication, server and client (bench/floor.py; routed only under bench settings).
 
 Fresh = POST /api/v1/claims then POST /api/v1/operations/{id}/complete; replay = POST
-/api/v1/claims of a finished key (200 + Idempotent-Replayed). The client keeps one
-keep-alive connection per lane (raw http.client: the cheapest Python client there is)
-and runs in 2 processes × 4 threads, so client CPU and the GIL stay off the critical path.
+/api/v1/claims of a finished key (200 + Idempotent-Replayed); floor = the same two request
+bodies POSTed to the empty view. The client keeps one keep-alive connection per lane (raw
+http.client: the cheapest Python client there is) and runs in 2 processes × 4 threads, so
+client CPU and the GIL stay off the critical path.
 """
 
 from __future__ import annotations
@@ -25,31 +28,81 @@ from typing import Any
 from bench.common import PROVIDER_SLUG, Op, Probe, child_pids, proc_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
+# The project's settings with the framework-floor view routed (never in production URLs).
+BENCH_SETTINGS = "bench.http_settings"
+FLOOR_URL = "/api/v1/_bench/floor"
 
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """A WSGI server and its size: granian (workers × blocking threads), gunicorn gthread
+    (workers × threads) or gunicorn sync (workers)."""
+
     workers: int
     threads: int
-    worker_class: str = "gthread"
+    worker_class: str = "gthread"  # "gthread" | "sync" | "granian"
 
     @property
     def label(self) -> str:
         if self.worker_class == "sync":
-            return f"sync w{self.workers}"
-        return f"{self.worker_class} w{self.workers}×t{self.threads}"
+            return f"gunicorn sync w{self.workers}"
+        if self.worker_class == "granian":
+            return f"granian w{self.workers}×t{self.threads}"
+        return f"gunicorn gthread w{self.workers}×t{self.threads}"
 
-    def args(self) -> list[str]:
-        out = ["--workers", str(self.workers), "--worker-class", self.worker_class]
+    @property
+    def server(self) -> str:
+        return "granian" if self.worker_class == "granian" else "gunicorn"
+
+    def command(self, port: int) -> list[str]:
+        venv_bin = Path(sys.executable).parent
+        if self.worker_class == "granian":
+            return [
+                str(venv_bin / "granian"),
+                "--interface",
+                "wsgi",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                str(self.workers),
+                "--blocking-threads",
+                str(self.threads),
+                "--backlog",
+                "256",
+                "--no-ws",
+                "--log-level",
+                "warning",
+                "config.wsgi:application",
+            ]
+        cmd = [
+            str(venv_bin / "gunicorn"),
+            "config.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+            "--backlog",
+            "256",
+            "--workers",
+            str(self.workers),
+            "--worker-class",
+            self.worker_class,
+        ]
         if self.worker_class == "gthread":
-            out += ["--threads", str(self.threads), "--keep-alive", "30"]
-        return out
+            cmd += ["--threads", str(self.threads), "--keep-alive", "30"]
+        return cmd
 
 
 def parse_config(text: str) -> ServerConfig:
-    """``2x4`` = gthread 2 workers × 4 threads; ``sync4`` = 4 sync workers."""
+    """``granian2x4`` = granian 2 workers × 4 blocking threads; ``2x4`` = gunicorn gthread 2
+    workers × 4 threads; ``sync4`` = gunicorn, 4 sync workers."""
     if text.startswith("sync"):
         return ServerConfig(int(text[4:]), 1, "sync")
+    if text.startswith("granian"):
+        w, t = text[len("granian") :].split("x")
+        return ServerConfig(int(w), int(t), "granian")
     w, t = text.split("x")
     return ServerConfig(int(w), int(t))
 
@@ -78,25 +131,24 @@ class Server:
 
 
 @contextmanager
-def gunicorn(config: ServerConfig, bench_url: str, log_path: Path) -> Iterator[Server]:
+def serve(config: ServerConfig, database_url: str, log_path: Path, tree: Path = ROOT) -> Iterator[Server]:
+    """Start ``config``'s server on a free loopback port for the project in ``tree``, with
+    the bench settings (the floor view routed), and stop it on exit."""
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": bench_url, "DEBUG": "0", "DJANGO_SETTINGS_MODULE": "config.settings"}
-    cmd = [
-        str(Path(sys.executable).with_name("gunicorn")),
-        "config.wsgi:application",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--log-level",
-        "warning",
-        "--backlog",
-        "256",
-        *config.args(),
-    ]
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DEBUG": "0",
+        "DJANGO_SETTINGS_MODULE": BENCH_SETTINGS,
+        "PYTHONPATH": str(tree),
+    }
     log = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        config.command(port), cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     server = Server(config, port, proc)
     try:
-        _wait_ready(server)
+        _wait_ready(server, log_path)
         yield server
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -108,11 +160,11 @@ def gunicorn(config: ServerConfig, bench_url: str, log_path: Path) -> Iterator[S
         log.close()
 
 
-def _wait_ready(server: Server, timeout: float = 30.0) -> None:
+def _wait_ready(server: Server, log_path: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {server.proc.returncode}; see var/bench-gunicorn.log")
+            raise RuntimeError(f"{server.config.server} exited with {server.proc.returncode}; see {log_path}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
             conn.request("GET", "/api/v1/operations")
@@ -123,7 +175,7 @@ def _wait_ready(server: Server, timeout: float = 30.0) -> None:
         except OSError:
             pass
         time.sleep(0.1)
-    raise RuntimeError("gunicorn did not come up in time")
+    raise RuntimeError(f"{server.config.label} did not come up in time; see {log_path}")
 
 
 class Client:
@@ -177,6 +229,16 @@ def lane_factory(port: int, api_key: str, kind: str) -> Any:
             if status != 200 or resp.getheader("Idempotent-Replayed") != "true":
                 raise RuntimeError(f"replay answered {status}: {body}")
 
-        return fresh if kind == "fresh" else replay
+        def floor(key: str) -> None:
+            status, body, _ = client.post(FLOOR_URL, claim_body(key))
+            if status != 200:
+                raise RuntimeError(f"floor answered {status}: {body}")
+            status, body, _ = client.post(
+                FLOOR_URL, {"lease_token": "x" * 43, "provider_ref": "ref-" + key[-12:], "response": {"ok": True}}
+            )
+            if status != 200:
+                raise RuntimeError(f"floor answered {status}: {body}")
+
+        return {"fresh": fresh, "replay": replay, "floor": floor}[kind]
 
     return factory
