@@ -4,10 +4,13 @@ answer with the replay's outcome."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import pytest
 
 import dlq.services
 from dlq.models import Alert, FailedEvent, FailedEventChange
+from ledger import hooks
 from ledger import services as ledger
 from ledger.models import IdempotencyClass, Operation, OperationEvent
 from relay.testing import start_mock_provider
@@ -59,40 +62,36 @@ def test_the_end_of_a_retry_lifetime_writes_its_entry(tenant, provider):
     assert FailedEvent.objects.filter(operation_id=op.pk).count() == 1
 
 
-def _inject_after_dlq_write(monkeypatch):
-    real = dlq.services.failed_event_record_for_operation
-
+def _crash_after_dlq_write() -> AbstractContextManager[None]:
     def record_then_crash(*, operation):
-        real(operation=operation)
+        dlq.services.failed_event_record_for_operation(operation=operation)
         # The status write and the entry (and its alert) are done; now the process "dies".
         assert Operation.objects.filter(pk=operation.pk, status="failed").exists()
         assert FailedEvent.objects.filter(operation_id=operation.pk).exists()
         raise RuntimeError("injected after the status write")
 
-    monkeypatch.setattr(dlq.services, "failed_event_record_for_operation", record_then_crash)
+    # In place of the DLQ's own receiver of the ledger's hook.
+    return hooks.operation_failed.replaced(record_then_crash)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_error_after_the_status_write_rolls_back_both_the_failure_and_its_entry(tenant, provider, monkeypatch):
+def test_an_error_after_the_status_write_rolls_back_both_the_failure_and_its_entry(tenant, provider):
     op = _claim(tenant, provider)
-    _inject_after_dlq_write(monkeypatch)
-    with pytest.raises(RuntimeError):
+    with _crash_after_dlq_write(), pytest.raises(RuntimeError):
         ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input")
     assert Operation.objects.get(pk=op.pk).status == "claimed"
     assert not FailedEvent.objects.exists() and not Alert.objects.exists() and not FailedEventChange.objects.exists()
     assert not OperationEvent.objects.filter(operation_id=op.pk, to_status="failed").exists()
     # The holder's retry of the report then lands both.
-    monkeypatch.undo()
     ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input")
     assert Operation.objects.get(pk=op.pk).status == "failed" and FailedEvent.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_error_after_the_status_write_of_an_exhausted_retry_rolls_back_both(tenant, provider, monkeypatch):
+def test_an_error_after_the_status_write_of_an_exhausted_retry_rolls_back_both(tenant, provider):
     op = _claim(tenant, provider)
     waiting = ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="transient")
-    _inject_after_dlq_write(monkeypatch)
-    with pytest.raises(RuntimeError):
+    with _crash_after_dlq_write(), pytest.raises(RuntimeError):
         ledger.operation_transition(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
     assert Operation.objects.get(pk=op.pk).status == "retry_wait"
     assert not FailedEvent.objects.exists()

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from dlq.models import FailedEvent
-from ledger import adapters, sql
+from ledger import adapters, hooks, sql
 from ledger.crypto import open_json
 from ledger.execute import operation_execute, operation_submit, operations_take
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationStatus, Provider
@@ -76,14 +76,14 @@ def test_invalid_input_fails_with_a_dlq_entry_and_no_retry(tenant, enforced, ste
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_permission_fails_pauses_the_provider_and_alerts(tenant, enforced, status, monkeypatch):
+def test_permission_fails_pauses_the_provider_and_alerts(tenant, enforced, status):
     provider, mock = enforced
     alerts = []
-    monkeypatch.setattr("dlq.alerts.alert_raise", lambda **kw: alerts.append(kw))
     mock.script([{"status": status}])
     first = submit(tenant, "k-perm-1")
     second = submit(tenant, "k-perm-2")
-    rows = run_due(limit=1)
+    with hooks.alert_raised.replaced(lambda **kw: alerts.append(kw)):
+        rows = run_due(limit=1)
     assert [r.status for r in rows] == [S.FAILED] and rows[0].error_class == "permission"
     provider.refresh_from_db()
     assert provider.paused_at is not None and f"HTTP {status}" in provider.paused_reason

@@ -7,9 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db.models import F
 
 from dlq.models import FailedEvent
-from ledger import services
+from ledger import hooks, services
 from ledger.errors import (
     IllegalTransition,
     InvalidKey,
@@ -177,9 +178,7 @@ def test_transient_failure_on_the_last_attempt_is_failed_with_a_dlq_entry(tenant
     assert "attempts exhausted" in events_of(op.pk)[-1][3]
 
 
-def test_a_dlq_write_failure_rolls_back_the_failed_transition(tenant, limited, monkeypatch):
-    import dlq.services
-
+def test_a_dlq_write_failure_rolls_back_the_failed_transition(tenant, limited):
     op = claim(tenant, limited)
     before = row(op.pk)
     counts = ledger_counts()
@@ -187,8 +186,8 @@ def test_a_dlq_write_failure_rolls_back_the_failed_transition(tenant, limited, m
     def broken(*, operation: Operation) -> None:
         raise RuntimeError("dlq down")
 
-    monkeypatch.setattr(dlq.services, "failed_event_record_for_operation", broken)
-    with pytest.raises(RuntimeError):
+    # The DLQ's receiver of operation_failed, replaced by one that fails.
+    with hooks.operation_failed.replaced(broken), pytest.raises(RuntimeError):
         fail(op, ErrorClass.INVALID_INPUT)
 
     # Same transaction: no failed row without its DLQ entry.
@@ -269,7 +268,7 @@ def _with_unresolved_first_attempt(tenant: Tenant, provider: Provider) -> Operat
         to=S.RETRY_WAIT,
         actor="reviewer:ann",
         reason="re-issue with the same key",
-        sets=[("next_attempt_at", "created_at", [])],
+        changes={"next_attempt_at": F("created_at")},
     )
     second = claim(tenant, provider, key=op.key)
     assert second.attempts == 2
