@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.telemetry import claim_timer
 from ledger import selectors, services
 from ledger.errors import InvalidKey, ValidationFailed
 from ledger.execute import operation_submit
@@ -70,9 +71,11 @@ class ClaimCreateApi(APIView):
         key = idempotency_key_from(request, data.pop("key", None))
         tenant = request.user.tenant
         provider = services.provider_for(tenant=tenant, slug=data.pop("provider"))
-        result = services.operation_claim(
-            tenant=tenant, key=key, provider=provider, actor=request.user.actor, via_claims=True, **data
-        )
+        with claim_timer() as timer:
+            result = services.operation_claim(
+                tenant=tenant, key=key, provider=provider, actor=request.user.actor, via_claims=True, **data
+            )
+            timer.outcome = "replayed" if result.replayed else "created"
         op = result.operation
         if result.replayed:
             return operation_response(op, status=200, replayed=True)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_safe
 
 CONTENT_TYPE = "application/json"
 
@@ -61,11 +62,13 @@ def migrations_check(alias: str = DEFAULT_DB_ALIAS) -> str:
     return "ok" if not pending else f"{len(pending)} pending"
 
 
+@require_safe
 def healthz(request: HttpRequest) -> HttpResponse:
     """Liveness: this process answers HTTP. Touches nothing else."""
     return _answer(True, {})
 
 
+@require_safe
 def readyz(request: HttpRequest) -> HttpResponse:
     """Readiness: the database answers and its schema is current."""
     checks = {"database": database_check()}

@@ -5,10 +5,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
+from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 
 class Command(BaseCommand):
@@ -47,6 +51,8 @@ class Command(BaseCommand):
                 '%(h)s "%(m)s %(U)s" %(s)s %(M)sms',
             ],
             "schedules": [python, "manage.py", "qcluster"],
+            # Alerts when the schedules (django-q2) or the sweeper go stale: watched from outside.
+            "scheduler-watch": [python, "manage.py", "scheduler_watch"],
         }
         # Execute mode: workers take due operations from the operations table.
         for n in range(options["exec_workers"]):
@@ -66,14 +72,13 @@ class Command(BaseCommand):
                     "--upstream",
                     f"http://127.0.0.1:{port_}",
                 ]
-        children: dict[str, subprocess.Popen[bytes]] = {}
-        for name, cmd in commands.items():
-            children[name] = subprocess.Popen(cmd, start_new_session=True)
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"\nOnceguard is up: console http://{host}:{port}/admin/ · API http://{host}:{port}/api/v1/ · docs http://{host}:{port}/api/docs/\n"
-            )
-        )
+        # Web and worker processes add up their metrics through one folder, emptied first
+        # (files of processes from an earlier run would be counted again).
+        metrics_dir = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or Path(settings.VAR_DIR) / "prometheus")
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        for stale in metrics_dir.glob("*.db"):
+            stale.unlink()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
         stopping = False
 
@@ -83,7 +88,22 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        children: dict[str, subprocess.Popen[bytes]] = {}
+        failed = ""
         try:
+            for name, cmd in commands.items():
+                children[name] = subprocess.Popen(cmd, start_new_session=True)
+            failed = self._wait_until_ready(host, port, children, lambda: stopping)
+            if failed:
+                self.stderr.write(self.style.ERROR(failed))
+                stopping = True
+            elif not stopping:
+                self.stdout.write(
+                    self.style.SUCCESS(
+                        f"\nOnceguard is up: console http://{host}:{port}/admin/ · API http://{host}:{port}/api/v1/"
+                        f" · docs http://{host}:{port}/api/docs/ · ready http://{host}:{port}/readyz\n"
+                    )
+                )
             while not stopping:
                 for name, child in children.items():
                     if child.poll() is not None:
@@ -101,3 +121,31 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     os.killpg(child.pid, signal.SIGKILL)
             self.stdout.write("stopped.")
+        if failed:
+            raise CommandError(failed)
+
+    def _wait_until_ready(
+        self, host: str, port: int, children: dict[str, subprocess.Popen[bytes]], stopping: Callable[[], bool]
+    ) -> str:
+        """Poll /readyz until it answers 200 (bounded by READY_TIMEOUT_SECONDS, default 60).
+        Returns "" when ready (or asked to stop), else what went wrong."""
+        probe_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)
+        url = f"http://{probe_host}:{port}/readyz"
+        timeout = float(os.environ.get("READY_TIMEOUT_SECONDS") or 60)
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while time.monotonic() < deadline and not stopping():
+            for name, child in children.items():
+                if child.poll() is not None:
+                    return f"{name} exited with {child.returncode} before the service was ready; stopping everything."
+            try:
+                answer = httpx.get(url, timeout=2, trust_env=False)
+                if answer.status_code == 200:
+                    return ""
+                last = f"{answer.status_code} {answer.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            time.sleep(0.25)
+        if stopping():
+            return ""
+        return f"{url} did not answer 200 within {timeout:.0f} s (last: {last}); stopping everything."
