@@ -189,6 +189,13 @@ if not DEBUG and SECURE_COOKIES:
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Plain-http requests are redirected to https (the TLS proxy sets X-Forwarded-Proto);
+    # the load balancer's /healthz and /readyz are answered before this redirect.
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    # HSTS sent by the service's own host covers only that host's subdomains, and preload
+    # takes effect only when the registrable domain itself is submitted: safe defaults.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
 
 # Bodies larger than this are refused with 413 before anything is parsed or stored.
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 1024 * 1024)
