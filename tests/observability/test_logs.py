@@ -48,7 +48,12 @@ def _json_lines(stream: io.StringIO) -> list[dict]:
 
 def test_a_key_value_message_becomes_a_json_event_with_typed_fields(emitted):
     logging.getLogger("onceguard.test").info(
-        "operation_failed key=%s attempt=%s error_class=%s duration_ms=%s to=%s", "1001", 2, "transient", 12.5, "retry_wait"
+        "operation_failed key=%s attempt=%s error_class=%s duration_ms=%s to=%s",
+        "1001",
+        2,
+        "transient",
+        12.5,
+        "retry_wait",
     )
     [line] = _json_lines(emitted["json"])
     assert list(line)[:4] == ["timestamp", "level", "logger", "event"]
@@ -139,7 +144,9 @@ def test_identifiers_times_and_durations_are_not_mistaken_for_phone_numbers(emit
         "sweeper_moved key=%s attempt=%s ref=%s at=%s", "order-1001:charge:v1", 3, "n8n:17:4812", "2026-11-30T10:00:00"
     )
     [line] = _json_lines(emitted["json"])
-    assert line["key"] == "order-1001:charge:v1" and line["ref"] == "n8n:17:4812" and line["at"] == "2026-11-30T10:00:00"
+    assert (
+        line["key"] == "order-1001:charge:v1" and line["ref"] == "n8n:17:4812" and line["at"] == "2026-11-30T10:00:00"
+    )
 
 
 def test_a_message_of_another_shape_stays_whole_and_exceptions_are_one_json_line(emitted):
