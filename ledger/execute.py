@@ -16,16 +16,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import time
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models.functions import Now
 
-from ledger import adapters, admission, callbacks, services, sql
+from ledger import adapters, admission, callbacks, services
 from ledger.crypto import open_json
 from ledger.errors import AdmissionRefused, DomainError, UnknownProvider, ValidationFailed
 from ledger.models import (
@@ -208,7 +209,7 @@ def operation_submit(
         actor=actor,
         via_claims=False,
         fingerprint=fingerprint,
-        extra_columns={"request_bytes": size, "cost": str(cost), "callback_url": callback_url},
+        execute=services.ExecuteTerms(request_bytes=size, cost=str(cost), callback_url=callback_url),
     )
     if callback_url and not tenant.callback_secret:
         # The secret exists before the first callback could be signed.
@@ -232,97 +233,8 @@ def operation_submit(
 # --- Take -----------------------------------------------------------------------------------
 
 
-# Declared states and mode, as the SQL literals the due index's predicate matches.
-DUE = sql.states_in(S.QUEUED, S.RETRY_WAIT)
-CLAIMED = sql.state_literal(S.CLAIMED)
-EXECUTE = f"'{OperationMode.EXECUTE}'"
-
-
 def _lease_margin() -> float:
     return float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
-
-
-def _take_postgres(*, limit: int, actor: str) -> list[Operation]:
-    cols = ", ".join(f"o.{c}" for c in sql.OP_COLUMNS)
-    expired = (
-        "((o.deadline IS NOT NULL AND o.deadline <= now()) OR (o.expires_at IS NOT NULL AND o.expires_at <= now()))"
-    )
-    statement = f"""
-WITH due AS (
-    SELECT o.id, o.status AS old_status FROM ledger_operation o
-    WHERE o.status IN {DUE} AND o.mode = {EXECUTE} AND o.next_attempt_at <= now()
-      AND o.provider_id NOT IN (
-          SELECT p.id FROM ledger_provider p WHERE p.paused_at IS NOT NULL OR p.throttled_until > now())
-    ORDER BY o.next_attempt_at, o.id
-    LIMIT %s
-    FOR UPDATE OF o SKIP LOCKED
-), upd AS (
-    UPDATE ledger_operation o SET
-        status = {CLAIMED},
-        attempts = o.attempts + 1,
-        lease_token = replace(gen_random_uuid()::text, '-', ''),
-        claimed_at = now(),
-        lease_expires_at = now() + ((2 * p.timeout_seconds + %s) * interval '1 second'),
-        sent_at = CASE WHEN {expired} THEN NULL ELSE now() END,
-        uses_sent_marker = true,
-        next_attempt_at = NULL,
-        updated_at = now()
-    FROM due, ledger_provider p
-    WHERE o.id = due.id AND p.id = o.provider_id
-    RETURNING {cols}, due.old_status
-), att AS (
-    {services.new_attempt_sql(source="upd")}
-), ev AS (
-    INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)
-    SELECT id, old_status, {CLAIMED}, %s,
-        CASE WHEN sent_at IS NULL THEN 'taken past its deadline' ELSE 'taken, sent' END, attempts, now()
-    FROM upd
-)
-SELECT * FROM upd ORDER BY id
-"""
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [limit, _lease_margin(), actor[:150]])
-        rows = cursor.fetchall()
-    return [sql.operation_from_row(row) for row in rows]
-
-
-def _take_sqlite(*, limit: int, actor: str) -> list[Operation]:
-    taken: list[Operation] = []
-    now = sql.now()
-    with transaction.atomic():  # BEGIN IMMEDIATE: the one writer until commit
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT o.id, o.status, p.timeout_seconds,"
-                f" (o.deadline IS NOT NULL AND o.deadline <= {now}) OR (o.expires_at IS NOT NULL AND o.expires_at <= {now})"
-                " FROM ledger_operation o JOIN ledger_provider p ON p.id = o.provider_id"
-                f" WHERE o.status IN {DUE} AND o.mode = {EXECUTE} AND o.next_attempt_at <= {now}"
-                f" AND p.paused_at IS NULL AND (p.throttled_until IS NULL OR p.throttled_until <= {now})"
-                " ORDER BY o.next_attempt_at, o.id LIMIT %s",
-                [limit],
-            )
-            due = cursor.fetchall()
-        for op_id, old_status, timeout, expired in due:
-            lease_sql, lease_p = sql.now_plus(2 * float(timeout) + _lease_margin())
-            op = services.guarded_transition(
-                op_id=op_id,
-                to=S.CLAIMED,
-                from_states=frozenset({old_status}),
-                actor=actor,
-                reason="taken past its deadline" if expired else "taken, sent",
-                sets=[
-                    ("attempts", "attempts + 1", []),
-                    ("lease_token", "%s", [services.new_lease_token()]),
-                    ("claimed_at", now, []),
-                    ("lease_expires_at", lease_sql, lease_p),
-                    ("sent_at", "NULL" if expired else now, []),
-                    ("uses_sent_marker", "%s", [True]),
-                    ("next_attempt_at", "NULL", []),
-                ],
-                attempt_insert=True,
-            )
-            if op is not None:
-                taken.append(op)
-    return taken
 
 
 def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
@@ -334,33 +246,33 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     """
     if limit <= 0:
         return []
-    if sql.is_postgres():
-        return _take_postgres(limit=limit, actor=actor)
-    return _take_sqlite(limit=limit, actor=actor)
+    due = Q(status__in=(S.QUEUED, S.RETRY_WAIT), mode=OperationMode.EXECUTE, next_attempt_at__lte=Now())
+    held_back = Provider.objects.filter(Q(paused_at__isnull=False) | Q(throttled_until__gt=Now())).values("id")
+    past_deadline = ExpressionWrapper(Q(deadline__lte=Now()) | Q(expires_at__lte=Now()), output_field=BooleanField())
+    taken: list[Operation] = []
+    with transaction.atomic():
+        rows = (
+            Operation.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(due)
+            .exclude(provider_id__in=held_back)
+            .annotate(past_deadline=past_deadline)
+            .order_by("next_attempt_at", "id")
+            .values_list("id", "status", "past_deadline", "provider__timeout_seconds")[:limit]
+        )
+        for op_id, status, past, timeout in rows:
+            op = services.operation_take(
+                operation_id=op_id,
+                from_status=status,
+                lease_seconds=2 * float(timeout) + _lease_margin(),
+                past_deadline=bool(past),
+                actor=actor,
+            )
+            if op is not None:
+                taken.append(op)
+    return taken
 
 
 # --- Execute one taken operation --------------------------------------------------------------
-
-
-class ProviderCache:
-    """Provider rows by id, re-read after ``ttl`` seconds (config changes reach workers
-    quickly; paused/throttled state is enforced by the take itself)."""
-
-    def __init__(self, ttl: float = 2.0) -> None:
-        self.ttl = ttl
-        self._rows: dict[int, tuple[float, Provider]] = {}
-
-    def get(self, provider_id: int) -> Provider:
-        hit = self._rows.get(provider_id)
-        now = time.monotonic()
-        if hit is not None and now - hit[0] < self.ttl:
-            return hit[1]
-        provider = Provider.objects.get(pk=provider_id)
-        self._rows[provider_id] = (now, provider)
-        return provider
-
-
-_default_cache = ProviderCache()
 
 
 def _send(*, op: Operation, provider: Provider, client: httpx.Client) -> adapters.Outcome:
@@ -415,13 +327,11 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
     )
 
 
-def operation_execute(
-    *, operation: Operation, client: httpx.Client, actor: str = "worker", cache: ProviderCache | None = None
-) -> Operation | None:
+def operation_execute(*, operation: Operation, client: httpx.Client, actor: str = "worker") -> Operation | None:
     """Send one taken operation and record its outcome. Returns the recorded row, or None
     when the row moved meanwhile (the sweeper or a reviewer; the result was kept as evidence)."""
     op = operation
-    provider = (cache or _default_cache).get(op.provider_id)
+    provider = services.provider_by_id(op.provider_id)
     if op.sent_at is None:
         # Taken after its deadline or lifetime: old work expires instead of acting.
         outcome = adapters.Outcome(

@@ -1,16 +1,19 @@
 """Every write to the ledger. One function per transition, keyword-only and typed.
 
-Each transition is one guarded conditional UPDATE plus its OperationEvent row in the same
-transaction; zero rows updated means somebody else moved the row first and raises a named
-error, never an overwrite. On PostgreSQL the hot transitions (claim, complete) are a
-single statement (data-modifying CTEs), so a claim→complete costs two round trips and two
-commits, exactly like the two raw seed statements. On SQLite the same pieces run as
-several statements inside one BEGIN IMMEDIATE transaction.
+The hot transitions (claim, reclaim, take, mark_sent, heartbeat, complete, fail) are named
+static statements in ``ledger/queries.sql``, run by ``ledger.statements``: each is one
+guarded UPDATE (or the claim's INSERT … ON CONFLICT DO NOTHING) whose guard sits in its
+WHERE clause, followed in the same transaction by its attempt row and its OperationEvent
+row. Zero rows means somebody else moved the row first: a named error, never an overwrite.
+Cold moves (sweeper, reviewers, supersede, throttle) are guarded ORM updates.
+
+What other apps do in the same transaction (a DLQ entry for a failed row, a replay settled,
+a subject indexed, an alert) goes through the hooks in ``ledger.hooks``; the ledger imports
+nothing from the apps above it.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -23,10 +26,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from ledger import callbacks, hooks, sql
+from ledger import callbacks, hooks, sql, statements
 from ledger.auth import API_KEYS, hash_api_key
 from ledger.caching import TtlCache
 from ledger.crypto import payload_written, seal_json
@@ -51,9 +56,11 @@ from ledger.models import (
     REPORTABLE_STATES,
     TERMINAL_STATES,
     ApiKey,
+    Attempt,
     AttemptOutcome,
     ErrorClass,
     Operation,
+    OperationEvent,
     OperationMode,
     OperationStatus,
     Provider,
@@ -126,6 +133,17 @@ def provider_for(*, tenant: Tenant | int, slug: str | None) -> Provider | None:
     return provider
 
 
+# Providers by id, for the workers (config changes reach them within the same time).
+PROVIDERS_BY_ID: TtlCache[Provider] = TtlCache("PROVIDER_CACHE_SECONDS")
+
+
+def provider_by_id(provider_id: int) -> Provider:
+    provider = PROVIDERS_BY_ID.get(provider_id, lambda: Provider.objects.filter(pk=provider_id).first())
+    if provider is None:
+        raise UnknownProvider(f"No provider with id {provider_id}.")
+    return provider
+
+
 def new_lease_token() -> str:
     return secrets.token_hex(16)
 
@@ -142,215 +160,36 @@ class ClaimResult:
     replayed: bool
 
 
-# --- The generic guarded transition -----------------------------------------------------
+# --- Moves: a named statement, its attempt and its event, in one transaction --------------
 
 
-def _guard_clause(*, op_id: int, from_states: frozenset[str], token: str | None, extra: str) -> tuple[str, list[Any]]:
-    states = sorted(from_states)
-    where = f"id = %s AND status IN ({', '.join(['%s'] * len(states))})"
-    params: list[Any] = [op_id, *states]
-    if token is not None:
-        where += " AND lease_token = %s"
-        params.append(token)
-    if extra:
-        where += f" AND {extra}"
-    return where, params
-
-
-@dataclass(frozen=True)
-class _TransitionShape:
-    """What a guarded transition's SQL text depends on (values are always parameters)."""
-
-    pg: bool
-    to: str
-    from_states: frozenset[str]
-    fenced: bool
-    sets: tuple[tuple[str, str], ...]
-    extra_where: str
-    attempt_update: tuple[tuple[str, str], ...]
-    attempt_insert: bool
-
-
-@dataclass(frozen=True)
-class _TransitionSql:
-    states: tuple[str, ...]
-    # PostgreSQL: one statement. SQLite: select, update, attempt update (or "").
-    statement: str
-    # PostgreSQL: the SET parameters come before the guard's (a plain UPDATE … WHERE).
-    set_first: bool = False
-    select: str = ""
-    update: str = ""
-    attempt_update: str = ""
-
-
-@functools.lru_cache(maxsize=256)
-def _transition_sql(shape: _TransitionShape) -> _TransitionSql:
-    """Built once per shape and process: the text of a transition never depends on its
-    values, so PostgreSQL prepares it and the hot paths skip building it."""
-    for source in shape.from_states:
-        if shape.to not in ALLOWED_TRANSITIONS[source]:
-            raise IllegalTransition(f"{source} → {shape.to} is not an allowed move.")
-    states = tuple(sorted(shape.from_states))
-    where, _ = _guard_clause(
-        op_id=0, from_states=shape.from_states, token="" if shape.fenced else None, extra=shape.extra_where
-    )
-    now = sql.now()
-    set_sql = ["status = %s", f"updated_at = {now}"]
-    if shape.to in TERMINAL_STATES:
-        set_sql.append(f"done_at = {now}")
-    set_sql += [f"{column} = {expr}" for column, expr in shape.sets]
-    att_sql = ", ".join(f"{column} = {expr}" for column, expr in shape.attempt_update)
-    if not shape.pg:
-        return _TransitionSql(
-            states=states,
-            statement="",
-            select=f"SELECT status FROM ledger_operation WHERE {where}",
-            update=f"UPDATE ledger_operation SET {', '.join(set_sql)} WHERE id = %s RETURNING {sql.OP_SELECT}",
-            attempt_update=(
-                f"UPDATE ledger_attempt SET {att_sql} WHERE operation_id = %s AND number = %s" if att_sql else ""
-            ),
-        )
-    if len(states) == 1:
-        # The old state is known: the guard goes straight into the UPDATE (which re-checks
-        # it on the newest row version if it has to wait for a concurrent writer).
-        parts = [
-            f"WITH upd AS (UPDATE ledger_operation SET {', '.join(set_sql)} WHERE {where}"
-            f" RETURNING {sql.OP_SELECT}, {sql.state_literal(states[0])}::varchar AS old_status)"
-        ]
-    else:
-        parts = [
-            f"WITH old AS (SELECT id AS old_id, status AS old_status FROM ledger_operation WHERE {where} FOR UPDATE)",
-            f", upd AS (UPDATE ledger_operation SET {', '.join(set_sql)} FROM old WHERE id = old.old_id"
-            f" RETURNING {sql.OP_SELECT}, old.old_status)",
-        ]
-    if att_sql:
-        parts.append(
-            f", att AS (UPDATE ledger_attempt SET {att_sql} FROM upd"
-            " WHERE ledger_attempt.operation_id = upd.id AND ledger_attempt.number = upd.attempts)"
-        )
-    if shape.attempt_insert:
-        parts.append(f", att_new AS ({new_attempt_sql(source='upd')})")
-    parts.append(
-        ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
-        " attempt, at) SELECT id, old_status, status, %s, %s, attempts, now() FROM upd)"
-    )
-    parts.append(f" SELECT {sql.OP_SELECT} FROM upd")
-    return _TransitionSql(states=states, statement="".join(parts), set_first=len(states) == 1)
-
-
-def guarded_transition(
-    *,
-    op_id: int,
-    to: str,
-    from_states: frozenset[str],
-    actor: str,
-    reason: str,
-    token: str | None = None,
-    sets: list[tuple[str, str, list[Any]]] | None = None,
-    extra_where: str = "",
-    extra_params: list[Any] | None = None,
-    attempt_update: list[tuple[str, str, list[Any]]] | None = None,
-    attempt_insert: bool = False,
-    likely: str | None = None,
-) -> Operation | None:
-    """One guarded UPDATE of an operation plus its event row (and its attempt row).
-
-    ``sets`` and ``attempt_update`` are (column, sql expression, params). With
-    ``attempt_insert`` a new Attempt numbered ``attempts`` (after the update) is created
-    carrying the row's lease. Returns the updated row, or None when the guard matched no
-    row (someone else moved it first). Callers raise the named error.
-
-    ``likely`` names the state the row is almost always in (a completion: ``claimed``). On
-    PostgreSQL the move is first tried from that state alone — its event's old state is then
-    known, so the statement needs no locking read of the row first — and only when that
-    matches nothing from all of ``from_states``.
-    """
-    if likely is not None and likely in from_states and len(from_states) > 1 and sql.is_postgres():
-        moved = guarded_transition(
-            op_id=op_id,
-            to=to,
-            from_states=frozenset({likely}),
-            actor=actor,
-            reason=reason,
-            token=token,
-            sets=sets,
-            extra_where=extra_where,
-            extra_params=extra_params,
-            attempt_update=attempt_update,
-            attempt_insert=attempt_insert,
-        )
-        if moved is not None:
-            return moved
-    sets = sets or []
-    attempt_update = attempt_update or []
-    pg = sql.is_postgres()
-    text = _transition_sql(
-        _TransitionShape(
-            pg=pg,
-            to=to,
-            from_states=frozenset(from_states),
-            fenced=token is not None,
-            sets=tuple((column, expr) for column, expr, _ in sets),
-            extra_where=extra_where,
-            attempt_update=tuple((column, expr) for column, expr, _ in attempt_update),
-            attempt_insert=attempt_insert,
-        )
-    )
-    where_params: list[Any] = [op_id, *text.states]
-    if token is not None:
-        where_params.append(token)
-    where_params += extra_params or []
-    set_params: list[Any] = [to]
-    for _, _, params in sets:
-        set_params += params
-    att_params: list[Any] = []
-    for _, _, params in attempt_update:
-        att_params += params
-
-    if pg:
-        head = [*set_params, *where_params] if text.set_first else [*where_params, *set_params]
-        params = [*head, *att_params, actor[:150], sanitize_message(reason)]
-        row = sql.fetch_one(text.statement, params)
-        return sql.operation_from_row(row) if row else None
-
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(text.select, where_params)
-            found = cursor.fetchone()
-            if found is None:
-                return None
-            cursor.execute(text.update, [*set_params, op_id])
-            op = sql.operation_from_row(cursor.fetchone())
-            if text.attempt_update:
-                cursor.execute(text.attempt_update, [*att_params, op_id, op.attempts])
-            if attempt_insert:
-                _insert_attempt(cursor, op)
-            _insert_event(cursor, op_id=op_id, old=found[0], new=to, actor=actor, reason=reason, attempt=op.attempts)
-    return op
-
-
-def new_attempt_sql(*, source: str, number: str = "attempts") -> str:
-    """INSERT of a pending Attempt for each operation row of ``source`` (a table or a CTE
-    with the operation's columns), carrying that row's lease: numbered ``number`` (an SQL
-    expression over the row). Every place that opens an attempt uses this one statement."""
-    return (
-        "INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at, lease_expires_at, sent_at,"
-        " outcome, error_class, message, provider_ref, execution_id)"
-        f" SELECT id, {number}, lease_token, claimed_at, lease_expires_at, sent_at, '{AttemptOutcome.PENDING.value}',"
-        f" '', '', '', execution_id FROM {source}"
+def _event(*, op: Operation, old: str, actor: str, reason: str) -> None:
+    statements.execute(
+        "event_insert",
+        {
+            "operation_id": op.pk,
+            "from_status": old,
+            "to_status": op.status,
+            "actor": actor[:150],
+            "reason": sanitize_message(reason),
+            "attempt": op.attempts,
+        },
     )
 
 
-def _insert_attempt(cursor: Any, op: Operation) -> None:
-    cursor.execute(new_attempt_sql(source="ledger_operation") + " WHERE id = %s", [op.pk])
+def _check_moves(from_states: tuple[str, ...], to: str) -> None:
+    for source in from_states:
+        if to not in ALLOWED_TRANSITIONS[source]:
+            raise IllegalTransition(f"{source} → {to} is not an allowed move.")
 
 
-def _insert_event(cursor: Any, *, op_id: int, old: str, new: str, actor: str, reason: str, attempt: int | None) -> None:
-    cursor.execute(
-        "INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)"
-        f" VALUES (%s, %s, %s, %s, %s, %s, {sql.now()})",
-        [op_id, old, new, actor[:150], sanitize_message(reason), attempt],
-    )
+def _seconds(value: float | None) -> float | None:
+    """Seconds for ``ledger_now_plus``, in milliseconds (SQLite spells them as text)."""
+    return None if value is None else round(float(value), 3)
+
+
+def _sealed(value: Any) -> str | None:
+    return sql.dumps(seal_json(value))
 
 
 def _after_failed(op: Operation) -> None:
@@ -388,62 +227,15 @@ def callback_enqueue(*, operation: Operation) -> Operation | None:
 
 # --- Claim --------------------------------------------------------------------------------
 
-_INSERT_COLUMNS = (
-    "tenant_id, key, mode, status, provider_id, action, fingerprint, request, payload, attempts,"
-    " throttled_attempts, max_attempts, claimed_at, lease_expires_at, lease_token, sent_at, uses_sent_marker,"
-    " next_attempt_at, deadline, expires_at, last_error, error_class, provider_ref, response_status,"
-    " response_body, reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,"
-    " lookup_failures, created_at, updated_at"
-)
 
+@dataclass(frozen=True)
+class ExecuteTerms:
+    """What only an execute-mode submission stores on its new row: the request's size
+    (admission's queued-bytes limit), its cost (the tenant's budget) and its callback URL."""
 
-@functools.lru_cache(maxsize=64)
-def _claim_statement(*, pg: bool, status: str, mark_sent: bool, has_deadline: bool, extra: tuple[str, ...]) -> str:
-    """The claim statement for one shape of claim, built once per process.
-
-    Only the shape (dialect, initial state, sent marker, deadline, extra columns) changes the
-    text; every value is a parameter, so on PostgreSQL psycopg prepares it after a few uses
-    and the planner never sees it again. The parameters are listed in :func:`operation_claim`.
-    """
-    now = sql.now()
-    lease_sql = sql.now_plus_text()
-    claimed = status == S.CLAIMED
-    tail = [
-        now if claimed else "NULL",  # claimed_at
-        lease_sql if claimed else "NULL",  # lease_expires_at
-        "%s",  # lease_token
-        now if (claimed and mark_sent) else "NULL",  # sent_at
-        "%s",  # uses_sent_marker
-        now if status == S.QUEUED else "NULL",  # next_attempt_at
-        lease_sql if has_deadline else "NULL",  # deadline
-        lease_sql,  # expires_at
-    ]
-    json_p = sql.json_param()
-    placeholders = "".join(", " + (json_p if c == "search_fields" else "%s") for c in extra)
-    insert = (
-        f"INSERT INTO ledger_operation ({_INSERT_COLUMNS}{''.join(', ' + c for c in extra)})"
-        " SELECT %s, %s, %s, %s, %s, %s, %s,"
-        f" {json_p}, {json_p}, %s, 0, %s, {', '.join(tail)}, '', '', '', NULL, NULL,"
-        f" %s, %s, %s, %s, %s, 0, {now}, {now}{placeholders}"
-        # A key whose operation retention deleted keeps answering from its tombstone and is
-        # never created again (DESIGN §6): the guard sits inside the atomic INSERT.
-        " WHERE NOT EXISTS (SELECT 1 FROM ledger_tombstone WHERE tenant_id = %s AND key = %s)"
-        " ON CONFLICT (tenant_id, key) DO NOTHING"
-        f" RETURNING {sql.OP_SELECT}"
-    )
-    if not pg:
-        return insert
-    # One statement: insert the row, its first attempt and its event, or return the
-    # existing row when the key is taken (the SELECT arm sees the pre-insert snapshot).
-    return (
-        f"WITH ins AS ({insert})"
-        + (f", att AS ({new_attempt_sql(source='ins', number='1')})" if claimed else "")
-        + ", ev AS (INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason,"
-        " attempt, at) SELECT id, '', status, %s, %s, attempts, now() FROM ins)"
-        f" SELECT {sql.OP_SELECT}, true FROM ins"
-        f" UNION ALL SELECT {sql.OP_SELECT}, false FROM ledger_operation"
-        " WHERE tenant_id = %s AND key = %s AND NOT EXISTS (SELECT 1 FROM ins)"
-    )
+    request_bytes: int = 0
+    cost: str = "0"
+    callback_url: str = ""
 
 
 def operation_claim(
@@ -467,7 +259,7 @@ def operation_claim(
     actor: str = "api",
     via_claims: bool = True,
     fingerprint: str | None = None,
-    extra_columns: dict[str, Any] | None = None,
+    execute: ExecuteTerms | None = None,
 ) -> ClaimResult:
     """Claim ``key`` atomically, or answer for the row that already holds it (DESIGN §5).
 
@@ -480,88 +272,59 @@ def operation_claim(
     if fingerprint is None:
         fingerprint = request_fingerprint(mode=mode, provider=provider_slug, action=action, request=request)
     lease = clamp_lease(lease_seconds)
-    token = new_lease_token()
     status = S.QUEUED if mode == OperationMode.EXECUTE else S.CLAIMED
-    max_attempts = provider.max_attempts if provider else 4
-    lifetime = float(provider.lifetime_seconds if provider else 1800)
-    if mark_sent:
-        uses_sent_marker = True
-    # Plain columns only a new execute-mode row sets (request_bytes, cost, callback_url).
-    extra = list((extra_columns or {}).items())
+    terms = execute or ExecuteTerms()
     # The configured non-personal paths of the payload (else the request), in plain text.
     searchable = search_values(
         payload if payload is not None else request, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]
     )
-    if searchable:
-        extra.append(("search_fields", sql.dumps(searchable)))
-    pg = sql.is_postgres()
-    statement = _claim_statement(
-        pg=pg,
-        status=status,
-        mark_sent=mark_sent,
-        has_deadline=deadline_seconds is not None,
-        extra=tuple(c for c, _ in extra),
-    )
-    attempts = 1 if status == S.CLAIMED else 0
-    insert_params = [
-        tenant.pk,
-        key,
-        mode,
-        status,
-        provider.pk if provider else None,
-        action,
-        fingerprint,
-        sql.dumps(seal_json(request)) if mode == OperationMode.EXECUTE else None,
-        sql.dumps(seal_json(payload)),
-        attempts,
-        max_attempts,
-        *(sql.now_plus(lease)[1] if status == S.CLAIMED else ()),
-        token,
-        uses_sent_marker,
-        *(sql.now_plus(deadline_seconds)[1] if deadline_seconds is not None else ()),
-        *sql.now_plus(lifetime)[1],
-        reconciliation_handle[:255],
-        execution_id[:255],
-        workflow_id[:255],
-        workflow_version[:100],
-        correlation_id[:255],
-        *(value for _, value in extra),
-        tenant.pk,
-        key,
-    ]
-    reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
-
-    op: Operation | None
-    created = False
-    if pg:
-        row = sql.fetch_one(statement, [*insert_params, actor, reason, tenant.pk, key])
-        if row is None:
-            # The conflicting row was committed after this statement's snapshot.
-            op = _fetch_by_key(tenant_id=tenant.pk, key=key)
-        else:
-            op, created = sql.operation_from_row(row), bool(row[-1])
-    else:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(statement, insert_params)
-                row = cursor.fetchone()
-                if row is not None:
-                    op, created = sql.operation_from_row(row), True
-                    if attempts:
-                        _insert_attempt(cursor, op)
-                    _insert_event(cursor, op_id=op.pk, old="", new=status, actor=actor, reason=reason, attempt=attempts)
-                else:
-                    op = _fetch_by_key(tenant_id=tenant.pk, key=key)
-    if created:
-        assert op is not None
-        payload_written(
-            tenant_id=tenant.pk,
-            record_type="operations",
-            record_id=op.pk,
-            values=[payload, request if mode == OperationMode.EXECUTE else None],
-            source=f"{provider_slug}:{action}",
-        )
-        return ClaimResult(operation=op, acquired=True, replayed=False)
+    params = {
+        "tenant_id": tenant.pk,
+        "key": key,
+        "mode": mode,
+        "status": status,
+        "claimed": status == S.CLAIMED,
+        "queued": status == S.QUEUED,
+        "provider_id": provider.pk if provider else None,
+        "action": action,
+        "fingerprint": fingerprint,
+        "request": _sealed(request) if mode == OperationMode.EXECUTE else None,
+        "payload": _sealed(payload),
+        "search_fields": sql.dumps(searchable) if searchable else None,
+        "attempts": 1 if status == S.CLAIMED else 0,
+        "max_attempts": provider.max_attempts if provider else 4,
+        "lease_seconds": _seconds(lease) if status == S.CLAIMED else None,
+        "lease_token": new_lease_token(),
+        "mark_sent": mark_sent and status == S.CLAIMED,
+        "uses_sent_marker": uses_sent_marker or mark_sent,
+        "deadline_seconds": _seconds(deadline_seconds),
+        "lifetime_seconds": _seconds(provider.lifetime_seconds if provider else 1800),
+        "reconciliation_handle": reconciliation_handle[:255],
+        "execution_id": execution_id[:255],
+        "workflow_id": workflow_id[:255],
+        "workflow_version": workflow_version[:100],
+        "correlation_id": correlation_id[:255],
+        "request_bytes": terms.request_bytes,
+        "cost": terms.cost,
+        "callback_url": terms.callback_url,
+    }
+    with transaction.atomic():
+        op = statements.operation("operation_insert", params)
+        if op is not None:
+            if op.attempts:
+                statements.execute("attempt_open", {"operation_id": op.pk})
+            reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
+            _event(op=op, old="", actor=actor, reason=reason)
+            payload_written(
+                tenant_id=tenant.pk,
+                record_type="operations",
+                record_id=op.pk,
+                values=[payload, request if mode == OperationMode.EXECUTE else None],
+                source=f"{provider_slug}:{action}",
+            )
+            return ClaimResult(operation=op, acquired=True, replayed=False)
+    # Taken, or deleted by retention: the existing row (or its tombstone) answers.
+    op = _fetch_by_key(tenant_id=tenant.pk, key=key)
     if op is None:
         stone = tombstone_answer(tenant_id=tenant.pk, key=key, fingerprint=fingerprint)
         return ClaimResult(operation=stone, acquired=False, replayed=True)
@@ -577,10 +340,7 @@ def operation_claim(
 
 
 def _fetch_by_key(*, tenant_id: int, key: str) -> Operation | None:
-    row = sql.fetch_one(
-        f"SELECT {sql.OP_SELECT} FROM ledger_operation WHERE tenant_id = %s AND key = %s", [tenant_id, key]
-    )
-    return sql.operation_from_row(row) if row else None
+    return statements.operation("operation_by_key", {"tenant_id": tenant_id, "key": key})
 
 
 def _seconds_until(moment: datetime | None) -> int:
@@ -643,8 +403,8 @@ def _answer_existing(
                     to=S.FAILED,
                     actor=actor,
                     reason="lifetime ended while waiting for a retry",
-                    sets=[("error_class", "%s", [current.error_class or ErrorClass.TRANSIENT])],
-                    extra_where=f"expires_at <= {sql.now()}",
+                    changes={"error_class": current.error_class or ErrorClass.TRANSIENT},
+                    guard=Q(expires_at__lte=Now()),
                 )
             except LeaseLost:
                 current = _fetch_by_key(tenant_id=op.tenant_id, key=op.key) or current
@@ -682,37 +442,53 @@ def operation_reclaim(
     *, operation_id: int, lease_seconds: float, mark_sent: bool = False, actor: str, execution_id: str = ""
 ) -> Operation | None:
     """retry_wait (due) → claimed: a new attempt with a fresh token on the same operation."""
-    lease_sql, lease_p = sql.now_plus(lease_seconds)
-    sets = [
-        ("attempts", "attempts + 1", []),
-        ("lease_token", "%s", [new_lease_token()]),
-        ("claimed_at", sql.now(), []),
-        ("lease_expires_at", lease_sql, lease_p),
-        ("sent_at", sql.now() if mark_sent else "NULL", []),
-        ("next_attempt_at", "NULL", []),
-    ]
-    if mark_sent:
-        sets.append(("uses_sent_marker", "%s", [True]))
-    if execution_id:
-        sets.append(("execution_id", "%s", [execution_id[:255]]))
-    return guarded_transition(
-        op_id=operation_id,
-        to=S.CLAIMED,
-        from_states=frozenset({S.RETRY_WAIT}),
-        actor=actor,
-        reason="retry claimed, sent" if mark_sent else "retry claimed",
-        sets=sets,
-        # Due, and still within the operation's lifetime.
-        extra_where=f"next_attempt_at <= {sql.now()} AND (expires_at IS NULL OR expires_at > {sql.now()})",
-        attempt_insert=True,
-    )
+    with transaction.atomic():
+        op = statements.operation(
+            "operation_reclaim",
+            {
+                "id": operation_id,
+                "lease_token": new_lease_token(),
+                "lease_seconds": _seconds(lease_seconds),
+                "mark_sent": mark_sent,
+                "execution_id": execution_id[:255],
+            },
+        )
+        if op is None:
+            return None
+        statements.execute("attempt_open", {"operation_id": op.pk})
+        _event(op=op, old=S.RETRY_WAIT, actor=actor, reason="retry claimed, sent" if mark_sent else "retry claimed")
+    return op
+
+
+def operation_take(
+    *, operation_id: int, from_status: str, lease_seconds: float, past_deadline: bool, actor: str
+) -> Operation | None:
+    """queued|retry_wait → claimed by an execute-mode worker, with a new attempt and the sent
+    marker (the worker sends right after); past its deadline or lifetime, without the marker,
+    so the worker fails it instead of sending. The caller holds the row locked (the take's
+    SKIP LOCKED read) in its transaction."""
+    _check_moves((from_status,), S.CLAIMED)
+    with transaction.atomic():
+        op = statements.operation(
+            "operation_take",
+            {
+                "id": operation_id,
+                "from_status": from_status,
+                "lease_token": new_lease_token(),
+                "lease_seconds": _seconds(lease_seconds),
+                "past_deadline": past_deadline,
+            },
+        )
+        if op is None:
+            return None
+        statements.execute("attempt_open", {"operation_id": op.pk})
+        _event(
+            op=op, old=from_status, actor=actor, reason="taken past its deadline" if past_deadline else "taken, sent"
+        )
+    return op
 
 
 # --- Holder calls: sent, heartbeat, complete, fail -----------------------------------------
-
-
-def _tenant_clause(tenant_id: int | None) -> tuple[str, list[Any]]:
-    return ("tenant_id = %s", [tenant_id]) if tenant_id is not None else ("", [])
 
 
 def _diagnose_holder_refusal(
@@ -747,20 +523,19 @@ def operation_mark_sent(
     Refused once the lease has expired — a holder must not start an effect it may no
     longer own.
     """
-    sets = [("sent_at", f"COALESCE(sent_at, {sql.now()})", [])]
-    if reconciliation_handle:
-        sets.append(("reconciliation_handle", "%s", [reconciliation_handle[:255]]))
-    op = _transition_same_state(
-        op_id=operation_id,
-        state=S.CLAIMED,
-        token=lease_token,
-        sets=sets,
-        extra_where=f"lease_expires_at > {sql.now()}" + (" AND tenant_id = %s" if tenant_id is not None else ""),
-        extra_params=[tenant_id] if tenant_id is not None else [],
-        attempt_sets=[("sent_at", f"COALESCE(sent_at, {sql.now()})", [])],
-        actor=actor,
-        reason="sent marker",
-    )
+    with transaction.atomic():
+        op = statements.operation(
+            "operation_mark_sent",
+            {
+                "id": operation_id,
+                "lease_token": lease_token,
+                "reconciliation_handle": reconciliation_handle[:255],
+                "tenant_id": tenant_id,
+            },
+        )
+        if op is not None:
+            statements.execute("attempt_mark_sent", {"operation_id": op.pk, "number": op.attempts})
+            _event(op=op, old=S.CLAIMED, actor=actor, reason="sent marker")
     if op is None:
         raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id, allow_expired=False)
     return op
@@ -770,63 +545,23 @@ def operation_heartbeat(
     *, operation_id: int, lease_token: str, lease_seconds: float | None = None, tenant_id: int | None = None
 ) -> Operation:
     """Extend a live holder's lease (claimed, same token). No event row: not a transition."""
-    lease_sql, lease_p = sql.now_plus(clamp_lease(lease_seconds))
-    tenant_sql = " AND tenant_id = %s" if tenant_id is not None else ""
-    # One transaction: the attempt's copy of the lease never disagrees with the row's.
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE ledger_operation SET lease_expires_at = {lease_sql}, updated_at = {sql.now()}"
-            f" WHERE id = %s AND status = %s AND lease_token = %s{tenant_sql} RETURNING {sql.OP_SELECT}",
-            [*lease_p, operation_id, S.CLAIMED, lease_token, *([tenant_id] if tenant_id is not None else [])],
-        )
-        row = cursor.fetchone()
-        if row is not None:
-            # Copy the row's value: the attempt mirrors the lease exactly, not a second clock read.
-            cursor.execute(
-                "UPDATE ledger_attempt SET lease_expires_at ="
-                " (SELECT lease_expires_at FROM ledger_operation WHERE id = %s)"
-                " WHERE operation_id = %s AND lease_token = %s",
-                [operation_id, operation_id, lease_token],
-            )
-    if row is None:
-        raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
-    return sql.operation_from_row(row)
-
-
-def _transition_same_state(
-    *,
-    op_id: int,
-    state: str,
-    token: str,
-    sets: list[tuple[str, str, list[Any]]],
-    extra_where: str,
-    extra_params: list[Any],
-    attempt_sets: list[tuple[str, str, list[Any]]],
-    actor: str,
-    reason: str,
-) -> Operation | None:
-    """A guarded in-state update that still leaves an event (the sent marker)."""
-    where, where_params = _guard_clause(op_id=op_id, from_states=frozenset({state}), token=token, extra=extra_where)
-    where_params += extra_params
-    set_sql = ", ".join([f"updated_at = {sql.now()}"] + [f"{c} = {e}" for c, e, _ in sets])
-    set_params = [p for _, _, ps in sets for p in ps]
-    att_sql = ", ".join(f"{c} = {e}" for c, e, _ in attempt_sets)
-    att_params = [p for _, _, ps in attempt_sets for p in ps]
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE ledger_operation SET {set_sql} WHERE {where} RETURNING {sql.OP_SELECT}",
-                [*set_params, *where_params],
+        op = statements.operation(
+            "operation_heartbeat",
+            {
+                "id": operation_id,
+                "lease_token": lease_token,
+                "lease_seconds": _seconds(clamp_lease(lease_seconds)),
+                "tenant_id": tenant_id,
+            },
+        )
+        if op is not None:
+            # The attempt mirrors the row's lease exactly (its value, not a second clock read).
+            Attempt.objects.filter(operation_id=op.pk, lease_token=lease_token).update(
+                lease_expires_at=op.lease_expires_at
             )
-            row = cursor.fetchone()
-            if row is None:
-                return None
-            op = sql.operation_from_row(row)
-            cursor.execute(
-                f"UPDATE ledger_attempt SET {att_sql} WHERE operation_id = %s AND number = %s",
-                [*att_params, op_id, op.attempts],
-            )
-            _insert_event(cursor, op_id=op_id, old=state, new=state, actor=actor, reason=reason, attempt=op.attempts)
+    if op is None:
+        raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
     return op
 
 
@@ -841,23 +576,20 @@ def _record_fenced_evidence(
     message: str = "",
 ) -> None:
     """A superseded holder's late result is kept on its own Attempt, never on the row."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE ledger_attempt SET outcome = %s, provider_ref = %s, response_status = %s,"
-            f" response_body = {sql.json_param()}, error_class = %s, message = %s,"
-            f" finished_at = COALESCE(finished_at, {sql.now()})"
-            " WHERE operation_id = %s AND lease_token = %s",
-            [
-                AttemptOutcome.FENCED,
-                provider_ref[:255],
-                response_status,
-                sql.dumps(seal_json(response_body)),
-                error_class,
-                sanitize_message(message),
-                operation_id,
-                lease_token,
-            ],
-        )
+    Attempt.objects.filter(operation_id=operation_id, lease_token=lease_token).update(
+        outcome=AttemptOutcome.FENCED,
+        provider_ref=provider_ref[:255],
+        response_status=response_status,
+        response_body=seal_json(response_body),
+        error_class=error_class,
+        message=sanitize_message(message),
+        finished_at=Coalesce("finished_at", Now()),
+    )
+
+
+# The states a latest holder's report may move a row from, most likely first: a completion
+# almost always finds its row still claimed, so it usually takes one statement.
+REPORT_ORDER = (S.CLAIMED, S.UNCERTAIN, S.REVIEW)
 
 
 def operation_complete(
@@ -876,37 +608,33 @@ def operation_complete(
     The latest holder's result is the best evidence there is, so it is accepted even
     after the sweeper moved the row to uncertain or review (DESIGN §3 fencing).
     """
-    body = sql.dumps(seal_json(response_body))
-    op = guarded_transition(
-        op_id=operation_id,
-        to=S.SUCCEEDED,
-        from_states=REPORTABLE_STATES,
-        likely=S.CLAIMED,
-        token=lease_token,
-        actor=actor,
-        reason=reason,
-        sets=[
-            ("provider_ref", "%s", [provider_ref[:255]]),
-            ("response_status", "%s", [response_status]),
-            ("response_body", sql.json_param(), [body]),
-            ("lease_expires_at", "NULL", []),
-            ("error_class", "''", []),
-        ],
-        extra_where=_tenant_clause(tenant_id)[0],
-        extra_params=_tenant_clause(tenant_id)[1],
-        attempt_update=[
-            ("outcome", "%s", [AttemptOutcome.SUCCEEDED]),
-            ("finished_at", sql.now(), []),
-            ("provider_ref", "%s", [provider_ref[:255]]),
-            ("response_status", "%s", [response_status]),
-        ],
-    )
-    if op is not None:
-        _after_terminal(op, actor=actor)
-        # DEBUG: a success needs no one's attention and its record is the event row; what
-        # does (fenced, failed, uncertain, paused) is logged at INFO or above.
-        log.debug("operation_succeeded key=%s attempt=%s provider_ref=%s", op.key, op.attempts, op.provider_ref)
-        return op
+    params = {
+        "id": operation_id,
+        "lease_token": lease_token,
+        "tenant_id": tenant_id,
+        "provider_ref": provider_ref[:255],
+        "response_status": response_status,
+        "response_body": _sealed(response_body),
+    }
+    with transaction.atomic():
+        for old in REPORT_ORDER:
+            op = statements.operation("operation_complete", {**params, "from_status": old})
+            if op is not None:
+                statements.execute(
+                    "attempt_succeed",
+                    {
+                        "operation_id": op.pk,
+                        "number": op.attempts,
+                        "provider_ref": provider_ref[:255],
+                        "response_status": response_status,
+                    },
+                )
+                _event(op=op, old=old, actor=actor, reason=reason)
+                _after_terminal(op, actor=actor)
+                # DEBUG: a success needs no one's attention and its record is the event row;
+                # what does (fenced, failed, uncertain, paused) is logged at INFO or above.
+                log.debug("operation_succeeded key=%s attempt=%s provider_ref=%s", op.key, op.attempts, op.provider_ref)
+                return op
     error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
     if isinstance(error, LeaseLost) and "status" not in error.extra:
         _record_fenced_evidence(
@@ -1048,68 +776,55 @@ def operation_fail(
                     response_body=response_body,
                 )
             raise error
-        now = sql.db_now()
         unresolved_before = op.attempt_set.filter(outcome=AttemptOutcome.AMBIGUOUS, number__lt=op.attempts).exists()
         decision = _decide_failure(
             op=op,
             error_class=error_class,
             throttled=throttled,
             retry_after=retry_after,
-            now=now,
+            now=sql.db_now(),
             has_unresolved_sent=unresolved_before,
         )
-        attempt_update = [
-            ("outcome", "%s", [decision.attempt_outcome]),
-            ("finished_at", sql.now(), []),
-            ("error_class", "%s", [error_class]),
-            ("message", "%s", [message]),
-            ("response_status", "%s", [response_status]),
-        ]
-        if decision.to == op.status:
-            # An ambiguous report on a row already uncertain: evidence only.
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "UPDATE ledger_attempt SET outcome = %s, error_class = %s, message = %s,"
-                    f" finished_at = COALESCE(finished_at, {sql.now()}) WHERE operation_id = %s AND number = %s",
-                    [decision.attempt_outcome, error_class, message, op.pk, op.attempts],
-                )
+        attempt = {
+            "operation_id": op.pk,
+            "number": op.attempts,
+            "outcome": decision.attempt_outcome,
+            "error_class": error_class,
+            "message": message,
+            "response_status": response_status,
+        }
+        if decision.to == op.status or decision.to not in ALLOWED_TRANSITIONS[op.status]:
+            # An ambiguous report on a row already uncertain, or one that would move a row
+            # already waiting for a human (review → uncertain): evidence only.
+            statements.execute("attempt_finish", attempt)
             return op
-        if decision.to not in ALLOWED_TRANSITIONS[op.status]:
-            # e.g. review → uncertain: the row already waits for a human; keep the evidence.
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "UPDATE ledger_attempt SET outcome = %s, error_class = %s, message = %s"
-                    " WHERE operation_id = %s AND number = %s",
-                    [decision.attempt_outcome, error_class, message, op.pk, op.attempts],
-                )
-            return op
-        sets: list[tuple[str, str, list[Any]]] = [
-            ("error_class", "%s", [error_class]),
-            ("last_error", "%s", [message]),
-            ("lease_expires_at", "NULL", []),
-        ]
-        if response_status is not None or response_body is not None:
-            sets += [
-                ("response_status", "%s", [response_status]),
-                ("response_body", sql.json_param(), [sql.dumps(seal_json(response_body))]),
-            ]
-        if throttled:
-            sets.append(("throttled_attempts", "throttled_attempts + 1", []))
-        if decision.next_attempt_in is not None:
-            due_sql, due_p = sql.now_plus(decision.next_attempt_in)
-            sets.append(("next_attempt_at", due_sql, due_p))
-        updated = guarded_transition(
-            op_id=op.pk,
-            to=decision.to,
-            from_states=frozenset({op.status}),
-            token=lease_token,
-            actor=actor,
-            reason=f"{decision.reason}: {message}" if message else decision.reason,
-            sets=sets,
-            attempt_update=attempt_update,
+        has_response = response_status is not None or response_body is not None
+        updated = statements.operation(
+            "operation_fail",
+            {
+                "id": op.pk,
+                "from_status": op.status,
+                "lease_token": lease_token,
+                "to_status": decision.to,
+                "terminal": decision.to in TERMINAL_STATES,
+                "error_class": error_class,
+                "message": message,
+                "keep_response": not has_response,
+                "response_status": response_status,
+                "response_body": _sealed(response_body) if has_response else None,
+                "throttled": 1 if throttled else 0,
+                "retry_in_seconds": _seconds(decision.next_attempt_in),
+            },
         )
         if updated is None:  # pragma: no cover - the row is locked above
             raise LeaseLost("The operation moved while failing.")
+        statements.execute("attempt_finish", attempt)
+        _event(
+            op=updated,
+            old=op.status,
+            actor=actor,
+            reason=f"{decision.reason}: {message}" if message else decision.reason,
+        )
         if updated.status == S.FAILED:
             _after_failed(updated)
         _after_terminal(updated, actor=actor)
@@ -1132,29 +847,31 @@ def operation_transition(
     to: str,
     actor: str,
     reason: str,
-    sets: list[tuple[str, str, list[Any]]] | None = None,
-    attempt_update: list[tuple[str, str, list[Any]]] | None = None,
-    extra_where: str = "",
-    extra_params: list[Any] | None = None,
+    changes: dict[str, Any] | None = None,
+    attempt_changes: dict[str, Any] | None = None,
+    guard: Q | None = None,
 ) -> Operation:
-    """Move an operation from the state it was read in; raises if it moved meanwhile."""
-    if to not in ALLOWED_TRANSITIONS.get(operation.status, frozenset()):
-        raise IllegalTransition(f"{operation.status} → {to} is not an allowed move.")
+    """Move an operation from the state it was read in (a guarded ORM update: these moves
+    are not hot); raises LeaseLost if it moved meanwhile.
+
+    ``changes`` are further column values (values or expressions such as ``Now()``),
+    ``attempt_changes`` apply to its latest attempt, ``guard`` narrows the move further
+    (e.g. ``Q(expires_at__lte=Now())``).
+    """
+    _check_moves((operation.status,), to)
+    values: dict[str, Any] = {"status": to, "updated_at": Now(), **(changes or {})}
+    if to in TERMINAL_STATES:
+        values["done_at"] = Now()
+    rows = Operation.objects.filter(pk=operation.pk, status=operation.status, lease_token=operation.lease_token)
+    if guard is not None:
+        rows = rows.filter(guard)
     with transaction.atomic():
-        updated = guarded_transition(
-            op_id=operation.pk,
-            to=to,
-            from_states=frozenset({operation.status}),
-            token=operation.lease_token,
-            actor=actor,
-            reason=reason,
-            sets=sets,
-            attempt_update=attempt_update,
-            extra_where=extra_where,
-            extra_params=extra_params,
-        )
-        if updated is None:
+        if not rows.update(**values):
             raise LeaseLost("The operation moved before this change could be applied.")
+        updated = Operation.objects.get(pk=operation.pk)
+        if attempt_changes:
+            Attempt.objects.filter(operation_id=updated.pk, number=updated.attempts).update(**attempt_changes)
+        _event(op=updated, old=operation.status, actor=actor, reason=reason)
         if updated.status == S.FAILED:
             _after_failed(updated)
         _after_terminal(updated, actor=actor)
@@ -1168,28 +885,25 @@ def operation_supersede(*, operation_id: int, by_operation_id: int, actor: str, 
     newer operation than the one it points at, with an event row. Later claims of its key
     answer with the newest replay's outcome (``_newest_in_lineage``).
     """
+    rows = (
+        Operation.objects.filter(pk=operation_id, status=S.FAILED)
+        .exclude(pk=by_operation_id)
+        .filter(Q(superseded_by__isnull=True) | Q(superseded_by_id__lt=by_operation_id))
+    )
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE ledger_operation SET superseded_by_id = %s, updated_at = {sql.now()}"
-                " WHERE id = %s AND status = %s AND id <> %s"
-                " AND (superseded_by_id IS NULL OR superseded_by_id < %s)"
-                f" RETURNING {sql.OP_SELECT}",
-                [by_operation_id, operation_id, S.FAILED, by_operation_id, by_operation_id],
-            )
-            row = cursor.fetchone()
-            if row is None:
-                raise IllegalTransition("Only a failed operation can be superseded, and only by a newer one.")
-            _insert_event(
-                cursor,
-                op_id=operation_id,
-                old=S.FAILED,
-                new=S.FAILED,
-                actor=actor,
-                reason=reason or f"superseded by operation {by_operation_id}",
-                attempt=None,
-            )
-    return sql.operation_from_row(row)
+        if not rows.update(superseded_by_id=by_operation_id, updated_at=Now()):
+            raise IllegalTransition("Only a failed operation can be superseded, and only by a newer one.")
+        op = Operation.objects.get(pk=operation_id)
+        OperationEvent.objects.create(
+            operation_id=operation_id,
+            from_status=S.FAILED,
+            to_status=S.FAILED,
+            actor=actor[:150],
+            reason=sanitize_message(reason or f"superseded by operation {by_operation_id}"),
+            attempt=None,
+            at=Now(),
+        )
+    return op
 
 
 # --- Tenants, keys, providers ----------------------------------------------------------
@@ -1225,6 +939,7 @@ def apikey_revoke(*, api_key_id: int) -> None:
 def provider_upsert(*, tenant: Tenant, slug: str, **fields: Any) -> Provider:
     provider, _ = Provider.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
     PROVIDERS.forget((tenant.pk, slug))
+    PROVIDERS_BY_ID.forget(provider.pk)
     return provider
 
 
@@ -1234,13 +949,10 @@ def provider_upsert(*, tenant: Tenant, slug: str, **fields: Any) -> Provider:
 def provider_throttle(*, provider_id: int, seconds: float) -> None:
     """A 429/503 answer: workers take none of this provider's work until ``throttled_until``
     (database clock). Only ever extends, so two workers reporting at once keep the later time."""
-    until_sql, until_p = sql.now_plus(max(0.0, seconds))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE ledger_provider SET throttled_until = {until_sql}"
-            f" WHERE id = %s AND (throttled_until IS NULL OR throttled_until < {until_sql})",
-            [*until_p, provider_id, *until_p],
-        )
+    until = sql.db_now() + timedelta(seconds=max(0.0, seconds))
+    Provider.objects.filter(pk=provider_id).filter(
+        Q(throttled_until__isnull=True) | Q(throttled_until__lt=until)
+    ).update(throttled_until=until)
     log.info("provider_throttled provider=%s seconds=%.1f", provider_id, seconds)
 
 

@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
 
 from ledger import hooks, sql
 from ledger.crypto import seal_json
@@ -27,7 +29,7 @@ from ledger.services import decide_unsent_expiry, operation_transition
 S = OperationStatus
 log = logging.getLogger("onceguard.sweeper")
 
-Sets = list[tuple[str, str, list[Any]]]
+Changes = dict[str, Any]
 
 
 @dataclass
@@ -42,21 +44,15 @@ def _cfg(name: str) -> int:
     return int(settings.ONCEGUARD[name])
 
 
-def _ids(query: str, params: list[Any]) -> list[int]:
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return [row[0] for row in cursor.fetchall()]
-
-
 def _move(
     op: Operation,
     to: str,
     reason: str,
     report: SweepReport,
     *,
-    sets: Sets | None = None,
-    attempt_update: Sets | None = None,
-    extra_where: str = "",
+    changes: Changes | None = None,
+    attempt_changes: Changes | None = None,
+    guard: Q | None = None,
     also: Any = None,
 ) -> Operation | None:
     """One guarded move; a row someone else moved first is counted, not overwritten."""
@@ -67,9 +63,9 @@ def _move(
                 to=to,
                 actor="sweeper",
                 reason=reason,
-                sets=sets,
-                attempt_update=attempt_update,
-                extra_where=extra_where,
+                changes=changes,
+                attempt_changes=attempt_changes,
+                guard=guard,
             )
             if also is not None:
                 also(moved)
@@ -92,18 +88,14 @@ def sender_honours_marker(op: Operation) -> bool:
 def sweep_expired_leases(*, batch: int = 500, report: SweepReport | None = None) -> SweepReport:
     """claimed, lease expired: → retry_wait when provably unsent, else → uncertain."""
     report = report or SweepReport()
-    ids = _ids(
-        f"SELECT id FROM ledger_operation WHERE status = %s AND lease_expires_at < {sql.now()}"
-        " ORDER BY lease_expires_at LIMIT %s",
-        [S.CLAIMED, batch],
-    )
+    expired = Q(status=S.CLAIMED, lease_expires_at__lt=Now())
+    ids = list(Operation.objects.filter(expired).order_by("lease_expires_at").values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.CLAIMED).select_related("provider"):
-        sets: Sets = [("lease_expires_at", "NULL", [])]
+        changes: Changes = {"lease_expires_at": None}
         if op.sent_at is None and sender_honours_marker(op):
             to, delay, reason = decide_unsent_expiry(op)
             if delay is not None:
-                due_sql, due_p = sql.now_plus(delay)
-                sets.append(("next_attempt_at", due_sql, due_p))
+                changes["next_attempt_at"] = sql.db_now() + timedelta(seconds=delay)
             outcome = AttemptOutcome.EXPIRED
         else:
             to = S.UNCERTAIN
@@ -114,9 +106,9 @@ def sweep_expired_leases(*, batch: int = 500, report: SweepReport | None = None)
             to,
             reason,
             report,
-            sets=sets,
-            attempt_update=[("outcome", "%s", [outcome]), ("finished_at", sql.now(), [])],
-            extra_where=f"lease_expires_at < {sql.now()}",
+            changes=changes,
+            attempt_changes={"outcome": outcome, "finished_at": Now()},
+            guard=Q(lease_expires_at__lt=Now()),
             also=_review_alert if to == S.REVIEW else None,
         )
     return report
@@ -126,22 +118,27 @@ def sweep_expired_leases(*, batch: int = 500, report: SweepReport | None = None)
 
 
 def _take_uncertain(batch: int) -> list[int]:
-    """Take uncertain rows under a short reconciliation lease (one guarded UPDATE)."""
-    lease_sql, lease_p = sql.now_plus(_cfg("RECONCILE_LEASE_SECONDS"))
-    skip_locked = " FOR UPDATE SKIP LOCKED" if sql.is_postgres() else ""
-    free = f"(reconcile_until IS NULL OR reconcile_until < {sql.now()})"
-    return _ids(
-        f"UPDATE ledger_operation SET reconcile_until = {lease_sql} WHERE id IN ("
-        f"SELECT id FROM ledger_operation WHERE status = %s AND {free} ORDER BY updated_at LIMIT %s{skip_locked})"
-        f" AND status = %s AND {free} RETURNING id",
-        [*lease_p, S.UNCERTAIN, batch, S.UNCERTAIN],
-    )
+    """Take uncertain rows under a short reconciliation lease, so a second sweeper (another
+    node, a manual run) passes them over: read with SKIP LOCKED, set in the same transaction."""
+    free = Q(status=S.UNCERTAIN) & (Q(reconcile_until__isnull=True) | Q(reconcile_until__lt=Now()))
+    until = sql.db_now() + timedelta(seconds=_cfg("RECONCILE_LEASE_SECONDS"))
+    with transaction.atomic():
+        ids = list(
+            Operation.objects.select_for_update(skip_locked=True)
+            .filter(free)
+            .order_by("updated_at")
+            .values_list("id", flat=True)[:batch]
+        )
+        Operation.objects.filter(free, pk__in=ids).update(reconcile_until=until)
+    return ids
 
 
 def _release(op_id: int, *, lookup_failed: bool = False) -> None:
-    extra = ", lookup_failures = lookup_failures + 1" if lookup_failed else ""
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE ledger_operation SET reconcile_until = NULL{extra} WHERE id = %s", [op_id])
+    """The reconciliation lease ends; a failed lookup is counted."""
+    changes: Changes = {"reconcile_until": None}
+    if lookup_failed:
+        changes["lookup_failures"] = F("lookup_failures") + 1
+    Operation.objects.filter(pk=op_id).update(**changes)
 
 
 def _review_alert(op: Operation) -> None:
@@ -161,14 +158,14 @@ def reconcile_uncertain(
     *, batch: int = 100, report: SweepReport | None = None, client: httpx.Client | None = None
 ) -> SweepReport:
     report = report or SweepReport()
-    clear: Sets = [("reconcile_until", "NULL", [])]
+    clear: Changes = {"reconcile_until": None}
     for op_id in _take_uncertain(batch):
         op = Operation.objects.select_related("provider").filter(pk=op_id, status=S.UNCERTAIN).first()
         if op is None:
             continue
         provider = op.provider
         if provider is None:
-            _move(op, S.REVIEW, "no provider to reconcile with", report, sets=clear, also=_review_alert)
+            _move(op, S.REVIEW, "no provider to reconcile with", report, changes=clear, also=_review_alert)
             continue
         if provider.idempotency_class == IdempotencyClass.KEY_ADVISORY:
             # Nothing at the receiver stops a second effect: a human decides, never a re-send.
@@ -177,7 +174,7 @@ def reconcile_uncertain(
                 S.REVIEW,
                 "key-advisory provider: outcome unknown, not re-sent",
                 report,
-                sets=clear,
+                changes=clear,
                 also=_review_alert,
             )
             continue
@@ -188,7 +185,7 @@ def reconcile_uncertain(
         ttl_reason = "past the provider's key TTL: a re-issue could act twice"
         if not provider.lookup_path:
             if ttl_passed:
-                _move(op, S.REVIEW, ttl_reason, report, sets=clear, also=_review_alert)
+                _move(op, S.REVIEW, ttl_reason, report, changes=clear, also=_review_alert)
             elif op.mode == OperationMode.EXECUTE:
                 # Key-enforced: re-issuing with the same key is safe; the worker does it.
                 _move(
@@ -196,10 +193,10 @@ def reconcile_uncertain(
                     S.RETRY_WAIT,
                     "key-enforced, no lookup: re-issue with the same key",
                     report,
-                    sets=[*clear, ("next_attempt_at", sql.now(), [])],
+                    changes={**clear, "next_attempt_at": Now()},
                 )
             else:
-                _move(op, S.REVIEW, "guard mode, provider has no lookup", report, sets=clear, also=_review_alert)
+                _move(op, S.REVIEW, "guard mode, provider has no lookup", report, changes=clear, also=_review_alert)
             continue
         result = provider_lookup(provider=provider, operation=op, client=client)
         if result.outcome == LookupOutcome.UNKNOWN:
@@ -207,7 +204,7 @@ def reconcile_uncertain(
             if op.lookup_failures + 1 >= _cfg("LOOKUP_FAILURE_LIMIT"):
                 _release(op.pk, lookup_failed=True)
                 op.refresh_from_db()
-                _move(op, S.REVIEW, f"lookups keep failing ({result.error})", report, sets=clear, also=_review_alert)
+                _move(op, S.REVIEW, f"lookups keep failing ({result.error})", report, changes=clear, also=_review_alert)
             else:
                 _release(op.pk, lookup_failed=True)
             log.info("sweeper_lookup_unknown key=%s error=%s", op.key, result.error)
@@ -219,17 +216,14 @@ def reconcile_uncertain(
                     S.SUCCEEDED,
                     f"found at provider ({result.status_value or 'ok'})",
                     report,
-                    sets=[
-                        *clear,
-                        ("provider_ref", "%s", [result.provider_ref[:255]]),
-                        ("response_status", "%s", [200]),
-                        ("response_body", sql.json_param(), [sql.dumps(seal_json(result.body))]),
-                        ("lease_expires_at", "NULL", []),
-                    ],
-                    attempt_update=[
-                        ("outcome", "%s", [AttemptOutcome.SUCCEEDED]),
-                        ("provider_ref", "%s", [result.provider_ref[:255]]),
-                    ],
+                    changes={
+                        **clear,
+                        "provider_ref": result.provider_ref[:255],
+                        "response_status": 200,
+                        "response_body": seal_json(result.body),
+                        "lease_expires_at": None,
+                    },
+                    attempt_changes={"outcome": AttemptOutcome.SUCCEEDED, "provider_ref": result.provider_ref[:255]},
                 )
             else:
                 _move(
@@ -237,13 +231,13 @@ def reconcile_uncertain(
                     S.FAILED,
                     f"provider reports status {result.status_value!r}",
                     report,
-                    sets=[
-                        *clear,
-                        ("provider_ref", "%s", [result.provider_ref[:255]]),
-                        ("error_class", "%s", [ErrorClass.INVALID_INPUT]),
-                        ("last_error", "%s", [f"provider reports status {result.status_value}"[:500]]),
-                        ("response_body", sql.json_param(), [sql.dumps(seal_json(result.body))]),
-                    ],
+                    changes={
+                        **clear,
+                        "provider_ref": result.provider_ref[:255],
+                        "error_class": ErrorClass.INVALID_INPUT,
+                        "last_error": f"provider reports status {result.status_value}"[:500],
+                        "response_body": seal_json(result.body),
+                    },
                     also=_mark_ambiguous_attempts(AttemptOutcome.FAILED),
                 )
             continue
@@ -254,7 +248,7 @@ def reconcile_uncertain(
             report.add("not_found_settling")
             continue
         if ttl_passed:
-            _move(op, S.REVIEW, ttl_reason, report, sets=clear, also=_review_alert)
+            _move(op, S.REVIEW, ttl_reason, report, changes=clear, also=_review_alert)
             continue
         counted = op.attempts - op.throttled_attempts
         if counted >= op.max_attempts or (op.expires_at and now > op.expires_at):
@@ -263,11 +257,11 @@ def reconcile_uncertain(
                 S.FAILED,
                 "not found at provider; attempts or lifetime exhausted",
                 report,
-                sets=[
-                    *clear,
-                    ("error_class", "%s", [ErrorClass.TRANSIENT]),
-                    ("last_error", "%s", ["not found at provider after the last attempt"]),
-                ],
+                changes={
+                    **clear,
+                    "error_class": ErrorClass.TRANSIENT,
+                    "last_error": "not found at provider after the last attempt",
+                },
                 also=_mark_ambiguous_attempts(AttemptOutcome.NOT_FOUND),
             )
         else:
@@ -276,7 +270,7 @@ def reconcile_uncertain(
                 S.RETRY_WAIT,
                 "not found at provider: re-issue with the same key",
                 report,
-                sets=[*clear, ("next_attempt_at", sql.now(), [])],
+                changes={**clear, "next_attempt_at": Now()},
                 also=_mark_ambiguous_attempts(AttemptOutcome.NOT_FOUND),
             )
     return report
@@ -288,18 +282,16 @@ def reconcile_uncertain(
 def expire_abandoned_retries(*, batch: int = 500, report: SweepReport | None = None) -> SweepReport:
     """Guard-mode retry_wait past its lifetime: the caller is not coming back → failed + DLQ."""
     report = report or SweepReport()
-    ids = _ids(
-        f"SELECT id FROM ledger_operation WHERE status = %s AND mode = %s AND expires_at < {sql.now()} LIMIT %s",
-        [S.RETRY_WAIT, OperationMode.GUARD, batch],
-    )
+    ended = Q(status=S.RETRY_WAIT, mode=OperationMode.GUARD, expires_at__lt=Now())
+    ids = list(Operation.objects.filter(ended).values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.RETRY_WAIT):
         _move(
             op,
             S.FAILED,
             "lifetime ended while waiting for a retry",
             report,
-            sets=[("error_class", "%s", [op.error_class or ErrorClass.TRANSIENT])],
-            extra_where=f"expires_at < {sql.now()}",
+            changes={"error_class": op.error_class or ErrorClass.TRANSIENT},
+            guard=Q(expires_at__lt=Now()),
         )
     return report
 
@@ -307,18 +299,18 @@ def expire_abandoned_retries(*, batch: int = 500, report: SweepReport | None = N
 def alert_stuck(*, batch: int = 500, report: SweepReport | None = None) -> SweepReport:
     """Open rows older than the threshold: one alert per row, ever (alerted_at)."""
     report = report or SweepReport()
-    cutoff_sql, cutoff_p = sql.now_plus(-_cfg("STUCK_ALERT_SECONDS"))
+    cutoff = sql.db_now() - timedelta(seconds=_cfg("STUCK_ALERT_SECONDS"))
     ids: list[int] = []
-    # One statement per partial index (claimed; uncertain+review): an IN over all three
-    # states matches neither index's predicate and scans the whole table.
+    # One query per partial index (claimed; uncertain+review): an IN over all three states
+    # matches neither index's predicate and scans the whole table.
     for states in ([S.CLAIMED], [S.UNCERTAIN, S.REVIEW]):
-        marks = ", ".join(["%s"] * len(states))
-        ids += _ids(
-            f"UPDATE ledger_operation SET alerted_at = {sql.now()} WHERE id IN (SELECT id FROM ledger_operation"
-            f" WHERE status IN ({marks}) AND updated_at < {cutoff_sql} AND alerted_at IS NULL LIMIT %s)"
-            " AND alerted_at IS NULL RETURNING id",
-            [*states, *cutoff_p, batch],
-        )
+        stuck = Q(status__in=states, updated_at__lt=cutoff, alerted_at__isnull=True)
+        with transaction.atomic():
+            found = list(
+                Operation.objects.select_for_update(skip_locked=True).filter(stuck).values_list("id", flat=True)[:batch]
+            )
+            Operation.objects.filter(stuck, pk__in=found).update(alerted_at=Now())
+        ids += found
     for op in Operation.objects.filter(pk__in=ids).only("id", "tenant_id", "key", "status"):
         hooks.alert_raised.send(
             tenant_id=op.tenant_id,

@@ -25,7 +25,7 @@ import httpx
 from django.db import close_old_connections, connections
 
 from ledger import adapters
-from ledger.execute import ProviderCache, operation_execute, operations_take
+from ledger.execute import operation_execute, operations_take
 from ledger.models import Operation
 
 log = logging.getLogger("onceguard.worker")
@@ -57,7 +57,6 @@ class Worker:
         self._cond = threading.Condition()
         self._local = threading.local()
         self._clients: list[httpx.Client] = []
-        self._cache = ProviderCache()
 
     # -- per-thread resources --------------------------------------------------------------
 
@@ -72,7 +71,7 @@ class Worker:
 
     def _run_one(self, op: Operation) -> None:
         try:
-            recorded = operation_execute(operation=op, client=self._client(), actor=self.name, cache=self._cache)
+            recorded = operation_execute(operation=op, client=self._client(), actor=self.name)
             with self._cond:
                 self.stats.finished += 1
                 status = recorded.status if recorded is not None else "refused"

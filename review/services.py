@@ -6,8 +6,8 @@ import logging
 from typing import Any
 
 from django.db import transaction
+from django.db.models.functions import Now
 
-from ledger import sql
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
 from ledger.models import AttemptOutcome, Operation, OperationStatus
 from ledger.services import operation_transition
@@ -54,18 +54,18 @@ def review_decision_record(
         raise OperationNotFound("No such operation.")
     if op.status != S.REVIEW:
         raise ReviewNotOpen(f"The operation is {op.status}, not waiting for review.", extra={"status": op.status})
-    sets: list[tuple[str, str, list[Any]]] = [("reconcile_until", "NULL", []), ("lease_expires_at", "NULL", [])]
+    changes: dict[str, Any] = {"reconcile_until": None, "lease_expires_at": None}
     attempt_outcome: str | None = None
     if decision == ReviewDecision.CONFIRM_SUCCEEDED:
-        sets += [("provider_ref", "%s", [provider_ref[:255]])]
+        changes["provider_ref"] = provider_ref[:255]
         attempt_outcome = AttemptOutcome.SUCCEEDED
     elif decision == ReviewDecision.SAFE_TO_RETRY:
-        sets += [("next_attempt_at", sql.now(), []), ("lookup_failures", "0", [])]
+        changes.update(next_attempt_at=Now(), lookup_failures=0)
         attempt_outcome = AttemptOutcome.NOT_FOUND
     reason = f"{decision}: {note}"
     try:
         with transaction.atomic():
-            moved = operation_transition(operation=op, to=_TARGET[decision], actor=actor, reason=reason, sets=sets)
+            moved = operation_transition(operation=op, to=_TARGET[decision], actor=actor, reason=reason, changes=changes)
             if attempt_outcome is not None:
                 # The reviewer's decision resolves every attempt that was left unknown.
                 moved.attempt_set.filter(outcome__in=[AttemptOutcome.AMBIGUOUS, AttemptOutcome.PENDING]).update(

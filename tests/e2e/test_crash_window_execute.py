@@ -31,10 +31,10 @@ def stack(request: Any, tenant: Any) -> Iterator[Stack]:
 
 @pytest.fixture(autouse=True)
 def _forget_caches() -> Iterator[None]:
-    from ledger import execute, selectors
+    from ledger import caching, selectors
 
     selectors._PROVIDER_SLUGS.clear()
-    execute._default_cache._rows.clear()
+    caching.clear_all()
     yield
 
 

@@ -18,13 +18,13 @@ from tests.support.fixtures import *  # noqa: F403
 @pytest.fixture(autouse=True)
 def _forget_caches() -> Iterator[None]:
     # Per-process caches keyed by id; test databases reuse ids.
-    from ledger import execute
+    from ledger import caching
 
     selectors._PROVIDER_SLUGS.clear()
-    execute._default_cache._rows.clear()
+    caching.clear_all()
     yield
     selectors._PROVIDER_SLUGS.clear()
-    execute._default_cache._rows.clear()
+    caching.clear_all()
 
 
 def configure_provider(

@@ -1,0 +1,200 @@
+-- The ledger's hot statements: one per transition, read top to bottom.
+--
+-- Each block starts with `-- name: <statement> --` and is loaded once per process by
+-- ledger/statements.py. Parameters are named; every value is a parameter, so the text never
+-- changes and PostgreSQL prepares each statement after a few uses. The same text serves
+-- PostgreSQL and SQLite; the loader rewrites three spellings for the database in use:
+--   now()                      the database's clock (SQLite: strftime(..., 'now'), the clock of
+--                              this process, which is where the embedded database runs)
+--   ledger_now_plus(<param>)   now() plus a number of seconds; NULL for NULL
+--   {claimed}, {queued}, …     a declared OperationStatus (or {attempt_…} AttemptOutcome) value
+--                              as a checked SQL literal: a partial index on a state can only
+--                              serve a statement whose state the planner sees
+-- Every guard sits in the WHERE clause: a statement that matches no row means someone else
+-- moved the row first, and the service raises a named error; nothing is ever overwritten.
+-- The event row of a move is written by `event_insert` in the same transaction (services).
+
+
+-- name: operation_insert --
+-- A new key becomes one operation: claimed (guard mode, with its lease) or queued (execute
+-- mode). Nothing is inserted when the key is taken (the caller then answers for the existing
+-- row) or when retention deleted its operation and left a tombstone, which keeps answering
+-- late retries: a deleted key is never executed again.
+INSERT INTO ledger_operation (
+    tenant_id, key, mode, status, provider_id, action, fingerprint,
+    request, payload, search_fields,
+    attempts, throttled_attempts, max_attempts,
+    claimed_at, lease_expires_at, lease_token, sent_at, uses_sent_marker,
+    next_attempt_at, deadline, expires_at,
+    last_error, error_class, provider_ref, response_status, response_body,
+    reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,
+    lookup_failures, request_bytes, cost, callback_url,
+    created_at, updated_at
+)
+SELECT
+    %(tenant_id)s, CAST(%(key)s AS varchar), %(mode)s, %(status)s, %(provider_id)s, %(action)s, %(fingerprint)s,
+    %(request)s, %(payload)s, %(search_fields)s,
+    %(attempts)s, 0, %(max_attempts)s,
+    CASE WHEN %(claimed)s THEN now() END,
+    ledger_now_plus(%(lease_seconds)s),
+    %(lease_token)s,
+    CASE WHEN %(mark_sent)s THEN now() END,
+    %(uses_sent_marker)s,
+    CASE WHEN %(queued)s THEN now() END,
+    ledger_now_plus(%(deadline_seconds)s),
+    ledger_now_plus(%(lifetime_seconds)s),
+    '', '', '', NULL, NULL,
+    %(reconciliation_handle)s, %(execution_id)s, %(workflow_id)s, %(workflow_version)s, %(correlation_id)s,
+    0, %(request_bytes)s, %(cost)s, %(callback_url)s,
+    now(), now()
+-- (The key is written twice as CAST(… AS varchar): a parameter used in two places must be
+-- of one type on PostgreSQL.)
+WHERE NOT EXISTS (SELECT 1 FROM ledger_tombstone WHERE tenant_id = %(tenant_id)s AND key = CAST(%(key)s AS varchar))
+ON CONFLICT (tenant_id, key) DO NOTHING
+RETURNING *;
+
+
+-- name: operation_by_key --
+-- The row that holds a key (the unique (tenant, key) index).
+SELECT * FROM ledger_operation WHERE tenant_id = %(tenant_id)s AND key = %(key)s;
+
+
+-- name: operation_reclaim --
+-- retry_wait → claimed: a due retry of a guard-mode key, taken by the caller that claims the
+-- key again. A new lease token fences out every earlier holder; the lifetime still counts.
+UPDATE ledger_operation SET
+    status = {claimed},
+    attempts = attempts + 1,
+    lease_token = %(lease_token)s,
+    claimed_at = now(),
+    lease_expires_at = ledger_now_plus(%(lease_seconds)s),
+    sent_at = CASE WHEN %(mark_sent)s THEN now() END,
+    uses_sent_marker = (uses_sent_marker OR %(mark_sent)s),
+    next_attempt_at = NULL,
+    execution_id = COALESCE(NULLIF(%(execution_id)s, ''), execution_id),
+    updated_at = now()
+WHERE id = %(id)s AND status = {retry_wait}
+  AND next_attempt_at <= now()
+  AND (expires_at IS NULL OR expires_at > now())
+RETURNING *;
+
+
+-- name: operation_take --
+-- queued|retry_wait → claimed by an execute-mode worker (the row was selected and locked by
+-- the take's SKIP LOCKED read in the same transaction). The sent marker is written with the
+-- take, since the worker sends right after; a row past its deadline or lifetime is taken
+-- without it, to be failed instead of sent.
+UPDATE ledger_operation SET
+    status = {claimed},
+    attempts = attempts + 1,
+    lease_token = %(lease_token)s,
+    claimed_at = now(),
+    lease_expires_at = ledger_now_plus(%(lease_seconds)s),
+    sent_at = CASE WHEN %(past_deadline)s THEN NULL ELSE now() END,
+    uses_sent_marker = TRUE,
+    next_attempt_at = NULL,
+    updated_at = now()
+WHERE id = %(id)s AND status = %(from_status)s
+RETURNING *;
+
+
+-- name: operation_mark_sent --
+-- claimed → claimed with the sent marker: from now on a crash means "possibly sent". Only the
+-- current holder, and only while its lease runs: a holder must not start an effect it may no
+-- longer own.
+UPDATE ledger_operation SET
+    sent_at = COALESCE(sent_at, now()),
+    reconciliation_handle = COALESCE(NULLIF(%(reconciliation_handle)s, ''), reconciliation_handle),
+    updated_at = now()
+WHERE id = %(id)s AND status = {claimed} AND lease_token = %(lease_token)s
+  AND lease_expires_at > now()
+  AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)
+RETURNING *;
+
+
+-- name: operation_heartbeat --
+-- A live holder extends its lease. Not a transition: no event row.
+UPDATE ledger_operation SET
+    lease_expires_at = ledger_now_plus(%(lease_seconds)s),
+    updated_at = now()
+WHERE id = %(id)s AND status = {claimed} AND lease_token = %(lease_token)s
+  AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)
+RETURNING *;
+
+
+-- name: operation_complete --
+-- claimed|uncertain|review → succeeded, by the latest attempt's token only: the latest
+-- holder's result is the best evidence there is, also after the sweeper moved the row on.
+-- Run once per source state (claimed first), so the event knows the state it left.
+UPDATE ledger_operation SET
+    status = {succeeded},
+    provider_ref = %(provider_ref)s,
+    response_status = %(response_status)s,
+    response_body = %(response_body)s,
+    lease_expires_at = NULL,
+    error_class = '',
+    done_at = now(),
+    updated_at = now()
+WHERE id = %(id)s AND status = %(from_status)s AND lease_token = %(lease_token)s
+  AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)
+RETURNING *;
+
+
+-- name: operation_fail --
+-- The latest holder's failure, moved to the state the failure table chose (services decide
+-- it under a row lock): retry_wait (with its due time), uncertain, review or failed.
+UPDATE ledger_operation SET
+    status = %(to_status)s,
+    error_class = %(error_class)s,
+    last_error = %(message)s,
+    lease_expires_at = NULL,
+    response_status = CASE WHEN %(keep_response)s THEN response_status ELSE %(response_status)s END,
+    response_body = CASE WHEN %(keep_response)s THEN response_body ELSE %(response_body)s END,
+    throttled_attempts = throttled_attempts + %(throttled)s,
+    next_attempt_at = ledger_now_plus(%(retry_in_seconds)s),
+    done_at = CASE WHEN %(terminal)s THEN now() ELSE done_at END,
+    updated_at = now()
+WHERE id = %(id)s AND status = %(from_status)s AND lease_token = %(lease_token)s
+RETURNING *;
+
+
+-- name: attempt_open --
+-- The attempt a claim, reclaim or take opened, numbered and leased as its operation.
+INSERT INTO ledger_attempt (
+    operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
+    outcome, error_class, message, provider_ref, execution_id
+)
+SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
+       {attempt_pending}, '', '', '', execution_id
+FROM ledger_operation WHERE id = %(operation_id)s;
+
+
+-- name: attempt_mark_sent --
+UPDATE ledger_attempt SET sent_at = COALESCE(sent_at, now())
+WHERE operation_id = %(operation_id)s AND number = %(number)s;
+
+
+-- name: attempt_succeed --
+UPDATE ledger_attempt SET
+    outcome = {attempt_succeeded},
+    finished_at = now(),
+    provider_ref = %(provider_ref)s,
+    response_status = %(response_status)s
+WHERE operation_id = %(operation_id)s AND number = %(number)s;
+
+
+-- name: attempt_finish --
+-- A failed attempt's outcome and evidence.
+UPDATE ledger_attempt SET
+    outcome = %(outcome)s,
+    finished_at = COALESCE(finished_at, now()),
+    error_class = %(error_class)s,
+    message = %(message)s,
+    response_status = %(response_status)s
+WHERE operation_id = %(operation_id)s AND number = %(number)s;
+
+
+-- name: event_insert --
+-- Every transition's trace, in the same transaction as the move (append-only).
+INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)
+VALUES (%(operation_id)s, %(from_status)s, %(to_status)s, %(actor)s, %(reason)s, %(attempt)s, now());

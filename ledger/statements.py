@@ -1,0 +1,96 @@
+"""The ledger's named statements (``ledger/queries.sql``) and the one way they are run.
+
+The hot transitions are static SQL with named parameters, the way procrastinate keeps
+``queries.sql``: a newcomer reads the whole protocol in one file. This module only loads
+that file (once per process and database kind) and runs a statement by name through
+Django's cursor, so every statement joins the caller's transaction, raises Django's errors
+and is seen by query observers. Rows that are operations come back as ``Operation``
+instances through ``Manager.raw`` (Django maps the columns by name and applies each field's
+converters), never built by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from ledger.models import AttemptOutcome, Operation, OperationStatus
+
+QUERIES = Path(__file__).with_name("queries.sql")
+
+_NAME = re.compile(r"^-- name: (\w+) --$", re.MULTILINE)
+_LITERAL = re.compile(r"\{(\w+)\}")
+_NOW_PLUS = re.compile(r"ledger_now_plus\((%\(\w+\)s)\)")
+
+# How the loader spells the database's clock, per database kind. Literal percent signs are
+# doubled: every statement runs with a parameter mapping.
+_SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+_NOW_PLUS_SQL = {
+    # A NULL parameter gives NULL (no deadline); the CAST gives an untyped NULL its type.
+    "postgresql": r"(now() + CAST(\1 AS double precision) * interval '1 second')",
+    # SQLite's date modifiers take "<n> seconds"; NULL || text is NULL, and so is the result.
+    "sqlite": r"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', \1 || ' seconds')",
+}
+
+
+def _literals() -> dict[str, str]:
+    values = {state.value: f"'{state.value}'" for state in OperationStatus}
+    values.update({f"attempt_{outcome.value}": f"'{outcome.value}'" for outcome in AttemptOutcome})
+    return values
+
+
+def parse(text: str, *, vendor: str) -> dict[str, str]:
+    """Split ``queries.sql`` into named statements, spelled for ``vendor``."""
+    literals = _literals()
+    parts = _NAME.split(text)
+    statements: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [line for line in body.strip().splitlines() if not line.lstrip().startswith("--")]
+        sql = "\n".join(lines).strip().rstrip(";")
+
+        def literal(match: re.Match[str], name: str = name) -> str:
+            if match.group(1) not in literals:
+                raise ValueError(f"{name}: {{{match.group(1)}}} is not a declared state or outcome")
+            return literals[match.group(1)]
+
+        sql = _LITERAL.sub(literal, sql)
+        sql = _NOW_PLUS.sub(_NOW_PLUS_SQL[vendor], sql)
+        if vendor == "sqlite":
+            sql = sql.replace("now()", _SQLITE_NOW)
+        if name in statements:
+            raise ValueError(f"statement {name!r} is declared twice")
+        statements[name] = sql
+    return statements
+
+
+@functools.lru_cache(maxsize=4)
+def _statements(vendor: str) -> dict[str, str]:
+    return parse(QUERIES.read_text(encoding="utf-8"), vendor=vendor)
+
+
+def text(name: str) -> str:
+    """The statement ``name`` as it runs on the default database."""
+    return _statements(connection.vendor)[name]
+
+
+def execute(name: str, params: dict[str, Any]) -> int:
+    """Run a statement that returns no operation; the number of rows it touched."""
+    with connection.cursor() as cursor:
+        cursor.execute(text(name), params)
+        return cursor.rowcount
+
+
+def operations(name: str, params: dict[str, Any]) -> list[Operation]:
+    """Run a statement whose rows are operations (``RETURNING *`` or ``SELECT *``)."""
+    # list(): a RawQuerySet runs its statement again each time it is iterated.
+    return list(Operation.objects.raw(text(name), params))
+
+
+def operation(name: str, params: dict[str, Any]) -> Operation | None:
+    """The one operation a statement returns, or None when its guard matched nothing."""
+    rows = operations(name, params)
+    return rows[0] if rows else None
