@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_q",
     "ledger",
+    "alerts",
     "dlq",
     "review",
     "relay",

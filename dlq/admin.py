@@ -25,9 +25,6 @@ from django.utils.html import format_html
 from dlq import selectors, services
 from dlq.conf import dlq_setting
 from dlq.models import (
-    Alert,
-    AlertChannel,
-    AlertDelivery,
     BulkReplay,
     FailedEvent,
     FailedEventChange,
@@ -544,25 +541,3 @@ class ReplayTargetAdmin(admin.ModelAdmin):
     list_display = ["slug", "tenant", "url", "idempotency_header", "is_default", "auto_replay", "active"]
     list_filter = ["is_default", "auto_replay", "active"]
     search_fields = ["slug", "url"]
-
-
-@admin.register(AlertChannel)
-class AlertChannelAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "kind", "active", "digest_threshold", "max_messages_per_window"]
-    list_filter = ["kind", "active"]
-    exclude = ["cursor_alert_id"]
-
-
-@admin.register(Alert)
-class AlertAdmin(ReadOnlyAdmin):
-    list_display = ["id", "tenant", "kind", "ref", "summary", "repeat_count", "created_at"]
-    list_filter = ["kind"]
-    ordering = ["-id"]
-    show_full_result_count = False
-
-
-@admin.register(AlertDelivery)
-class AlertDeliveryAdmin(ReadOnlyAdmin):
-    list_display = ["id", "channel", "status", "digest", "alert_count", "attempts", "last_error", "sent_at"]
-    list_filter = ["status", "digest"]
-    ordering = ["-id"]

@@ -8,10 +8,8 @@ class DlqConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at module level: an AppConfig module is imported before the
         # models are loaded, and these modules import models.
-        from dlq.alerts import alert_raise
         from dlq.services import failed_event_record_for_operation, replay_settle_for_operation
         from ledger import hooks
 
-        hooks.alert_raised.connect(alert_raise)
         hooks.operation_failed.connect(failed_event_record_for_operation)
         hooks.operation_finished.connect(replay_settle_for_operation)

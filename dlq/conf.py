@@ -58,13 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "REPLAYING_STALE_SECONDS": 300,
     # Response bodies of replay targets are kept up to this many bytes.
     "RESPONSE_KEEP_BYTES": 16 * 1024,
-    # Alerts: same (kind, ref) within this window counts as the same alert.
-    "ALERT_DEDUP_SECONDS": 3600,
-    # Delivery retries: attempts and the first delay (doubling).
-    "ALERT_MAX_ATTEMPTS": 5,
-    "ALERT_RETRY_BASE_SECONDS": 30,
-    # Alert messages link here (`/admin/...`).
-    "CONSOLE_BASE_URL": "http://127.0.0.1:8000",
+    # (Alert settings live in alerts.conf.)
 }
 
 

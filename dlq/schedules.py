@@ -7,7 +7,6 @@ from typing import Any
 # name → (function, minutes between runs)
 SCHEDULES: dict[str, tuple[str, int]] = {
     "dlq: automatic replay of transient failures": ("dlq.tasks.auto_replay_task", 1),
-    "dlq: alert flush and retries": ("dlq.tasks.alerts_flush_task", 1),
     "dlq: settle interrupted replays": ("dlq.tasks.replays_recover_task", 5),
 }
 

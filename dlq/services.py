@@ -26,8 +26,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from alerts.services import alert_raise
 from dlq import selectors
-from dlq.alerts import alert_raise
 from dlq.conf import dlq_setting
 from dlq.errors import (
     BulkReplayNotConfirmable,
@@ -45,7 +45,6 @@ from dlq.errors import (
 from dlq.models import (
     FE_ALLOWED_TRANSITIONS,
     FE_TERMINAL_STATES,
-    AlertChannel,
     BulkReplay,
     BulkReplayStatus,
     FailedEvent,
@@ -61,6 +60,7 @@ from dlq.models import (
 from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
 from ledger import services as ledger_services
+from ledger import tasks
 from ledger.errors import DomainError, IllegalTransition, InvalidKey
 from ledger.models import TERMINAL_STATES, ErrorClass, Operation, OperationStatus, Tenant
 from ledger.search import search_values
@@ -754,9 +754,7 @@ def bulk_replay_confirm(
 
 
 def _enqueue_bulk(bulk_id: int) -> None:
-    from dlq.tasks import enqueue
-
-    enqueue("dlq.tasks.bulk_replay_run_task", bulk_id)
+    tasks.enqueue("dlq.tasks.bulk_replay_run_task", bulk_id)
 
 
 def bulk_replay_run(*, bulk_id: int, budget_seconds: float | None = None) -> BulkReplay | None:
@@ -950,14 +948,3 @@ def event_too_large(length: int) -> EventTooLarge | None:
     if length > limit:
         return EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit})
     return None
-
-
-def alert_channel_upsert(
-    *, tenant: Tenant, name: str, kind: str, url: str, kinds: list[str] | None = None
-) -> AlertChannel:
-    """Create or update a tenant's alert channel (Slack, Discord or generic webhook)."""
-    defaults: dict[str, Any] = {"kind": kind, "url": url}
-    if kinds is not None:
-        defaults["kinds"] = kinds
-    channel, _ = AlertChannel.objects.update_or_create(tenant=tenant, name=name, defaults=defaults)
-    return channel

@@ -29,7 +29,7 @@ from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from dlq.alerts import alert_raise
+from alerts.services import alert_raise
 from dlq.errors import FailedEventBusy, FailedEventClosed
 from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import failed_event_discard

@@ -14,7 +14,7 @@ from typing import Any
 OPERATOR, REVIEWER, AUDITOR, ADMIN = "operator", "reviewer", "auditor", "admin"
 ROLES = (OPERATOR, REVIEWER, AUDITOR, ADMIN)
 
-CONSOLE_APPS = ("ledger", "dlq", "review")
+CONSOLE_APPS = ("ledger", "alerts", "dlq", "review")
 
 # The ledger's history tables and the access log are never changed by hand (DESIGN §6);
 # their admins refuse it anyway, and no role is even granted the permission.
@@ -36,6 +36,7 @@ _READ_LEDGER = [
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     OPERATOR: [
         *_READ_LEDGER,
+        "alerts.view_*",
         "dlq.view_*",
         "dlq.replay_failedevent",
         "dlq.resolve_failedevent",
@@ -48,6 +49,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     REVIEWER: [*_READ_LEDGER, "review.view_reviewitem", "review.decide_reviewitem"],
     AUDITOR: [
         "ledger.view_*",
+        "alerts.view_*",
         "dlq.view_*",
         "review.view_*",
         "review.export_data",
@@ -57,6 +59,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     # users and their tenant memberships are a superuser's (users are not tenant-scoped).
     ADMIN: [
         "ledger.view_*",
+        "alerts.view_*",
         "dlq.view_*",
         "review.view_*",
         "ledger.add_provider",
@@ -66,7 +69,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "dlq.replay_failedevent",
         "dlq.resolve_failedevent",
         "dlq.*_replaytarget",
-        "dlq.*_alertchannel",
+        "alerts.*_alertchannel",
         "dlq.add_bulkreplay",
         "dlq.change_bulkreplay",
         "review.decide_reviewitem",

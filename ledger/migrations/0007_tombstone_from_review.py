@@ -3,11 +3,25 @@
 The table already exists (review.0002 made it as ``review_tombstone``): this migration
 takes the model into the ledger's state without touching the database, then renames the
 table to ``ledger_tombstone`` — a rename in place, so an existing database keeps its rows,
-constraint and index. review.0005 drops the model from review's state.
+constraint and index — and moves its content type (permissions follow the model).
+review.0005 drops the model from review's state.
 """
 
 import django.db.models.deletion
 from django.db import migrations, models
+
+
+def move_content_type(apps, schema_editor):
+    # Granted permissions and admin log entries follow the model.
+    content_type = apps.get_model("contenttypes", "ContentType")
+    if not content_type.objects.filter(app_label="ledger", model="tombstone").exists():
+        content_type.objects.filter(app_label="review", model="tombstone").update(app_label="ledger")
+
+
+def return_content_type(apps, schema_editor):
+    content_type = apps.get_model("contenttypes", "ContentType")
+    if not content_type.objects.filter(app_label="review", model="tombstone").exists():
+        content_type.objects.filter(app_label="ledger", model="tombstone").update(app_label="review")
 
 
 class Migration(migrations.Migration):
@@ -15,6 +29,7 @@ class Migration(migrations.Migration):
         ("ledger", "0006_counters_without_check_constraints"),
         # The table this migration adopts is created and last altered there.
         ("review", "0004_tombstone_tenant_index_covered_by_unique_key"),
+        ("contenttypes", "0002_remove_content_type_name"),
     ]
 
     operations = [
@@ -61,4 +76,5 @@ class Migration(migrations.Migration):
             ],
         ),
         migrations.AlterModelTable(name="tombstone", table="ledger_tombstone"),
+        migrations.RunPython(move_content_type, return_content_type),
     ]

@@ -11,8 +11,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from alerts.models import Alert
 from dlq.errors import FailedEventBusy
-from dlq.models import Alert, FailedEvent, FailedEventStatus
+from dlq.models import FailedEvent, FailedEventStatus
 from ledger import crypto, services
 from ledger.errors import KeyReusedWithDifferentRequest
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, Tombstone

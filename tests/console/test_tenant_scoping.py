@@ -11,9 +11,10 @@ from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
+from alerts.models import AlertDelivery
+from alerts.services import alert_channel_upsert, alert_raise
 from dlq import services as dlq_services
-from dlq.alerts import alert_raise
-from dlq.models import AlertDelivery, BulkReplay, FailedEvent, FailedEventAlias, Replay
+from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay
 from ledger import services
 from ledger.models import AdmissionRefusalCount, Attempt, Operation, OperationEvent, Tenant, Tombstone
 from review import privacy
@@ -46,9 +47,7 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     target = dlq_services.replay_target_upsert(
         tenant=tenant, slug=f"target-{tag}", url="http://127.0.0.1:9/hook", is_default=True
     )
-    channel = dlq_services.alert_channel_upsert(
-        tenant=tenant, name=f"chan-{tag}", kind="webhook", url="http://127.0.0.1:9/a"
-    )
+    channel = alert_channel_upsert(tenant=tenant, name=f"chan-{tag}", kind="webhook", url="http://127.0.0.1:9/a")
     alert_raise(tenant_id=tenant.pk, kind="test", ref=f"ref-{tag}", summary="x")
     AlertDelivery.objects.create(channel=channel, alert_ids=[1], body={"text": "x"})
     BulkReplay.objects.create(
@@ -99,7 +98,9 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
 
 
 def _all_console_perms(user: User) -> None:
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label__in=["ledger", "dlq", "review"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label__in=["ledger", "alerts", "dlq", "review"])
+    )
 
 
 @pytest.fixture

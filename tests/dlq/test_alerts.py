@@ -13,11 +13,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from dlq import alerts
+from alerts import services as alerts
+from alerts.models import Alert, AlertChannel, AlertDelivery
+from alerts.tasks import alert_dispatch_task, alerts_flush_task
 from dlq import services as dlq_services
-from dlq.models import Alert, AlertChannel, AlertDelivery
-from dlq.tasks import alert_dispatch_task, alerts_flush_task
-from dlq.tasks import enqueue as real_enqueue  # bound before the autouse `enqueued` fixture stubs it
+from ledger.tasks import enqueue as real_enqueue  # bound before the autouse `enqueued` fixture stubs it
 from tests.dlq.conftest import example
 
 PERSONAL = ("Priya", "priya.raman", "+61412345678", "Raman", "2010", "home and contents")
@@ -30,7 +30,7 @@ LEAD = {
 
 
 def channel(tenant, kind, sink, **extra) -> AlertChannel:
-    made = dlq_services.alert_channel_upsert(tenant=tenant, name=kind, kind=kind, url=f"{sink.url}/hook", kinds=None)
+    made = alerts.alert_channel_upsert(tenant=tenant, name=kind, kind=kind, url=f"{sink.url}/hook", kinds=None)
     if extra:
         AlertChannel.objects.filter(pk=made.pk).update(**extra)
         made.refresh_from_db()
@@ -53,7 +53,7 @@ def assert_no_personal_data(text: str) -> None:
 
 @pytest.mark.django_db
 def test_slack_gets_text_with_ids_and_a_console_link_and_no_payload_text(client, tenant, sink, settings):
-    settings.ONCEGUARD_DLQ = {"CONSOLE_BASE_URL": "https://og.example.invalid"}
+    settings.ONCEGUARD_ALERTS = {"CONSOLE_BASE_URL": "https://og.example.invalid"}
     channel(tenant, "slack", sink)
     [event_id] = ingest(client)
     alert_dispatch_task(tenant.pk)
@@ -141,7 +141,7 @@ def test_the_same_alert_raised_twice_is_one_alert_and_one_dispatch(
         alerts.alert_raise(tenant_id=tenant.pk, kind="provider_paused", ref="stripe", summary="401 from provider")
     alert = Alert.objects.get()
     assert alert.repeat_count == 1
-    assert enqueued == [("dlq.tasks.alert_dispatch_task", tenant.pk)]
+    assert enqueued == [("alerts.tasks.alert_dispatch_task", tenant.pk)]
 
 
 @pytest.mark.django_db
@@ -166,7 +166,7 @@ def test_a_channel_only_gets_the_kinds_it_asked_for(client, tenant, sink):
 
 @pytest.mark.django_db
 def test_a_channel_answering_500_is_retried_with_backoff_then_given_up(client, tenant, sink, settings):
-    settings.ONCEGUARD_DLQ = {"ALERT_MAX_ATTEMPTS": 3, "ALERT_RETRY_BASE_SECONDS": 30}
+    settings.ONCEGUARD_ALERTS = {"MAX_ATTEMPTS": 3, "RETRY_BASE_SECONDS": 30}
     channel(tenant, "slack", sink)
     sink.mode, sink.status = "status", 500
     ingest(client)  # ingestion does not care
@@ -231,7 +231,7 @@ def test_ingestion_answers_201_when_the_channel_answers_500_and_delivery_runs_af
     """Delivery inline after commit (as django-q2's sync mode would): still 201, still stored."""
     channel(tenant, "slack", sink)
     sink.mode, sink.status = "status", 500
-    monkeypatch.setattr("dlq.tasks.enqueue", lambda func, *args: alert_dispatch_task(*args))
+    monkeypatch.setattr("ledger.tasks.enqueue", lambda func, *args: alert_dispatch_task(*args))
     response = client.post("/api/v1/dlq/events", LEAD | {"event_id": "x"}, format="json")
     assert response.status_code == 201
     assert len(sink.received()) == 1 and AlertDelivery.objects.get().status == "retrying"
@@ -243,7 +243,7 @@ def test_django_q2_runs_the_enqueued_dispatch_by_its_dotted_path(client, tenant,
     from django_q.conf import Conf
 
     monkeypatch.setattr(Conf, "SYNC", True)
-    monkeypatch.setattr("dlq.tasks.enqueue", real_enqueue)
+    monkeypatch.setattr("ledger.tasks.enqueue", real_enqueue)
     channel(tenant, "webhook", sink)
     [event_id] = ingest(client)
     assert [a["ref"] for a in sink.received()[0].json()["alerts"]] == [str(event_id)]

@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dlq.models import Alert, FailedEvent, FailedEventChange
+from alerts.models import Alert
+from dlq.models import FailedEvent, FailedEventChange
 from dlq.payloads import open_payload
 from tests.dlq.conftest import example, example_bytes, post_raw
 

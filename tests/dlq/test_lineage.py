@@ -9,7 +9,8 @@ from contextlib import AbstractContextManager
 import pytest
 
 import dlq.services
-from dlq.models import Alert, FailedEvent, FailedEventChange
+from alerts.models import Alert
+from dlq.models import FailedEvent, FailedEventChange
 from ledger import hooks
 from ledger import services as ledger
 from ledger.models import IdempotencyClass, Operation, OperationEvent

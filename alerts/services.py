@@ -1,6 +1,7 @@
 """Alerts: written as rows in the transaction that causes them, delivered after commit.
 
-``alert_raise`` is the seam the ledger, the sweeper and the DLQ call. It only writes (or
+``alert_raise`` is the seam the DLQ and retention call, and the receiver of the ledger's
+``hooks.alert_raised`` (provider paused, review needed, operation stuck). It only writes (or
 counts) an ``Alert`` row and asks django-q2 for a dispatch once the caller commits, so a
 failing or hanging channel can never block or roll back the caller.
 
@@ -25,8 +26,9 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from dlq.conf import dlq_setting
-from dlq.models import Alert, AlertChannel, AlertChannelKind, AlertDelivery, AlertDeliveryStatus
+from alerts.conf import alert_setting
+from alerts.models import Alert, AlertChannel, AlertChannelKind, AlertDelivery, AlertDeliveryStatus
+from ledger import tasks as ledger_tasks
 from ledger.models import Tenant
 
 log = logging.getLogger("onceguard.alerts")
@@ -45,7 +47,7 @@ def alert_raise(*, tenant_id: int, kind: str, ref: str, summary: str) -> None:
     counts as a repeat. Delivery is enqueued after the caller commits.
     """
     now = timezone.now()
-    window = max(1, int(dlq_setting("ALERT_DEDUP_SECONDS")))
+    window = max(1, int(alert_setting("DEDUP_SECONDS")))
     bucket = int(now.timestamp()) // window
     dedup_key = f"{kind}:{ref}:{bucket}"[:400]
     alert, created = Alert.objects.get_or_create(
@@ -64,20 +66,14 @@ def alert_raise(*, tenant_id: int, kind: str, ref: str, summary: str) -> None:
         return
     log.info("alert_raised tenant=%s kind=%s ref=%s alert=%s", tenant_id, kind, ref, alert.pk)
     # robust: a broker hiccup after commit is logged, never raised into the caller.
-    transaction.on_commit(lambda: _enqueue_dispatch(tenant_id), robust=True)
-
-
-def _enqueue_dispatch(tenant_id: int) -> None:
-    from dlq.tasks import enqueue
-
-    enqueue("dlq.tasks.alert_dispatch_task", tenant_id)
+    transaction.on_commit(lambda: ledger_tasks.enqueue("alerts.tasks.alert_dispatch_task", tenant_id), robust=True)
 
 
 # --- Messages ------------------------------------------------------------------------------
 
 
 def _console(path: str) -> str:
-    return str(dlq_setting("CONSOLE_BASE_URL")).rstrip("/") + path
+    return str(alert_setting("CONSOLE_BASE_URL")).rstrip("/") + path
 
 
 def alert_link(alert: Alert) -> str:
@@ -240,7 +236,7 @@ def alert_deliver_due(*, tenant_id: int | None = None, limit: int = 200) -> dict
 
 
 def _retry_delay(attempts: int) -> float:
-    base = float(dlq_setting("ALERT_RETRY_BASE_SECONDS"))
+    base = float(alert_setting("RETRY_BASE_SECONDS"))
     return min(3600.0, base * (2 ** max(0, attempts - 1)))
 
 
@@ -282,7 +278,7 @@ def alert_delivery_send(*, delivery_id: int) -> str | None:
         error = type(exc).__name__
     status = AlertDeliveryStatus.RETRYING
     next_at: Any = timezone.now() + timedelta(seconds=max(_retry_delay(attempts), retry_after or 0))
-    if attempts >= int(dlq_setting("ALERT_MAX_ATTEMPTS")):
+    if attempts >= int(alert_setting("MAX_ATTEMPTS")):
         status, next_at = AlertDeliveryStatus.DEAD, None
     AlertDelivery.objects.filter(pk=delivery.pk, attempts=attempts).update(
         status=status, next_attempt_at=next_at, last_error=error[:300]
@@ -296,3 +292,17 @@ def alert_delivery_send(*, delivery_id: int) -> str | None:
         status,
     )
     return status
+
+
+# --- Channels ------------------------------------------------------------------------------
+
+
+def alert_channel_upsert(
+    *, tenant: Tenant, name: str, kind: str, url: str, kinds: list[str] | None = None
+) -> AlertChannel:
+    """Create or update a tenant's alert channel (Slack, Discord or generic webhook)."""
+    defaults: dict[str, Any] = {"kind": kind, "url": url}
+    if kinds is not None:
+        defaults["kinds"] = kinds
+    channel, _ = AlertChannel.objects.update_or_create(tenant=tenant, name=name, defaults=defaults)
+    return channel

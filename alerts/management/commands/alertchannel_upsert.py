@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dlq import services
-from dlq.models import AlertChannelKind
+from alerts import services
+from alerts.models import AlertChannelKind
 from ledger.models import Tenant
 
 

@@ -1,0 +1,111 @@
+"""Alerts: what an operator should hear about, the channels that carry it, and each message.
+
+Alerts are raised by the ledger (through ``ledger.hooks.alert_raised``), the DLQ and
+retention; they are rows written in the transaction that causes them, delivered after
+commit (``alerts.services``).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from ledger.models import Tenant
+
+
+class AlertChannelKind(models.TextChoices):
+    SLACK = "slack", "Slack incoming webhook"
+    DISCORD = "discord", "Discord webhook"
+    WEBHOOK = "webhook", "generic JSON webhook"
+
+
+class AlertChannel(models.Model):
+    """Where alerts go. Messages carry ids, counts and a console link — never payload text."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_channels")
+    name = models.SlugField(max_length=63)
+    kind = models.CharField(max_length=16, choices=AlertChannelKind.choices)
+    url = models.URLField(max_length=1000)
+    # Alert kinds this channel wants; empty = all.
+    kinds = models.JSONField(default=list, blank=True)
+    active = models.BooleanField(default=True)
+    timeout_seconds = models.FloatField(default=5.0)
+    # More than this many alerts waiting at once → one digest message instead.
+    digest_threshold = models.PositiveIntegerField(default=3)
+    # At most this many messages per rate window; the rest wait and go out as a digest.
+    max_messages_per_window = models.PositiveIntegerField(default=5)
+    window_seconds = models.PositiveIntegerField(default=60)
+    # Every alert with an id at or below this has been handed to a delivery for this
+    # channel. Moved by a guarded UPDATE, so two dispatchers never take the same alerts.
+    cursor_alert_id = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="alertchannel_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.name} ({self.kind})"
+
+
+class Alert(models.Model):
+    """Something an operator should hear about, written in the transaction that caused it.
+
+    Deduplicated on (tenant, kind, ref) within a time bucket: raising the same alert again
+    only counts it.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=50)
+    ref = models.CharField(max_length=255)
+    summary = models.CharField(max_length=300)
+    dedup_key = models.CharField(max_length=400)
+    repeat_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    last_raised_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "dedup_key"], name="alert_dedup")]
+        indexes = [models.Index(fields=["tenant", "id"], name="alert_tenant_id_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.ref}"
+
+
+class AlertDeliveryStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    SENT = "sent", "sent"
+    # the last try failed; next_attempt_at says when the retry is due.
+    RETRYING = "retrying", "retrying"
+    # out of attempts.
+    DEAD = "dead", "dead"
+
+
+class AlertDelivery(models.Model):
+    """One message to one channel: a single alert, or a digest of many."""
+
+    channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="deliveries")
+    alert_ids = models.JSONField(default=list)
+    alert_count = models.PositiveIntegerField(default=1)
+    digest = models.BooleanField(default=False)
+    # The exact body posted (built from ids, kinds and counts only), so a retry resends it.
+    body = models.JSONField()
+    status = models.CharField(max_length=16, choices=AlertDeliveryStatus.choices, default=AlertDeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "alert deliveries"
+        indexes = [
+            models.Index(fields=["channel", "created_at"], name="alertdelivery_channel_idx"),
+            models.Index(
+                fields=["next_attempt_at"],
+                name="alertdelivery_due_idx",
+                condition=Q(status__in=["pending", "retrying"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}: {self.alert_count} alert(s) {self.status}"
