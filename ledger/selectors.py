@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, QuerySet
 
+from ledger import search, sql
+from ledger.admission import admission_refusals_by_reason
 from ledger.errors import OperationNotFound
-from ledger.models import Operation, OperationMode, OperationStatus, Provider, Tenant
+from ledger.models import Attempt, AttemptOutcome, Operation, OperationMode, OperationStatus, Provider, Tenant
 
 
 def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySet[Operation]:
     """A tenant's operations; ``match`` are `path:value` filters on OPERATION_SEARCH_PATHS."""
-    from django.conf import settings
-
-    from ledger import search
-
     rows = Operation.objects.filter(tenant=tenant).select_related("provider")
     if match:
         rows = search.filter_match(rows, search.parse_match(match, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]))
@@ -25,6 +25,20 @@ def operation_get(*, tenant: Tenant, operation_id: int) -> Operation:
     if op is None:
         raise OperationNotFound("No such operation.")
     return op
+
+
+def operation_newest_in_lineage(op: Operation) -> Operation:
+    """The operation whose outcome ``op``'s key answers with: itself, or, when replays
+    superseded it, the newest replay (a claim of the key, its tombstone)."""
+    seen = {op.pk}
+    current = op
+    while current.superseded_by_id and current.superseded_by_id not in seen:
+        nxt = Operation.objects.filter(pk=current.superseded_by_id).first()
+        if nxt is None:
+            break
+        seen.add(nxt.pk)
+        current = nxt
+    return current
 
 
 _PROVIDER_SLUGS: dict[int, str] = {}
@@ -47,17 +61,11 @@ def provider_slug(provider_id: int | None) -> str | None:
 
 def metrics_admissions_refused_by_reason() -> dict[str, int]:
     """Refused execute-mode admissions since the start, by reason code (zeros included)."""
-    from ledger.admission import admission_refusals_by_reason
-
     return admission_refusals_by_reason()
 
 
 def metrics_active_leases() -> int:
     """Rows held by a live lease right now (workers' and guard callers' attempts)."""
-    from django.db import connection
-
-    from ledger import sql
-
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT COUNT(*) FROM ledger_operation WHERE status IN {sql.states_in(OperationStatus.CLAIMED)}"
@@ -69,10 +77,6 @@ def metrics_active_leases() -> int:
 
 def metrics_attempts_by_outcome() -> dict[str, int]:
     """Every attempt ever made, by outcome (every outcome present, zeros included)."""
-    from django.db.models import Count
-
-    from ledger.models import Attempt, AttemptOutcome
-
     totals = dict.fromkeys(AttemptOutcome.values, 0)
     for row in Attempt.objects.values("outcome").annotate(n=Count("id")).order_by():
         totals[row["outcome"]] = row["n"]
@@ -82,10 +86,6 @@ def metrics_attempts_by_outcome() -> dict[str, int]:
 def metrics_oldest_eligible_age_seconds() -> float:
     """How long the oldest operation a worker could take right now has been due: queued or
     retry_wait, due, its provider neither paused nor throttled. 0 when nothing waits."""
-    from django.db import connection
-
-    from ledger import sql
-
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT MIN(o.next_attempt_at), {sql.now()} FROM ledger_operation o"

@@ -67,6 +67,7 @@ from ledger.models import (
     Tenant,
 )
 from ledger.search import search_values
+from ledger.selectors import operation_newest_in_lineage
 from ledger.tombstones import tombstone_answer
 
 S = OperationStatus
@@ -371,7 +372,7 @@ def _answer_existing(
             extra={"operation_id": op.pk},
         )
     if op.status in TERMINAL_STATES:
-        return ClaimResult(operation=_newest_in_lineage(op), acquired=False, replayed=True)
+        return ClaimResult(operation=operation_newest_in_lineage(op), acquired=False, replayed=True)
     if op.status == S.CLAIMED:
         raise OperationInProgress(
             "Another holder has this operation.",
@@ -423,19 +424,6 @@ def _answer_existing(
     raise OperationRetryScheduled(
         "A retry is scheduled.", retry_after=_seconds_until(op.next_attempt_at), extra={"operation_id": op.pk}
     )
-
-
-def _newest_in_lineage(op: Operation) -> Operation:
-    """A failed operation superseded by replays answers with the newest replay's outcome."""
-    seen = {op.pk}
-    current = op
-    while current.superseded_by_id and current.superseded_by_id not in seen:
-        nxt = Operation.objects.filter(pk=current.superseded_by_id).first()
-        if nxt is None:
-            break
-        seen.add(nxt.pk)
-        current = nxt
-    return current
 
 
 def operation_reclaim(
@@ -883,7 +871,7 @@ def operation_supersede(*, operation_id: int, by_operation_id: int, actor: str, 
 
     The row stays `failed` (history is never edited); only ``superseded_by`` moves, to a
     newer operation than the one it points at, with an event row. Later claims of its key
-    answer with the newest replay's outcome (``_newest_in_lineage``).
+    answer with the newest replay's outcome (``operation_newest_in_lineage``).
     """
     rows = (
         Operation.objects.filter(pk=operation_id, status=S.FAILED)

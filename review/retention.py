@@ -5,10 +5,11 @@ Rules (DESIGN §6):
   are redacted or deleted. A DLQ entry still pending past its record TTL is first discarded
   with an alert; it is deleted by a later run, once ``DISCARD_GRACE`` has passed.
 * Legal hold on a policy: nothing of that record type is touched.
-* A deleted operation leaves a Tombstone kept for the longest of 24 h and the provider's key
-  TTL; operations something still references (a living DLQ entry, an operation superseded by
-  it) are not deleted until the reference is gone. ``operation_claim`` never re-creates a
-  tombstoned key (a NOT EXISTS guard inside its INSERT) and answers from the tombstone.
+* A deleted operation leaves a tombstone (``ledger.tombstones``: kept for the longest of 24 h
+  and the provider's key TTL); operations something still references (a living DLQ entry, an
+  operation superseded by it) are not deleted until the reference is gone. ``operation_claim``
+  never re-creates a tombstoned key (a NOT EXISTS guard inside its INSERT) and answers from
+  the tombstone.
 * Work happens in bounded batches, each its own short transaction (no long locks), and every
   pass over a tenant leaves a RetentionRun with counts per record type and policy.
 """
@@ -35,7 +36,8 @@ from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import failed_event_discard
 from ledger import sql
 from ledger.crypto import is_redacted
-from ledger.models import TERMINAL_STATES, Attempt, Operation, OperationMode, Provider, Tenant, Tombstone
+from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone
+from ledger.tombstones import tombstones_create
 from review.models import (
     AccessLog,
     RecordType,
@@ -47,8 +49,6 @@ from review.models import (
 from review.privacy import redaction_marker
 
 log = logging.getLogger("onceguard.retention")
-
-TOMBSTONE_FLOOR = timedelta(hours=24)
 
 
 def retention_setting(name: str, default: Any) -> Any:
@@ -180,12 +180,6 @@ def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
             counts.redacted += len(changed)
 
 
-def _newest_outcome(op: Operation) -> Operation:
-    from ledger.services import _newest_in_lineage
-
-    return _newest_in_lineage(op)
-
-
 def _delete_operation_rows(ids: list[int]) -> None:
     """Delete operations and what hangs off them without loading them: cascades are deleted,
     SET_NULL references cleared, set-wise (the ORM collector would fetch every row)."""
@@ -207,56 +201,6 @@ def _delete_operation_rows(ids: list[int]) -> None:
         )
 
 
-def _insert_tombstones(stones: list[Tombstone]) -> None:
-    """One multi-row statement per chunk (bulk_create's per-object work is the slow part)."""
-    if not stones:
-        return
-    ops = connection.ops
-    columns = [
-        "tenant_id",
-        "key",
-        "operation_id",
-        "mode",
-        "action",
-        "provider_slug",
-        "fingerprint",
-        "final_status",
-        "provider_ref",
-        "response_status",
-        "created_at",
-        "done_at",
-        "deleted_at",
-        "keep_until",
-    ]
-    rows = [
-        [
-            t.tenant_id,
-            t.key,
-            t.operation_id,
-            t.mode,
-            t.action,
-            t.provider_slug,
-            t.fingerprint,
-            t.final_status,
-            t.provider_ref,
-            t.response_status,
-            ops.adapt_datetimefield_value(t.created_at),
-            ops.adapt_datetimefield_value(t.done_at),
-            ops.adapt_datetimefield_value(t.deleted_at),
-            ops.adapt_datetimefield_value(t.keep_until),
-        ]
-        for t in stones
-    ]
-    placeholders = ", ".join(["%s"] * len(columns))
-    with connection.cursor() as cursor:
-        # executemany: psycopg pipelines it; SQLite runs it in one call.
-        cursor.executemany(
-            f"INSERT INTO ledger_tombstone ({', '.join(columns)}) VALUES ({placeholders})"
-            " ON CONFLICT (tenant_id, key) DO NOTHING",
-            rows,
-        )
-
-
 def _update_json_columns(table: str, columns: tuple[str, ...], rows: list[tuple[int, list[Any]]]) -> None:
     """Set JSON ``columns`` of many rows by id, one statement per chunk."""
     if not rows:
@@ -273,12 +217,6 @@ def _update_json_columns(table: str, columns: tuple[str, ...], rows: list[tuple[
 
 def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
     cutoff = tp.now - policy.record_ttl
-    providers = {
-        pk: (slug, ttl)
-        for pk, slug, ttl in Provider.objects.filter(tenant_id=tp.run.tenant_id).values_list(
-            "pk", "slug", "key_ttl_seconds"
-        )
-    }
     rows = Operation.objects.filter(
         tenant_id=tp.run.tenant_id, updated_at__lt=cutoff, status__in=TERMINAL_STATES, done_at__lt=cutoff
     )
@@ -301,65 +239,11 @@ def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
                 continue
             superseded = [pk for pk in op_ids if locked[pk]]
             plain = [pk for pk in op_ids if not locked[pk]]
-            made = _tombstones_from_rows(plain, deleted_at=tp.now)
-            made += _tombstones_for_superseded(superseded, providers, deleted_at=tp.now)
+            made = tombstones_create(plain_ids=plain, superseded_ids=superseded, deleted_at=tp.now)
             SubjectIndex.objects.filter(record_type=RecordType.OPERATIONS, record_id__in=op_ids).delete()
             _delete_operation_rows(op_ids)
             counts.deleted += len(op_ids)
             tp.run.tombstones_created += made
-
-
-def _tombstones_from_rows(ids: list[int], *, deleted_at: datetime) -> int:
-    """Tombstones straight from the rows, in the database (no row travels to Python):
-    keep_until = deleted_at + max(24 h, the provider's key TTL)."""
-    if not ids:
-        return 0
-    at = connection.ops.adapt_datetimefield_value(deleted_at)
-    floor = int(TOMBSTONE_FLOOR.total_seconds())
-    if connection.vendor == "postgresql":
-        keep = "%s::timestamptz + make_interval(secs => GREATEST(%s, COALESCE(p.key_ttl_seconds, 0)))"
-    else:
-        keep = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', %s, '+' || MAX(%s, COALESCE(p.key_ttl_seconds, 0)) || ' seconds')"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO ledger_tombstone (tenant_id, key, operation_id, mode, action, provider_slug, fingerprint,"
-            " final_status, provider_ref, response_status, created_at, done_at, deleted_at, keep_until)"
-            " SELECT o.tenant_id, o.key, o.id, o.mode, o.action, COALESCE(p.slug, ''), o.fingerprint, o.status,"
-            f" o.provider_ref, o.response_status, o.created_at, o.done_at, %s, {keep}"
-            " FROM ledger_operation o LEFT JOIN ledger_provider p ON p.id = o.provider_id"
-            f" WHERE o.id IN ({', '.join(['%s'] * len(ids))})"
-            " ON CONFLICT (tenant_id, key) DO NOTHING",
-            [at, at, floor, *ids],
-        )
-        return cursor.rowcount
-
-
-def _tombstones_for_superseded(ids: list[int], providers: dict[int, tuple[str, int]], *, deleted_at: datetime) -> int:
-    """A superseded operation's tombstone answers with its newest replay's outcome."""
-    stones = []
-    for op in Operation.objects.filter(pk__in=ids):
-        outcome = _newest_outcome(op)
-        slug, ttl = providers.get(op.provider_id, ("", 0))
-        stones.append(
-            Tombstone(
-                tenant_id=op.tenant_id,
-                key=op.key,
-                operation_id=op.pk,
-                mode=op.mode or OperationMode.GUARD,
-                action=op.action,
-                provider_slug=slug,
-                fingerprint=op.fingerprint,
-                final_status=outcome.status,
-                provider_ref=outcome.provider_ref,
-                response_status=outcome.response_status,
-                created_at=op.created_at,
-                done_at=op.done_at,
-                deleted_at=deleted_at,
-                keep_until=deleted_at + max(TOMBSTONE_FLOOR, timedelta(seconds=ttl or 0)),
-            )
-        )
-    _insert_tombstones(stones)
-    return len(stones)
 
 
 def _redact_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
