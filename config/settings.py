@@ -264,6 +264,22 @@ ONCEGUARD = {
     "CALLBACK_MAX_ATTEMPTS": env_int("CALLBACK_MAX_ATTEMPTS", 8),
 }
 
+# --- Access log (review.accesslog) ------------------------------------------------------
+# The chain is keyed with ONCEGUARD_ACCESSLOG_KEYS (`<id>:<secret>,…`, first = current),
+# else the file ONCEGUARD_ACCESSLOG_KEY_FILE, else var/accesslog.key (made by `make run`);
+# never in the database.
+ONCEGUARD_ACCESS_LOG = {
+    # The platform's floor: no tenant's policy, and no purge, removes a younger row.
+    "MIN_RETENTION_DAYS": env_int("ACCESS_LOG_MIN_RETENTION_DAYS", 365),
+    # Signed checkpoints of every chain's head: this often (django-q2), and at least every
+    # HEARTBEAT_HOURS even when nothing happened; `accesslog_verify` reports rows left
+    # uncovered longer than CHECKPOINT_MINUTES + GRACE_MINUTES and a newest checkpoint
+    # older than HEARTBEAT_HOURS + that.
+    "CHECKPOINT_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_MINUTES", 15),
+    "CHECKPOINT_HEARTBEAT_HOURS": env_int("ACCESS_LOG_CHECKPOINT_HEARTBEAT_HOURS", 24),
+    "GRACE_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES", 60),
+}
+
 # --- django-q2: schedules and side channels --------------------------------------------
 # timeout < retry, finite attempts; failures land in our own tables, not Q's Failure list.
 Q_CLUSTER = {

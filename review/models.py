@@ -67,9 +67,12 @@ class AccessAction(models.TextChoices):
 class AccessLog(models.Model):
     """Who looked at personal data, what, why, when and from where.
 
-    Append-only and hash-chained per tenant: ``hash`` = sha256 over the canonical row and
-    ``prev_hash``; ``seq`` numbers the tenant's chain. A purge cuts a prefix of a chain and
-    records the last deleted hash as the anchor in its RetentionRun.
+    Append-only and chained per tenant (review.accesslog): ``hash`` covers the canonical row
+    and ``prev_hash``; ``seq`` numbers the tenant's chain. ``chain_version`` says how:
+    ``v2`` = HMAC-SHA256 under the server's access-log key ``key_id`` (kept outside the
+    database), ``v1`` = the first, unkeyed sha256 (rows written before the key existed,
+    sealed by a signed ``legacy`` checkpoint). A purge cuts a prefix of a chain and records
+    the new anchor as a signed ``purge`` checkpoint.
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
@@ -89,6 +92,10 @@ class AccessLog(models.Model):
     ip = models.GenericIPAddressField(null=True, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64, unique=True)
+    # "v1" (sha256, before the keyed chain) for rows that existed when the column came;
+    # every row appended since is "v2" (HMAC under key ``key_id``).
+    chain_version = models.CharField(max_length=4, default="v1")
+    key_id = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         verbose_name = "access-log entry"
@@ -107,6 +114,43 @@ class AccessLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}#{self.seq} {self.actor} {self.action} {self.object_type}:{self.object_id}"
+
+
+class CheckpointKind(models.TextChoices):
+    # the chain's head (seq, hash) as it was: written by the django-q2 schedule, by every
+    # purge and by `manage.py accesslog_checkpoint`.
+    HEAD = "head", "head"
+    # a purge cut the chain's prefix up to here: the anchor the rest verifies from.
+    PURGE = "purge", "purge anchor"
+    # the head of the unkeyed (v1) rows when the keyed chain began: no v1 row may lie beyond.
+    LEGACY = "legacy", "end of the unkeyed rows"
+
+
+class AccessLogCheckpoint(models.Model):
+    """A signed statement "tenant T's access log had row ``seq`` with ``hash`` at ``at``".
+
+    HMAC-SHA256 under the access-log key (never in the database), numbered per tenant
+    (``n``, no gaps): ``accesslog_verify`` reports rows a checkpoint covered that are gone
+    (truncation, deleted tail rows), a checkpoint deleted or forged, and checkpoints that
+    stopped coming. Append-only; nothing in the console changes them.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    n = models.PositiveBigIntegerField()
+    kind = models.CharField(max_length=8, choices=CheckpointKind.choices)
+    seq = models.PositiveBigIntegerField()
+    hash = models.CharField(max_length=64)
+    at = models.DateTimeField()
+    key_id = models.CharField(max_length=32)
+    signature = models.CharField(max_length=64)
+
+    class Meta:
+        verbose_name = "access-log checkpoint"
+        ordering = ["-at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "n"], name="accesslogcheckpoint_unique_n")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} checkpoint #{self.n} ({self.kind}) at seq {self.seq}"
 
 
 # --- Data-subject index ---------------------------------------------------------------------

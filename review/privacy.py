@@ -1,13 +1,13 @@
-"""Privacy: masking, reveal with a reason, the hash-chained access log, the data-subject index.
+"""Privacy: masking, reveal with a reason, the data-subject index.
 
 Everything that shows a payload in plain text goes through :func:`payload_reveal`, which
-writes the AccessLog row first. Everything else renders :func:`mask_json`.
+writes the AccessLog row first (review.accesslog: the keyed, checkpointed chain; its
+functions are re-exported here for the callers that know them by this module). Everything
+else renders :func:`mask_json`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import json
 import logging
 from collections.abc import Iterable, Iterator
@@ -17,16 +17,22 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, models, transaction
-from django.utils import timezone
+from django.db import models
 
 from ledger import crypto
 from ledger.errors import ValidationFailed
-from review.models import AccessAction, AccessLog, RecordType, RetentionRun, SubjectIndex
+from review.accesslog import (  # noqa: F401 (re-exported for callers of review.privacy)
+    GENESIS,
+    ChainProblem,
+    accesslog_append,
+    accesslog_verify,
+    chain_anchor,
+    normalize_ip,
+)
+from review.models import AccessAction, AccessLog, RecordType, SubjectIndex
 
 log = logging.getLogger("onceguard.privacy")
 
-GENESIS = "0" * 64
 MIN_REASON_LENGTH = 8
 
 # Columns that hold payloads, per model label. Masked everywhere; revealed only here.
@@ -103,149 +109,6 @@ def payload_state(obj: models.Model, field: str) -> PayloadState:
     return PayloadState(
         field, label, "plain", json.dumps(mask_json(raw), indent=2, ensure_ascii=False), None, None, None
     )
-
-
-# --- Access log ---------------------------------------------------------------------------------
-
-
-def _iso(at: datetime) -> str:
-    return at.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def canonical_access_row(row: AccessLog) -> str:
-    return json.dumps(
-        {
-            "tenant": row.tenant_id,
-            "seq": row.seq,
-            "at": _iso(row.at),
-            "action": row.action,
-            "actor": row.actor,
-            "user_id": row.user_id_at_time,
-            "object_type": row.object_type,
-            "object_id": row.object_id,
-            "object_ref": row.object_ref,
-            "fields": list(row.fields or []),
-            "reason": row.reason,
-            "ip": row.ip,
-            "prev_hash": row.prev_hash,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-
-
-def access_row_hash(row: AccessLog) -> str:
-    return hashlib.sha256(canonical_access_row(row).encode()).hexdigest()
-
-
-def _lock_chain(tenant_id: int) -> None:
-    # One writer per tenant chain at a time. SQLite transactions BEGIN IMMEDIATE (the write
-    # lock); the unique (tenant, seq) constraint backs both up.
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x0A11CE, int(tenant_id)])
-
-
-def chain_anchor(tenant_id: int) -> tuple[int, str]:
-    """(last seq, last hash) of everything purged from the tenant's chain, or (0, genesis)."""
-    run = (
-        RetentionRun.objects.filter(tenant_id=tenant_id, accesslog_anchor_seq__isnull=False)
-        .order_by("-accesslog_anchor_seq")
-        .values("accesslog_anchor_seq", "accesslog_anchor_hash")
-        .first()
-    )
-    if run is None:
-        return 0, GENESIS
-    return int(run["accesslog_anchor_seq"]), run["accesslog_anchor_hash"]
-
-
-def normalize_ip(ip: str | None) -> str | None:
-    if not ip:
-        return None
-    try:
-        return ipaddress.ip_address(ip.strip()).compressed
-    except ValueError:
-        return None
-
-
-def accesslog_append(
-    *,
-    tenant_id: int,
-    action: str,
-    actor: str,
-    object_type: str,
-    object_id: str = "",
-    object_ref: str = "",
-    fields: Iterable[str] = (),
-    reason: str,
-    ip: str | None = None,
-    user_id: int | None = None,
-) -> AccessLog:
-    """Append one row to the tenant's chain (in the caller's transaction when there is one)."""
-    with transaction.atomic():
-        _lock_chain(tenant_id)
-        last = AccessLog.objects.filter(tenant_id=tenant_id).order_by("-seq").values("seq", "hash").first()
-        if last is None:
-            seq, prev = chain_anchor(tenant_id)
-        else:
-            seq, prev = int(last["seq"]), last["hash"]
-        row = AccessLog(
-            tenant_id=tenant_id,
-            seq=seq + 1,
-            at=timezone.now(),
-            action=action,
-            actor=actor[:150],
-            user_id_at_time=user_id,
-            object_type=object_type[:50],
-            object_id=str(object_id)[:64],
-            object_ref=str(object_ref)[:255],
-            fields=sorted(set(fields)),
-            reason=reason[:500],
-            ip=normalize_ip(ip),
-            prev_hash=prev,
-        )
-        row.hash = access_row_hash(row)
-        row.save(force_insert=True)
-    log.info(
-        "access_logged tenant=%s seq=%s action=%s actor=%s object=%s:%s",
-        tenant_id,
-        row.seq,
-        action,
-        actor,
-        object_type,
-        object_id,
-    )
-    return row
-
-
-@dataclass(frozen=True)
-class ChainProblem:
-    tenant_id: int
-    seq: int | None
-    problem: str
-
-
-def accesslog_verify(*, tenant_ids: list[int] | None = None) -> tuple[int, list[ChainProblem]]:
-    """Recompute every tenant's chain: (rows checked, problems). Empty problems = intact."""
-    checked = 0
-    problems: list[ChainProblem] = []
-    tenants = AccessLog.objects.values_list("tenant_id", flat=True).distinct()
-    if tenant_ids is not None:
-        tenants = tenants.filter(tenant_id__in=tenant_ids)
-    for tenant_id in sorted(set(tenants)):
-        anchor_seq, anchor_hash = chain_anchor(tenant_id)
-        expected_seq, expected_prev = anchor_seq + 1, anchor_hash
-        for row in AccessLog.objects.filter(tenant_id=tenant_id).order_by("seq").iterator(chunk_size=2000):
-            checked += 1
-            if row.seq != expected_seq:
-                problems.append(ChainProblem(tenant_id, row.seq, f"expected seq {expected_seq}: rows missing"))
-            if row.prev_hash != expected_prev:
-                problems.append(ChainProblem(tenant_id, row.seq, "prev_hash does not match the previous row"))
-            if access_row_hash(row) != row.hash:
-                problems.append(ChainProblem(tenant_id, row.seq, "row content does not match its hash (edited)"))
-            expected_seq, expected_prev = row.seq + 1, row.hash
-    return checked, problems
 
 
 # --- Reveal ---------------------------------------------------------------------------------------
@@ -415,7 +278,7 @@ def redaction_marker(*, value: Any, policy_id: int | None, run_id: int | None, a
     key_id, hexdigest = crypto.digest(f"payload:{blob}")
     return {
         crypto.REDACTED: {
-            "at": _iso(at),
+            "at": at.astimezone(UTC).isoformat(timespec="microseconds"),
             "policy": policy_id,
             "run": run_id,
             "hmac": hexdigest,

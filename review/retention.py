@@ -38,8 +38,10 @@ from ledger import sql
 from ledger.crypto import is_redacted
 from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone
 from ledger.tombstones import tombstones_create
+from review.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
 from review.models import (
     AccessLog,
+    CheckpointKind,
     RecordType,
     RetentionPolicy,
     RetentionRun,
@@ -312,17 +314,21 @@ def _delete_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: Type
 
 
 def _delete_access_log(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
-    cutoff = tp.now - policy.record_ttl
+    # The platform's floor holds whatever the policy says (a policy below it is refused on
+    # save, but one written straight into the table must not shorten the log either).
+    cutoff = tp.now - max(policy.record_ttl, access_log_min_retention())
     rows = AccessLog.objects.filter(tenant_id=tp.run.tenant_id, at__lt=cutoff)
     # A prefix of the chain, oldest first: the chain stays verifiable from the anchor.
     for ids in _keyset_batches(tp, rows, "seq"):
         with transaction.atomic():
+            lock_chain(tp.run.tenant_id)
             last_seq, last_hash = AccessLog.objects.filter(pk=ids[-1]).values_list("seq", "hash").get()
             AccessLog.objects.filter(tenant_id=tp.run.tenant_id, seq__lte=last_seq).delete()
+            # The new anchor is a signed checkpoint written in the same transaction as the
+            # cut, so the chain can always be verified from what is left; the run shows it.
+            checkpoint_write(tenant_id=tp.run.tenant_id, kind=CheckpointKind.PURGE, seq=last_seq, hash=last_hash)
             tp.run.accesslog_anchor_seq = last_seq
             tp.run.accesslog_anchor_hash = last_hash
-            # The anchor is saved in the same transaction as the cut, so the chain can
-            # always be verified from what is left.
             tp.run.save(update_fields=["accesslog_anchor_seq", "accesslog_anchor_hash"])
             counts.deleted += len(ids)
 
@@ -387,6 +393,8 @@ def retention_purge_tenant(
             elif record_type == RecordType.ACCESS_LOG and policy.record_ttl is not None:
                 _delete_access_log(tp, policy, counts)
         _expire_tombstones(tp)
+        # Every purge leaves the tenant's access-log head signed (review.accesslog).
+        accesslog_checkpoint(tenant_id=tenant_id)
         run.status = RetentionRunStatus.PARTIAL if tp.exhausted else RetentionRunStatus.DONE
     except Exception as exc:
         run.status = RetentionRunStatus.FAILED

@@ -214,7 +214,7 @@ def test_dlq_entries_pending_past_ttl_are_discarded_with_an_alert_first_then_del
 
 
 def test_access_log_purge_cuts_a_prefix_and_the_chain_still_verifies_from_the_anchor(tenant):
-    RetentionPolicy.objects.create(tenant=tenant, record_type="access_log", record_ttl=90 * DAY)
+    RetentionPolicy.objects.create(tenant=tenant, record_type="access_log", record_ttl=400 * DAY)
     for n in range(6):
         privacy.accesslog_append(
             tenant_id=tenant.pk,
@@ -225,7 +225,7 @@ def test_access_log_purge_cuts_a_prefix_and_the_chain_still_verifies_from_the_an
             reason=f"reason {n} long",
             ip=None,
         )
-    AccessLog.objects.filter(seq__lte=4).update(at=timezone.now() - 100 * DAY)
+    AccessLog.objects.filter(seq__lte=4).update(at=timezone.now() - 500 * DAY)
     # Backdating changed the hashed content of rows 1-4 — they are deleted, so that is fine;
     # rows 5-6 are untouched and must verify from the anchor.
     [run] = retention_purge()
