@@ -142,12 +142,56 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # After this moment the key authenticates nothing (ledger.auth); empty = no expiry.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = "API key"
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.tenant})"
+
+
+class ConfigChangeAction(models.TextChoices):
+    CREATE = "create", "created"
+    UPDATE = "update", "changed"
+    DELETE = "delete", "deleted"
+
+
+class ConfigChange(models.Model):
+    """Who changed which configuration, when, from what to what (DESIGN §8, audit trail).
+
+    Append-only: written by ``ledger.services.config_change_record`` — called by the services
+    and console save paths of every app (providers, API keys, tenants and their callback
+    settings here; replay targets, alert channels, retention policies, staff roles and tenant
+    memberships above) in the transaction of the change; nothing updates or deletes a row,
+    and the console shows them read-only. ``before``/``after`` hold only the fields that
+    changed (every field on create/delete), secrets masked. Plain values, not foreign keys:
+    deleting the object (or the user) must not delete its history.
+    """
+
+    # None: a platform-level change (a role's permissions, a user without tenants).
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    at = models.DateTimeField()
+    # "user:<username>", "apikey:<prefix>", "cli:<os user>", "system".
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=8, choices=ConfigChangeAction.choices)
+    object_type = models.CharField(max_length=50)
+    object_id = models.CharField(max_length=64, blank=True)
+    object_repr = models.CharField(max_length=200, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "configuration change"
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["tenant", "at"], name="configchange_tenant_at_idx"),
+            models.Index(fields=["object_type", "object_id"], name="configchange_object_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.object_type} {self.object_repr or self.object_id}"
 
 
 class ProviderKind(models.TextChoices):
