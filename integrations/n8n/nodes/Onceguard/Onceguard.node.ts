@@ -335,6 +335,15 @@ function failureOf(item: INodeExecutionData): FailureInfo {
 	};
 }
 
+/** The node whose output fed this one (the failed node, when its error output is wired here). */
+function failedNodeName(ctx: IExecuteFunctions): string {
+	try {
+		return ctx.getInputSourceData(0)?.previousNode || ctx.getNode().name;
+	} catch {
+		return ctx.getNode().name;
+	}
+}
+
 function safePart(value: string): string {
 	// The server splits identities on ':'; keep each part from smuggling one in.
 	return value.replace(/:/g, '_');
@@ -342,7 +351,7 @@ function safePart(value: string): string {
 
 const deadLetter: Operation = async function (index, item) {
 	const { workflowId, executionId } = context(this);
-	const node = this.getNode().name;
+	const node = failedNodeName(this);
 	const opts = options(this, index);
 	const field = resultField(this, index);
 	let payload: unknown;

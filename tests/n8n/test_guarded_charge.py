@@ -1,0 +1,218 @@
+"""The guarded-charge template in a real n8n, run with `n8n execute --id` (each run a fresh
+n8n process): twice in a row and twice at once charge once, and the relay between n8n and
+the provider, in each fault mode, never makes two — key-enforced ends with one effect,
+key-advisory ends in review.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger import services
+from ledger.models import IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from ledger.sweeper import sweep
+from relay.testing import RunningServer, start_mock_provider, start_relay
+from tests.e2e.support import settle
+from tests.n8n.support import CUSTOM_NODE_TYPE, N8n, Run, node_named, template
+
+pytestmark = [pytest.mark.heavy, pytest.mark.django_db(transaction=True)]
+
+S = OperationStatus
+ENFORCED, ADVISORY = IdempotencyClass.KEY_ENFORCED, IdempotencyClass.KEY_ADVISORY
+WORKFLOW = {ENFORCED: "ogGuardedCharge1", ADVISORY: "ogGuardedChargeA"}
+KEY_AS_EXECUTION_ID = "ogKeyIsExecution"
+KEY = "order-1001:charge:v1"
+PROVIDER_TIMEOUT = 2.0
+RUN_TIMEOUT = 180
+
+
+class Charges:
+    """A mock provider of each class, each behind a fault relay (module-wide, reset per test)."""
+
+    def __init__(self) -> None:
+        self.mock = {ENFORCED: start_mock_provider("enforced"), ADVISORY: start_mock_provider("advisory")}
+        self.relay = {cls: start_relay(mock) for cls, mock in self.mock.items()}
+
+    def reset(self) -> None:
+        for server in (*self.mock.values(), *self.relay.values()):
+            server.reset()
+
+    def effects(self, cls: str) -> int:
+        return self.mock[cls].effects()["count"]
+
+    def stop(self) -> None:
+        for server in (*self.relay.values(), *self.mock.values()):
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def charges() -> Iterator[Charges]:
+    servers = Charges()
+    yield servers
+    servers.stop()
+
+
+def key_as_execution_id_workflow(relay: RunningServer) -> dict[str, Any]:
+    """The template with the key written as `{{ $execution.id }}`, a key that never repeats,
+    loaded through N8N_CUSTOM_EXTENSIONS (node type CUSTOM.onceguard)."""
+    workflow = template("guarded-charge", charges=relay.url)
+    workflow["id"], workflow["name"] = KEY_AS_EXECUTION_ID, "key is an execution id"
+    for node in workflow["nodes"]:
+        if node["type"] == "n8n-nodes-onceguard.onceguard":
+            node["type"] = CUSTOM_NODE_TYPE
+    claim = node_named(workflow, "Claim")["parameters"]
+    claim.update(keySource="key", key="={{ $execution.id }}")
+    return workflow
+
+
+@pytest.fixture(scope="module")
+def n8n(n8n_base: N8n, node_package: Path, charges: Charges, tmp_path_factory: pytest.TempPathFactory) -> N8n:
+    """One user folder with the template twice (enforced and advisory relay); n8n itself
+    runs only inside each `n8n execute`. The node is also on N8N_CUSTOM_EXTENSIONS."""
+    instance = n8n_base.copy(tmp_path_factory.mktemp("n8n-charge"))
+    instance.custom_extensions = node_package
+    enforced = template("guarded-charge", charges=charges.relay[ENFORCED].url)
+    advisory = copy.deepcopy(template("guarded-charge", charges=charges.relay[ADVISORY].url))
+    advisory["id"], advisory["name"] = WORKFLOW[ADVISORY], "Onceguard: guarded charge (key-advisory provider)"
+    instance.import_workflows([enforced, advisory, key_as_execution_id_workflow(charges.relay[ENFORCED])])
+    return instance
+
+
+def charge_provider(tenant: Tenant, charges: Charges, cls: str) -> Provider:
+    return services.provider_upsert(
+        tenant=tenant,
+        slug="demo-charges",
+        base_url=charges.relay[cls].url,
+        idempotency_class=cls,
+        lookup_path="/charges?idempotency_key={key}" if cls == ENFORCED else "",
+        ref_pointer="/id",
+        status_pointer="/status",
+        success_values=["succeeded"],
+        lookup_settle_seconds=0,
+        timeout_seconds=PROVIDER_TIMEOUT,
+    )
+
+
+@pytest.fixture
+def onceguard(tenant: Tenant, api_key: str, charges: Charges) -> Tenant:
+    charges.reset()
+    return tenant
+
+
+def claim_outcome(run: Run) -> str:
+    """Which of the Claim's outputs the sample order went down."""
+    names = ("proceed", "replayed", "retry_later", "needs_human")
+    taken = [name for name, items in zip(names, run.outputs("Claim"), strict=False) if items]
+    assert len(taken) == 1, f"the item went down {taken or 'no output'}: {run.error_message}"
+    return taken[0]
+
+
+def test_the_guarded_charge_run_twice_in_a_row_charges_once(n8n: N8n, onceguard: Tenant, charges: Charges) -> None:
+    charge_provider(onceguard, charges, ENFORCED)
+
+    first = n8n.execute(WORKFLOW[ENFORCED])
+    assert claim_outcome(first) == "proceed"
+    (completed,) = first.output("Complete")
+    assert completed["onceguard"]["status"] == S.SUCCEEDED
+    op = Operation.objects.get(key=KEY)
+    assert op.status == S.SUCCEEDED and op.provider_ref == completed["id"]
+    # The node told Onceguard where the claim came from.
+    assert op.workflow_id == WORKFLOW[ENFORCED] and op.execution_id
+
+    second = n8n.execute(WORKFLOW[ENFORCED])
+    assert claim_outcome(second) == "replayed"
+    (replayed,) = second.output("Claim", 1)
+    assert replayed["onceguard"]["status"] == S.SUCCEEDED
+    assert replayed["onceguard"]["provider_ref"] == op.provider_ref
+    assert not second.ran("Charge")
+    assert charges.effects(ENFORCED) == 1
+
+
+def test_the_guarded_charge_run_twice_at_once_in_two_n8n_processes_charges_once(
+    n8n: N8n, onceguard: Tenant, charges: Charges, tmp_path: Path
+) -> None:
+    charge_provider(onceguard, charges, ENFORCED)
+    # The provider holds the first charge 4 s, so the second process claims while it is held.
+    charges.mock[ENFORCED].script([{"delay": 4.0}])
+    other = n8n.copy(tmp_path / "second")
+    processes = [n8n.execute_async(WORKFLOW[ENFORCED]), other.execute_async(WORKFLOW[ENFORCED])]
+    runs = []
+    for process in processes:
+        try:
+            stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate(timeout=10)
+        runs.append(Run.parse(stdout, stderr, process.returncode))
+    outcomes = sorted(claim_outcome(run) for run in runs)
+    # One process charged; the other was told to retry later (or, if it came after the
+    # first had finished, got the recorded outcome). Never two charges.
+    assert outcomes in (["proceed", "retry_later"], ["proceed", "replayed"]), outcomes
+    assert charges.effects(ENFORCED) == 1
+    assert Operation.objects.get(key=KEY).status == S.SUCCEEDED
+
+    # A third run, now that the first finished: the recorded outcome, no charge.
+    assert claim_outcome(n8n.execute(WORKFLOW[ENFORCED])) == "replayed"
+    assert charges.effects(ENFORCED) == 1
+
+
+# relay mode → provider class → (status after the sweeper, effects, what the re-run's claim gets)
+FAULTS: dict[str, dict[str, tuple[str, int, str]]] = {
+    "fail-before-forward": {
+        ENFORCED: (S.RETRY_WAIT, 1, "proceed"),  # looked up: not found → re-sent with the same key
+        ADVISORY: (S.REVIEW, 0, "needs_human"),  # cannot be looked up: a human decides
+    },
+    "forward-then-drop-response": {
+        ENFORCED: (S.SUCCEEDED, 1, "replayed"),  # looked up: found
+        ADVISORY: (S.REVIEW, 1, "needs_human"),
+    },
+}
+
+
+@pytest.mark.parametrize("cls", [ENFORCED, ADVISORY])
+@pytest.mark.parametrize("mode", list(FAULTS))
+def test_a_fault_between_n8n_and_the_provider_never_makes_two_effects(
+    n8n: N8n, onceguard: Tenant, charges: Charges, mode: str, cls: str
+) -> None:
+    charge_provider(onceguard, charges, cls)
+    swept_status, effects, rerun = FAULTS[mode][cls]
+    charges.relay[cls].set_mode(mode)
+
+    first = n8n.execute(WORKFLOW[cls])
+    assert claim_outcome(first) == "proceed"
+    # The Charge node saw an error (a 502 or a dropped connection): the Fail node recorded
+    # the outcome as unknown, so the operation is reconciled, never retried blindly.
+    (failed,) = first.output("Fail")
+    assert failed["onceguard"]["status"] == S.UNCERTAIN
+    op = Operation.objects.get(key=KEY)
+
+    charges.relay[cls].set_mode("forward-and-respond")
+    settle(op.pk)
+    sweep()
+    op.refresh_from_db()
+    assert op.status == swept_status
+
+    second = n8n.execute(WORKFLOW[cls])
+    assert claim_outcome(second) == rerun
+    op.refresh_from_db()
+    if rerun == "proceed":
+        assert op.status == S.SUCCEEDED
+    assert charges.effects(cls) == effects
+    assert charges.mock[cls].effects()["count"] <= 1
+
+
+def test_a_key_made_of_the_execution_id_is_refused_before_onceguard_is_called(
+    n8n: N8n, onceguard: Tenant, charges: Charges
+) -> None:
+    charge_provider(onceguard, charges, ENFORCED)
+    run = n8n.execute(KEY_AS_EXECUTION_ID, check=False)
+    assert not run.ok
+    assert "execution's id" in run.error_message
+    assert not Operation.objects.exists()
+    assert charges.effects(ENFORCED) == 0
