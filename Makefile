@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 
-.PHONY: run test lint fmt bench setup clean
+.PHONY: run test lint fmt bench bench-compare setup clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -19,6 +19,7 @@ setup: $(VENV)/.installed
 ## make run: migrate the embedded SQLite database, seed the demo, start web + workers + schedules.
 run: setup
 	$(PY) manage.py migrate --noinput
+	$(PY) manage.py accesslog_key
 	PORT=$(PORT) $(PY) manage.py run_all --port $(PORT)
 
 lint: setup
@@ -41,6 +42,21 @@ bench: setup
 	  echo; echo "===== $$suite ====="; \
 	  DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} $(PY) -m $$suite; \
 	done
+
+## make bench-compare OLD=<commit>: that commit against this tree, over HTTP on BENCH_SERVERS
+## ((c) fresh and replay, (f) the floor) and in-process ((b)), in BENCH_ROUNDS interleaved rounds.
+## `make bench-compare BENCH_SERVERS=granian2x4,2x4,sync4 OLD=` compares servers on this tree alone.
+OLD ?= HEAD~1
+BENCH_SERVERS ?= granian2x4
+BENCH_OLD_TREE ?= /tmp/onceguard-bench-old
+bench-compare: setup
+	@set -e; trees="--tree new=."; \
+	if [ -n "$(OLD)" ]; then \
+	  rm -rf $(BENCH_OLD_TREE) && mkdir -p $(BENCH_OLD_TREE); \
+	  git archive $(OLD) | tar -x -C $(BENCH_OLD_TREE); \
+	  trees="--tree old=$(BENCH_OLD_TREE) $$trees"; \
+	fi; \
+	DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} $(PY) -m bench.compare $$trees --servers $(BENCH_SERVERS)
 
 clean:
 	rm -rf $(VENV) var staticfiles

@@ -7,7 +7,6 @@ from typing import Any
 import django_filters
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf_serializers
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -17,6 +16,8 @@ from ledger import selectors, services
 from ledger.errors import InvalidKey, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationStatus
+from ledger.pagination import KeysetCursorPagination
+from ledger.serializer_reuse import represented, validated_data
 from ledger.serializers import (
     ClaimInputSerializer,
     ClaimOutputSerializer,
@@ -32,13 +33,11 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 def validated_input(serializer_class: type[drf_serializers.Serializer], request: Request) -> dict[str, Any]:
-    """The request body validated by ``serializer_class``; DRF's ValidationError (a 400
-    problem) when it is not valid."""
+    """The request body validated by ``serializer_class`` (reused, see ledger.serializer_reuse);
+    DRF's ValidationError (a 400 problem) when it is not valid."""
     if not isinstance(request.data, dict):
         raise ValidationFailed("The request body must be a JSON object.")
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
+    return validated_data(serializer_class, request.data)
 
 
 def idempotency_key_from(request: Request, body_key: str | None) -> str:
@@ -56,7 +55,7 @@ def operation_response(
     headers = dict(headers or {})
     if replayed:
         headers[REPLAYED_HEADER] = "true"
-    return Response(OperationOutputSerializer(op).data, status=status, headers=headers)
+    return Response(represented(OperationOutputSerializer, op), status=status, headers=headers)
 
 
 class ClaimCreateApi(APIView):
@@ -79,7 +78,8 @@ class ClaimCreateApi(APIView):
         op = result.operation
         if result.replayed:
             return operation_response(op, status=200, replayed=True)
-        return Response(ClaimOutputSerializer(op).data, status=201, headers={"Location": f"/api/v1/operations/{op.pk}"})
+        location = {"Location": f"/api/v1/operations/{op.pk}"}
+        return Response(represented(ClaimOutputSerializer, op), status=201, headers=location)
 
 
 class OperationSentApi(APIView):
@@ -178,7 +178,7 @@ class OperationFilter(django_filters.FilterSet):
         fields: list[str] = []
 
 
-class OperationCursorPagination(CursorPagination):
+class OperationCursorPagination(KeysetCursorPagination):
     ordering = "-id"
     page_size = 50
     page_size_query_param = "page_size"

@@ -10,22 +10,16 @@ from rest_framework import serializers
 from ledger import selectors
 from ledger.crypto import open_json
 from ledger.models import ErrorClass, Operation
+from ledger.storable import MAX_DURATION_SECONDS, nul_problem
+from ledger.serializer_reuse import represented
 
 
 def no_nul_characters(value: Any) -> None:
     """PostgreSQL stores neither U+0000 in jsonb nor NUL in text: refuse it as input (a 400),
     on every database, instead of failing at the INSERT (a 500)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                raise serializers.ValidationError("NUL characters (U+0000) are not allowed.")
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    problem = nul_problem(value)
+    if problem is not None:
+        raise serializers.ValidationError(problem)
 
 
 class ClaimInputSerializer(serializers.Serializer):
@@ -50,8 +44,8 @@ class SubmitInputSerializer(serializers.Serializer):
     provider = serializers.SlugField(max_length=63)
     action = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     # method/path/query/headers/body; validated against the provider by the service.
-    request = serializers.JSONField()
-    payload = serializers.JSONField(required=False, allow_null=True, default=None)
+    request = serializers.JSONField(validators=[no_nul_characters])
+    payload = serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
     deadline_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001)
     callback_url = serializers.CharField(
         required=False, allow_blank=True, trim_whitespace=False, max_length=1000, default=""
@@ -89,7 +83,9 @@ class FailInputSerializer(LeaseTokenSerializer):
     response_status = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=100, max_value=599
     )
-    retry_after_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0)
+    retry_after_seconds = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_SECONDS
+    )
 
 
 class OperationResponseSerializer(serializers.Serializer):
@@ -161,4 +157,4 @@ def _iso(value: Any) -> str | None:
 def operation_representation(op: Operation, **_: Any) -> dict[str, Any]:
     """OperationOutputSerializer's rendering of ``op``, for callers outside a view
     (callback bodies, review items). Extra keyword arguments are accepted and ignored."""
-    return dict(OperationOutputSerializer(op).data)
+    return represented(OperationOutputSerializer, op)
