@@ -29,8 +29,8 @@ from django.db.models import Max, Min
 from django.utils import timezone
 from django_q.models import Task
 
-from dlq.alerts import alert_dispatch, alert_raise
-from dlq.models import AlertChannel
+from alerts.models import AlertChannel
+from alerts.services import alert_dispatch, alert_raise
 
 log = logging.getLogger("onceguard.scheduler")
 
