@@ -1,4 +1,4 @@
-"""Request guards that run before any view reads the body."""
+"""Request guards that run before any view reads the body, and before any query."""
 
 from __future__ import annotations
 
@@ -8,6 +8,21 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from config.problems import problem_response
+from ledger.outage import dead_connections_discard
+
+
+class DeadConnectionMiddleware:
+    """First in MIDDLEWARE: persistent connections (CONN_MAX_AGE) the database server hung
+    up on while idle — a restart, a failover, an outage — are closed before this request uses
+    them, so the first request after the database is back succeeds instead of failing on a
+    dead socket. A poll of the socket, no round trip (ledger.outage)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        dead_connections_discard()
+        return self.get_response(request)
 
 
 class ApiBodyLimitMiddleware:

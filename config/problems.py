@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -11,6 +12,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
 from ledger.errors import DomainError
+from ledger.outage import database_unavailable, retry_after_seconds
 
 log = logging.getLogger("onceguard.api")
 
@@ -62,6 +64,34 @@ def problem_response(status: int, code: str, title: str, detail: str, **extra: A
     )
 
 
+DATABASE_UNAVAILABLE = (503, "database_unavailable", "Database unavailable")
+DATABASE_UNAVAILABLE_DETAIL = (
+    "The database cannot be reached right now. Retry after the time in Retry-After; with the same"
+    " idempotency key a retry is safe whether or not this request was recorded."
+)
+
+
+def database_unavailable_response(request: HttpRequest) -> HttpResponse:
+    """503 + Retry-After while the database is unreachable, from anywhere in a request:
+    problem+json under /api/, a short page for the console."""
+    # The class only: a database error's message can hold host and user names.
+    log.warning("database_unavailable path=%s error=%s", request.path, type(sys.exc_info()[1]).__name__)
+    if request.path.startswith("/api/"):
+        response: HttpResponse = problem_response(
+            *DATABASE_UNAVAILABLE, DATABASE_UNAVAILABLE_DETAIL, instance=request.path
+        )
+    else:
+        response = HttpResponse(
+            "<!doctype html><title>Service unavailable</title><h1>Service unavailable</h1>"
+            "<p>The database cannot be reached right now. Try again in a moment.</p>",
+            status=503,
+            content_type="text/html; charset=utf-8",
+        )
+    response["Retry-After"] = str(retry_after_seconds())
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     request = context.get("request")
     instance = request.path if request is not None else ""
@@ -92,6 +122,13 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
             headers["WWW-Authenticate"] = 'Bearer realm="api"'
         body = problem_body(exc.status_code, code, title, detail, instance, **extra)
         return Response(body, status=exc.status_code, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
+    if database_unavailable(exc):
+        # Not the request's fault nor a bug: retryable once the database is back (Django
+        # replaces the broken connection at the end of this request).
+        log.warning("database_unavailable path=%s error=%s", instance, type(exc).__name__)
+        body = problem_body(*DATABASE_UNAVAILABLE, DATABASE_UNAVAILABLE_DETAIL, instance)
+        headers = {"Retry-After": str(retry_after_seconds()), "Cache-Control": "no-store"}
+        return Response(body, status=503, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
     # Unexpected: log the class only (the message may carry request data), answer 500.
     log.error("unhandled_error path=%s error=%s", instance, type(exc).__name__, exc_info=False)
     body = problem_body(
@@ -108,6 +145,10 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
+    # Called while the exception is being handled (outside DRF: middleware, console views).
+    exc = sys.exc_info()[1]
+    if exc is not None and database_unavailable(exc):
+        return database_unavailable_response(request)
     if not request.path.startswith("/api/"):
         return defaults.server_error(request)
     return problem_response(500, "internal_error", "Internal error", "The server failed.", instance=request.path)

@@ -72,6 +72,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Persistent connections the database server hung up on are dropped before any query,
+    # the probes' included (no round trip; a database error later in the request is a 503).
+    "config.middleware.DeadConnectionMiddleware",
     # /healthz and /readyz answer before host validation, sessions and auth (observability.health).
     "observability.health.HealthProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -112,8 +115,11 @@ TEMPLATES = [
 SQLITE_PATH = os.environ.get("SQLITE_PATH", str(VAR_DIR / "onceguard.sqlite3"))
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
-    # Persistent connections without a per-request `SELECT 1` (a broken connection fails
-    # one request and is replaced); server-side binding so psycopg prepares the ledger's
+    # Persistent connections without a per-request `SELECT 1`: a connection the server hung
+    # up on is dropped before use by config.middleware.DeadConnectionMiddleware (no round
+    # trip), one that breaks mid-request answers 503 and is replaced; a connect gives up
+    # after DB_CONNECT_TIMEOUT_SECONDS instead of hanging on an unreachable host (libpq's
+    # minimum is 2). Server-side binding so psycopg prepares the ledger's
     # repeated statements after PG_PREPARE_THRESHOLD uses: the planner work of a claim or
     # completion drops by more than half. Behind PgBouncer in transaction mode use >= 1.21
     # (protocol-level prepared statements) or set PG_PREPARE_THRESHOLD=0 to disable.
@@ -122,6 +128,9 @@ if DATABASE_URL:
             DATABASE_URL, conn_max_age=600, conn_health_checks=env_bool("DB_HEALTH_CHECKS", False)
         )
     }
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", env_int("DB_CONNECT_TIMEOUT_SECONDS", 5)
+    )
     _prepare = env_int("PG_PREPARE_THRESHOLD", 5)
     if _prepare > 0:
         DATABASES["default"].setdefault("OPTIONS", {}).update(
@@ -252,9 +261,16 @@ ONCEGUARD = {
     "LOOKUP_FAILURE_LIMIT": env_int("LOOKUP_FAILURE_LIMIT", 5),
     "STUCK_ALERT_SECONDS": env_int("STUCK_ALERT_SECONDS", 3600),
     "SWEEP_INTERVAL_SECONDS": env_int("SWEEP_INTERVAL_SECONDS", 30),
-    # Execute mode. A worker's lease is 2 × the provider's timeout + this margin, so
-    # attempt timeout < lease < django-q2 timeout (Q_TIMEOUT) < django-q2 retry (Q_RETRY).
+    # Execute mode. A worker's lease is 2 × the provider's timeout + RECORD_RETRY_SECONDS +
+    # this margin, so attempt timeout < lease < django-q2 timeout (Q_TIMEOUT) < django-q2
+    # retry (Q_RETRY).
     "WORKER_LEASE_MARGIN_SECONDS": float(os.environ.get("WORKER_LEASE_MARGIN_SECONDS") or 5),
+    # How long a worker holding a provider's answer retries recording it while the database
+    # is unreachable (fresh connection, same token, backing off) before leaving the row to the
+    # sweeper. Part of the lease, so a longer budget delays the recovery of a crashed worker.
+    "RECORD_RETRY_SECONDS": float(os.environ.get("RECORD_RETRY_SECONDS") or 30),
+    # Retry-After of the API's 503 `database_unavailable` answer.
+    "DATABASE_RETRY_AFTER_SECONDS": env_int("DATABASE_RETRY_AFTER_SECONDS", 5),
     # Largest stored request envelope (method/path/query/headers/body as canonical JSON).
     "EXECUTE_MAX_REQUEST_BYTES": env_int("EXECUTE_MAX_REQUEST_BYTES", 256 * 1024),
     "WORKER_MAX_RESPONSE_BYTES": env_int("WORKER_MAX_RESPONSE_BYTES", 256 * 1024),

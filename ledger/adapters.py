@@ -62,13 +62,24 @@ def _cfg(name: str, default: Any) -> Any:
     return settings.ONCEGUARD.get(name, default)
 
 
-def lease_seconds_for(provider: Provider) -> float:
-    """Lease of a worker's attempt: attempt bound + margin (attempt timeout < lease).
+def record_retry_seconds() -> float:
+    """How long a worker holding an outcome retries recording it through a database blip."""
+    return max(0.0, float(_cfg("RECORD_RETRY_SECONDS", 30.0)))
+
+
+def worker_lease_seconds(timeout_seconds: float) -> float:
+    """Lease of a worker's attempt: send bound + record retry budget + margin.
 
     httpx bounds each phase (connect, write, each read) by the provider's timeout and the
     adapter stops reading once the attempt's deadline has passed, so two timeouts cover a
-    slow connect followed by a slow answer; the margin covers recording the outcome."""
-    return 2 * float(provider.timeout_seconds) + float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
+    slow connect followed by a slow answer. The record step's retries then run for at most
+    ``RECORD_RETRY_SECONDS``, and the margin covers the last try itself: the sweeper never
+    moves a row whose outcome a live worker still holds (DESIGN §5)."""
+    return 2 * float(timeout_seconds) + record_retry_seconds() + float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
+
+
+def lease_seconds_for(provider: Provider) -> float:
+    return worker_lease_seconds(float(provider.timeout_seconds))
 
 
 def parse_retry_after(value: str | None, *, cap: float) -> float | None:

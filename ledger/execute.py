@@ -8,21 +8,25 @@
   a new Attempt, the event and the ``sent`` marker in the same commit (workers send right
   after, so a fresh operation costs two commits: take and record).
 - :func:`operation_execute` sends one taken operation through the adapter and records the
-  classified outcome through the fenced services (complete/fail).
+  classified outcome through the fenced services (complete/fail). A worker that holds an
+  outcome does not drop it for a database blip: the record step is retried on a fresh
+  connection, with the same token, for ``RECORD_RETRY_SECONDS`` (the take's lease covers it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import re
+import time
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
@@ -30,6 +34,8 @@ from ledger import adapters, admission, callbacks, services
 from ledger.crypto import open_json
 from ledger.errors import AdmissionRefused, DomainError, UnknownProvider, ValidationFailed
 from ledger.models import (
+    Attempt,
+    AttemptOutcome,
     ErrorClass,
     Operation,
     OperationMode,
@@ -38,6 +44,7 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
+from ledger.outage import connection_discard, database_unavailable
 
 S = OperationStatus
 log = logging.getLogger("onceguard.execute")
@@ -233,10 +240,6 @@ def operation_submit(
 # --- Take -----------------------------------------------------------------------------------
 
 
-def _lease_margin() -> float:
-    return float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
-
-
 def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     """Take up to ``limit`` due operations: queued→claimed or retry_wait→claimed, each with a
     new Attempt, its event and the ``sent`` marker, all in one commit. Two workers never take
@@ -263,7 +266,7 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
             op = services.operation_take(
                 operation_id=op_id,
                 from_status=status,
-                lease_seconds=2 * float(timeout) + _lease_margin(),
+                lease_seconds=adapters.worker_lease_seconds(float(timeout)),
                 past_deadline=bool(past),
                 actor=actor,
             )
@@ -327,6 +330,88 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
     )
 
 
+# Backoff between tries of the record step: doubling from the first delay up to the cap,
+# each with jitter, so a node's threads do not reconnect in step. The number of tries is
+# bounded as well as the time (a clock that does not move must not loop forever).
+RECORD_RETRY_FIRST_DELAY = 0.25
+RECORD_RETRY_MAX_DELAY = 2.0
+RECORD_RETRY_MAX_TRIES = 200
+
+
+def _stored_by_this_attempt(op: Operation) -> Operation | None:
+    """The row, when this attempt's own report is what moved it: a try whose commit landed
+    but whose answer was lost to the outage. Its attempt row was finished in the same
+    commit (not pending, not fenced), and nobody else moves a row within the holder's lease."""
+    finished = Attempt.objects.filter(operation_id=op.pk, lease_token=op.lease_token).exclude(
+        outcome__in=(AttemptOutcome.PENDING, AttemptOutcome.FENCED)
+    )
+    if not finished.exists():
+        return None
+    return Operation.objects.filter(pk=op.pk, lease_token=op.lease_token).exclude(status=S.CLAIMED).first()
+
+
+def record_outcome_retrying(*, op: Operation, provider: Provider, outcome: adapters.Outcome, actor: str) -> Operation:
+    """:func:`record_outcome`, retried through a database blip (issue 11).
+
+    The outcome is in hand: dropped, the row would wait for its lease to expire and then be
+    reconciled — for a key-advisory provider, by a human. So a database error is retried on a
+    fresh connection, with the same token, for ``RECORD_RETRY_SECONDS``, backing off. A try
+    after a commit that did land is harmless: a repeated complete returns the row, and a
+    repeated fail finds the row already moved by this attempt, which counts as stored.
+    Inside a caller's transaction nothing is retried: the broken connection broke it. After
+    the budget the error is raised and the row is left to the sweeper, as before.
+    """
+    give_up_at = time.monotonic() + adapters.record_retry_seconds()
+    delay = RECORD_RETRY_FIRST_DELAY
+    failures = 0
+    for _ in range(RECORD_RETRY_MAX_TRIES):
+        try:
+            return record_outcome(op=op, provider=provider, outcome=outcome, actor=actor)
+        except DomainError:
+            stored = _stored_by_this_attempt(op) if failures else None
+            if stored is None:
+                raise
+            log.info(
+                "execute_record_found_stored key=%s attempt=%s tries=%s status=%s",
+                op.key,
+                op.attempts,
+                failures + 1,
+                stored.status,
+            )
+            return stored
+        except Exception as exc:
+            if not database_unavailable(exc) or connection.in_atomic_block:
+                raise
+            failures += 1
+            remaining = give_up_at - time.monotonic()
+            if remaining <= 0 or failures >= RECORD_RETRY_MAX_TRIES:
+                log.error(
+                    "execute_record_gave_up key=%s attempt=%s tries=%s error=%s outcome=%s",
+                    op.key,
+                    op.attempts,
+                    failures,
+                    type(exc).__name__,
+                    outcome.error_class or "succeeded",
+                )
+                raise
+            wait = min(remaining, delay * random.uniform(0.5, 1.0))
+            # The class only: a database error's message can hold host and user names.
+            log.warning(
+                "execute_record_retry key=%s attempt=%s try=%s error=%s retry_in=%.2f remaining=%.1f outcome=%s",
+                op.key,
+                op.attempts,
+                failures,
+                type(exc).__name__,
+                wait,
+                remaining,
+                outcome.error_class or "succeeded",
+            )
+            connection_discard()
+            time.sleep(wait)
+            delay = min(RECORD_RETRY_MAX_DELAY, delay * 2)
+    raise AssertionError("unreachable: the last try either returns or raises")  # pragma: no cover
+
+
 def operation_execute(*, operation: Operation, client: httpx.Client, actor: str = "worker") -> Operation | None:
     """Send one taken operation and record its outcome. Returns the recorded row, or None
     when the row moved meanwhile (the sweeper or a reviewer; the result was kept as evidence)."""
@@ -340,7 +425,7 @@ def operation_execute(*, operation: Operation, client: httpx.Client, actor: str 
     else:
         outcome = _send(op=op, provider=provider, client=client)
     try:
-        recorded = record_outcome(op=op, provider=provider, outcome=outcome, actor=actor)
+        recorded = record_outcome_retrying(op=op, provider=provider, outcome=outcome, actor=actor)
     except DomainError as exc:
         log.warning(
             "execute_result_refused key=%s attempt=%s code=%s outcome=%s",

@@ -7,8 +7,10 @@ send it at once: its lease starts ticking at the take. Run as many processes on 
 nodes as you like; the database decides who gets which row.
 
 Stopping (SIGTERM/SIGINT) stops taking and lets in-flight attempts finish: each is bounded
-by its provider's timeout. A process killed outright leaves its rows ``claimed`` with the
-sent marker; the sweeper handles them once their lease expires (DESIGN §3).
+by its provider's timeout, plus ``RECORD_RETRY_SECONDS`` when the database is unreachable
+as the outcome is recorded (the record step is retried, not dropped). A process killed
+outright leaves its rows ``claimed`` with the sent marker; the sweeper handles them once
+their lease expires (DESIGN §3).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from django.db import close_old_connections, connections
 from ledger import adapters
 from ledger.execute import operation_execute, operations_take
 from ledger.models import Operation
+from ledger.outage import dead_connections_discard
 
 log = logging.getLogger("onceguard.worker")
 
@@ -71,12 +74,17 @@ class Worker:
 
     def _run_one(self, op: Operation) -> None:
         try:
+            # This thread's connection may have idled through a database restart: drop it now
+            # rather than fail the record step on it (which would retry, but later).
+            dead_connections_discard()
             recorded = operation_execute(operation=op, client=self._client(), actor=self.name)
             with self._cond:
                 self.stats.finished += 1
                 status = recorded.status if recorded is not None else "refused"
                 self.stats.by_status[status] = self.stats.by_status.get(status, 0) + 1
-        except Exception as exc:  # the row stays claimed; the sweeper takes over at lease expiry
+        # The row stays claimed; the sweeper takes over at lease expiry. A database blip only
+        # gets here once the record step's retries are spent (execute.record_outcome_retrying).
+        except Exception as exc:
             with self._cond:
                 self.stats.errors += 1
             # The class only: messages may quote SQL parameters or URLs.

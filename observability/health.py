@@ -5,12 +5,15 @@
 - ``/readyz`` (readiness): the database answers and every migration on disk is applied; a
   node failing it is taken out of the load balancer until it passes again.
 
-Both answer ``200`` or ``503`` with a small JSON body and ``Cache-Control: no-store``. The
+Both answer ``200`` or ``503`` with a small JSON body and ``Cache-Control: no-store``; a
+``503`` for an unreachable database carries the same ``Retry-After`` as the API's
+``database_unavailable`` answers (ledger.outage). The
 scheduler (django-q2) and the sweeper are *not* readiness: a stalled scheduler must not take
 every web node out of the load balancer. Their staleness is a metric and an alert
 (``observability.scheduler``).
 
-``HealthProbeMiddleware``, first in ``MIDDLEWARE``, answers the probes before host
+``HealthProbeMiddleware``, first in ``MIDDLEWARE`` after ``DeadConnectionMiddleware`` (which
+only drops database connections the server hung up on), answers the probes before host
 validation, sessions, authentication and CSRF run: a load balancer probing by IP address
 (a Host header not in ``ALLOWED_HOSTS``) gets the real answer instead of a 400, and no
 session or access noise is made for it.
@@ -25,6 +28,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
+
+from ledger.outage import retry_after_seconds
 
 CONTENT_TYPE = "application/json"
 
@@ -74,7 +79,10 @@ def readyz(request: HttpRequest) -> HttpResponse:
     checks = {"database": database_check()}
     if checks["database"] == "ok":
         checks["migrations"] = migrations_check()
-    return _answer(all(v == "ok" for v in checks.values()), {"checks": checks})
+    response = _answer(all(v == "ok" for v in checks.values()), {"checks": checks})
+    if checks["database"] != "ok":
+        response["Retry-After"] = str(retry_after_seconds())
+    return response
 
 
 PROBES: dict[str, Callable[[HttpRequest], HttpResponse]] = {"/healthz": healthz, "/readyz": readyz}

@@ -110,7 +110,8 @@ def test_a_worker_killed_mid_call_is_reconciled_and_never_runs_twice(tenant, req
     # The provider holds the request; the worker is killed while it waits for the answer.
     mock.script([{"delay": 0.8}])
     op = submit(tenant, "k-killed", 1, provider="fx").operation
-    env = child_env(LOG_LEVEL="WARNING", WORKER_LEASE_MARGIN_SECONDS="0.2")
+    # A short lease (no record-retry budget, a small margin) so the sweeper's turn comes soon.
+    env = child_env(LOG_LEVEL="WARNING", WORKER_LEASE_MARGIN_SECONDS="0.2", RECORD_RETRY_SECONDS="0")
     worker = start_worker(env=env, concurrency=2)
     try:
         # The provider has the request in hand (counted on arrival, held for 0.8 s).
