@@ -19,6 +19,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from dlq.models import FailedEventShape
+from ledger.crypto import digest
 from ledger.errors import ValidationFailed
 from ledger.models import ErrorClass
 from ledger.services import sanitize_message, validate_key
@@ -87,8 +88,6 @@ def weak_identity(raw: bytes) -> str:
     """A keyed HMAC of the raw body, never a bare hash: a tiny body (a phone number) could be
     guessed back from sha256 (DESIGN §6). After a key rotation the same body gets a new
     identity, so a repost across a rotation is a second (still weak, flagged) entry."""
-    from ledger.crypto import digest
-
     # latin-1 maps every byte to one character: any body, text or not, has a digest.
     kid, hexdigest = digest(raw.decode("latin-1"))
     return f"hmac:{kid}:{hexdigest}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django_q.models import Schedule
+
 # name → (function, minutes between runs)
 SCHEDULES: dict[str, tuple[str, int]] = {
     "dlq: automatic replay of transient failures": ("dlq.tasks.auto_replay_task", 1),
@@ -11,11 +13,9 @@ SCHEDULES: dict[str, tuple[str, int]] = {
 }
 
 
-def install_schedules(schedule_model: Any = None) -> list[str]:
+def install_schedules(schedule_model: Any = Schedule) -> list[str]:
     """Create or update each schedule by name (idempotent). Takes the model so a data
     migration can pass its historical one."""
-    if schedule_model is None:
-        from django_q.models import Schedule as schedule_model
     installed = []
     for name, (func, minutes) in SCHEDULES.items():
         schedule_model.objects.update_or_create(

@@ -4,18 +4,17 @@ call the service; the schedule rows are installed idempotently by `schedules_ins
 from __future__ import annotations
 
 from django.conf import settings
+from django_q.models import Schedule
+
+from ledger.sweeper import sweep
 
 
 def sweep_task() -> dict[str, int]:
-    from ledger.sweeper import sweep
-
     return sweep().counts
 
 
 def install_schedules() -> list[str]:
     """Create or update the ledger's schedules; returns their names."""
-    from django_q.models import Schedule
-
     minutes = max(1, round(settings.ONCEGUARD["SWEEP_INTERVAL_SECONDS"] / 60))
     Schedule.objects.update_or_create(
         name="ledger.sweep",

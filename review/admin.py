@@ -18,6 +18,7 @@ from django.urls import reverse
 from ledger.admin import ReadOnlyAdmin
 from ledger.errors import DomainError
 from ledger.models import Tombstone
+from ledger.services import provider_resume
 from review.models import (
     AccessLog,
     LoginFailure,
@@ -241,8 +242,6 @@ class PausedProviderAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Resume selected providers", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[PausedProvider]) -> None:
-        from ledger.services import provider_resume
-
         done = 0
         for provider in queryset.filter(paused_at__isnull=False):
             if provider_resume(provider_id=provider.pk, actor=actor_of(request)):

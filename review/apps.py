@@ -3,12 +3,12 @@ from typing import Any
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
+from review.roles import sync_role_groups
+
 
 def _sync_roles(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
     # Re-applied after every migrate: permissions added by later migrations of other apps
     # (a new DLQ model) reach their roles without another data migration.
-    from review.roles import sync_role_groups
-
     sync_role_groups(using=using)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
-from django.contrib.admin.utils import lookup_field
+from django.contrib.admin.utils import label_for_field, lookup_field
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
@@ -27,10 +27,13 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.text import capfirst, slugify
 
+from dlq.models import FailedEvent
 from ledger.errors import DomainError
+from ledger.models import Operation, Tenant
 from review import privacy, security
 from review.models import AccessAction
-from review.tenancy import object_tenant_id, scope_of, tenant_path
+from review.selectors import dashboard_numbers
+from review.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
 
 EXPORT_MAX_ROWS = 100_000
 
@@ -194,8 +197,6 @@ class ConsoleAdminMixin:
 
 
 def label_for(name: str, model: type[models.Model], model_admin: Any) -> str:
-    from django.contrib.admin.utils import label_for_field
-
     try:
         return capfirst(str(label_for_field(name, model, model_admin)))
     except Exception:
@@ -300,8 +301,6 @@ class OnceguardAdminSite(admin.AdminSite):
     enable_nav_sidebar = False
 
     def register(self, model_or_iterable: Any, admin_class: Any = None, **options: Any) -> None:
-        from review.tenancy import scoped_admin_class
-
         admin_class = admin_class or admin.ModelAdmin
         if not getattr(admin_class, "onceguard_console", False):
             admin_class = type(
@@ -317,8 +316,6 @@ class OnceguardAdminSite(admin.AdminSite):
         if scope is None:
             context["onceguard_scope"] = "all tenants"
         elif scope:
-            from ledger.models import Tenant
-
             context["onceguard_scope"] = ", ".join(Tenant.objects.filter(pk__in=scope).values_list("slug", flat=True))
         else:
             context["onceguard_scope"] = "no tenant assigned"
@@ -341,8 +338,6 @@ class OnceguardAdminSite(admin.AdminSite):
         return extra + super().get_urls()
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        from review.selectors import dashboard_numbers
-
         extra_context = dict(extra_context or {})
         extra_context["dash"] = dashboard_context(request, dashboard_numbers(tenant_ids=scope_of(request)), self)
         return super().index(request, extra_context)
@@ -426,9 +421,6 @@ class OnceguardAdminSite(admin.AdminSite):
             scope = scope_of(request)
             phone, email = form.cleaned_data["phone"], form.cleaned_data["email"]
             hits = privacy.subject_search(tenant_ids=scope, phone=phone, email=email)
-            from dlq.models import FailedEvent
-            from ledger.models import Operation, Tenant
-
             ops = list(Operation.objects.filter(pk__in=hits.operation_ids).select_related("tenant", "provider"))
             events = list(FailedEvent.objects.filter(pk__in=hits.failed_event_ids).select_related("tenant"))
             tenant_ids = scope if scope is not None else list(Tenant.objects.values_list("pk", flat=True))

@@ -28,8 +28,13 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
+from dlq import services as dlq_services
+from dlq.models import FailedEvent
 from ledger import services
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from review import privacy
+from review.models import RetentionPolicy, StaffTenant
+from review.retention import retention_purge_tenant
 
 EXAMPLES = Path(__file__).resolve().parent / "demo_examples"
 TENANT = "demo"
@@ -68,20 +73,14 @@ def _local_crm() -> Iterator[str]:
 
 
 def database_is_empty() -> bool:
-    from dlq.models import FailedEvent
-
     return not Operation.objects.exists() and not FailedEvent.objects.exists()
 
 
 def _ingest(tenant: Tenant, envelope: dict[str, Any]) -> Any:
-    from dlq.services import failed_event_ingest
-
-    return failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="demo_seed").event
+    return dlq_services.failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="demo_seed").event
 
 
 def _staff(tenant: Tenant, username: str, role: str) -> str:
-    from review.models import StaffTenant
-
     password = secrets.token_urlsafe(10)
     user = User.objects.filter(username=username).first() or User(username=username, is_staff=True)
     user.first_name = f"Demo {role}"
@@ -94,12 +93,6 @@ def _staff(tenant: Tenant, username: str, role: str) -> str:
 
 def demo_seed() -> dict[str, Any]:
     """Seed the scenario; returns what was made (ids, usernames and passwords)."""
-    from dlq import services as dlq_services
-    from dlq.models import FailedEvent
-    from review import privacy
-    from review.models import RetentionPolicy
-    from review.retention import retention_purge_tenant
-
     tenant = Tenant.objects.filter(slug=TENANT).first() or services.tenant_create(
         slug=TENANT, name="Demo tenant (sample data)"
     )

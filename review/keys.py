@@ -13,6 +13,7 @@ from django.db.models import Q
 
 from ledger import crypto
 from review.models import RecordType, SubjectIndex
+from review.privacy import subject_index_record
 
 # (model label, columns, record type for the subject index, subject-index columns)
 SEALED_COLUMNS: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] = [
@@ -73,8 +74,6 @@ def encryption_rotate(
 
 def _rekey_subject_index(model: Any, record_type: str, columns: tuple[str, ...], current: str, batch_size: int) -> int:
     """Index rows under an old key id are recomputed under the current one (by record)."""
-    from review.privacy import subject_index_record
-
     done = 0
     last_id = -1
     while True:

@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from dlq.models import FailedEvent
 from ledger import crypto
 from ledger.errors import ValidationFailed
 from review.accesslog import (  # noqa: F401 (re-exported for callers of review.privacy)
@@ -264,8 +265,6 @@ def subject_search(*, tenant_ids: list[int] | None, phone: str = "", email: str 
     op_ids = sorted(set(rows.filter(record_type=RecordType.OPERATIONS).values_list("record_id", flat=True)))
     fe_ids = set(rows.filter(record_type=RecordType.FAILED_EVENTS).values_list("record_id", flat=True))
     # A DLQ entry made from an operation carries that operation's payload.
-    from dlq.models import FailedEvent
-
     if op_ids:
         fe_ids |= set(FailedEvent.objects.filter(operation_id__in=op_ids).values_list("pk", flat=True))
     return SubjectHits(op_ids, sorted(fe_ids))

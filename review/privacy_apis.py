@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from dlq.models import FailedEvent
 from ledger.errors import DomainError, OperationNotFound
 from ledger.models import Operation
 from review import privacy
@@ -99,8 +100,6 @@ class FailedEventPayloadRevealApi(APIView):
         summary="Reveal a DLQ entry's payload (scope `payload`; logged)",
     )
     def get(self, request: Request, event_id: int) -> Response:
-        from dlq.models import FailedEvent
-
         _require_payload_scope(request)
         event = FailedEvent.objects.filter(pk=event_id, tenant_id=request.user.tenant.pk).first()
         if event is None:

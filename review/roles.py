@@ -11,6 +11,8 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any
 
+from django.apps import apps as global_apps
+
 OPERATOR, REVIEWER, AUDITOR, ADMIN = "operator", "reviewer", "auditor", "admin"
 ROLES = (OPERATOR, REVIEWER, AUDITOR, ADMIN)
 
@@ -104,8 +106,6 @@ def role_permission_codes(role: str, available: list[str]) -> list[str]:
 def sync_role_groups(apps: Any = None, using: str = "default") -> dict[str, int]:
     """Create the role groups and set their permissions exactly; returns counts per role."""
     if apps is None:
-        from django.apps import apps as global_apps
-
         apps = global_apps
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")

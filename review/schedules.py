@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 
+from django_q.models import Schedule
+
+from review.retention import retention_purge
+
 
 def retention_purge_task() -> dict[str, int]:
-    from review.retention import retention_purge
-
     runs = retention_purge(trigger="schedule")
     return {
         "tenants": len(runs),
@@ -20,8 +22,6 @@ def retention_purge_task() -> dict[str, int]:
 
 def install_schedules() -> list[str]:
     """Create or update the console's schedules; returns their names."""
-    from django_q.models import Schedule
-
     minutes = max(1, int(os.environ.get("RETENTION_INTERVAL_MINUTES", "60")))
     Schedule.objects.update_or_create(
         name="review.retention_purge",

@@ -5,10 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
+from django_q.models import Task
 
-from ledger.models import Operation, OperationStatus
+from dlq.models import FailedEvent, FailedEventStatus
+from ledger.models import Operation, OperationStatus, Provider
+from review.models import RetentionRun
 
 
 def review_item_list(
@@ -46,12 +49,6 @@ def _scoped(qs: QuerySet, tenant_ids: list[int] | None, field: str = "tenant_id"
 
 def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
     """Every number the console's front page shows, each scoped to the user's tenants."""
-    from django.db.models import Count, Min
-
-    from dlq.models import FailedEvent, FailedEventStatus
-    from ledger.models import Provider
-    from review.models import RetentionRun
-
     now = timezone.now()
     ops = _scoped(Operation.objects.all(), tenant_ids)
     by_state = dict(ops.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
@@ -88,10 +85,6 @@ def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
 
 def last_sweep() -> dict[str, Any] | None:
     """The sweeper's last scheduled run (django-q2's task record), if it has run."""
-    try:
-        from django_q.models import Task
-    except ImportError:  # pragma: no cover
-        return None
     task = (
         Task.objects.filter(func="ledger.schedules.sweep_task")
         .order_by("-stopped")
