@@ -2,43 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-# Deeper than any real request; far below the interpreter's recursion limit, so parsing,
-# fingerprinting (canonical JSON) and storing a body can never raise RecursionError (a 500).
-MAX_JSON_DEPTH = 64
+# The rules live at the bottom layer, shared with the DLQ's own parser of raw bodies.
+from ledger.storable import MAX_JSON_DEPTH, json_problem
 
-
-def json_problem(value: Any) -> str | None:
-    """Why a parsed JSON value cannot be stored, or None. Walked without recursion.
-
-    json.loads accepts numbers that overflow to infinity (1e400) and lone surrogate escapes
-    ("\\ud800"); neither can be written back as JSON or UTF-8 (jsonb, encryption, logs).
-    """
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            if depth > MAX_JSON_DEPTH:
-                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
-            stack.extend((k, depth) for k in item.keys())
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            if depth > MAX_JSON_DEPTH:
-                return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
-            stack.extend((v, depth + 1) for v in item)
-        elif isinstance(item, float) and not math.isfinite(item):
-            return "JSON numbers must be finite."
-        elif isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return "JSON strings must be valid Unicode (no lone surrogates)."
-    return None
+__all__ = ["MAX_JSON_DEPTH", "BoundedJSONParser", "json_problem"]
 
 
 class BoundedJSONParser(JSONParser):

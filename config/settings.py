@@ -81,6 +81,7 @@ MIDDLEWARE = [
     "review.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.middleware.ApiBodyLimitMiddleware",
+    "config.middleware.QueryNulMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

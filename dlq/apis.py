@@ -8,7 +8,6 @@ from django.core.exceptions import RequestDataTooBig
 from django.http.request import RawPostDataException
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -30,6 +29,7 @@ from dlq.serializers import (
 )
 from ledger.apis import validated_input
 from ledger.errors import ValidationFailed
+from ledger.pagination import KeysetCursorPagination
 
 _LIST_PARAMS = [
     OpenApiParameter("status", str, OpenApiParameter.QUERY, required=False),
@@ -53,7 +53,7 @@ _LIST_PARAMS = [
 ]
 
 
-class FailedEventCursorPagination(CursorPagination):
+class FailedEventCursorPagination(KeysetCursorPagination):
     ordering = selectors.LIST_ORDERING
     page_size = 50
     page_size_query_param = "page_size"

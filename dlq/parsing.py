@@ -10,7 +10,6 @@ Identity (DESIGN §4), first that applies: an explicit ``event_id``;
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,9 +19,10 @@ from django.utils.dateparse import parse_datetime
 
 from dlq.models import FailedEventShape
 from ledger.crypto import digest
-from ledger.errors import ValidationFailed
+from ledger.errors import MalformedJson, TimestampOutOfRange, ValidationFailed
 from ledger.models import ErrorClass
 from ledger.services import sanitize_message, validate_key
+from ledger.storable import MAX_COUNT, NotStorable, loads, nul_problem, timestamp_problem
 
 MAX_IDENTITY = 255
 ENVELOPE_TYPE = "onceguard.failed_event"
@@ -68,7 +68,11 @@ _STATUS_IN_TEXT = re.compile(r"(?:\[(\d{3})\]|status code (\d{3})|\b(\d{3}) - )"
 def error_class_from_report(*, message: str, http_code: Any = None) -> str:
     """Best effort for n8n errors, which carry no class: the HTTP code, else network codes."""
     code: int | None = None
-    if isinstance(http_code, (int, str)) and str(http_code).isdigit():
+    if isinstance(http_code, int) and not isinstance(http_code, bool):
+        code = http_code
+    elif isinstance(http_code, str) and re.fullmatch(r"[0-9]{3}", http_code.strip()):
+        # ASCII digits only: str.isdigit() also says yes to "²" and to 5000-digit numbers,
+        # which int() then refuses.
         code = int(http_code)
     else:
         found = _STATUS_IN_TEXT.search(message or "")
@@ -115,18 +119,30 @@ def _clip_identity(identity: str) -> str:
 
 
 def _parse_time(value: Any) -> datetime | None:
+    """A reported failure time (epoch seconds or milliseconds, or ISO 8601); None when there
+    is none or it cannot be read, and the entry takes its arrival time. A time that reads but
+    lies outside ledger.storable's window is refused: near year 1 or 9999 it overflows once
+    shifted into a display time zone, and every list, page and export showing it would fail."""
+    parsed: datetime | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = value / 1000 if value > 10_000_000_000 else value
         try:
-            return datetime.fromtimestamp(seconds, tz=UTC)
-        except (OverflowError, OSError, ValueError):
+            seconds = value / 1000 if value > 10_000_000_000 else value
+            parsed = datetime.fromtimestamp(seconds, tz=UTC)
+        except (OverflowError, OSError, ValueError) as exc:
+            raise TimestampOutOfRange("The failure time is not a representable time.") from exc
+    elif isinstance(value, str):
+        try:
+            parsed = parse_datetime(value)
+        except ValueError:
+            # Well formed but no date (month 13, offset of a day): unreadable, like "soon".
             return None
-    if isinstance(value, str):
-        parsed = parse_datetime(value)
         if parsed is not None and parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=UTC)
-        return parsed
-    return None
+    if parsed is not None:
+        problem = timestamp_problem(parsed)
+        if problem is not None:
+            raise TimestampOutOfRange(f"The failure time is out of range. {problem}")
+    return parsed
 
 
 def _n8n_execution(body: dict[str, Any], raw: bytes) -> ParsedFailure:
@@ -205,8 +221,8 @@ def _envelope(body: dict[str, Any], raw: bytes) -> ParsedFailure:
     if event_id not in (None, "") and (not isinstance(event_id, (str, int)) or len(str(event_id)) > MAX_IDENTITY):
         raise ValidationFailed(f"event_id must be a string of at most {MAX_IDENTITY} characters.")
     retry_count = body.get("retry_count", 0)
-    if not isinstance(retry_count, int) or isinstance(retry_count, bool) or retry_count < 0:
-        raise ValidationFailed("retry_count must be a non-negative integer.")
+    if not isinstance(retry_count, int) or isinstance(retry_count, bool) or not 0 <= retry_count <= MAX_COUNT:
+        raise ValidationFailed(f"retry_count must be an integer from 0 to {MAX_COUNT}.")
     wf_id, exec_id = _identity_part(source.get("workflow_id")), _identity_part(source.get("execution_id"))
     if event_id not in (None, ""):
         identity, weak = str(event_id).strip(), False
@@ -245,15 +261,21 @@ def _is_envelope(body: dict[str, Any]) -> bool:
 
 
 def parse_failure(raw: bytes) -> ParsedFailure:
-    """Recognise the shape of a reported failure; unknown shapes are kept raw, never refused.
+    """Recognise the shape of a reported failure; JSON of an unknown shape is kept raw.
 
-    Only our own envelope can be refused (400), when a field it defines has the wrong type.
+    Refused (400), so that whatever is stored stays readable (ledger.storable): a body that
+    is empty, not UTF-8 or not JSON, or JSON that cannot be stored (too deep, non-finite
+    numbers, integers over 4300 digits, lone surrogates) — ``malformed_json``; U+0000
+    anywhere — ``validation_error``; a failure time out of range — ``timestamp_out_of_range``;
+    and fields of our own envelope with the wrong type — ``validation_error``.
     """
     try:
-        body: Any = json.loads(raw.decode("utf-8")) if raw.strip() else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        text = raw.decode("utf-8", errors="replace")
-        return ParsedFailure(shape=FailedEventShape.RAW, identity=weak_identity(raw), weak=True, payload={"raw": text})
+        body: Any = loads(raw)
+    except NotStorable as exc:
+        raise MalformedJson(str(exc)) from exc
+    nul = nul_problem(body)
+    if nul is not None:
+        raise ValidationFailed(nul)
     # n8n's HTTP Request node may send its items as a one-element list.
     item = body[0] if isinstance(body, list) and len(body) == 1 and isinstance(body[0], dict) else body
     if isinstance(item, dict):

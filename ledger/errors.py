@@ -30,6 +30,24 @@ class ValidationFailed(DomainError):
     code, title = "validation_error", "Request is not valid"
 
 
+# Input refused at the door because, once stored, some read could not render it
+# (ledger.storable has the rules).
+class MalformedJson(DomainError):
+    code, title = "malformed_json", "Malformed request body"
+
+
+class TimestampOutOfRange(DomainError):
+    code, title = "timestamp_out_of_range", "Timestamp out of range"
+
+
+class InvalidCursor(DomainError):
+    code, title = "invalid_cursor", "Invalid cursor"
+
+
+class InvalidQueryParameter(DomainError):
+    code, title = "invalid_query_parameter", "Invalid query parameter"
+
+
 class KeyReusedWithDifferentRequest(DomainError):
     status, code, title = 422, "key_reused_with_different_request", "Key reused with a different request"
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers as drf_serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.apis import OperationCursorPagination, validated_input
 from review import selectors, services
-from review.serializers import DecisionInputSerializer, ReviewItemOutputSerializer, review_item_representation
+from review.serializers import (
+    DecisionInputSerializer,
+    ReviewItemListQuerySerializer,
+    ReviewItemOutputSerializer,
+    review_item_representation,
+)
 
 
 class ReviewItemListApi(APIView):
@@ -30,16 +34,13 @@ class ReviewItemListApi(APIView):
         summary="Operations waiting for a human decision",
     )
     def get(self, request: Request) -> Response:
-        older = request.query_params.get("older_than_seconds")
-        try:
-            older_than = float(older) if older not in (None, "") else None
-        except ValueError as exc:
-            raise drf_serializers.ValidationError({"older_than_seconds": ["must be a number"]}) from exc
+        query = ReviewItemListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
         rows = selectors.review_item_list(
             tenant_ids=[request.user.tenant.pk],
-            provider=request.query_params.get("provider", ""),
-            older_than_seconds=older_than,
-            search=request.query_params.get("q", ""),
+            provider=query.validated_data["provider"],
+            older_than_seconds=query.validated_data["older_than_seconds"],
+            search=query.validated_data["q"],
         )
         paginator = OperationCursorPagination()
         paginator.ordering = "id"

@@ -6,7 +6,17 @@ from rest_framework import serializers
 
 from ledger.models import Operation
 from ledger.serializers import OperationOutputSerializer, _iso, operation_representation
+from ledger.storable import MAX_DURATION_SECONDS
 from review.models import ReviewDecision
+
+
+class ReviewItemListQuerySerializer(serializers.Serializer):
+    provider = serializers.CharField(required=False, allow_blank=True, max_length=63, default="")
+    # Finite and bounded (DRF's FloatField refuses NaN and infinities): now - it is a date.
+    older_than_seconds = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_SECONDS
+    )
+    q = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
 
 
 class DecisionInputSerializer(serializers.Serializer):

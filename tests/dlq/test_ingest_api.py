@@ -82,9 +82,11 @@ def test_an_unknown_shape_is_stored_raw_and_flagged_and_reposting_it_does_not_du
     assert open_payload(FailedEvent.objects.get().payload) == example("voice-call-analyzed.json")
 
 
-def test_a_non_json_body_is_stored_not_refused(client):
+def test_a_non_json_body_is_refused_not_stored(client):
+    # Issue 11 §4: a report that is not JSON cannot be told from a broken client.
     response = post_raw(client, b"<html>upstream error page</html>")
-    assert response.status_code == 201 and response.json()["shape"] == "raw"
+    assert response.status_code == 400 and response.json()["code"] == "malformed_json"
+    assert not FailedEvent.objects.exists()
 
 
 def test_envelope_with_explicit_key_and_target(client):

@@ -9,7 +9,7 @@ import pytest
 
 from dlq.models import FailedEventShape
 from dlq.parsing import error_class_from_report, parse_failure
-from ledger.errors import InvalidKey, ValidationFailed
+from ledger.errors import InvalidKey, MalformedJson, ValidationFailed
 from ledger.search import search_values
 from tests.dlq.conftest import example, example_bytes
 
@@ -71,10 +71,10 @@ def test_unknown_json_is_kept_raw_with_a_weak_identity_from_the_body_digest():
     assert parsed.payload == example("voice-call-analyzed.json")
 
 
-def test_a_body_that_is_not_json_is_still_kept():
-    parsed = parse_failure(b"\xff\xfe not json at all")
-    assert parsed.shape == FailedEventShape.RAW and parsed.weak
-    assert "not json" in parsed.payload["raw"]
+@pytest.mark.parametrize("raw", [b"\xff\xfe not json at all", b"not json", b"", b"  "])
+def test_a_body_that_is_not_json_is_refused(raw):
+    with pytest.raises(MalformedJson):
+        parse_failure(raw)
 
 
 def test_envelope_with_explicit_event_id_and_key():

@@ -1,0 +1,351 @@
+"""Input that is accepted is readable forever (issue 11, item 4).
+
+Each hostile input the audit found is refused at the door with a 400 problem+json and a
+stable code, nothing is stored, and everything stored before it still answers in every list,
+detail page, CSV export and the metrics — under display time zones far east and west of
+UTC, on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from dlq.models import FailedEvent
+from ledger.models import Operation, Tenant
+from tests.console.support import client_for, staff
+from tests.ledger.support import CLAIM_URL, PROBLEM_JSON, claim_body
+
+pytestmark = pytest.mark.django_db
+
+DLQ_URL = "/api/v1/dlq/events"
+OPS_URL = "/api/v1/operations"
+REVIEW_URL = "/api/v1/review/items"
+# Display time zones at both ends of the offsets in use: a stored time must render in both.
+FAR_EAST, FAR_WEST = "Pacific/Kiritimati", "Etc/GMT+12"
+
+
+def post_dlq(client: APIClient, raw: bytes | str, path: str = DLQ_URL) -> Any:
+    data = raw.encode() if isinstance(raw, str) else raw
+    return client.generic("POST", path, data, content_type="application/json")
+
+
+def envelope(**fields: Any) -> str:
+    return json.dumps({"event_id": "evt-1", "payload": {"order_id": "o-1"}, "error": "HTTP 422", **fields})
+
+
+def cursor(query: str) -> str:
+    return base64.b64encode(query.encode()).decode()
+
+
+def assert_refused(response: Any, code: str) -> None:
+    assert response.status_code == 400, (response.status_code, response.content[:300])
+    assert response["Content-Type"] == PROBLEM_JSON
+    assert response.json()["code"] == code
+
+
+@pytest.fixture
+def console(tenant: Tenant) -> Client:
+    return client_for(staff("boss", role="admin", tenants=[tenant]))
+
+
+@pytest.fixture
+def readable(api: APIClient, console: Client, settings: Any) -> Callable[[], None]:
+    """Every page that shows stored rows answers, in both far time zones."""
+
+    def check() -> None:
+        for zone in (FAR_EAST, FAR_WEST, "UTC"):
+            settings.TIME_ZONE = zone
+            for url in (DLQ_URL, OPS_URL, REVIEW_URL):
+                response = api.get(url)
+                assert response.status_code == 200, (zone, url, response.content[:300])
+            for pk in FailedEvent.objects.values_list("pk", flat=True):
+                assert api.get(f"{DLQ_URL}/{pk}").status_code == 200, (zone, pk)
+                assert console.get(f"/admin/dlq/failedevent/{pk}/change/").status_code == 200, (zone, pk)
+            for pk in Operation.objects.values_list("pk", flat=True):
+                assert api.get(f"{OPS_URL}/{pk}").status_code == 200, (zone, pk)
+                assert console.get(f"/admin/ledger/operation/{pk}/change/").status_code == 200, (zone, pk)
+            for app, model in (("dlq", "failedevent"), ("ledger", "operation")):
+                assert console.get(f"/admin/{app}/{model}/").status_code == 200, (zone, model)
+                export = console.get(f"/admin/{app}/{model}/export.csv")
+                assert export.status_code == 200, (zone, model)
+                b"".join(export.streaming_content)
+            assert Client().get("/metrics").status_code == 200
+
+    return check
+
+
+# --- DLQ: one timestamp must not poison the list, the detail page and the export ------------
+
+TIMESTAMPS = {
+    "year 1 east of UTC (year 0 in UTC)": "0001-01-01T00:00:00+05:00",
+    "year 9999 west of UTC (year 10000 in UTC)": "9999-12-31T23:59:59-05:00",
+    "year 1 in UTC (year 0 in any zone west of it)": "0001-01-01T00:00:00Z",
+    "year 9999 in UTC (year 10000 in any zone east of it)": "9999-12-31T23:30:00Z",
+    "seconds since the epoch, year 1": -62135596800,
+}
+
+
+@pytest.mark.parametrize("when", TIMESTAMPS.values(), ids=TIMESTAMPS.keys())
+def test_a_dlq_failed_at_that_overflows_after_a_time_zone_shift_is_refused_and_the_dlq_stays_readable(
+    api, readable, when
+):
+    assert post_dlq(api, envelope(event_id="ok-1")).status_code == 201
+
+    response = post_dlq(api, envelope(event_id="poison-1", failed_at=when))
+
+    assert_refused(response, "timestamp_out_of_range")
+    assert not FailedEvent.objects.filter(event_id="poison-1").exists()
+    readable()
+
+
+def test_an_n8n_trigger_timestamp_that_overflows_is_refused(api, readable):
+    body = {
+        "trigger": {"error": {"message": "boom", "timestamp": "0001-01-01T00:30:00+01:00", "node": {"name": "W"}}},
+        "workflow": {"id": "18", "name": "wf"},
+    }
+
+    assert_refused(post_dlq(api, json.dumps(body)), "timestamp_out_of_range")
+    assert not FailedEvent.objects.exists()
+    readable()
+
+
+# --- DLQ: bodies that cannot be stored and read back -------------------------------------------
+
+HOSTILE_DLQ_BODIES = {
+    "empty": (b"", "malformed_json"),
+    "blank": (b" \n ", "malformed_json"),
+    "not JSON": (b"the workflow failed", "malformed_json"),
+    "not UTF-8": (b'\xff\xfe{"a": 1}', "malformed_json"),
+    "100k-deep JSON": (b"[" * 100_000 + b"]" * 100_000, "malformed_json"),
+    "65-deep payload": (b'{"event_id": "d", "payload": ' + b"[" * 65 + b"]" * 65 + b"}", "malformed_json"),
+    "100,000-digit integer": (b'{"event_id": "i", "payload": {"n": ' + b"9" * 100_000 + b"}}", "malformed_json"),
+    "1e999": (b'{"event_id": "f", "payload": {"n": 1e999}}', "malformed_json"),
+    "NaN": (b'{"event_id": "n", "payload": {"n": NaN}}', "malformed_json"),
+    "-Infinity": (b'{"event_id": "n", "payload": {"n": -Infinity}}', "malformed_json"),
+    "lone surrogate in the message": (b'{"event_id": "s", "payload": {}, "error": "x\\ud800y"}', "malformed_json"),
+    "lone surrogate in a payload key": (b'{"event_id": "s", "payload": {"\\udfff": 1}}', "malformed_json"),
+    "lone surrogate in raw JSON": (b'{"note": "\\ud83d"}', "malformed_json"),
+    "NUL in the message": (b'{"event_id": "z", "payload": {}, "error": "a\\u0000b"}', "validation_error"),
+    "NUL in the payload": (b'{"event_id": "z", "payload": {"order_id": "o\\u0000"}}', "validation_error"),
+    "NUL in a payload key": (b'{"event_id": "z", "payload": {"k\\u0000": 1}}', "validation_error"),
+    "NUL in the event id": (b'{"event_id": "z\\u0000", "payload": {}}', "validation_error"),
+    "NUL in a source field": (b'{"event_id": "z", "payload": {}, "source": {"node": "\\u0000"}}', "validation_error"),
+    "NUL in an n8n message": (
+        b'{"execution": {"id": "1", "error": {"message": "\\u0000"}}, "workflow": {"id": "2"}}',
+        "validation_error",
+    ),
+    "NUL in raw JSON": (b'["\\u0000"]', "validation_error"),
+    "retry count beyond any integer column": (
+        b'{"event_id": "r", "payload": {}, "retry_count": 100000000000000000000}',
+        "validation_error",
+    ),
+}
+
+
+@pytest.mark.parametrize(("raw", "code"), HOSTILE_DLQ_BODIES.values(), ids=HOSTILE_DLQ_BODIES.keys())
+def test_a_dlq_body_that_cannot_be_stored_and_read_back_is_refused(api, readable, raw, code):
+    assert post_dlq(api, envelope(event_id="ok-1")).status_code == 201
+
+    assert_refused(post_dlq(api, raw), code)
+    assert FailedEvent.objects.count() == 1
+    readable()
+
+
+def test_nul_in_the_dlq_replay_target_query_parameter_is_refused(api):
+    assert_refused(post_dlq(api, envelope(), path=f"{DLQ_URL}?replay_target=a%00b"), "invalid_query_parameter")
+    assert not FailedEvent.objects.exists()
+
+
+def test_json_of_an_unknown_shape_is_still_kept_raw_and_readable(api, readable):
+    for raw in ('["a", 1]', '"just text"', "42", '{"anything": {"n": 18446744073709551616, "f": 1e308}}'):
+        response = post_dlq(api, raw)
+        assert response.status_code == 201, raw
+        assert response.json()["shape"] == "raw"
+    readable()
+
+
+# --- Claims and submissions: fields the database cannot hold -----------------------------------
+
+
+def test_a_claim_payload_with_extreme_but_representable_values_is_stored_and_readable(api, readable):
+    payload = {"n": 2**64, "f": 1e308, "tiny": 5e-324, "astral": "\U0001f600", "ctl": "\x01\x1f", "ls": "\u2028"}
+    created = api.post(CLAIM_URL, claim_body("extreme-1", payload=payload, request=payload), format="json")
+
+    assert created.status_code == 201, created.content
+    readable()
+
+
+@pytest.mark.parametrize("field", ["request", "payload"])
+def test_nul_anywhere_in_an_execute_envelope_is_refused(api, field):
+    body = {"key": "nul-1", "provider": "stripe", "request": {"method": "POST", "path": "/x", "body": {"a": 1}}}
+    if field == "request":
+        body["request"]["body"] = {"order_id": "o\x00"}
+    else:
+        body["payload"] = {"k\x00": 1}
+
+    response = api.post(OPS_URL, body, format="json")
+
+    assert_refused(response, "validation_error")
+    assert list(response.json()["errors"]) == [field]
+    assert not Operation.objects.exists()
+
+
+# --- Delays that overflow datetime arithmetic --------------------------------------------------
+
+
+def test_an_absurd_retry_after_on_fail_is_refused_and_the_lease_is_kept(api):
+    created = api.post(CLAIM_URL, claim_body("delay-1"), format="json").json()
+    url = f"{OPS_URL}/{created['id']}/fail"
+
+    response = api.post(
+        url,
+        {"lease_token": created["lease_token"], "error_class": "transient", "retry_after_seconds": 1e300},
+        format="json",
+    )
+
+    assert_refused(response, "validation_error")
+    assert list(response.json()["errors"]) == ["retry_after_seconds"]
+    assert Operation.objects.get(pk=created["id"]).status == "claimed"
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        (CLAIM_URL, claim_body("delay-2", lease_seconds=1e300)),
+        (OPS_URL, {"key": "delay-3", "provider": "stripe", "request": {"path": "/x"}, "deadline_seconds": 1e300}),
+    ],
+    ids=["lease_seconds", "deadline_seconds"],
+)
+def test_an_absurd_duration_in_a_body_never_answers_5xx(api, url, body):
+    response = api.post(url, body, format="json")
+
+    assert response.status_code < 500, response.content
+    if response.status_code >= 400:
+        assert response["Content-Type"] == PROBLEM_JSON
+
+
+def test_an_absurd_heartbeat_is_clamped_not_a_5xx(api):
+    created = api.post(CLAIM_URL, claim_body("delay-4"), format="json").json()
+
+    response = api.post(
+        f"{OPS_URL}/{created['id']}/heartbeat",
+        {"lease_token": created["lease_token"], "lease_seconds": 1e300},
+        format="json",
+    )
+
+    assert response.status_code in (200, 400), response.content
+
+
+# --- Query parameters: filters, numbers, cursors ------------------------------------------------
+
+NUL_QUERIES = [
+    f"{OPS_URL}?key=a%00b",
+    f"{OPS_URL}?provider=%00",
+    f"{OPS_URL}?match=order_id:%00",
+    f"{OPS_URL}?updated_after=2026-01-01T00:00:00%00",
+    f"{OPS_URL}?%00=1",
+    f"{DLQ_URL}?workflow=%00",
+    f"{DLQ_URL}?key=k%00",
+    f"{DLQ_URL}?execution_id=%00",
+    f"{DLQ_URL}?match=order_id:%00",
+    f"{REVIEW_URL}?q=%00",
+    f"{REVIEW_URL}?provider=%00",
+]
+
+
+@pytest.mark.parametrize("url", NUL_QUERIES)
+def test_nul_in_a_query_parameter_is_refused(api, url):
+    assert_refused(api.get(url), "invalid_query_parameter")
+
+
+def test_nul_in_a_console_query_is_a_plain_400_not_a_500(console):
+    response = console.get("/admin/ledger/operation/?q=a%00b")
+
+    assert response.status_code == 400
+
+
+@pytest.mark.parametrize("value", ["1e999", "-1e999", "NaN", "Infinity", "1e300", "-5"])
+def test_an_absurd_query_number_is_refused(api, value):
+    response = api.get(f"{REVIEW_URL}?older_than_seconds={value}")
+
+    assert_refused(response, "validation_error")
+
+
+@pytest.mark.parametrize("value", ["1e999", "NaN", "Infinity", "-1", "99999999999999999999999999"])
+def test_an_unreadable_page_size_never_answers_5xx(api, value):
+    for url in (OPS_URL, DLQ_URL, REVIEW_URL):
+        response = api.get(f"{url}?page_size={value}")
+        assert response.status_code in (200, 400), (url, response.content)
+
+
+TAMPERED_CURSORS = {
+    "not base64": "a",
+    "not ascii": base64.b64encode("p=\u00e9".encode()).decode(),
+    "an offset past int()": cursor("o=" + "9" * 5000),
+    "reverse not a number": cursor("r=x&p=1"),
+    "NUL in the position": cursor("p=1%00"),
+}
+TAMPERED_ID_CURSORS = {
+    "a word for a number": cursor("p=abc"),
+    "an integer beyond any column": cursor("p=99999999999999999999999999"),
+    "a time for a number": cursor("p=2026-01-01T00:00:00Z"),
+}
+TAMPERED_TIME_CURSORS = {
+    "a word for a time": cursor("p=garbage"),
+    "NUL in the time": cursor("p=2026-01-01%00"),
+    "year 0 in UTC": cursor("p=0001-01-01 00:00:00+05:00"),
+    "year 10000 in UTC": cursor("p=9999-12-31 23:59:59-05:00"),
+    "a number for a time": cursor("p=1e999"),
+}
+
+
+@pytest.mark.parametrize("value", TAMPERED_CURSORS.values(), ids=TAMPERED_CURSORS.keys())
+@pytest.mark.parametrize("url", [OPS_URL, REVIEW_URL, DLQ_URL])
+def test_a_tampered_cursor_is_a_400_problem(api, url, value):
+    assert post_dlq(api, envelope()).status_code == 201
+    api.post(CLAIM_URL, claim_body("cursor-1"), format="json")
+
+    assert_refused(api.get(url, {"cursor": value}), "invalid_cursor")
+
+
+@pytest.mark.parametrize("value", TAMPERED_ID_CURSORS.values(), ids=TAMPERED_ID_CURSORS.keys())
+@pytest.mark.parametrize("url", [OPS_URL, REVIEW_URL])
+def test_a_tampered_id_cursor_is_a_400_problem(api, url, value):
+    api.post(CLAIM_URL, claim_body("cursor-1"), format="json")
+
+    assert_refused(api.get(url, {"cursor": value}), "invalid_cursor")
+
+
+def test_a_huge_offset_is_capped_not_a_5xx(api):
+    api.post(CLAIM_URL, claim_body("cursor-1"), format="json")
+
+    assert api.get(OPS_URL, {"cursor": cursor("o=99999999999999999999999&p=1")}).status_code == 200
+
+
+@pytest.mark.parametrize("value", TAMPERED_TIME_CURSORS.values(), ids=TAMPERED_TIME_CURSORS.keys())
+def test_a_tampered_time_cursor_is_a_400_problem(api, value):
+    assert post_dlq(api, envelope()).status_code == 201
+
+    assert_refused(api.get(DLQ_URL, {"cursor": value}), "invalid_cursor")
+
+
+def test_a_genuine_cursor_still_walks_every_list(api):
+    for n in range(5):
+        assert post_dlq(api, envelope(event_id=f"walk-{n}")).status_code == 201
+        assert api.post(CLAIM_URL, claim_body(f"walk-{n}"), format="json").status_code == 201
+    for url, total in ((DLQ_URL, 5), (OPS_URL, 5)):
+        seen: list[int] = []
+        page = api.get(url, {"page_size": 2}).json()
+        for _ in range(10):
+            seen += [row["id"] for row in page["results"]]
+            if not page["next"]:
+                break
+            page = api.get(page["next"]).json()
+        assert len(seen) == len(set(seen)) == total, url
