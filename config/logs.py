@@ -12,7 +12,8 @@ same processors:
    known payload field names. It is the second line of defence: code never logs payloads
    (DESIGN §7); this catches the slip.
 
-This module imports no app, so any layer (the ledger included) may import its helpers.
+This module imports no app but ledger.redaction (which imports none), so any layer may import
+its helpers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-REDACTED = "[redacted]"
+# One pattern set for log lines and stored error text, at the bottom layer.
+from ledger.redaction import REDACTED, redact_text
+from ledger.redaction import SUSPECT as _SUSPECT
 
 # Field names whose values are payload or credentials, wherever they appear (a bound
 # field, a `name=value` in a message, a key in a nested dict).
@@ -78,27 +81,6 @@ STRING_FIELDS = frozenset(
 )
 # Fields written by the pipeline itself; redaction leaves them alone.
 _OWN_FIELDS = frozenset({"timestamp", "level", "logger"})
-
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # Authorization: Bearer <anything>
-    (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]+"), "Bearer " + REDACTED),
-    # Our API keys (og_<prefix>_<secret>) and common provider secret shapes.
-    (re.compile(r"\bog_[A-Za-z0-9_-]{8,}"), REDACTED),
-    (re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{8,}"), REDACTED),
-    # name=value / name: value for credential-looking names inside free text.
-    (
-        re.compile(r"(?i)\b(api[_-]?key|apikey|secret|password|passwd|token|authorization)(\s*[=:]\s*)[^\s,;&]+"),
-        r"\1\2" + REDACTED,
-    ),
-    (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), REDACTED),
-    # Phone numbers: international (+61 412 345 678), national with a leading 0
-    # (0412 345 678) and E.164 digits without the plus (11-15 digits standing alone).
-    (re.compile(r"(?<![\w+])\+\d[\d ().-]{6,}\d"), REDACTED),
-    (re.compile(r"(?<![\w.:/-])0\d(?:[ -]?\d){7,10}(?![\w.:/-])"), REDACTED),
-    (re.compile(r"(?<![\w.:/-])\d{11,15}(?![\w.:/-])"), REDACTED),
-)
-# A quick screen: text without any of these characters cannot match a pattern above.
-_SUSPECT = re.compile(r"@|\d{7}|\d[ ().-]\d|(?i:bearer|og_|_live_|_test_|key|secret|passw|token|authoriz)")
 
 # `event name=value name=value` as written by `log.info("event key=%s …", …)`.
 _KV_MESSAGE = re.compile(r"^([a-z][a-z0-9_.]*)((?: [A-Za-z_][A-Za-z0-9_]*=.*)?)$", re.DOTALL)
@@ -184,15 +166,6 @@ def split_kv_message(_logger: WrappedLogger, _name: str, event_dict: EventDict) 
     for pair in _KV_PAIR.finditer(match.group(2)):
         event_dict[pair.group(1)] = _typed(pair.group(1), pair.group(2))
     return event_dict
-
-
-def redact_text(text: str) -> str:
-    """Mask e-mail addresses, phone numbers, bearer tokens and API keys in ``text``."""
-    if not _SUSPECT.search(text):
-        return text
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 def _redact_value(value: Any, depth: int = 0) -> Any:

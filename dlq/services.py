@@ -84,6 +84,9 @@ def _note(note: str | None) -> str:
 
 
 def _log_change(*, event_pk: int, old: str, new: str, actor: str, note: str) -> None:
+    # Notes quote operators and targets' answers: masked and cut to the column (a prefix
+    # such as "replay #3 to crm: " plus a 500-character note would overflow it).
+    note = ledger_services.sanitize_message(note)
     FailedEventChange.objects.create(event_id=event_pk, from_status=old, to_status=new, actor=actor[:150], note=note)
 
 

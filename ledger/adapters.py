@@ -27,6 +27,8 @@ from django.conf import settings
 from ledger.crypto import open_json
 from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider
 from ledger.reconcile import json_pointer
+from ledger.redaction import scrub
+from ledger.storable import MAX_DURATION_SECONDS
 
 SIGNATURE_HEADER = "Onceguard-Signature"
 
@@ -100,7 +102,8 @@ def parse_retry_after(value: str | None, *, cap: float) -> float | None:
         seconds = when.timestamp() - time.time()
     if seconds != seconds:  # NaN
         return None
-    return min(max(0.0, seconds), cap)
+    # Bounded whatever the provider's cap says: now + it must stay a datetime.
+    return min(max(0.0, seconds), cap, float(MAX_DURATION_SECONDS))
 
 
 def classify_response(
@@ -126,7 +129,8 @@ def classify_response(
                     provider_ref=ref,
                     status=status,
                     body=body,
-                    message=f"HTTP {status} with status {str(state)[:40]!r}",
+                    # Masked before the cut: a cut address would no longer look like one.
+                    message=f"HTTP {status} with status {scrub(str(state))[:40]!r}",
                 )
         return Outcome(None, provider_ref=ref, status=status, body=body)
     # The provider's own Retry-After is honoured beyond our backoff cap, within reason.

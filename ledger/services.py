@@ -66,6 +66,7 @@ from ledger.models import (
     Provider,
     Tenant,
 )
+from ledger.redaction import scrub
 from ledger.search import search_values
 from ledger.selectors import operation_newest_in_lineage
 from ledger.tombstones import tombstone_answer
@@ -109,8 +110,9 @@ def clamp_lease(seconds: float | None) -> float:
 
 
 def sanitize_message(message: str | None) -> str:
-    """Error text is stored for operators; keep it short and single-line."""
-    text = " ".join((message or "").split())
+    """Error text is stored for operators; keep it short, single-line and free of personal
+    data (ledger.redaction; masked before the cut, so no half address survives it)."""
+    text = scrub(" ".join((message or "").split()))
     return text[:MAX_MESSAGE_LENGTH]
 
 

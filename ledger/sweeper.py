@@ -24,7 +24,7 @@ from ledger.crypto import seal_json
 from ledger.errors import LeaseLost
 from ledger.models import AttemptOutcome, ErrorClass, IdempotencyClass, Operation, OperationMode, OperationStatus
 from ledger.reconcile import LookupOutcome, provider_lookup
-from ledger.services import decide_unsent_expiry, operation_transition
+from ledger.services import decide_unsent_expiry, operation_transition, sanitize_message
 
 S = OperationStatus
 log = logging.getLogger("onceguard.sweeper")
@@ -235,7 +235,7 @@ def reconcile_uncertain(
                         **clear,
                         "provider_ref": result.provider_ref[:255],
                         "error_class": ErrorClass.INVALID_INPUT,
-                        "last_error": f"provider reports status {result.status_value}"[:500],
+                        "last_error": sanitize_message(f"provider reports status {result.status_value}"),
                         "response_body": seal_json(result.body),
                     },
                     also=_mark_ambiguous_attempts(AttemptOutcome.FAILED),
