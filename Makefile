@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 
-.PHONY: run test lint fmt bench bench-compare setup clean
+.PHONY: run test lint fmt soak bench bench-compare setup clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -34,6 +34,12 @@ fmt: setup
 ## make test: lint, the whole suite on SQLite, then on PostgreSQL when reachable (or DATABASE_URL says so).
 test: lint
 	bash scripts/test.sh
+
+## make soak: the whole service on a private PostgreSQL cluster (initdb, own port, removed after) under
+## mixed load and random faults for SOAK_SECONDS (600), then its invariants; non-zero exit on a violation.
+SOAK_SECONDS ?= 600
+soak: setup
+	SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m soak
 
 ## make bench: every benchmark against PostgreSQL, each beside its baseline measured in the same run.
 ## BENCH_SUITES narrows it, e.g. `make bench BENCH_SUITES="bench bench.sweeper"`.
