@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from ledger import hooks
+
 
 class AlertsConfig(AppConfig):
     name = "alerts"
@@ -9,6 +11,5 @@ class AlertsConfig(AppConfig):
         # Imported here, not at module level: an AppConfig module is imported before the
         # models are loaded, and the services import models.
         from alerts.services import alert_raise
-        from ledger import hooks
 
         hooks.alert_raised.connect(alert_raise)

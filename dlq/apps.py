@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from ledger import hooks
+
 
 class DlqConfig(AppConfig):
     name = "dlq"
@@ -7,9 +9,8 @@ class DlqConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at module level: an AppConfig module is imported before the
-        # models are loaded, and these modules import models.
+        # models are loaded, and the services import models.
         from dlq.services import failed_event_record_for_operation, replay_settle_for_operation
-        from ledger import hooks
 
         hooks.operation_failed.connect(failed_event_record_for_operation)
         hooks.operation_finished.connect(replay_settle_for_operation)

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec
 
 if TYPE_CHECKING:
+    # For the signatures only: ledger.crypto imports this module, and crypto must stay
+    # importable before Django's app registry is ready (ledger.models is not).
     from ledger.models import Operation
 
 P = ParamSpec("P")

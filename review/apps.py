@@ -3,6 +3,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
+from ledger import hooks
 from review.roles import sync_role_groups
 
 
@@ -18,8 +19,7 @@ class ReviewConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at module level: an AppConfig module is imported before the
-        # models are loaded, and these modules import models.
-        from ledger import hooks
+        # models are loaded, and privacy imports models.
         from review.privacy import subject_index_record
 
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="review.sync_roles")
