@@ -204,9 +204,8 @@ def main(argv: list[str]) -> int:
             common.analyze(common.libpq_dsn(tree.url(base_url)))
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for variant in order:
-            slug = (
-                f"{variant.tree.name}{variant.server.worker_class[0]}{variant.server.workers}{variant.server.threads}"
-            )
+            cfg = variant.server
+            slug = f"{variant.tree.name}-{cfg.worker_class}{cfg.workers}x{cfg.threads}"  # unique per variant
             keys = [f"cmp-{run_id}-{slug}-r{r}-{i:05d}" for i in range(args.http_ops)]
             result = http_round(variant, base_url, seeds[variant.tree.name]["api_key"], keys)
             for scenario, stats in result.items():
