@@ -262,10 +262,17 @@ def summarise(
             srv = spread([s.get("cpu_ms_per_op", {}).get("app", 0.0) for s in runs])
             pgc = spread([s.get("cpu_ms_per_op", {}).get("pg", 0.0) for s in runs])
             ratio = spread([a["ops_per_s"] / b["ops_per_s"] for a, b in zip(runs, http[base][scenario], strict=True)])
-            entry[scenario] = {"ops_per_s": rate, "server_cpu_ms": srv, "pg_cpu_ms": pgc, "ratio_to_first": ratio}
+            errors = sum(s["errors"] for s in runs)
+            entry[scenario] = {
+                "ops_per_s": rate,
+                "server_cpu_ms": srv,
+                "pg_cpu_ms": pgc,
+                "ratio_to_first": ratio,
+                "errors": errors,
+            }
             say(
                 f"{v.label:<44}{scenario:<10}{fmt(rate):>20}{srv['median']:>9.2f}{pgc['median']:>8.2f}"
-                f"{fmt(ratio, 2):>24}"
+                f"{fmt(ratio, 2):>24}" + (f"  {errors} ERRORS: not comparable" if errors else "")
             )
         cf = spread(
             [
