@@ -29,7 +29,8 @@ from django.utils import timezone
 from alerts.conf import alert_setting
 from alerts.models import Alert, AlertChannel, AlertChannelKind, AlertDelivery, AlertDeliveryStatus
 from ledger import tasks as ledger_tasks
-from ledger.models import Tenant
+from ledger.config_changes import config_change_of, config_snapshot
+from ledger.models import ConfigChangeAction, Tenant
 
 log = logging.getLogger("onceguard.alerts")
 
@@ -297,12 +298,29 @@ def alert_delivery_send(*, delivery_id: int) -> str | None:
 # --- Channels ------------------------------------------------------------------------------
 
 
+# A channel's webhook URL lets anyone post to it; its delivery cursor is bookkeeping.
+CHANNEL_SECRET_FIELDS = ("url",)
+CHANNEL_STATE_FIELDS = ("cursor_alert_id",)
+
+
 def alert_channel_upsert(
-    *, tenant: Tenant, name: str, kind: str, url: str, kinds: list[str] | None = None
+    *, tenant: Tenant, name: str, kind: str, url: str, kinds: list[str] | None = None, actor: str = "system"
 ) -> AlertChannel:
-    """Create or update a tenant's alert channel (Slack, Discord or generic webhook)."""
+    """Create or update a tenant's alert channel (Slack, Discord or generic webhook); the
+    change is recorded (the webhook URL is a bearer secret: masked)."""
     defaults: dict[str, Any] = {"kind": kind, "url": url}
     if kinds is not None:
         defaults["kinds"] = kinds
-    channel, _ = AlertChannel.objects.update_or_create(tenant=tenant, name=name, defaults=defaults)
+    with transaction.atomic():
+        existing = AlertChannel.objects.select_for_update().filter(tenant=tenant, name=name).first()
+        before = config_snapshot(existing, exclude=CHANNEL_STATE_FIELDS) if existing is not None else None
+        channel, created = AlertChannel.objects.update_or_create(tenant=tenant, name=name, defaults=defaults)
+        config_change_of(
+            channel,
+            actor=actor,
+            action=ConfigChangeAction.CREATE if created else ConfigChangeAction.UPDATE,
+            before=before,
+            secret_fields=CHANNEL_SECRET_FIELDS,
+            exclude=CHANNEL_STATE_FIELDS,
+        )
     return channel

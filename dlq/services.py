@@ -61,8 +61,9 @@ from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
 from ledger import services as ledger_services
 from ledger import tasks
+from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError, IllegalTransition, InvalidKey
-from ledger.models import TERMINAL_STATES, ErrorClass, Operation, OperationStatus, Tenant
+from ledger.models import TERMINAL_STATES, ConfigChangeAction, ErrorClass, Operation, OperationStatus, Tenant
 from ledger.search import search_values
 
 FE = FailedEventStatus
@@ -926,8 +927,10 @@ def replay_target_upsert(
     is_default: bool | None = None,
     auto_replay: bool | None = None,
     active: bool | None = None,
+    actor: str = "system",
 ) -> ReplayTarget:
-    """Create or update a tenant's replay target; ``is_default`` moves the default to it."""
+    """Create or update a tenant's replay target; ``is_default`` moves the default to it.
+    Each target changed is recorded (ledger.config_changes)."""
     fields: dict[str, Any] = {"url": url}
     for name, value in (
         ("idempotency_header", idempotency_header),
@@ -940,8 +943,22 @@ def replay_target_upsert(
             fields[name] = value
     with transaction.atomic():
         if is_default:
-            ReplayTarget.objects.filter(tenant=tenant, is_default=True).exclude(slug=slug).update(is_default=False)
-        target, _ = ReplayTarget.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+            for other in (
+                ReplayTarget.objects.select_for_update().filter(tenant=tenant, is_default=True).exclude(slug=slug)
+            ):
+                before = config_snapshot(other)
+                other.is_default = False
+                other.save(update_fields=["is_default", "updated_at"])
+                config_change_of(other, actor=actor, action=ConfigChangeAction.UPDATE, before=before)
+        existing = ReplayTarget.objects.select_for_update().filter(tenant=tenant, slug=slug).first()
+        before = config_snapshot(existing) if existing is not None else None
+        target, created = ReplayTarget.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+        config_change_of(
+            target,
+            actor=actor,
+            action=ConfigChangeAction.CREATE if created else ConfigChangeAction.UPDATE,
+            before=before,
+        )
     return target
 
 

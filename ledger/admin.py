@@ -3,6 +3,7 @@ everyone, superusers included: every change goes through a service and leaves it
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin, messages
@@ -10,7 +11,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ledger import services
-from ledger.models import ApiKey, Attempt, Operation, OperationEvent, Provider, Tenant
+from ledger.models import ApiKey, Attempt, ConfigChange, Operation, OperationEvent, Provider, Tenant
 
 
 class ReadOnlyPermissions:
@@ -103,10 +104,20 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "tenant", "name", "scopes", "created_at", "revoked_at"]
+    list_display = ["prefix", "tenant", "name", "scopes", "created_at", "expires_at", "revoked_at"]
     list_filter = ["tenant", "revoked_at"]
     search_fields = ["prefix", "name"]
-    readonly_fields = ["tenant", "prefix", "hashed_key", "scopes", "created_at", "revoked_at", "last_used_at"]
+    # The expiry is set when the key is made (`apikey_create --expires-in-days`), never moved.
+    readonly_fields = [
+        "tenant",
+        "prefix",
+        "hashed_key",
+        "scopes",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+    ]
     actions = ["revoke"]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -120,8 +131,53 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         for api_key in queryset:
-            services.apikey_revoke(api_key_id=api_key.pk)
+            services.apikey_revoke(api_key_id=api_key.pk, actor=f"user:{request.user.get_username()}")
         messages.success(request, f"Revoked {queryset.count()} key(s).")
+
+
+@admin.register(ConfigChange)
+class ConfigChangeAdmin(ReadOnlyAdmin):
+    """Who changed which configuration, when, from what to what (secrets masked). Read-only
+    for everyone; auditors filter it and export it as CSV (the console's export)."""
+
+    list_display = ["at", "tenant", "actor", "action", "object_type", "object_repr", "before_json", "after_json"]
+    list_filter = ["action", "object_type", "tenant", ("at", admin.DateFieldListFilter)]
+    search_fields = ["actor", "=object_id", "object_repr"]
+    date_hierarchy = "at"
+    list_select_related = ["tenant"]
+    show_full_result_count = False
+    readonly_fields = [
+        "at",
+        "tenant",
+        "actor",
+        "action",
+        "object_type",
+        "object_id",
+        "object_repr",
+        "before",
+        "after",
+    ]
+
+    def export_columns(self, request: HttpRequest) -> list[str]:
+        return [
+            "at",
+            "tenant",
+            "actor",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "before_json",
+            "after_json",
+        ]
+
+    @admin.display(description="before")
+    def before_json(self, obj: ConfigChange) -> str:
+        return "" if obj.before is None else json.dumps(obj.before, sort_keys=True, ensure_ascii=False)
+
+    @admin.display(description="after")
+    def after_json(self, obj: ConfigChange) -> str:
+        return "" if obj.after is None else json.dumps(obj.after, sort_keys=True, ensure_ascii=False)
 
 
 @admin.register(Provider)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
@@ -27,6 +29,8 @@ class ApiPrincipal:
     prefix: str
     tenant: Tenant
     scopes: frozenset[str]
+    # Checked on every request, not only when the key is loaded: a cached key expires on time.
+    expires_at: datetime | None = None
 
     is_authenticated = True
 
@@ -41,7 +45,11 @@ def _load_principal(hashed: str) -> tuple[ApiPrincipal, ApiKey] | None:
     except ApiKey.DoesNotExist:
         return None
     principal = ApiPrincipal(
-        api_key_id=api_key.pk, prefix=api_key.prefix, tenant=api_key.tenant, scopes=frozenset(api_key.scopes)
+        api_key_id=api_key.pk,
+        prefix=api_key.prefix,
+        tenant=api_key.tenant,
+        scopes=frozenset(api_key.scopes),
+        expires_at=api_key.expires_at,
     )
     return principal, api_key
 
@@ -63,6 +71,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         found = API_KEYS.get(hash_api_key(secret.strip()), lambda: _load_principal(hash_api_key(secret.strip())))
         if found is None:
             raise exceptions.AuthenticationFailed("Unknown or revoked API key.")
+        expires_at = found[0].expires_at
+        if expires_at is not None and expires_at <= timezone.now():
+            raise exceptions.AuthenticationFailed("This API key has expired.")
         return found
 
     def authenticate_header(self, request: Request) -> str:

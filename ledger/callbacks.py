@@ -19,9 +19,18 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from ledger.config_changes import config_change_record
 from ledger.crypto import open_json
 from ledger.errors import ValidationFailed
-from ledger.models import IdempotencyClass, Operation, OperationMode, Provider, ProviderKind, Tenant
+from ledger.models import (
+    ConfigChangeAction,
+    IdempotencyClass,
+    Operation,
+    OperationMode,
+    Provider,
+    ProviderKind,
+    Tenant,
+)
 from ledger.selectors import provider_slug
 from ledger.serializers import operation_representation
 
@@ -81,14 +90,29 @@ def callback_url_check(*, tenant: Tenant, url: str) -> str:
     return url
 
 
-def tenant_callback_secret(*, tenant_id: int, rotate: bool = False) -> str:
+def tenant_callback_secret(*, tenant_id: int, rotate: bool = False, actor: str = "system") -> str:
     """The tenant's signing secret, created on first use (a guarded update: two racing
-    first uses agree on one secret)."""
+    first uses agree on one secret). Creating or replacing it is a recorded configuration
+    change (the value masked)."""
     fresh = secrets.token_urlsafe(32)
-    if rotate:
-        Tenant.objects.filter(pk=tenant_id).update(callback_secret=fresh)
-    else:
-        Tenant.objects.filter(pk=tenant_id, callback_secret="").update(callback_secret=fresh)
+    with transaction.atomic():
+        if rotate:
+            changed = Tenant.objects.filter(pk=tenant_id).update(callback_secret=fresh)
+        else:
+            changed = Tenant.objects.filter(pk=tenant_id, callback_secret="").update(callback_secret=fresh)
+        if changed:
+            tenant = Tenant.objects.only("pk", "slug").get(pk=tenant_id)
+            config_change_record(
+                tenant_id=tenant_id,
+                actor=actor,
+                action=ConfigChangeAction.UPDATE,
+                object_type=tenant._meta.label_lower,
+                object_id=tenant_id,
+                object_repr=tenant.slug,
+                before={"callback_secret": "" if not rotate else "(previous)"},
+                after={"callback_secret": fresh},
+                secret_fields=("callback_secret",),
+            )
     return Tenant.objects.values_list("callback_secret", flat=True).get(pk=tenant_id)
 
 

@@ -34,6 +34,7 @@ from django.utils import timezone
 from ledger import callbacks, hooks, sql, statements
 from ledger.auth import API_KEYS, hash_api_key
 from ledger.caching import TtlCache
+from ledger.config_changes import config_change_of, config_snapshot
 from ledger.crypto import payload_written, seal_json
 from ledger.errors import (
     DomainError,
@@ -58,6 +59,7 @@ from ledger.models import (
     ApiKey,
     Attempt,
     AttemptOutcome,
+    ConfigChangeAction,
     ErrorClass,
     Operation,
     OperationEvent,
@@ -899,35 +901,87 @@ def operation_supersede(*, operation_id: int, by_operation_id: int, actor: str, 
 # --- Tenants, keys, providers ----------------------------------------------------------
 
 
-def tenant_create(*, slug: str, name: str = "") -> Tenant:
+def tenant_create(*, slug: str, name: str = "", actor: str = "system") -> Tenant:
     try:
         with transaction.atomic():
-            return Tenant.objects.create(slug=slug, name=name or slug)
+            tenant = Tenant.objects.create(slug=slug, name=name or slug)
+            config_change_of(tenant, actor=actor, action=ConfigChangeAction.CREATE)
+            return tenant
     except IntegrityError as exc:
         raise ValidationFailed(f"A tenant named {slug!r} exists already.") from exc
 
 
-def apikey_create(*, tenant: Tenant, scopes: list[str] | None = None, name: str = "") -> tuple[Any, str]:
-    """Create an API key; the secret is returned once and only its sha256 is stored."""
+def tenant_update(*, tenant_id: int, actor: str, **fields: Any) -> Tenant:
+    """Change a tenant's settings (limits, callback allow-list, …), recorded as a change."""
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
+        before = config_snapshot(tenant)
+        for name, value in fields.items():
+            setattr(tenant, name, value)
+        tenant.full_clean()
+        tenant.save(update_fields=list(fields))
+        config_change_of(tenant, actor=actor, action=ConfigChangeAction.UPDATE, before=before)
+    return tenant
+
+
+def apikey_create(
+    *,
+    tenant: Tenant,
+    scopes: list[str] | None = None,
+    name: str = "",
+    expires_at: datetime | None = None,
+    actor: str = "system",
+) -> tuple[Any, str]:
+    """Create an API key; the secret is returned once and only its sha256 is stored. After
+    ``expires_at`` (if given) it authenticates nothing."""
     scopes = scopes or ["read", "write"]
     unknown = set(scopes) - set(ApiKey.SCOPES)
     if unknown:
         raise ValidationFailed(f"Unknown scopes: {', '.join(sorted(unknown))}.")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed("An API key's expiry must lie in the future.")
     prefix = secrets.token_hex(4)
     secret = f"og_{prefix}_{secrets.token_urlsafe(32)}"
-    api_key = ApiKey.objects.create(
-        tenant=tenant, name=name, prefix=prefix, hashed_key=hash_api_key(secret), scopes=scopes
-    )
+    with transaction.atomic():
+        api_key = ApiKey.objects.create(
+            tenant=tenant,
+            name=name,
+            prefix=prefix,
+            hashed_key=hash_api_key(secret),
+            scopes=scopes,
+            expires_at=expires_at,
+        )
+        config_change_of(api_key, actor=actor, action=ConfigChangeAction.CREATE)
     return api_key, secret
 
 
-def apikey_revoke(*, api_key_id: int) -> None:
-    ApiKey.objects.filter(pk=api_key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+def apikey_revoke(*, api_key_id: int, actor: str = "system") -> None:
+    with transaction.atomic():
+        api_key = ApiKey.objects.select_for_update().filter(pk=api_key_id, revoked_at__isnull=True).first()
+        if api_key is not None:
+            before = config_snapshot(api_key)
+            api_key.revoked_at = timezone.now()
+            api_key.save(update_fields=["revoked_at"])
+            config_change_of(api_key, actor=actor, action=ConfigChangeAction.UPDATE, before=before)
     API_KEYS.forget_where(lambda found: found[1].pk == api_key_id)
 
 
-def provider_upsert(*, tenant: Tenant, slug: str, **fields: Any) -> Provider:
-    provider, _ = Provider.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+# Operational state the workers and operators move (throttling, pausing): not configuration.
+PROVIDER_STATE_FIELDS = ("throttled_until", "paused_at", "paused_reason")
+
+
+def provider_upsert(*, tenant: Tenant, slug: str, actor: str = "system", **fields: Any) -> Provider:
+    with transaction.atomic():
+        existing = Provider.objects.select_for_update().filter(tenant=tenant, slug=slug).first()
+        before = config_snapshot(existing, exclude=PROVIDER_STATE_FIELDS) if existing is not None else None
+        provider, created = Provider.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+        config_change_of(
+            provider,
+            actor=actor,
+            action=ConfigChangeAction.CREATE if created else ConfigChangeAction.UPDATE,
+            before=before,
+            exclude=PROVIDER_STATE_FIELDS,
+        )
     PROVIDERS.forget((tenant.pk, slug))
     PROVIDERS_BY_ID.forget(provider.pk)
     return provider

@@ -21,6 +21,7 @@ from ledger.models import Tombstone
 from ledger.services import provider_resume
 from review.models import (
     AccessLog,
+    AccessLogCheckpoint,
     LoginFailure,
     PausedProvider,
     RetentionPolicy,
@@ -29,7 +30,7 @@ from review.models import (
     ReviewItem,
     StaffTenant,
 )
-from review.services import review_decision_record
+from review.services import retention_policy_check, review_decision_record
 
 
 class DecisionForm(forms.Form):
@@ -120,6 +121,8 @@ class AccessLogAdmin(ReadOnlyAdmin):
         "ip",
         "prev_hash",
         "hash",
+        "chain_version",
+        "key_id",
     ]
 
     @admin.display(description="fields")
@@ -142,6 +145,8 @@ class AccessLogAdmin(ReadOnlyAdmin):
             "seq",
             "prev_hash",
             "hash",
+            "chain_version",
+            "key_id",
         ]
 
     @admin.display(description="object", ordering="object_type")
@@ -150,11 +155,42 @@ class AccessLogAdmin(ReadOnlyAdmin):
         return f"{label} ({obj.object_ref})" if obj.object_ref else label
 
 
+class RetentionPolicyForm(forms.ModelForm):
+    """The service's rules (review.services.retention_policy_check) on the console form:
+    among them the platform's floor under the access log's record TTL."""
+
+    class Meta:
+        model = RetentionPolicy
+        fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        record_type = data.get("record_type") or getattr(self.instance, "record_type", "")
+        try:
+            retention_policy_check(
+                record_type=record_type, payload_ttl=data.get("payload_ttl"), record_ttl=data.get("record_ttl")
+            )
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from exc
+        return data
+
+
 @admin.register(RetentionPolicy)
 class RetentionPolicyAdmin(admin.ModelAdmin):
+    form = RetentionPolicyForm
     list_display = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "updated_at"]
     list_filter = ["tenant", "record_type", "legal_hold"]
     fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
+
+
+@admin.register(AccessLogCheckpoint)
+class AccessLogCheckpointAdmin(ReadOnlyAdmin):
+    """The signed anchors of the access log's chains (review.accesslog), for auditors."""
+
+    list_display = ["at", "tenant", "n", "kind", "seq", "key_id"]
+    list_filter = ["kind", "tenant"]
+    list_select_related = ["tenant"]
+    readonly_fields = ["tenant", "n", "kind", "seq", "hash", "at", "key_id", "signature"]
 
 
 @admin.register(RetentionRun)

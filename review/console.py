@@ -2,10 +2,11 @@
 payload-masked, whoever wrote it; plus the dashboard, reveal, data-subject search and CSV
 exports.
 
-``OnceguardAdminSite.register`` puts two mixins in front of every ModelAdmin class:
-``TenantScopedAdminMixin`` (review.tenancy: rows of the user's tenants only) and
-``ConsoleAdminMixin`` (below: payload columns never rendered, a masked payload panel with a
-reveal link on detail pages, CSV export of the filtered list).
+``OnceguardAdminSite.register`` puts three mixins in front of every ModelAdmin class:
+``TenantScopedAdminMixin`` (review.tenancy: rows of the user's tenants only),
+``ConfigChangeAdminMixin`` (review.changes: saves of configuration leave a ConfigChange row)
+and ``ConsoleAdminMixin`` (below: payload columns never rendered, a masked payload panel with
+a reveal link on detail pages, CSV export of the filtered list).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dlq.models import FailedEvent
 from ledger.errors import DomainError
 from ledger.models import Operation, Tenant
 from review import privacy, security
+from review.changes import ConfigChangeAdminMixin
 from review.models import AccessAction
 from review.selectors import dashboard_numbers
 from review.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
@@ -305,7 +307,7 @@ class OnceguardAdminSite(admin.AdminSite):
         if not getattr(admin_class, "onceguard_console", False):
             admin_class = type(
                 admin_class.__name__,
-                (ConsoleAdminMixin, admin_class),
+                (ConfigChangeAdminMixin, ConsoleAdminMixin, admin_class),
                 {"__module__": admin_class.__module__, "onceguard_console": True},
             )
         super().register(model_or_iterable, scoped_admin_class(admin_class), **options)

@@ -23,7 +23,17 @@ CONSOLE_APPS = ("ledger", "alerts", "dlq", "review")
 _NEVER_BY_HAND = [
     f"{verb}_{model}"
     for verb in ("add", "change", "delete")
-    for model in ("operation", "attempt", "operationevent", "accesslog", "reviewitem", "subjectindex", "tombstone")
+    for model in (
+        "operation",
+        "attempt",
+        "operationevent",
+        "accesslog",
+        "accesslogcheckpoint",
+        "configchange",
+        "reviewitem",
+        "subjectindex",
+        "tombstone",
+    )
 ] + [f"{verb}_retentionrun" for verb in ("add", "change", "delete")]
 
 _READ_LEDGER = [

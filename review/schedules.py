@@ -1,5 +1,6 @@
-"""django-q2 schedules owned by the console: the retention purge. Installed idempotently by
-``manage.py schedules_install`` (which imports this module)."""
+"""django-q2 schedules owned by the console: the retention purge and the access log's
+checkpoints. Installed idempotently by ``manage.py schedules_install`` (which imports this
+module)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 from django_q.models import Schedule
 
+from review.accesslog import accesslog_checkpoint_all, accesslog_setting
 from review.retention import retention_purge
 
 
@@ -18,6 +20,10 @@ def retention_purge_task() -> dict[str, int]:
         "deleted": sum(r.deleted for r in runs),
         "discarded": sum(r.discarded for r in runs),
     }
+
+
+def accesslog_checkpoint_task() -> dict[str, int]:
+    return {"checkpoints": accesslog_checkpoint_all()}
 
 
 def install_schedules() -> list[str]:
@@ -32,4 +38,13 @@ def install_schedules() -> list[str]:
             "repeats": -1,
         },
     )
-    return ["review.retention_purge"]
+    Schedule.objects.update_or_create(
+        name="review.accesslog_checkpoint",
+        defaults={
+            "func": "review.schedules.accesslog_checkpoint_task",
+            "schedule_type": Schedule.MINUTES,
+            "minutes": max(1, int(accesslog_setting("CHECKPOINT_MINUTES", 15))),
+            "repeats": -1,
+        },
+    )
+    return ["review.retention_purge", "review.accesslog_checkpoint"]

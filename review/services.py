@@ -1,17 +1,21 @@
-"""Review decisions: every one is a guarded transition with the reviewer as actor."""
+"""Review decisions (every one a guarded transition with the reviewer as actor) and
+retention policies (checked against the platform's floors, every change recorded)."""
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
 
+from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
-from ledger.models import AttemptOutcome, Operation, OperationStatus
+from ledger.models import AttemptOutcome, ConfigChangeAction, Operation, OperationStatus
 from ledger.services import operation_transition
-from review.models import ReviewDecision
+from review.accesslog import access_log_min_retention
+from review.models import RecordType, RetentionPolicy, ReviewDecision
 
 S = OperationStatus
 log = logging.getLogger("onceguard.review")
@@ -65,7 +69,9 @@ def review_decision_record(
     reason = f"{decision}: {note}"
     try:
         with transaction.atomic():
-            moved = operation_transition(operation=op, to=_TARGET[decision], actor=actor, reason=reason, changes=changes)
+            moved = operation_transition(
+                operation=op, to=_TARGET[decision], actor=actor, reason=reason, changes=changes
+            )
             if attempt_outcome is not None:
                 # The reviewer's decision resolves every attempt that was left unknown.
                 moved.attempt_set.filter(outcome__in=[AttemptOutcome.AMBIGUOUS, AttemptOutcome.PENDING]).update(
@@ -75,3 +81,58 @@ def review_decision_record(
         raise ReviewNotOpen("The operation changed while you were deciding; reload it.") from exc
     log.info("review_decision key=%s decision=%s to=%s", op.key, decision, moved.status)
     return moved
+
+
+# --- Retention policies ----------------------------------------------------------------------------
+
+
+def retention_policy_check(*, record_type: str, payload_ttl: timedelta | None, record_ttl: timedelta | None) -> None:
+    """ValidationFailed unless the TTLs make a policy: positive, payload before record, and an
+    access-log record TTL not below the platform's floor (review.accesslog)."""
+    for label, ttl in (("payload TTL", payload_ttl), ("record TTL", record_ttl)):
+        if ttl is not None and ttl <= timedelta(0):
+            raise ValidationFailed(f"The {label} must be longer than zero.", extra={"field": label.replace(" ", "_")})
+    if payload_ttl is not None and record_ttl is not None and payload_ttl > record_ttl:
+        raise ValidationFailed("The payload TTL cannot be longer than the record TTL.")
+    floor = access_log_min_retention()
+    if record_type == RecordType.ACCESS_LOG and record_ttl is not None and record_ttl < floor:
+        raise ValidationFailed(
+            f"The access log is kept at least {floor.days} days (the platform's minimum); a shorter record TTL"
+            " is not allowed.",
+            extra={"field": "record_ttl", "minimum_days": floor.days},
+        )
+
+
+def retention_policy_save(
+    *,
+    tenant_id: int,
+    record_type: str,
+    actor: str,
+    payload_ttl: timedelta | None = None,
+    record_ttl: timedelta | None = None,
+    legal_hold: bool = False,
+    legal_hold_note: str = "",
+) -> RetentionPolicy:
+    """Create or replace the tenant's policy for ``record_type``; the change is recorded."""
+    if record_type not in RecordType.values:
+        raise ValidationFailed(f"Unknown record type {record_type!r}.")
+    retention_policy_check(record_type=record_type, payload_ttl=payload_ttl, record_ttl=record_ttl)
+    fields = {
+        "payload_ttl": payload_ttl,
+        "record_ttl": record_ttl,
+        "legal_hold": legal_hold,
+        "legal_hold_note": legal_hold_note[:300],
+    }
+    with transaction.atomic():
+        existing = RetentionPolicy.objects.select_for_update().filter(tenant_id=tenant_id, record_type=record_type)
+        before = config_snapshot(existing[0]) if existing else None
+        policy, created = RetentionPolicy.objects.update_or_create(
+            tenant_id=tenant_id, record_type=record_type, defaults=fields
+        )
+        config_change_of(
+            policy,
+            actor=actor,
+            action=ConfigChangeAction.CREATE if created else ConfigChangeAction.UPDATE,
+            before=before,
+        )
+    return policy

@@ -127,7 +127,7 @@ def subject_search(client: Client, w: World) -> bool:
 def configure_retention(client: Client, w: World) -> bool:
     client.post(
         "/admin/review/retentionpolicy/add/",
-        {"tenant": w.failed.tenant_id, "record_type": "access_log", "payload_ttl": "", "record_ttl": "30 00:00:00"},
+        {"tenant": w.failed.tenant_id, "record_type": "access_log", "payload_ttl": "", "record_ttl": "400 00:00:00"},
     )
     return RetentionPolicy.objects.filter(tenant_id=w.failed.tenant_id, record_type="access_log").exists()
 

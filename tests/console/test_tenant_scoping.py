@@ -18,6 +18,7 @@ from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay
 from ledger import services
 from ledger.models import AdmissionRefusalCount, Attempt, Operation, OperationEvent, Tenant, Tombstone
 from review import privacy
+from review.accesslog import accesslog_checkpoint
 from review.models import RetentionPolicy, RetentionRun, StaffTenant
 from review.tenancy import object_tenant_id, tenant_path
 from tests.console.support import (
@@ -77,6 +78,7 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
         reason="scoping test",
         ip="127.0.0.1",
     )
+    accesslog_checkpoint(tenant_id=tenant.pk)
     RetentionPolicy.objects.create(tenant=tenant, record_type="operations", record_ttl=timedelta(days=30))
     RetentionRun.objects.create(tenant=tenant, pass_id=tag, started_at=timezone.now())
     now = timezone.now()

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from alerts import services
 from alerts.models import AlertChannelKind
+from ledger.config_changes import cli_actor
 from ledger.models import Tenant
 
 
@@ -25,6 +26,11 @@ class Command(BaseCommand):
             raise CommandError(f"No tenant {options['tenant']!r}.")
         kinds = [k.strip() for k in options["kinds"].split(",") if k.strip()] if options.get("kinds") else None
         channel = services.alert_channel_upsert(
-            tenant=tenant, name=options["name"], kind=options["kind"], url=options["url"], kinds=kinds
+            tenant=tenant,
+            name=options["name"],
+            kind=options["kind"],
+            url=options["url"],
+            kinds=kinds,
+            actor=cli_actor(),
         )
         self.stdout.write(f"alert channel {tenant.slug}/{channel.name} ({channel.kind})")

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dlq import services
+from ledger.config_changes import cli_actor
 from ledger.models import Tenant
 
 
@@ -37,6 +38,7 @@ class Command(BaseCommand):
             is_default=True if options["default"] else None,
             auto_replay=options.get("auto_replay"),
             active=False if options["inactive"] else None,
+            actor=cli_actor(),
         )
         flags = [f for f, on in (("default", target.is_default), ("auto-replay", target.auto_replay)) if on]
         self.stdout.write(

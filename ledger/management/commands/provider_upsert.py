@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger import services
+from ledger.config_changes import cli_actor
 from ledger.models import IdempotencyClass, Tenant
 
 
@@ -53,7 +54,7 @@ class Command(BaseCommand):
                 fields[name] = options[name]
         if options.get("success_values") is not None:
             fields["success_values"] = [v.strip() for v in options["success_values"].split(",") if v.strip()]
-        provider = services.provider_upsert(tenant=tenant, slug=options["slug"], **fields)
+        provider = services.provider_upsert(tenant=tenant, slug=options["slug"], actor=cli_actor(), **fields)
         self.stdout.write(
             f"provider {tenant.slug}/{provider.slug} ({provider.idempotency_class}) -> {provider.base_url}"
         )

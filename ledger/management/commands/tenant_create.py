@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger import services
+from ledger.config_changes import cli_actor
 from ledger.errors import DomainError
 
 
@@ -17,7 +18,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            tenant = services.tenant_create(slug=options["slug"], name=options["name"])
+            tenant = services.tenant_create(slug=options["slug"], name=options["name"], actor=cli_actor())
         except DomainError as exc:
             raise CommandError(exc.detail) from exc
         self.stdout.write(f"created tenant {tenant.slug}")
