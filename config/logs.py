@@ -81,6 +81,7 @@ STRING_FIELDS = frozenset(
 )
 # Fields written by the pipeline itself; redaction leaves them alone.
 _OWN_FIELDS = frozenset({"timestamp", "level", "logger"})
+_RESERVED = _OWN_FIELDS | {"event", "exception"}
 
 # `event name=value name=value` as written by `log.info("event key=%s …", …)`.
 _KV_MESSAGE = re.compile(r"^([a-z][a-z0-9_.]*)((?: [A-Za-z_][A-Za-z0-9_]*=.*)?)$", re.DOTALL)
@@ -164,7 +165,10 @@ def split_kv_message(_logger: WrappedLogger, _name: str, event_dict: EventDict) 
         return event_dict
     event_dict["event"] = match.group(1)
     for pair in _KV_PAIR.finditer(match.group(2)):
-        event_dict[pair.group(1)] = _typed(pair.group(1), pair.group(2))
+        name = pair.group(1)
+        # A message field named like a line's own key (the DLQ's `event=<id>`) gets a
+        # trailing underscore, the way Python spells `class_`.
+        event_dict[f"{name}_" if name in _RESERVED else name] = _typed(name, pair.group(2))
     return event_dict
 
 
@@ -203,9 +207,31 @@ def redact(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDi
     return event_dict
 
 
+# The head of every line, then an operation's fields in one order (bound context comes out
+# of contextvars in no particular order).
+_FIRST = (
+    "timestamp",
+    "level",
+    "logger",
+    "event",
+    "tenant",
+    "operation",
+    "key",
+    "attempt",
+    "provider",
+    "provider_ref",
+    "error_class",
+    "workflow_id",
+    "workflow_version",
+    "execution_id",
+    "correlation_id",
+    "duration_ms",
+)
+
+
 def _order(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
-    """timestamp, level, logger, event first: the same head on every JSON line."""
-    head = {k: event_dict.pop(k) for k in ("timestamp", "level", "logger", "event") if k in event_dict}
+    """The same field order on every line: head, operation fields, then the rest."""
+    head = {k: event_dict.pop(k) for k in _FIRST if k in event_dict}
     head.update(event_dict)
     return head
 
@@ -238,13 +264,29 @@ def _upper_level(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> E
     return event_dict
 
 
+_EXTRA_ADDER = structlog.stdlib.ExtraAdder()
+# Set on a record by std-logging formatters, not by the caller: another handler that
+# formatted the record first must not add them as fields.
+_FORMATTER_ATTRIBUTES = ("message", "asctime")
+
+
+def add_extra(logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
+    """Fields passed with ``extra={...}`` (Django passes ``status_code``, ``request``)."""
+    present = {k for k in _FORMATTER_ATTRIBUTES if k in event_dict}
+    event_dict = _EXTRA_ADDER(logger, name, event_dict)
+    for k in _FORMATTER_ATTRIBUTES:
+        if k not in present:
+            event_dict.pop(k, None)
+    return event_dict
+
+
 # Run on every line, ours (structlog) and foreign (std logging: Django, django-q2, ours
 # written with logging.getLogger).
 _SHARED: list[Processor] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,
-    structlog.stdlib.ExtraAdder(),
+    add_extra,
     structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
 ]
 

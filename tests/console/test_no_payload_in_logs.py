@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from config import logs
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
 from ledger import services
@@ -38,16 +39,22 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class Capture(logging.Handler):
+    """Each record twice: as plain text (what the code wrote) and as the JSON line
+    LOG_FORMAT=json writes (with the fields bound by log_context, after redaction)."""
+
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
         self.lines: list[str] = []
+        self.json_lines: list[str] = []
         self.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+        self.json = logs.formatter("json")
 
     def emit(self, record: logging.LogRecord) -> None:
         text = self.format(record)
         if record.exc_info:
             text += "\n" + logging.Formatter().formatException(record.exc_info)
         self.lines.append(text)
+        self.json_lines.append(self.json.format(record))
 
 
 @pytest.fixture
@@ -142,8 +149,18 @@ def test_no_payload_value_appears_in_any_log_line(captured, tenant, other_tenant
     assert "operation_succeeded" in text and "dlq_ingested" in text and "access_logged" in text
     leaks = [line for line in captured.lines if any(m in line for m in MARKERS)]
     assert leaks == [], json.dumps(leaks[:5], indent=2)
+    # The same records as JSON lines: one object per line, bound fields included, no leak.
+    assert len(captured.json_lines) == len(captured.lines)
+    events = [json.loads(line) for line in captured.json_lines]
+    assert {"operation_succeeded", "dlq_ingested", "access_logged"} <= {e["event"] for e in events}
+    json_leaks = [line for line in captured.json_lines if any(m in line for m in MARKERS)]
+    assert json_leaks == [], json.dumps(json_leaks[:5], indent=2)
 
 
 def test_the_capture_would_see_a_leak(captured):
     logging.getLogger("onceguard.ledger").info("oops payload=%s", example("voice-call-analyzed.json"))
     assert any("Priya" in line for line in captured.lines)
+    # A personal value bound as a field of no known name shows only in the JSON line.
+    with logs.log_context(customer="Priya Raman"):
+        logging.getLogger("onceguard.ledger").info("operation_claimed key=%s", "k:1")
+    assert "Priya" not in captured.lines[-1] and "Priya" in captured.json_lines[-1]

@@ -139,6 +139,19 @@ def test_redaction_masks_known_payload_fields_wherever_they_appear(emitted):
     assert "Priya" not in emitted["json"].getvalue() + emitted["kv"].getvalue()
 
 
+def test_a_message_field_named_like_the_event_keeps_the_event_name(emitted):
+    logging.getLogger("onceguard.test").info("dlq_ingested tenant=%s event=%s", "acme", 5)
+    [line] = _json_lines(emitted["json"])
+    assert line["event"] == "dlq_ingested" and line["event_"] == 5 and line["tenant"] == "acme"
+
+
+def test_a_record_formatted_by_another_handler_first_gains_no_fields():
+    record = logging.LogRecord("onceguard.test", logging.INFO, __file__, 1, "swept key=%s", ("k:1",), None)
+    logging.Formatter("%(asctime)s %(message)s").format(record)  # sets record.message, record.asctime
+    line = json.loads(logs.formatter("json").format(record))
+    assert "message" not in line and "asctime" not in line and line["key"] == "k:1"
+
+
 def test_identifiers_times_and_durations_are_not_mistaken_for_phone_numbers(emitted):
     logging.getLogger("onceguard.test").info(
         "sweeper_moved key=%s attempt=%s ref=%s at=%s", "order-1001:charge:v1", 3, "n8n:17:4812", "2026-11-30T10:00:00"
