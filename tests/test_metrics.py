@@ -4,12 +4,16 @@ DLQ, the scheduler and the latency histograms of every process sharing the metri
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 import pytest
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 from django_q.models import Task
@@ -139,9 +143,7 @@ def test_histograms_of_several_processes_are_added_up(tmp_path, monkeypatch):
     assert _value(text, "onceguard_claim_duration_seconds_count", outcome="created") == 6
     assert _value(text, "onceguard_claim_duration_seconds_bucket", outcome="created", le="0.005") == 6
     assert _value(text, "onceguard_claim_duration_seconds_bucket", outcome="created", le="0.0025") == 0
-    assert (
-        _value(text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="succeeded") == 2
-    )
+    assert _value(text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="succeeded") == 2
     assert _value(text, "onceguard_active_leases") == 0  # the database's figures are still there
 
 
@@ -150,3 +152,45 @@ def test_provider_labels_per_process_are_bounded():
 
     label = BoundedLabel(2)
     assert [label(v) for v in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER, "a", OTHER]
+
+
+def test_metrics_serve_exposes_a_worker_only_nodes_metrics(tmp_path, transactional_db):
+    """`manage.py metrics_serve`: the same exposition without a web server, per scrape."""
+    if connection.vendor != "sqlite":
+        pytest.skip("reads the SQLite test database directly; the exposition is the same on PostgreSQL")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "SQLITE_PATH": str(connection.settings_dict["NAME"])}
+    env.pop("DATABASE_URL", None)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from config.telemetry import observe_provider_call as o; o(provider='crm', seconds=1.5, outcome='transient')",
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "metrics_serve", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        text, deadline = "", time.monotonic() + 30
+        while time.monotonic() < deadline and not text:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False).text
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        assert _value(text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="transient") == 1
+        assert _value(text, "onceguard_active_leases") == 0
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
