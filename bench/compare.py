@@ -72,9 +72,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--http-ops", type=int, default=300, help="ops per HTTP scenario per round")
     p.add_argument("--inproc-ops", type=int, default=400, help="(b) ops per kind per round")
     p.add_argument("--no-inproc", action="store_true", help="skip (b)")
+    p.add_argument("--wsgi-ops", type=int, default=200, help="ops per kind per round, WSGI in-process CPU")
     p.add_argument("--json", default=str(VAR / "bench-compare.json"))
     # Internal: one (b) run inside a tree (a subprocess of the harness).
     p.add_argument("--inproc-lane", choices=["fresh", "replay"], help=argparse.SUPPRESS)
+    p.add_argument("--wsgi-lane", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--api-key", help=argparse.SUPPRESS)
     p.add_argument("--keys", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -136,6 +139,39 @@ def inproc_lane(args: argparse.Namespace) -> int:
     return 0
 
 
+def wsgi_lane(args: argparse.Namespace) -> int:
+    """Inside a tree: the HTTP scenarios through the WSGI handler in-process, one thread, no
+    socket; the app's own CPU per op (thread time: PostgreSQL's work is not in it), which a
+    busy machine disturbs far less than throughput. One JSON line on stdout."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = httpapi.BENCH_SETTINGS
+    from bench import dbsetup
+
+    dbsetup.setup_django(os.environ["DATABASE_URL"])
+    from bench.profiling import Wsgi, new_handler, wsgi_ops
+
+    client = Wsgi(new_handler(), args.api_key)
+    ops = wsgi_ops(client)
+
+    def floor(key: str) -> None:
+        for body in (httpapi.claim_body(key), {"lease_token": "x" * 43, "provider_ref": "r", "response": {"ok": 1}}):
+            status, answer, _ = client.post(httpapi.FLOOR_URL, body)
+            if status != 200:
+                raise RuntimeError(f"floor answered {status}: {answer}")
+
+    ops["floor"] = floor
+    keys = args.keys.split(",")
+    out: dict[str, float] = {}
+    for kind in ("fresh", "replay", "floor"):
+        for key in keys[:10]:
+            ops[kind](f"{key}-w" if kind == "fresh" else key)
+        t0 = time.thread_time()
+        for key in keys:
+            ops[kind](key)
+        out[kind] = (time.thread_time() - t0) * 1000.0 / len(keys)
+    print(json.dumps(out))
+    return 0
+
+
 def http_round(variant: Variant, base_url: str, api_key: str, keys: list[str]) -> dict[str, dict[str, Any]]:
     """One server start: warm-up, then fresh, replay (of the same keys) and floor, timed."""
     tree = variant.tree
@@ -178,6 +214,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.inproc_lane:
         return inproc_lane(args)
+    if args.wsgi_lane:
+        return wsgi_lane(args)
     base_url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test"
     common.bench_database_url(base_url)  # PostgreSQL on loopback, or exit
     VAR.mkdir(exist_ok=True)
@@ -197,6 +235,7 @@ def main(argv: list[str]) -> int:
 
     http: dict[str, dict[str, list[dict[str, Any]]]] = {v.label: {s: [] for s in HTTP_SCENARIOS} for v in variants}
     inproc: dict[str, dict[str, list[dict[str, Any]]]] = {t.name: {"fresh": [], "replay": []} for t in trees}
+    wsgi: dict[str, list[dict[str, float]]] = {t.name: [] for t in trees}
     started = time.monotonic()
     for r in range(args.rounds):
         say(f"round {r + 1}/{args.rounds}   [t+{time.monotonic() - started:.0f}s, load {os.getloadavg()[0]:.1f}]")
@@ -214,8 +253,15 @@ def main(argv: list[str]) -> int:
                 f"  {variant.label:<42}"
                 + "  ".join(f"{s} {result[s]['ops_per_s']:6.0f}/s ({result[s]['errors']} err)" for s in HTTP_SCENARIOS)
             )
+        tree_order = trees[r % len(trees) :] + trees[: r % len(trees)]
+        for tree in tree_order:
+            keys = ",".join(f"cmpw-{run_id}-{tree.name}-r{r}-{i:05d}" for i in range(args.wsgi_ops))
+            api_key = seeds[tree.name]["api_key"]
+            out = _python(tree, base_url, "-m", "bench.compare", "--wsgi-lane", "--keys", keys, "--api-key", api_key)
+            cpu = json.loads(out.strip().splitlines()[-1])
+            wsgi[tree.name].append(cpu)
+            say(f"  {tree.name:<12} app CPU in-process, ms/op: " + "  ".join(f"{k} {v:.3f}" for k, v in cpu.items()))
         if not args.no_inproc:
-            tree_order = trees[r % len(trees) :] + trees[: r % len(trees)]
             for tree in tree_order:
                 keys = ",".join(f"cmpb-{run_id}-{tree.name}-r{r}-{i:05d}" for i in range(args.inproc_ops))
                 for kind in ("fresh", "replay"):
@@ -225,6 +271,19 @@ def main(argv: list[str]) -> int:
                     say(f"  {tree.name:<12} (b) {kind:<6} {stats['ops_per_s']:6.0f}/s ({stats['errors']} err)")
 
     report = summarise(variants, trees, http, inproc, args)
+    report["wsgi_cpu_ms"] = {}
+    say("")
+    say(
+        f"app CPU per op in-process (WSGI handler, one thread, no socket), ms, median [min–max]; ratio to {trees[0].name}"
+    )
+    for tree in trees:
+        entry = {}
+        for kind in ("fresh", "replay", "floor"):
+            values = spread([c[kind] for c in wsgi[tree.name]])
+            ratio = spread([a[kind] / b[kind] for a, b in zip(wsgi[tree.name], wsgi[trees[0].name], strict=True)])
+            entry[kind] = {"cpu_ms": values, "ratio_to_first": ratio}
+            say(f"  {tree.name:<12}{kind:<8}{fmt(values, 3):>24}{fmt(ratio, 2):>22}")
+        report["wsgi_cpu_ms"][tree.name] = entry
     doc = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(),
@@ -235,6 +294,7 @@ def main(argv: list[str]) -> int:
         "summary": report,
         "http": http,
         "inproc": inproc,
+        "wsgi": wsgi,
     }
     Path(args.json).write_text(json.dumps(doc, indent=2, default=str))
     say(f"\nwrote {args.json} in {time.monotonic() - started:.0f} s")
