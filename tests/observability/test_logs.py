@@ -139,6 +139,16 @@ def test_redaction_masks_known_payload_fields_wherever_they_appear(emitted):
     assert "Priya" not in emitted["json"].getvalue() + emitted["kv"].getvalue()
 
 
+def test_operation_fields_passed_as_extra_reach_the_line(emitted):
+    op = SimpleNamespace(tenant_id=3, pk=9, key="k:9", attempts=1, provider_id=2, workflow_id="17")
+    logging.getLogger("onceguard.test").info("operation_failed to=%s", "failed", extra=logs.operation_fields(op))
+    [line] = _json_lines(emitted["json"])
+    assert line["tenant"] == 3 and line["operation"] == 9 and line["key"] == "k:9" and line["workflow_id"] == "17"
+    assert " operation_failed tenant=3 operation=9 key=k:9 attempt=1 provider=2 workflow_id=17 to=failed" in (
+        emitted["kv"].getvalue()
+    )
+
+
 def test_a_message_field_named_like_the_event_keeps_the_event_name(emitted):
     logging.getLogger("onceguard.test").info("dlq_ingested tenant=%s event=%s", "acme", 5)
     [line] = _json_lines(emitted["json"])
