@@ -77,6 +77,9 @@ def _list_filters(query: dict[str, Any], match: dict[str, str]) -> dict[str, Any
 class FailedEventsApi(APIView):
     """GET lists the tenant's entries (read scope); POST ingests a failure (write scope)."""
 
+    # Read by drf-spectacular: the GET answer is documented as a cursor page of entries.
+    pagination_class = FailedEventCursorPagination
+
     @extend_schema(
         parameters=_LIST_PARAMS,
         responses={200: FailedEventOutputSerializer(many=True)},
@@ -89,7 +92,7 @@ class FailedEventsApi(APIView):
         qs = selectors.failed_event_list(
             tenant_id=request.user.tenant.pk, **_list_filters(dict(serializer.validated_data), match)
         )
-        paginator = FailedEventCursorPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response([failed_event_representation(e) for e in page])
 

@@ -186,6 +186,9 @@ class OperationCursorPagination(KeysetCursorPagination):
 
 
 class OperationListApi(APIView):
+    # Read by drf-spectacular: the GET answer is documented as a cursor page of operations.
+    pagination_class = OperationCursorPagination
+
     @extend_schema(
         request=SubmitInputSerializer,
         responses={202: OperationOutputSerializer, 200: OperationOutputSerializer},
@@ -226,6 +229,6 @@ class OperationListApi(APIView):
         filterset = OperationFilter(request.query_params, queryset=rows)
         if not filterset.is_valid():
             raise drf_serializers.ValidationError(filterset.errors)
-        paginator = OperationCursorPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(filterset.qs, request, view=self)
         return paginator.get_paginated_response(OperationOutputSerializer(page, many=True).data)

@@ -18,6 +18,9 @@ from review.serializers import (
 
 
 class ReviewItemListApi(APIView):
+    # Read by drf-spectacular: the answer is documented as a cursor page of review items.
+    pagination_class = OperationCursorPagination
+
     @extend_schema(
         parameters=[
             OpenApiParameter("provider", str, OpenApiParameter.QUERY, required=False),
@@ -42,7 +45,7 @@ class ReviewItemListApi(APIView):
             older_than_seconds=query.validated_data["older_than_seconds"],
             search=query.validated_data["q"],
         )
-        paginator = OperationCursorPagination()
+        paginator = self.pagination_class()
         paginator.ordering = "id"
         page = paginator.paginate_queryset(rows, request, view=self)
         return paginator.get_paginated_response([review_item_representation(op) for op in page])
