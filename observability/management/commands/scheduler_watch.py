@@ -6,6 +6,7 @@ import signal
 import threading
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
@@ -18,6 +19,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true", help="look once, print the ages and exit")
         parser.add_argument("--interval", type=float, default=60.0, help="seconds between looks (default 60)")
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=None,
+            help="seconds before the first look (default SCHEDULER_STALE_SECONDS): a service started after a"
+            " long stop gives its cluster time to run before anything counts as stale",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["once"]:
@@ -30,6 +38,8 @@ class Command(BaseCommand):
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
+        grace = options["grace"] if options["grace"] is not None else settings.SCHEDULER_STALE_SECONDS
+        stop.wait(max(0.0, grace))
         while not stop.is_set():
             try:
                 scheduler_watch()
