@@ -25,6 +25,7 @@ from ledger.serializers import (
     FailInputSerializer,
     HeartbeatInputSerializer,
     OperationOutputSerializer,
+    ReplayedOperationOutputSerializer,
     SentInputSerializer,
     SubmitInputSerializer,
 )
@@ -50,12 +51,30 @@ def idempotency_key_from(request: Request, body_key: str | None) -> str:
 
 
 def operation_response(
-    op: Operation, *, status: int, replayed: bool = False, headers: dict[str, str] | None = None
+    op: Operation,
+    *,
+    status: int,
+    replayed: bool = False,
+    headers: dict[str, str] | None = None,
+    response_in_clear: bool = False,
 ) -> Response:
+    """The operation as the API renders it: its recorded response masked, unless
+    ``response_in_clear`` (the answer that replays the key, see replay_answer)."""
     headers = dict(headers or {})
     if replayed:
         headers[REPLAYED_HEADER] = "true"
-    return Response(represented(OperationOutputSerializer, op), status=status, headers=headers)
+    serializer = ReplayedOperationOutputSerializer if response_in_clear else OperationOutputSerializer
+    return Response(represented(serializer, op), status=status, headers=headers)
+
+
+def replay_answer(request: Request, op: Operation) -> Response:
+    """The answer to a claim or submission that replays a finished key: the recorded response
+    in clear, as the protocol needs — the service answered a replay only for the same tenant
+    and the same request fingerprint (another one is a 422), and only a write-scoped key
+    gets this far (these are POSTs); the scope is checked here again so the rule does not
+    rest on the view's permission alone."""
+    scopes = request.user.scopes
+    return operation_response(op, status=200, replayed=True, response_in_clear=bool({"write", "admin"} & scopes))
 
 
 class ClaimCreateApi(APIView):
@@ -77,7 +96,7 @@ class ClaimCreateApi(APIView):
             timer.outcome = "replayed" if result.replayed else "created"
         op = result.operation
         if result.replayed:
-            return operation_response(op, status=200, replayed=True)
+            return replay_answer(request, op)
         location = {"Location": f"/api/v1/operations/{op.pk}"}
         return Response(represented(ClaimOutputSerializer, op), status=201, headers=location)
 
@@ -201,7 +220,7 @@ class OperationListApi(APIView):
         result = operation_submit(tenant=request.user.tenant, key=key, actor=request.user.actor, **data)
         op = result.operation
         if result.replayed:
-            return operation_response(op, status=200, replayed=True)
+            return replay_answer(request, op)
         return operation_response(op, status=202, headers={"Location": f"/api/v1/operations/{op.pk}"})
 
     @extend_schema(

@@ -168,11 +168,17 @@ def callback_claim_arguments(*, operation: Operation) -> dict[str, Any] | None:
 
 def callback_body(*, callback_operation: Operation) -> bytes:
     """What the receiver gets: the finished operation's public representation (never its
-    payload or request), built at send time from the terminal row, so a re-send is equal."""
+    payload or request), built at send time from the terminal row, so a re-send is equal.
+
+    The recorded response is in clear here: the callback is the asynchronous answer to the
+    submission (the same the submitter gets by replaying its key with a write-scoped key),
+    signed, and sent only to a URL on the tenant's own callback allow-list."""
     source_id = (open_json(callback_operation.request) or {}).get("operation_id")
     source = Operation.objects.get(pk=source_id, tenant_id=callback_operation.tenant_id)
     document: dict[str, Any] = {
         "type": "operation.finished",
-        "operation": operation_representation(source, provider_slug=provider_slug(source.provider_id)),
+        "operation": operation_representation(
+            source, provider_slug=provider_slug(source.provider_id), response_in_clear=True
+        ),
     }
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

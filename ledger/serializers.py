@@ -9,9 +9,10 @@ from rest_framework import serializers
 
 from ledger import selectors
 from ledger.crypto import open_json
+from ledger.masking import stored_value_masked
 from ledger.models import ErrorClass, Operation
-from ledger.storable import MAX_DURATION_SECONDS, nul_problem
 from ledger.serializer_reuse import represented
+from ledger.storable import MAX_DURATION_SECONDS, nul_problem
 
 
 def no_nul_characters(value: Any) -> None:
@@ -92,7 +93,13 @@ class OperationResponseSerializer(serializers.Serializer):
     """What the provider answered, as recorded on the operation."""
 
     status = serializers.IntegerField(allow_null=True)
-    body = serializers.JSONField(allow_null=True)
+    body = serializers.JSONField(
+        allow_null=True,
+        help_text="In clear only in the answer to a claim or submission that replays the key"
+        " (`Idempotent-Replayed: true`); everywhere else masked: the keys, each value a placeholder"
+        " such as ‹text·12›. The payload reveal (scope `payload`, a reason, logged) shows it in clear.",
+    )
+    masked = serializers.BooleanField(help_text="true when `body` is the masked shape, not the value")
 
 
 class OperationOutputSerializer(serializers.Serializer):
@@ -135,11 +142,27 @@ class OperationOutputSerializer(serializers.Serializer):
         # Slugs never change: a per-process cache instead of a join or a query per answer.
         return selectors.provider_slug(op.provider_id)
 
+    # Every rendering masks the recorded response (ledger.masking), except the one answer the
+    # protocol owes it to: ReplayedOperationOutputSerializer below.
+    response_in_clear = False
+
     @extend_schema_field(OperationResponseSerializer(allow_null=True))
     def get_response(self, op: Operation) -> dict[str, Any] | None:
         if op.response_status is None and op.response_body is None:
             return None
-        return {"status": op.response_status, "body": open_json(op.response_body)}
+        if self.response_in_clear:
+            return {"status": op.response_status, "body": open_json(op.response_body), "masked": False}
+        return {"status": op.response_status, "body": stored_value_masked(op.response_body), "masked": True}
+
+
+class ReplayedOperationOutputSerializer(OperationOutputSerializer):
+    """The answer to a claim or submission that replays a finished key: the caller holds a
+    write-scoped key of the operation's tenant and sent the same request fingerprint (or it
+    would have been refused), so it gets the recorded response in clear — what the first
+    answer would have told it. Used for that answer only (and the callback, its asynchronous
+    form: ledger.callbacks)."""
+
+    response_in_clear = True
 
 
 class ClaimOutputSerializer(OperationOutputSerializer):
@@ -154,7 +177,9 @@ def _iso(value: Any) -> str | None:
     return serializers.DateTimeField().to_representation(value) if value is not None else None
 
 
-def operation_representation(op: Operation, **_: Any) -> dict[str, Any]:
+def operation_representation(op: Operation, *, response_in_clear: bool = False, **_: Any) -> dict[str, Any]:
     """OperationOutputSerializer's rendering of ``op``, for callers outside a view
-    (callback bodies, review items). Extra keyword arguments are accepted and ignored."""
-    return represented(OperationOutputSerializer, op)
+    (callback bodies, review items): the response masked unless ``response_in_clear``.
+    Extra keyword arguments are accepted and ignored."""
+    serializer = ReplayedOperationOutputSerializer if response_in_clear else OperationOutputSerializer
+    return represented(serializer, op)

@@ -22,6 +22,7 @@ from django.db import models
 from dlq.models import FailedEvent
 from ledger import crypto
 from ledger.errors import ValidationFailed
+from ledger.masking import mask_json
 from review.accesslog import (  # noqa: F401 (re-exported for callers of review.privacy)
     GENESIS,
     ChainProblem,
@@ -56,27 +57,7 @@ def privacy_setting(name: str, default: Any) -> Any:
 
 
 # --- Masking -----------------------------------------------------------------------------------
-
-
-def mask_json(value: Any, *, depth: int = 0) -> Any:
-    """Same shape, no values: keys stay (they say what is there), every scalar becomes a
-    type-and-size placeholder. Deep structures are cut off."""
-    if depth > 6:
-        return "‹…›"
-    if isinstance(value, dict):
-        return {str(k): mask_json(v, depth=depth + 1) for k, v in list(value.items())[:50]}
-    if isinstance(value, list):
-        items = [mask_json(v, depth=depth + 1) for v in value[:10]]
-        if len(value) > 10:
-            items.append(f"‹{len(value) - 10} more›")
-        return items
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "‹bool›"
-    if isinstance(value, (int, float)):
-        return "‹number›"
-    return f"‹text·{len(str(value))}›"
+# mask_json is ledger.masking's: one masking rule for the API, the console and exports.
 
 
 @dataclass(frozen=True)

@@ -67,4 +67,4 @@ def test_completion_defaults_and_range_checks(api):
     assert refused.status_code == 400 and list(refused.json()["errors"]) == ["response_status"]
     assert done.status_code == 200
     assert done.json()["status"] == "succeeded"
-    assert done.json()["response"] == {"status": 200, "body": None}
+    assert done.json()["response"] == {"status": 200, "body": None, "masked": True}

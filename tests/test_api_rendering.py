@@ -52,7 +52,10 @@ def test_a_replay_is_the_recorded_operation_with_the_replayed_header(api):
     replay = api.post(CLAIM_URL, claim_body("render-4"), format="json")
 
     assert replay.status_code == 200 and replay["Idempotent-Replayed"] == "true"
-    assert replay.json() == completed.json() == api.get(op_url(created["id"])).json()
+    # The same operation; only the replay carries the recorded response in clear (ledger.masking).
+    masked = {"status": 200, "body": {"ok": "‹bool›", "note": "‹text·8›"}, "masked": True}
+    assert completed.json() == api.get(op_url(created["id"])).json() == {**replay.json(), "response": masked}
+    assert replay.json()["response"]["body"] == {"ok": True, "note": "caf\u00e9 \u2028 \U0001f600"}
     assert "lease_token" not in replay.json()
     # DRF's JSON: UTF-8 as is, U+2028 escaped (safe inside a <script>).
     assert b"\\u2028" in replay.content and "caf\u00e9".encode() in replay.content
