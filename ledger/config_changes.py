@@ -99,7 +99,8 @@ def _mask_url(text: str) -> str:
 def _mask(name: str, value: Any, secret_fields: frozenset[str]) -> Any:
     if value in (None, "", [], {}):
         return value
-    if name in secret_fields or _SECRET_NAME.search(name):
+    # `…_env` names an environment variable: which one is configuration, not a secret.
+    if name in secret_fields or (_SECRET_NAME.search(name) and not name.endswith("_env")):
         return SECRET_MASK
     if isinstance(value, str) and value[:8].lower().startswith(("http://", "https://")):
         return _mask_url(value)

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.db.models.functions import Coalesce, Now
@@ -918,7 +919,10 @@ def tenant_update(*, tenant_id: int, actor: str, **fields: Any) -> Tenant:
         before = config_snapshot(tenant)
         for name, value in fields.items():
             setattr(tenant, name, value)
-        tenant.full_clean()
+        try:
+            tenant.full_clean()
+        except DjangoValidationError as exc:
+            raise ValidationFailed("; ".join(exc.messages)) from exc
         tenant.save(update_fields=list(fields))
         config_change_of(tenant, actor=actor, action=ConfigChangeAction.UPDATE, before=before)
     return tenant
