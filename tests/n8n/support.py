@@ -132,6 +132,9 @@ class N8n:
         self.port = free_port()
         self.custom_extensions = custom_extensions
         self.process: subprocess.Popen[bytes] | None = None
+        # A copy of this folder taken before start(), for `n8n execute` runs that must not
+        # share SQLite with the running server.
+        self.spare: N8n | None = None
         self.logs = folder / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self._log_counter = 0
@@ -257,7 +260,10 @@ class N8n:
 
     # --- the server ---
 
-    def start(self) -> None:
+    def start(self, *, active: Iterable[str] = ()) -> None:
+        """`n8n start`, then wait until it is ready AND has activated the named workflows:
+        n8n answers /healthz/readiness before it has registered the webhooks of its active
+        workflows (about 2 s later here), so a test could otherwise meet a 404."""
         # Closed in stop(): the process writes to it for as long as it runs.
         log = open(self.logs / "start.log", "wb")
         self.process = subprocess.Popen(
@@ -275,10 +281,12 @@ class N8n:
                 if self.process.poll() is not None:
                     raise CliError(f"n8n start exited {self.process.returncode}:\n{self.start_log()[-3000:]}")
                 try:
-                    if client.get(f"{self.url}/healthz/readiness").status_code == 200:
-                        return
+                    ready = client.get(f"{self.url}/healthz/readiness").status_code == 200
                 except httpx.TransportError:
-                    pass
+                    ready = False
+                log = self.start_log()
+                if ready and all(_activation_line(log, workflow_id) for workflow_id in active):
+                    return
                 time.sleep(0.25)
         self.stop()
         raise CliError(f"n8n did not become ready in {START_TIMEOUT_SECONDS}s:\n{self.start_log()[-3000:]}")
@@ -332,6 +340,12 @@ class N8n:
             if len(done) >= count or time.monotonic() > deadline:
                 return done
             time.sleep(0.25)
+
+
+def _activation_line(log: str, workflow_id: str) -> str:
+    return next(
+        (line for line in log.splitlines() if f"(ID: {workflow_id})" in line and "Activated workflow" in line), ""
+    )
 
 
 class Run:

@@ -80,7 +80,14 @@ function theKey(ctx: IExecuteFunctions, index: number): string {
 				)
 			: String(ctx.getNodeParameter('key', index, ''));
 	if (options(ctx, index).checkKey === false) return key;
-	return checkKey(key, context(ctx).executionId);
+	const names = source === 'parts' ? ['record', 'version'] : ['key'];
+	return checkKey(key, context(ctx).executionId, rawParameters(ctx, names));
+}
+
+/** Parameters as written in the workflow, before evaluation (expressions included). */
+function rawParameters(ctx: IExecuteFunctions, names: string[]): string[] {
+	const parameters = ctx.getNode().parameters ?? {};
+	return names.map((name) => parameters[name]).filter((value): value is string => typeof value === 'string');
 }
 
 function effectRequest(ctx: IExecuteFunctions, index: number, item: INodeExecutionData): unknown {
@@ -392,7 +399,10 @@ const deadLetter: Operation = async function (index, item) {
 		payload: payload as IDataObject,
 	};
 	const key = String(this.getNodeParameter('dlqKey', index, '') ?? '').trim();
-	if (key) body.idempotency_key = key;
+	if (key) {
+		body.idempotency_key =
+			opts.checkKey === false ? key : checkKey(key, executionId, rawParameters(this, ['dlqKey']));
+	}
 	const target = String(this.getNodeParameter('replayTarget', index, '') ?? '').trim();
 	if (target) body.replay_target = target;
 	const answer = await onceguardRequest.call(this, { method: 'POST', path: '/api/v1/dlq/events', body, itemIndex: index });

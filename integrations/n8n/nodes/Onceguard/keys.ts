@@ -12,9 +12,21 @@ const ISO_DATETIME = /\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}/;
 // Unix time in seconds (10 digits) or milliseconds (13 digits) standing alone in the key.
 const EPOCH = /(?:^|[^0-9])(\d{10}|\d{13})(?:[^0-9]|$)/;
 const ALL_DIGITS = /^\d+$/;
+// ":charge:v1", "order-7::v1", "undefined:charge:v1": a part came out of an expression empty.
+const EMPTY_PART = /(^:|::|:$)/;
+const MISSING_VALUE = /(^|:)(undefined|null|NaN)(:|$)/;
 // Seconds between 2001 and 2100: a 10-digit number in this range is read as a timestamp.
 const EPOCH_MIN_SECONDS = 1_000_000_000;
 const EPOCH_MAX_SECONDS = 4_102_444_800;
+
+// Expressions whose value changes between runs of the same effect, and what to call them.
+const CHANGING_EXPRESSIONS: Array<[RegExp, string]> = [
+	[/\$execution\s*\.\s*(id|resumeUrl|resumeFormUrl)\b/, 'the execution id ($execution)'],
+	[/\$(now|today)\b/, 'the current time ($now / $today)'],
+	[/\bDate\s*\.\s*now\b|\bnew\s+Date\b/, 'the current time (Date)'],
+	[/\$runIndex\b/, 'the run index ($runIndex)'],
+	[/\$randomString\b|\bMath\s*\.\s*random\b|\$uuid\b|crypto\s*\.\s*randomUUID/, 'a random value'],
+];
 
 export const GOOD_KEY_HINT =
 	'Build the key from the business record and the effect, e.g. {{ $json.order_id }}:charge:v1 ' +
@@ -31,14 +43,22 @@ function looksLikeEpoch(key: string): boolean {
 }
 
 /** Why the key is not a good idempotency key, or '' when it is fine. */
-export function keyProblem(key: string, executionId: string): string {
+export function keyProblem(key: string, executionId: string, sources: string[] = []): string {
 	if (!key) return 'The idempotency key is empty.';
 	if (key.length > MAX_KEY_LENGTH) return `The idempotency key is longer than ${MAX_KEY_LENGTH} characters.`;
 	if (key.trim() !== key) return 'The idempotency key starts or ends with blanks.';
 	if (/[\u0000-\u001f\u007f]/.test(key)) return 'The idempotency key contains control characters.';
-	const tokens = key.split(/[^A-Za-z0-9]+/).filter(Boolean);
-	if (executionId && (key === executionId || tokens.includes(executionId))) {
-		return `The idempotency key "${key}" contains this execution's id (${executionId}): a retry or a re-run gets a new execution id, so the key would never repeat.`;
+	if (EMPTY_PART.test(key) || MISSING_VALUE.test(key)) {
+		return `The idempotency key "${key}" has an empty part: an expression in it found nothing in this item.`;
+	}
+	if (executionId && key === executionId) {
+		return `The idempotency key "${key}" is this execution's id: a retry or a re-run gets a new execution id, so the key would never repeat.`;
+	}
+	for (const source of sources) {
+		const used = CHANGING_EXPRESSIONS.find(([pattern]) => pattern.test(source));
+		if (used) {
+			return `The idempotency key "${key}" is built from ${used[1]}, which changes on every run: a retry or a re-run would get a new key and repeat the effect.`;
+		}
 	}
 	if (ALL_DIGITS.test(key)) {
 		return `The idempotency key "${key}" is a bare number, like an execution id: it does not say which effect it guards.`;
@@ -49,8 +69,12 @@ export function keyProblem(key: string, executionId: string): string {
 	return '';
 }
 
-export function checkKey(key: string, executionId: string): string {
-	const problem = keyProblem(key, executionId);
+/**
+ * `sources` are the key's parameters as written (before n8n evaluates them): a value cannot
+ * tell an order number from an execution id, the expression that made it can.
+ */
+export function checkKey(key: string, executionId: string, sources: string[] = []): string {
+	const problem = keyProblem(key, executionId, sources);
 	if (problem) throw new KeyProblem(problem);
 	return key;
 }
