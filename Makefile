@@ -27,6 +27,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 
+## make lint-n8n: the n8n node package's own lint (tsc --noEmit, then ESLint with the n8n community-node rules).
+.PHONY: lint-n8n
+lint-n8n:
+	cd integrations/n8n && { test -d node_modules/n8n-workflow || npm ci --loglevel=error; } && npm run lint
+
 fmt: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
