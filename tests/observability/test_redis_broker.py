@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 import redis
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.utils import timezone
 from django_q.conf import Conf
@@ -39,6 +41,7 @@ from ledger.execute import operation_submit
 from ledger.models import IdempotencyClass, Operation, OperationStatus
 from observability.scheduler import SWEEP_FUNC, scheduler_ages
 from tests.dlq.sinks import Sink
+from tests.observability.support import allow_outbound, current_outbound_rules
 from tests.support.fixtures import mock_enforced, mock_provider_factory  # noqa: F401
 
 pytestmark = [pytest.mark.heavy]
@@ -135,7 +138,7 @@ def _environment(redis_url: str) -> dict[str, str]:
         env["DATABASE_URL"] = f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
     else:
         env["SQLITE_PATH"] = str(s["NAME"])
-    env.update(Q_REDIS_URL=redis_url, Q_WORKERS="1", LOG_LEVEL="WARNING")
+    env.update(Q_REDIS_URL=redis_url, Q_WORKERS="1", LOG_LEVEL="WARNING", OUTBOUND_ALLOW=current_outbound_rules())
     return env
 
 
@@ -190,16 +193,15 @@ def _cluster_running(server: RedisServer, logs: Path) -> None:
 
 
 @pytest.fixture
-def sink() -> Iterator[Sink]:
+def sink(settings: Any) -> Iterator[Sink]:
     started = Sink().start()
+    allow_outbound(settings, started.url)
     yield started
     started.stop()
 
 
 def test_schedules_and_alerts_run_through_redis(on_redis, start_process, tenant, sink, tmp_path):
     alert_channel_upsert(tenant=tenant, name="ops", kind="webhook", url=f"{sink.url}/alerts")
-    from django.core.management import call_command
-
     call_command("schedules_install")
     Schedule.objects.update(next_run=timezone.now() - timedelta(seconds=1))
     start_process(on_redis.url, "qcluster")
@@ -226,10 +228,17 @@ def test_schedules_and_alerts_run_through_redis(on_redis, start_process, tenant,
     assert Task.objects.filter(success=False).count() == 0
 
 
-def test_redis_going_away_and_coming_back_loses_nothing(on_redis, start_process, tenant, mock_enforced, sink, tmp_path):  # noqa: F811
+def test_redis_going_away_and_coming_back_loses_nothing(
+    on_redis,
+    start_process,
+    tenant,
+    mock_enforced,  # noqa: F811
+    sink,
+    tmp_path,
+    settings,
+):
+    allow_outbound(settings, mock_enforced.url)
     alert_channel_upsert(tenant=tenant, name="ops", kind="webhook", url=f"{sink.url}/alerts")
-    from django.core.management import call_command
-
     call_command("schedules_install")
     Schedule.objects.update(next_run=timezone.now() + timedelta(days=1))
     start_process(on_redis.url, "qcluster")

@@ -15,13 +15,15 @@ from alerts.models import Alert
 from alerts.services import alert_channel_upsert
 from observability.scheduler import SWEEP_FUNC, scheduler_ages, scheduler_watch
 from tests.dlq.sinks import Sink
+from tests.observability.support import allow_outbound
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def sink():
+def sink(settings):
     started = Sink().start()
+    allow_outbound(settings, started.url)
     yield started
     started.stop()
 
