@@ -31,6 +31,7 @@ from alerts.models import Alert, AlertChannel, AlertChannelKind, AlertDelivery, 
 from ledger import tasks as ledger_tasks
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.models import ConfigChangeAction, Tenant
+from ledger.outbound import OutboundBlocked, outbound_check, outbound_client
 
 log = logging.getLogger("onceguard.alerts")
 
@@ -259,13 +260,10 @@ def alert_delivery_send(*, delivery_id: int) -> str | None:
     error = ""
     retry_after: float | None = None
     try:
-        response = httpx.post(
-            channel.url,
-            json=delivery.body,
-            timeout=channel.timeout_seconds,
-            headers={"User-Agent": "Onceguard-alerts"},
-            follow_redirects=False,
-        )
+        # Through the outbound policy (ledger.outbound): the webhook URL is checked again
+        # after DNS, no redirect is followed and no proxy from the environment is used.
+        with outbound_client(purpose=f"alert channel {channel.name}", timeout=channel.timeout_seconds) as client:
+            response = client.post(channel.url, json=delivery.body, headers={"User-Agent": "Onceguard-alerts"})
         if 200 <= response.status_code < 300:
             AlertDelivery.objects.filter(pk=delivery.pk, attempts=attempts).update(
                 status=AlertDeliveryStatus.SENT, sent_at=timezone.now(), next_attempt_at=None, last_error=""
@@ -274,7 +272,10 @@ def alert_delivery_send(*, delivery_id: int) -> str | None:
             return AlertDeliveryStatus.SENT
         error = f"HTTP {response.status_code}"
         if response.status_code == 429 and response.headers.get("Retry-After", "").isdigit():
-            retry_after = float(response.headers["Retry-After"])
+            # At most a day: a channel's "9999…" must not overflow the next attempt's time.
+            retry_after = min(float(response.headers["Retry-After"]), 86400.0)
+    except OutboundBlocked as exc:
+        error = str(exc)
     except httpx.HTTPError as exc:
         error = type(exc).__name__
     status = AlertDeliveryStatus.RETRYING
@@ -308,7 +309,8 @@ def alert_channel_upsert(
 ) -> AlertChannel:
     """Create or update a tenant's alert channel (Slack, Discord or generic webhook); the
     change is recorded (the webhook URL is a bearer secret: masked)."""
-    defaults: dict[str, Any] = {"kind": kind, "url": url}
+    # Checked and stored in canonical form (ledger.outbound): where deliveries will go.
+    defaults: dict[str, Any] = {"kind": kind, "url": outbound_check(url, purpose="alert webhook URL").url}
     if kinds is not None:
         defaults["kinds"] = kinds
     with transaction.atomic():

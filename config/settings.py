@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from config.logs import logging_config
+from ledger.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("ONCEGUARD_VAR_DIR", BASE_DIR / "var"))
@@ -275,8 +275,18 @@ ONCEGUARD = {
     # Largest stored request envelope (method/path/query/headers/body as canonical JSON).
     "EXECUTE_MAX_REQUEST_BYTES": env_int("EXECUTE_MAX_REQUEST_BYTES", 256 * 1024),
     "WORKER_MAX_RESPONSE_BYTES": env_int("WORKER_MAX_RESPONSE_BYTES", 256 * 1024),
-    # Workers ignore HTTP(S)_PROXY unless told otherwise (a proxy must not see loopback calls).
-    "WORKER_HTTP_TRUST_ENV": env_bool("WORKER_HTTP_TRUST_ENV", False),
+    # Where the service may send (ledger.outbound): comma-separated host names, *.suffixes,
+    # addresses or CIDRs, each with an optional :port or :first-last. Loopback, private,
+    # link-local and the like are refused unless listed here; cloud metadata addresses only
+    # when listed exactly. Public addresses are allowed unless OUTBOUND_ALLOW_PUBLIC=0.
+    # Proxy variables (HTTP(S)_PROXY) are ignored by every outbound call.
+    "OUTBOUND_ALLOW": os.environ.get("OUTBOUND_ALLOW", ""),
+    "OUTBOUND_ALLOW_PUBLIC": env_bool("OUTBOUND_ALLOW_PUBLIC", True),
+    # A provider's credential read from the environment must be named
+    # <prefix><TENANT>_<anything> (ledger.credentials); anything else is never read.
+    "PROVIDER_SECRET_PREFIX": os.environ.get("ONCEGUARD_PROVIDER_SECRET_PREFIX") or "ONCEGUARD_SECRET_",
+    # After a callback secret is rotated the previous one still signs for this long.
+    "CALLBACK_SECRET_OVERLAP_SECONDS": env_int("CALLBACK_SECRET_OVERLAP_SECONDS", 86400),
     "CALLBACK_TIMEOUT_SECONDS": env_int("CALLBACK_TIMEOUT_SECONDS", 5),
     "CALLBACK_MAX_ATTEMPTS": env_int("CALLBACK_MAX_ATTEMPTS", 8),
 }
@@ -319,7 +329,7 @@ if os.environ.get("Q_REDIS_URL"):
 # --- Logging: one structlog pipeline for ours, Django's and django-q2's lines -------------
 # LOG_FORMAT=json: one JSON object per line; anything else: `<time> <LEVEL> <logger> <event>
 # key=value …`. Payloads are never logged; a redaction processor is the second line of
-# defence (config.logs).
+# defence (ledger.logs).
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "kv")
 LOGGING = logging_config(level=LOG_LEVEL, fmt=LOG_FORMAT, q_level=Q_CLUSTER["log_level"])

@@ -64,6 +64,7 @@ from ledger import tasks
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError, IllegalTransition, InvalidKey
 from ledger.models import TERMINAL_STATES, ConfigChangeAction, ErrorClass, Operation, OperationStatus, Tenant
+from ledger.outbound import OutboundBlocked, outbound_check, outbound_client, outbound_refusal
 from ledger.search import search_values
 
 FE = FailedEventStatus
@@ -324,11 +325,18 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
     def elapsed() -> int:
         return int((time.monotonic() - started) * 1000)
 
+    purpose = f"replay target {target.slug}"
+    refused = outbound_refusal(target.url, purpose=purpose)
+    if refused:
+        return TargetAnswer(False, None, None, ErrorClass.INVALID_INPUT, f"not delivered: {refused}", elapsed())
     try:
-        with httpx.Client(timeout=target.timeout_seconds, follow_redirects=False) as client:
+        with outbound_client(purpose=purpose, timeout=target.timeout_seconds) as client:
             with client.stream("POST", target.url, content=content, headers=headers) as response:
                 status = response.status_code
                 body = _read_answer(response)
+    except OutboundBlocked as exc:
+        # Refused before any connection: nothing can have happened, and a retry would be too.
+        return TargetAnswer(False, None, None, ErrorClass.INVALID_INPUT, f"not delivered: {exc}", elapsed())
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         # Never reached the target: nothing can have happened.
         return TargetAnswer(False, None, None, ErrorClass.TRANSIENT, f"not delivered: {type(exc).__name__}", elapsed())
@@ -931,7 +939,8 @@ def replay_target_upsert(
 ) -> ReplayTarget:
     """Create or update a tenant's replay target; ``is_default`` moves the default to it.
     Each target changed is recorded (ledger.config_changes)."""
-    fields: dict[str, Any] = {"url": url}
+    # Checked and stored in canonical form (ledger.outbound): the URL replays will be sent to.
+    fields: dict[str, Any] = {"url": outbound_check(url, purpose="replay target URL").url}
     for name, value in (
         ("idempotency_header", idempotency_header),
         ("timeout_seconds", timeout_seconds),

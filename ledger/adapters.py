@@ -15,7 +15,6 @@ import email.utils
 import hashlib
 import hmac
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +23,10 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from ledger.credentials import credential_value
 from ledger.crypto import open_json
-from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider
+from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider, ProviderKind, Tenant
+from ledger.outbound import OutboundBlocked, origin_refusal, outbound_client
 from ledger.reconcile import json_pointer
 from ledger.redaction import scrub
 from ledger.storable import MAX_DURATION_SECONDS
@@ -164,6 +165,15 @@ def classify_response(
 # --- Building the request ---------------------------------------------------------------------
 
 
+def purpose_of(provider: Provider) -> str:
+    """What an outbound call is for, in the policy's messages and logs."""
+    return "callback" if provider.kind == ProviderKind.CALLBACK else f"provider {provider.slug}"
+
+
+class CredentialUnavailable(Exception):
+    """The provider names a credential that may not or cannot be read: nothing is sent."""
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     method: str
@@ -189,8 +199,13 @@ def prepare_request(
     headers = {str(k): str(v) for k, v in (envelope.get("headers") or {}).items()}
     headers.update(extra_headers or {})
     headers[provider.idempotency_header] = operation.key
-    if provider.auth_header and provider.auth_secret_env:
-        secret = os.environ.get(provider.auth_secret_env, "")
+    if provider.auth_header and (provider.auth_secret or provider.auth_secret_env):
+        # Only the provider's own sealed credential or a variable of the tenant's declared set
+        # (ledger.credentials): never an arbitrary environment variable.
+        tenant_slug = Tenant.objects.filter(pk=provider.tenant_id).values_list("slug", flat=True).first() or ""
+        secret, problem = credential_value(provider=provider, tenant_slug=tenant_slug)
+        if problem:
+            raise CredentialUnavailable(problem)
         if secret:
             headers[provider.auth_header] = secret
     content: bytes | None = None
@@ -235,13 +250,10 @@ def verify_signature(*, secret: str, body: bytes, header: str, tolerance_seconds
 
 
 def http_client(*, max_connections: int = 20) -> httpx.Client:
-    """One per worker thread: pooled keep-alive connections, no redirects followed (a 3xx is
-    an answer), and no proxy variables from the environment unless configured."""
-    return httpx.Client(
-        follow_redirects=False,
-        trust_env=bool(_cfg("WORKER_HTTP_TRUST_ENV", False)),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-    )
+    """One per worker thread: pooled keep-alive connections through the outbound policy
+    (ledger.outbound: every connect checked after DNS and pinned, no redirects followed — a
+    3xx is an answer —, no proxy variables from the environment)."""
+    return outbound_client(purpose="worker", max_connections=max_connections)
 
 
 def _read_body(response: httpx.Response, *, deadline: float, limit: int) -> tuple[bytes, bool]:
@@ -291,6 +303,11 @@ def send(
         scheme = urlsplit(prepared.url).scheme
         if scheme not in ("http", "https"):
             return done(Outcome(ErrorClass.INVALID_INPUT, message="provider URL is not http(s)", sent=False))
+        # Checked here as well as by the client's transport (after DNS): a client that is not
+        # the policy's own still never reaches an address the deployment refuses.
+        refused = origin_refusal(prepared.url, purpose=purpose_of(provider))
+        if refused:
+            return done(Outcome(ErrorClass.INVALID_INPUT, message=refused, sent=False))
         request = client.build_request(
             prepared.method,
             prepared.url,
@@ -299,6 +316,10 @@ def send(
             content=prepared.content,
             timeout=httpx.Timeout(timeout),
         )
+    except CredentialUnavailable as exc:
+        # A configuration problem of the provider, not of this request: like a 401 it pauses
+        # the provider (with this reason) and fails the attempt, before anything is sent.
+        return done(Outcome(ErrorClass.PERMISSION, message=f"credential refused: {exc}", sent=False))
     except (httpx.InvalidURL, ValueError, KeyError, TypeError) as exc:
         return done(
             Outcome(ErrorClass.INVALID_INPUT, message=f"request not buildable ({type(exc).__name__})", sent=False)
@@ -311,6 +332,10 @@ def send(
             raw, complete = _read_body(response, deadline=deadline, limit=limit)
         finally:
             response.close()
+    except OutboundBlocked as exc:
+        # Refused before any connection (an address the deployment does not allow): a
+        # definite "not sent", and retrying changes nothing until the configuration does.
+        return done(Outcome(ErrorClass.INVALID_INPUT, message=str(exc), sent=False))
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         # Nothing left this process: the provider cannot have acted.
         return done(Outcome(ErrorClass.TRANSIENT, message=f"{type(exc).__name__} before send", sent=False))

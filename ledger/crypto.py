@@ -165,10 +165,11 @@ def is_redacted(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get(REDACTED), dict)
 
 
-def seal_json(value: Any) -> Any:
+def seal_json(value: Any, *, always: bool = False) -> Any:
     """The envelope stored instead of ``value``. None stays None (nothing to protect);
-    sealed or redacted values are returned as they are."""
-    if value is None or is_sealed(value) or is_redacted(value) or not encryption_enabled():
+    sealed or redacted values are returned as they are. ``always``: sealed even where
+    payload encryption is switched off (credentials: ledger.credentials)."""
+    if value is None or is_sealed(value) or is_redacted(value) or not (always or encryption_enabled()):
         return value
     ring = keyring()
     blob = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()

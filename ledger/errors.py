@@ -92,3 +92,16 @@ class OperationNotFound(DomainError):
 
 class AdmissionRefused(DomainError):
     status, code, title = 429, "admission_refused", "Admission refused"
+
+
+class DestinationNotAllowed(DomainError):
+    """A URL the outbound policy refuses (ledger.outbound): a special address the deployment
+    does not allow, or a URL that is not in canonical form."""
+
+    code, title = "destination_not_allowed", "Destination not allowed"
+
+
+class ReservedKey(DomainError):
+    """Keys of the service's own key spaces (``replay:…``, ``callback:…``, ``…~r{n}``)."""
+
+    code, title = "reserved_idempotency_key", "Reserved idempotency key"

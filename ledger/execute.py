@@ -195,7 +195,7 @@ def operation_submit(
     if deadline_seconds is not None and not 0 < float(deadline_seconds) <= 366 * 86400:
         raise ValidationFailed("deadline_seconds must be positive (at most a year).")
     if callback_url:
-        callbacks.callback_url_check(tenant=tenant, url=callback_url)
+        callback_url = callbacks.callback_url_check(tenant=tenant, url=callback_url)
     fingerprint = services.request_fingerprint(
         mode=OperationMode.EXECUTE, provider=provider_obj.slug, action=action, request=envelope
     )

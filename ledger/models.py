@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+
+from ledger.errors import DestinationNotAllowed
+from ledger.outbound import outbound_prefixes_check
+from ledger.provider_checks import provider_config_errors
 
 
 class OperationStatus(models.TextChoices):
@@ -119,13 +124,29 @@ class Tenant(models.Model):
     max_queued_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="request bytes not yet sent")
     budget_amount = models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True)
     budget_period_seconds = models.PositiveIntegerField(default=86400, db_default=86400)
-    # Callbacks go only to URLs under one of these prefixes (scheme://host[:port]/path).
+    # Callbacks go only to URLs under one of these prefixes (scheme://host[:port]/path), each
+    # allowed by the outbound policy and stored in canonical form (ledger.outbound).
     callback_allow_list = models.JSONField(default=list, db_default=[], blank=True)
-    # HMAC-SHA256 key signing callback bodies; generated on first use.
+    # HMAC-SHA256 key signing callback bodies; generated on first use, shown once when made or
+    # rotated (manage.py tenant_callback_secret, the console's rotate action), never again.
     callback_secret = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # After a rotation the previous secret still signs (a second v1 signature) until
+    # rotated_at + CALLBACK_SECRET_OVERLAP_SECONDS, so receivers can switch without a gap.
+    callback_secret_previous = models.CharField(max_length=128, blank=True, default="", db_default="")
+    callback_secret_rotated_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        # Every allow-list entry passes the outbound policy and is kept in canonical form, so
+        # the prefix check at submission compares like with like.
+        try:
+            self.callback_allow_list = outbound_prefixes_check(
+                self.callback_allow_list, purpose="callback allow-list entry"
+            )
+        except DestinationNotAllowed as exc:
+            raise ValidationError({"callback_allow_list": exc.detail}) from None
 
 
 class ApiKey(models.Model):
@@ -208,10 +229,14 @@ class Provider(models.Model):
     slug = models.SlugField(max_length=63)
     kind = models.CharField(max_length=16, choices=ProviderKind.choices, default=ProviderKind.HTTP, db_default="http")
     # Request headers a submitter may set (case-insensitive names). Credentials never come
-    # from the caller: the adapter adds `auth_header` from the environment variable named here.
+    # from the caller: the adapter sets `auth_header` to the provider's credential
+    # (ledger.credentials) — `auth_secret`, stored sealed and never shown, or else the
+    # environment variable `auth_secret_env` names, which must be one of the platform's
+    # declared variables for this tenant (ONCEGUARD_PROVIDER_SECRET_PREFIX + tenant + "_").
     forward_headers = models.JSONField(default=list, db_default=[], blank=True)
     auth_header = models.CharField(max_length=100, blank=True, default="", db_default="")
     auth_secret_env = models.CharField(max_length=100, blank=True, default="", db_default="")
+    auth_secret = models.JSONField(null=True, blank=True, editable=False)
     idempotency_class = models.CharField(max_length=16, choices=IdempotencyClass.choices)
     idempotency_header = models.CharField(max_length=100, default="Idempotency-Key")
     base_url = models.URLField(max_length=500, blank=True)
@@ -240,6 +265,19 @@ class Provider(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.slug}"
+
+    def clean(self) -> None:
+        # Checked on every save path (console forms call this; services.provider_upsert too):
+        # where it sends, and which credential it may read. Checked again at send time.
+        tenant_slug = Tenant.objects.filter(pk=self.tenant_id).values_list("slug", flat=True).first() or ""
+        errors, self.base_url = provider_config_errors(
+            tenant_slug=tenant_slug,
+            base_url=self.base_url,
+            lookup_path=self.lookup_path,
+            auth_secret_env=self.auth_secret_env,
+        )
+        if errors:
+            raise ValidationError(errors)
 
 
 class Operation(models.Model):

@@ -2,7 +2,9 @@
 
 A lookup answers one of three things: found (with the provider's reference and whether
 its status means success), not found, or unknown (anything else: errors, timeouts,
-unexpected answers). Only found/not found are evidence; unknown changes nothing.
+unexpected answers). Only found/not found are evidence; unknown changes nothing. A lookup
+goes through the outbound policy (ledger.outbound) like every send: a destination the
+deployment refuses is "unknown", and no connection is made.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from urllib.parse import quote
 import httpx
 
 from ledger.models import Operation, Provider
+from ledger.outbound import OutboundBlocked, origin_refusal, outbound_client
 
 
 class LookupOutcome(enum.Enum):
@@ -68,12 +71,20 @@ def provider_lookup(*, provider: Provider, operation: Operation, client: httpx.C
     """GET the provider's lookup path: 200 = found, 404 = not found, anything else unknown."""
     if not provider.lookup_path:
         return LookupResult(LookupOutcome.UNKNOWN, error="provider has no lookup")
-    url = lookup_url(provider, operation)
+    try:
+        url = lookup_url(provider, operation)
+    except (KeyError, IndexError, ValueError):
+        return LookupResult(LookupOutcome.UNKNOWN, error="lookup path is not valid")
+    refused = origin_refusal(url, purpose=f"lookup of {provider.slug}")
+    if refused:
+        return LookupResult(LookupOutcome.UNKNOWN, error=refused)
     timeout = httpx.Timeout(provider.timeout_seconds)
     owns_client = client is None
-    client = client or httpx.Client(timeout=timeout)
+    client = client or outbound_client(purpose=f"lookup of {provider.slug}", timeout=timeout)
     try:
         response = client.get(url, headers={provider.idempotency_header: operation.key}, timeout=timeout)
+    except OutboundBlocked as exc:
+        return LookupResult(LookupOutcome.UNKNOWN, error=str(exc))
     except httpx.HTTPError as exc:
         # The class only: the exception text may carry the URL, which may carry personal data.
         return LookupResult(LookupOutcome.UNKNOWN, error=type(exc).__name__)

@@ -36,8 +36,10 @@ from ledger import callbacks, hooks, sql, statements
 from ledger.auth import API_KEYS, hash_api_key
 from ledger.caching import TtlCache
 from ledger.config_changes import config_change_of, config_snapshot
+from ledger.credentials import sealed_credential
 from ledger.crypto import payload_written, seal_json
 from ledger.errors import (
+    DestinationNotAllowed,
     DomainError,
     IllegalTransition,
     InvalidKey,
@@ -69,9 +71,11 @@ from ledger.models import (
     Provider,
     Tenant,
 )
+from ledger.provider_checks import provider_config_errors
 from ledger.redaction import scrub
 from ledger.search import search_values
 from ledger.selectors import operation_newest_in_lineage
+from ledger.storable import MAX_DURATION_SECONDS
 from ledger.tombstones import tombstone_answer
 
 S = OperationStatus
@@ -121,7 +125,9 @@ def sanitize_message(message: str | None) -> str:
 
 def backoff_seconds(*, attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Exponential backoff with full jitter: uniform(0, min(cap, base · 2^(attempt-1)))."""
-    ceiling = min(cap, base * (2 ** max(0, attempt - 1)))
+    # Bounded whatever the provider's settings say: 2^62 keeps the product a float (never an
+    # OverflowError), MAX_DURATION_SECONDS keeps now + the delay a datetime.
+    ceiling = min(cap, base * (2 ** min(max(0, attempt - 1), 62)), MAX_DURATION_SECONDS)
     return (rng or random).uniform(0, ceiling)
 
 
@@ -972,12 +978,33 @@ def apikey_revoke(*, api_key_id: int, actor: str = "system") -> None:
 
 # Operational state the workers and operators move (throttling, pausing): not configuration.
 PROVIDER_STATE_FIELDS = ("throttled_until", "paused_at", "paused_reason")
+# What ledger.provider_checks looks at on every save.
+_CHECKED_FIELDS = ("base_url", "lookup_path", "auth_secret_env")
 
 
-def provider_upsert(*, tenant: Tenant, slug: str, actor: str = "system", **fields: Any) -> Provider:
+def provider_upsert(
+    *, tenant: Tenant, slug: str, actor: str = "system", auth_secret: str | None = None, **fields: Any
+) -> Provider:
+    """Create or update a tenant's provider, checked like a console save (``Provider.clean``:
+    the outbound policy for its URLs, the declared set for an environment credential) and
+    recorded as a configuration change. ``auth_secret``: a new credential to store sealed
+    ("" clears it; None leaves it) — never returned, never recorded in clear."""
+    if auth_secret is not None:
+        fields["auth_secret"] = sealed_credential(auth_secret)
     with transaction.atomic():
         existing = Provider.objects.select_for_update().filter(tenant=tenant, slug=slug).first()
         before = config_snapshot(existing, exclude=PROVIDER_STATE_FIELDS) if existing is not None else None
+        wanted = {
+            name: fields.get(name, getattr(existing, name) if existing is not None else "") or ""
+            for name in _CHECKED_FIELDS
+        }
+        errors, base_url = provider_config_errors(tenant_slug=tenant.slug, **wanted)
+        if errors:
+            text = " ".join(errors.values())
+            raise DestinationNotAllowed(text) if "base_url" in errors else ValidationFailed(text)
+        if "base_url" in fields:
+            # Stored in the canonical form the check saw.
+            fields["base_url"] = base_url
         provider, created = Provider.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
         config_change_of(
             provider,
@@ -997,7 +1024,7 @@ def provider_upsert(*, tenant: Tenant, slug: str, actor: str = "system", **field
 def provider_throttle(*, provider_id: int, seconds: float) -> None:
     """A 429/503 answer: workers take none of this provider's work until ``throttled_until``
     (database clock). Only ever extends, so two workers reporting at once keep the later time."""
-    until = sql.db_now() + timedelta(seconds=max(0.0, seconds))
+    until = sql.db_now() + timedelta(seconds=min(max(0.0, seconds), MAX_DURATION_SECONDS))
     Provider.objects.filter(pk=provider_id).filter(
         Q(throttled_until__isnull=True) | Q(throttled_until__lt=until)
     ).update(throttled_until=until)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -44,6 +45,18 @@ _READY_LINE = re.compile(r"listening on (?P<url>http://\S+)")
 
 class ServerStartError(RuntimeError):
     pass
+
+
+# Called with the URL of every server started here. The test suite registers one that adds
+# the server's host and port to the test's outbound allow-list (the service refuses loopback
+# destinations unless the deployment allows them: ledger.outbound).
+started_hooks: list[Callable[[str], None]] = []
+
+
+def _announce(running: RunningServer) -> RunningServer:
+    for hook in started_hooks:
+        hook(running.url)
+    return running
 
 
 class RunningServer:
@@ -168,7 +181,7 @@ def _terminate(process: subprocess.Popen[bytes]) -> None:
 
 def _start_in_thread(kind: str, server: LoopbackServer) -> RunningServer:
     server.serve_in_thread(f"onceguard-{kind}-{server.server_address[1]}")
-    return RunningServer(kind=kind, url=server.url, server=server)
+    return _announce(RunningServer(kind=kind, url=server.url, server=server))
 
 
 def _start_process(kind: str, argv: list[str], ready_path: str) -> RunningServer:
@@ -209,7 +222,7 @@ def _start_process(kind: str, argv: list[str], ready_path: str) -> RunningServer
             url = match["url"] if match else None
         running = RunningServer(kind=kind, url=url, process=process, log_file=log_file)
         _wait_until_answers(running, ready_path, deadline)
-        return running
+        return _announce(running)
     except BaseException as exc:
         _terminate(process)
         log_file.flush()

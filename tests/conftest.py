@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +11,8 @@ from rest_framework.test import APIClient
 
 from ledger import services
 from ledger.models import IdempotencyClass, Provider, Tenant
+from tests.support import outbound
+from tests.support.outbound import NOWHERE, rule_for
 
 
 def on_postgres() -> bool:
@@ -62,6 +64,26 @@ def _close_stray_test_db_sessions(django_db_setup: Any, django_db_blocker: Any) 
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
+
+
+@pytest.fixture(autouse=True)
+def outbound_allow(settings: Any) -> Iterator[Callable[..., list[str]]]:
+    """The deployment's outbound rules for this test (tests.support.outbound): only the
+    "nowhere" address at first; ``outbound_allow(server, "http://127.0.0.1:1234", …)`` adds
+    exactly those hosts and ports for the rest of the test."""
+    rules = ",".join([NOWHERE, *outbound.standing])
+    settings.ONCEGUARD = {**settings.ONCEGUARD, "OUTBOUND_ALLOW": rules, "OUTBOUND_ALLOW_PUBLIC": True}
+
+    def allow(*targets: Any) -> list[str]:
+        added = [rule_for(t) for t in targets]
+        rules = [r for r in str(settings.ONCEGUARD.get("OUTBOUND_ALLOW") or "").split(",") if r]
+        settings.ONCEGUARD = {**settings.ONCEGUARD, "OUTBOUND_ALLOW": ",".join(dict.fromkeys(rules + added))}
+        return added
+
+    # Test servers announce themselves (tests.support.outbound.announce) while this test runs.
+    outbound.activate(allow)
+    yield allow
+    outbound.activate(None)
 
 
 @pytest.fixture(autouse=True)

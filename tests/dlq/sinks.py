@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.support.outbound import announce
+
 
 @dataclass
 class Received:
@@ -33,6 +35,8 @@ class Sink:
         self.mode = "ok"
         self.status = 200
         self.delay = 0.0
+        # Extra headers on every answer (e.g. a Retry-After).
+        self.answer_headers: dict[str, str] = {}
         self.release = threading.Event()
         sink = self
 
@@ -44,6 +48,7 @@ class Sink:
                     sink.requests.append(Received("POST", self.path, dict(self.headers.items()), body))
                     number = len(sink.requests)
                     mode, status, delay = sink.mode, sink.status, sink.delay
+                    extra = dict(sink.answer_headers)
                 if mode == "hang":
                     sink.release.wait(timeout=1.0)
                 elif mode == "slow":
@@ -54,6 +59,8 @@ class Sink:
                     self.send_response(code)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(answer)))
+                    for name, value in extra.items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(answer)
                 except (BrokenPipeError, ConnectionResetError):
@@ -72,6 +79,7 @@ class Sink:
 
     def start(self) -> Sink:
         self.thread.start()
+        announce(self.url)
         return self
 
     def stop(self) -> None:

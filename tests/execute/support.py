@@ -16,6 +16,7 @@ from django.db import connection
 from ledger import adapters, sql
 from ledger.execute import operation_execute, operations_take
 from ledger.models import Operation
+from tests.support.outbound import announce, outbound_env
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -64,6 +65,8 @@ def child_env(**extra: str) -> dict[str, str]:
     else:
         env.pop("DATABASE_URL", None)
         env["SQLITE_PATH"] = name
+    # The test's outbound rules (its own servers: tests.support.outbound) reach the child.
+    env.update(outbound_env())
     env.update(extra)
     return env
 
@@ -155,6 +158,7 @@ class CallbackReceiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        announce(self.url)
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def close(self) -> None:

@@ -158,10 +158,11 @@ def test_a_500_after_commit_is_ambiguous_then_found_by_lookup_exactly_once(tenan
     assert mock.effects()["by_key"] == {"k-500": 1}
 
 
-def test_refused_connection_is_transient_before_send(tenant):
+def test_refused_connection_is_transient_before_send(tenant, outbound_allow):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed_port = sock.getsockname()[1]
+    outbound_allow(f"http://127.0.0.1:{closed_port}")
     configure_provider(tenant, f"http://127.0.0.1:{closed_port}", slug="charges", enforced=True)
     op = submit(tenant, "k-refused")
     (row,) = run_due()

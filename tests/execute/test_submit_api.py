@@ -131,9 +131,9 @@ def test_allowed_headers_are_forwarded_and_credentials_come_from_the_environment
     provider, mock = enforced
     provider.forward_headers = ["X-Request-Id"]
     provider.auth_header = "Authorization"
-    provider.auth_secret_env = "TEST_CHARGES_SECRET"
+    provider.auth_secret_env = "ONCEGUARD_SECRET_ACME_CHARGES"
     provider.save()
-    monkeypatch.setenv("TEST_CHARGES_SECRET", "Bearer sk_test_123")
+    monkeypatch.setenv("ONCEGUARD_SECRET_ACME_CHARGES", "Bearer sk_test_123")
     envelope = {**charge_envelope(), "headers": {"X-Request-Id": "req-1"}}
     assert submit(api, {"key": "k-headers", "provider": "charges", "request": envelope}).status_code == 202
     (done,) = run_due()

@@ -14,6 +14,7 @@ from django.db import connection
 
 from ledger import sql
 from ledger.models import Attempt, Operation, OperationEvent
+from tests.support.outbound import announce
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -46,6 +47,7 @@ class Sink:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        announce(self.url)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

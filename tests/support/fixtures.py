@@ -11,7 +11,9 @@ Use them from any conftest with::
   front of a provider (a RunningServer or a URL).
 
 Everything binds 127.0.0.1 on a free port and is stopped at teardown, even when the test
-fails.
+fails. Each server started is allowed by the test's outbound policy (its host and port
+only: relay.testing announces it to tests.support.outbound), since the code under test
+sends to it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,62 @@
+"""A provider's credential: what the adapter puts in the provider's ``auth_header``.
+
+Two sources, and a tenant can aim neither at a secret that is not its own (issue 11: a
+tenant admin naming ``DATABASE_URL`` or another tenant's variable made the worker send it
+to a URL of the admin's choosing):
+
+* **stored on the provider**, sealed (``Provider.auth_secret``, ledger.crypto, sealed even
+  where payload encryption is off) — set, replaced or cleared through the console form or
+  ``manage.py provider_upsert --auth-secret-stdin``; never shown again (the console says
+  "set" or "not set"; the configuration trail says "‹secret›");
+* **a platform-declared environment variable** (``Provider.auth_secret_env``): only a name
+  starting with ``ONCEGUARD_PROVIDER_SECRET_PREFIX`` (``ONCEGUARD_SECRET_``) followed by the
+  tenant's own part (its slug in upper case, ``-`` as ``_``) and ``_`` — for tenant
+  ``acme``, ``ONCEGUARD_SECRET_ACME_STRIPE``. Checked on save and again at send time: a
+  reference outside the set (one stored before this rule) is never read; the attempt fails
+  with that reason and the provider is paused with it (ledger.execute).
+
+Nothing here logs or returns a credential's value except :func:`credential_value` to the
+adapter.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ledger.crypto import EncryptionKeyError, is_sealed, open_json, seal_json
+from ledger.provider_checks import secret_env_refusal
+
+
+def sealed_credential(value: str) -> dict[str, Any] | None:
+    """What ``Provider.auth_secret`` stores for ``value`` ("" clears it)."""
+    if not value:
+        return None
+    return seal_json(value, always=True)
+
+
+def credential_is_set(provider: Any) -> bool:
+    return bool(provider.auth_secret)
+
+
+def credential_value(*, provider: Any, tenant_slug: str) -> tuple[str | None, str | None]:
+    """(the credential, None) or (None, why it cannot be used). (None, None): the provider
+    has no credential."""
+    if provider.auth_secret:
+        try:
+            value = open_json(provider.auth_secret) if is_sealed(provider.auth_secret) else None
+        except EncryptionKeyError:
+            return None, "the stored credential cannot be decrypted with the configured keys"
+        if not isinstance(value, str) or not value:
+            return None, "the stored credential is not readable"
+        return value, None
+    name = provider.auth_secret_env
+    if not name:
+        return None, None
+    refusal = secret_env_refusal(tenant_slug=tenant_slug, name=name)
+    if refusal:
+        return None, refusal
+    value = os.environ.get(name, "")
+    if not value:
+        return None, f"credential variable {name} is not set on this node"
+    return value, None
