@@ -11,16 +11,27 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from alerts.models import AlertDelivery
+from alerts.services import alert_channel_upsert
+from alerts.tasks import alert_dispatch_task
 from dlq.models import FailedEvent
+from ledger.execute import operation_submit
 from ledger.models import Operation, Tenant
+from ledger.storable import LATEST
 from tests.console.support import client_for, staff
+from tests.dlq.sinks import Sink
+from tests.execute.conftest import configure_provider
+from tests.execute.support import run_due, unthrottle
 from tests.ledger.support import CLAIM_URL, PROBLEM_JSON, claim_body
+from tests.support.fixtures import *  # noqa: F403
 
 pytestmark = pytest.mark.django_db
 
@@ -29,6 +40,7 @@ OPS_URL = "/api/v1/operations"
 REVIEW_URL = "/api/v1/review/items"
 # Display time zones at both ends of the offsets in use: a stored time must render in both.
 FAR_EAST, FAR_WEST = "Pacific/Kiritimati", "Etc/GMT+12"
+LATEST_YEAR = LATEST.year
 
 
 def post_dlq(client: APIClient, raw: bytes | str, path: str = DLQ_URL) -> Any:
@@ -241,6 +253,45 @@ def test_an_absurd_heartbeat_is_clamped_not_a_5xx(api):
     )
 
     assert response.status_code in (200, 400), response.content
+
+
+def test_an_alert_channel_answering_429_with_an_absurd_retry_after_is_retried_later_not_a_crash(api, tenant):
+    sink = Sink().start()
+    try:
+        alert_channel_upsert(tenant=tenant, name="hook", kind="webhook", url=f"{sink.url}/hook", kinds=None)
+        sink.mode, sink.status, sink.answer_headers = "status", 429, {"Retry-After": "9" * 400}
+        assert post_dlq(api, envelope()).status_code == 201
+
+        alert_dispatch_task(tenant.pk)
+    finally:
+        sink.stop()
+
+    delivery = AlertDelivery.objects.get()
+    assert len(sink.received()) == 1
+    assert delivery.status == "retrying"
+    assert timezone.now() < delivery.next_attempt_at < timezone.now() + timedelta(days=2)
+
+
+def test_a_provider_with_absurd_delays_answering_503_and_429_is_throttled_and_retried_not_a_crash(
+    tenant, mock_enforced
+):
+    provider = configure_provider(
+        tenant, mock_enforced, slug="charges", enforced=True, base_delay_seconds=1e300, max_delay_seconds=1e300
+    )
+    mock_enforced.script([{"status": 503}, {"status": 429, "retry_after": "1e308"}])
+
+    for n in range(2):
+        unthrottle(provider.pk)
+        op = operation_submit(
+            tenant=tenant, key=f"slow-{n}", provider="charges", request={"method": "POST", "path": "/charges"}
+        ).operation
+        (row,) = run_due()
+
+        # A retry ten years out is past the operation's lifetime: failed, with its DLQ entry.
+        assert row.pk == op.pk and row.status in ("retry_wait", "failed"), row.status
+        assert row.next_attempt_at is None or row.next_attempt_at.year < LATEST_YEAR
+        provider.refresh_from_db()
+        assert provider.throttled_until is not None and provider.throttled_until.year < LATEST_YEAR
 
 
 # --- Query parameters: filters, numbers, cursors ------------------------------------------------
