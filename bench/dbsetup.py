@@ -39,6 +39,9 @@ def migrate(bench_url: str) -> None:
 def setup_django(bench_url: str) -> None:
     """Point this process's Django at the bench database and quiet the per-op log lines."""
     os.environ["DATABASE_URL"] = bench_url
+    # The bench's providers and mock receivers live on loopback, which egress refuses unless
+    # listed (ledger.outbound); every bench address is loopback.
+    os.environ.setdefault("OUTBOUND_ALLOW", "127.0.0.1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("DEBUG", "0")
     import django

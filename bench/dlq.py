@@ -95,6 +95,7 @@ def prepare(url: str, admin_dsn: str) -> None:
 
 def _django(url: str) -> None:
     os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("OUTBOUND_ALLOW", "127.0.0.1")  # every bench address is loopback
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 

@@ -88,6 +88,7 @@ def ensure_database(url: str) -> None:
 
 def setup_django(url: str) -> None:
     os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("OUTBOUND_ALLOW", "127.0.0.1")  # every bench address is loopback
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ["LOG_LEVEL"] = "WARNING"
     import django

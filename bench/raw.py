@@ -154,103 +154,152 @@ def lane_factory(dsn: str, table: str, kind: str, tenant_id: int) -> Any:
 
 
 def capture_ledger_statements(tenant: Any, provider: Any) -> dict[str, Any]:
-    """See :func:`_capture_once`; a capture whose row id also appears among the other
-    parameters (id 200 next to response status 200) is ambiguous and taken again (the
-    rolled-back row's id is never reused)."""
+    """See :func:`_capture_once`; a capture where a value to substitute also appears where
+    it must not (an id equal to a response status, say) is ambiguous and taken again (the
+    rolled-back rows' ids are never reused)."""
     for _ in range(3):
         captured = _capture_once(tenant, provider)
         if captured is not None:
             return captured
-    raise RuntimeError("could not place the key, id and token in the captured parameters")
+    raise RuntimeError("could not place the key, ids and token in the captured parameters")
 
 
 def _capture_once(tenant: Any, provider: Any) -> dict[str, Any] | None:
-    """The exact claim and completion statements the in-process guard sends (text and
-    parameters), captured from one claim→complete that is rolled back afterwards.
+    """Every statement the in-process guard's services send for a fresh claim→complete and
+    for a replay claim (text, parameters, what each returned), captured from runs that are
+    rolled back afterwards, grouped into the transactions the services open.
 
-    Replayed by :func:`ledger_lane_factory` with only the key, the new row's id and its
-    lease token changed: the cost of the ledger's SQL and schema (six rows, their indexes,
-    foreign keys and state CHECKs) with no Django or service code around it — the ceiling
-    any implementation of those two statements can reach on this machine.
+    Replayed by :func:`ledger_lane_factory` with the key, the lease token and every id an
+    earlier statement returned changed to the new ones: the cost of the ledger's SQL and
+    schema (its rows, indexes, foreign keys and state CHECKs) with no Django or service
+    code around it — the ceiling any implementation of those statements can reach here.
     """
     from django.db import connection, transaction
 
     from bench.inproc import services_factory
     from ledger.models import Operation
 
-    seen: list[tuple[str, list[Any]]] = []
+    seen: list[dict[str, Any]] = []
 
     def wrapper(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append((statement, list(params or [])))
-        return execute(statement, params, many, context)
+        result = execute(statement, params, many, context)
+        cursor = context["cursor"].cursor
+        rows, names = None, []
+        if cursor.description is not None:
+            names = [d.name for d in cursor.description]
+            rows = [tuple(r) for r in cursor.fetchall()]
+            if rows:
+                cursor.scroll(0, mode="absolute")  # the caller reads them as if untouched
+        seen.append({"sql": statement, "params": params, "rows": rows, "names": names, "rowcount": cursor.rowcount})
+        return result
 
+    # Ids of different tables must not coincide, or a parameter could not be told apart:
+    # each table's ids start in a range of its own (the bench database only).
+    with connection.cursor() as cursor:
+        for n, table in enumerate(("ledger_operation", "ledger_attempt", "ledger_operationevent")):
+            cursor.execute(
+                "SELECT setval(pg_get_serial_sequence(%s, 'id'), GREATEST(%s, (SELECT last_value FROM"
+                " pg_sequences WHERE schemaname = 'public' AND sequencename = %s) + 0))",
+                [table, (n + 1) * 100_000_000, f"{table}_id_seq"],
+            )
     key = f"capture-{secrets.token_hex(6)}"
     with transaction.atomic():
         with connection.execute_wrapper(wrapper):
-            # The same claim→complete as scenario "b services direct".
             services_factory(tenant, provider, "fresh")(0)(key)
+            fresh_count = len(seen)
+            services_factory(tenant, provider, "replay")(0)(key)
         op = Operation.objects.get(tenant=tenant, key=key)
         transaction.set_rollback(True)
-    if len(seen) != 2:
-        raise RuntimeError(f"expected the claim and the completion statements, saw {len(seen)}")
-    (claim_sql, claim_params), (complete_sql, complete_params) = seen
-
-    def positions(params: list[Any], value: Any) -> list[int]:
-        return [i for i, p in enumerate(params) if type(p) is type(value) and p == value]
-
-    key_at, claim_token_at = positions(claim_params, key), positions(claim_params, op.lease_token)
-    id_at, token_at = positions(complete_params, op.pk), positions(complete_params, op.lease_token)
-    if not key_at or len(claim_token_at) != 1 or len(id_at) != 1 or len(token_at) != 1:
+    fresh = _plan(seen[:fresh_count], key, op.lease_token)
+    replay = _plan(seen[fresh_count:], key, op.lease_token)
+    if fresh is None or replay is None:
         return None
-    from ledger.sql import OP_COLUMNS
+    return {"fresh": fresh, "replay": replay}
 
-    return {
-        "claim": claim_sql,
-        "claim_params": claim_params,
-        "key_at": key_at,
-        "token_at": claim_token_at[0],
-        "complete": complete_sql,
-        "complete_params": complete_params,
-        "id_at": id_at[0],
-        "complete_token_at": token_at[0],
-        "row_token_at": OP_COLUMNS.index("lease_token"),
-    }
+
+def _plan(statements: list[dict[str, Any]], key: str, token: str) -> list[list[dict[str, Any]]] | None:
+    """Transactions (lists of statements) with, per statement, the parameters to change:
+    ``("key",)``, ``("token",)`` or ``("returned", statement index, row, column)``. The
+    services' atomic blocks show up as savepoints inside the capture's own transaction."""
+    returned: dict[Any, tuple[int, int, int]] = {}
+    transactions: list[list[dict[str, Any]]] = []
+    depth, index = 0, 0
+    for st in statements:
+        sql = st["sql"].lstrip().upper()
+        if sql.startswith("SAVEPOINT"):
+            depth += 1
+            if depth == 1:
+                transactions.append([])
+            continue
+        if sql.startswith("RELEASE SAVEPOINT") or sql.startswith("ROLLBACK TO SAVEPOINT"):
+            depth -= 1
+            continue
+        if depth == 0:
+            transactions.append([])  # autocommit: one statement, one transaction
+        params = st["params"]
+        items = params.items() if isinstance(params, dict) else enumerate(params or [])
+        changes: dict[Any, tuple[Any, ...]] = {}
+        for name, value in items:
+            if isinstance(value, str) and value == key:
+                changes[name] = ("key",)
+            elif isinstance(value, str) and value == token:
+                changes[name] = ("token",)
+            elif type(value) is int and value in returned:
+                changes[name] = ("returned", *returned[value])
+        if st["rows"]:
+            for r, row in enumerate(st["rows"]):
+                for c, value in enumerate(row):
+                    name = st["names"][c]
+                    if type(value) is int and (name == "id" or name.endswith("_id")):
+                        returned.setdefault(value, (index, r, c))
+        transactions[-1].append(
+            {"sql": st["sql"], "params": params, "changes": changes, "must_touch": (st["rowcount"] or 0) > 0}
+        )
+        index += 1
+    return transactions
 
 
 def ledger_lane_factory(dsn: str, captured: dict[str, Any], kind: str) -> Any:
     """Claim→complete (fresh) or a claim of a finished key (replay) with the captured
-    statements, one psycopg connection per lane, autocommit, prepared like the app's."""
+    statements, in the services' transactions, one psycopg connection per lane."""
 
     def factory(_lane: int) -> Op:
         conn = psycopg.connect(dsn, autocommit=True)
         cur = conn.cursor()
+        plan = captured[kind]
 
-        def claim(key: str) -> Any:
-            params = list(captured["claim_params"])
-            for i in captured["key_at"]:
-                params[i] = key
-            params[captured["token_at"]] = secrets.token_hex(16)
-            cur.execute(captured["claim"], params)
-            return cur.fetchone()
+        def run(key: str) -> None:
+            token = secrets.token_hex(16)
+            results: list[list[tuple[Any, ...]] | None] = []
+            for statements in plan:
+                with conn.transaction() if len(statements) > 1 else _no_transaction():
+                    for st in statements:
+                        params = st["params"]
+                        params = dict(params) if isinstance(params, dict) else list(params or [])
+                        for name, change in st["changes"].items():
+                            if change[0] == "key":
+                                params[name] = key
+                            elif change[0] == "token":
+                                params[name] = token
+                            else:
+                                rows = results[change[1]]
+                                params[name] = rows[change[2]][change[3]]  # type: ignore[index]
+                        cur.execute(st["sql"], params)
+                        rows = cur.fetchall() if cur.description is not None else None
+                        if st["must_touch"] and cur.rowcount == 0:
+                            raise RuntimeError(f"a captured statement matched nothing for {key}")
+                        results.append(rows)
 
-        def fresh(key: str) -> None:
-            row = claim(key)
-            if row is None or row[-1] is not True:
-                raise RuntimeError(f"fresh key {key} was not created")
-            params = list(captured["complete_params"])
-            params[captured["id_at"]] = row[0]
-            params[captured["complete_token_at"]] = row[captured["row_token_at"]]
-            cur.execute(captured["complete"], params)
-            if cur.fetchone() is None:
-                raise RuntimeError("the captured completion matched no row")
-
-        def replay(key: str) -> None:
-            row = claim(key)
-            if row is None or row[-1] is not False:
-                raise RuntimeError(f"replay of {key} did not find the finished row")
-
-        op = fresh if kind == "fresh" else replay
+        op = run
         op.backend_pid = conn.info.backend_pid  # type: ignore[attr-defined]
         return op
 
     return factory
+
+
+class _no_transaction:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
