@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.telemetry import claim_timer
+from ledger.telemetry import claim_timer
 from ledger import selectors, services
 from ledger.errors import InvalidKey, ValidationFailed
 from ledger.execute import operation_submit

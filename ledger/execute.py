@@ -33,6 +33,7 @@ from django.db.models.functions import Now
 from ledger import adapters, admission, callbacks, services
 from ledger.crypto import open_json
 from ledger.errors import AdmissionRefused, DomainError, UnknownProvider, ValidationFailed
+from ledger.logs import log_context, operation_fields
 from ledger.models import (
     Attempt,
     AttemptOutcome,
@@ -45,6 +46,7 @@ from ledger.models import (
     Tenant,
 )
 from ledger.outage import connection_discard, database_unavailable
+from ledger.telemetry import observe_provider_call
 
 S = OperationStatus
 log = logging.getLogger("onceguard.execute")
@@ -417,6 +419,11 @@ def operation_execute(*, operation: Operation, client: httpx.Client, actor: str 
     when the row moved meanwhile (the sweeper or a reviewer; the result was kept as evidence)."""
     op = operation
     provider = services.provider_by_id(op.provider_id)
+    with log_context(**operation_fields(op, provider=provider.slug)):
+        return _execute(op=op, provider=provider, client=client, actor=actor)
+
+
+def _execute(*, op: Operation, provider: Provider, client: httpx.Client, actor: str) -> Operation | None:
     if op.sent_at is None:
         # Taken after its deadline or lifetime: old work expires instead of acting.
         outcome = adapters.Outcome(
@@ -424,6 +431,11 @@ def operation_execute(*, operation: Operation, client: httpx.Client, actor: str 
         )
     else:
         outcome = _send(op=op, provider=provider, client=client)
+        observe_provider_call(
+            provider=provider.slug,
+            seconds=outcome.duration_ms / 1000,
+            outcome="throttled" if outcome.throttled else (outcome.error_class or "succeeded"),
+        )
     try:
         recorded = record_outcome_retrying(op=op, provider=provider, outcome=outcome, actor=actor)
     except DomainError as exc:

@@ -6,9 +6,9 @@ export, and that outlive a payload's retention. A provider's 400 often echoes th
 refused, so :func:`scrub` masks e-mail addresses, phone numbers, bearer tokens and API keys,
 plus the deployment's own identifier shapes (``ONCEGUARD["ERROR_SCRUB_PATTERNS"]``: regular
 expressions, e.g. ``r"\\bCUST-\\d{8}\\b"``) before anything is stored. The log pipeline
-(config.logs) masks with the same built-in patterns.
+(ledger.logs) masks with the same built-in patterns.
 
-This module imports no app and no model, so the settings module (through config.logs) and
+This module imports no app and no model, so the settings module (through ledger.logs) and
 every layer may import it.
 """
 

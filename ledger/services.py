@@ -55,6 +55,7 @@ from ledger.errors import (
     UnknownProvider,
     ValidationFailed,
 )
+from ledger.logs import operation_fields
 from ledger.models import (
     ALLOWED_TRANSITIONS,
     REPORTABLE_STATES,
@@ -632,7 +633,7 @@ def operation_complete(
                 _after_terminal(op, actor=actor)
                 # DEBUG: a success needs no one's attention and its record is the event row;
                 # what does (fenced, failed, uncertain, paused) is logged at INFO or above.
-                log.debug("operation_succeeded key=%s attempt=%s provider_ref=%s", op.key, op.attempts, op.provider_ref)
+                log.debug("operation_succeeded", extra=operation_fields(op))
                 return op
     error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
     if isinstance(error, LeaseLost) and "status" not in error.extra:
@@ -827,13 +828,7 @@ def operation_fail(
         if updated.status == S.FAILED:
             _after_failed(updated)
         _after_terminal(updated, actor=actor)
-    log.info(
-        "operation_failed key=%s attempt=%s error_class=%s to=%s",
-        updated.key,
-        updated.attempts,
-        error_class,
-        updated.status,
-    )
+    log.info("operation_failed to=%s", updated.status, extra=operation_fields(updated, error_class=error_class))
     return updated
 
 

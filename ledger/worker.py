@@ -28,6 +28,7 @@ from django.db import close_old_connections, connections
 
 from ledger import adapters
 from ledger.execute import operation_execute, operations_take
+from ledger.logs import log_context, operation_fields
 from ledger.models import Operation
 from ledger.outage import dead_connections_discard
 
@@ -77,7 +78,8 @@ class Worker:
             # This thread's connection may have idled through a database restart: drop it now
             # rather than fail the record step on it (which would retry, but later).
             dead_connections_discard()
-            recorded = operation_execute(operation=op, client=self._client(), actor=self.name)
+            with log_context(**operation_fields(op)):
+                recorded = operation_execute(operation=op, client=self._client(), actor=self.name)
             with self._cond:
                 self.stats.finished += 1
                 status = recorded.status if recorded is not None else "refused"
@@ -88,7 +90,7 @@ class Worker:
             with self._cond:
                 self.stats.errors += 1
             # The class only: messages may quote SQL parameters or URLs.
-            log.error("worker_execute_error key=%s attempt=%s error=%s", op.key, op.attempts, type(exc).__name__)
+            log.error("worker_execute_error error=%s", type(exc).__name__, extra=operation_fields(op))
             close_old_connections()
         finally:
             with self._cond:

@@ -5,7 +5,7 @@ Two sources, one exposition:
 
 - the database, read at scrape time (backlogs, ages, attempts, DLQ, review, providers held
   back, the scheduler's heartbeat): the same answer from any web node;
-- the latency histograms the processes record (``config.telemetry``), added up across
+- the latency histograms the processes record (``ledger.telemetry``), added up across
   every web and worker process of this node when ``PROMETHEUS_MULTIPROC_DIR`` is set.
 
 Tenant and provider labels appear only where their number is bounded: per-tenant series

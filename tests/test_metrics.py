@@ -130,7 +130,7 @@ def test_histograms_of_several_processes_are_added_up(tmp_path, monkeypatch):
     folder = tmp_path / "prom"
     folder.mkdir()
     code = (
-        "from config.telemetry import observe_claim, observe_provider_call\n"
+        "from ledger.telemetry import observe_claim, observe_provider_call\n"
         "for _ in range(3): observe_claim(seconds=0.004, outcome='created')\n"
         "observe_provider_call(provider='crm', seconds=0.2, outcome='succeeded')\n"
     )
@@ -148,7 +148,7 @@ def test_histograms_of_several_processes_are_added_up(tmp_path, monkeypatch):
 
 
 def test_provider_labels_per_process_are_bounded():
-    from config.telemetry import OTHER, BoundedLabel
+    from ledger.telemetry import OTHER, BoundedLabel
 
     label = BoundedLabel(2)
     assert [label(v) for v in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER, "a", OTHER]
@@ -169,7 +169,7 @@ def test_metrics_serve_exposes_a_worker_only_nodes_metrics(tmp_path, transaction
         [
             sys.executable,
             "-c",
-            "from config.telemetry import observe_provider_call as o; o(provider='crm', seconds=1.5, outcome='transient')",
+            "from ledger.telemetry import observe_provider_call as o; o(provider='crm', seconds=1.5, outcome='transient')",
         ],
         cwd=ROOT,
         env=env,

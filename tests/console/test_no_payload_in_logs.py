@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from config import logs
+from ledger import logs
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
 from ledger import services

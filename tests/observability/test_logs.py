@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from config import logs
+from ledger import logs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
