@@ -22,6 +22,7 @@ from rest_framework.test import APIClient
 from alerts.models import AlertDelivery
 from alerts.services import alert_channel_upsert
 from alerts.tasks import alert_dispatch_task
+from dlq import services as dlq_services
 from dlq.models import FailedEvent
 from ledger.execute import operation_submit
 from ledger.models import Operation, Tenant
@@ -180,6 +181,24 @@ def test_json_of_an_unknown_shape_is_still_kept_raw_and_readable(api, readable):
         response = post_dlq(api, raw)
         assert response.status_code == 201, raw
         assert response.json()["shape"] == "raw"
+    readable()
+
+
+def test_extreme_but_representable_values_survive_a_dlq_replay_unchanged(api, readable, tenant):
+    payload = {"n": 2**64, "neg": -(2**63) - 1, "f": 1e308, "astral": "\U0001f600", "ctl": "\x01", "ls": "\u2028"}
+    sink = Sink().start()
+    try:
+        dlq_services.replay_target_upsert(tenant=tenant, slug="rerun", url=f"{sink.url}/rerun", is_default=True)
+        created = post_dlq(api, envelope(event_id="extreme-1", payload=payload))
+        assert created.status_code == 201, created.content
+
+        replayed = api.post(f"{DLQ_URL}/{created.json()['id']}/replay", {}, format="json")
+    finally:
+        sink.stop()
+
+    assert replayed.status_code == 201, replayed.content
+    assert replayed.json()["outcome"] == "succeeded"
+    assert [r.json() for r in sink.received()] == [payload]
     readable()
 
 
