@@ -10,19 +10,27 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
-from django.db.models.functions import Now
+from django.db.models import F, Min, Q
+from django.db.models.functions import Coalesce, Now
 
 from ledger import hooks, sql
 from ledger.crypto import seal_json
 from ledger.errors import LeaseLost
-from ledger.models import AttemptOutcome, ErrorClass, IdempotencyClass, Operation, OperationMode, OperationStatus
+from ledger.models import (
+    Attempt,
+    AttemptOutcome,
+    ErrorClass,
+    IdempotencyClass,
+    Operation,
+    OperationMode,
+    OperationStatus,
+)
 from ledger.reconcile import LookupOutcome, provider_lookup
 from ledger.services import decide_unsent_expiry, operation_transition, sanitize_message
 
@@ -117,6 +125,23 @@ def sweep_expired_leases(*, batch: int = 500, report: SweepReport | None = None)
 # --- uncertain rows: reconcile with the provider ---------------------------------------------
 
 
+def key_first_used_at(op: Operation) -> datetime:
+    """The earliest time the provider may have seen this operation's key.
+
+    A key-enforced provider remembers a key for its key TTL from the key's *first* use
+    (Stripe prunes keys 24 h after they were created), not from our latest re-issue: measured
+    from the latest attempt, a row re-issued near the end of the TTL looked fresh while the
+    provider had already forgotten the first, performed request, and the next re-issue acted
+    twice (found by the stateful test, tests/ledger/test_stateful.py). Attempts of a sender
+    that honours the marker count from their marker; others from their start.
+    """
+    attempts = Attempt.objects.filter(operation_id=op.pk)
+    if sender_honours_marker(op):
+        attempts = attempts.filter(sent_at__isnull=False)
+    first = attempts.aggregate(first=Min(Coalesce("sent_at", "started_at")))["first"]
+    return first or op.sent_at or op.claimed_at or op.created_at
+
+
 def _take_uncertain(batch: int) -> list[int]:
     """Take uncertain rows under a short reconciliation lease, so a second sweeper (another
     node, a manual run) passes them over: read with SKIP LOCKED, set in the same transaction."""
@@ -181,19 +206,24 @@ def reconcile_uncertain(
         now = sql.db_now()
         sent_at = op.sent_at or op.claimed_at or op.created_at
         # Past the key TTL the provider may have forgotten the key: a re-issue could act twice.
-        ttl_passed = now > sent_at + timedelta(seconds=provider.key_ttl_seconds)
+        forgotten_at = key_first_used_at(op) + timedelta(seconds=provider.key_ttl_seconds)
+        ttl_passed = now > forgotten_at
         ttl_reason = "past the provider's key TTL: a re-issue could act twice"
         if not provider.lookup_path:
             if ttl_passed:
                 _move(op, S.REVIEW, ttl_reason, report, changes=clear, also=_review_alert)
             elif op.mode == OperationMode.EXECUTE:
-                # Key-enforced: re-issuing with the same key is safe; the worker does it.
+                # Key-enforced: re-issuing with the same key is safe while the provider
+                # remembers the key; the worker does it. The row's lifetime ends there, so a
+                # re-issue held back (a paused or throttled provider) is failed by the worker
+                # instead of sent, and with this attempt unresolved that means review.
+                ends = min(op.expires_at, forgotten_at) if op.expires_at else forgotten_at
                 _move(
                     op,
                     S.RETRY_WAIT,
                     "key-enforced, no lookup: re-issue with the same key",
                     report,
-                    changes={**clear, "next_attempt_at": Now()},
+                    changes={**clear, "next_attempt_at": Now(), "expires_at": ends},
                 )
             else:
                 _move(op, S.REVIEW, "guard mode, provider has no lookup", report, changes=clear, also=_review_alert)
