@@ -7,6 +7,7 @@ Defaults are safe for the embedded mode (SQLite file under ``var/``); production
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -289,6 +290,13 @@ ONCEGUARD = {
     "CALLBACK_SECRET_OVERLAP_SECONDS": env_int("CALLBACK_SECRET_OVERLAP_SECONDS", 86400),
     "CALLBACK_TIMEOUT_SECONDS": env_int("CALLBACK_TIMEOUT_SECONDS", 5),
     "CALLBACK_MAX_ATTEMPTS": env_int("CALLBACK_MAX_ATTEMPTS", 8),
+    # Identifier shapes of this deployment masked in stored error text besides e-mail
+    # addresses, phone numbers, tokens and keys (ledger.redaction): regular expressions, one
+    # per line, e.g. ERROR_SCRUB_PATTERNS='\bCUST-\d{8}\b'. Compiled here so a bad one
+    # stops the start, not every failure record.
+    "ERROR_SCRUB_PATTERNS": [
+        re.compile(p.strip()).pattern for p in os.environ.get("ERROR_SCRUB_PATTERNS", "").splitlines() if p.strip()
+    ],
 }
 
 # --- Access log (review.accesslog) ------------------------------------------------------
