@@ -167,6 +167,12 @@ LANGUAGE_CODE = "en"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# One date format everywhere in the console: "2026-12-01 18:42:19 UTC" (config/formats).
+FORMAT_MODULE_PATH = ["config.formats"]
+# Phone numbers typed without a country code ("0412 345 678") are read as numbers of this
+# region (ISO 3166 code, e.g. AU) by the data-subject index and search (ledger.crypto);
+# empty: such numbers keep their digits as they are.
+DEFAULT_PHONE_REGION = os.environ.get("DEFAULT_PHONE_REGION", "").strip().upper()
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from dlq.conf import dlq_setting
 from dlq.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
@@ -59,6 +59,33 @@ def failed_event_list(
     if shape:
         qs = qs.filter(shape=shape)
     return _filter_match(qs, match or {}).order_by(*LIST_ORDERING)
+
+
+# Written at ingest, so their trigram indexes (migration dlq.0007, PostgreSQL) cost an ingest,
+# never a replay.
+FAILED_EVENT_SUBSTRING_FIELDS = (
+    "event_id",
+    "original_key",
+    "source_execution_id",
+    "source_workflow_name",
+    "source_node",
+    "error_message",
+)
+
+
+def failed_event_search(rows: QuerySet[FailedEvent], text: str) -> QuerySet[FailedEvent]:
+    """Entries matching ``text``: a case-insensitive substring of the identity, the original
+    key, the execution id, the workflow's name, the failed node or the error message, or the
+    entry's id. Plain LIKE on SQLite; trigram GIN indexes serve every arm on PostgreSQL.
+    Payloads are never searched (they are sealed; ``match=`` filters the configured
+    non-personal paths)."""
+    text = (text or "").strip()
+    if not text:
+        return rows
+    found = Q(pk=int(text)) if text.isdigit() and len(text) <= 18 else Q(pk__in=[])
+    for field in FAILED_EVENT_SUBSTRING_FIELDS:
+        found |= Q(**{f"{field}__icontains": text}) & ~Q(**{field: ""})
+    return rows.filter(found)
 
 
 def failed_event_get(*, tenant_id: int, event_pk: int) -> FailedEvent:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import phonenumbers
 from cryptography.exceptions import InvalidTag
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -243,13 +244,25 @@ def normalize_email(value: str) -> str:
     return value.strip().lower()
 
 
-def normalize_phone(value: str, *, default_country_code: str | None = None) -> str:
-    """E.164-ish: ``+`` and digits only. ``00`` becomes ``+``; a national number with one
-    leading 0 takes the configured default country code when there is one."""
+def normalize_phone(value: str, *, default_country_code: str | None = None, region: str | None = None) -> str:
+    """E.164: ``+`` and digits. Read with ``phonenumbers``, so spaces, brackets, dashes and a
+    national trunk prefix do not matter: with ``DEFAULT_PHONE_REGION=AU``, ``0412 345 678``,
+    ``(04) 1234 5678``-style spellings and ``+61 412 345 678`` are one number. What it cannot
+    read keeps the first rule: ``00`` becomes ``+``, a national number with one leading 0
+    takes the configured default country code when there is one, otherwise ``+`` and the
+    digits. The index and the search both call this, so they always agree."""
     raw = str(value).strip()
     digits = re.sub(r"\D", "", raw)
     if not digits:
         return ""
+    text = "+" + digits[2:] if digits.startswith("00") and not raw.startswith("+") else raw
+    region = (getattr(settings, "DEFAULT_PHONE_REGION", "") if region is None else region) or None
+    try:
+        number = phonenumbers.parse(text, region)
+    except phonenumbers.NumberParseException:
+        number = None
+    if number is not None and phonenumbers.is_possible_number(number):
+        return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
     if raw.startswith("+"):
         return "+" + digits
     if digits.startswith("00"):

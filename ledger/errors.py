@@ -90,6 +90,13 @@ class OperationNotFound(DomainError):
     status, code, title = 404, "not_found", "Not found"
 
 
+class OperationNotCancellable(DomainError):
+    """Cancel (and retry now) act only on rows nothing is under way for: ``queued`` and
+    ``retry_wait`` (retry now: execute mode only; a guard-mode row waits for its caller)."""
+
+    status, code, title = 409, "operation_not_cancellable", "Operation cannot be changed that way"
+
+
 class AdmissionRefused(DomainError):
     status, code, title = 429, "admission_refused", "Admission refused"
 

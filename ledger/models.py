@@ -33,7 +33,8 @@ class OperationStatus(models.TextChoices):
     # the effect definitely did not happen and won't be retried; a DLQ entry exists.
     # Terminal (a replay creates lineage, never edits).
     FAILED = "failed", "failed"
-    # a reviewer decided not to do it. Terminal.
+    # a reviewer decided not to do it, or an operator cancelled it while queued or waiting
+    # for a retry. Terminal.
     ABANDONED = "abandoned", "abandoned"
 
 
@@ -47,9 +48,10 @@ UNRESOLVED_STATES = frozenset({S.UNCERTAIN, S.REVIEW})
 # The only moves there are. Anything else is a bug and raises IllegalTransition.
 ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {
     None: frozenset({S.CLAIMED, S.QUEUED}),
-    S.QUEUED: frozenset({S.CLAIMED}),
+    # → abandoned: an operator's cancel (operation_cancel), only while nothing is under way.
+    S.QUEUED: frozenset({S.CLAIMED, S.ABANDONED}),
     S.CLAIMED: frozenset({S.SUCCEEDED, S.FAILED, S.RETRY_WAIT, S.UNCERTAIN, S.REVIEW}),
-    S.RETRY_WAIT: frozenset({S.CLAIMED, S.FAILED}),
+    S.RETRY_WAIT: frozenset({S.CLAIMED, S.FAILED, S.ABANDONED}),
     S.UNCERTAIN: frozenset({S.SUCCEEDED, S.RETRY_WAIT, S.REVIEW, S.FAILED}),
     S.REVIEW: frozenset({S.SUCCEEDED, S.RETRY_WAIT, S.ABANDONED, S.FAILED}),
     S.SUCCEEDED: frozenset(),
@@ -388,7 +390,14 @@ class Operation(models.Model):
             models.Index(
                 fields=["reconciliation_handle"], name="op_handle_idx", condition=~Q(reconciliation_handle="")
             ),
-            models.Index(fields=["provider_ref"], name="op_ref_idx", condition=~Q(provider_ref="")),
+            # Pattern ops (PostgreSQL; ignored elsewhere): serves the console's prefix search
+            # (LIKE 'ref%') as well as equality, whatever the database's collation.
+            models.Index(
+                fields=["provider_ref"],
+                name="op_ref_idx",
+                condition=~Q(provider_ref=""),
+                opclasses=["varchar_pattern_ops"],
+            ),
             models.Index(fields=["execution_id"], name="op_execution_idx", condition=~Q(execution_id="")),
             models.Index(fields=["correlation_id"], name="op_correlation_idx", condition=~Q(correlation_id="")),
             # Deleting an operation (retention) finds the rows that point at it.

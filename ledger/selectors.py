@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from ledger import search, sql
 from ledger.admission import admission_refusals_by_reason
@@ -18,6 +18,29 @@ def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySe
     if match:
         rows = search.filter_match(rows, search.parse_match(match, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]))
     return rows
+
+
+# Written once (at the claim or the sent marker), so their trigram indexes (migration
+# ledger.0010, PostgreSQL) cost a claim, never a completion.
+OPERATION_SUBSTRING_FIELDS = ("key", "reconciliation_handle", "execution_id", "correlation_id")
+
+
+def operation_search(rows: QuerySet[Operation], text: str) -> QuerySet[Operation]:
+    """Rows matching ``text``: a case-insensitive substring of the key, reconciliation
+    handle, execution or correlation id; the provider ref exactly or by prefix (it is
+    written at completion, so it gets no trigram index); the row's id. Plain LIKE on
+    SQLite; on PostgreSQL every arm of the OR has its index (trigram GIN, the provider
+    ref's pattern-ops btree, the primary key), so it stays an index scan at a million rows."""
+    text = (text or "").strip()
+    if not text:
+        return rows
+    found = Q(provider_ref__startswith=text) & ~Q(provider_ref="")
+    if text.isdigit() and len(text) <= 18:
+        found |= Q(pk=int(text))
+    for field in OPERATION_SUBSTRING_FIELDS:
+        # "<> ''" lets PostgreSQL use the partial indexes (rows without a value have none).
+        found |= Q(**{f"{field}__icontains": text}) & ~Q(**{field: ""})
+    return rows.filter(found)
 
 
 def operation_get(*, tenant: Tenant, operation_id: int) -> Operation:

@@ -50,6 +50,7 @@ from ledger.errors import (
     OperationInProgress,
     OperationManagedByService,
     OperationNeedsReconciliation,
+    OperationNotCancellable,
     OperationNotFound,
     OperationRetryScheduled,
     UnknownProvider,
@@ -870,6 +871,84 @@ def operation_transition(
             _after_failed(updated)
         _after_terminal(updated, actor=actor)
     return updated
+
+
+# --- Operator actions: cancel and retry now (console) ------------------------------------------
+
+CANCELLABLE_STATES = (S.QUEUED, S.RETRY_WAIT)
+
+
+def _operator_target(*, operation_id: int, tenant_ids: list[int] | None) -> Operation:
+    rows = Operation.objects.filter(pk=operation_id)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=tenant_ids)
+    op = rows.first()
+    if op is None:
+        raise OperationNotFound("No such operation.")
+    return op
+
+
+def operation_cancel(*, operation_id: int, actor: str, reason: str, tenant_ids: list[int] | None = None) -> Operation:
+    """An operator's cancel: ``queued`` or ``retry_wait`` → ``abandoned``, with a reason.
+
+    Only rows nothing is under way for: a ``claimed`` row may be sending, an ``uncertain`` or
+    ``review`` one may have happened, so those go through completion, reconciliation or
+    review. The move is the guarded UPDATE of ``operation_transition`` (status and lease token
+    as read): a worker that took the row meanwhile wins and the cancel is refused. Later
+    claims of the key answer ``200`` with the abandoned outcome; a callback is queued as for
+    any finished row. ``tenant_ids`` limits which tenants' rows the caller may cancel.
+    """
+    reason = " ".join((reason or "").split())
+    if not reason:
+        raise ValidationFailed("Say why the operation is cancelled.")
+    op = _operator_target(operation_id=operation_id, tenant_ids=tenant_ids)
+    if op.status not in CANCELLABLE_STATES:
+        raise OperationNotCancellable(
+            f"The operation is {op.status}; only queued or retry_wait operations can be cancelled.",
+            extra={"status": op.status},
+        )
+    try:
+        moved = operation_transition(
+            operation=op,
+            to=S.ABANDONED,
+            actor=actor,
+            reason=f"cancelled: {reason}",
+            changes={"next_attempt_at": None},
+        )
+    except LeaseLost as exc:
+        raise OperationNotCancellable("The operation moved (a worker may have taken it); reload it.") from exc
+    log.info("operation_cancelled operation=%s actor=%s", moved.pk, actor)
+    return moved
+
+
+def operation_retry_now(
+    *, operation_id: int, actor: str, reason: str = "", tenant_ids: list[int] | None = None
+) -> Operation:
+    """An execute-mode row waiting for its next attempt becomes due now (its backoff is
+    skipped; attempts, lifetime and the provider's pause or throttle still apply).
+
+    A guard-mode row is retried by its caller claiming the key again — Onceguard never sends
+    it — so it is refused here. The row stays ``retry_wait``; the event row records who
+    asked (``retry_wait → retry_wait``), as ``operation_supersede`` records its own change.
+    """
+    op = _operator_target(operation_id=operation_id, tenant_ids=tenant_ids)
+    if op.status != S.RETRY_WAIT:
+        raise OperationNotCancellable(
+            f"The operation is {op.status}; only a retry_wait operation can be retried now.",
+            extra={"status": op.status},
+        )
+    if op.mode != OperationMode.EXECUTE:
+        raise OperationNotCancellable(
+            "A guard-mode operation is retried by its caller, who claims the key again; Onceguard does not send it."
+        )
+    rows = Operation.objects.filter(pk=op.pk, status=S.RETRY_WAIT, lease_token=op.lease_token)
+    with transaction.atomic():
+        if not rows.update(next_attempt_at=Now(), updated_at=Now()):
+            raise OperationNotCancellable("The operation moved (a worker may have taken it); reload it.")
+        moved = Operation.objects.get(pk=op.pk)
+        _event(op=moved, old=S.RETRY_WAIT, actor=actor, reason=f"retry now requested{': ' + reason if reason else ''}")
+    log.info("operation_retry_now operation=%s actor=%s", moved.pk, actor)
+    return moved
 
 
 def operation_supersede(*, operation_id: int, by_operation_id: int, actor: str, reason: str = "") -> Operation:

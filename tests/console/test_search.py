@@ -1,0 +1,116 @@
+"""Search that finds things (issue 14 item 2): substring, case-insensitive, over the columns
+written once; provider refs by exact value or prefix; trigram indexes on PostgreSQL; the
+person search reads local phone numbers in the default region."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+
+from dlq import services as dlq_services
+from dlq.models import FailedEvent
+from dlq.selectors import failed_event_search
+from ledger import services
+from ledger.models import Operation
+from ledger.selectors import operation_search
+from review import privacy
+from tests.conftest import on_postgres
+from tests.console.support import enforced_provider, example
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def rows(tenant):
+    crm = enforced_provider(tenant)
+    made = {}
+    for key, handle, execution in (
+        ("lead-call:call_7f3c2a9e41b04d6f:crm-contact:v1", "", "4812"),
+        ("order-1001:charge:v1", "pi_3NfX1001", ""),
+    ):
+        op = services.operation_claim(
+            tenant=tenant, key=key, provider=crm, request={}, execution_id=execution, reconciliation_handle=handle
+        ).operation
+        made[key] = op
+    done = made["order-1001:charge:v1"]
+    services.operation_complete(
+        operation_id=done.pk, lease_token=done.lease_token, provider_ref="ch_1QxY9", response_body={}, actor="t"
+    )
+    envelope = {
+        "event_id": "n8n:17:4812",
+        "payload": example("crm-create-contact-request.json"),
+        "error": {"message": "The service is receiving too many requests from you [429]", "class": "transient"},
+        "source": {"workflow_id": "17", "workflow_name": "Voice call -> CRM lead", "node": "CRM: Create Contact"},
+    }
+    dlq_services.failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="t")
+    return made
+
+
+def keys(text: str) -> set[str]:
+    return set(operation_search(Operation.objects.all(), text).values_list("key", flat=True))
+
+
+def entries(text: str) -> set[str]:
+    return set(failed_event_search(FailedEvent.objects.all(), text).values_list("event_id", flat=True))
+
+
+def test_operations_are_found_by_any_part_of_key_handle_or_execution_id_in_any_case(rows):
+    assert keys("lead-call") == {"lead-call:call_7f3c2a9e41b04d6f:crm-contact:v1"}
+    assert keys("CRM") == {"lead-call:call_7f3c2a9e41b04d6f:crm-contact:v1"}
+    assert keys("call_7f3c2a9e41b04d6f") == {"lead-call:call_7f3c2a9e41b04d6f:crm-contact:v1"}
+    assert keys("3nfx") == {"order-1001:charge:v1"}
+    assert keys("481") == {"lead-call:call_7f3c2a9e41b04d6f:crm-contact:v1"}
+    assert keys("nothing-like-it") == set()
+
+
+def test_provider_refs_match_exactly_or_by_prefix_never_in_the_middle(rows):
+    assert keys("ch_1QxY9") == keys("ch_1Q") == {"order-1001:charge:v1"}
+    assert keys("1QxY9") == set()
+
+
+def test_dlq_entries_are_found_by_error_text_workflow_name_node_and_identity(rows):
+    assert entries("429") == entries("crm lead") == entries("create contact") == {"n8n:17:4812"}
+    assert entries("17:48") == entries("17") == {"n8n:17:4812"}
+    # The payload (sealed) is never searched: the person's name is in it, not findable here.
+    assert entries("Priya") == set()
+
+
+def test_a_local_phone_number_finds_the_person_indexed_in_international_form(rows, tenant, settings):
+    settings.DEFAULT_PHONE_REGION = "AU"
+    voice = example("voice-call-analyzed.json")  # from_number +61412345678
+    op = services.operation_claim(
+        tenant=tenant, key="voice:call_1:v1", provider=None, request={}, payload=voice
+    ).operation
+
+    hits = privacy.subject_search(tenant_ids=None, phone="0412 345 678")
+
+    assert op.pk in hits.operation_ids
+    assert (
+        privacy.subject_search(tenant_ids=None, email="PRIYA.Raman@Example.invalid").operation_ids == hits.operation_ids
+    )
+
+
+@pytest.mark.skipif(not on_postgres(), reason="trigram indexes exist on PostgreSQL only")
+def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
+    def plan(qs) -> str:
+        sql, params = qs.query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute(f"EXPLAIN {sql}", params)
+            return "\n".join(r[0] for r in cursor.fetchall())
+
+    # A superuser's search (every tenant): a tenant's own is narrowed by its tenant index too.
+    # (On a nearly empty table the planner may prefer a column's partial btree and recheck;
+    # columns with no other index show their trigram index.)
+    ops = plan(operation_search(Operation.objects.all(), "lead-call"))
+    assert "Seq Scan" not in ops and "op_key_trgm" in ops and "op_ref_idx" in ops, ops
+    dlq = plan(failed_event_search(FailedEvent.objects.all(), "429"))
+    assert "Seq Scan" not in dlq, dlq
+    for index in ("fe_event_trgm", "fe_error_trgm", "fe_workflow_name_trgm", "fe_node_trgm"):
+        assert index in dlq, dlq
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE indexname LIKE '%%_trgm'")
+        made = {r[0] for r in cursor.fetchall()}
+    assert {"op_handle_trgm", "op_execution_trgm", "op_correlation_trgm", "fe_key_trgm", "fe_execution_trgm"} <= made
