@@ -47,6 +47,15 @@ class AlertChannel(models.Model):
         return f"{self.tenant}/{self.name} ({self.kind})"
 
 
+class AlertState(models.TextChoices):
+    # nobody has said they are on it. Out: an operator's acknowledge or resolve.
+    OPEN = "open", "open"
+    # someone is on it. Out: resolve (an operator, or a review decision on its item).
+    ACKNOWLEDGED = "acknowledged", "acknowledged"
+    # dealt with. Terminal.
+    RESOLVED = "resolved", "resolved"
+
+
 class Alert(models.Model):
     """Something an operator should hear about, written in the transaction that caused it.
 
@@ -62,6 +71,14 @@ class Alert(models.Model):
     repeat_count = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     last_raised_at = models.DateTimeField()
+    # An operator says "I am on it" (acknowledged) and "it is dealt with" (resolved), each
+    # once, with who and when (alerts.services: guarded updates, never undone). A reviewer's
+    # decision resolves the review item's alerts.
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, blank=True, default="")
+    resolution_note = models.CharField(max_length=500, blank=True, default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "dedup_key"], name="alert_dedup")]
@@ -69,6 +86,15 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.ref}"
+
+    @property
+    def state(self) -> str:
+        """open → acknowledged → resolved (AlertState)."""
+        if self.resolved_at is not None:
+            return AlertState.RESOLVED
+        if self.acknowledged_at is not None:
+            return AlertState.ACKNOWLEDGED
+        return AlertState.OPEN
 
 
 class AlertDeliveryStatus(models.TextChoices):
