@@ -18,10 +18,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.urls import handler404, handler500
+# The project's URLconf as it is (its error handlers included), plus the floor view.
+from config.urls import *  # noqa: F403
 from config.urls import urlpatterns as project_urlpatterns
-
-__all__ = ["FrameworkFloorApi", "handler404", "handler500", "urlpatterns"]
 
 
 class FrameworkFloorApi(APIView):

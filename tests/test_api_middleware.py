@@ -108,3 +108,17 @@ def test_a_console_post_without_a_csrf_token_is_still_refused(db):
     response = Client(enforce_csrf_checks=True).post("/admin/login/", {"username": "a", "password": "b"})
 
     assert response.status_code == 403
+
+
+def test_the_framework_floor_view_is_routed_only_by_the_bench_settings(api, settings):
+    from rest_framework.test import APIClient
+
+    assert api.post("/api/v1/_bench/floor", {}, format="json").status_code == 404
+
+    settings.ROOT_URLCONF = "bench.floor"
+    answered = api.post("/api/v1/_bench/floor", {"any": "body"}, format="json")
+    anonymous = APIClient().post("/api/v1/_bench/floor", {}, format="json")
+
+    assert answered.status_code == 200 and answered.json() == {"ok": True}
+    # The project's API-key authentication, as on every API view.
+    assert anonymous.status_code == 401 and anonymous["Content-Type"] == "application/problem+json"
