@@ -82,6 +82,7 @@ class Alert(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "dedup_key"], name="alert_dedup")]
+        permissions = [("respond_alert", "Can acknowledge and resolve alerts")]
         indexes = [models.Index(fields=["tenant", "id"], name="alert_tenant_id_idx")]
 
     def __str__(self) -> str:

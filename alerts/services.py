@@ -71,6 +71,48 @@ def alert_raise(*, tenant_id: int, kind: str, ref: str, summary: str) -> None:
     transaction.on_commit(lambda: ledger_tasks.enqueue("alerts.tasks.alert_dispatch_task", tenant_id), robust=True)
 
 
+# --- Acknowledge and resolve (console) ----------------------------------------------------------
+
+
+def _alert_rows(*, alert_ids: list[int], tenant_ids: list[int] | None) -> Any:
+    rows = Alert.objects.filter(pk__in=alert_ids)
+    return rows if tenant_ids is None else rows.filter(tenant_id__in=tenant_ids)
+
+
+def alert_acknowledge(*, alert_ids: list[int], actor: str, tenant_ids: list[int] | None = None) -> int:
+    """Mark open alerts "someone is on it"; returns how many moved. A guarded UPDATE: an
+    alert acknowledged or resolved meanwhile keeps its first answer and who gave it."""
+    moved = (
+        _alert_rows(alert_ids=alert_ids, tenant_ids=tenant_ids)
+        .filter(acknowledged_at__isnull=True, resolved_at__isnull=True)
+        .update(acknowledged_at=timezone.now(), acknowledged_by=actor[:150])
+    )
+    log.info("alerts_acknowledged count=%s actor=%s", moved, actor)
+    return moved
+
+
+def alert_resolve(*, alert_ids: list[int], actor: str, note: str = "", tenant_ids: list[int] | None = None) -> int:
+    """Mark alerts dealt with (acknowledging them too, if nobody had); returns how many moved."""
+    now = timezone.now()
+    rows = _alert_rows(alert_ids=alert_ids, tenant_ids=tenant_ids).filter(resolved_at__isnull=True)
+    with transaction.atomic():
+        rows.filter(acknowledged_at__isnull=True).update(acknowledged_at=now, acknowledged_by=actor[:150])
+        moved = rows.update(resolved_at=now, resolved_by=actor[:150], resolution_note=" ".join(note.split())[:500])
+    log.info("alerts_resolved count=%s actor=%s", moved, actor)
+    return moved
+
+
+def alerts_resolve_for(*, tenant_id: int, kinds: list[str], ref: str, actor: str, note: str = "") -> int:
+    """Resolve every unresolved alert of these kinds about ``ref`` (a key or an id): what
+    follows a decision on the thing the alert was about (a review item decided)."""
+    ids = list(
+        Alert.objects.filter(tenant_id=tenant_id, kind__in=kinds, ref=ref, resolved_at__isnull=True).values_list(
+            "pk", flat=True
+        )[:1000]
+    )
+    return alert_resolve(alert_ids=ids, actor=actor, note=note) if ids else 0
+
+
 # --- Messages ------------------------------------------------------------------------------
 
 

@@ -345,6 +345,8 @@ class Operation(models.Model):
 
     class Meta:
         db_table = "ledger_operation"
+        # The console's operator actions (services.operation_cancel / operation_retry_now).
+        permissions = [("cancel_operation", "Can cancel operations and retry them now")]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "key"], name="operation_unique_key_per_tenant"),
             # A terminal state always has its finishing time, and only a terminal one does.

@@ -57,6 +57,8 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.view_pausedprovider",
         "review.resume_provider",
         "review.view_reviewitem",
+        "ledger.cancel_operation",
+        "alerts.respond_alert",
     ],
     REVIEWER: [*_READ_LEDGER, "review.view_reviewitem", "review.decide_reviewitem"],
     AUDITOR: [
@@ -86,6 +88,8 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "dlq.change_bulkreplay",
         "review.decide_reviewitem",
         "review.resume_provider",
+        "ledger.cancel_operation",
+        "alerts.respond_alert",
         "review.export_data",
         "review.search_subjects",
         "review.*_retentionpolicy",

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models.functions import Now
 
+from alerts.services import alerts_resolve_for
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
 from ledger.models import AttemptOutcome, ConfigChangeAction, Operation, OperationStatus
@@ -77,6 +78,14 @@ def review_decision_record(
                 moved.attempt_set.filter(outcome__in=[AttemptOutcome.AMBIGUOUS, AttemptOutcome.PENDING]).update(
                     outcome=attempt_outcome
                 )
+            # The item's alerts (raised by the sweeper with the key as ref) are dealt with.
+            alerts_resolve_for(
+                tenant_id=op.tenant_id,
+                kinds=["review_needed", "operation_stuck"],
+                ref=op.key,
+                actor=actor,
+                note=f"review decision: {decision}",
+            )
     except LeaseLost as exc:
         raise ReviewNotOpen("The operation changed while you were deciding; reload it.") from exc
     log.info("review_decision key=%s decision=%s to=%s", op.key, decision, moved.status)
