@@ -14,7 +14,6 @@ import json
 import logging
 import secrets
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -31,6 +30,7 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
+from ledger.outbound import normalise_url, outbound_check
 from ledger.selectors import provider_slug
 from ledger.serializers import operation_representation
 
@@ -41,53 +41,38 @@ CALLBACK_ACTION = "callback"
 MAX_CALLBACK_URL_LENGTH = 1000
 
 
-def _default_port(scheme: str) -> int:
-    return 443 if scheme == "https" else 80
-
-
 def callback_url_allowed(*, allow_list: list[str], url: str) -> bool:
-    """True when ``url`` is http(s), carries no credentials, and lies under an allow-list
-    prefix: same scheme, host and port, and a path at or below the prefix's path."""
+    """True when ``url`` lies under an allow-list prefix: same scheme, host and port, and a
+    path at or below the prefix's path. Both sides are normalised first (ledger.outbound:
+    ``..`` and ``%2e%2e`` segments resolved, default ports dropped, host case folded), and a
+    URL that cannot be — credentials, backslashes, encoded slashes, a fragment — is refused."""
     try:
-        target = urlsplit(url)
-        target_port = target.port or _default_port(target.scheme)
+        target = normalise_url(url)
     except ValueError:
-        return False
-    if target.scheme not in ("http", "https") or not target.hostname or target.username or target.password:
-        return False
-    if target.fragment:
         return False
     for prefix in allow_list or []:
         try:
-            allowed = urlsplit(str(prefix))
-            allowed_port = allowed.port or _default_port(allowed.scheme)
+            allowed = normalise_url(str(prefix))
         except ValueError:
             continue
-        if (allowed.scheme, (allowed.hostname or "").lower(), allowed_port) != (
-            target.scheme,
-            target.hostname.lower(),
-            target_port,
-        ):
-            continue
-        base = allowed.path or "/"
-        path = target.path or "/"
-        if base.endswith("/") and path.startswith(base):
-            return True
-        if path == base or path.startswith(base + "/"):
+        if target.is_under(allowed):
             return True
     return False
 
 
 def callback_url_check(*, tenant: Tenant, url: str) -> str:
-    """Validate a submitted callback_url against the tenant's allow-list (400 otherwise)."""
+    """Validate a submitted callback_url (400 otherwise) and return it in canonical form —
+    the form that is stored, checked against the allow-list and sent to: the outbound
+    policy allows its destination, and it lies under one of the tenant's prefixes."""
     if not isinstance(url, str) or len(url) > MAX_CALLBACK_URL_LENGTH or not url.isprintable():
         raise ValidationFailed("callback_url must be a URL of at most 1000 printable characters.")
-    if not callback_url_allowed(allow_list=tenant.callback_allow_list, url=url):
-        # Never echo the URL back: it may carry personal data in its path or query.
+    # Never echo the URL back: it may carry personal data in its path or query.
+    normalised = outbound_check(url, purpose="callback_url")
+    if not callback_url_allowed(allow_list=tenant.callback_allow_list, url=normalised.url):
         raise ValidationFailed(
             "callback_url is not on this tenant's callback allow-list.", extra={"field": "callback_url"}
         )
-    return url
+    return normalised.url
 
 
 def tenant_callback_secret(*, tenant_id: int, rotate: bool = False, actor: str = "system") -> str:

@@ -36,12 +36,14 @@ when a test or the demo allows exactly its own loopback servers.
 
 from __future__ import annotations
 
+import contextvars
 import ipaddress
 import logging
 import re
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -168,12 +170,27 @@ def parse_rule(text: str) -> Rule:
 
 _rules_lock = threading.Lock()
 _rules_cache: dict[Any, tuple[Rule, ...]] = {}
+# Rules added for the current thread of control only (:func:`allowing`).
+_extra_rules: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("outbound_extra_rules", default=())
+
+
+@contextmanager
+def allowing(*rules: str) -> Iterator[None]:
+    """Allow ``rules`` as well, in this thread of control only, while the block runs — for
+    code that starts its own receiver and sends to it in the same thread (the demo's seeding
+    replay). Never seen by other threads, requests or processes."""
+    token = _extra_rules.set(_extra_rules.get() + tuple(rules))
+    try:
+        yield
+    finally:
+        _extra_rules.reset(token)
 
 
 def allow_rules() -> tuple[Rule, ...]:
-    """The deployment's rules, parsed once per distinct setting value."""
+    """The deployment's rules (plus any :func:`allowing` ones), parsed once per distinct value."""
     raw = settings.ONCEGUARD.get("OUTBOUND_ALLOW") or ""
     entries = [e for e in (raw.split(",") if isinstance(raw, str) else raw) if str(e).strip()]
+    entries += list(_extra_rules.get())
     cache_key = tuple(str(e).strip() for e in entries)
     rules = _rules_cache.get(cache_key)
     if rules is None:
@@ -314,7 +331,7 @@ class NormalisedURL:
     scheme: str
     host: str  # lower-case ASCII (IDNA); an IPv6 address without brackets
     port: int  # explicit or the scheme's default
-    path: str  # percent-encoding normalised, dot segments resolved, at least "/"
+    path: str  # percent-encoding normalised, dot segments resolved; "" when the URL has none
     query: str
 
     @property
@@ -335,10 +352,10 @@ class NormalisedURL:
         are normalised, so ``..`` or ``%2e%2e`` cannot climb out of the prefix."""
         if (self.scheme, self.host, self.port) != (prefix.scheme, prefix.host, prefix.port):
             return False
-        base = prefix.path
+        base, path = prefix.path or "/", self.path or "/"
         if base.endswith("/"):
-            return self.path.startswith(base)
-        return self.path == base or self.path.startswith(base + "/")
+            return path.startswith(base)
+        return path == base or path.startswith(base + "/")
 
 
 def _ascii_host(host: str) -> str:
@@ -416,7 +433,8 @@ def normalise_url(url: str) -> NormalisedURL:
         scheme=scheme,
         host=host,
         port=port if port is not None else DEFAULT_PORTS[scheme],
-        path=_normalise_path(parts.path),
+        # An empty path stays empty (a base URL keeps its form); it compares as "/".
+        path=_normalise_path(parts.path) if parts.path else "",
         query=parts.query,
     )
 

@@ -30,7 +30,7 @@ from django.db import transaction
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import services
+from ledger import outbound, services
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
 from review import privacy
 from review.models import RetentionPolicy, StaffTenant
@@ -96,10 +96,11 @@ def demo_seed() -> dict[str, Any]:
     tenant = Tenant.objects.filter(slug=TENANT).first() or services.tenant_create(
         slug=TENANT, name="Demo tenant (sample data)"
     )
+    # Guard mode: the workflow sends, never the service. `.invalid` names resolve nowhere.
     crm = services.provider_upsert(
         tenant=tenant,
         slug="demo-crm",
-        base_url="http://127.0.0.1:9",
+        base_url="https://demo-crm.invalid",
         idempotency_class=IdempotencyClass.KEY_ENFORCED,
         key_ttl_seconds=86400,
     )
@@ -107,7 +108,7 @@ def demo_seed() -> dict[str, Any]:
     charges = Provider.objects.filter(tenant=tenant, slug="demo-charges").first() or services.provider_upsert(
         tenant=tenant,
         slug="demo-charges",
-        base_url="http://127.0.0.1:8011",
+        base_url="https://demo-charges.invalid",
         idempotency_class=IdempotencyClass.KEY_ENFORCED,
     )
     voice = _example("voice-call-analyzed.json")
@@ -217,7 +218,8 @@ def demo_seed() -> dict[str, Any]:
             },
         },
     )
-    with _local_crm() as url:
+    # The throwaway receiver is allowed for this replay only, in this thread (ledger.outbound).
+    with _local_crm() as url, outbound.allowing(url.removeprefix("http://")):
         dlq_services.replay_target_upsert(
             tenant=tenant, slug="demo-crm-webhook", url=f"{url}/contacts", is_default=True
         )
@@ -229,7 +231,7 @@ def demo_seed() -> dict[str, Any]:
         )
     # The seeding-only receiver is gone; point the target somewhere that says so.
     dlq_services.replay_target_upsert(
-        tenant=tenant, slug="demo-crm-webhook", url="http://127.0.0.1:9/demo-crm-webhook", is_default=True
+        tenant=tenant, slug="demo-crm-webhook", url="https://demo-crm.invalid/demo-crm-webhook", is_default=True
     )
     made["dlq_replayed"] = earlier.pk
     made["replay_outcome"] = replay.outcome

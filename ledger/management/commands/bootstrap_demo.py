@@ -9,10 +9,16 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
-from ledger import services
+from ledger import outbound, services
 from ledger.models import IdempotencyClass, Tenant
 
 CREDENTIALS = Path(settings.VAR_DIR) / "credentials.txt"
+
+
+def demo_outbound_rules(base: int) -> list[str]:
+    """The demo's loopback receivers (mocks on base and base + 2, their relays on base + 1
+    and base + 3): the only loopback destinations `make run` allows (OUTBOUND_ALLOW)."""
+    return [f"127.0.0.1:{base}-{base + 3}"]
 
 
 class Command(BaseCommand):
@@ -45,7 +51,12 @@ class Command(BaseCommand):
         self.stdout.write(text)
 
     def _providers(self, tenant: Tenant, base: int) -> None:
-        # Each demo provider points at its fault relay (port + 1), which forwards to the mock.
+        # Each demo provider points at its fault relay (port + 1), which forwards to the mock:
+        # loopback ports the demo's own processes allow (run_all exports demo_outbound_rules).
+        with outbound.allowing(*demo_outbound_rules(base)):
+            self._upsert(tenant, base)
+
+    def _upsert(self, tenant: Tenant, base: int) -> None:
         services.provider_upsert(
             tenant=tenant,
             slug="demo-charges",

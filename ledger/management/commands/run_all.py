@@ -14,6 +14,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ledger.management.commands.bootstrap_demo import demo_outbound_rules
+
 
 class Command(BaseCommand):
     help = "Run the whole service: web (granian) + django-q2 cluster (schedules). Ctrl-C stops all."
@@ -66,6 +68,10 @@ class Command(BaseCommand):
             # Demo receivers on loopback: a key-enforced and a key-advisory mock provider,
             # each behind a fault relay, so the crash window can be reproduced with curl.
             base = int(os.environ.get("DEMO_PORT_BASE", "8010"))
+            # The workers may reach exactly these loopback ports, besides what the
+            # deployment's own OUTBOUND_ALLOW says (ledger.outbound refuses loopback otherwise).
+            rules = [r for r in os.environ.get("OUTBOUND_ALLOW", "").split(",") if r.strip()]
+            os.environ["OUTBOUND_ALLOW"] = ",".join([*rules, *demo_outbound_rules(base)])
             for name, mode, port_ in (("enforced", "enforced", base), ("advisory", "advisory", base + 2)):
                 commands[f"mock-{name}"] = [python, "manage.py", "mockprovider", "--port", str(port_), "--mode", mode]
                 commands[f"relay-{name}"] = [
