@@ -6,7 +6,9 @@ import logging
 import sys
 from typing import Any
 
+from django.contrib import admin
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views import defaults
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
@@ -135,6 +137,18 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
         500, "internal_error", "Internal error", "The server failed; nothing was recorded for this request.", instance
     )
     return Response(body, status=500, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """API: problem+json. Console: a page in the console's look saying what was refused, who
+    you are signed in as and with which roles, and the way back (templates/403.html)."""
+    if request.path.startswith("/api/"):
+        return problem_response(403, "forbidden", "Permission denied", "You may not do this.", instance=request.path)
+    user = getattr(request, "user", None)
+    context: dict[str, Any] = {"title": "Not allowed", "reason": str(exception or "")}
+    if user is not None and user.is_authenticated and user.is_staff:
+        context.update(admin.site.each_context(request))
+    return render(request, "403.html", context, status=403)
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
@@ -20,7 +21,10 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    # Browsers ask for /favicon.ico whatever the page says; the console's icon is an SVG.
+    path("favicon.ico", RedirectView.as_view(url=static("review/favicon.svg"), permanent=True)),
 ]
 
+handler403 = "config.problems.handler403"
 handler404 = "config.problems.handler404"
 handler500 = "config.problems.handler500"

@@ -4,14 +4,39 @@ everyone, superusers included: every change goes through a service and leaves it
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
 
-from ledger import services
-from ledger.models import ApiKey, Attempt, ConfigChange, Operation, OperationEvent, Provider, Tenant
+from ledger import display, services
+from ledger.errors import DomainError
+from ledger.models import (
+    OPEN_STATES,
+    ApiKey,
+    Attempt,
+    ConfigChange,
+    Operation,
+    OperationEvent,
+    OperationMode,
+    OperationStatus,
+    Provider,
+    Tenant,
+)
+from ledger.selectors import operation_search
+from ledger.story import operation_story
+
+S = OperationStatus
 
 
 class ReadOnlyPermissions:
@@ -65,16 +90,340 @@ class EventInline(ReadOnlyInline):
     ordering = ["at", "id"]
 
 
+def shows_tenant(model_admin: Any, request: HttpRequest) -> bool:
+    """A tenant column only for someone who sees more than one tenant."""
+    scope_of = getattr(model_admin, "tenant_scope", None)
+    scope = scope_of(request) if scope_of is not None else None
+    if scope is None:
+        return Tenant.objects.count() > 1
+    return len(scope) > 1
+
+
+class NeedsFilter(admin.SimpleListFilter):
+    """What needs whom: due work, rows only their caller can move, rows stuck for too long."""
+
+    title = "needs"
+    parameter_name = "needs"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("due", "due now (execute mode)"),
+            ("caller", "waiting for the caller (guard mode)"),
+            ("stuck", "open for too long"),
+            ("cancellable", "can be cancelled"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Operation]) -> QuerySet[Operation]:
+        now = timezone.now()
+        due = Q(status__in=[S.QUEUED, S.RETRY_WAIT], next_attempt_at__lte=now)
+        if self.value() == "due":
+            return queryset.filter(due, mode=OperationMode.EXECUTE)
+        if self.value() == "caller":
+            return queryset.filter(due, status=S.RETRY_WAIT, mode=OperationMode.GUARD)
+        if self.value() == "stuck":
+            cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
+            return queryset.filter(status__in=list(OPEN_STATES), updated_at__lt=cutoff)
+        if self.value() == "cancellable":
+            return queryset.filter(status__in=list(services.CANCELLABLE_STATES))
+        return queryset
+
+
+class OperatorActionForm(forms.Form):
+    reason = forms.CharField(
+        max_length=400,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        help_text="Required: kept in the operation's history with your name.",
+    )
+
+
+BULK_LIMIT = 5000
+
+
 @admin.register(Operation)
 class OperationAdmin(ReadOnlyAdmin):
-    list_display = ["key", "tenant", "provider", "mode", "status", "attempts", "provider_ref", "updated_at"]
-    list_filter = ["status", "mode", "tenant", "provider", "error_class"]
-    search_fields = ["=key", "=reconciliation_handle", "=provider_ref", "=execution_id", "=correlation_id"]
+    """The operations list answers "what needs me" (state, provider, workflow, attempts,
+    age on one line at 1,280 px); the detail page leads with the story (ledger.story); cancel
+    and retry now go through services, one row or a filtered selection after a count preview."""
+
+    list_display = ["row_id", "key_short", "status_badge", "provider_slug", "workflow", "attempts_used", "age"]
+    list_display_links = ["row_id", "key_short"]
+    list_filter = [NeedsFilter, "status", "mode", "tenant", "provider", "error_class"]
+    # The console's own search (ledger.selectors.operation_search); this list only shows the box.
+    search_fields = ["key"]
+    search_help_text = (
+        "Any part of a key, reconciliation handle, execution or correlation id (any case); "
+        "a provider ref from its start; an operation id."
+    )
     date_hierarchy = "created_at"
     list_select_related = ["tenant", "provider"]
     show_full_result_count = False
     inlines = [AttemptInline, EventInline]
-    exclude = ["payload", "request", "response_body"]
+    change_form_template = "admin/ledger/operation/change_form.html"
+    actions = ["cancel_selected", "retry_now_selected"]
+    readonly_fields = ["last_attempt_error", "sent_marker_uses", "superseded_by"]
+    fieldsets = [
+        (
+            "Identity",
+            {
+                "fields": [
+                    "key",
+                    "tenant",
+                    "provider",
+                    "mode",
+                    "action",
+                    "fingerprint",
+                    "workflow_id",
+                    "workflow_version",
+                    "execution_id",
+                    "correlation_id",
+                    "reconciliation_handle",
+                    "callback_url",
+                ]
+            },
+        ),
+        (
+            "State and timing",
+            {
+                "fields": [
+                    "status",
+                    "attempts",
+                    "throttled_attempts",
+                    "max_attempts",
+                    "created_at",
+                    "claimed_at",
+                    "sent_at",
+                    "sent_marker_uses",
+                    "lease_expires_at",
+                    "next_attempt_at",
+                    "deadline",
+                    "expires_at",
+                    "updated_at",
+                    "done_at",
+                    "superseded_by",
+                ]
+            },
+        ),
+        ("Outcome", {"fields": ["provider_ref", "response_status", "last_attempt_error"]}),
+        ("Sweeper", {"fields": ["reconcile_until", "lookup_failures", "alerted_at"]}),
+    ]
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        columns = list(super().get_list_display(request))
+        if shows_tenant(self, request):
+            columns.insert(2, "tenant")
+        return columns
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Operation], search_term: str
+    ) -> tuple[QuerySet[Operation], bool]:
+        return operation_search(queryset, search_term), False
+
+    # --- columns ---
+
+    @admin.display(description="id", ordering="id")
+    def row_id(self, obj: Operation) -> str:
+        return str(obj.pk)
+
+    @admin.display(description="key", ordering="key")
+    def key_short(self, obj: Operation) -> str:
+        return display.short_id(obj.key, keep=44)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Operation) -> str:
+        mode = "guard" if obj.mode == OperationMode.GUARD else "execute"
+        return format_html('{}<div class="og-muted">{}</div>', display.operation_badge(obj), mode)
+
+    @admin.display(description="provider", ordering="provider__slug")
+    def provider_slug(self, obj: Operation) -> str:
+        return obj.provider.slug if obj.provider_id and obj.provider else display.EMPTY
+
+    @admin.display(description="workflow / execution")
+    def workflow(self, obj: Operation) -> str:
+        if not (obj.workflow_id or obj.execution_id):
+            return display.EMPTY
+        version = f" v{obj.workflow_version}" if obj.workflow_version else ""
+        return format_html(
+            '{}{}<div class="og-muted">{}</div>',
+            f"wf {obj.workflow_id}" if obj.workflow_id else "",
+            version,
+            display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else "",
+        )
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_used(self, obj: Operation) -> str:
+        return f"{obj.attempts} / {obj.max_attempts}"
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, obj: Operation) -> str:
+        return format_html(
+            '{}<div class="og-muted">updated {}</div>', display.age(obj.created_at), display.age(obj.updated_at)
+        )
+
+    @admin.display(description="error of the last failed attempt")
+    def last_attempt_error(self, obj: Operation) -> str:
+        if not (obj.error_class or obj.last_error):
+            return display.EMPTY
+        text = f"{obj.get_error_class_display() or 'error'}: {obj.last_error or '(no message)'}"
+        if obj.status == S.SUCCEEDED:
+            text += " — an earlier attempt's; the operation succeeded"
+        return text
+
+    @admin.display(description="sender writes the sent marker")
+    def sent_marker_uses(self, obj: Operation) -> str:
+        return display.yes_no(obj.uses_sent_marker or obj.mode == OperationMode.EXECUTE)
+
+    # --- detail: the story first ---
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        op = self.get_object(request, object_id)
+        if op is not None:
+            attempts = list(op.attempt_set.order_by("number"))
+            events = list(op.events.order_by("at", "id"))
+            extra_context["story"] = operation_story(op, attempts, events)
+            extra_context["status_badge"] = display.operation_badge(op)
+            extra_context["can_act"] = self.has_cancel_permission(request)
+            extra_context["cancellable"] = op.status in services.CANCELLABLE_STATES
+            extra_context["retryable"] = op.status == S.RETRY_WAIT and op.mode == OperationMode.EXECUTE
+            extra_context["failed_event_id"] = (
+                getattr(getattr(op, "failed_event", None), "pk", None) if op.status == S.FAILED else None
+            )
+            extra_context["in_review"] = op.status == S.REVIEW
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    # --- actions: one row (a page with a preview) ---
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ledger.cancel_operation")
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        own = [
+            path("<int:pk>/cancel/", wrap(self.cancel_view), name="ledger_operation_cancel"),
+            path("<int:pk>/retry-now/", wrap(self.retry_now_view), name="ledger_operation_retry_now"),
+        ]
+        return own + super().get_urls()
+
+    def _act_on_one(self, request: HttpRequest, pk: int, *, verb: str) -> HttpResponse:
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        op = get_object_or_404(self.get_queryset(request).select_related("provider", "tenant"), pk=pk)
+        form = OperatorActionForm(request.POST or None)
+        back = reverse("admin:ledger_operation_change", args=[op.pk])
+        if request.method == "POST" and form.is_valid():
+            actor = f"user:{request.user.get_username()}"
+            try:
+                if verb == "cancel":
+                    services.operation_cancel(
+                        operation_id=op.pk,
+                        actor=actor,
+                        reason=form.cleaned_data["reason"],
+                        tenant_ids=self._tenants(request),
+                    )
+                else:
+                    services.operation_retry_now(
+                        operation_id=op.pk,
+                        actor=actor,
+                        reason=form.cleaned_data["reason"],
+                        tenant_ids=self._tenants(request),
+                    )
+            except DomainError as exc:
+                messages.error(request, f"Nothing changed: {exc.detail}")
+            else:
+                done = "cancelled (abandoned)" if verb == "cancel" else "due now"
+                messages.success(request, f"Operation {op.pk} {done}.")
+                return HttpResponseRedirect(back)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"{'Cancel' if verb == 'cancel' else 'Retry now'}: operation {op.pk}",
+            "op": op,
+            "verb": verb,
+            "form": form,
+            "status_badge": display.operation_badge(op),
+            "back_url": back,
+            "allowed": op.status in services.CANCELLABLE_STATES
+            if verb == "cancel"
+            else (op.status == S.RETRY_WAIT and op.mode == OperationMode.EXECUTE),
+        }
+        return TemplateResponse(request, "admin/ledger/operation/action_confirm.html", context)
+
+    def cancel_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return self._act_on_one(request, pk, verb="cancel")
+
+    def retry_now_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return self._act_on_one(request, pk, verb="retry_now")
+
+    def _tenants(self, request: HttpRequest) -> list[int] | None:
+        scope_of = getattr(self, "tenant_scope", None)
+        return scope_of(request) if scope_of is not None else None
+
+    # --- actions: a selection or everything the filter matches (count preview, then confirm) ---
+
+    def _bulk(self, request: HttpRequest, queryset: QuerySet[Operation], *, verb: str) -> HttpResponse | None:
+        eligible = queryset.filter(status__in=list(services.CANCELLABLE_STATES))
+        if verb == "retry_now":
+            eligible = queryset.filter(status=S.RETRY_WAIT, mode=OperationMode.EXECUTE)
+        eligible = eligible.order_by("id")
+        count = eligible[: BULK_LIMIT + 1].count()
+        reason = " ".join(request.POST.get("reason", "").split())
+        if request.POST.get("bulk_confirm"):
+            try:
+                previewed = int(request.POST.get("bulk_count", "-1"))
+            except ValueError:
+                previewed = -1
+            if not reason and verb == "cancel":
+                messages.error(request, "A reason is required.")
+            elif previewed != count:
+                messages.warning(
+                    request, f"The selection changed since the preview ({previewed} then, {count} now): check again."
+                )
+            elif count > BULK_LIMIT:
+                messages.error(request, f"At most {BULK_LIMIT} operations at a time: narrow the filter.")
+            else:
+                actor = f"user:{request.user.get_username()}"
+                done = skipped = 0
+                for pk in list(eligible.values_list("pk", flat=True)[:BULK_LIMIT]):
+                    try:
+                        if verb == "cancel":
+                            services.operation_cancel(
+                                operation_id=pk, actor=actor, reason=reason, tenant_ids=self._tenants(request)
+                            )
+                        else:
+                            services.operation_retry_now(
+                                operation_id=pk, actor=actor, reason=reason, tenant_ids=self._tenants(request)
+                            )
+                        done += 1
+                    except DomainError:
+                        skipped += 1
+                what = "cancelled" if verb == "cancel" else "made due now"
+                messages.success(request, f"{done} operations {what}; {skipped} skipped (moved meanwhile).")
+                return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Cancel operations" if verb == "cancel" else "Retry operations now",
+            "verb": verb,
+            "action": "cancel_selected" if verb == "cancel" else "retry_now_selected",
+            "matched": queryset.order_by()[: BULK_LIMIT + 1].count(),
+            "count": count,
+            "limit": BULK_LIMIT,
+            "sample": list(eligible.select_related("provider")[:10]),
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "reason": reason,
+        }
+        return TemplateResponse(request, "admin/ledger/operation/bulk_confirm.html", context)
+
+    @admin.action(description="Cancel selected operations…", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Operation]) -> HttpResponse | None:
+        return self._bulk(request, queryset, verb="cancel")
+
+    @admin.action(description="Retry selected operations now…", permissions=["cancel"])
+    def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[Operation]) -> HttpResponse | None:
+        return self._bulk(request, queryset, verb="retry_now")
 
 
 @admin.register(Attempt)
