@@ -24,6 +24,7 @@ from alerts.services import alert_channel_upsert
 from alerts.tasks import alert_dispatch_task
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
+from ledger.crypto import open_json
 from ledger.execute import operation_submit
 from ledger.models import Operation, Tenant
 from ledger.storable import LATEST
@@ -42,6 +43,12 @@ REVIEW_URL = "/api/v1/review/items"
 # Display time zones at both ends of the offsets in use: a stored time must render in both.
 FAR_EAST, FAR_WEST = "Pacific/Kiritimati", "Etc/GMT+12"
 LATEST_YEAR = LATEST.year
+
+
+def same_json(value: Any) -> Any:
+    """``value`` with every number as a float: PostgreSQL's jsonb keeps numbers as numeric and
+    gives 1e308 back as 1000…0 — the same JSON number, another Python type."""
+    return json.loads(json.dumps(value), parse_int=float)
 
 
 def post_dlq(client: APIClient, raw: bytes | str, path: str = DLQ_URL) -> Any:
@@ -184,7 +191,9 @@ def test_json_of_an_unknown_shape_is_still_kept_raw_and_readable(api, readable):
     readable()
 
 
-def test_extreme_but_representable_values_survive_a_dlq_replay_unchanged(api, readable, tenant):
+@pytest.mark.parametrize("encrypt", [True, False], ids=["sealed", "plain jsonb"])
+def test_extreme_but_representable_values_survive_a_dlq_replay_unchanged(api, readable, tenant, settings, encrypt):
+    settings.ONCEGUARD_PRIVACY = {**getattr(settings, "ONCEGUARD_PRIVACY", {}), "ENCRYPT": encrypt}
     payload = {"n": 2**64, "neg": -(2**63) - 1, "f": 1e308, "astral": "\U0001f600", "ctl": "\x01", "ls": "\u2028"}
     sink = Sink().start()
     try:
@@ -198,18 +207,21 @@ def test_extreme_but_representable_values_survive_a_dlq_replay_unchanged(api, re
 
     assert replayed.status_code == 201, replayed.content
     assert replayed.json()["outcome"] == "succeeded"
-    assert [r.json() for r in sink.received()] == [payload]
+    assert [same_json(r.json()) for r in sink.received()] == [same_json(payload)]
     readable()
 
 
 # --- Claims and submissions: fields the database cannot hold -----------------------------------
 
 
-def test_a_claim_payload_with_extreme_but_representable_values_is_stored_and_readable(api, readable):
+@pytest.mark.parametrize("encrypt", [True, False], ids=["sealed", "plain jsonb"])
+def test_a_claim_payload_with_extreme_but_representable_values_is_stored_and_readable(api, readable, settings, encrypt):
+    settings.ONCEGUARD_PRIVACY = {**getattr(settings, "ONCEGUARD_PRIVACY", {}), "ENCRYPT": encrypt}
     payload = {"n": 2**64, "f": 1e308, "tiny": 5e-324, "astral": "\U0001f600", "ctl": "\x01\x1f", "ls": "\u2028"}
     created = api.post(CLAIM_URL, claim_body("extreme-1", payload=payload, request=payload), format="json")
 
     assert created.status_code == 201, created.content
+    assert same_json(open_json(Operation.objects.get(pk=created.json()["id"]).payload)) == same_json(payload)
     readable()
 
 
