@@ -134,6 +134,15 @@ class FailedEvent(models.Model):
     # Automatic replays of this lineage root so far (capped by AUTO_REPLAY_MAX_PER_ROOT).
     auto_replay_count = models.PositiveIntegerField(default=0)
     status_note = models.CharField(max_length=500, blank=True)
+    # Quarantine (DESIGN §7): the receiver refused the input (`invalid_input`), so replaying it
+    # unchanged would be refused again. Why, in words (ledger.services.sanitize_message: no
+    # personal data). Empty: not quarantined. A correction replays it as the next version.
+    quarantine_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # The operation a correction created (the next version of the key, execute mode); the
+    # entry and its original operation stay as they were, as evidence.
+    corrected_operation = models.ForeignKey(
+        Operation, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -280,6 +289,12 @@ class Replay(models.Model):
     operation = models.ForeignKey(Operation, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     # The idempotency key the target received.
     sent_key = models.CharField(max_length=255)
+    # Sent to the failed operation's own provider (an execute-mode step resumed with its
+    # stored request), not to a replay target.
+    to_provider = models.BooleanField(default=False, db_default=False)
+    # A correction: the field paths the operator changed (names only; the values are in the
+    # sealed payload that was sent, never here). The sent key is the next version's.
+    corrected_fields = models.JSONField(default=list, db_default=[], blank=True)
     target = models.ForeignKey(ReplayTarget, on_delete=models.SET_NULL, null=True, blank=True, related_name="replays")
     target_slug = models.CharField(max_length=63)
     target_url = models.CharField(max_length=1000)
@@ -311,3 +326,25 @@ class Replay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_id}#{self.number}"
+
+
+class RunResume(models.Model):
+    """One resume of a run (DESIGN §7, runs): who asked, why, which steps it re-drove and how
+    each went. Append-only, written by ``dlq.runs.run_resume``; the re-drives themselves are
+    Replay rows of the steps' DLQ entries (lineage), this row is the audit of the action."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    run = models.CharField(max_length=255)
+    actor = models.CharField(max_length=150)
+    note = models.CharField(max_length=500, blank=True)
+    # [{"operation": id, "key", "step", "via": "provider"|"target"|…}] as previewed.
+    planned = models.JSONField(default=list)
+    # [{"operation": id, "replay": n, "outcome", "entry"}] or {"operation", "error"} per step.
+    results = models.JSONField(default=list)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "run", "at"], name="runresume_tenant_run_idx")]
+
+    def __str__(self) -> str:
+        return f"resume of {self.run} by {self.actor}"

@@ -10,7 +10,7 @@ from django.db import models
 from django.db.models import Q
 
 from ledger.errors import DestinationNotAllowed
-from ledger.outbound import outbound_prefixes_check
+from ledger.outbound import outbound_check, outbound_prefixes_check
 from ledger.provider_checks import provider_config_errors
 
 
@@ -136,6 +136,10 @@ class Tenant(models.Model):
     # rotated_at + CALLBACK_SECRET_OVERLAP_SECONDS, so receivers can switch without a gap.
     callback_secret_previous = models.CharField(max_length=128, blank=True, default="", db_default="")
     callback_secret_rotated_at = models.DateTimeField(null=True, blank=True)
+    # Asked "is this still wanted?" before a retry older than its provider's recheck_after
+    # (ledger.eligibility): POSTed a signed question (callback_secret), allowed by the
+    # outbound policy, stored in canonical form. Empty: no recheck, retries go ahead.
+    eligibility_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
 
     def __str__(self) -> str:
         return self.slug
@@ -149,6 +153,11 @@ class Tenant(models.Model):
             )
         except DestinationNotAllowed as exc:
             raise ValidationError({"callback_allow_list": exc.detail}) from None
+        if self.eligibility_url:
+            try:
+                self.eligibility_url = outbound_check(self.eligibility_url, purpose="eligibility webhook").url
+            except DestinationNotAllowed as exc:
+                raise ValidationError({"eligibility_url": exc.detail}) from None
 
 
 class ApiKey(models.Model):
@@ -259,6 +268,10 @@ class Provider(models.Model):
     throttled_until = models.DateTimeField(null=True, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_reason = models.CharField(max_length=200, blank=True)
+    # Seconds: a retry of an operation older than this (since its creation or the tenant's
+    # last "still wanted") first asks the tenant's eligibility webhook (ledger.eligibility).
+    # Empty: retries never ask.
+    recheck_after = models.PositiveIntegerField(null=True, blank=True, help_text="seconds; empty = never recheck")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -329,6 +342,21 @@ class Operation(models.Model):
     superseded_by = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
+    # Runs (DESIGN §3, runs): operations that share a run are the ordered steps of one
+    # business transaction. `run` is the explicit run id sent with the claim or submission;
+    # empty, the correlation id is the run (ledger.selectors.run_operations says so once).
+    run = models.CharField(max_length=255, blank=True, default="", db_default="")
+    step = Counter(null=True, blank=True)
+    # Versioned keys: sent as parts, the key is "{record}:{action}:v{version}" and the parts
+    # are kept (not workflow_version). A newer version of the same record and action sets
+    # `replaced_by` on the older ones (not superseded_by, which links DLQ replays).
+    record = models.CharField(max_length=200, blank=True, default="", db_default="")
+    version = Counter(null=True, blank=True)
+    replaced_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
+    # When the tenant's eligibility webhook last answered "still wanted" for this row.
+    eligibility_confirmed_at = models.DateTimeField(null=True, blank=True)
     # Execute mode: size of the stored request (admission's queued-bytes limit), the
     # provider's unit price at submission (the tenant's budget; refunded by failed/abandoned)
     # and where the terminal outcome is POSTed.
@@ -404,6 +432,13 @@ class Operation(models.Model):
             models.Index(fields=["correlation_id"], name="op_correlation_idx", condition=~Q(correlation_id="")),
             # Deleting an operation (retention) finds the rows that point at it.
             models.Index(fields=["superseded_by"], name="op_superseded_idx", condition=Q(superseded_by__isnull=False)),
+            models.Index(fields=["replaced_by"], name="op_replaced_idx", condition=Q(replaced_by__isnull=False)),
+            # A run's steps, and the versions of one record and action: partial, so claims
+            # without a run or a versioned key write nothing here.
+            models.Index(fields=["tenant", "run", "step"], name="op_run_idx", condition=~Q(run="")),
+            models.Index(
+                fields=["tenant", "record", "action", "version"], name="op_record_idx", condition=~Q(record="")
+            ),
         ]
 
     def __str__(self) -> str:
