@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import date, datetime
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.utils.dateparse import parse_date, parse_datetime
 
 from config.problems import problem_response
 from ledger.errors import InvalidQueryParameter
 from ledger.outage import dead_connections_discard
+from ledger.storable import query_time_problem
 
 
 class DeadConnectionMiddleware:
@@ -54,25 +57,49 @@ class ApiBodyLimitMiddleware:
         return self.get_response(request)
 
 
-class QueryNulMiddleware:
-    """Refuse a query string or path holding U+0000 (``%00``) with 400, for every page.
+def _query_problem(request: HttpRequest) -> str | None:
+    """Why the address cannot be answered without a 500 somewhere below, or None."""
+    if "\x00" in request.path:
+        return "Paths must not hold NUL characters (%00)."
+    for name, values in request.GET.lists():
+        for value in (name, *values):
+            if "\x00" in value:
+                return "Query parameters must not hold NUL characters (%00)."
+            if len(value) <= 40 and value[:1].isdigit():
+                when = _as_time(value)
+                if when is not None and query_time_problem(when) is not None:
+                    return f"{name}: {query_time_problem(when)}"
+    return None
 
-    PostgreSQL takes no NUL in a text parameter: a filter, search box or match value that
-    carries one fails inside the driver (a 500) on whichever list it reaches. One check at
-    the door covers the API's filters and the console's search and filters alike.
+
+def _as_time(value: str) -> datetime | date | None:
+    try:
+        return parse_datetime(value) or parse_date(value)
+    except ValueError:
+        # Well formed but not a date (month 13): the view's own validation answers it.
+        return None
+
+
+class QueryNulMiddleware:
+    """Refuse with 400, for every page, an address whose values would fail below the view:
+
+    - U+0000 (``%00``) in the path or a query parameter: PostgreSQL takes no NUL in a text
+      parameter, so a filter, search box or match value carrying one fails in the driver;
+    - a time (or date) in a query parameter near the ends of Python's datetime (year 1 or
+      9999 with an offset): converting it to UTC for the database overflows, on any list that
+      filters by it (ledger.storable.query_time_problem).
+
+    One check at the door covers the API's filters and the console's search and filters.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if "\x00" in request.path or any(
-            "\x00" in name or any("\x00" in value for value in values) for name, values in request.GET.lists()
-        ):
+        problem = _query_problem(request)
+        if problem is not None:
             if request.path.startswith("/api/"):
                 error = InvalidQueryParameter
-                return problem_response(
-                    400, error.code, error.title, "Query parameters and paths must not hold NUL characters (%00)."
-                )
-            return HttpResponseBadRequest("NUL characters (%00) are not allowed in the address.")
+                return problem_response(400, error.code, error.title, problem)
+            return HttpResponseBadRequest(problem)
         return self.get_response(request)

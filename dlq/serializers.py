@@ -6,19 +6,29 @@ ids, sources, classes and counts (revealing a payload is the console's job, with
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from rest_framework import serializers
 
 from dlq.models import ERROR_CLASS_CHOICES, BulkReplay, FailedEvent, FailedEventShape, FailedEventStatus, Replay
+from ledger.storable import query_time_problem
+
+
+def queryable_time(value: datetime) -> None:
+    """A time a filter compares against: converted to UTC by the database adapters, so it
+    must not lie at the very ends of Python's datetime (ledger.storable)."""
+    problem = query_time_problem(value)
+    if problem is not None:
+        raise serializers.ValidationError(problem)
 
 
 class FailedEventListQuerySerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=FailedEventStatus.choices, required=False)
     workflow = serializers.CharField(required=False, max_length=255)
     error_class = serializers.ChoiceField(choices=ERROR_CLASS_CHOICES, required=False, allow_blank=True)
-    failed_after = serializers.DateTimeField(required=False)
-    failed_before = serializers.DateTimeField(required=False)
+    failed_after = serializers.DateTimeField(required=False, validators=[queryable_time])
+    failed_before = serializers.DateTimeField(required=False, validators=[queryable_time])
     execution_id = serializers.CharField(required=False, max_length=255)
     key = serializers.CharField(required=False, max_length=255)
     shape = serializers.ChoiceField(choices=FailedEventShape.choices, required=False)
@@ -46,8 +56,8 @@ class BulkReplayInputSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=FailedEventStatus.choices, required=False)
     workflow = serializers.CharField(required=False, max_length=255)
     error_class = serializers.ChoiceField(choices=ERROR_CLASS_CHOICES, required=False, allow_blank=True)
-    failed_after = serializers.DateTimeField(required=False)
-    failed_before = serializers.DateTimeField(required=False)
+    failed_after = serializers.DateTimeField(required=False, validators=[queryable_time])
+    failed_before = serializers.DateTimeField(required=False, validators=[queryable_time])
     match = serializers.ListField(child=serializers.CharField(max_length=500), required=False, max_length=10)
     target = serializers.SlugField(required=False, allow_blank=True, max_length=63, default="")
     force = serializers.BooleanField(required=False, default=False)

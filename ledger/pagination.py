@@ -9,7 +9,7 @@ it and range-checked first; anything else is ``400 invalid_cursor``.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist, ValidationError
@@ -19,10 +19,8 @@ from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 
 from ledger.errors import InvalidCursor
+from ledger.storable import query_time_problem
 
-# A position within a day of the ends of Python's datetime overflows on a time-zone shift.
-_FIRST_TIME = datetime(1, 1, 1, tzinfo=UTC) + timedelta(days=2)
-_LAST_TIME = datetime(9999, 12, 31, tzinfo=UTC) - timedelta(days=2)
 _MAX_BIGINT = 2**63 - 1
 
 
@@ -34,8 +32,7 @@ def _position_problem(field: models.Field[Any, Any], position: str) -> str | Non
     except (ValidationError, ValueError, TypeError, OverflowError):
         return "not a value of the ordering column"
     if isinstance(value, datetime):
-        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        if not _FIRST_TIME <= aware <= _LAST_TIME:
+        if query_time_problem(value) is not None:
             return "time out of range"
     elif isinstance(value, int) and not -_MAX_BIGINT <= value <= _MAX_BIGINT:
         return "integer out of range"

@@ -10,6 +10,8 @@ stored it would answer 500 on every read, for good. The rules, one function each
 - ``nul_problem``: U+0000, which PostgreSQL stores neither in ``text`` nor in ``jsonb``;
 - ``timestamp_problem``: a time outside ``EARLIEST``…``LATEST``; a time near year 1 or 9999
   overflows when shifted into a display time zone;
+- ``query_time_problem``: a time a query compares against (filter, cursor) too near the ends
+  of Python's datetime to be converted to UTC or a display zone;
 - ``MAX_DURATION_SECONDS``: the longest delay, age or deadline that ``now ±`` it stays a
   datetime in every zone;
 - ``MAX_COUNT``: the largest counter an integer column holds on both databases.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 # Deeper than any real request; far below the interpreter's recursion limit, so parsing,
@@ -32,6 +34,11 @@ MAX_JSON_DEPTH = 64
 # stays a valid datetime after any time-zone shift (±26 h) and after adding MAX_DURATION.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(3000, 1, 1, tzinfo=UTC)
+# Any time a query compares against (a filter, a cursor): two days inside the ends of
+# Python's datetime, so converting it to UTC for the database, or to a display time zone,
+# never overflows. Wider than EARLIEST..LATEST: a filter may reach before or after any row.
+FIRST_QUERYABLE = datetime(1, 1, 3, tzinfo=UTC)
+LAST_QUERYABLE = datetime(9999, 12, 29, tzinfo=UTC)
 # Ten years: beyond any lease, retry delay, deadline or age the service deals in.
 MAX_DURATION_SECONDS = 10 * 366 * 86400
 # PostgreSQL `integer` (Django's IntegerField and PositiveIntegerField there).
@@ -120,4 +127,19 @@ def timestamp_problem(value: datetime) -> str | None:
         inside = False
     if not inside:
         return f"Times must lie between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d} (UTC)."
+    return None
+
+
+def query_time_problem(value: datetime | date) -> str | None:
+    """Why a time (or a date, taken as its midnight) cannot be compared against in a query,
+    or None."""
+    if not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    try:
+        inside = FIRST_QUERYABLE <= aware <= LAST_QUERYABLE
+    except OverflowError:
+        inside = False
+    if not inside:
+        return f"Times in a query must lie between {FIRST_QUERYABLE:%Y-%m-%d} and {LAST_QUERYABLE:%Y-%m-%d}."
     return None

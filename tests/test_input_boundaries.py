@@ -353,6 +353,39 @@ def test_nul_in_a_console_query_is_a_plain_400_not_a_500(console):
     assert response.status_code == 400
 
 
+EDGE_TIMES = ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00", "9999-12-31", "0001-01-01"]
+
+
+@pytest.mark.parametrize("when", EDGE_TIMES)
+@pytest.mark.parametrize(
+    "url",
+    [f"{OPS_URL}?updated_after=", f"{DLQ_URL}?failed_after=", f"{DLQ_URL}?failed_before="],
+    ids=["updated_after", "failed_after", "failed_before"],
+)
+def test_a_time_filter_at_the_ends_of_the_calendar_is_refused(api, url, when):
+    assert post_dlq(api, envelope()).status_code == 201
+
+    assert_refused(api.get(url + when.replace("+", "%2B")), "invalid_query_parameter")
+
+
+@pytest.mark.parametrize("when", EDGE_TIMES)
+@pytest.mark.parametrize("lookup", ["failed_at__gte", "failed_at__lt"])
+def test_a_console_time_filter_at_the_ends_of_the_calendar_is_a_400_not_a_500(api, console, lookup, when):
+    assert post_dlq(api, envelope()).status_code == 201
+
+    response = console.get("/admin/dlq/failedevent/", {lookup: when})
+
+    assert response.status_code == 400
+
+
+@pytest.mark.parametrize("when", ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00"])
+def test_a_bulk_replay_time_filter_at_the_ends_of_the_calendar_is_refused(api, when):
+    response = api.post("/api/v1/dlq/replays", {"dry_run": True, "failed_after": when}, format="json")
+
+    assert_refused(response, "validation_error")
+    assert list(response.json()["errors"]) == ["failed_after"]
+
+
 @pytest.mark.parametrize("value", ["1e999", "-1e999", "NaN", "Infinity", "1e300", "-5"])
 def test_an_absurd_query_number_is_refused(api, value):
     response = api.get(f"{REVIEW_URL}?older_than_seconds={value}")
