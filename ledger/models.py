@@ -12,6 +12,7 @@ from django.db.models import Q
 from ledger.errors import DestinationNotAllowed
 from ledger.outbound import outbound_check, outbound_prefixes_check
 from ledger.provider_checks import provider_config_errors
+from ledger.storable import MAX_DURATION_SECONDS
 
 
 class OperationStatus(models.TextChoices):
@@ -291,6 +292,12 @@ class Provider(models.Model):
             lookup_path=self.lookup_path,
             auth_secret_env=self.auth_secret_env,
         )
+        # Durations the workers and the sweeper add to "now": bounded, so that stays a
+        # datetime (a 1e300-second timeout would break every sweep, for every tenant).
+        for name in ("timeout_seconds", "base_delay_seconds", "max_delay_seconds"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_DURATION_SECONDS:
+                errors[name] = f"Must lie between 0 and {MAX_DURATION_SECONDS} seconds (ten years)."
         if errors:
             raise ValidationError(errors)
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -26,7 +27,7 @@ from dlq import services as dlq_services
 from dlq.models import FailedEvent
 from ledger.crypto import open_json
 from ledger.execute import operation_submit
-from ledger.models import Operation, Tenant
+from ledger.models import Operation, Provider, Tenant
 from ledger.storable import LATEST
 from tests.console.support import client_for, staff
 from tests.dlq.sinks import Sink
@@ -286,6 +287,16 @@ def test_an_absurd_heartbeat_is_clamped_not_a_5xx(api):
     assert response.status_code in (200, 400), response.content
 
 
+@pytest.mark.parametrize("field", ["timeout_seconds", "base_delay_seconds", "max_delay_seconds"])
+def test_a_provider_duration_beyond_ten_years_is_refused_by_a_console_save(tenant, field):
+    provider = Provider(tenant=tenant, slug="slow", idempotency_class="key_enforced", **{field: 1e300})
+
+    with pytest.raises(DjangoValidationError) as refused:
+        provider.clean()
+
+    assert list(refused.value.message_dict) == [field]
+
+
 def test_an_alert_channel_answering_429_with_an_absurd_retry_after_is_retried_later_not_a_crash(api, tenant):
     sink = Sink().start()
     try:
@@ -306,9 +317,9 @@ def test_an_alert_channel_answering_429_with_an_absurd_retry_after_is_retried_la
 def test_a_provider_with_absurd_delays_answering_503_and_429_is_throttled_and_retried_not_a_crash(
     tenant, mock_enforced
 ):
-    provider = configure_provider(
-        tenant, mock_enforced, slug="charges", enforced=True, base_delay_seconds=1e300, max_delay_seconds=1e300
-    )
+    provider = configure_provider(tenant, mock_enforced, slug="charges", enforced=True)
+    # Settings saved before Provider.clean bounded them (a save now refuses them).
+    Provider.objects.filter(pk=provider.pk).update(base_delay_seconds=1e300, max_delay_seconds=1e300)
     mock_enforced.script([{"status": 503}, {"status": 429, "retry_after": "1e308"}])
 
     for n in range(2):
