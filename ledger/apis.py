@@ -11,7 +11,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.telemetry import claim_timer
 from ledger import selectors, services
 from ledger.errors import InvalidKey, ValidationFailed
 from ledger.execute import operation_submit
@@ -29,6 +28,7 @@ from ledger.serializers import (
     SentInputSerializer,
     SubmitInputSerializer,
 )
+from ledger.telemetry import claim_timer
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 
@@ -48,6 +48,22 @@ def idempotency_key_from(request: Request, body_key: str | None) -> str:
         raise InvalidKey("The `key` field and the Idempotency-Key header disagree.")
     key = body_key if body_key not in (None, "") else header_key
     return services.validate_key(key)
+
+
+def claim_key(request: Request, data: dict[str, Any]) -> str:
+    """The key of a claim or submission: `key` (body or `Idempotency-Key` header), or composed
+    from `record`, `action` and `version` (``{record}:{action}:v{version}``); a key sent with
+    the parts must be their composition. Pops `key` from ``data``; the parts stay (stored)."""
+    body_key = data.pop("key", None)
+    if data.get("record") or data.get("version") is not None:
+        composed = services.versioned_key(
+            record=data.get("record") or "", action=data.get("action") or "", version=data.get("version")
+        )
+        for given in (body_key, request.headers.get("Idempotency-Key")):
+            if given not in (None, "") and given != composed:
+                raise InvalidKey("The key sent is not {record}:{action}:v{version} of the parts sent.")
+        return composed
+    return idempotency_key_from(request, body_key)
 
 
 def operation_response(
@@ -86,7 +102,7 @@ class ClaimCreateApi(APIView):
     )
     def post(self, request: Request) -> Response:
         data = validated_input(ClaimInputSerializer, request)
-        key = idempotency_key_from(request, data.pop("key", None))
+        key = claim_key(request, data)
         tenant = request.user.tenant
         provider = services.provider_for(tenant=tenant, slug=data.pop("provider"))
         with claim_timer() as timer:
@@ -216,7 +232,7 @@ class OperationListApi(APIView):
     )
     def post(self, request: Request) -> Response:
         data = validated_input(SubmitInputSerializer, request)
-        key = idempotency_key_from(request, data.pop("key", None))
+        key = claim_key(request, data)
         result = operation_submit(tenant=request.user.tenant, key=key, actor=request.user.actor, **data)
         op = result.operation
         if result.replayed:

@@ -97,6 +97,14 @@ class OperationNotCancellable(DomainError):
     status, code, title = 409, "operation_not_cancellable", "Operation cannot be changed that way"
 
 
+class OperationVersionSuperseded(DomainError):
+    """A versioned key (``{record}:{action}:v{version}``) older than a version of the same
+    record and action that succeeded, or older than one already claimed when it is new.
+    ``replaced_by`` names the newer operation (not the DLQ's ``superseded_by``)."""
+
+    status, code, title = 409, "operation_version_superseded", "A newer version of this record and action exists"
+
+
 class AdmissionRefused(DomainError):
     status, code, title = 429, "admission_refused", "Admission refused"
 

@@ -21,13 +21,14 @@ import random
 import re
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import httpx
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, IntegerField, Q, Value
 from django.db.models.functions import Now
 
 from ledger import adapters, admission, callbacks, services
@@ -51,6 +52,7 @@ from ledger.telemetry import observe_provider_call
 S = OperationStatus
 log = logging.getLogger("onceguard.execute")
 
+ONE_SECOND = Value(timedelta(seconds=1), output_field=DurationField())
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 # Never accepted from a caller, whatever a provider's allow-list says: credentials, hop-by-hop
 # and framing headers are ours to set.
@@ -180,6 +182,10 @@ def operation_submit(
     workflow_id: str = "",
     workflow_version: str = "",
     correlation_id: str = "",
+    run: str = "",
+    step: int | None = None,
+    record: str = "",
+    version: int | None = None,
     actor: str = "api",
 ) -> SubmitResult:
     """Accept an operation for the workers, or answer for the key's existing row (DESIGN §5).
@@ -215,6 +221,10 @@ def operation_submit(
         workflow_id=workflow_id,
         workflow_version=workflow_version,
         correlation_id=correlation_id,
+        run=run,
+        step=step,
+        record=record,
+        version=version,
         actor=actor,
         via_claims=False,
         fingerprint=fingerprint,
@@ -241,6 +251,18 @@ def operation_submit(
 
 # --- Take -----------------------------------------------------------------------------------
 
+# A retry older than its provider's recheck_after (since creation or the tenant's last "still
+# wanted") is not taken: ledger.eligibility asks the tenant first. The same rule as
+# services.eligibility_recheck_due, in SQL; rows of providers without recheck_after never match.
+_RECHECK_AFTER = ExpressionWrapper(
+    ExpressionWrapper(F("provider__recheck_after"), output_field=IntegerField()) * ONE_SECOND,
+    output_field=DurationField(),
+)
+RECHECK_PENDING = Q(status=S.RETRY_WAIT, provider__recheck_after__isnull=False) & (
+    Q(eligibility_confirmed_at__isnull=True, created_at__lte=Now() - _RECHECK_AFTER)
+    | Q(eligibility_confirmed_at__lte=Now() - _RECHECK_AFTER)
+)
+
 
 def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     """Take up to ``limit`` due operations: queued→claimed or retry_wait→claimed, each with a
@@ -260,6 +282,7 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
             Operation.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(due)
             .exclude(provider_id__in=held_back)
+            .exclude(RECHECK_PENDING)
             .annotate(past_deadline=past_deadline)
             .order_by("next_attempt_at", "id")
             .values_list("id", "status", "past_deadline", "provider__timeout_seconds")[:limit]

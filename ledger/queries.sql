@@ -28,6 +28,7 @@ INSERT INTO ledger_operation (
     next_attempt_at, deadline, expires_at,
     last_error, error_class, provider_ref, response_status, response_body,
     reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,
+    run, step, record, version,
     lookup_failures, request_bytes, cost, callback_url,
     created_at, updated_at
 )
@@ -45,6 +46,7 @@ SELECT
     ledger_now_plus(%(lifetime_seconds)s),
     '', '', '', NULL, NULL,
     %(reconciliation_handle)s, %(execution_id)s, %(workflow_id)s, %(workflow_version)s, %(correlation_id)s,
+    %(run)s, %(step)s, %(record)s, %(version)s,
     0, %(request_bytes)s, %(cost)s, %(callback_url)s,
     now(), now()
 -- (The key is written twice as CAST(… AS varchar): a parameter used in two places must be

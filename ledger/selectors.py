@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 
 from ledger import search, sql
 from ledger.admission import admission_refusals_by_reason
@@ -48,6 +48,30 @@ def operation_get(*, tenant: Tenant, operation_id: int) -> Operation:
     if op is None:
         raise OperationNotFound("No such operation.")
     return op
+
+
+# --- Runs ---------------------------------------------------------------------------------------
+
+
+def run_of(*, run: str, correlation_id: str) -> str:
+    """The run an operation belongs to: the explicit run id sent with it, else its correlation
+    id (which stays the same across n8n retries and re-executions). Only an explicit run id is
+    stored in ``run``; this is the one place that says the correlation id stands in for it."""
+    return run or correlation_id
+
+
+def run_operations(*, tenant_id: int, run: str) -> QuerySet[Operation]:
+    """The steps of a run, in order: operations sent with this run id, and those sent without
+    one whose correlation id it is; by step (steps without an ordinal last), then creation.
+    Served by the partial indexes on (tenant, run, step) and on the correlation id."""
+    if not run:
+        return Operation.objects.none()
+    return (
+        Operation.objects.filter(tenant_id=tenant_id)
+        .filter(Q(run=run) | Q(run="", correlation_id=run))
+        .select_related("provider")
+        .order_by(F("step").asc(nulls_last=True), "id")
+    )
 
 
 def operation_newest_in_lineage(op: Operation) -> Operation:

@@ -23,7 +23,49 @@ def no_nul_characters(value: Any) -> None:
         raise serializers.ValidationError(problem)
 
 
-class ClaimInputSerializer(serializers.Serializer):
+# The integer columns of runs and versions (ledger.services.MAX_VERSION).
+MAX_ORDINAL = 2**31 - 1
+
+
+class RunAndVersionInputMixin(serializers.Serializer):
+    """Fields a claim and a submission share: the run an operation belongs to and the parts of
+    a versioned key (sent instead of `key`: the key becomes `{record}:{action}:v{version}`)."""
+
+    run = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=255,
+        default="",
+        help_text="The run (business transaction) this operation is a step of; empty: its correlation_id is the run.",
+    )
+    step = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=MAX_ORDINAL,
+        help_text="Ordinal of this step within its run (optional; otherwise steps are ordered by creation).",
+    )
+    record = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=200,
+        default="",
+        help_text="With `action` and `version`, instead of `key`: the key is `{record}:{action}:v{version}`.",
+    )
+    version = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=0,
+        max_value=MAX_ORDINAL,
+        help_text="The record's version (newer = larger); a newer one abandons older queued/retry_wait versions.",
+    )
+
+
+class ClaimInputSerializer(RunAndVersionInputMixin):
     key = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=10_000)
     provider = serializers.SlugField(max_length=63)
     action = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
@@ -38,7 +80,7 @@ class ClaimInputSerializer(serializers.Serializer):
     uses_sent_marker = serializers.BooleanField(required=False, default=False)
 
 
-class SubmitInputSerializer(serializers.Serializer):
+class SubmitInputSerializer(RunAndVersionInputMixin):
     """POST /api/v1/operations: the provider-neutral envelope (execute mode)."""
 
     key = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=10_000)
@@ -130,12 +172,26 @@ class OperationOutputSerializer(serializers.Serializer):
     updated_at = serializers.DateTimeField()
     done_at = serializers.DateTimeField(allow_null=True)
     superseded_by = serializers.IntegerField(source="superseded_by_id", allow_null=True)
+    # Runs and versioned keys (issue 13): the run is the explicit one, else the correlation id.
+    run = serializers.SerializerMethodField()
+    step = serializers.IntegerField(allow_null=True)
+    record = serializers.CharField()
+    version = serializers.IntegerField(allow_null=True)
+    replaced_by = serializers.IntegerField(
+        source="replaced_by_id",
+        allow_null=True,
+        help_text="The newer version of the same record and action (not superseded_by, which links DLQ replays).",
+    )
     # The retry budget the workers apply (execute mode; a guard-mode operation shows its
     # defaults: 0 throttled attempts, no deadline, no callback).
     throttled_attempts = serializers.IntegerField()
     deadline = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
     callback_url = serializers.CharField()
+
+    @extend_schema_field(serializers.CharField())
+    def get_run(self, op: Operation) -> str:
+        return selectors.run_of(run=op.run, correlation_id=op.correlation_id)
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_provider(self, op: Operation) -> str | None:

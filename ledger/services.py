@@ -53,6 +53,7 @@ from ledger.errors import (
     OperationNotCancellable,
     OperationNotFound,
     OperationRetryScheduled,
+    OperationVersionSuperseded,
     UnknownProvider,
     ValidationFailed,
 )
@@ -99,6 +100,30 @@ def validate_key(key: Any) -> str:
     if not key.isprintable() or key.strip() != key:
         raise InvalidKey("The idempotency key must be printable characters without leading or trailing blanks.")
     return key
+
+
+# Versions are integers that fit the column; newer means larger.
+MAX_VERSION = 2**31 - 1
+
+
+def versioned_key(*, record: str, action: str, version: int) -> str:
+    """The key of a claim or submission sent as parts: ``{record}:{action}:v{version}`` (the
+    n8n node builds the same string), checked like any key."""
+    if not record or not action or version is None:
+        raise ValidationFailed("A versioned key needs `record`, `action` and `version` together.")
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+        raise ValidationFailed(f"`version` must be an integer from 0 to {MAX_VERSION}.")
+    return validate_key(f"{record}:{action}:v{version}")
+
+
+def validate_run(run: Any) -> str:
+    """A run id: empty (the correlation id is the run), or 1–255 printable characters without
+    surrounding blanks, like a key (it is logged and appears in URLs)."""
+    if run in (None, ""):
+        return ""
+    if not isinstance(run, str) or len(run) > 255 or not run.isprintable() or run.strip() != run:
+        raise ValidationFailed("`run` must be at most 255 printable characters without surrounding blanks.")
+    return run
 
 
 def canonical_json(value: Any) -> str:
@@ -270,6 +295,10 @@ def operation_claim(
     workflow_id: str = "",
     workflow_version: str = "",
     correlation_id: str = "",
+    run: str = "",
+    step: int | None = None,
+    record: str = "",
+    version: int | None = None,
     actor: str = "api",
     via_claims: bool = True,
     fingerprint: str | None = None,
@@ -280,8 +309,21 @@ def operation_claim(
     New key → a row in ``claimed`` (guard) or ``queued`` (execute) with its first attempt.
     ``mark_sent`` writes the sent marker in the same commit (in-process guard, workers).
     Raises the named 409/422 errors for rows that cannot be claimed now.
+
+    ``run``/``step`` place the operation in a run. ``record``/``version`` (with ``action``)
+    are the parts of a versioned key: the key must be their composition; an older version
+    than one that succeeded (or, for a new key, than any existing one) is refused with
+    ``409 operation_version_superseded``, and a new version abandons the older ones still
+    ``queued`` or ``retry_wait`` and records itself as their ``replaced_by``.
     """
     key = validate_key(key)
+    if record:
+        if key != versioned_key(record=record, action=action, version=version):  # type: ignore[arg-type]
+            raise InvalidKey("The key is not the composition {record}:{action}:v{version} of the parts sent.")
+        _refuse_older_version(tenant_id=tenant.pk, key=key, record=record, action=action, version=version or 0)
+    elif version is not None:
+        raise ValidationFailed("`version` needs `record` and `action`.")
+    run = validate_run(run)
     provider_slug = provider.slug if provider else ""
     if fingerprint is None:
         fingerprint = request_fingerprint(mode=mode, provider=provider_slug, action=action, request=request)
@@ -318,6 +360,10 @@ def operation_claim(
         "workflow_id": workflow_id[:255],
         "workflow_version": workflow_version[:100],
         "correlation_id": correlation_id[:255],
+        "run": run[:255],
+        "step": step,
+        "record": record[:200],
+        "version": version if record else None,
         "request_bytes": terms.request_bytes,
         "cost": terms.cost,
         "callback_url": terms.callback_url,
@@ -336,6 +382,8 @@ def operation_claim(
                 values=[payload, request if mode == OperationMode.EXECUTE else None],
                 source=f"{provider_slug}:{action}",
             )
+            if record:
+                _replace_older_versions(op=op, actor=actor)
             return ClaimResult(operation=op, acquired=True, replayed=False)
     # Taken, or deleted by retention: the existing row (or its tombstone) answers.
     op = _fetch_by_key(tenant_id=tenant.pk, key=key)
@@ -351,6 +399,67 @@ def operation_claim(
         actor=actor,
         execution_id=execution_id,
     )
+
+
+# --- Versioned keys ------------------------------------------------------------------------
+
+
+def _refuse_older_version(*, tenant_id: int, key: str, record: str, action: str, version: int) -> None:
+    """409 ``operation_version_superseded`` for a version older than one that succeeded, or a
+    new key older than any existing version: exporting revision 3 after revision 4 must not
+    happen. An existing older row otherwise answers as usual (abandoned, in progress, …).
+    A race with a newer version's first claim is settled by that claim's replacement step."""
+    newer = list(
+        Operation.objects.filter(tenant_id=tenant_id, record=record, action=action, version__gt=version)
+        .order_by("-version", "-id")
+        .values_list("pk", "version", "status")[:50]
+    )
+    if not newer:
+        return
+    succeeded = next(((pk, v) for pk, v, status in newer if status == S.SUCCEEDED), None)
+    if succeeded is None:
+        if _fetch_by_key(tenant_id=tenant_id, key=key) is not None:
+            return
+        pk, newest = newer[0][0], newer[0][1]
+        detail = f"Version {newest} of this record and action exists already; version {version} is not started."
+    else:
+        pk, newest = succeeded
+        detail = f"Version {newest} of this record and action succeeded; version {version} must not happen."
+    raise OperationVersionSuperseded(detail, extra={"replaced_by": pk, "replaced_by_version": newest})
+
+
+def _replace_older_versions(*, op: Operation, actor: str) -> None:
+    """A new version of a record and action, in the transaction of its claim: older versions
+    record it as ``replaced_by``; those still ``queued`` or ``retry_wait`` are abandoned (the
+    operator's cancel, reason "replaced by version N"); claimed, uncertain and review rows
+    finish their course — something may be under way for them."""
+    older = Operation.objects.filter(
+        tenant_id=op.tenant_id, record=op.record, action=op.action, version__lt=op.version
+    ).exclude(replaced_by__version__gte=op.version)
+    linked = list(older.values_list("pk", "status", "version"))
+    if not linked:
+        return
+    Operation.objects.filter(pk__in=[pk for pk, _, _ in linked]).update(replaced_by=op)
+    reason = f"replaced by version {op.version}"
+    for pk, status, _ in linked:
+        if status in CANCELLABLE_STATES:
+            try:
+                operation_cancel(operation_id=pk, actor=actor, reason=reason, tenant_ids=[op.tenant_id])
+                continue
+            except OperationNotCancellable:
+                # Taken by a worker (or its caller) meanwhile: it finishes its course.
+                status = Operation.objects.filter(pk=pk).values_list("status", flat=True).get()
+        course = "" if status in TERMINAL_STATES else "; it finishes its course"
+        OperationEvent.objects.create(
+            operation_id=pk,
+            from_status=status,
+            to_status=status,
+            actor=actor[:150],
+            reason=f"{reason} (operation {op.pk}){course}",
+            attempt=None,
+            at=Now(),
+        )
+    log.info("operation_versions_replaced by=%s count=%s", op.pk, len(linked))
 
 
 def _fetch_by_key(*, tenant_id: int, key: str) -> Operation | None:
@@ -384,6 +493,11 @@ def _answer_existing(
             "This key was first used with a different request; use a new key for a different operation.",
             extra={"operation_id": op.pk},
         )
+    if op.record and op.version is not None:
+        # Whether sent as parts or as the plain key: a newer version that succeeded wins.
+        _refuse_older_version(
+            tenant_id=op.tenant_id, key=op.key, record=op.record, action=op.action, version=op.version
+        )
     if op.status in TERMINAL_STATES:
         return ClaimResult(operation=operation_newest_in_lineage(op), acquired=False, replayed=True)
     if op.status == S.CLAIMED:
@@ -399,7 +513,14 @@ def _answer_existing(
             "The outcome of an earlier attempt is unknown and is being reconciled; do not re-send.",
             extra={"operation_id": op.pk, "status": op.status},
         )
-    # retry_wait: due rows are re-claimed by the same key in guard mode (a new attempt).
+    # retry_wait: due rows are re-claimed by the same key in guard mode (a new attempt) —
+    # unless the retry must first ask the tenant whether it is still wanted.
+    if op.mode == OperationMode.GUARD and eligibility_recheck_due(op):
+        raise OperationRetryScheduled(
+            "This retry waits for the tenant's eligibility webhook to say it is still wanted.",
+            retry_after=eligibility_ask_interval(),
+            extra={"operation_id": op.pk, "waiting_for": "eligibility"},
+        )
     if op.mode == OperationMode.GUARD:
         retaken = operation_reclaim(
             operation_id=op.pk, lease_seconds=lease, mark_sent=mark_sent, actor=actor, execution_id=execution_id
@@ -437,6 +558,25 @@ def _answer_existing(
     raise OperationRetryScheduled(
         "A retry is scheduled.", retry_after=_seconds_until(op.next_attempt_at), extra={"operation_id": op.pk}
     )
+
+
+def eligibility_ask_interval() -> int:
+    """Seconds between two eligibility questions about one row that got no answer."""
+    return max(1, int(settings.ONCEGUARD.get("ELIGIBILITY_ASK_INTERVAL_SECONDS", 30)))
+
+
+def eligibility_recheck_due(op: Operation) -> bool:
+    """A retry of ``op`` must first ask the tenant's eligibility webhook ("is this still
+    wanted?", ledger.eligibility): it waits for a retry, its provider declares
+    ``recheck_after``, and it is older than that since it was created or since the tenant
+    last said yes. (The workers' take applies the same rule in SQL: ledger.execute.)"""
+    if op.status != S.RETRY_WAIT or not op.provider_id:
+        return False
+    recheck = provider_by_id(op.provider_id).recheck_after
+    if recheck is None:
+        return False
+    since = op.eligibility_confirmed_at or op.created_at
+    return since + timedelta(seconds=recheck) <= sql.db_now()
 
 
 def operation_reclaim(
