@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger import logs
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import services
+from ledger import logs, services
 from ledger.errors import DomainError
 from review.models import RetentionPolicy
 from review.retention import retention_purge
