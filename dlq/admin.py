@@ -35,9 +35,12 @@ from dlq.models import (
     ReplayTarget,
 )
 from dlq.payloads import is_redacted, open_payload
-from ledger.admin import ReadOnlyAdmin, ReadOnlyInline
+from ledger import display
+from ledger.admin import ReadOnlyAdmin, ReadOnlyInline, shows_tenant
 from ledger.errors import DomainError
+from ledger.masking import mask_json
 from ledger.models import Tenant
+from ledger.redaction import scrub
 
 MASK = "•••"
 COUNT_CAP = 10_000
@@ -162,17 +165,30 @@ class ReplayInline(ReadOnlyInline):
         "note",
         "target_slug",
         "sent_key",
-        "as_new",
-        "forced",
-        "outcome",
-        "response_status",
-        "error_message",
+        "flags",
+        "result",
         "operation",
         "finished_at",
     ]
     readonly_fields = fields
     ordering = ["number"]
     verbose_name_plural = "replay history (lineage)"
+
+    @admin.display(description="as new / forced")
+    def flags(self, obj: Replay) -> str:
+        return f"{display.yes_no(obj.as_new)} / {display.yes_no(obj.forced)}"
+
+    @admin.display(description="result")
+    def result(self, obj: Replay) -> str:
+        # A success's answer is not an error: the HTTP status is the target's answer.
+        answer = f"HTTP {obj.response_status}" if obj.response_status else ""
+        problem = "" if obj.outcome == ReplayOutcome.SUCCEEDED else obj.error_message
+        return format_html(
+            "{} {}{}",
+            display.badge(obj.outcome),
+            answer,
+            format_html('<div class="og-muted">{}</div>', problem) if problem else "",
+        )
 
 
 class ChangeInline(ReadOnlyInline):
@@ -222,19 +238,8 @@ class NoteForm(forms.Form):
 class FailedEventAdmin(ReadOnlyAdmin):
     """Read-only page: replay, resolve and discard below go through services."""
 
-    list_display = [
-        "id",
-        "event_id",
-        "tenant",
-        "status",
-        "error_class",
-        "shape",
-        "source_workflow_id",
-        "source_node",
-        "retry_count",
-        "replay_count",
-        "failed_at",
-    ]
+    list_display = ["entry", "status_badge", "error", "workflow", "node", "retry_count", "replay_count", "failed"]
+    list_display_links = ["entry"]
     list_filter = [
         "status",
         "error_class",
@@ -245,8 +250,12 @@ class FailedEventAdmin(ReadOnlyAdmin):
         WorkflowFilter,
         MatchFilter,
     ]
-    # Exact lookups (not "=…", which is iexact and cannot use an index).
-    search_fields = ["event_id__exact", "original_key__exact", "source_execution_id__exact"]
+    # The console's own search (dlq.selectors.failed_event_search); this only shows the box.
+    search_fields = ["event_id"]
+    search_help_text = (
+        "Any part of the error message, workflow name, failed node, identity, original key or execution id "
+        "(any case); an entry id."
+    )
     ordering = ["-failed_at", "-id"]
     list_select_related = ["tenant"]
     show_full_result_count = False
@@ -256,7 +265,7 @@ class FailedEventAdmin(ReadOnlyAdmin):
     actions = ["replay_selected", "resolve_selected", "discard_selected"]
     change_form_template = "admin/dlq/failedevent/change_form.html"
     fieldsets = [
-        (None, {"fields": ["event_id", "tenant", "status", "status_note", "weak_identity", "shape"]}),
+        (None, {"fields": ["event_id", "tenant", "status", "status_note", "weak_identity_shown", "shape"]}),
         (
             "Source",
             {
@@ -283,7 +292,7 @@ class FailedEventAdmin(ReadOnlyAdmin):
         "tenant",
         "status",
         "status_note",
-        "weak_identity",
+        "weak_identity_shown",
         "shape",
         "source_workflow_id",
         "source_workflow_name",
@@ -305,6 +314,65 @@ class FailedEventAdmin(ReadOnlyAdmin):
         "payload_masked",
         "search_fields",
     ]
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        columns = list(super().get_list_display(request))
+        if shows_tenant(self, request):
+            columns.insert(1, "tenant")
+        return columns
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[FailedEvent], search_term: str
+    ) -> tuple[QuerySet[FailedEvent], bool]:
+        return selectors.failed_event_search(queryset, search_term), False
+
+    @admin.display(description="entry", ordering="id")
+    def entry(self, obj: FailedEvent) -> str:
+        return format_html('{}<div class="og-muted">{}</div>', obj.pk, display.short_id(obj.event_id, keep=16))
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: FailedEvent) -> str:
+        return display.badge(obj.status, obj.get_status_display())
+
+    @admin.display(description="error")
+    def error(self, obj: FailedEvent) -> str:
+        message = display.truncate(scrub(obj.error_message), 110) or display.EMPTY
+        kind = obj.get_error_class_display() if obj.error_class else "unclassified"
+        return format_html('<div class="og-error">{}</div><div class="og-muted">{}</div>', message, kind)
+
+    @admin.display(description="workflow", ordering="source_workflow_name")
+    def workflow(self, obj: FailedEvent) -> str:
+        if not (obj.source_workflow_name or obj.source_workflow_id):
+            return display.EMPTY
+        return format_html(
+            '{}<div class="og-muted">{}</div>',
+            display.truncate(obj.source_workflow_name, 60) or display.EMPTY,
+            f"wf {obj.source_workflow_id}" + (f" · exec {obj.source_execution_id}" if obj.source_execution_id else ""),
+        )
+
+    @admin.display(description="failed node", ordering="source_node")
+    def node(self, obj: FailedEvent) -> str:
+        return display.truncate(obj.source_node, 40) or display.EMPTY
+
+    @admin.display(description="failed", ordering="failed_at")
+    def failed(self, obj: FailedEvent) -> str:
+        return display.age(obj.failed_at)
+
+    @admin.display(description="weak identity (a digest of the body)")
+    def weak_identity_shown(self, obj: FailedEvent) -> str:
+        return display.yes_no(obj.weak_identity)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        event = self.get_object(request, object_id)
+        if event is not None:
+            extra_context["story"] = selectors.failed_event_story(event)
+            extra_context["status_badge"] = display.badge(event.status, event.get_status_display())
+            extra_context["can_replay"] = self.has_replay_permission(request)
+            extra_context["can_resolve"] = self.has_resolve_permission(request)
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("dlq.replay_failedevent")
@@ -383,7 +451,36 @@ class FailedEventAdmin(ReadOnlyAdmin):
                     f"Replay #{replay.number} to {replay.target_slug}: {replay.outcome} ({replay.error_message}).",
                 )
                 return HttpResponseRedirect(self._change_url(event.pk))
-        return self._form_page(request, event, form, title=f"Replay entry {event.pk}", button="Replay now")
+        return self._form_page(
+            request,
+            event,
+            form,
+            title=f"Replay entry {event.pk}",
+            button="Replay now",
+            preview=self._replay_preview(event, target_slug=request.POST.get("target", "")),
+        )
+
+    def _replay_preview(self, event: FailedEvent, *, target_slug: str) -> dict[str, Any]:
+        """Where the replay goes, with which key, and what it sends (masked): shown before
+        the button, from the same resolution the service uses."""
+        preview: dict[str, Any] = {"key": event.original_key or event.event_id}
+        try:
+            target = selectors.replay_target_resolve(
+                tenant_id=event.tenant_id, slug=target_slug or event.replay_target_slug
+            )
+        except DomainError as exc:
+            preview["problem"] = exc.detail
+        else:
+            preview.update(url=target.url, header=target.idempotency_header, target=target.slug)
+        if is_redacted(event.payload):
+            preview["body"] = "(redacted by retention: nothing to replay)"
+        else:
+            try:
+                preview["body"] = json.dumps(mask_json(open_payload(event.payload)), indent=2, ensure_ascii=False)
+            except Exception:  # a key that is not configured: say so, never break the page
+                preview["body"] = "(sealed with a key that is not configured)"
+        preview["as_new_key"] = services.derive_new_key(preview["key"], event.replay_count + 1)
+        return preview
 
     def close_view(self, request: HttpRequest, pk: int, to: str) -> HttpResponse:
         if not self.has_resolve_permission(request):
@@ -408,9 +505,18 @@ class FailedEventAdmin(ReadOnlyAdmin):
         return self._form_page(request, event, form, title=f"{verb} entry {event.pk}", button=verb)
 
     def _form_page(
-        self, request: HttpRequest, event: FailedEvent, form: forms.Form, *, title: str, button: str
+        self,
+        request: HttpRequest,
+        event: FailedEvent,
+        form: forms.Form,
+        *,
+        title: str,
+        button: str,
+        preview: dict[str, Any] | None = None,
     ) -> HttpResponse:
         context = {
+            "preview": preview,
+            "status_badge": display.badge(event.status, event.get_status_display()),
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": title,

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from dlq.conf import dlq_setting
 from dlq.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
-from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay, ReplayTarget
+from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, FailedEventStatus, Replay, ReplayOutcome, ReplayTarget
 from ledger import search
+from ledger.display import age_words, truncate
+from ledger.models import ErrorClass
+from ledger.redaction import scrub
 
 # Newest first; (failed_at, id) is the tail of every list index, so filter + order + limit
 # is one index range scan whatever the table size.
@@ -135,3 +141,99 @@ def replay_target_resolve(*, tenant_id: int, slug: str = "") -> ReplayTarget:
 def filters_as_json(filters: dict[str, Any]) -> dict[str, Any]:
     """Filters as stored on a frozen selection (datetimes as ISO strings)."""
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in filters.items() if v not in (None, "", {})}
+
+
+# --- What needs a person (console) ------------------------------------------------------------
+
+
+def _auto_replay_rows(tenant_ids: list[int] | None) -> Q:
+    """Pending entries the auto-replay schedule will try (ignoring its per-try pause)."""
+    cap = int(dlq_setting("AUTO_REPLAY_MAX_PER_ROOT"))
+    oldest = timezone.now() - timedelta(seconds=int(dlq_setting("AUTO_REPLAY_LIFETIME_SECONDS")))
+    targets = ReplayTarget.objects.filter(auto_replay=True, active=True)
+    if tenant_ids is not None:
+        targets = targets.filter(tenant_id__in=tenant_ids)
+    to_target = Q(pk__in=[])
+    for tenant_id, slug, is_default in targets.values_list("tenant_id", "slug", "is_default")[:500]:
+        to_target |= Q(tenant_id=tenant_id, replay_target_slug=slug)
+        if is_default:
+            to_target |= Q(tenant_id=tenant_id, replay_target_slug="")
+    return Q(error_class=ErrorClass.TRANSIENT, auto_replay_count__lt=cap, failed_at__gte=oldest) & to_target
+
+
+def failed_events_for_a_person(*, tenant_ids: list[int] | None) -> QuerySet[FailedEvent]:
+    """Pending entries no automatic replay will retry: somebody has to look."""
+    rows = FailedEvent.objects.filter(status=FailedEventStatus.PENDING)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=tenant_ids)
+    return rows.exclude(_auto_replay_rows(tenant_ids)).order_by("failed_at", "id")
+
+
+def auto_replay_outlook(event: FailedEvent) -> str:
+    """One sentence: will the schedule replay this entry, and if not, why not."""
+    if event.status != FailedEventStatus.PENDING:
+        return ""
+    if event.error_class != ErrorClass.TRANSIENT:
+        return f"It will not be replayed automatically: only transient failures are ({event.error_class or 'unclassified'})."
+    cap = int(dlq_setting("AUTO_REPLAY_MAX_PER_ROOT"))
+    if event.auto_replay_count >= cap:
+        return f"It will not be replayed automatically again: {event.auto_replay_count} automatic replays (the cap)."
+    lifetime = timedelta(seconds=int(dlq_setting("AUTO_REPLAY_LIFETIME_SECONDS")))
+    if event.failed_at + lifetime <= timezone.now():
+        return "It will not be replayed automatically: past the automatic replay lifetime."
+    try:
+        target = replay_target_resolve(tenant_id=event.tenant_id, slug=event.replay_target_slug)
+    except Exception as exc:  # ReplayTargetMissing: say what is missing
+        return f"It cannot be replayed until a target exists: {getattr(exc, 'detail', exc)}"
+    if not target.auto_replay:
+        return f"It will not be replayed automatically: target {target.slug} does not opt in to automatic replay."
+    return f"Automatic replay to {target.slug} will try it (at most {cap} times)."
+
+
+@dataclass
+class EntryStory:
+    headline: str
+    why: list[str] = dataclass_field(default_factory=list)
+    error: str = ""
+    notes: list[str] = dataclass_field(default_factory=list)
+
+
+def failed_event_story(event: FailedEvent) -> EntryStory:
+    """What failed, where, and what happens next, for the entry's detail page."""
+    where = event.source_workflow_name or (f"workflow {event.source_workflow_id}" if event.source_workflow_id else "")
+    at_node = f" at node “{event.source_node}”" if event.source_node else ""
+    if where:
+        headline = f"Failed {age_words(event.failed_at)} in “{where}”{at_node}."
+    else:
+        headline = f"Recorded {age_words(event.failed_at)}{at_node}."
+    story = EntryStory(headline=headline, error=truncate(scrub(event.error_message), 400))
+    if event.operation_id:
+        story.why.append(f"Its operation {event.operation_id} ended failed; the entry holds its payload for a replay.")
+    else:
+        story.why.append(
+            "The workflow reported it"
+            + (f" (execution {event.source_execution_id})" if event.source_execution_id else "")
+            + (f"; the source retried it {event.retry_count} times" if event.retry_count else "")
+            + "."
+        )
+    if event.seen_count > 1:
+        story.why.append(f"The same failure was reported {event.seen_count} times (one entry).")
+    last = event.replays.order_by("-number").first()
+    if last is not None:
+        if last.outcome == ReplayOutcome.SUCCEEDED:
+            answer = f" (HTTP {last.response_status})" if last.response_status else ""
+            story.notes.append(f"Replay {last.number} to {last.target_slug} succeeded{answer}.")
+        else:
+            story.notes.append(
+                f"Replay {last.number} to {last.target_slug}: {last.outcome}"
+                + (f" — {truncate(last.error_message, 200)}" if last.error_message else "")
+                + "."
+            )
+    outlook = auto_replay_outlook(event)
+    if outlook:
+        story.notes.append(outlook)
+    if event.weak_identity:
+        story.notes.append(
+            "Its identity is a digest of the body (no id or execution was found): a changed report is a new entry."
+        )
+    return story

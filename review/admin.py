@@ -14,11 +14,17 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
 
-from ledger.admin import ReadOnlyAdmin
+from ledger import display
+from ledger.admin import ReadOnlyAdmin, shows_tenant
+from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError
-from ledger.models import Tombstone
-from ledger.services import provider_resume
+from ledger.models import ConfigChangeAction, OperationMode, OperationStatus, Tombstone
+from ledger.selectors import operation_search
+from ledger.services import provider_pause, provider_resume
+from ledger.story import operation_story
 from review.models import (
     AccessLog,
     AccessLogCheckpoint,
@@ -47,11 +53,62 @@ def actor_of(request: HttpRequest) -> str:
 
 @admin.register(ReviewItem)
 class ReviewItemAdmin(ReadOnlyAdmin):
-    list_display = ["key", "tenant", "provider", "attempts", "reconciliation_handle", "last_error", "updated_at"]
+    list_display = ["key_short", "provider_slug", "why", "attempts_used", "handle", "waiting"]
+    list_display_links = ["key_short"]
     list_filter = ["tenant", "provider", "mode"]
-    search_fields = ["=key", "=reconciliation_handle", "=provider_ref", "=execution_id", "=correlation_id"]
+    search_fields = ["key"]
+    search_help_text = (
+        "Any part of a key, reconciliation handle, execution or correlation id (any case); a provider ref."
+    )
     list_select_related = ["tenant", "provider"]
     ordering = ["updated_at"]
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        columns = list(super().get_list_display(request))
+        if shows_tenant(self, request):
+            columns.insert(1, "tenant")
+        return columns
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[ReviewItem], search_term: str
+    ) -> tuple[QuerySet[ReviewItem], bool]:
+        return operation_search(queryset, search_term), False
+
+    @admin.display(description="key", ordering="key")
+    def key_short(self, obj: ReviewItem) -> str:
+        return display.short_id(obj.key, keep=44)
+
+    @admin.display(description="provider", ordering="provider__slug")
+    def provider_slug(self, obj: ReviewItem) -> str:
+        if not obj.provider_id:
+            return display.EMPTY
+        return format_html(
+            '{}<div class="og-muted">{}</div>', obj.provider.slug, obj.provider.get_idempotency_class_display()
+        )
+
+    @admin.display(description="why it is here")
+    def why(self, obj: ReviewItem) -> str:
+        # The recorded reasons of the moves into uncertain and review (the sweeper's words).
+        reasons = [
+            e.reason
+            for e in obj.events.filter(to_status__in=[OperationStatus.UNCERTAIN, OperationStatus.REVIEW]).order_by(
+                "-at", "-id"
+            )[:2]
+            if e.reason
+        ]
+        return display.truncate("; ".join(reversed(reasons)), 140) or display.EMPTY
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_used(self, obj: ReviewItem) -> str:
+        return f"{obj.attempts} / {obj.max_attempts}"
+
+    @admin.display(description="handle", ordering="reconciliation_handle")
+    def handle(self, obj: ReviewItem) -> str:
+        return display.short_id(obj.reconciliation_handle, keep=20)
+
+    @admin.display(description="waiting", ordering="updated_at")
+    def waiting(self, obj: ReviewItem) -> str:
+        return display.age(obj.updated_at)
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("review.view_reviewitem") or request.user.has_perm("review.decide_reviewitem")
@@ -80,7 +137,16 @@ class ReviewItemAdmin(ReadOnlyAdmin):
                 except DomainError as exc:
                     messages.error(request, exc.detail)
                 else:
-                    messages.success(request, f"Recorded {form.cleaned_data['decision']} for {item.key}.")
+                    message = f"Recorded {form.cleaned_data['decision']} for {item.key}."
+                    if (
+                        form.cleaned_data["decision"] == ReviewDecision.SAFE_TO_RETRY
+                        and item.mode == OperationMode.GUARD
+                    ):
+                        message += (
+                            " Guard mode: the caller must claim the key again (Onceguard does not send it);"
+                            " until then it shows as waiting for the caller."
+                        )
+                    messages.success(request, message)
                     return HttpResponseRedirect(reverse("admin:review_reviewitem_changelist"))
         context = {
             **(extra_context or {}),
@@ -90,6 +156,11 @@ class ReviewItemAdmin(ReadOnlyAdmin):
             "item": item,
             "attempts": item.attempt_set.order_by("number"),
             "events": item.events.order_by("at", "id"),
+            "story": operation_story(
+                item, list(item.attempt_set.order_by("number")), list(item.events.order_by("at", "id"))
+            ),
+            "status_badge": display.operation_badge(item),
+            "guard_mode": item.mode == OperationMode.GUARD,
             "form": form,
             "can_decide": can_decide,
         }
@@ -264,24 +335,91 @@ class PausedFilter(admin.SimpleListFilter):
 
 @admin.register(PausedProvider)
 class PausedProviderAdmin(ReadOnlyAdmin):
-    """Operators see why a provider is paused and resume it (a service call, logged)."""
+    """Operators see why a provider is paused, pause one by hand (a reason required) and
+    resume it — service calls, each recorded as a configuration change with its actor."""
 
-    list_display = ["slug", "tenant", "paused_at", "paused_reason", "throttled_until", "idempotency_class"]
+    list_display = ["slug", "state", "why", "since", "idempotency_class"]
     list_filter = [PausedFilter, "tenant"]
     search_fields = ["slug"]
     list_select_related = ["tenant"]
-    actions = ["resume"]
+    actions = ["pause", "resume"]
     fields = ["tenant", "slug", "idempotency_class", "base_url", "paused_at", "paused_reason", "throttled_until"]
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        columns = list(super().get_list_display(request))
+        if shows_tenant(self, request):
+            columns.insert(1, "tenant")
+        return columns
+
+    @admin.display(description="state", ordering="paused_at")
+    def state(self, obj: PausedProvider) -> str:
+        if obj.paused_at:
+            return display.badge("paused")
+        if obj.throttled_until and obj.throttled_until > timezone.now():
+            return display.badge("throttled", title=f"until {display.when(obj.throttled_until)}")
+        return display.badge("running")
+
+    @admin.display(description="why")
+    def why(self, obj: PausedProvider) -> str:
+        if obj.paused_at:
+            return obj.paused_reason or "no reason given"
+        if obj.throttled_until and obj.throttled_until > timezone.now():
+            return format_html("the provider asked to slow down (429/503) — until {}", display.age(obj.throttled_until))
+        return display.EMPTY
+
+    @admin.display(description="since", ordering="paused_at")
+    def since(self, obj: PausedProvider) -> str:
+        return display.age(obj.paused_at) if obj.paused_at else display.EMPTY
 
     def has_resume_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("review.resume_provider")
 
+    # Pausing by hand is the other half of the same decision (the operator role has both).
+    has_pause_permission = has_resume_permission
+
+    def _recorded(self, request: HttpRequest, provider: PausedProvider, change: Any) -> bool:
+        before = config_snapshot(provider)
+        done = change()
+        if done:
+            provider.refresh_from_db()
+            config_change_of(provider, actor=actor_of(request), action=ConfigChangeAction.UPDATE, before=before)
+        return bool(done)
+
+    @admin.action(description="Pause selected providers…", permissions=["pause"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[PausedProvider]) -> HttpResponse | None:
+        running = list(queryset.filter(paused_at__isnull=True).select_related("tenant")[:200])
+        reason = " ".join(request.POST.get("pause_reason", "").split())
+        if request.POST.get("pause_confirm") and reason:
+            done = sum(
+                self._recorded(
+                    request,
+                    p,
+                    lambda p=p: provider_pause(
+                        provider_id=p.pk, reason=f"paused by hand: {reason}", actor=actor_of(request)
+                    ),
+                )
+                for p in running
+            )
+            messages.success(request, f"Paused {done} provider(s). Workers send nothing to them until resumed.")
+            return None
+        if request.POST.get("pause_confirm"):
+            messages.error(request, "A reason is required.")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Pause providers",
+            "providers": running,
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+        }
+        return TemplateResponse(request, "admin/review/pausedprovider/pause_confirm.html", context)
+
     @admin.action(description="Resume selected providers", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[PausedProvider]) -> None:
-        done = 0
-        for provider in queryset.filter(paused_at__isnull=False):
-            if provider_resume(provider_id=provider.pk, actor=actor_of(request)):
-                done += 1
+        done = sum(
+            self._recorded(request, p, lambda p=p: provider_resume(provider_id=p.pk, actor=actor_of(request)))
+            for p in queryset.filter(paused_at__isnull=False)[:200]
+        )
         messages.success(request, f"Resumed {done} provider(s).")
 
 

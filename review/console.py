@@ -34,7 +34,7 @@ from ledger.models import Operation, Tenant
 from review import privacy, security
 from review.changes import ConfigChangeAdminMixin
 from review.models import AccessAction
-from review.selectors import dashboard_numbers
+from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
 from review.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
 
 EXPORT_MAX_ROWS = 100_000
@@ -341,7 +341,11 @@ class OnceguardAdminSite(admin.AdminSite):
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = dict(extra_context or {})
-        extra_context["dash"] = dashboard_context(request, dashboard_numbers(tenant_ids=scope_of(request)), self)
+        scope = scope_of(request)
+        extra_context["dash"] = dashboard_context(request, dashboard_numbers(tenant_ids=scope), self)
+        extra_context["attention"] = attention_context(request, attention_now(tenant_ids=scope))
+        if request.user.has_perm("ledger.view_operation"):
+            extra_context["charts"] = charts_context(provider_activity(tenant_ids=scope))
         return super().index(request, extra_context)
 
     # --- reveal ---------------------------------------------------------------------------
@@ -469,7 +473,9 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
             for s, label, n in numbers["operations"]
         ],
         "operations_url": ops_url() if can_ops else None,
-        "eligible_url": ops_url("status__in=queued,retry_wait") if can_ops else None,
+        "eligible_url": ops_url("needs=due") if can_ops else None,
+        "caller_url": ops_url("needs=caller") if can_ops else None,
+        "alerts_url": _changelist(site, "alerts", "alert", "state=open") if user.has_perm("alerts.view_alert") else None,
         "dlq": [
             {"state": s, "label": label, "count": n, "url": dlq_url(f"status__exact={s}") if can_dlq else None}
             for s, label, n in numbers["dlq"]
@@ -487,4 +493,74 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
         else None,
         "subjects_url": reverse(f"{site.name}:onceguard_subjects") if user.has_perm("review.search_subjects") else None,
         "accesslog_url": _changelist(site, "review", "accesslog") if user.has_perm("review.view_accesslog") else None,
+    }
+
+
+def attention_context(request: HttpRequest, rows: dict[str, list[Any]]) -> dict[str, Any]:
+    """The "needs attention now" list: only the kinds this user may open, each row one click
+    from its page."""
+    user = request.user
+    out: dict[str, Any] = {}
+    if user.has_perm("review.view_reviewitem") or user.has_perm("review.decide_reviewitem"):
+        out["review"] = rows["review"]
+    if user.has_perm("dlq.view_failedevent"):
+        out["dlq"] = rows["dlq"]
+    if user.has_perm("review.view_pausedprovider") or user.has_perm("ledger.view_provider"):
+        out["paused"] = rows["paused"]
+    if user.has_perm("ledger.view_operation"):
+        out["stuck"] = rows["stuck"]
+    out["empty"] = not any(out.values())
+    return out
+
+
+# Colours of the chart series (fill attributes of the SVG; the legend uses console.css).
+CHART_COLOURS = {"succeeded": "#3a9a5e", "reviewed": "#7a4fc2", "dead_lettered": "#e08a1e", "failed": "#c0392b"}
+CHART_LABELS = {"succeeded": "succeeded", "failed": "failed", "dead_lettered": "dead-lettered", "reviewed": "reviewed"}
+CHART_W, CHART_H, BAR = 288, 56, 12
+
+
+def charts_context(activity: dict[str, Any]) -> dict[str, Any]:
+    """Small stacked bar charts, one per provider, one bar per hour: rectangles computed
+    here and drawn as inline SVG by the template (no script, nothing from another origin)."""
+    hours = activity["hours"]
+    charts = []
+    for provider, series in activity["providers"]:
+        totals = [sum(series[name][h] for name in CHART_SERIES) for h in range(hours)]
+        peak = max(totals) or 1
+        rects = []
+        for h in range(hours):
+            y = CHART_H
+            # Bottom to top: the good outcome first, then what needed a person, then failures.
+            for name in ("succeeded", "reviewed", "dead_lettered", "failed"):
+                n = series[name][h]
+                if not n:
+                    continue
+                height = max(1.0, round(n / peak * (CHART_H - 2), 1))
+                y -= height
+                rects.append(
+                    {
+                        "x": h * BAR + 1,
+                        "y": round(y, 1),
+                        "w": BAR - 2,
+                        "h": height,
+                        "fill": CHART_COLOURS[name],
+                        "title": f"{n} {CHART_LABELS[name]}, hour {h - hours + 1:+d} h",
+                    }
+                )
+        charts.append(
+            {
+                "provider": provider,
+                "rects": rects,
+                "peak": peak,
+                "totals": [
+                    {"name": name, "label": CHART_LABELS[name], "n": sum(series[name])} for name in CHART_SERIES
+                ],
+            }
+        )
+    return {
+        "charts": charts,
+        "width": CHART_W,
+        "height": CHART_H,
+        "since": activity["since"],
+        "until": activity["until"],
     }
