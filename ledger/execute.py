@@ -21,17 +21,16 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import httpx
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, IntegerField, Q, Value
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
-from ledger import adapters, admission, callbacks, services
+from ledger import adapters, admission, callbacks, eligibility, services
 from ledger.crypto import open_json
 from ledger.errors import AdmissionRefused, DomainError, UnknownProvider, ValidationFailed
 from ledger.logs import log_context, operation_fields
@@ -52,7 +51,6 @@ from ledger.telemetry import observe_provider_call
 S = OperationStatus
 log = logging.getLogger("onceguard.execute")
 
-ONE_SECOND = Value(timedelta(seconds=1), output_field=DurationField())
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 # Never accepted from a caller, whatever a provider's allow-list says: credentials, hop-by-hop
 # and framing headers are ours to set.
@@ -251,18 +249,6 @@ def operation_submit(
 
 # --- Take -----------------------------------------------------------------------------------
 
-# A retry older than its provider's recheck_after (since creation or the tenant's last "still
-# wanted") is not taken: ledger.eligibility asks the tenant first. The same rule as
-# services.eligibility_recheck_due, in SQL; rows of providers without recheck_after never match.
-_RECHECK_AFTER = ExpressionWrapper(
-    ExpressionWrapper(F("provider__recheck_after"), output_field=IntegerField()) * ONE_SECOND,
-    output_field=DurationField(),
-)
-RECHECK_PENDING = Q(status=S.RETRY_WAIT, provider__recheck_after__isnull=False) & (
-    Q(eligibility_confirmed_at__isnull=True, created_at__lte=Now() - _RECHECK_AFTER)
-    | Q(eligibility_confirmed_at__lte=Now() - _RECHECK_AFTER)
-)
-
 
 def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     """Take up to ``limit`` due operations: queued→claimed or retry_wait→claimed, each with a
@@ -282,7 +268,8 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
             Operation.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(due)
             .exclude(provider_id__in=held_back)
-            .exclude(RECHECK_PENDING)
+            # A retry older than its provider's recheck_after asks the tenant first.
+            .exclude(eligibility.RECHECK_PENDING)
             .annotate(past_deadline=past_deadline)
             .order_by("next_attempt_at", "id")
             .values_list("id", "status", "past_deadline", "provider__timeout_seconds")[:limit]
@@ -310,9 +297,10 @@ def _send(*, op: Operation, provider: Provider, client: httpx.Client) -> adapter
         if not callbacks.callback_url_allowed(allow_list=tenant.callback_allow_list, url=url):
             return adapters.Outcome(ErrorClass.INVALID_INPUT, message="callback URL no longer allowed", sent=False)
         body = callbacks.callback_body(callback_operation=op)
-        secret = callbacks.tenant_callback_secret(tenant_id=op.tenant_id)
-        # Signed per attempt: the signature covers the time of sending (receivers bound its age).
-        signature = {adapters.SIGNATURE_HEADER: adapters.sign(secret=secret, body=body)}
+        # Signed per attempt: the signature covers the time of sending (receivers bound its age);
+        # during a rotation's overlap under the new and the previous secret.
+        secrets_now = callbacks.callback_signing_secrets(tenant_id=op.tenant_id)
+        signature = {adapters.SIGNATURE_HEADER: adapters.sign(secret=secrets_now, body=body)}
         return adapters.send(
             provider=provider, operation=op, client=client, callback_body=body, extra_headers=signature
         )

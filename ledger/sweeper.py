@@ -21,6 +21,7 @@ from django.db.models.functions import Coalesce, Now
 
 from ledger import hooks, sql
 from ledger.crypto import seal_json
+from ledger.eligibility import eligibility_recheck
 from ledger.errors import LeaseLost
 from ledger.models import (
     Attempt,
@@ -359,4 +360,7 @@ def sweep(*, batch: int = 500, client: httpx.Client | None = None) -> SweepRepor
     reconcile_uncertain(batch=batch, report=report, client=client)
     expire_abandoned_retries(batch=batch, report=report)
     alert_stuck(batch=batch, report=report)
+    # Old retries whose provider declares recheck_after: ask the tenant before they go ahead.
+    for outcome, n in eligibility_recheck(batch=batch, client=client).items():
+        report.add(f"eligibility_{outcome}", n)
     return report

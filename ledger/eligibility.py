@@ -1,0 +1,221 @@
+"""Eligibility rechecks (DESIGN §3, versions): "is this still wanted?" before an old retry.
+
+Old work should expire or be re-checked, not act after its context changed. A provider may
+declare ``recheck_after`` (seconds). A retry of one of its operations that is older than that —
+since the operation was created, or since the tenant last said yes — is not attempted (the
+workers' take skips it with :data:`RECHECK_PENDING`; a guard-mode claim answers ``409
+operation_retry_scheduled`` with ``waiting_for: eligibility``) until the tenant's eligibility
+webhook (``Tenant.eligibility_url``) has answered. :func:`eligibility_recheck`, a pass of the
+sweep, asks for each such row once it is due:
+
+- ``{"wanted": true}`` — ``eligibility_confirmed_at`` is set; the retry goes ahead and the
+  question is asked again only after another ``recheck_after``;
+- ``{"wanted": false, "reason": "…"}`` — ``retry_wait → abandoned`` with the answer as reason
+  (masked like every error text: ``sanitize_message``);
+- anything else — no URL configured, refused by the outbound policy, no connection, a timeout,
+  a non-2xx status, a body that says neither — is no answer: the row keeps waiting, visible
+  (``last_error`` and an event say why), and is asked again after
+  ``ELIGIBILITY_ASK_INTERVAL_SECONDS``. Its lifetime still ends it (the sweeper, the claim).
+
+The question is a POST of JSON signed like callbacks (``Onceguard-Signature`` with the tenant's
+callback secret, ``ledger.adapters.sign``) with the operation's key in ``Idempotency-Key``. It
+names the operation (id, key, record, action, version, run, step, provider, attempts, age) and
+never carries its payload, request or error text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.db.models import DurationField, ExpressionWrapper, F, IntegerField, Q, Value
+from django.db.models.functions import Now
+
+from ledger import adapters, callbacks, services
+from ledger.errors import LeaseLost
+from ledger.models import Operation, OperationEvent, OperationStatus, Tenant
+from ledger.outbound import OutboundBlocked, outbound_client, outbound_refusal
+from ledger.selectors import provider_slug, run_of
+
+S = OperationStatus
+log = logging.getLogger("onceguard.eligibility")
+
+ACTOR = "eligibility"
+# The most of an answer that is read: it is a yes or no and a short reason.
+MAX_ANSWER_BYTES = 16 * 1024
+
+_RECHECK_AFTER = ExpressionWrapper(
+    # Cast first: SQLite's duration arithmetic accepts integer fields by their plain type only.
+    ExpressionWrapper(F("provider__recheck_after"), output_field=IntegerField())
+    * Value(timedelta(seconds=1), output_field=DurationField()),
+    output_field=DurationField(),
+)
+# The rows whose retry must ask first: the same rule as services.eligibility_recheck_due, in
+# SQL (database clock). Rows of providers without recheck_after never match.
+RECHECK_PENDING = Q(status=S.RETRY_WAIT, provider__recheck_after__isnull=False) & (
+    Q(eligibility_confirmed_at__isnull=True, created_at__lte=Now() - _RECHECK_AFTER)
+    | Q(eligibility_confirmed_at__lte=Now() - _RECHECK_AFTER)
+)
+
+
+@dataclass(frozen=True)
+class Answer:
+    # True: still wanted; False: not wanted; None: no answer.
+    wanted: bool | None
+    reason: str
+
+
+def _cfg(name: str, default: Any) -> Any:
+    return settings.ONCEGUARD.get(name, default)
+
+
+def question_body(op: Operation) -> bytes:
+    """What the tenant is asked: which operation, never what it carries."""
+    document = {
+        "type": "operation.eligibility",
+        "question": "Is this operation still wanted?",
+        "operation": {
+            "id": op.pk,
+            "key": op.key,
+            "provider": provider_slug(op.provider_id),
+            "action": op.action,
+            "record": op.record,
+            "version": op.version,
+            "run": run_of(run=op.run, correlation_id=op.correlation_id),
+            "step": op.step,
+            "attempts": op.attempts,
+            "created_at": op.created_at.isoformat(),
+            "eligibility_confirmed_at": op.eligibility_confirmed_at.isoformat()
+            if op.eligibility_confirmed_at
+            else None,
+        },
+        "answer_with": {"wanted": "true or false", "reason": "why not (recorded, at most 500 characters)"},
+    }
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _read(response: httpx.Response) -> bytes:
+    data = b""
+    for chunk in response.iter_bytes():
+        data += chunk
+        if len(data) > MAX_ANSWER_BYTES:
+            break
+    return data[:MAX_ANSWER_BYTES]
+
+
+def eligibility_ask(*, op: Operation, tenant: Tenant, client: httpx.Client | None = None) -> Answer:
+    """Ask the tenant's eligibility webhook about ``op``; never raises for network trouble."""
+    url = tenant.eligibility_url
+    if not url:
+        return Answer(None, "no eligibility webhook is configured for the tenant")
+    purpose = "eligibility webhook"
+    refused = outbound_refusal(url, purpose=purpose)
+    if refused:
+        return Answer(None, f"not asked: {refused}")
+    body = question_body(op)
+    secret = callbacks.tenant_callback_secret(tenant_id=tenant.pk)
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "Onceguard-eligibility",
+        "Idempotency-Key": op.key,
+        adapters.SIGNATURE_HEADER: adapters.sign(secret=secret, body=body),
+    }
+    timeout = float(_cfg("ELIGIBILITY_TIMEOUT_SECONDS", 5.0))
+    own = client is None
+    http = client or outbound_client(purpose=purpose, timeout=timeout)
+    try:
+        with http.stream("POST", url, content=body, headers=headers, timeout=timeout) as response:
+            status = response.status_code
+            raw = _read(response)
+    except OutboundBlocked as exc:
+        return Answer(None, f"not asked: {exc}")
+    except httpx.HTTPError as exc:
+        return Answer(None, f"no answer ({type(exc).__name__})")
+    finally:
+        if own:
+            http.close()
+    if not 200 <= status < 300:
+        return Answer(None, f"no answer (HTTP {status})")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return Answer(None, "no answer (the body is not JSON)")
+    wanted = data.get("wanted") if isinstance(data, dict) else None
+    if not isinstance(wanted, bool):
+        return Answer(None, "no answer (the body says neither wanted true nor false)")
+    reason = data.get("reason") if isinstance(data.get("reason"), str) else ""
+    return Answer(wanted, services.sanitize_message(reason))
+
+
+def _event(*, op: Operation, reason: str) -> None:
+    OperationEvent.objects.create(
+        operation_id=op.pk,
+        from_status=S.RETRY_WAIT,
+        to_status=S.RETRY_WAIT,
+        actor=ACTOR,
+        reason=services.sanitize_message(reason),
+        attempt=op.attempts,
+        at=Now(),
+    )
+
+
+def eligibility_record(*, op: Operation, answer: Answer) -> str:
+    """Apply an answer to a row still waiting as it was read (status and lease token); a row
+    that moved meanwhile (a claim took it, a cancel) is left alone. Returns what happened:
+    ``confirmed``, ``abandoned``, ``unanswered`` or ``moved``."""
+    as_read = Operation.objects.filter(pk=op.pk, status=S.RETRY_WAIT, lease_token=op.lease_token)
+    if answer.wanted is False:
+        why = answer.reason or "no reason given"
+        try:
+            services.operation_transition(
+                operation=op,
+                to=S.ABANDONED,
+                actor=ACTOR,
+                reason=f"not wanted any more (eligibility webhook): {why}",
+                changes={"next_attempt_at": None, "last_error": services.sanitize_message(f"not wanted: {why}")},
+            )
+        except LeaseLost:
+            return "moved"
+        return "abandoned"
+    with transaction.atomic():
+        if answer.wanted:
+            if not as_read.update(eligibility_confirmed_at=Now(), updated_at=Now()):
+                return "moved"
+            _event(op=op, reason="still wanted (eligibility webhook); the retry goes ahead")
+            return "confirmed"
+        interval = services.eligibility_ask_interval()
+        text = f"eligibility unanswered: {answer.reason}"
+        if not as_read.update(
+            next_attempt_at=Now() + timedelta(seconds=interval),
+            last_error=services.sanitize_message(text),
+            updated_at=Now(),
+        ):
+            return "moved"
+        _event(op=op, reason=f"{text}; waits, asked again in {interval} s")
+        return "unanswered"
+
+
+def eligibility_recheck(*, batch: int = 100, client: httpx.Client | None = None) -> dict[str, int]:
+    """Ask about every due retry that must ask first (at most ``batch``), oldest due first.
+    One HTTP call per row, outside any transaction; each answer recorded by a guarded update."""
+    counts: dict[str, int] = {}
+    rows = list(
+        Operation.objects.filter(RECHECK_PENDING, next_attempt_at__lte=Now()).order_by("next_attempt_at", "id")[:batch]
+    )
+    tenants: dict[int, Tenant] = {}
+    for op in rows:
+        tenant = tenants.get(op.tenant_id)
+        if tenant is None:
+            tenant = tenants[op.tenant_id] = Tenant.objects.get(pk=op.tenant_id)
+        answer = eligibility_ask(op=op, tenant=tenant, client=client)
+        outcome = eligibility_record(op=op, answer=answer)
+        counts[outcome] = counts.get(outcome, 0) + 1
+        # Ids and the outcome only: a reason is the tenant's text.
+        log.info("eligibility_checked operation=%s key=%s outcome=%s", op.pk, op.key, outcome)
+    return counts
