@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +93,3 @@ def api_key(tenant: Tenant) -> str:
         tenant=tenant, name="n8n", prefix=prefix, hashed_key=hash_api_key(API_SECRET), scopes=["read", "write"]
     )
     return API_SECRET
-
-
-@pytest.fixture
-def n8n_instances(n8n_base: N8n, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[N8n]]:
-    """Instances a test makes itself; stopped when it ends."""
-    made: list[N8n] = []
-    yield made
-    for instance in made:
-        instance.stop()

@@ -24,6 +24,7 @@ from tests.dlq.conftest import example
 from tests.execute.support import run_due, wait_until
 from tests.n8n.conftest import API_SECRET
 from tests.n8n.support import N8n, node_named, template
+from tests.support import outbound
 
 pytestmark = [pytest.mark.heavy, pytest.mark.django_db(transaction=True)]
 
@@ -122,11 +123,14 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
         ]
     )
     active = (LEAD_NODE, LEAD_HTTP, "ogReplayReceivr1", UNGUARDED, SUBMIT_AND_WAIT, SUBMIT_RETRY)
-    instance.activate(*active)
+    instance.activate_all()
     # `n8n execute` runs in its own process: give it its own copy of the database, so it never
     # shares SQLite with the running server.
     instance.spare = instance.copy(tmp_path_factory.mktemp("n8n-leads-spare"))
     instance.start(active=active)
+    # Onceguard calls n8n back (replays to the receiver webhook, callbacks to Wait nodes):
+    # the deployment's outbound policy must name it, as it names the mock servers.
+    outbound.announce(instance.url)
     yield instance
     instance.stop()
 
