@@ -12,24 +12,32 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dlq import selectors, services
+from dlq import runs, selectors, services
 from dlq.conf import dlq_setting
 from dlq.errors import EventTooLarge
 from dlq.serializers import (
     BulkReplayInputSerializer,
     BulkReplayOutputSerializer,
     CloseInputSerializer,
+    CorrectInputSerializer,
+    CorrectOutputSerializer,
     FailedEventListQuerySerializer,
     FailedEventOutputSerializer,
     ReplayInputSerializer,
     ReplayOutputSerializer,
+    RunOutputSerializer,
+    RunResumeInputSerializer,
+    RunResumeOutputSerializer,
     bulk_replay_representation,
     failed_event_representation,
     replay_representation,
+    run_representation,
+    run_resume_representation,
 )
 from ledger.apis import validated_input
 from ledger.errors import ValidationFailed
 from ledger.pagination import KeysetCursorPagination
+from ledger.serializers import operation_representation
 
 _LIST_PARAMS = [
     OpenApiParameter("status", str, OpenApiParameter.QUERY, required=False),
@@ -246,3 +254,83 @@ class BulkReplayDetailApi(APIView):
     def get(self, request: Request, bulk_id: int) -> Response:
         bulk = selectors.bulk_replay_get(tenant_id=request.user.tenant.pk, bulk_id=bulk_id)
         return Response(bulk_replay_representation(bulk))
+
+
+class FailedEventCorrectApi(APIView):
+    @extend_schema(
+        request=CorrectInputSerializer,
+        responses={201: CorrectOutputSerializer},
+        summary="Replay a (quarantined) entry with corrected fields, as the next version of its key",
+        description=(
+            "The key must be versioned ({record}:{action}:v{version}); the correction is version n+1 of the same "
+            "record and action. Execute mode: `fields` are dotted paths into the stored request; the corrected "
+            "request is submitted as the next version (same run and step), the original failed operation records it "
+            "as `replaced_by`, and the entry is resolved pointing at it. Guard mode: the paths apply to the stored "
+            "payload, which is replayed to the replay target under the next version's key. The entry, its payload "
+            "and the original stay as evidence; the history records who changed which fields and why (`note`)."
+        ),
+    )
+    def post(self, request: Request, event_id: int) -> Response:
+        data = validated_input(CorrectInputSerializer, request)
+        result = services.failed_event_correct(
+            tenant_id=request.user.tenant.pk,
+            event_pk=event_id,
+            actor=request.user.actor,
+            fields=data["fields"],
+            note=data["note"],
+            target_slug=data["target"],
+        )
+        body = {
+            "entry": failed_event_representation(result.event),
+            "key": result.key,
+            "version": result.version,
+            "operation": operation_representation(result.operation) if result.operation is not None else None,
+            "replay": replay_representation(result.replay) if result.replay is not None else None,
+        }
+        return Response(body, status=201)
+
+
+class RunDetailApi(APIView):
+    @extend_schema(
+        responses={200: RunOutputSerializer},
+        summary="A run: its steps in order, each in a checkpoint state, and what a resume would re-drive",
+        description=(
+            "A run is the operations sent with this `run` id, or without one whose `correlation_id` it is. Each "
+            "step's `checkpoint` is one of pending, in_progress, done, failed, uncertain (of the newest operation in "
+            "its lineage); `safe_to_repeat` says whether repeating it can add a second effect; `will_resume` marks "
+            "what `POST …/resume` would re-drive (`resume.operations`). URL-encode the run id."
+        ),
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        view = runs.run_view(tenant_id=request.user.tenant.pk, run=run_id)
+        return Response(run_representation(view))
+
+
+class RunResumeApi(APIView):
+    @extend_schema(
+        request=RunResumeInputSerializer,
+        responses={201: RunResumeOutputSerializer, 200: RunOutputSerializer},
+        summary="Resume a run: re-drive only its failed steps through the DLQ replay path (audited)",
+        description=(
+            "`preview: true` answers the run (200) with `resume.operations`, doing nothing. Otherwise the failed "
+            "steps with a pending, non-quarantined DLQ entry — and guard-mode steps resolved as not done — are "
+            "re-driven: execute-mode steps to their provider under the original key, guard-mode steps to the replay "
+            "target (`target`, else the entry's, else the tenant's default). Send the previewed `operations` to be "
+            "refused (409 run_changed_since_preview) if the plan changed. 409 run_nothing_to_resume when no step "
+            "qualifies. The answer (201) is the recorded resume with each step's replay outcome."
+        ),
+    )
+    def post(self, request: Request, run_id: str) -> Response:
+        data = validated_input(RunResumeInputSerializer, request)
+        tenant_id = request.user.tenant.pk
+        if data["preview"]:
+            return Response(run_representation(runs.run_view(tenant_id=tenant_id, run=run_id)))
+        resume = runs.run_resume(
+            tenant_id=tenant_id,
+            run=run_id,
+            actor=request.user.actor,
+            note=data["note"],
+            target_slug=data["target"],
+            expected=data["operations"],
+        )
+        return Response(run_resume_representation(resume), status=201)

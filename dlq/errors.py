@@ -58,3 +58,20 @@ class BulkReplayTooLarge(DomainError):
 
 class BulkReplayRateLimited(DomainError):
     status, code, title = 429, "bulk_replay_rate_limited", "A bulk replay is already running"
+
+
+class RunNotFound(DomainError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class RunNothingToResume(DomainError):
+    """No step of the run is one a resume re-drives (failed with a replayable entry, or a
+    guard-mode step resolved as not done)."""
+
+    status, code, title = 409, "run_nothing_to_resume", "Nothing to resume"
+
+
+class RunChangedSincePreview(DomainError):
+    """The steps a resume would re-drive are not the ones the caller previewed."""
+
+    status, code, title = 409, "run_changed_since_preview", "The run changed since the preview"

@@ -11,7 +11,18 @@ from typing import Any
 
 from rest_framework import serializers
 
-from dlq.models import ERROR_CLASS_CHOICES, BulkReplay, FailedEvent, FailedEventShape, FailedEventStatus, Replay
+from dlq.models import (
+    ERROR_CLASS_CHOICES,
+    BulkReplay,
+    FailedEvent,
+    FailedEventShape,
+    FailedEventStatus,
+    Replay,
+    RunResume,
+)
+from dlq.runs import RunView, plan_of
+from ledger.models import Checkpoint
+from ledger.serializers import OperationOutputSerializer, no_nul_characters, operation_representation
 from ledger.storable import query_time_problem
 
 
@@ -85,6 +96,11 @@ class FailedEventOutputSerializer(serializers.Serializer):
     replay_target = serializers.CharField()
     search_fields = serializers.DictField()
     status_note = serializers.CharField()
+    quarantined = serializers.BooleanField(help_text="invalid input: a replay as is would be refused again")
+    quarantine_reason = serializers.CharField(help_text="why, in words (masked: no personal data)")
+    corrected_operation_id = serializers.IntegerField(
+        allow_null=True, help_text="the next version a correction submitted (execute mode)"
+    )
 
 
 class ReplayOutputSerializer(serializers.Serializer):
@@ -106,6 +122,10 @@ class ReplayOutputSerializer(serializers.Serializer):
     response_status = serializers.IntegerField(allow_null=True)
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+    to_provider = serializers.BooleanField(help_text="sent to the operation's own provider (a resumed step)")
+    corrected_fields = serializers.ListField(
+        child=serializers.CharField(), help_text="a correction: the paths changed (values are not shown)"
+    )
 
 
 class BulkReplayOutputSerializer(serializers.Serializer):
@@ -151,6 +171,9 @@ def failed_event_representation(event: FailedEvent) -> dict[str, Any]:
         "replay_target": event.replay_target_slug,
         "search_fields": event.search_fields,
         "status_note": event.status_note,
+        "quarantined": bool(event.quarantine_reason),
+        "quarantine_reason": event.quarantine_reason,
+        "corrected_operation_id": event.corrected_operation_id,
     }
 
 
@@ -174,6 +197,8 @@ def replay_representation(replay: Replay) -> dict[str, Any]:
         "response_status": replay.response_status,
         "started_at": replay.started_at.isoformat(),
         "finished_at": replay.finished_at.isoformat() if replay.finished_at else None,
+        "to_provider": replay.to_provider,
+        "corrected_fields": list(replay.corrected_fields or []),
     }
 
 
@@ -192,4 +217,115 @@ def bulk_replay_representation(bulk: BulkReplay) -> dict[str, Any]:
         "succeeded": bulk.succeeded,
         "failed": bulk.failed,
         "skipped": bulk.skipped,
+    }
+
+
+# --- Corrections and runs ------------------------------------------------------------------------
+
+
+class CorrectInputSerializer(serializers.Serializer):
+    fields = serializers.DictField(
+        child=serializers.JSONField(allow_null=True, validators=[no_nul_characters]),
+        allow_empty=False,
+        help_text="dotted path → corrected value; execute mode: paths into the stored request (body.amount),"
+        " guard mode: into the stored payload",
+    )
+    note = serializers.CharField(max_length=2000, help_text="why the fields change (recorded)")
+    target = serializers.SlugField(
+        required=False, allow_blank=True, max_length=63, default="", help_text="guard mode: the replay target"
+    )
+
+
+class CorrectOutputSerializer(serializers.Serializer):
+    entry = FailedEventOutputSerializer()
+    key = serializers.CharField(help_text="the next version's key, {record}:{action}:v{version}")
+    version = serializers.IntegerField()
+    operation = OperationOutputSerializer(allow_null=True, help_text="execute mode: the next version, queued")
+    replay = ReplayOutputSerializer(allow_null=True, help_text="guard mode: the corrected replay to the target")
+
+
+class RunStepOutputSerializer(serializers.Serializer):
+    step = serializers.IntegerField(allow_null=True, help_text="the ordinal sent with it, if any")
+    operation = OperationOutputSerializer()
+    current_operation_id = serializers.IntegerField(help_text="the newest in its lineage (a replay, once resumed)")
+    status = serializers.CharField(help_text="the ledger state of the current operation")
+    checkpoint = serializers.ChoiceField(choices=Checkpoint.choices)
+    safe_to_repeat = serializers.BooleanField(help_text="repeating it cannot add a second effect")
+    will_resume = serializers.BooleanField(help_text="a resume re-drives it")
+    resume_via = serializers.CharField(help_text="provider, target or empty")
+    advice = serializers.CharField()
+    dlq_entry_id = serializers.IntegerField(allow_null=True)
+    quarantine_reason = serializers.CharField()
+
+
+class RunOutputSerializer(serializers.Serializer):
+    run = serializers.CharField()
+    steps = RunStepOutputSerializer(many=True)
+    counts = serializers.DictField(child=serializers.IntegerField(), help_text="steps per checkpoint state")
+    resume = serializers.DictField(help_text="the preview: {count, operations, plan}")
+
+
+class RunResumeInputSerializer(serializers.Serializer):
+    note = serializers.CharField(max_length=2000, help_text="why (recorded with the resume)")
+    target = serializers.SlugField(
+        required=False, allow_blank=True, max_length=63, default="", help_text="replay target for guard-mode steps"
+    )
+    preview = serializers.BooleanField(required=False, default=False, help_text="answer the plan, do nothing")
+    operations = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=500,
+        help_text="the operation ids a preview showed; refused (409) when the plan changed",
+    )
+
+
+class RunResumeOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    run = serializers.CharField()
+    actor = serializers.CharField()
+    note = serializers.CharField()
+    at = serializers.DateTimeField()
+    planned = serializers.ListField(child=serializers.DictField())
+    results = serializers.ListField(child=serializers.DictField())
+
+
+def run_representation(view: RunView) -> dict[str, Any]:
+    return {
+        "run": view.run,
+        "steps": [
+            {
+                "step": s.operation.step,
+                "operation": operation_representation(s.operation),
+                "current_operation_id": s.current.pk,
+                "status": s.current.status,
+                "checkpoint": s.checkpoint,
+                "safe_to_repeat": s.safe_to_repeat,
+                "will_resume": s.will_resume,
+                "resume_via": s.resume_via,
+                "advice": s.advice,
+                "dlq_entry_id": s.entry.pk if s.entry is not None else None,
+                "quarantine_reason": s.entry.quarantine_reason if s.entry is not None else "",
+            }
+            for s in view.steps
+        ],
+        "counts": view.counts,
+        "resume": {
+            "count": len(view.plan),
+            "operations": [s.operation.pk for s in view.plan],
+            "plan": plan_of(view),
+        },
+    }
+
+
+def run_resume_representation(resume: RunResume) -> dict[str, Any]:
+    return {
+        "id": resume.pk,
+        "run": resume.run,
+        "actor": resume.actor,
+        "note": resume.note,
+        "at": resume.at.isoformat(),
+        "planned": resume.planned,
+        "results": resume.results,
     }

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,7 +24,8 @@ from typing import Any
 
 import httpx
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Max
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from alerts.services import alert_raise
@@ -59,13 +61,27 @@ from dlq.models import (
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
+from ledger import adapters, tasks
 from ledger import services as ledger_services
-from ledger import tasks
 from ledger.config_changes import config_change_of, config_snapshot
-from ledger.errors import DomainError, IllegalTransition, InvalidKey
-from ledger.models import TERMINAL_STATES, ConfigChangeAction, ErrorClass, Operation, OperationStatus, Tenant
+from ledger.crypto import open_json
+from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
+from ledger.execute import operation_submit
+from ledger.models import (
+    TERMINAL_STATES,
+    ConfigChangeAction,
+    ErrorClass,
+    Operation,
+    OperationEvent,
+    OperationMode,
+    OperationStatus,
+    Provider,
+    ProviderKind,
+    Tenant,
+)
 from ledger.outbound import OutboundBlocked, outbound_check, outbound_client, outbound_refusal
 from ledger.search import search_values
+from ledger.selectors import provider_slug
 
 FE = FailedEventStatus
 # The ledger key guarding replay n of an entry: replay:{entry id}:{n}.
@@ -159,6 +175,7 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
             "operation": operation,
             "source_execution_id": operation.execution_id,
             "source_workflow_id": operation.workflow_id,
+            "quarantine_reason": quarantine_reason_of(operation),
         },
     )
     if created:
@@ -167,6 +184,61 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
         _alert_new(event)
         log.info("dlq_recorded event=%s operation=%s key=%s", event.pk, operation.pk, operation.key)
     return event
+
+
+# --- Quarantine: invalid input, with its reason in words ---------------------------------------
+
+# Where receivers usually put the words of a validation error in a JSON answer, in order.
+_WORD_PATHS = (
+    ("error", "message"),
+    ("error", "detail"),
+    ("message",),
+    ("detail",),
+    ("error_description",),
+    ("error",),
+    ("title",),
+)
+
+
+def _words_of(body: Any) -> str:
+    """The human-readable reason in a receiver's refusal, if it gave one."""
+    if isinstance(body, str):
+        return body
+    if not isinstance(body, dict):
+        return ""
+    for path in _WORD_PATHS:
+        value: Any = body
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, str) and value.strip():
+            return value
+    errors = body.get("errors")
+    if isinstance(errors, list):
+        texts = [e if isinstance(e, str) else _words_of(e) for e in errors[:5] if isinstance(e, (str, dict))]
+        return "; ".join(t for t in texts if t.strip())
+    return ""
+
+
+def _quarantine_reason(error_class: str, words: str) -> str:
+    if error_class != ErrorClass.INVALID_INPUT:
+        return ""
+    return ledger_services.sanitize_message(words or "the receiver refused the input (no reason given)")
+
+
+def quarantine_reason_of(operation: Operation) -> str:
+    """Why the receiver refused an operation's input, in words, masked like every error text
+    (``sanitize_message``: a receiver's 422 often quotes the address it refused). Empty unless
+    the failure is ``invalid_input``. Execute mode: the provider's own words from its answer
+    (``error.message``, ``message``, ``detail``, ``errors[]``…), else the status; guard mode:
+    the message the caller reported with ``/fail``."""
+    if operation.error_class != ErrorClass.INVALID_INPUT:
+        return ""
+    if operation.mode == OperationMode.EXECUTE:
+        slug = provider_slug(operation.provider_id) or "the provider"
+        words = _words_of(open_json(operation.response_body)) or operation.last_error
+        status = f" (HTTP {operation.response_status})" if operation.response_status else ""
+        return _quarantine_reason(operation.error_class, f"{slug} refused the input{status}: {words}")
+    return _quarantine_reason(operation.error_class, operation.last_error)
 
 
 # --- Ingest ----------------------------------------------------------------------------------
@@ -266,6 +338,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         retry_count=parsed.retry_count,
         original_key=parsed.original_key or parsed.identity,
         replay_target_slug=parsed.replay_target_slug,
+        quarantine_reason=_quarantine_reason(parsed.error_class, parsed.error_message),
     )
     if parsed.retry_of:
         # The execution this one retried, if it is reported later, is this failure too.
@@ -351,6 +424,34 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
     return TargetAnswer(False, status, body, error_class, f"HTTP {status}", elapsed())
 
 
+def _provider_of(event: FailedEvent) -> tuple[Operation, Provider]:
+    """The execute-mode operation of an entry and its provider, for a replay to the provider."""
+    op = Operation.objects.filter(pk=event.operation_id, tenant_id=event.tenant_id).first()
+    if op is None or op.mode != OperationMode.EXECUTE or op.provider_id is None:
+        raise ValidationFailed("Only an entry of an execute-mode operation can be replayed to its provider.")
+    provider = ledger_services.provider_by_id(op.provider_id)
+    if provider.kind != ProviderKind.HTTP:
+        raise ValidationFailed("Callbacks are re-sent by their own retries, not replayed to a provider.")
+    return op, provider
+
+
+def send_to_provider(*, provider: Provider, operation: Operation) -> TargetAnswer:
+    """Send a failed execute-mode operation's stored request to its provider again, under its
+    original key, exactly as a worker would (ledger.adapters: the provider's idempotency
+    header, credential and outbound policy), and classify the answer the same way."""
+    with adapters.http_client(max_connections=1) as client:
+        outcome = adapters.send(provider=provider, operation=operation, client=client)
+    return TargetAnswer(
+        ok=outcome.succeeded,
+        status=outcome.status,
+        body=outcome.body,
+        error_class=outcome.error_class or "",
+        message=outcome.message or (f"HTTP {outcome.status}" if outcome.status else ""),
+        duration_ms=outcome.duration_ms,
+        provider_ref=outcome.provider_ref,
+    )
+
+
 def _not_replayable(event_pk: int, *, force: bool) -> DomainError:
     status = FailedEvent.objects.filter(pk=event_pk).values_list("status", flat=True).first()
     if status == FE.REPLAYED and not force:
@@ -362,16 +463,28 @@ def _not_replayable(event_pk: int, *, force: bool) -> DomainError:
     return ReplayInProgress("Another replay of this entry is under way.", retry_after=1, extra={"entry_status": status})
 
 
+@dataclass(frozen=True)
+class Correction:
+    """A replay with corrected fields (DESIGN §7, quarantine): the payload that is sent instead
+    of the stored one, the next version's key it is sent under, and the paths that changed."""
+
+    payload: Any
+    sent_key: str
+    fields: list[str]
+
+
 def _replay_begin(
     *,
     event: FailedEvent,
-    target: ReplayTarget,
+    target: ReplayTarget | None,
     actor: str,
     note: str,
     force: bool,
     as_new: bool,
     trigger: str,
     bulk_id: int | None,
+    provider: Provider | None = None,
+    correction: Correction | None = None,
 ) -> Replay:
     """Allocate n with the guarded pending→replaying UPDATE and write the lineage row."""
     with transaction.atomic():
@@ -388,6 +501,11 @@ def _replay_begin(
             raise _not_replayable(event.pk, force=force)
         number = FailedEvent.objects.filter(pk=event.pk).values_list("replay_count", flat=True).get()
         key = event.original_key or event.event_id
+        sent_key = derive_new_key(key, number) if as_new else key
+        if correction is not None:
+            sent_key = correction.sent_key
+        # A replay goes to a replay target, or (an execute-mode step resumed) to the provider.
+        slug, url = (provider.slug, provider.base_url) if provider is not None else (target.slug, target.url)  # type: ignore[union-attr]
         replay = Replay.objects.create(
             event=event,
             number=number,
@@ -395,22 +513,27 @@ def _replay_begin(
             as_new=as_new,
             forced=force and old == FE.REPLAYED,
             ledger_key=replay_ledger_key(event.pk, number),
-            sent_key=derive_new_key(key, number) if as_new else key,
+            sent_key=sent_key,
             target=target,
-            target_slug=target.slug,
-            target_url=target.url,
+            target_slug=slug,
+            target_url=url,
+            to_provider=provider is not None,
+            corrected_fields=correction.fields if correction is not None else [],
             bulk_id=bulk_id,
             actor=actor[:150],
             note=note,
             started_at=timezone.now(),
         )
         what = "re-run as new" if as_new else "replay"
+        if correction is not None:
+            what = f"corrected replay ({', '.join(correction.fields)}) as {sent_key}"
+        where = f"provider {slug}" if provider is not None else slug
         _log_change(
             event_pk=event.pk,
             old=old,
             new=FE.REPLAYING,
             actor=actor,
-            note=f"{what} #{number} to {target.slug}" + (f": {note}" if note else ""),
+            note=f"{what} #{number} to {where}" + (f": {note}" if note else ""),
         )
     return replay
 
@@ -427,6 +550,8 @@ def failed_event_replay(
     confirm: bool = False,
     trigger: str = ReplayTrigger.MANUAL,
     bulk_id: int | None = None,
+    to_provider: bool = False,
+    correction: Correction | None = None,
 ) -> Replay:
     """Send the stored payload to a ReplayTarget with the original key, once (DESIGN §4).
 
@@ -434,6 +559,11 @@ def failed_event_replay(
     ``ReplayNeedsForce`` for a replayed entry without force and a note. ``as_new`` derives a
     new key ``{key}~r{n}`` and needs ``confirm`` and a note. Returns the Replay row with
     its outcome; a failed replay has put the entry back to ``pending``.
+
+    ``to_provider``: the entry's operation is an execute-mode one (a run's step); its stored
+    request goes to its own provider under its original key, as a worker would send it — a
+    key-enforced provider dedups it against the first try. ``correction``: the corrected
+    payload is sent under the next version's key instead (``failed_event_correct``).
     """
     note = _note(note)
     if as_new and not confirm:
@@ -446,7 +576,12 @@ def failed_event_replay(
     event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
     if is_redacted(event.payload):
         raise FailedEventClosed("This entry's payload was redacted by retention; there is nothing to replay.")
-    target = selectors.replay_target_resolve(tenant_id=tenant_id, slug=target_slug or event.replay_target_slug)
+    provider: Provider | None = None
+    target: ReplayTarget | None = None
+    if to_provider:
+        original, provider = _provider_of(event)
+    else:
+        target = selectors.replay_target_resolve(tenant_id=tenant_id, slug=target_slug or event.replay_target_slug)
     replay = _replay_begin(
         event=event,
         target=target,
@@ -456,6 +591,8 @@ def failed_event_replay(
         as_new=as_new,
         trigger=trigger,
         bulk_id=bulk_id,
+        provider=provider,
+        correction=correction,
     )
     tenant = Tenant.objects.get(pk=tenant_id)
     try:
@@ -464,10 +601,10 @@ def failed_event_replay(
             key=replay.ledger_key,
             provider=None,
             action="dlq.replay",
-            request={"event": event.pk, "replay": replay.number, "target": target.slug, "key": replay.sent_key},
+            request={"event": event.pk, "replay": replay.number, "target": replay.target_slug, "key": replay.sent_key},
             mark_sent=True,
             via_claims=False,
-            lease_seconds=target.timeout_seconds + 10,
+            lease_seconds=(provider or target).timeout_seconds + 10,  # type: ignore[union-attr]
             workflow_id=event.source_workflow_id,
             execution_id=event.source_execution_id,
             correlation_id=f"dlq:{event.pk}",
@@ -482,13 +619,17 @@ def failed_event_replay(
     op = claim.operation
     Replay.objects.filter(pk=replay.pk).update(operation=op)
     try:
-        answer = send_to_target(
-            target=target,
-            payload=open_payload(event.payload),
-            key=replay.sent_key,
-            event_pk=event.pk,
-            number=replay.number,
-        )
+        if provider is not None:
+            answer = send_to_provider(provider=provider, operation=original)
+        else:
+            assert target is not None
+            answer = send_to_target(
+                target=target,
+                payload=correction.payload if correction is not None else open_payload(event.payload),
+                key=replay.sent_key,
+                event_pk=event.pk,
+                number=replay.number,
+            )
     except Exception as exc:  # anything else mid-send: we cannot know whether it arrived
         answer = TargetAnswer(False, None, None, ErrorClass.AMBIGUOUS, f"send failed: {type(exc).__name__}", 0)
     return _replay_finish(replay=replay, event=event, op=op, answer=answer, actor=actor)
@@ -662,6 +803,178 @@ def failed_event_resolve(*, tenant_id: int, event_pk: int, actor: str, note: str
 def failed_event_discard(*, tenant_id: int, event_pk: int, actor: str, note: str) -> FailedEvent:
     """pending|replayed → discarded: dropped on purpose. The note is mandatory."""
     return _close(tenant_id=tenant_id, event_pk=event_pk, to=FE.DISCARDED, actor=actor, note=note)
+
+
+# --- Corrections: replay with corrected fields as the next version ------------------------------
+
+# A key in the versioned form {record}:{action}:v{version} (ledger.services.versioned_key).
+_VERSIONED_KEY = re.compile(r"^(?P<record>.+):(?P<action>[^:]+):v(?P<version>\d{1,10})$")
+MAX_CORRECTED_FIELDS = 50
+
+
+@dataclass(frozen=True)
+class CorrectionResult:
+    event: FailedEvent
+    key: str
+    version: int
+    # Execute mode: the next version, queued for the workers. Guard mode: the replay that sent
+    # the corrected payload to the workflow, which claims the next version itself.
+    operation: Operation | None
+    replay: Replay | None
+
+
+def next_version_of(*, tenant_id: int, key: str, operation: Operation | None) -> tuple[str, str, int]:
+    """(record, action, version) of the next version of a failed key: one more than the newest
+    version of its record and action the ledger knows. The key must be versioned — stored as
+    parts, or of the form ``{record}:{action}:v{version}``."""
+    if operation is not None and operation.record and operation.version is not None:
+        record, action, version = operation.record, operation.action, operation.version
+    else:
+        match = _VERSIONED_KEY.match(key)
+        if match is None:
+            raise ValidationFailed(
+                "Only a versioned key ({record}:{action}:v{version}) can be corrected: the correction is its next"
+                " version. Use a replay re-run as new instead."
+            )
+        record, action, version = match["record"], match["action"], int(match["version"])
+    newest = (
+        Operation.objects.filter(tenant_id=tenant_id, record=record, action=action)
+        .aggregate(newest=Max("version"))
+        .get("newest")
+    )
+    return record, action, max(version, newest or 0) + 1
+
+
+def _child(node: Any, part: str, path: str) -> Any:
+    if isinstance(node, dict) and part in node:
+        return node[part]
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return node[int(part)]
+    raise ValidationFailed(f"Field {path!r} does not lead to a value of the stored payload.")
+
+
+def apply_corrections(document: Any, fields: dict[str, Any]) -> tuple[Any, list[str]]:
+    """A copy of ``document`` with each dotted path of ``fields`` set to its value (the last
+    segment may add a key to an existing object); the sorted paths changed. The stored value is
+    never edited: it stays as evidence."""
+    if not isinstance(fields, dict) or not fields:
+        raise ValidationFailed("Send `fields`: an object of dotted paths and their corrected values.")
+    if len(fields) > MAX_CORRECTED_FIELDS:
+        raise ValidationFailed(f"At most {MAX_CORRECTED_FIELDS} fields can be corrected at once.")
+    copy = json.loads(json.dumps(document))
+    for path, value in fields.items():
+        parts = path.split(".") if isinstance(path, str) and 0 < len(path) <= 200 else []
+        if not parts or any(p == "" for p in parts):
+            raise ValidationFailed(f"{path!r} is not a dotted path (e.g. body.amount).")
+        node = copy
+        for part in parts[:-1]:
+            node = _child(node, part, path)
+        last = parts[-1]
+        if isinstance(node, dict):
+            node[last] = value
+        elif isinstance(node, list) and last.isdigit() and int(last) < len(node):
+            node[int(last)] = value
+        else:
+            raise ValidationFailed(f"Field {path!r} does not lead to a value of the stored payload.")
+    return copy, sorted(fields)
+
+
+def failed_event_correct(
+    *, tenant_id: int, event_pk: int, actor: str, fields: dict[str, Any], note: str, target_slug: str = ""
+) -> CorrectionResult:
+    """Replay a (quarantined) entry with corrected fields as the next version of its key
+    (DESIGN §7). The entry, its payload and its failed operation stay as they were — the
+    evidence —, and the history says who changed which fields and why.
+
+    Execute mode: the paths apply to the stored request (``body.amount``); the corrected
+    request is submitted as the next version (``{record}:{action}:v{n+1}``, same run and step)
+    for the workers, the original records it as ``replaced_by``, and the entry is resolved
+    pointing at it (``corrected_operation``). Guard mode: the paths apply to the stored payload,
+    which is replayed to the replay target under the next version's key (a Replay row with
+    ``corrected_fields``); the workflow claims that version itself.
+    """
+    note = _note(note)
+    if not note:
+        raise NoteRequired("A correction needs a note saying why the fields change.")
+    event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
+    if is_redacted(event.payload):
+        raise FailedEventClosed("This entry's payload was redacted by retention; there is nothing to correct.")
+    if event.status != FE.PENDING:
+        raise _not_replayable(event.pk, force=False)
+    original = Operation.objects.filter(pk=event.operation_id, tenant_id=tenant_id).first()
+    record, action, version = next_version_of(
+        tenant_id=tenant_id, key=event.original_key or event.event_id, operation=original
+    )
+    key = ledger_services.versioned_key(record=record, action=action, version=version)
+    if original is not None and original.mode == OperationMode.EXECUTE:
+        request, changed = apply_corrections(open_json(original.request), fields)
+        what = f"corrected {', '.join(changed)} and sent again as {key}"
+        with transaction.atomic():
+            submitted = operation_submit(
+                tenant=Tenant.objects.get(pk=tenant_id),
+                key=key,
+                provider=provider_slug(original.provider_id) or "",
+                action=action,
+                request=request,
+                payload=open_json(original.payload),
+                callback_url=original.callback_url,
+                workflow_id=original.workflow_id,
+                workflow_version=original.workflow_version,
+                correlation_id=original.correlation_id,
+                run=original.run,
+                step=original.step,
+                record=record,
+                version=version,
+                actor=actor,
+            ).operation
+            if not _move(
+                event_pk=event.pk,
+                old=FE.PENDING,
+                new=FE.RESOLVED,
+                actor=actor,
+                note=f"{what} (operation {submitted.pk}): {note}",
+                status_note=f"{what}: {note}",
+                corrected_operation=submitted,
+            ):
+                raise _not_replayable(event.pk, force=False)
+            # The failed original points at its correction (a key of the versioned form but
+            # claimed without parts is not found by the version's own replacement step).
+            Operation.objects.filter(pk=original.pk, replaced_by__isnull=True).update(replaced_by=submitted)
+            _correction_event(original=original, actor=actor, text=f"{what} (operation {submitted.pk}): {note}")
+        event.refresh_from_db()
+        log.info("dlq_corrected event=%s operation=%s key=%s", event.pk, submitted.pk, key)
+        return CorrectionResult(event=event, key=key, version=version, operation=submitted, replay=None)
+    payload, changed = apply_corrections(open_payload(event.payload), fields)
+    replay = failed_event_replay(
+        tenant_id=tenant_id,
+        event_pk=event.pk,
+        actor=actor,
+        target_slug=target_slug,
+        note=note,
+        correction=Correction(payload=payload, sent_key=key, fields=changed),
+    )
+    if original is not None:
+        _correction_event(
+            original=original,
+            actor=actor,
+            text=f"corrected {', '.join(changed)} and replayed as {key} (replay #{replay.number}): {note}",
+        )
+    event.refresh_from_db()
+    log.info("dlq_corrected event=%s replay=%s key=%s outcome=%s", event.pk, replay.number, key, replay.outcome)
+    return CorrectionResult(event=event, key=key, version=version, operation=None, replay=replay)
+
+
+def _correction_event(*, original: Operation, actor: str, text: str) -> None:
+    """The original operation's history says it was corrected (it stays ``failed``)."""
+    OperationEvent.objects.create(
+        operation_id=original.pk,
+        from_status=original.status,
+        to_status=original.status,
+        actor=actor[:150],
+        reason=ledger_services.sanitize_message(text),
+        attempt=None,
+        at=Now(),
+    )
 
 
 # --- Bulk replay -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ urlpatterns = [
     path("events/<int:event_id>/replay", apis.FailedEventReplayApi.as_view(), name="dlq-event-replay"),
     path("events/<int:event_id>/resolve", apis.FailedEventResolveApi.as_view(), name="dlq-event-resolve"),
     path("events/<int:event_id>/discard", apis.FailedEventDiscardApi.as_view(), name="dlq-event-discard"),
+    path("events/<int:event_id>/correct", apis.FailedEventCorrectApi.as_view(), name="dlq-event-correct"),
     path("replays", apis.BulkReplayApi.as_view(), name="dlq-bulk-replays"),
     path("replays/<int:bulk_id>", apis.BulkReplayDetailApi.as_view(), name="dlq-bulk-replay-detail"),
 ]

@@ -61,6 +61,35 @@ ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {
 }
 
 
+class Checkpoint(models.TextChoices):
+    """A step's state as its run shows it (DESIGN §3, runs): what an operator needs to know to
+    resume a business transaction — done, failed (not done, and nothing will do it on its
+    own), uncertain (may have happened), in progress, or pending (not yet, but it will be)."""
+
+    PENDING = "pending", "pending"
+    IN_PROGRESS = "in_progress", "in progress"
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+    UNCERTAIN = "uncertain", "uncertain"
+
+
+# Every ledger state in exactly one checkpoint state; the runs API and console read this.
+CHECKPOINT_OF: dict[str, str] = {
+    S.QUEUED: Checkpoint.PENDING,
+    # nothing happened yet; a worker (or, guard mode, its caller) retries it.
+    S.RETRY_WAIT: Checkpoint.PENDING,
+    S.CLAIMED: Checkpoint.IN_PROGRESS,
+    S.UNCERTAIN: Checkpoint.UNCERTAIN,
+    S.REVIEW: Checkpoint.UNCERTAIN,
+    S.SUCCEEDED: Checkpoint.DONE,
+    S.FAILED: Checkpoint.FAILED,
+    # not done, and decided so (a cancel, a reviewer, a newer version, "not wanted"): the run
+    # shows why; a resume never re-drives it.
+    S.ABANDONED: Checkpoint.FAILED,
+}
+assert set(CHECKPOINT_OF) == set(S.values), "every state needs its checkpoint state"
+
+
 def sources_of(target: str) -> frozenset[str]:
     """Every state a row may move to ``target`` from, read off the table above."""
     return frozenset(s for s, targets in ALLOWED_TRANSITIONS.items() if s is not None and target in targets)
