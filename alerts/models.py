@@ -7,10 +7,13 @@ commit (``alerts.services``).
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from ledger.errors import DestinationNotAllowed
 from ledger.models import Tenant
+from ledger.outbound import outbound_check
 
 
 class AlertChannelKind(models.TextChoices):
@@ -45,6 +48,15 @@ class AlertChannel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.name} ({self.kind})"
+
+    def clean(self) -> None:
+        # Console saves: the webhook URL passes the outbound policy and is stored in canonical
+        # form (alerts.services.alert_channel_upsert does the same; delivery checks after DNS).
+        if self.url:
+            try:
+                self.url = outbound_check(self.url, purpose="alert webhook URL").url
+            except DestinationNotAllowed as exc:
+                raise ValidationError({"url": exc.detail}) from None
 
 
 class AlertState(models.TextChoices):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from ledger.errors import DestinationNotAllowed
 from ledger.models import ErrorClass, Operation, Tenant
+from ledger.outbound import outbound_check
 
 
 class FailedEventStatus(models.TextChoices):
@@ -89,6 +92,15 @@ class ReplayTarget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.slug}"
+
+    def clean(self) -> None:
+        # Console saves: the URL passes the outbound policy and is stored in canonical form
+        # (dlq.services.replay_target_upsert does the same; the send checks again after DNS).
+        if self.url:
+            try:
+                self.url = outbound_check(self.url, purpose="replay target URL").url
+            except DestinationNotAllowed as exc:
+                raise ValidationError({"url": exc.detail}) from None
 
 
 class FailedEvent(models.Model):

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from ledger import storable
 from ledger.credentials import credential_value
 from ledger.crypto import open_json
 from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider, ProviderKind, Tenant
@@ -227,23 +228,39 @@ def prepare_request(
     )
 
 
-def sign(*, secret: str, body: bytes, timestamp: int | None = None) -> str:
-    """``t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>`` (Stripe's scheme)."""
+def sign(*, secret: str | list[str], body: bytes, timestamp: int | None = None) -> str:
+    """``t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>`` (Stripe's scheme).
+
+    Several secrets (during a rotation's overlap: the new one first, then the previous one)
+    give one ``v1=`` each: ``t=…,v1=<new>,v1=<old>``. A receiver accepts the callback when any
+    ``v1`` matches a secret it holds (:func:`verify_signature`), so it can switch to the new
+    secret at any moment of the overlap."""
     ts = int(time.time()) if timestamp is None else timestamp
-    mac = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={ts},v1={mac}"
+    keys = [secret] if isinstance(secret, str) else list(secret)
+    macs = [hmac.new(k.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest() for k in keys]
+    return ",".join([f"t={ts}", *(f"v1={mac}" for mac in macs)])
 
 
 def verify_signature(*, secret: str, body: bytes, header: str, tolerance_seconds: int = 300) -> bool:
-    """What a callback receiver does (also used by the tests)."""
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    """What a callback receiver does (also used by the tests): the timestamp is recent and
+    one of the ``v1`` signatures is the HMAC under ``secret``."""
+    timestamps: list[str] = []
+    signatures: list[str] = []
+    for part in header.split(","):
+        name, sep, value = part.strip().partition("=")
+        if sep and name == "t":
+            timestamps.append(value)
+        elif sep and name == "v1":
+            signatures.append(value)
     try:
-        ts = int(parts["t"])
-    except (KeyError, ValueError):
+        (ts_text,) = timestamps
+        ts = int(ts_text)
+    except ValueError:
         return False
     if abs(time.time() - ts) > tolerance_seconds:
         return False
-    return hmac.compare_digest(sign(secret=secret, body=body, timestamp=ts), header)
+    expected = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+    return any(hmac.compare_digest(expected, candidate) for candidate in signatures)
 
 
 # --- Sending ------------------------------------------------------------------------------
@@ -271,12 +288,16 @@ def _read_body(response: httpx.Response, *, deadline: float, limit: int) -> tupl
 
 
 def _decode(raw: bytes, complete: bool) -> Any:
+    """The answer's JSON, or None when there is none — or none that could be stored and read
+    back (ledger.storable: too deep, NaN, lone surrogates, NUL): such an answer counts as an
+    answer without a body, never as a crash while recording it."""
     if not raw or not complete:
         return None
     try:
-        return json.loads(raw)
-    except ValueError:
+        value = storable.loads(raw)
+    except storable.NotStorable:
         return None
+    return None if storable.nul_problem(value) is not None else value
 
 
 def send(

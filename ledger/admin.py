@@ -19,7 +19,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ledger import display, services
+from ledger import callbacks, display, services
+from ledger.credentials import credential_is_set, sealed_credential
 from ledger.errors import DomainError
 from ledger.models import (
     OPEN_STATES,
@@ -256,7 +257,9 @@ class OperationAdmin(ReadOnlyAdmin):
     @admin.display(description="age", ordering="created_at")
     def age(self, obj: Operation) -> str:
         return format_html(
-            '{}<div class="og-muted">updated {}</div>', display.age(obj.created_at), display.age(obj.updated_at)
+            '{}<div class="og-muted og-nowrap">updated {}</div>',
+            display.age(obj.created_at),
+            display.age(obj.updated_at),
         )
 
     @admin.display(description="error of the last failed attempt")
@@ -432,7 +435,8 @@ class AttemptAdmin(ReadOnlyAdmin):
     list_filter = ["outcome", "error_class"]
     search_fields = ["=operation__key", "=provider_ref", "=execution_id"]
     list_select_related = ["operation"]
-    exclude = ["response_body"]
+    # The lease token is the holder's credential for the attempt: nobody reads it here.
+    exclude = ["response_body", "lease_token"]
     show_full_result_count = False
 
 
@@ -447,8 +451,44 @@ class OperationEventAdmin(ReadOnlyAdmin):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
+    """A tenant's settings. The callback signing secret is never displayed (whoever may view
+    tenants — reviewers, auditors, operators — could otherwise sign callbacks as the service):
+    the page says whether it is set and when it was made; the rotate action shows a new one
+    once, to those who may change tenants, and the previous one keeps signing for
+    CALLBACK_SECRET_OVERLAP_SECONDS."""
+
     list_display = ["slug", "name", "created_at"]
     search_fields = ["slug", "name"]
+    exclude = ["callback_secret", "callback_secret_previous", "callback_secret_rotated_at"]
+    readonly_fields = ["callback_secret_state"]
+    actions = ["rotate_callback_secret"]
+
+    @admin.display(description="callback signing secret")
+    def callback_secret_state(self, obj: Tenant) -> str:
+        return callbacks.callback_secret_summary(obj)
+
+    @admin.action(description="Rotate the callback signing secret (shown once)", permissions=["change"])
+    def rotate_callback_secret(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> HttpResponse | None:
+        if queryset.count() != 1:
+            messages.error(request, "Rotate one tenant's secret at a time: each new secret is shown once.")
+            return None
+        tenant = queryset.get()
+        secret = callbacks.tenant_callback_secret(
+            tenant_id=tenant.pk, rotate=True, actor=f"user:{request.user.get_username()}"
+        )
+        tenant.refresh_from_db()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"New callback signing secret of {tenant.slug}",
+            "opts": self.opts,
+            "tenant": tenant,
+            "secret": secret,
+            "summary": callbacks.callback_secret_summary(tenant),
+        }
+        response = TemplateResponse(request, "admin/ledger/tenant/secret_once.html", context)
+        # Shown once: never cached, never kept in the session or a message cookie.
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 @admin.register(ApiKey)
@@ -529,12 +569,72 @@ class ConfigChangeAdmin(ReadOnlyAdmin):
         return "" if obj.after is None else json.dumps(obj.after, sort_keys=True, ensure_ascii=False)
 
 
+class ProviderForm(forms.ModelForm):
+    """The provider's credential is write-only: typed to set or replace it, a box to clear
+    it, never rendered back (ledger.credentials). Provider.clean checks the URLs against the
+    outbound policy and an environment reference against the tenant's declared set."""
+
+    new_credential = forms.CharField(
+        required=False,
+        label="Credential",
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Sent as the value of the auth header. Write-only: type a value to set or replace the stored"
+        " one; it is stored encrypted and never shown again.",
+    )
+    clear_credential = forms.BooleanField(required=False, label="Clear the stored credential")
+
+    class Meta:
+        model = Provider
+        fields = "__all__"
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("new_credential") and data.get("clear_credential"):
+            raise forms.ValidationError("Set a new credential or clear it, not both.")
+        return data
+
+    def save(self, commit: bool = True) -> Provider:
+        provider = super().save(commit=False)
+        if self.cleaned_data.get("clear_credential"):
+            provider.auth_secret = None
+        elif self.cleaned_data.get("new_credential"):
+            provider.auth_secret = sealed_credential(self.cleaned_data["new_credential"])
+        if commit:
+            provider.save()
+            self.save_m2m()
+        return provider
+
+
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin):
-    list_display = ["slug", "tenant", "idempotency_class", "base_url", "max_attempts", "throttled_until", "paused_at"]
+    form = ProviderForm
+    list_display = [
+        "slug",
+        "tenant",
+        "idempotency_class",
+        "base_url",
+        "credential_state",
+        "max_attempts",
+        "throttled_until",
+        "paused_at",
+    ]
     list_filter = ["tenant", "idempotency_class"]
     search_fields = ["slug", "base_url"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # Slugs are how operations, claims and caches name a provider: fixed once created.
-        return ["tenant", "slug"] if obj is not None else []
+        return ["tenant", "slug", "credential_state"] if obj is not None else ["credential_state"]
+
+    @admin.display(description="credential")
+    def credential_state(self, obj: Provider) -> str:
+        if credential_is_set(obj):
+            return "set (stored encrypted; never shown)"
+        if obj.auth_secret_env:
+            return f"from the environment variable {obj.auth_secret_env}"
+        return "not set"
+
+    def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        # Workers and the API read providers through a per-process cache: forget this one here.
+        services.provider_cache_forget(obj)

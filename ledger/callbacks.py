@@ -13,10 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
 
 from ledger.config_changes import config_change_record
 from ledger.crypto import open_json
@@ -76,17 +79,25 @@ def callback_url_check(*, tenant: Tenant, url: str) -> str:
 
 
 def tenant_callback_secret(*, tenant_id: int, rotate: bool = False, actor: str = "system") -> str:
-    """The tenant's signing secret, created on first use (a guarded update: two racing
-    first uses agree on one secret). Creating or replacing it is a recorded configuration
-    change (the value masked)."""
+    """The tenant's current signing secret, created on first use (a guarded update: two
+    racing first uses agree on one secret). ``rotate`` makes a new one and keeps the old one
+    as ``callback_secret_previous``: both sign until ``CALLBACK_SECRET_OVERLAP_SECONDS`` after
+    the rotation (a second rotation within that window ends the oldest at once). Creating or
+    replacing it is a recorded configuration change (the value masked). The caller shows the
+    value once — when it was just made — and never again (manage.py tenant_callback_secret,
+    the console's rotate action)."""
     fresh = secrets.token_urlsafe(32)
     with transaction.atomic():
         if rotate:
-            changed = Tenant.objects.filter(pk=tenant_id).update(callback_secret=fresh)
+            changed = Tenant.objects.filter(pk=tenant_id).update(
+                callback_secret_previous=F("callback_secret"),
+                callback_secret=fresh,
+                callback_secret_rotated_at=timezone.now(),
+            )
         else:
             changed = Tenant.objects.filter(pk=tenant_id, callback_secret="").update(callback_secret=fresh)
         if changed:
-            tenant = Tenant.objects.only("pk", "slug").get(pk=tenant_id)
+            tenant = Tenant.objects.only("pk", "slug", "callback_secret_previous").get(pk=tenant_id)
             config_change_record(
                 tenant_id=tenant_id,
                 actor=actor,
@@ -94,11 +105,42 @@ def tenant_callback_secret(*, tenant_id: int, rotate: bool = False, actor: str =
                 object_type=tenant._meta.label_lower,
                 object_id=tenant_id,
                 object_repr=tenant.slug,
-                before={"callback_secret": "" if not rotate else "(previous)"},
+                before={"callback_secret": tenant.callback_secret_previous if rotate else ""},
                 after={"callback_secret": fresh},
                 secret_fields=("callback_secret",),
             )
+    if rotate:
+        return fresh
     return Tenant.objects.values_list("callback_secret", flat=True).get(pk=tenant_id)
+
+
+def _overlap_seconds() -> float:
+    return float(settings.ONCEGUARD.get("CALLBACK_SECRET_OVERLAP_SECONDS", 86400))
+
+
+def callback_signing_secrets(*, tenant_id: int) -> list[str]:
+    """The secrets a callback is signed with now: the current one, and the previous one
+    while the rotation's overlap lasts (one ``v1=`` signature each, current first)."""
+    current = tenant_callback_secret(tenant_id=tenant_id)
+    previous, rotated_at = Tenant.objects.values_list("callback_secret_previous", "callback_secret_rotated_at").get(
+        pk=tenant_id
+    )
+    if previous and rotated_at and timezone.now() < rotated_at + timedelta(seconds=_overlap_seconds()):
+        return [current, previous]
+    return [current]
+
+
+def callback_secret_summary(tenant: Tenant) -> str:
+    """What the console says about the secret instead of showing it."""
+    if not tenant.callback_secret:
+        return "not set (made at the first submission with a callback_url, or by rotating)"
+    text = "set; shown only when made or rotated"
+    if tenant.callback_secret_rotated_at:
+        until = tenant.callback_secret_rotated_at + timedelta(seconds=_overlap_seconds())
+        text += f"; last rotated {tenant.callback_secret_rotated_at:%Y-%m-%d %H:%M} UTC"
+        if tenant.callback_secret_previous and timezone.now() < until:
+            text += f"; the previous secret also signs until {until:%Y-%m-%d %H:%M} UTC"
+    return text
 
 
 def callback_provider(*, tenant_id: int) -> Provider:

@@ -297,9 +297,10 @@ def _send(*, op: Operation, provider: Provider, client: httpx.Client) -> adapter
         if not callbacks.callback_url_allowed(allow_list=tenant.callback_allow_list, url=url):
             return adapters.Outcome(ErrorClass.INVALID_INPUT, message="callback URL no longer allowed", sent=False)
         body = callbacks.callback_body(callback_operation=op)
-        secret = callbacks.tenant_callback_secret(tenant_id=op.tenant_id)
-        # Signed per attempt: the signature covers the time of sending (receivers bound its age).
-        signature = {adapters.SIGNATURE_HEADER: adapters.sign(secret=secret, body=body)}
+        # Signed per attempt: the signature covers the time of sending (receivers bound its age);
+        # during a rotation's overlap under the new and the previous secret.
+        secrets_now = callbacks.callback_signing_secrets(tenant_id=op.tenant_id)
+        signature = {adapters.SIGNATURE_HEADER: adapters.sign(secret=secrets_now, body=body)}
         return adapters.send(
             provider=provider, operation=op, client=client, callback_body=body, extra_headers=signature
         )

@@ -1227,9 +1227,15 @@ def provider_upsert(
             before=before,
             exclude=PROVIDER_STATE_FIELDS,
         )
-    PROVIDERS.forget((tenant.pk, slug))
-    PROVIDERS_BY_ID.forget(provider.pk)
+    provider_cache_forget(provider)
     return provider
+
+
+def provider_cache_forget(provider: Provider) -> None:
+    """This process's cached copies of ``provider`` go (other processes' within
+    PROVIDER_CACHE_SECONDS): after any change of its configuration."""
+    PROVIDERS.forget((provider.tenant_id, provider.slug))
+    PROVIDERS_BY_ID.forget(provider.pk)
 
 
 # --- Provider throttling and pausing (execute mode) -------------------------------------------

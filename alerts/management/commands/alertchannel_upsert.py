@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from alerts import services
 from alerts.models import AlertChannelKind
 from ledger.config_changes import cli_actor
+from ledger.errors import DomainError
 from ledger.models import Tenant
 
 
@@ -25,12 +26,16 @@ class Command(BaseCommand):
         if tenant is None:
             raise CommandError(f"No tenant {options['tenant']!r}.")
         kinds = [k.strip() for k in options["kinds"].split(",") if k.strip()] if options.get("kinds") else None
-        channel = services.alert_channel_upsert(
-            tenant=tenant,
-            name=options["name"],
-            kind=options["kind"],
-            url=options["url"],
-            kinds=kinds,
-            actor=cli_actor(),
-        )
+        # The URL must pass the outbound policy (ledger.outbound): refused with the reason.
+        try:
+            channel = services.alert_channel_upsert(
+                tenant=tenant,
+                name=options["name"],
+                kind=options["kind"],
+                url=options["url"],
+                kinds=kinds,
+                actor=cli_actor(),
+            )
+        except DomainError as exc:
+            raise CommandError(exc.detail) from None
         self.stdout.write(f"alert channel {tenant.slug}/{channel.name} ({channel.kind})")

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dlq import services
 from ledger.config_changes import cli_actor
+from ledger.errors import DomainError
 from ledger.models import Tenant
 
 
@@ -29,17 +30,21 @@ class Command(BaseCommand):
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
         if tenant is None:
             raise CommandError(f"No tenant {options['tenant']!r}.")
-        target = services.replay_target_upsert(
-            tenant=tenant,
-            slug=options["slug"],
-            url=options["url"],
-            idempotency_header=options.get("idempotency_header"),
-            timeout_seconds=options.get("timeout_seconds"),
-            is_default=True if options["default"] else None,
-            auto_replay=options.get("auto_replay"),
-            active=False if options["inactive"] else None,
-            actor=cli_actor(),
-        )
+        # The URL must pass the outbound policy (ledger.outbound): refused with the reason.
+        try:
+            target = services.replay_target_upsert(
+                tenant=tenant,
+                slug=options["slug"],
+                url=options["url"],
+                idempotency_header=options.get("idempotency_header"),
+                timeout_seconds=options.get("timeout_seconds"),
+                is_default=True if options["default"] else None,
+                auto_replay=options.get("auto_replay"),
+                active=False if options["inactive"] else None,
+                actor=cli_actor(),
+            )
+        except DomainError as exc:
+            raise CommandError(exc.detail) from None
         flags = [f for f, on in (("default", target.is_default), ("auto-replay", target.auto_replay)) if on]
         self.stdout.write(
             f"replay target {tenant.slug}/{target.slug} -> {target.url}"

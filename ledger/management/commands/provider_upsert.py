@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger import services
 from ledger.config_changes import cli_actor
+from ledger.errors import DomainError
 from ledger.models import IdempotencyClass, Tenant
 
 
@@ -30,6 +32,17 @@ class Command(BaseCommand):
         parser.add_argument("--base-delay-seconds", type=float)
         parser.add_argument("--max-delay-seconds", type=float)
         parser.add_argument("--unit-price")
+        parser.add_argument("--auth-header", help="the header the credential is sent in, e.g. Authorization")
+        parser.add_argument(
+            "--auth-secret-env",
+            help="read the credential from this environment variable (one of ONCEGUARD_SECRET_<TENANT>_…)",
+        )
+        parser.add_argument(
+            "--auth-secret-stdin",
+            action="store_true",
+            help="store the credential read from standard input, encrypted (never printed, never in argv)",
+        )
+        parser.add_argument("--clear-auth-secret", action="store_true", help="forget the stored credential")
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -49,12 +62,26 @@ class Command(BaseCommand):
             "base_delay_seconds",
             "max_delay_seconds",
             "unit_price",
+            "auth_header",
+            "auth_secret_env",
         ):
             if options.get(name) is not None:
                 fields[name] = options[name]
         if options.get("success_values") is not None:
             fields["success_values"] = [v.strip() for v in options["success_values"].split(",") if v.strip()]
-        provider = services.provider_upsert(tenant=tenant, slug=options["slug"], actor=cli_actor(), **fields)
+        if options["auth_secret_stdin"] and options["clear_auth_secret"]:
+            raise CommandError("Give --auth-secret-stdin or --clear-auth-secret, not both.")
+        if options["auth_secret_stdin"]:
+            secret = sys.stdin.readline().rstrip("\r\n")
+            if not secret:
+                raise CommandError("No credential on standard input.")
+            fields["auth_secret"] = secret
+        elif options["clear_auth_secret"]:
+            fields["auth_secret"] = ""
+        try:
+            provider = services.provider_upsert(tenant=tenant, slug=options["slug"], actor=cli_actor(), **fields)
+        except DomainError as exc:
+            raise CommandError(exc.detail) from None
         self.stdout.write(
             f"provider {tenant.slug}/{provider.slug} ({provider.idempotency_class}) -> {provider.base_url}"
         )
