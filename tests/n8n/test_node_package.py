@@ -9,6 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.n8n.support import PACKAGE_DIR, unavailable
@@ -64,3 +65,31 @@ def test_every_template_is_a_workflow_n8n_can_import() -> None:
             for credential in node.get("credentials", {}).values():
                 assert set(credential) == {"id", "name"}
     assert len(ids) == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_credential_test_request_reads_onceguard_with_the_key_and_fails_without_it(
+    node_package: Path, onceguard_url: str, api_key: str
+) -> None:
+    # The credential's own test request and header, read from the built class, sent as n8n
+    # would send them (n8n resolves the expressions; here: the same substitutions).
+    script = (
+        "const { OnceguardApi } = require(process.argv[1]);"
+        "const c = new OnceguardApi();"
+        "console.log(JSON.stringify({ test: c.test, auth: c.authenticate }));"
+    )
+    credential = node_package / "dist" / "credentials" / "OnceguardApi.credentials.js"
+    result = subprocess.run(["node", "-e", script, str(credential)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    described = json.loads(result.stdout)
+    request = described["test"]["request"]
+    assert request["baseURL"] == '={{$credentials.baseUrl.replace(/\\/+$/, "")}}'
+    assert described["auth"]["properties"]["headers"] == {"Authorization": "=Bearer {{$credentials.apiKey}}"}
+    url = f"{onceguard_url}{request['url']}"
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        good = client.request(
+            request["method"], url, params=request["qs"], headers={"Authorization": f"Bearer {api_key}"}
+        )
+        bad = client.request(request["method"], url, params=request["qs"], headers={"Authorization": "Bearer og_wrong"})
+    assert good.status_code == 200, good.text
+    assert bad.status_code == 401 and bad.json()["code"] == "unauthenticated"
