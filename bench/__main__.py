@@ -44,7 +44,7 @@ INFO_CROSS = [("(c) replay / (f) floor", ("c http", "replay"), ("f framework flo
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("--ops", type=int, default=int(os.environ.get("BENCH_OPS", 3000)), help="ops per scenario")
+    p.add_argument("--ops", type=int, default=int(os.environ.get("BENCH_OPS", 1500)), help="ops per scenario")
     p.add_argument("--warmup", type=int, default=int(os.environ.get("BENCH_WARMUP", 200)), help="warm-up ops")
     p.add_argument(
         "--http-configs",
@@ -56,12 +56,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--http-ops",
         type=int,
-        default=int(os.environ.get("BENCH_HTTP_OPS", 1500)),
+        default=int(os.environ.get("BENCH_HTTP_OPS", 750)),
         help="ops per HTTP scenario (an HTTP fresh op is two requests; kept lower to stay within ~3 minutes)",
     )
     p.add_argument("--http-trial-ops", type=int, default=250, help="fresh ops per configuration trial")
     p.add_argument("--no-http", action="store_true", help="skip (c)")
-    p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 6)), help="interleaved rounds")
+    p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 5)), help="interleaved rounds")
     p.add_argument("--profile", action="store_true", help="profile (b) and (c) in-process instead of measuring")
     p.add_argument("--json", default=str(VAR / "bench-latest.json"), help="where to write the results")
     return p.parse_args(argv)
