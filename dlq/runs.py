@@ -116,7 +116,11 @@ def _step(op: Operation, *, entry: FailedEvent | None, last_outcomes: dict[int, 
         replayed = " (by a replay)" if current.pk != op.pk else ""
         step.advice = f"Done{replayed}: a repeat of its key answers with the recorded outcome, no second effect."
     elif current.status == S.FAILED:
-        if entry is None:
+        if current.replaced_by_id:
+            step.advice = (
+                f"Failed; replaced by a newer version (operation {current.replaced_by_id}), which is the step now."
+            )
+        elif entry is None:
             step.advice = "Failed, without a dead-letter entry to replay."
         elif entry.quarantine_reason and entry.status == FE.PENDING:
             step.advice = f"Quarantined: {entry.quarantine_reason} Correct its fields first (a corrected replay)."

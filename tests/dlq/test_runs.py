@@ -57,7 +57,9 @@ def get_run(client: Any, run: str = RUN) -> dict[str, Any]:
 
 
 def resume(client: Any, run: str = RUN, **body: Any) -> Any:
-    return client.post(f"/api/v1/runs/{quote(run, safe='')}/resume", {"note": "step 2 fixed upstream", **body}, format="json")
+    return client.post(
+        f"/api/v1/runs/{quote(run, safe='')}/resume", {"note": "step 2 fixed upstream", **body}, format="json"
+    )
 
 
 def test_a_three_step_run_where_step_2_failed_resumes_only_step_2(client, tenant, mock_enforced):
