@@ -238,7 +238,7 @@ class NoteForm(forms.Form):
 class FailedEventAdmin(ReadOnlyAdmin):
     """Read-only page: replay, resolve and discard below go through services."""
 
-    list_display = ["entry", "status_badge", "error", "workflow", "node", "retry_count", "replay_count", "failed"]
+    list_display = ["entry", "status_badge", "error", "workflow", "node", "retries", "replays", "failed"]
     list_display_links = ["entry"]
     list_filter = [
         "status",
@@ -353,6 +353,14 @@ class FailedEventAdmin(ReadOnlyAdmin):
     @admin.display(description="failed node", ordering="source_node")
     def node(self, obj: FailedEvent) -> str:
         return display.truncate(obj.source_node, 40) or display.EMPTY
+
+    @admin.display(description="retries", ordering="retry_count")
+    def retries(self, obj: FailedEvent) -> int:
+        return obj.retry_count
+
+    @admin.display(description="replays", ordering="replay_count")
+    def replays(self, obj: FailedEvent) -> int:
+        return obj.replay_count
 
     @admin.display(description="failed", ordering="failed_at")
     def failed(self, obj: FailedEvent) -> str:

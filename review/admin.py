@@ -249,9 +249,21 @@ class RetentionPolicyForm(forms.ModelForm):
 @admin.register(RetentionPolicy)
 class RetentionPolicyAdmin(admin.ModelAdmin):
     form = RetentionPolicyForm
-    list_display = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "updated_at"]
+    list_display = ["tenant", "record_type", "payload_kept", "record_kept", "held", "updated_at"]
     list_filter = ["tenant", "record_type", "legal_hold"]
     fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
+
+    @admin.display(description="payload kept", ordering="payload_ttl")
+    def payload_kept(self, obj: RetentionPolicy) -> str:
+        return display.duration_words(obj.payload_ttl) if obj.payload_ttl else "forever"
+
+    @admin.display(description="record kept", ordering="record_ttl")
+    def record_kept(self, obj: RetentionPolicy) -> str:
+        return display.duration_words(obj.record_ttl) if obj.record_ttl else "forever"
+
+    @admin.display(description="legal hold", ordering="legal_hold")
+    def held(self, obj: RetentionPolicy) -> str:
+        return display.yes_no(obj.legal_hold)
 
 
 @admin.register(AccessLogCheckpoint)
@@ -266,19 +278,7 @@ class AccessLogCheckpointAdmin(ReadOnlyAdmin):
 
 @admin.register(RetentionRun)
 class RetentionRunAdmin(ReadOnlyAdmin):
-    list_display = [
-        "started_at",
-        "tenant",
-        "status",
-        "trigger",
-        "redacted",
-        "deleted",
-        "discarded",
-        "tombstones_created",
-        "tombstones_expired",
-        "batches",
-        "finished_at",
-    ]
+    list_display = ["started", "tenant", "status_badge", "trigger", "removed", "tombstones", "batches", "took"]
     list_filter = ["status", "tenant", "trigger"]
     date_hierarchy = "started_at"
     list_select_related = ["tenant"]
@@ -300,6 +300,29 @@ class RetentionRunAdmin(ReadOnlyAdmin):
         "accesslog_anchor_hash",
         "error",
     ]
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj: RetentionRun) -> str:
+        return display.age(obj.started_at)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: RetentionRun) -> str:
+        tone = {"done": "good", "failed": "bad", "partial": "warn"}.get(obj.status, "busy")
+        return display.badge(obj.status, obj.get_status_display(), tone=tone)
+
+    @admin.display(description="redacted / deleted / discarded")
+    def removed(self, obj: RetentionRun) -> str:
+        return f"{obj.redacted} / {obj.deleted} / {obj.discarded}"
+
+    @admin.display(description="tombstones made / expired")
+    def tombstones(self, obj: RetentionRun) -> str:
+        return f"{obj.tombstones_created} / {obj.tombstones_expired}"
+
+    @admin.display(description="took")
+    def took(self, obj: RetentionRun) -> str:
+        if obj.finished_at is None:
+            return "running"
+        return display.duration_words(obj.finished_at - obj.started_at)
 
 
 @admin.register(Tombstone)

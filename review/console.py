@@ -29,11 +29,13 @@ from django.utils import timezone
 from django.utils.text import capfirst, slugify
 
 from dlq.models import FailedEvent
+from ledger import display
 from ledger.errors import DomainError
 from ledger.models import Operation, Tenant
 from review import privacy, security
 from review.changes import ConfigChangeAdminMixin
 from review.models import AccessAction
+from review.run_pages import run_page
 from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
 from review.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
 
@@ -101,7 +103,10 @@ class ConsoleAdminMixin:
         return base + [f for f in self._masked() if f not in base]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
-        return _strip(super().get_list_display(request), self._masked())  # type: ignore[misc]
+        columns = _strip(super().get_list_display(request), self._masked())  # type: ignore[misc]
+        # Flags are shown as neutral "yes"/"no" (the stock green tick / red cross says "good"
+        # or "bad", which a flag like "legal hold" or "weak identity" is not).
+        return [neutral_flag(self.model, c) if isinstance(c, str) else c for c in columns]  # type: ignore[attr-defined]
 
     def get_search_fields(self, request: HttpRequest) -> list[Any]:
         return _strip(super().get_search_fields(request), self._masked())  # type: ignore[misc]
@@ -149,7 +154,12 @@ class ConsoleAdminMixin:
         return extra + super().get_urls()  # type: ignore[misc]
 
     def export_columns(self, request: HttpRequest) -> list[str]:
-        return [c for c in self.get_list_display(request) if c != "action_checkbox" and isinstance(c, str)]
+        flags = set(_FLAGS.values())
+        return [
+            c if isinstance(c, str) else c.__name__
+            for c in self.get_list_display(request)
+            if c != "action_checkbox" and (isinstance(c, str) or c in flags)
+        ]
 
     def export_csv_view(self, request: HttpRequest) -> HttpResponse:
         """The current list — same filters, search and tenant scope — as CSV."""
@@ -196,6 +206,30 @@ class ConsoleAdminMixin:
         response["Content-Disposition"] = f'attachment; filename="{name}-{timezone.now():%Y%m%d-%H%M%S}.csv"'
         response["Cache-Control"] = "no-store"
         return response
+
+
+_FLAGS: dict[tuple[str, str], Any] = {}
+
+
+def neutral_flag(model: type[models.Model], name: str) -> Any:
+    """``name`` itself, or for a BooleanField a column showing yes/no without colour."""
+    try:
+        field = model._meta.get_field(name)
+    except Exception:
+        return name
+    if not isinstance(field, models.BooleanField):
+        return name
+    key = (model._meta.label_lower, name)
+    if key not in _FLAGS:
+
+        def column(obj: Any) -> str:
+            return display.yes_no(getattr(obj, name))
+
+        column.short_description = field.verbose_name  # type: ignore[attr-defined]
+        column.admin_order_field = name  # type: ignore[attr-defined]
+        column.__name__ = name
+        _FLAGS[key] = column
+    return _FLAGS[key]
 
 
 def label_for(name: str, model: type[models.Model], model_admin: Any) -> str:
@@ -271,7 +305,8 @@ class SubjectSearchForm(forms.Form):
 
 
 class ThrottledAuthenticationForm(AdminAuthenticationForm):
-    """The admin login, refusing attempts while a username or address is locked out."""
+    """The admin login, refusing attempts while this username from this address, or this
+    address, is locked out (review.security: nobody locks an account out from elsewhere)."""
 
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username") or ""
@@ -286,7 +321,7 @@ class ThrottledAuthenticationForm(AdminAuthenticationForm):
             if getattr(exc, "code", None) == "invalid_login":
                 security.login_failed(username=username, ip=ip)
             raise
-        security.login_succeeded(username=username)
+        security.login_succeeded(username=username, ip=ip)
         return data
 
 
@@ -336,6 +371,7 @@ class OnceguardAdminSite(admin.AdminSite):
                 name="onceguard_reveal",
             ),
             path("onceguard/subjects/", self.admin_view(self.subject_search_view), name="onceguard_subjects"),
+            path("onceguard/runs/", self.admin_view(self.run_view), name="onceguard_run"),
         ]
         return extra + super().get_urls()
 
@@ -416,6 +452,11 @@ class OnceguardAdminSite(admin.AdminSite):
         response["Cache-Control"] = "no-store"
         return response
 
+    # --- runs (review.run_pages) ----------------------------------------------------------------
+
+    def run_view(self, request: HttpRequest) -> HttpResponse:
+        return run_page(self, request)
+
     # --- data-subject search -------------------------------------------------------------------
 
     def subject_search_view(self, request: HttpRequest) -> HttpResponse:
@@ -475,7 +516,9 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
         "operations_url": ops_url() if can_ops else None,
         "eligible_url": ops_url("needs=due") if can_ops else None,
         "caller_url": ops_url("needs=caller") if can_ops else None,
-        "alerts_url": _changelist(site, "alerts", "alert", "state=open") if user.has_perm("alerts.view_alert") else None,
+        "alerts_url": _changelist(site, "alerts", "alert", "state=open")
+        if user.has_perm("alerts.view_alert")
+        else None,
         "dlq": [
             {"state": s, "label": label, "count": n, "url": dlq_url(f"status__exact={s}") if can_dlq else None}
             for s, label, n in numbers["dlq"]
