@@ -133,7 +133,7 @@ def test_detail_pages_lead_with_the_story_and_keep_fields_collapsed(console):
     assert story.bounding_box()["y"] < technical.bounding_box()["y"]
     assert technical.evaluate("e => e.open") is False
     assert "Waiting for a reviewer" in story.inner_text()
-    assert "Error of the last failed attempt" in story.inner_text()
+    assert "error of the last failed attempt" in story.inner_text().lower()
     tab.shot("01-operation-story")
     tab.go(f"/admin/dlq/failedevent/{made['dlq_stuck']}/change/")
     assert "CRM: Create Contact" in tab.page.inner_text("[data-testid=story]")
