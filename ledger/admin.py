@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from ledger import callbacks, display, services
 from ledger.credentials import credential_is_set, sealed_credential
@@ -34,7 +35,7 @@ from ledger.models import (
     Provider,
     Tenant,
 )
-from ledger.selectors import operation_search
+from ledger.selectors import operation_search, run_of
 from ledger.story import operation_story
 
 S = OperationStatus
@@ -161,7 +162,7 @@ class OperationAdmin(ReadOnlyAdmin):
     inlines = [AttemptInline, EventInline]
     change_form_template = "admin/ledger/operation/change_form.html"
     actions = ["cancel_selected", "retry_now_selected"]
-    readonly_fields = ["last_attempt_error", "sent_marker_uses", "superseded_by"]
+    readonly_fields = ["last_attempt_error", "sent_marker_uses", "superseded_by", "run_page", "replaced_by"]
     fieldsets = [
         (
             "Identity",
@@ -203,6 +204,11 @@ class OperationAdmin(ReadOnlyAdmin):
                     "superseded_by",
                 ]
             },
+        ),
+        # Issue 13: the run it is a step of (its page shows every step), its versioned key's parts.
+        (
+            "Run and version",
+            {"fields": ["run_page", "step", "record", "version", "replaced_by", "eligibility_confirmed_at"]},
         ),
         ("Outcome", {"fields": ["provider_ref", "response_status", "last_attempt_error"]}),
         ("Sweeper", {"fields": ["reconcile_until", "lookup_failures", "alerted_at"]}),
@@ -274,6 +280,16 @@ class OperationAdmin(ReadOnlyAdmin):
     @admin.display(description="sender writes the sent marker")
     def sent_marker_uses(self, obj: Operation) -> str:
         return display.yes_no(obj.uses_sent_marker or obj.mode == OperationMode.EXECUTE)
+
+    @admin.display(description="run")
+    def run_page(self, obj: Operation) -> str:
+        run = run_of(run=obj.run, correlation_id=obj.correlation_id)
+        if not run:
+            return display.EMPTY
+        # The console site's run page (review.run_pages), by URL name: the ledger imports nothing above it.
+        url = reverse(f"{self.admin_site.name}:onceguard_run") + "?" + urlencode({"run": run, "tenant": obj.tenant_id})
+        source = "" if obj.run else " (its correlation id)"
+        return format_html('<a href="{}">{}</a>{}', url, run, source)
 
     # --- detail: the story first ---
 
