@@ -298,6 +298,10 @@ ONCEGUARD = {
     "CALLBACK_SECRET_OVERLAP_SECONDS": env_int("CALLBACK_SECRET_OVERLAP_SECONDS", 86400),
     "CALLBACK_TIMEOUT_SECONDS": env_int("CALLBACK_TIMEOUT_SECONDS", 5),
     "CALLBACK_MAX_ATTEMPTS": env_int("CALLBACK_MAX_ATTEMPTS", 8),
+    # Eligibility rechecks (ledger.eligibility): how long the tenant's webhook may take to
+    # answer "still wanted?", and how long a retry that got no answer waits before it is asked again.
+    "ELIGIBILITY_TIMEOUT_SECONDS": env_int("ELIGIBILITY_TIMEOUT_SECONDS", 5),
+    "ELIGIBILITY_ASK_INTERVAL_SECONDS": env_int("ELIGIBILITY_ASK_INTERVAL_SECONDS", 30),
     # Identifier shapes of this deployment masked in stored error text besides e-mail
     # addresses, phone numbers, tokens and keys (ledger.redaction): regular expressions, one
     # per line, e.g. ERROR_SCRUB_PATTERNS='\bCUST-\d{8}\b'. Compiled here so a bad one
