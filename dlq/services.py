@@ -61,7 +61,7 @@ from dlq.models import (
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
-from ledger import adapters, tasks
+from ledger import adapters, storable, tasks
 from ledger import services as ledger_services
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.crypto import open_json
@@ -376,10 +376,17 @@ def _read_answer(response: httpx.Response) -> Any:
         data += chunk
         if len(data) > keep:
             break
+    if not data:
+        return None
     try:
-        return json.loads(data[:keep]) if data else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return {"text": data[:keep].decode("utf-8", errors="replace")[:2000]}
+        value = storable.loads(data[:keep])
+    except storable.NotStorable:
+        pass
+    else:
+        if storable.nul_problem(value) is None:
+            return value
+    # Kept as text, as it can be stored: no NUL (PostgreSQL), no lone surrogate (replaced).
+    return {"text": data[:keep].decode("utf-8", errors="replace").replace("\x00", "")[:2000]}
 
 
 def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: int, number: int) -> TargetAnswer:

@@ -25,6 +25,7 @@ from alerts.services import alert_channel_upsert
 from alerts.tasks import alert_dispatch_task
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
+from ledger import adapters
 from ledger.crypto import open_json
 from ledger.execute import operation_submit
 from ledger.models import Operation, Provider, Tenant
@@ -209,6 +210,61 @@ def test_extreme_but_representable_values_survive_a_dlq_replay_unchanged(api, re
     assert replayed.status_code == 201, replayed.content
     assert replayed.json()["outcome"] == "succeeded"
     assert [same_json(r.json()) for r in sink.received()] == [same_json(payload)]
+    readable()
+
+
+UNSTORABLE_ANSWERS = {
+    "lone surrogate": b'{"id": "t-1", "note": "\\ud800"}',
+    "NaN": b'{"id": "t-1", "amount": NaN}',
+    "NUL": b'{"id": "t-1", "note": "a\\u0000b"}',
+    "100k deep": b'{"id": "t-1", "deep": ' + b"[" * 30_000 + b"]" * 30_000 + b"}",
+    "5000-digit integer": b'{"id": "t-1", "n": ' + b"9" * 5000 + b"}",
+}
+
+
+@pytest.mark.parametrize("encrypt", [True, False], ids=["sealed", "plain jsonb"])
+@pytest.mark.parametrize("answer", UNSTORABLE_ANSWERS.values(), ids=UNSTORABLE_ANSWERS.keys())
+def test_a_replay_target_answering_json_that_cannot_be_stored_is_recorded_as_text_not_a_crash(
+    api, readable, tenant, settings, answer, encrypt
+):
+    settings.ONCEGUARD_PRIVACY = {**getattr(settings, "ONCEGUARD_PRIVACY", {}), "ENCRYPT": encrypt}
+    sink = Sink().start()
+    sink.answer_body = answer
+    try:
+        dlq_services.replay_target_upsert(tenant=tenant, slug="rerun", url=f"{sink.url}/rerun", is_default=True)
+        created = post_dlq(api, envelope(event_id="answer-1"))
+
+        replayed = api.post(f"{DLQ_URL}/{created.json()['id']}/replay", {}, format="json")
+    finally:
+        sink.stop()
+
+    assert replayed.status_code == 201, replayed.content
+    assert replayed.json()["outcome"] == "succeeded"
+    readable()
+
+
+@pytest.mark.parametrize("answer", UNSTORABLE_ANSWERS.values(), ids=UNSTORABLE_ANSWERS.keys())
+def test_a_provider_answer_that_cannot_be_stored_is_read_as_no_body(answer):
+    assert adapters._decode(answer, True) is None
+
+
+@pytest.mark.parametrize("encrypt", [True, False], ids=["sealed", "plain jsonb"])
+def test_a_provider_answer_with_nul_counts_as_no_body_not_a_crash(
+    api, readable, tenant, mock_enforced, settings, encrypt
+):
+    # (Only NUL can be scripted: the script travels as strict JSON in UTF-8. The decoding of
+    # the other unstorable answers is checked above.)
+    settings.ONCEGUARD_PRIVACY = {**getattr(settings, "ONCEGUARD_PRIVACY", {}), "ENCRYPT": encrypt}
+    configure_provider(tenant, mock_enforced, slug="charges", enforced=True)
+    mock_enforced.script([{"status": 201, "body": {"id": "ch_1", "status": "succeeded", "n": "a\x00"}}])
+    op = operation_submit(
+        tenant=tenant, key="answer-2", provider="charges", request={"method": "POST", "path": "/charges"}
+    ).operation
+
+    (row,) = run_due()
+
+    # Without a readable body there is no ref: the outcome is reconciled, never guessed.
+    assert row.pk == op.pk and row.status == "uncertain", row.status
     readable()
 
 

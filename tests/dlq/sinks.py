@@ -35,8 +35,9 @@ class Sink:
         self.mode = "ok"
         self.status = 200
         self.delay = 0.0
-        # Extra headers on every answer (e.g. a Retry-After).
+        # Extra headers on every answer (e.g. a Retry-After), and a body instead of the usual.
         self.answer_headers: dict[str, str] = {}
+        self.answer_body: bytes | None = None
         self.release = threading.Event()
         sink = self
 
@@ -48,13 +49,15 @@ class Sink:
                     sink.requests.append(Received("POST", self.path, dict(self.headers.items()), body))
                     number = len(sink.requests)
                     mode, status, delay = sink.mode, sink.status, sink.delay
-                    extra = dict(sink.answer_headers)
+                    extra, body_override = dict(sink.answer_headers), sink.answer_body
                 if mode == "hang":
                     sink.release.wait(timeout=1.0)
                 elif mode == "slow":
                     threading.Event().wait(min(delay, 1.0))
                 code = status if mode == "status" else 200
                 answer = json.dumps({"id": f"sink-{number}", "ok": code < 300}).encode()
+                if body_override is not None:
+                    answer = body_override
                 try:
                     self.send_response(code)
                     self.send_header("Content-Type", "application/json")
