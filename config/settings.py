@@ -14,6 +14,7 @@ from pathlib import Path
 import dj_database_url
 
 from ledger.logs import logging_config
+from ledger.secret_files import read_or_create_secret_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("ONCEGUARD_VAR_DIR", BASE_DIR / "var"))
@@ -36,11 +37,8 @@ def _secret_key() -> str:
     """SECRET_KEY from the environment, else a local one generated once under var/."""
     if os.environ.get("SECRET_KEY"):
         return os.environ["SECRET_KEY"]
-    path = VAR_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    # Mode 600 from birth, never half-written; two processes starting at once agree on one.
+    return read_or_create_secret_file(VAR_DIR / "secret_key", secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()
@@ -214,6 +212,10 @@ if not DEBUG and SECURE_COOKIES:
     # takes effect only when the registrable domain itself is submitted: safe defaults.
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+
+# The deployment's own reverse proxies (comma-separated CIDRs): only a request from one of
+# them has its X-Forwarded-For read for the client's address (login throttling, access log).
+TRUSTED_PROXIES = [c.strip() for c in os.environ.get("TRUSTED_PROXIES", "").split(",") if c.strip()]
 
 # Bodies larger than this are refused with 413 before anything is parsed or stored.
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 1024 * 1024)

@@ -38,6 +38,7 @@ from django.conf import settings
 from django.db import transaction
 
 from ledger import hooks
+from ledger.secret_files import write_secret_file
 
 log = logging.getLogger("onceguard.crypto")
 
@@ -119,16 +120,10 @@ def key_file_path() -> Path:
 def _embedded_spec() -> tuple[str, str]:
     path = key_file_path()
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
         key_id = "local1"
-        # O_EXCL: two processes starting at once never write two different keys.
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(f"{key_id}:{Fernet.generate_key().decode()}\n")
+        # Mode 600 and complete from birth (ledger.secret_files): two processes starting at
+        # once never write two different keys, and neither reads a half-written one.
+        if write_secret_file(path, f"{key_id}:{Fernet.generate_key().decode()}\n"):
             log.warning("encryption_key_generated path=%s (back this file up; set %s in production)", path, KEYS_ENV)
     return path.read_text().strip().replace("\n", ","), str(path)
 

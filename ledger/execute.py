@@ -191,7 +191,8 @@ def operation_submit(
     Validation and admission raise before anything is written, so a corrected retry can
     succeed. Admission runs only for a key that is new: a replay is never refused.
     """
-    key = services.validate_key(key)
+    # A submitter's key: never one of the service's own key spaces (callback:, replay:, ~r{n}).
+    key = services.reserved_key_check(services.validate_key(key))
     provider_obj = execute_provider_for(tenant=tenant, slug=provider)
     envelope = normalize_envelope(request=request, provider=provider_obj)
     size = len(services.canonical_json(envelope).encode())

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,6 +55,7 @@ from ledger.errors import (
     OperationNotFound,
     OperationRetryScheduled,
     OperationVersionSuperseded,
+    ReservedKey,
     UnknownProvider,
     ValidationFailed,
 )
@@ -124,6 +126,25 @@ def validate_run(run: Any) -> str:
     if not isinstance(run, str) or len(run) > 255 or not run.isprintable() or run.strip() != run:
         raise ValidationFailed("`run` must be at most 255 printable characters without surrounding blanks.")
     return run
+
+
+# The service's own key spaces: a DLQ replay's ledger key (replay:{entry}:{n}, dlq.services),
+# a callback's (callback:{operation id}, ledger.callbacks) and the derived key of a "re-run as
+# new" ({key}~r{n}). A caller holding one would block that replay or silently suppress that
+# callback, so callers may not claim or submit them.
+RESERVED_KEY_PREFIXES = ("replay:", "callback:")
+_DERIVED_KEY = re.compile(r"~r[0-9]+$")
+
+
+def reserved_key_check(key: str) -> str:
+    """Refuse a key of the service's own key spaces with 400 ``reserved_idempotency_key``;
+    for keys that come from callers (``/claims``, submissions)."""
+    if key.startswith(RESERVED_KEY_PREFIXES) or _DERIVED_KEY.search(key):
+        raise ReservedKey(
+            "Keys starting with replay: or callback:, and keys ending in ~r<number>, belong to the service"
+            " (DLQ replays, callbacks, re-runs as new); choose another key."
+        )
+    return key
 
 
 def canonical_json(value: Any) -> str:
@@ -317,6 +338,8 @@ def operation_claim(
     ``queued`` or ``retry_wait`` and records itself as their ``replaced_by``.
     """
     key = validate_key(key)
+    if via_claims:
+        reserved_key_check(key)
     if record:
         if key != versioned_key(record=record, action=action, version=version):  # type: ignore[arg-type]
             raise InvalidKey("The key is not the composition {record}:{action}:v{version} of the parts sent.")

@@ -32,6 +32,7 @@ from dlq import services as dlq_services
 from dlq.models import FailedEvent
 from ledger import outbound, services
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from ledger.secret_files import write_secret_file
 from review import privacy
 from review.models import RetentionPolicy, StaffTenant
 from review.retention import retention_purge_tenant
@@ -273,7 +274,7 @@ def demo_seed() -> dict[str, Any]:
         )
     }
     path = Path(settings.VAR_DIR) / "demo-users.txt"
-    path.write_text("".join(f"{u} / {p}\n" for u, p in made["users"].items()))
-    path.chmod(0o600)
+    # Mode 600 from birth (ledger.secret_files): the demo staff's passwords.
+    write_secret_file(path, "".join(f"{u} / {p}\n" for u, p in made["users"].items()), replace=True)
     made["users_file"] = str(path)
     return made

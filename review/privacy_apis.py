@@ -1,5 +1,9 @@
 """Payload reveal over the API: the key's `payload` scope, a reason, an AccessLog row.
 
+``POST`` with the reason (and optionally the fields) in the JSON body: a reason says why
+someone looked at a person's data, and query strings end up in proxy and server access logs,
+browser history and referrers — the body does not.
+
 The `payload` scope is deliberately NOT implied by `admin`: handing an automation an admin
 key must not hand it the personal data in every payload. The key's tenant bounds what it
 can reveal; the AccessLog actor is ``apikey:<prefix>``.
@@ -9,16 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from dlq.models import FailedEvent
-from ledger.errors import DomainError, OperationNotFound
+from ledger.errors import DomainError, OperationNotFound, ValidationFailed
 from ledger.models import Operation
+from ledger.serializer_reuse import validated_data
 from review import privacy
+from review.security import client_ip
 
 PAYLOAD_SCOPE = "payload"
 
@@ -42,19 +48,24 @@ def _require_payload_scope(request: Request) -> None:
         raise exceptions.PermissionDenied("Revealing payloads needs an API key with the 'payload' scope.")
 
 
-def _fields(request: Request) -> list[str]:
-    raw = request.query_params.get("fields", "")
-    return [f.strip() for f in raw.split(",") if f.strip()]
+class PayloadRevealInputSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, help_text="why (logged; at least 8 characters)")
+    fields = serializers.ListField(
+        child=serializers.CharField(max_length=50), required=False, default=list, help_text="default: all"
+    )
 
 
 def _reveal(request: Request, obj: Any) -> Response:
+    if not isinstance(request.data, dict):
+        raise ValidationFailed("The request body must be a JSON object with a reason.")
+    data = validated_data(PayloadRevealInputSerializer, request.data)
     values, entry = privacy.payload_reveal(
         obj=obj,
         tenant_id=request.user.tenant.pk,
-        fields=_fields(request),
-        reason=request.query_params.get("reason", ""),
+        fields=[f.strip() for f in data["fields"] if f.strip()],
+        reason=data["reason"],
         actor=request.user.actor,
-        ip=request.META.get("REMOTE_ADDR"),
+        ip=client_ip(request),
     )
     response = Response(
         {
@@ -69,21 +80,15 @@ def _reveal(request: Request, obj: Any) -> Response:
     return response
 
 
-_PARAMS = [
-    OpenApiParameter("reason", str, OpenApiParameter.QUERY, required=True, description="why (logged; ≥ 8 characters)"),
-    OpenApiParameter("fields", str, OpenApiParameter.QUERY, required=False, description="comma-separated; default all"),
-]
-
-
 class OperationPayloadRevealApi(APIView):
     required_scope = PAYLOAD_SCOPE
 
     @extend_schema(
-        parameters=_PARAMS,
+        request=PayloadRevealInputSerializer,
         responses={200: PayloadRevealOutputSerializer},
-        summary="Reveal an operation's payload/request/response (scope `payload`; logged)",
+        summary="Reveal an operation's payload/request/response (scope `payload`; reason in the body; logged)",
     )
-    def get(self, request: Request, operation_id: int) -> Response:
+    def post(self, request: Request, operation_id: int) -> Response:
         _require_payload_scope(request)
         op = Operation.objects.filter(pk=operation_id, tenant_id=request.user.tenant.pk).first()
         if op is None:
@@ -95,11 +100,11 @@ class FailedEventPayloadRevealApi(APIView):
     required_scope = PAYLOAD_SCOPE
 
     @extend_schema(
-        parameters=_PARAMS,
+        request=PayloadRevealInputSerializer,
         responses={200: PayloadRevealOutputSerializer},
-        summary="Reveal a DLQ entry's payload (scope `payload`; logged)",
+        summary="Reveal a DLQ entry's payload (scope `payload`; reason in the body; logged)",
     )
-    def get(self, request: Request, event_id: int) -> Response:
+    def post(self, request: Request, event_id: int) -> Response:
         _require_payload_scope(request)
         event = FailedEvent.objects.filter(pk=event_id, tenant_id=request.user.tenant.pk).first()
         if event is None:

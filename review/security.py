@@ -1,13 +1,23 @@
-"""Console security basics: login throttling and a Content-Security-Policy header.
+"""Console security basics: login throttling, the client's address, and a
+Content-Security-Policy header.
 
 Throttling is database-backed (LoginFailure rows), so every web worker and node sees the
-same counts: more than ``LOGIN_MAX_FAILURES`` failures for one username, or
-``LOGIN_MAX_FAILURES_PER_IP`` from one address, within ``LOGIN_WINDOW_SECONDS`` lock that
-username / address out until the window has passed.
+same counts. It keys on the username **and** the client's address: more than
+``LOGIN_MAX_FAILURES`` failures for one username from one address, or
+``LOGIN_MAX_FAILURES_PER_IP`` from one address whatever the usernames, within
+``LOGIN_WINDOW_SECONDS``, lock that pair / that address out until the window has passed.
+Nobody can lock an account out from somewhere else: guessing a colleague's password from
+another address locks only that address. A success clears its own pair only.
+
+The client's address is ``REMOTE_ADDR`` — unless that is one of ``TRUSTED_PROXIES``
+(CIDRs of the deployment's own reverse proxies), when it is the right-most address of
+``X-Forwarded-For`` that is not itself a trusted proxy. A forwarded header from anyone else
+is ignored: a client cannot pick the address it is throttled (or logged) under.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -27,16 +37,55 @@ def _setting(name: str, default: int) -> int:
     return int(value)
 
 
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text.strip().strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def trusted_proxies() -> list[Network]:
+    return [ipaddress.ip_network(str(c).strip(), strict=False) for c in getattr(settings, "TRUSTED_PROXIES", [])]
+
+
+def _trusted(address: ipaddress.IPv4Address | ipaddress.IPv6Address, proxies: list[Network]) -> bool:
+    return any(address.version == net.version and address in net for net in proxies)
+
+
 def client_ip(request: HttpRequest | None) -> str | None:
+    """The address of the client that sent ``request`` (see the module's docstring)."""
     if request is None:
         return None
-    return request.META.get("REMOTE_ADDR") or None
+    remote = request.META.get("REMOTE_ADDR") or ""
+    peer = _address(remote)
+    if peer is None:
+        return remote or None
+    proxies = trusted_proxies()
+    if not proxies or not _trusted(peer, proxies):
+        return str(peer)
+    forwarded = [p for p in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if p.strip()]
+    # Right to left: each hop appended the address it received from; the first one that is
+    # not our own proxy is the client (anything further left the client could have written).
+    for hop in reversed(forwarded):
+        address = _address(hop)
+        if address is None:
+            return str(peer)
+        if not _trusted(address, proxies):
+            return str(address)
+    return str(peer)
+
+
+def _username(username: str) -> str:
+    return (username or "").lower()[:150]
 
 
 def login_locked(*, username: str, ip: str | None) -> bool:
     since = timezone.now() - timedelta(seconds=_setting("LOGIN_WINDOW_SECONDS", 900))
     recent = LoginFailure.objects.filter(at__gte=since)
-    if username and recent.filter(username=username.lower()[:150]).count() >= _setting("LOGIN_MAX_FAILURES", 5):
+    if username and recent.filter(username=_username(username), ip=ip).count() >= _setting("LOGIN_MAX_FAILURES", 5):
         return True
     if ip and recent.filter(ip=ip).count() >= _setting("LOGIN_MAX_FAILURES_PER_IP", 30):
         return True
@@ -45,13 +94,14 @@ def login_locked(*, username: str, ip: str | None) -> bool:
 
 def login_failed(*, username: str, ip: str | None) -> None:
     now = timezone.now()
-    LoginFailure.objects.create(username=(username or "").lower()[:150], ip=ip, at=now)
+    LoginFailure.objects.create(username=_username(username), ip=ip, at=now)
     # Keep the table small: a day of history is plenty for throttling and forensics.
     LoginFailure.objects.filter(at__lt=now - timedelta(days=1)).delete()
 
 
-def login_succeeded(*, username: str) -> None:
-    LoginFailure.objects.filter(username=(username or "").lower()[:150]).delete()
+def login_succeeded(*, username: str, ip: str | None) -> None:
+    """A success clears the failures of this username from this address only."""
+    LoginFailure.objects.filter(username=_username(username), ip=ip).delete()
 
 
 CONSOLE_CSP = (

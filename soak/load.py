@@ -554,9 +554,9 @@ class Load:
         if ids:
             self.auditor.call(
                 "reveal payload",
-                "GET",
+                "POST",
                 f"/api/v1/operations/{self._choice(ids)}/payload",
-                params={"reason": "soak: audit of a stored request"},
+                json={"reason": "soak: audit of a stored request"},
             )
 
     # --- the mix ---

@@ -129,8 +129,10 @@ def _flows(tenant: Any, other_tenant: Any, make_client: Any) -> None:
     client_for(staff("rita", role="reviewer", tenants=[tenant])).post(
         f"/admin/onceguard/reveal/ledger/operation/{lead.pk}/", {"fields_wanted": ["payload"], "reason": "curious only"}
     )
-    api.get(f"/api/v1/operations/{lead.pk}/payload", {"reason": "support ticket 9"})
-    make_client(other_tenant, ["payload"]).get(f"/api/v1/operations/{lead.pk}/payload", {"reason": "not mine at all"})
+    api.post(f"/api/v1/operations/{lead.pk}/payload", {"reason": "support ticket 9"}, format="json")
+    make_client(other_tenant, ["payload"]).post(
+        f"/api/v1/operations/{lead.pk}/payload", {"reason": "not mine at all"}, format="json"
+    )
     # Retention, rotation and verification.
     RetentionPolicy.objects.create(tenant=tenant, record_type="operations", payload_ttl=timedelta(seconds=1))
     retention_purge()

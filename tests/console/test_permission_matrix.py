@@ -190,7 +190,7 @@ def api_decide_review(api: Any, w: World) -> bool:
 
 
 def api_reveal(api: Any, w: World) -> bool:
-    r = api.get(f"/api/v1/operations/{w.failed.pk}/payload", {"reason": "matrix api check"})
+    r = api.post(f"/api/v1/operations/{w.failed.pk}/payload", {"reason": "matrix api check"}, format="json")
     return r.status_code == 200 and "Priya" in r.content.decode()
 
 

@@ -201,10 +201,12 @@ def test_access_log_rows_cannot_be_added_changed_or_deleted_in_the_console_even_
 def test_api_reveal_needs_the_payload_scope_and_a_reason_and_logs_the_key(tenant, lead, make_client):
     url = f"/api/v1/operations/{lead.pk}/payload"
     for scopes in (["read"], ["read", "write", "admin"]):
-        assert make_client(tenant, scopes).get(url, {"reason": "support ticket 7"}).status_code == 403
+        assert make_client(tenant, scopes).post(url, {"reason": "support ticket 7"}, format="json").status_code == 403
     api = make_client(tenant, ["read", "payload"])
-    assert api.get(url).status_code == 400
-    response = api.get(url, {"reason": "support ticket 7", "fields": "payload"}, REMOTE_ADDR="10.9.8.7")
+    assert api.post(url, {}, format="json").status_code == 400
+    response = api.post(
+        url, {"reason": "support ticket 7", "fields": ["payload"]}, format="json", REMOTE_ADDR="10.9.8.7"
+    )
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["fields"]["payload"]["call"]["from_number"] == "+61412345678"
@@ -215,14 +217,15 @@ def test_api_reveal_needs_the_payload_scope_and_a_reason_and_logs_the_key(tenant
 
 def test_api_reveal_of_another_tenants_operation_is_a_404(tenant, other_tenant, lead, make_client):
     api = make_client(other_tenant, ["payload"])
-    assert api.get(f"/api/v1/operations/{lead.pk}/payload", {"reason": "support ticket 7"}).status_code == 404
+    url = f"/api/v1/operations/{lead.pk}/payload"
+    assert api.post(url, {"reason": "support ticket 7"}, format="json").status_code == 404
     assert AccessLog.objects.count() == 0
 
 
 def test_api_reveal_of_a_dlq_entry(tenant, lead, make_client):
     event = FailedEvent.objects.get(operation=lead)
-    response = make_client(tenant, ["payload"]).get(
-        f"/api/v1/dlq/events/{event.pk}/payload", {"reason": "replay check 12"}
+    response = make_client(tenant, ["payload"]).post(
+        f"/api/v1/dlq/events/{event.pk}/payload", {"reason": "replay check 12"}, format="json"
     )
     assert response.status_code == 200 and response.json()["fields"]["payload"]["event_type"] == "call_analyzed"
 

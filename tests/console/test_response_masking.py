@@ -92,8 +92,10 @@ def test_a_reveal_with_the_payload_scope_and_a_reason_gets_it_and_leaves_an_acce
     _, claimed = finished
     revealer = make_client(tenant, ["read", "payload"])
     url = f"/api/v1/operations/{claimed['id']}/payload"
-    assert revealer.get(url, {"fields": "response_body"}).status_code == 400  # no reason
-    response = revealer.get(url, {"fields": "response_body", "reason": "ticket OPS-9: CRM says no contact"})
+    assert revealer.post(url, {"fields": ["response_body"]}, format="json").status_code == 400  # no reason
+    response = revealer.post(
+        url, {"fields": ["response_body"], "reason": "ticket OPS-9: CRM says no contact"}, format="json"
+    )
     assert response.status_code == 200 and response.json()["fields"] == {"response_body": ANSWER}
     entry = AccessLog.objects.get()
     assert entry.fields == ["response_body"] and entry.reason == "ticket OPS-9: CRM says no contact"

@@ -35,18 +35,71 @@ def _login(client: Client, username: str, password: str, ip: str = "10.0.0.1") -
     return response.status_code == 302
 
 
-def test_five_failed_logins_lock_the_username_even_with_the_right_password(tenant):
+def test_five_failed_logins_lock_that_username_from_that_address_even_with_the_right_password(tenant):
     staff("ann", role="auditor", tenants=[tenant])
     client = Client()
     for _ in range(5):
-        assert not _login(client, "ann", "wrong password")
-    assert LoginFailure.objects.filter(username="ann").count() == 5
-    response = client.post("/admin/login/", {"username": "ann", "password": "correct horse battery"})
+        assert not _login(client, "ann", "wrong password", ip="10.0.0.1")
+    assert LoginFailure.objects.filter(username="ann", ip="10.0.0.1").count() == 5
+    response = client.post(
+        "/admin/login/", {"username": "ann", "password": "correct horse battery"}, REMOTE_ADDR="10.0.0.1"
+    )
     assert response.status_code == 200 and "Too many failed sign-in attempts" in response.content.decode()
     # Once the window has passed, the right password works again and clears the count.
     LoginFailure.objects.update(at=timezone.now() - timedelta(minutes=16))
-    assert _login(client, "ann", "correct horse battery")
+    assert _login(client, "ann", "correct horse battery", ip="10.0.0.1")
     assert not LoginFailure.objects.filter(username="ann").exists()
+
+
+def test_nobody_can_lock_an_account_out_from_elsewhere(tenant, settings):
+    """Issue 11 item 9: failures for ann from an attacker's address (well past the per-user
+    limit, below the per-address one) lock only that address's attempts on ann; ann signs in
+    from her own address. Today's code locked the username everywhere."""
+    settings.ONCEGUARD_SECURITY = {"LOGIN_MAX_FAILURES": 5, "LOGIN_MAX_FAILURES_PER_IP": 30}
+    staff("ann", role="auditor", tenants=[tenant])
+    attacker = Client()
+    for _ in range(12):
+        assert not _login(attacker, "ann", "guess", ip="203.0.113.66")
+    assert not _login(attacker, "ann", "correct horse battery", ip="203.0.113.66")
+    assert _login(Client(), "ann", "correct horse battery", ip="198.51.100.7")
+
+
+def test_forwarded_for_is_honoured_only_from_a_trusted_proxy(tenant, settings):
+    """Behind the deployment's proxy the client's address comes from X-Forwarded-For (its
+    right-most untrusted hop); from anyone else the header is ignored, so an attacker cannot
+    spend someone else's address on failures, nor dodge its own lock by inventing one."""
+    settings.TRUSTED_PROXIES = ["10.0.0.0/24"]
+    settings.ONCEGUARD_SECURITY = {"LOGIN_MAX_FAILURES": 3, "LOGIN_MAX_FAILURES_PER_IP": 30}
+    staff("ann", role="auditor", tenants=[tenant])
+    client = Client()
+    # Through the proxy (10.0.0.5): the client is the hop the proxy appended, whatever the
+    # client itself put in front of it.
+    for _ in range(3):
+        client.post(
+            "/admin/login/",
+            {"username": "ann", "password": "guess"},
+            REMOTE_ADDR="10.0.0.5",
+            HTTP_X_FORWARDED_FOR="198.51.100.7, 203.0.113.66",
+        )
+    assert set(LoginFailure.objects.values_list("ip", flat=True)) == {"203.0.113.66"}
+    # Ann behind the same proxy from her own address is not locked.
+    response = client.post(
+        "/admin/login/",
+        {"username": "ann", "password": "correct horse battery"},
+        REMOTE_ADDR="10.0.0.5",
+        HTTP_X_FORWARDED_FOR="198.51.100.7",
+    )
+    assert response.status_code == 302
+    # Straight from the internet, a forged header counts for nothing: the peer address is used.
+    LoginFailure.objects.all().delete()
+    for _ in range(3):
+        client.post(
+            "/admin/login/",
+            {"username": "ann", "password": "guess"},
+            REMOTE_ADDR="203.0.113.66",
+            HTTP_X_FORWARDED_FOR="198.51.100.7",
+        )
+    assert set(LoginFailure.objects.values_list("ip", flat=True)) == {"203.0.113.66"}
 
 
 def test_many_failures_from_one_address_lock_that_address(tenant, settings):

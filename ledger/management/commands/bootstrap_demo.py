@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from ledger import outbound, services
 from ledger.models import IdempotencyClass, Tenant
+from ledger.secret_files import write_secret_file
 
 CREDENTIALS = Path(settings.VAR_DIR) / "credentials.txt"
 
@@ -46,8 +47,8 @@ class Command(BaseCommand):
             f"  API key       : {secret}\n"
             "  tenant        : demo   providers: demo-charges (key-enforced), demo-mailer (key-advisory)\n"
         )
-        CREDENTIALS.write_text(text)
-        CREDENTIALS.chmod(0o600)
+        # Mode 600 from birth: the demo's passwords and API key are never world-readable.
+        write_secret_file(CREDENTIALS, text, replace=True)
         self.stdout.write(text)
 
     def _providers(self, tenant: Tenant, base: int) -> None:
