@@ -31,6 +31,11 @@ class Command(BaseCommand):
         parser.add_argument("--lifetime-seconds", type=int)
         parser.add_argument("--base-delay-seconds", type=float)
         parser.add_argument("--max-delay-seconds", type=float)
+        parser.add_argument(
+            "--recheck-after",
+            type=int,
+            help="seconds: an older retry first asks the tenant's eligibility webhook whether it is still wanted",
+        )
         parser.add_argument("--unit-price")
         parser.add_argument("--auth-header", help="the header the credential is sent in, e.g. Authorization")
         parser.add_argument(
@@ -61,6 +66,7 @@ class Command(BaseCommand):
             "lifetime_seconds",
             "base_delay_seconds",
             "max_delay_seconds",
+            "recheck_after",
             "unit_price",
             "auth_header",
             "auth_secret_env",
