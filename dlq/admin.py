@@ -231,6 +231,33 @@ class NoteForm(forms.Form):
     note = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
 
 
+class CorrectForm(forms.Form):
+    """A quarantined entry replayed with corrected fields as the next version (issue 13 item 3)."""
+
+    fields_json = forms.JSONField(
+        label="Corrected fields",
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "placeholder": '{"body.amount": 1200}'}),
+        help_text="JSON: dotted path → corrected value. Execute mode: paths into the stored request (body.…); "
+        "guard mode: into the stored payload. The stored payload is not changed.",
+    )
+    note = forms.CharField(
+        label="Why",
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        help_text="Required: recorded with your name and the fields you changed.",
+    )
+
+    def __init__(self, *args: Any, tenant_id: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["target"] = _TargetChoice(tenant_id, label="Replay target (guard mode)")
+
+    def clean_fields_json(self) -> dict[str, Any]:
+        value = self.cleaned_data["fields_json"]
+        if not isinstance(value, dict) or not value:
+            raise forms.ValidationError("An object of dotted paths and their corrected values.")
+        return value
+
+
 # --- FailedEvent -----------------------------------------------------------------------------------
 
 
@@ -282,9 +309,30 @@ class FailedEventAdmin(ReadOnlyAdmin):
         ),
         (
             "Failure",
-            {"fields": ["error_class", "error_message", "failed_at", "last_seen_at", "retry_count", "seen_count"]},
+            {
+                "fields": [
+                    "error_class",
+                    "error_message",
+                    "quarantine_reason",
+                    "failed_at",
+                    "last_seen_at",
+                    "retry_count",
+                    "seen_count",
+                ]
+            },
         ),
-        ("Replay", {"fields": ["original_key", "replay_target_slug", "replay_count", "auto_replay_count"]}),
+        (
+            "Replay",
+            {
+                "fields": [
+                    "original_key",
+                    "replay_target_slug",
+                    "replay_count",
+                    "auto_replay_count",
+                    "corrected_operation",
+                ]
+            },
+        ),
         ("Payload (masked)", {"fields": ["payload_masked", "search_fields"]}),
     ]
     readonly_fields = [
@@ -313,6 +361,8 @@ class FailedEventAdmin(ReadOnlyAdmin):
         "auto_replay_count",
         "payload_masked",
         "search_fields",
+        "quarantine_reason",
+        "corrected_operation",
     ]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
@@ -409,6 +459,7 @@ class FailedEventAdmin(ReadOnlyAdmin):
         wrap = self.admin_site.admin_view
         own = [
             path("<int:pk>/replay/", wrap(self.replay_view), name="dlq_failedevent_replay"),
+            path("<int:pk>/correct/", wrap(self.correct_view), name="dlq_failedevent_correct"),
             path(
                 "<int:pk>/resolve/",
                 wrap(self.close_view),
@@ -489,6 +540,41 @@ class FailedEventAdmin(ReadOnlyAdmin):
                 preview["body"] = "(sealed with a key that is not configured)"
         preview["as_new_key"] = services.derive_new_key(preview["key"], event.replay_count + 1)
         return preview
+
+    def correct_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """Replay with corrected fields as the next version of the key (services.failed_event_correct)."""
+        if not self.has_replay_permission(request):
+            raise PermissionDenied
+        event = self._entry(request, pk)
+        form = CorrectForm(request.POST or None, tenant_id=event.tenant_id)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                result = services.failed_event_correct(
+                    tenant_id=event.tenant_id,
+                    event_pk=event.pk,
+                    actor=actor_of(request),
+                    fields=data["fields_json"],
+                    note=data["note"],
+                    target_slug=data["target"],
+                )
+            except DomainError as exc:
+                messages.error(request, f"Not corrected: {exc.detail}")
+            else:
+                done = (
+                    f"submitted as operation {result.operation.pk}"
+                    if result.operation is not None
+                    else f"replay #{result.replay.number}: {result.replay.outcome}"  # type: ignore[union-attr]
+                )
+                messages.success(request, f"Corrected and sent again as {result.key} ({done}).")
+                return HttpResponseRedirect(self._change_url(event.pk))
+        return self._form_page(
+            request,
+            event,
+            form,
+            title=f"Correct entry {event.pk} and replay it as the next version",
+            button="Correct and replay",
+        )
 
     def close_view(self, request: HttpRequest, pk: int, to: str) -> HttpResponse:
         if not self.has_resolve_permission(request):
