@@ -328,7 +328,8 @@ def send(
         # the policy's own still never reaches an address the deployment refuses.
         refused = origin_refusal(prepared.url, purpose=purpose_of(provider))
         if refused:
-            return done(Outcome(ErrorClass.INVALID_INPUT, message=refused, sent=False))
+            message = f"destination refused by the outbound policy: {refused}"
+            return done(Outcome(ErrorClass.INVALID_INPUT, message=message, sent=False))
         request = client.build_request(
             prepared.method,
             prepared.url,

@@ -4,6 +4,7 @@ operations in each interesting state."""
 from __future__ import annotations
 
 import json
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +102,65 @@ def page(client: Client, url: str, **kwargs: Any) -> tuple[int, str]:
     if getattr(response, "streaming", False):
         return response.status_code, b"".join(response.streaming_content).decode()
     return response.status_code, response.content.decode()
+
+
+class FormValues(HTMLParser):
+    """The values a browser would submit from a page's forms (inputs, selects, textareas)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, Any] = {}
+        self._select: str | None = None
+        self._multiple = False
+        self._textarea: str | None = None
+
+    def _add(self, name: str, value: str, many: bool) -> None:
+        if many:
+            self.values.setdefault(name, []).append(value)
+        else:
+            self.values[name] = value
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        name = a.get("name")
+        if tag == "input" and name and a.get("type") not in ("submit", "button", "file"):
+            if a.get("type") in ("checkbox", "radio"):
+                if "checked" in a:
+                    self._add(name, a.get("value", "on"), a.get("type") == "checkbox" and name in self.values)
+            else:
+                self.values[name] = a.get("value", "")
+        elif tag == "select" and name:
+            self._select, self._multiple = name, "multiple" in a
+            if self._multiple:
+                self.values.setdefault(name, [])
+        elif tag == "option" and self._select and "selected" in a:
+            self._add(self._select, a.get("value", ""), self._multiple)
+        elif tag == "textarea" and name:
+            self._textarea = name
+            self.values[name] = ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "select":
+            self._select = None
+        elif tag == "textarea":
+            self._textarea = None
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea:
+            self.values[self._textarea] += data.lstrip("\n") if not self.values[self._textarea] else data
+
+
+def submit_form(client: Client, url: str, **changes: Any) -> Any:
+    """GET a console form, change some fields (None removes one), POST it back as a browser would."""
+    response = client.get(url)
+    assert response.status_code == 200, (url, response.status_code)
+    parser = FormValues()
+    parser.feed(response.content.decode())
+    data = {k: v for k, v in parser.values.items() if k not in ("_addanother", "_continue", "_save")}
+    for name, value in changes.items():
+        if value is None:
+            data.pop(name, None)
+        else:
+            data[name] = value
+    data["_save"] = "Save"
+    return client.post(url, data)
