@@ -10,6 +10,7 @@ import pytest
 
 from ledger.adapters import SIGNATURE_HEADER, verify_signature
 from ledger.callbacks import callback_url_allowed
+from ledger.errors import DestinationNotAllowed, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationStatus, Tenant
 from tests.execute.support import CallbackReceiver, make_due, run_due
@@ -133,7 +134,112 @@ def test_a_url_removed_from_the_allow_list_is_not_called(allowed, enforced, rece
         ("https://other.example.com/onceguard/a", False),
         ("ftp://hooks.example.com/onceguard/a", False),
         ("not a url", False),
+        # Normalised before the prefix check (issue 11 item 1): nothing climbs out of it.
+        ("https://hooks.example.com/onceguard/../admin", False),
+        ("https://hooks.example.com/onceguard/%2e%2e/admin", False),
+        ("https://hooks.example.com/onceguard/%2E%2E/%2e%2e/admin", False),
+        ("https://hooks.example.com/onceguard/./../admin", False),
+        ("https://hooks.example.com/onceguard/x/..", True),
+        ("https://hooks.example.com/onceguard/a%2F..%2F..%2Fadmin", False),
+        ("https://hooks.example.com/onceguard\\..\\admin", False),
+        ("https://hooks.example.com\\@evil.example/onceguard/a", False),
+        ("https://hooks.example.com@evil.example/onceguard/a", False),
+        ("https://HOOKS.example.COM/onceguard/a", True),
+        ("https://hooks.example.com./onceguard/a", True),
+        ("https://hooks.example.com/onceguard/a#frag", False),
     ],
 )
 def test_allow_list_matching(url, ok):
     assert callback_url_allowed(allow_list=["https://hooks.example.com/onceguard"], url=url) is ok
+
+
+def test_a_dot_dot_callback_url_cannot_escape_its_allowed_prefix_at_submission(enforced, tenant):
+    tenant.callback_allow_list = ["https://hooks.example.com/onceguard/"]
+    tenant.save()
+    for url in (
+        "https://hooks.example.com/onceguard/../admin/delete",
+        "https://hooks.example.com/onceguard/%2e%2e/admin/delete",
+    ):
+        with pytest.raises(ValidationFailed):
+            submit(tenant, f"k-escape-{len(url)}", url)
+    assert not Operation.objects.exists()
+    # What is accepted is stored in the form that was checked (and is what is sent).
+    op = submit(tenant, "k-normal", "https://HOOKS.example.com:443/onceguard/./a")
+    assert op.callback_url == "https://hooks.example.com/onceguard/a"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fe80::1]/hooks/x",
+        "http://127.0.0.1:8080/hooks/x",
+        "http://localhost:8080/hooks/x",
+        "http://10.0.0.5/hooks/x",
+    ],
+)
+def test_link_local_loopback_and_private_callback_urls_are_refused(tenant, enforced, url):
+    """On the allow-list (stored before the policy, or by hand) or not: the deployment did
+    not allow the destination, so the submission is refused and nothing is stored."""
+    Tenant.objects.filter(pk=tenant.pk).update(callback_allow_list=[url.rsplit("/", 1)[0] + "/"])
+    tenant.refresh_from_db()
+    with pytest.raises(DestinationNotAllowed):
+        submit(tenant, "k-special", url)
+    assert not Operation.objects.exists()
+
+
+def test_the_allow_list_itself_refuses_special_destinations_on_save(tenant):
+    from ledger.services import tenant_update
+
+    for prefix in ("http://169.254.169.254/", "http://127.0.0.1:8080/hooks/", "http://192.168.0.10/"):
+        with pytest.raises(ValidationFailed):
+            tenant_update(tenant_id=tenant.pk, actor="test", callback_allow_list=[prefix])
+    tenant = tenant_update(
+        tenant_id=tenant.pk, actor="test", callback_allow_list=["https://Hooks.Example.com:443/a/./b/../onceguard"]
+    )
+    assert tenant.callback_allow_list == ["https://hooks.example.com/a/onceguard"]
+
+
+def test_a_callback_whose_destination_becomes_refused_is_not_sent(allowed, enforced, receiver, settings):
+    """Checked again when sent: the deployment stopped allowing the receiver's port."""
+    submit(allowed, "k-cb-policy", f"{receiver.url}/hooks/x")
+    run_due()
+    port = receiver.url.rsplit(":", 1)[1]
+    rules = [r for r in settings.ONCEGUARD["OUTBOUND_ALLOW"].split(",") if not r.endswith(f":{port}")]
+    settings.ONCEGUARD = {**settings.ONCEGUARD, "OUTBOUND_ALLOW": ",".join(rules)}
+    (callback,) = run_due()
+    assert callback.status == S.FAILED and receiver.deliveries == []
+    assert "outbound policy" in callback.last_error
+
+
+# --- The signing secret: rotated with an overlap ---------------------------------------------
+
+
+def test_after_a_rotation_callbacks_carry_both_signatures_until_the_overlap_ends(allowed, enforced, receiver, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.callbacks import tenant_callback_secret
+
+    old = tenant_callback_secret(tenant_id=allowed.pk)
+    new = tenant_callback_secret(tenant_id=allowed.pk, rotate=True)
+    assert new != old
+    submit(allowed, "k-rotated", f"{receiver.url}/hooks/x")
+    run_due()
+    run_due()
+    ((headers, raw),) = receiver.deliveries
+    header = headers[SIGNATURE_HEADER]
+    assert header.count("v1=") == 2
+    # A receiver still holding the old secret accepts it, and so does one that switched.
+    assert verify_signature(secret=old, body=raw, header=header)
+    assert verify_signature(secret=new, body=raw, header=header)
+    # Past the overlap only the new secret signs.
+    Tenant.objects.filter(pk=allowed.pk).update(callback_secret_rotated_at=timezone.now() - timedelta(days=2))
+    submit(allowed, "k-rotated-later", f"{receiver.url}/hooks/x")
+    run_due()
+    run_due()
+    (headers, raw) = receiver.deliveries[-1]
+    assert headers[SIGNATURE_HEADER].count("v1=") == 1
+    assert verify_signature(secret=new, body=raw, header=headers[SIGNATURE_HEADER])
+    assert not verify_signature(secret=old, body=raw, header=headers[SIGNATURE_HEADER])
