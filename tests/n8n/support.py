@@ -227,10 +227,14 @@ class N8n:
         for workflow_id in workflow_ids:
             self.cli("update:workflow", f"--id={workflow_id}", "--active=true")
 
-    def activate_all(self) -> None:
-        """Every imported workflow, in one CLI run (each run boots n8n: seconds). Workflows
-        with nothing to activate (an Error Trigger, a Manual Trigger) are skipped by n8n."""
+    def activate_all(self, *, except_ids: Iterable[str] = ()) -> None:
+        """Every imported workflow but ``except_ids``, in two CLI runs instead of one per
+        workflow (each run boots n8n: seconds). An Error Trigger workflow must stay inactive:
+        n8n retries activating it forever, and reports each failure through the workflow
+        itself (its own error workflow), which would post a stray entry to the DLQ."""
         self.cli("update:workflow", "--all", "--active=true")
+        for workflow_id in except_ids:
+            self.cli("update:workflow", f"--id={workflow_id}", "--active=false")
 
     def execute(self, workflow_id: str, *, check: bool = True) -> Run:
         """`n8n execute --id`: a fresh n8n process runs the workflow from its Manual Trigger."""

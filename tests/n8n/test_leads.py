@@ -123,7 +123,7 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
         ]
     )
     active = (LEAD_NODE, LEAD_HTTP, "ogReplayReceivr1", UNGUARDED, SUBMIT_AND_WAIT, SUBMIT_RETRY)
-    instance.activate_all()
+    instance.activate_all(except_ids=[ERROR_WORKFLOW])
     # `n8n execute` runs in its own process: give it its own copy of the database, so it never
     # shares SQLite with the running server.
     instance.spare = instance.copy(tmp_path_factory.mktemp("n8n-leads-spare"))
@@ -168,6 +168,8 @@ def test_a_lead_the_crm_throttled_lands_in_the_dlq_with_its_fields_and_one_repla
     assert answer.json() == {"outcome": "dead_lettered"}
     assert servers.crm.effects()["count"] == 0
 
+    entries = list(FailedEvent.objects.values_list("event_id", "shape", "source_node", "error_message"))
+    assert len(entries) == 1, entries
     event = FailedEvent.objects.get()
     (execution,) = n8n.executions(workflow)
     assert event.event_id == f"n8n:{workflow}:{execution['id']}:CRM_ Create Contact:0"
