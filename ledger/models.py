@@ -232,8 +232,11 @@ class ConfigChange(models.Model):
     deleting the object (or the user) must not delete its history.
     """
 
-    # None: a platform-level change (a role's permissions, a user without tenants).
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    # None: a platform-level change (a role's permissions, a user without tenants). No
+    # database constraint: the trail outlives a deleted tenant (and never blocks deleting it).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True, related_name="+"
+    )
     at = models.DateTimeField()
     # "user:<username>", "apikey:<prefix>", "cli:<os user>", "system".
     actor = models.CharField(max_length=150)

@@ -327,3 +327,13 @@ def test_auditors_read_and_export_their_tenants_trail_only_and_nobody_edits_it(t
     assert root.post(f"/admin/ledger/configchange/{change.pk}/delete/", {"post": "yes"}).status_code == 403
     root.post(f"/admin/ledger/configchange/{change.pk}/change/", {"actor": "user:nobody"})
     assert ConfigChange.objects.get(pk=change.pk).actor == change.actor
+
+
+def test_a_tenant_deleted_in_the_console_keeps_its_trail(db, root):
+    call_command("tenant_create", "typo-tenant", stdout=io.StringIO())
+    typo = Tenant.objects.get(slug="typo-tenant")
+    response = root.post(f"/admin/ledger/tenant/{typo.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302 and not Tenant.objects.filter(pk=typo.pk).exists()
+    created, deleted = _changes(object_type="ledger.tenant", object_id=str(typo.pk))
+    assert (created.action, deleted.action) == ("create", "delete") and deleted.actor == "user:root"
+    assert deleted.tenant_id == typo.pk and deleted.before["slug"] == "typo-tenant"
