@@ -16,6 +16,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django_q import admin as django_q_admin  # noqa: F401  (registers its pages first: replaced below)
+from django_q.models import Schedule
 
 from ledger import display
 from ledger.admin import ReadOnlyAdmin, shows_tenant
@@ -450,3 +452,39 @@ class PausedProviderAdmin(ReadOnlyAdmin):
 class LoginFailureAdmin(ReadOnlyAdmin):
     list_display = ["at", "username", "ip"]
     search_fields = ["username", "ip"]
+
+
+class ScheduleReadOnlyAdmin(ReadOnlyAdmin):
+    """django-q2's schedules, read-only: its own page lets whoever can add a Schedule name any
+    importable function (``os.system`` with arguments) for the cluster to run. Schedules are
+    installed by ``manage.py schedules_install`` from each app's schedules module; the console
+    shows them and their last run, and changes nothing."""
+
+    list_display = ["id", "name", "func", "schedule_type", "minutes", "repeats", "next_run"]
+    list_filter = ["schedule_type"]
+    search_fields = ["name", "func"]
+    readonly_fields = [
+        "name",
+        "func",
+        "hook",
+        "args",
+        "kwargs",
+        "schedule_type",
+        "minutes",
+        "repeats",
+        "next_run",
+        "cron",
+        "task",
+        "cluster",
+        "intended_date_kwarg",
+    ]
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        return {}
+
+
+# django-q2 registers its own ScheduleAdmin (imported above, so it is there to replace, whatever
+# the order apps' admin modules are loaded in).
+if admin.site.is_registered(Schedule):
+    admin.site.unregister(Schedule)
+admin.site.register(Schedule, ScheduleReadOnlyAdmin)
