@@ -408,7 +408,8 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
     purpose = f"replay target {target.slug}"
     refused = outbound_refusal(target.url, purpose=purpose)
     if refused:
-        return TargetAnswer(False, None, None, ErrorClass.INVALID_INPUT, f"not delivered: {refused}", elapsed())
+        message = f"not delivered: destination refused by the outbound policy: {refused}"
+        return TargetAnswer(False, None, None, ErrorClass.INVALID_INPUT, message, elapsed())
     try:
         with outbound_client(purpose=purpose, timeout=target.timeout_seconds) as client:
             with client.stream("POST", target.url, content=content, headers=headers) as response:

@@ -150,10 +150,10 @@ class FormValues(HTMLParser):
             self.values[self._textarea] += data.lstrip("\n") if not self.values[self._textarea] else data
 
 
-def submit_form(client: Client, url: str, **changes: Any) -> Any:
+def submit_form(client: Client, form_url: str, **changes: Any) -> Any:
     """GET a console form, change some fields (None removes one), POST it back as a browser would."""
-    response = client.get(url)
-    assert response.status_code == 200, (url, response.status_code)
+    response = client.get(form_url)
+    assert response.status_code == 200, (form_url, response.status_code)
     parser = FormValues()
     parser.feed(response.content.decode())
     data = {k: v for k, v in parser.values.items() if k not in ("_addanother", "_continue", "_save")}
@@ -163,4 +163,4 @@ def submit_form(client: Client, url: str, **changes: Any) -> Any:
         else:
             data[name] = value
     data["_save"] = "Save"
-    return client.post(url, data)
+    return client.post(form_url, data)
