@@ -143,11 +143,11 @@ def explain_selects(label: str, run: Callable[[], Any]) -> list[dict[str, Any]]:
     provider lookups), after it ran; writes are explained by :func:`explain_ledger`."""
     from django.db import connection
 
-    seen: dict[str, list[Any]] = {}
+    seen: dict[str, Any] = {}
 
     def wrapper(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
         if sql.lstrip().upper().startswith("SELECT"):
-            seen.setdefault(sql, list(params or []))
+            seen.setdefault(sql, dict(params) if isinstance(params, dict) else list(params or []))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(wrapper):
