@@ -289,3 +289,23 @@ def test_allowing_adds_rules_for_this_thread_only(listener):
     assert seen == [False]
     with pytest.raises(DestinationNotAllowed):
         outbound_check(listener.url, purpose="t")
+
+
+def test_a_sweeper_lookup_to_a_refused_destination_is_unknown_and_connects_nowhere(listener):
+    from ledger.models import Operation, Provider
+    from ledger.reconcile import LookupOutcome, provider_lookup
+
+    provider = Provider(slug="p", base_url=listener.url, lookup_path="/charges?key={key}", timeout_seconds=2)
+    result = provider_lookup(provider=provider, operation=Operation(key="k-1"))
+    assert result.outcome == LookupOutcome.UNKNOWN and "OUTBOUND_ALLOW" in result.error
+    assert listener.connections == 0
+
+
+def test_a_sweeper_lookup_to_an_allowed_destination_is_made(listener, outbound_allow):
+    from ledger.models import Operation, Provider
+    from ledger.reconcile import provider_lookup
+
+    outbound_allow(listener.url)
+    provider = Provider(slug="p", base_url=listener.url, lookup_path="/charges?key={key}", timeout_seconds=2)
+    provider_lookup(provider=provider, operation=Operation(key="k-1"))
+    assert [r["path"] for r in listener.requests] == ["/charges?key=k-1"]
