@@ -33,6 +33,7 @@ from dlq.models import (
     Replay,
     ReplayOutcome,
     ReplayTarget,
+    RunResume,
 )
 from dlq.payloads import is_redacted, open_payload
 from ledger import display
@@ -704,6 +705,23 @@ class FailedEventAdmin(ReadOnlyAdmin):
 
 
 # --- Lineage, bulk replays, targets, alerts ------------------------------------------------------
+
+
+@admin.register(RunResume)
+class RunResumeAdmin(ReadOnlyAdmin):
+    """The audit of run resumes (dlq.runs): who resumed which run, why, what it planned to
+    re-drive and what came of each step. Written only by run_resume; read-only here."""
+
+    list_display = ["at", "run", "actor", "note", "summary"]
+    search_fields = ["run__exact", "actor"]
+    ordering = ["-at", "-id"]
+    show_full_result_count = False
+    fields = ["tenant", "run", "actor", "note", "at", "planned", "results"]
+    readonly_fields = fields
+
+    @admin.display(description="steps re-driven")
+    def summary(self, obj: RunResume) -> str:
+        return "; ".join(f"{r.get('key')}: {r.get('outcome') or r.get('error') or '—'}" for r in obj.results or [])
 
 
 @admin.register(Replay)

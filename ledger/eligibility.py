@@ -119,12 +119,13 @@ def eligibility_ask(*, op: Operation, tenant: Tenant, client: httpx.Client | Non
     if refused:
         return Answer(None, f"not asked: {refused}")
     body = question_body(op)
-    secret = callbacks.tenant_callback_secret(tenant_id=tenant.pk)
+    # Signed as callbacks are: during a secret rotation's overlap under the new and the old one.
+    secrets_now = callbacks.callback_signing_secrets(tenant_id=tenant.pk)
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "Onceguard-eligibility",
         "Idempotency-Key": op.key,
-        adapters.SIGNATURE_HEADER: adapters.sign(secret=secret, body=body),
+        adapters.SIGNATURE_HEADER: adapters.sign(secret=secrets_now, body=body),
     }
     timeout = float(_cfg("ELIGIBILITY_TIMEOUT_SECONDS", 5.0))
     own = client is None
