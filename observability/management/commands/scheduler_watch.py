@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from observability.scheduler import scheduler_watch
 
@@ -47,3 +49,10 @@ class Command(BaseCommand):
                 self.stderr.write(f"scheduler_watch_error error={type(exc).__name__}")
             close_old_connections()
             stop.wait(max(1.0, options["interval"]))
+        # Stopped: nothing is in flight and nothing is left to write. Skip the interpreter's
+        # teardown of every loaded module (0.5–2 s on a busy machine), so `make run` stops
+        # within seconds of Ctrl-C.
+        connections.close_all()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
