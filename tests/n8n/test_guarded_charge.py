@@ -27,6 +27,7 @@ S = OperationStatus
 ENFORCED, ADVISORY = IdempotencyClass.KEY_ENFORCED, IdempotencyClass.KEY_ADVISORY
 WORKFLOW = {ENFORCED: "ogGuardedCharge1", ADVISORY: "ogGuardedChargeA"}
 KEY_AS_EXECUTION_ID = "ogKeyIsExecution"
+OTHER_AMOUNT = "ogOtherAmount001"
 KEY = "order-1001:charge:v1"
 PROVIDER_TIMEOUT = 2.0
 RUN_TIMEOUT = 180
@@ -71,6 +72,16 @@ def key_as_execution_id_workflow(relay: RunningServer) -> dict[str, Any]:
     return workflow
 
 
+def other_amount_workflow(relay: RunningServer) -> dict[str, Any]:
+    """The template whose sample order has another amount under the same key."""
+    workflow = template("guarded-charge", charges=relay.url)
+    workflow["id"], workflow["name"] = OTHER_AMOUNT, "same order, another amount"
+    for field in node_named(workflow, "Sample order")["parameters"]["assignments"]["assignments"]:
+        if field["name"] == "amount":
+            field["value"] = 9999
+    return workflow
+
+
 @pytest.fixture(scope="module")
 def n8n(n8n_base: N8n, node_package: Path, charges: Charges, tmp_path_factory: pytest.TempPathFactory) -> N8n:
     """One user folder with the template twice (enforced and advisory relay); n8n itself
@@ -80,7 +91,14 @@ def n8n(n8n_base: N8n, node_package: Path, charges: Charges, tmp_path_factory: p
     enforced = template("guarded-charge", charges=charges.relay[ENFORCED].url)
     advisory = copy.deepcopy(template("guarded-charge", charges=charges.relay[ADVISORY].url))
     advisory["id"], advisory["name"] = WORKFLOW[ADVISORY], "Onceguard: guarded charge (key-advisory provider)"
-    instance.import_workflows([enforced, advisory, key_as_execution_id_workflow(charges.relay[ENFORCED])])
+    instance.import_workflows(
+        [
+            enforced,
+            advisory,
+            key_as_execution_id_workflow(charges.relay[ENFORCED]),
+            other_amount_workflow(charges.relay[ENFORCED]),
+        ]
+    )
     return instance
 
 
@@ -216,3 +234,18 @@ def test_a_key_made_of_the_execution_id_is_refused_before_onceguard_is_called(
     assert "execution's id" in run.error_message
     assert not Operation.objects.exists()
     assert charges.effects(ENFORCED) == 0
+
+
+def test_onceguard_refusing_a_claim_fails_the_execution_with_its_title_code_and_detail(
+    n8n: N8n, onceguard: Tenant, charges: Charges
+) -> None:
+    charge_provider(onceguard, charges, ENFORCED)
+    n8n.execute(WORKFLOW[ENFORCED])
+    run = n8n.execute(OTHER_AMOUNT, check=False)
+    assert not run.ok
+    error = run.result["error"]
+    assert error["message"] == "Onceguard: Key reused with a different request (key_reused_with_different_request)"
+    assert error["description"]
+    assert error.get("httpCode") == "422"
+    assert not run.ran("Charge")
+    assert charges.effects(ENFORCED) == 1
