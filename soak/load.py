@@ -179,6 +179,7 @@ class Truth:
         self.recorder = recorder
         self.keys: dict[str, tuple[str, str, bool]] = {}  # key → (mode, provider name, decline)
         self.finished: dict[str, dict[str, Any]] = {}  # key → the first answer naming its outcome
+        self.replayed: dict[str, dict[str, Any]] = {}  # key → the first replay of it (response in clear)
         self.op_ids: list[int] = []
         self.ingests: dict[str, Ingest] = {}
         self.replay_requests = 0
@@ -192,21 +193,27 @@ class Truth:
             if len(self.op_ids) < 100_000:
                 self.op_ids.append(op_id)
 
-    def answer_seen(self, key: str, body: Any, *, how: str) -> None:
-        """Every answer naming a finished key must repeat its recorded outcome: the first such
-        answer is kept, every later one must equal it field for field (all but ``updated_at``
-        and ``superseded_by``, which a DLQ replay of a failed key moves on purpose)."""
+    def answer_seen(self, key: str, body: Any, *, how: str, replay: bool = False) -> None:
+        """Every answer naming a finished key repeats its recorded outcome. Replays (a claim or
+        submission of a finished key, the recorded response in clear) must equal the first
+        replay field for field; every answer, masked ones too (complete, fail), must agree
+        with the first on everything but the response body. Not compared: ``updated_at`` and
+        ``superseded_by``, which a DLQ replay of a failed key moves on purpose."""
         if not isinstance(body, dict) or body.get("key") != key or body.get("status") not in FINISHED:
             return
         seen = {k: v for k, v in body.items() if k not in VOLATILE_FIELDS}
+        outline = {**seen, "response": (seen.get("response") or {}).get("status")}
         with self.lock:
-            first = self.finished.setdefault(key, seen)
-        if first != seen:
-            changed = sorted(k for k in set(first) | set(seen) if first.get(k) != seen.get(k))
-            self.recorder.violation(
-                f"{how} of {key} differs from its recorded outcome in {', '.join(changed)}: "
-                + "; ".join(f"{k}: {first.get(k)!r} → {seen.get(k)!r}" for k in changed[:3])
-            )
+            first = self.finished.setdefault(key, outline)
+            first_replay = self.replayed.setdefault(key, seen) if replay else seen
+        for before, now in ((first, outline), (first_replay, seen)):
+            if before != now:
+                changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+                self.recorder.violation(
+                    f"{how} of {key} differs from its recorded outcome in {', '.join(changed)}: "
+                    + "; ".join(f"{k}: {before.get(k)!r} → {now.get(k)!r}" for k in changed[:3])
+                )
+                return
 
 
 @dataclass
@@ -321,7 +328,7 @@ class Load:
             )
             if answer.status == 200:
                 self.recorder.count("claim replayed")
-                self.truth.answer_seen(key, answer.body, how="claim replay")
+                self.truth.answer_seen(key, answer.body, how="claim replay", replay=True)
                 return
             if answer.status == 409 and answer.code in ("operation_in_progress", "operation_retry_scheduled"):
                 self._sleep(min(answer.retry_after(1.0), 3.0) + self._rand())
@@ -443,7 +450,7 @@ class Load:
         if answer.status in (200, 202) and isinstance(answer.body, dict):
             self.truth.operation_seen(answer.body["id"])
             if answer.status == 200:
-                self.truth.answer_seen(key, answer.body, how="submit replay")
+                self.truth.answer_seen(key, answer.body, how="submit replay", replay=True)
 
     # --- DLQ ---
 

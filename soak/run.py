@@ -95,8 +95,7 @@ class Soak:
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": os.environ.get("SOAK_LOG_LEVEL", "WARNING"),
             # The soak's receivers are on loopback: the deployment allows it, as `make run` does.
-            "OUTBOUND_ALLOW_LOOPBACK": "1",
-            "ONCEGUARD_ALLOW_LOOPBACK": "1",
+            "OUTBOUND_ALLOW": "127.0.0.1",
             # A sweeper pass cut by the database restart holds its rows this long, not a minute.
             "RECONCILE_LEASE_SECONDS": "10",
             "DLQ_REPLAYING_STALE_SECONDS": "20",
