@@ -80,7 +80,7 @@ function theKey(ctx: IExecuteFunctions, index: number): string {
 				)
 			: String(ctx.getNodeParameter('key', index, ''));
 	if (options(ctx, index).checkKey === false) return key;
-	const names = source === 'parts' ? ['record', 'version'] : ['key'];
+	const names = source === 'parts' ? ['record', 'action', 'version'] : ['key'];
 	return checkKey(key, context(ctx).executionId, rawParameters(ctx, names));
 }
 
