@@ -14,7 +14,7 @@ from django.utils import timezone
 from alerts.models import AlertDelivery
 from alerts.services import alert_channel_upsert, alert_raise
 from dlq import services as dlq_services
-from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay
+from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay, RunResume
 from ledger import services
 from ledger.models import AdmissionRefusalCount, Attempt, Operation, OperationEvent, Tenant, Tombstone
 from review import privacy
@@ -66,6 +66,7 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
         started_at=timezone.now(),
     )
     FailedEventAlias.objects.create(tenant=tenant, identity=f"alias-{tag}", event=event)
+    RunResume.objects.create(tenant=tenant, run=f"run-{tag}", actor="t", note="n", planned=[], results=[])
     AdmissionRefusalCount.objects.create(tenant=tenant, reason=f"r-{tag}", count=1, last_at=timezone.now())
     privacy.accesslog_append(
         tenant_id=tenant.pk,
