@@ -51,6 +51,9 @@ def _prepare(base_url: str) -> None:
     if proc.returncode != 0:
         raise SystemExit(f"migrate failed:\n{proc.stdout}\n{proc.stderr}")
     os.environ["DATABASE_URL"] = bench_url
+    # The bench's provider points at the discard port, never reached; the outbound policy
+    # refuses loopback destinations unless the deployment names them (ledger.outbound).
+    os.environ.setdefault("OUTBOUND_ALLOW", "127.0.0.1:9")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
