@@ -351,6 +351,20 @@ def operation_claim(
     if fingerprint is None:
         fingerprint = request_fingerprint(mode=mode, provider=provider_slug, action=action, request=request)
     lease = clamp_lease(lease_seconds)
+    # Most claims of a known key are retries: one indexed read, outside any transaction,
+    # answers them (nothing is sealed or written). A new key goes on to the insert, which
+    # still decides a race (ON CONFLICT DO NOTHING) and re-reads the winner.
+    existing = _fetch_by_key(tenant_id=tenant.pk, key=key)
+    if existing is not None:
+        return _answer_existing(
+            op=existing,
+            fingerprint=fingerprint,
+            lease=lease,
+            mark_sent=mark_sent,
+            via_claims=via_claims,
+            actor=actor,
+            execution_id=execution_id,
+        )
     status = S.QUEUED if mode == OperationMode.EXECUTE else S.CLAIMED
     terms = execute or ExecuteTerms()
     # The configured non-personal paths of the payload (else the request), in plain text.
