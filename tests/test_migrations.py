@@ -52,6 +52,11 @@ def test_moving_tombstones_and_alerts_keeps_their_rows_and_content_types():
         )
         old.get_model("dlq", "AlertDelivery").objects.create(channel=channel, alert_ids=[alert.pk], body={"t": 1})
         content_type = old.get_model("contenttypes", "ContentType")
+        # A database from before the moves has only the old apps' content types; the test
+        # database was made at the newest state, so it has the new ones too: drop those (the
+        # flush after this test makes them again).
+        content_type.objects.filter(app_label="alerts").delete()
+        content_type.objects.filter(app_label="ledger", model="tombstone").delete()
         for app, model in [("review", "tombstone"), ("dlq", "alert"), ("dlq", "alertchannel")]:
             content_type.objects.get_or_create(app_label=app, model=model)
         moved_ids = set(

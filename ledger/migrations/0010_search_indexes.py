@@ -8,7 +8,6 @@ SQLite has no trigram indexes: its LIKE reads the rows (fine at embedded sizes).
 
 from typing import Any
 
-from django.contrib.postgres.operations import TrigramExtension
 from django.db import migrations, models
 
 # The expression is the one ``icontains`` compares on PostgreSQL, so the planner matches it.
@@ -23,6 +22,14 @@ TRIGRAM_INDEXES = [
     ("op_execution_trgm", "execution_id", True),
     ("op_correlation_trgm", "correlation_id", True),
 ]
+
+
+def create_trigram_extension(apps: Any, schema_editor: Any) -> None:
+    """CREATE EXTENSION pg_trgm on PostgreSQL only. Not TrigramExtension(): unapplied on
+    SQLite it asks pg_extension whether to drop it, a table SQLite does not have. Unapplying
+    leaves the extension in place (other indexes may use it)."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
 
 
 def create_trigram_indexes(apps: Any, schema_editor: Any) -> None:
@@ -61,6 +68,6 @@ class Migration(migrations.Migration):
             ),
         ),
         # CREATE EXTENSION IF NOT EXISTS pg_trgm; a no-op on other databases.
-        TrigramExtension(),
+        migrations.RunPython(create_trigram_extension, migrations.RunPython.noop),
         migrations.RunPython(create_trigram_indexes, drop_trigram_indexes),
     ]
