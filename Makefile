@@ -26,11 +26,12 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(MAKE) --no-print-directory lint-n8n
 
-## make lint-n8n: the n8n node package's own lint (tsc --noEmit, then ESLint with the n8n community-node rules).
+## make lint-n8n: the n8n node package's own lint (tsc --noEmit, then ESLint with the n8n community-node rules) and build.
 .PHONY: lint-n8n
 lint-n8n:
-	cd integrations/n8n && { test -d node_modules/n8n-workflow || npm ci --loglevel=error; } && npm run lint
+	cd integrations/n8n && { test -d node_modules/n8n-workflow || npm ci --loglevel=error; } && npm run lint && npm run build
 
 fmt: setup
 	$(VENV)/bin/ruff check --fix .
