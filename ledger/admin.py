@@ -630,7 +630,7 @@ class ProviderAdmin(admin.ModelAdmin):
         "tenant",
         "idempotency_class",
         "base_url",
-        "credential_state",
+        "credential_kind",
         "max_attempts",
         "throttled_until",
         "paused_at",
@@ -641,6 +641,13 @@ class ProviderAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # Slugs are how operations, claims and caches name a provider: fixed once created.
         return ["tenant", "slug", "credential_state"] if obj is not None else ["credential_state"]
+
+    @admin.display(description="credential")
+    def credential_kind(self, obj: Provider) -> str:
+        # The list's short form: never the value, never the variable's name.
+        if credential_is_set(obj):
+            return "stored"
+        return "variable" if obj.auth_secret_env else display.EMPTY
 
     @admin.display(description="credential")
     def credential_state(self, obj: Provider) -> str:
