@@ -169,3 +169,24 @@ def test_a_declared_variable_of_the_tenant_is_read(tenant, listener, monkeypatch
     _provider(tenant, listener.url, auth_secret_env="ONCEGUARD_SECRET_ACME_STRIPE")
     assert _submit_and_run(tenant, "k-declared").status == S.SUCCEEDED
     assert listener.seen[0].headers["Authorization"] == "Bearer sk_acme_declared"
+
+
+def test_the_migration_pauses_providers_whose_stored_reference_is_outside_their_tenants_set(tenant, listener):
+    """Existing values stop working with a clear error on the provider, not silently: the
+    data step of ledger.0009 pauses such a provider with the reason (it is never read)."""
+    import importlib
+
+    from django.apps import apps
+
+    step = importlib.import_module("ledger.migrations.0009_provider_credentials_and_callback_secret_rotation")
+    bad = _provider(tenant, listener.url)
+    good = services.provider_upsert(
+        tenant=tenant, slug="ok", base_url=listener.url, idempotency_class=IdempotencyClass.KEY_ENFORCED
+    )
+    Provider.objects.filter(pk=bad.pk).update(auth_secret_env="DATABASE_URL")
+    Provider.objects.filter(pk=good.pk).update(auth_secret_env="ONCEGUARD_SECRET_ACME_CRM")
+    step.pause_providers_reading_undeclared_variables(apps, None)
+    bad.refresh_from_db()
+    good.refresh_from_db()
+    assert bad.paused_at is not None and "DATABASE_URL" in bad.paused_reason
+    assert good.paused_at is None
