@@ -203,7 +203,12 @@ def prepare_request(
     if provider.auth_header and (provider.auth_secret or provider.auth_secret_env):
         # Only the provider's own sealed credential or a variable of the tenant's declared set
         # (ledger.credentials): never an arbitrary environment variable.
-        tenant_slug = Tenant.objects.filter(pk=provider.tenant_id).values_list("slug", flat=True).first() or ""
+        # The tenant's slug names its declared variables; a stored credential needs no query.
+        tenant_slug = (
+            ""
+            if provider.auth_secret
+            else Tenant.objects.filter(pk=provider.tenant_id).values_list("slug", flat=True).first() or ""
+        )
         secret, problem = credential_value(provider=provider, tenant_slug=tenant_slug)
         if problem:
             raise CredentialUnavailable(problem)
