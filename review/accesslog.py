@@ -34,7 +34,6 @@ import logging
 import os
 import re
 import secrets
-import tempfile
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from ledger.secret_files import write_secret_file
 from review.models import AccessLog, AccessLogCheckpoint, CheckpointKind
 
 log = logging.getLogger("onceguard.accesslog")
@@ -94,27 +94,6 @@ _cache: dict[str, AccessLogKeys] = {}
 
 def key_file_path() -> Path:
     return Path(os.environ.get(KEY_FILE_ENV) or Path(settings.VAR_DIR) / "accesslog.key")
-
-
-def write_secret_file(path: Path, text: str) -> bool:
-    """Create ``path`` holding ``text``, mode 600, atomically: written to a private temporary
-    file in the same folder, then hard-linked into place, so nobody ever sees the file
-    half-written or with a wider mode, and of two processes racing one wins (False for the
-    other: the file exists)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 600
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        os.unlink(tmp)
 
 
 def accesslog_key_ensure() -> Path | None:
