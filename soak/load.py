@@ -644,23 +644,29 @@ class Load:
         ends = time.monotonic() + seconds
         with ThreadPoolExecutor(max_workers=clients, thread_name_prefix="soak-client") as pool:
             next_at = time.monotonic()
-            while not stop.is_set() and time.monotonic() < ends:
-                next_at += 1.0 / rate
-                self._sleep(next_at - time.monotonic())
-                if not in_flight.acquire(blocking=False):
-                    self.recorder.count("ticks skipped (clients busy)")
-                    continue
-                work = self.task()
+            try:
+                while not stop.is_set() and time.monotonic() < ends:
+                    next_at += 1.0 / rate
+                    self._sleep(next_at - time.monotonic())
+                    if not in_flight.acquire(blocking=False):
+                        self.recorder.count("ticks skipped (clients busy)")
+                        continue
+                    work = self.task()
 
-                def wrapped(work: Callable[[], None] = work) -> None:
-                    try:
-                        work()
-                    except Exception as exc:  # a harness bug must show, not stop the soak
-                        self.recorder.count(f"client exception {type(exc).__name__}")
-                    finally:
-                        in_flight.release()
+                    def wrapped(work: Callable[[], None] = work) -> None:
+                        try:
+                            work()
+                        except Exception as exc:  # a harness bug must show, not stop the soak
+                            self.recorder.count(f"client exception {type(exc).__name__}")
+                        finally:
+                            in_flight.release()
 
-                pool.submit(wrapped)
+                    pool.submit(wrapped)
+            except BaseException:
+                # Ctrl-C: the callers stop waiting now, so the pool's shutdown does not wait
+                # out their retry budgets.
+                self.hard_stop.set()
+                raise
             self.recorder.count("load seconds", int(seconds))
 
 
