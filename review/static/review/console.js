@@ -4,7 +4,8 @@
   "use strict";
   document.addEventListener("click", function (event) {
     var el = event.target.closest ? event.target.closest("[data-copy]") : null;
-    if (!el) { return; }
+    // An id that is also a row's link opens the row: navigation wins over copying there.
+    if (!el || el.closest("a")) { return; }
     var text = el.getAttribute("data-copy");
     var done = function () {
       el.classList.add("og-copied");
