@@ -726,7 +726,9 @@ class Reviewer:
             key = item["key"]
             if key.startswith("replay:"):
                 sent_key = self.sent_key_of(key)
-                seen = sink_effects.get(sent_key, 0) if sent_key else 0
+                if sent_key is None:
+                    continue  # not knowable now: decide it next round, never blind
+                seen = sink_effects.get(sent_key, 0)
                 decision = "confirm_succeeded" if seen else "abandon"
             else:
                 seen = effects.get(item.get("provider") or "", {}).get(key, 0)
@@ -749,4 +751,7 @@ class Reviewer:
 
     def run(self, stop: threading.Event, *, every: float = 2.0) -> None:
         while not stop.wait(every):
-            self.round(allow_retry=True)
+            try:
+                self.round(allow_retry=True)
+            except Exception as exc:  # the reviewer keeps working through any one bad round
+                self.recorder.count(f"reviewer round failed ({type(exc).__name__})")

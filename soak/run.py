@@ -325,7 +325,7 @@ class Soak:
         stop: threading.Event,
         hard_stop: threading.Event,
     ) -> int:
-        from django.db import close_old_connections
+        from django.db import DatabaseError, close_old_connections, connection
 
         from dlq.models import Replay
         from ledger.models import TERMINAL_STATES, Operation, OperationStatus
@@ -348,12 +348,18 @@ class Soak:
         )
 
         def sent_key_of(ledger_key: str) -> str | None:
+            """The key a replay sent, or None when it cannot be read now (the database
+            restarting: this thread's connection is dropped and the next round reconnects)."""
             close_old_connections()
-            return (
-                Replay.objects.filter(ledger_key=ledger_key, event__tenant=tenant)
-                .values_list("sent_key", flat=True)
-                .first()
-            )
+            try:
+                return (
+                    Replay.objects.filter(ledger_key=ledger_key, event__tenant=tenant)
+                    .values_list("sent_key", flat=True)
+                    .first()
+                )
+            except DatabaseError:
+                connection.close()
+                return None
 
         reviewer = Reviewer(
             api=api,
@@ -421,11 +427,15 @@ class Soak:
             if not remaining:
                 drained = True
                 break
-            due = list(
-                Operation.objects.filter(
-                    tenant=tenant, mode="guard", status=OperationStatus.RETRY_WAIT, provider__isnull=False
-                ).values_list("key", "provider__slug")[:40]
-            )
+            try:
+                due = list(
+                    Operation.objects.filter(
+                        tenant=tenant, mode="guard", status=OperationStatus.RETRY_WAIT, provider__isnull=False
+                    ).values_list("key", "provider__slug")[:40]
+                )
+            except DatabaseError:
+                connection.close()
+                continue
             by_slug = {p.slug: p for p in providers.values()}
             workers = [
                 threading.Thread(
@@ -442,7 +452,10 @@ class Soak:
             ]
             for w in workers:
                 w.start()
-            reviewer.round(allow_retry=False)
+            try:
+                reviewer.round(allow_retry=False)
+            except Exception as exc:
+                self.stamp(f"drain: a review round failed ({type(exc).__name__})")
             for w in workers:
                 w.join(timeout=60)
             time.sleep(SWEEP_EVERY_SECONDS)
