@@ -545,8 +545,11 @@ class Soak:
             self.say(f"  {n:5}  {kind}")
         for kind, n in sorted(unexpected.items()):
             self.say(f"  {n:5}  unasked exit: {kind} (restarted)")
-        self.say(f"  timeline ({'first 60 of ' if len(faults.log) > 60 else ''}{len(faults.log)}):")
-        for line in faults.log[:60]:
+        # Every process-level fault; the many relay and provider-answer ones only at first.
+        major = ("web:", "postgresql:", "worker-", "operator:")
+        shown = [line for n, line in enumerate(faults.log) if n < 30 or any(m in line for m in major)]
+        self.say(f"  timeline ({len(shown)} of {len(faults.log)}: the first 30, then the process-level ones):")
+        for line in shown:
             self.say(f"    {line}")
 
         self.say()
