@@ -10,7 +10,6 @@ import csv
 import io
 import json
 from datetime import timedelta
-from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -28,71 +27,9 @@ from ledger.config_changes import SECRET_MASK, SECRET_REPLACED
 from ledger.models import ApiKey, ConfigChange, Provider, Tenant
 from review.models import RetentionPolicy, StaffTenant
 from review.services import retention_policy_save
-from tests.console.support import client_for, enforced_provider, page, staff
+from tests.console.support import client_for, enforced_provider, page, staff, submit_form
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class _FormValues(HTMLParser):
-    """The values a browser would submit from the page's main form."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: dict[str, Any] = {}
-        self._select: str | None = None
-        self._multiple = False
-        self._textarea: str | None = None
-
-    def _add(self, name: str, value: str, many: bool) -> None:
-        if many:
-            self.values.setdefault(name, []).append(value)
-        else:
-            self.values[name] = value
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = {k: v or "" for k, v in attrs}
-        name = a.get("name")
-        if tag == "input" and name and a.get("type") not in ("submit", "button", "file"):
-            if a.get("type") in ("checkbox", "radio"):
-                if "checked" in a:
-                    self._add(name, a.get("value", "on"), a.get("type") == "checkbox" and name in self.values)
-            else:
-                self.values[name] = a.get("value", "")
-        elif tag == "select" and name:
-            self._select, self._multiple = name, "multiple" in a
-            if self._multiple:
-                self.values.setdefault(name, [])
-        elif tag == "option" and self._select and "selected" in a:
-            self._add(self._select, a.get("value", ""), self._multiple)
-        elif tag == "textarea" and name:
-            self._textarea = name
-            self.values[name] = ""
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "select":
-            self._select = None
-        elif tag == "textarea":
-            self._textarea = None
-
-    def handle_data(self, data: str) -> None:
-        if self._textarea:
-            self.values[self._textarea] += data.lstrip("\n") if not self.values[self._textarea] else data
-
-
-def _submit(client: Client, url: str, **changes: Any) -> Any:
-    """GET the console form, change some fields, POST it back the way a browser would."""
-    response = client.get(url)
-    assert response.status_code == 200, (url, response.status_code)
-    parser = _FormValues()
-    parser.feed(response.content.decode())
-    data = {k: v for k, v in parser.values.items() if k not in ("_addanother", "_continue", "_save")}
-    for name, value in changes.items():
-        if value is None:
-            data.pop(name, None)
-        else:
-            data[name] = value
-    data["_save"] = "Save"
-    return client.post(url, data)
 
 
 def _changes(**filters: Any) -> list[ConfigChange]:
@@ -131,14 +68,16 @@ def test_a_provider_made_by_command_and_changed_in_the_console_is_recorded(tenan
     assert created.action == "create" and created.actor.startswith("cli:") and created.tenant_id == tenant.pk
     assert created.before is None and created.after["base_url"] == "http://127.0.0.1:9/api"
 
-    response = _submit(ada, f"/admin/ledger/provider/{provider.pk}/change/", max_attempts="9", timeout_seconds="3.5")
+    response = submit_form(
+        ada, f"/admin/ledger/provider/{provider.pk}/change/", max_attempts="9", timeout_seconds="3.5"
+    )
     assert response.status_code == 302, response.content.decode()[:2000]
     [_, changed] = _changes(object_type="ledger.provider")
     assert changed.action == "update" and changed.actor == "user:ada" and changed.object_repr == "acme/crm"
     assert changed.before == {"max_attempts": 4, "timeout_seconds": 10.0}
     assert changed.after == {"max_attempts": 9, "timeout_seconds": 3.5}
     # Saving the form again without a change adds nothing.
-    _submit(ada, f"/admin/ledger/provider/{provider.pk}/change/")
+    submit_form(ada, f"/admin/ledger/provider/{provider.pk}/change/")
     assert len(_changes(object_type="ledger.provider")) == 2
 
 
@@ -204,7 +143,7 @@ def test_tenant_creation_settings_allow_list_and_callback_secret_are_recorded_se
     assert first_secret.before == {"callback_secret": ""} and first_secret.after == {"callback_secret": SECRET_MASK}
     assert rotated.before == {"callback_secret": SECRET_MASK} and rotated.after == {"callback_secret": SECRET_REPLACED}
 
-    response = _submit(root, f"/admin/ledger/tenant/{initech.pk}/change/", max_in_flight="25")
+    response = submit_form(root, f"/admin/ledger/tenant/{initech.pk}/change/", max_in_flight="25")
     assert response.status_code == 302, response.content.decode()[:2000]
     settings_change = _changes(object_type="ledger.tenant", tenant=initech)[-1]
     assert settings_change.actor == "user:root"
@@ -230,7 +169,7 @@ def test_replay_targets_by_command_and_console_are_recorded(tenant, ada):
     assert created.action == "create" and created.after["is_default"] is True
     # A URL keeps its host and path, never its query (where tokens travel).
     assert created.after["url"] == f"http://127.0.0.1:9/hook?{SECRET_MASK}"
-    response = _submit(ada, f"/admin/dlq/replaytarget/{target.pk}/change/", auto_replay="on")
+    response = submit_form(ada, f"/admin/dlq/replaytarget/{target.pk}/change/", auto_replay="on")
     assert response.status_code == 302, response.content.decode()[:2000]
     changed = _changes(object_type="dlq.replaytarget")[-1]
     assert changed.actor == "user:ada" and changed.before == {"auto_replay": False}
@@ -246,7 +185,7 @@ def test_alert_channels_by_command_and_console_are_recorded_webhook_url_masked(t
     channel = AlertChannel.objects.get()
     [created] = _changes(object_type="alerts.alertchannel")
     assert created.action == "create" and created.after["url"] == SECRET_MASK and created.after["kind"] == "slack"
-    response = _submit(ada, f"/admin/alerts/alertchannel/{channel.pk}/change/", active=None)
+    response = submit_form(ada, f"/admin/alerts/alertchannel/{channel.pk}/change/", active=None)
     assert response.status_code == 302, response.content.decode()[:2000]
     changed = _changes(object_type="alerts.alertchannel")[-1]
     assert changed.before == {"active": True} and changed.after == {"active": False}
@@ -292,7 +231,7 @@ def test_a_staff_users_roles_and_memberships_changed_in_the_console_are_recorded
 
     admin_group = Group.objects.get(name="admin")
     reviewer_group = Group.objects.get(name="reviewer")
-    response = _submit(root, f"/admin/auth/user/{bob.pk}/change/", groups=[str(admin_group.pk)])
+    response = submit_form(root, f"/admin/auth/user/{bob.pk}/change/", groups=[str(admin_group.pk)])
     assert response.status_code == 302, response.content.decode()[:2000]
     role_changes = _changes(object_type="auth.user")
     # Shown to each tenant bob works for: a new admin is each tenant's business.
