@@ -32,6 +32,7 @@ from ledger.models import (
     OperationStatus,
     Tenant,
 )
+from review.models import AccessLog
 from soak.load import Provider, Truth
 
 S = OperationStatus
@@ -267,8 +268,6 @@ def dlq_changes(tenant: Tenant) -> Check:
 
 def access_log(base_dir: Path, env: dict[str, str]) -> Check:
     """``manage.py accesslog_verify`` recomputes every tenant's hash chain."""
-    from review.models import AccessLog
-
     check = Check("the access-log chain verifies (manage.py accesslog_verify)")
     check.looked_at = AccessLog.objects.count()
     result = subprocess.run(

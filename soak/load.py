@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -673,8 +674,6 @@ class Load:
 def _seconds_until(iso: str | None) -> float:
     if not iso:
         return 1.0
-    from datetime import datetime
-
     try:
         moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
     except ValueError:

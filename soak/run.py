@@ -10,6 +10,9 @@ its schedules, `manage.py sweep --every 2`) → load and faults for SOAK_SECONDS
 forward, no scripted answers) and drain (bounded) → the checks (soak/checks.py) → figures.
 Exit status 0 only when every invariant held. Everything started is stopped and the cluster
 removed at the end, also on failure or Ctrl-C.
+
+This module never imports Django: everything that does lives in soak/service.py, imported
+once the private cluster exists and ``django.setup()`` has run.
 """
 
 from __future__ import annotations
@@ -27,12 +30,23 @@ import time
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+import httpx
+from cryptography.fernet import Fernet
+
+from relay.testing import RunningServer, start_mock_provider, start_relay
+from soak.cluster import PrivateCluster, free_port
+from soak.faults import Faults
+from soak.load import Api, Load, Provider, Recorder, Reviewer, Truth
+from soak.processes import Supervisor, wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SWEEP_EVERY_SECONDS = 2.0
 PROVIDER_TIMEOUT_SECONDS = 2.0
 SINK_TIMEOUT_SECONDS = 3.0
+SHOW = 8
 
 
 def _env_number(name: str, default: float) -> float:
@@ -48,6 +62,18 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def _django() -> ModuleType:
+    """Django set up for the private cluster (its URL is in the environment by now), and the
+    soak's Django side. Imported here, not at the top: Django's settings read DATABASE_URL
+    when first imported, and the cluster's address exists only at run time."""
+    import django
+
+    django.setup()
+    from soak import service
+
+    return service
+
+
 class Soak:
     def __init__(self) -> None:
         self.seconds = _env_number("SOAK_SECONDS", 600)
@@ -60,11 +86,11 @@ class Soak:
         self.work = Path(tempfile.mkdtemp(prefix="onceguard-soak-"))
         self.out: list[str] = []
         self.started = time.monotonic()
+        self.service: Any = None
 
     def say(self, text: str = "") -> None:
-        line = text
-        print(line, flush=True)
-        self.out.append(line)
+        print(text, flush=True)
+        self.out.append(text)
 
     def stamp(self, text: str) -> None:
         self.say(f"[{time.monotonic() - self.started:6.1f}s] {text}")
@@ -72,8 +98,6 @@ class Soak:
     # --- set-up ---
 
     def environment(self, database_url: str, web_port: int) -> dict[str, str]:
-        from cryptography.fernet import Fernet
-
         var = self.work / "var"
         metrics = self.work / "prometheus"
         var.mkdir(exist_ok=True)
@@ -116,80 +140,52 @@ class Soak:
         if result.returncode != 0:
             raise RuntimeError(f"migrate failed: {result.stderr[-2000:]}")
 
-    def configure(self, providers: dict[str, Any]) -> tuple[Any, str, str]:
-        """The tenant, its providers (pointing at the relays), the replay sink, two API keys."""
-        from dlq.services import replay_target_upsert
-        from ledger import services
-        from ledger.models import IdempotencyClass
-
-        tenant = services.tenant_create(slug="soak", name="Soak")
-        for p in providers.values():
-            if p.name == "sink":
-                replay_target_upsert(
-                    tenant=tenant,
-                    slug=p.slug,
-                    url=p.relay.url + p.path,
-                    timeout_seconds=SINK_TIMEOUT_SECONDS,
-                    is_default=True,
-                )
-                continue
-            services.provider_upsert(
-                tenant=tenant,
-                slug=p.slug,
-                base_url=p.relay.url,
-                idempotency_class=IdempotencyClass.KEY_ENFORCED if p.enforced else IdempotencyClass.KEY_ADVISORY,
-                lookup_path="/charges?idempotency_key={key}" if p.enforced else "",
-                ref_pointer="/id",
-                status_pointer="/status" if p.enforced else "",
-                success_values=["succeeded"] if p.enforced else [],
-                lookup_settle_seconds=2,
-                timeout_seconds=PROVIDER_TIMEOUT_SECONDS,
-                forward_headers=["X-Mock-Outcome"],
-                max_attempts=6,
-                lifetime_seconds=150,
-                base_delay_seconds=0.5,
-                max_delay_seconds=4.0,
+    def start_providers(self, servers: list[RunningServer]) -> dict[str, Provider]:
+        """Three mock providers, each behind its own fault relay (separate processes)."""
+        providers: dict[str, Provider] = {}
+        for name, mode, slug, path in (
+            ("enforced", "enforced", "soak-charges", "/charges"),
+            ("advisory", "advisory", "soak-mailer", "/contacts"),
+            ("sink", "enforced", "soak-sink", "/contacts"),
+        ):
+            mock = start_mock_provider(mode, process=True)
+            servers.append(mock)
+            relay = start_relay(mock, process=True, upstream_timeout=10.0)
+            servers.append(relay)
+            providers[name] = Provider(
+                name=name,
+                slug=slug,
+                enforced=mode == "enforced",
+                mock=mock,
+                relay=relay,
+                path=path,
+                timeout=SINK_TIMEOUT_SECONDS if name == "sink" else PROVIDER_TIMEOUT_SECONDS,
             )
-        _, key = services.apikey_create(tenant=tenant, scopes=["read", "write"], name="soak clients")
-        _, auditor = services.apikey_create(tenant=tenant, scopes=["read", "payload"], name="soak auditor")
-        return tenant, key, auditor
+        return providers
 
-    def schedules(self, env: dict[str, str]) -> None:
-        """django-q2's schedules as `make run` installs them; the DLQ's recovery of
-        interrupted replays every minute instead of five, so the drain stays bounded."""
-        from django_q.models import Schedule
-
-        subprocess.run(
-            [sys.executable, "manage.py", "schedules_install"],
-            cwd=BASE_DIR,
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        Schedule.objects.filter(func="dlq.tasks.replays_recover_task").update(minutes=1)
-
-    def resume_paused(self) -> int:
-        from django.db.models import Q
-
-        from ledger import services
-        from ledger.models import Provider
-
-        resumed = 0
-        cutoff = time.time() - 3
-        for provider in Provider.objects.filter(paused_at__isnull=False).filter(~Q(slug="")):
-            if provider.paused_at.timestamp() <= cutoff:
-                resumed += services.provider_resume(provider_id=provider.pk, actor="soak operator")
-        return resumed
+    def start_service(self, env: dict[str, str]) -> Supervisor:
+        """The service's own processes, as `make run` and a deployment run them."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for old in self.log_dir.glob("*.log"):
+            old.unlink()
+        supervisor = Supervisor(cwd=BASE_DIR, log_dir=self.log_dir)
+        py = sys.executable
+        bound = str(int(self.seconds + self.drain_seconds + 300))
+        supervisor.add("web", ["bash", "scripts/web.sh"], env)
+        for n in (1, 2):
+            supervisor.add(f"worker-{n}", [py, "manage.py", "worker", "--concurrency", "4"], env)
+        supervisor.add("qcluster", [py, "manage.py", "qcluster"], env)
+        supervisor.add("sweeper", [py, "manage.py", "sweep", "--every", str(SWEEP_EVERY_SECONDS), "--for", bound], env)
+        for name in supervisor.procs:
+            supervisor.start(name)
+        return supervisor
 
     # --- the run ---
 
     def main(self) -> int:
-        from soak.cluster import PrivateCluster, free_port
-
         cluster = PrivateCluster()
-        servers: list[Any] = []
-        supervisor = None
+        servers: list[RunningServer] = []
+        supervisor: Supervisor | None = None
         stop = threading.Event()
         hard_stop = threading.Event()
 
@@ -209,59 +205,19 @@ class Soak:
             self.stamp(f"private PostgreSQL on 127.0.0.1:{cluster.port} ({cluster.data_dir})")
             self.migrate(env)
             self.stamp("migrations applied")
-
-            import django
-
-            django.setup()
-            from relay.testing import start_mock_provider, start_relay
-            from soak.load import Provider
-
-            providers: dict[str, Provider] = {}
-            for name, mode, slug, path in (
-                ("enforced", "enforced", "soak-charges", "/charges"),
-                ("advisory", "advisory", "soak-mailer", "/contacts"),
-                ("sink", "enforced", "soak-sink", "/contacts"),
-            ):
-                mock = start_mock_provider(mode, process=True)
-                servers.append(mock)
-                relay = start_relay(mock, process=True, upstream_timeout=10.0)
-                servers.append(relay)
-                providers[name] = Provider(
-                    name=name,
-                    slug=slug,
-                    enforced=mode == "enforced",
-                    mock=mock,
-                    relay=relay,
-                    path=path,
-                    timeout=SINK_TIMEOUT_SECONDS if name == "sink" else PROVIDER_TIMEOUT_SECONDS,
-                )
-            tenant, api_key, auditor_key = self.configure(providers)
-            self.schedules(env)
-            self.stamp("tenant, providers, replay sink, API keys and schedules in place")
-
-            from soak.processes import Supervisor, wait_until_ready
-
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            for old in self.log_dir.glob("*.log"):
-                old.unlink()
-            supervisor = Supervisor(cwd=BASE_DIR, log_dir=self.log_dir)
-            py = sys.executable
-            bound = str(int(self.seconds + self.drain_seconds + 300))
-            supervisor.add("web", ["bash", "scripts/web.sh"], env)
-            for n in (1, 2):
-                supervisor.add(f"worker-{n}", [py, "manage.py", "worker", "--concurrency", "4"], env)
-            supervisor.add("qcluster", [py, "manage.py", "qcluster"], env)
-            supervisor.add(
-                "sweeper", [py, "manage.py", "sweep", "--every", str(SWEEP_EVERY_SECONDS), "--for", bound], env
+            self.service = _django()
+            providers = self.start_providers(servers)
+            tenant, api_key, auditor_key = self.service.configure(
+                providers, provider_timeout=PROVIDER_TIMEOUT_SECONDS, sink_timeout=SINK_TIMEOUT_SECONDS
             )
-            for name in supervisor.procs:
-                supervisor.start(name)
+            self.service.install_schedules(base_dir=BASE_DIR, env=env)
+            self.stamp("tenant, providers, replay sink, API keys and schedules in place")
+            supervisor = self.start_service(env)
             base_url = f"http://127.0.0.1:{web_port}"
+            running = supervisor
 
             def web_ready() -> bool:
-                return wait_until_ready(
-                    f"{base_url}/readyz", timeout=90, alive=lambda: supervisor.pid("web") is not None
-                )
+                return wait_until_ready(f"{base_url}/readyz", timeout=90, alive=lambda: running.pid("web") is not None)
 
             if not web_ready():
                 raise RuntimeError(f"the web server did not become ready:\n{supervisor.log_tail('web')}")
@@ -296,26 +252,20 @@ class Soak:
                 supervisor.stop_all()
             for server in servers:
                 server.stop()
-            self._close_django_connections()
+            if self.service is not None:
+                self.service.close_all()
             cluster.destroy()
             shutil.rmtree(self.work, ignore_errors=True)
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / "report.txt").write_text("\n".join(self.out) + "\n")
 
-    @staticmethod
-    def _close_django_connections() -> None:
-        if "django.db" in sys.modules:
-            from django.db import connections
-
-            connections.close_all()
-
     def _run(
         self,
         *,
         tenant: Any,
-        providers: dict[str, Any],
-        supervisor: Any,
-        cluster: Any,
+        providers: dict[str, Provider],
+        supervisor: Supervisor,
+        cluster: PrivateCluster,
         env: dict[str, str],
         base_url: str,
         api_key: str,
@@ -325,14 +275,7 @@ class Soak:
         stop: threading.Event,
         hard_stop: threading.Event,
     ) -> int:
-        from django.db import DatabaseError, close_old_connections, connection
-
-        from dlq.models import Replay
-        from ledger.models import TERMINAL_STATES, Operation, OperationStatus
-        from soak import checks
-        from soak.faults import Faults
-        from soak.load import Api, Load, Recorder, Reviewer, Truth
-
+        service = self.service
         recorder = Recorder()
         truth = Truth(recorder)
         api = Api(base_url, api_key, recorder)
@@ -346,37 +289,14 @@ class Soak:
             rng=random.Random(self.rng.random()),
             hard_stop=hard_stop,
         )
-
-        def sent_key_of(ledger_key: str) -> str | None:
-            """The key a replay sent, or None when it cannot be read now (the database
-            restarting: this thread's connection is dropped and the next round reconnects)."""
-            close_old_connections()
-            try:
-                return (
-                    Replay.objects.filter(ledger_key=ledger_key, event__tenant=tenant)
-                    .values_list("sent_key", flat=True)
-                    .first()
-                )
-            except DatabaseError:
-                connection.close()
-                return None
-
         reviewer = Reviewer(
             api=api,
             providers={k: v for k, v in providers.items() if k != "sink"},
             sink=providers["sink"].mock,
-            sent_key_of=sent_key_of,
+            sent_key_of=lambda ledger_key: service.sent_key_of(tenant, ledger_key),
             recorder=recorder,
             rng=random.Random(self.rng.random()),
         )
-
-        def resume_paused() -> int:
-            close_old_connections()
-            try:
-                return self.resume_paused()
-            except Exception:  # the database is restarting: next round
-                return 0
-
         faults = Faults(
             supervisor=supervisor,
             cluster=cluster,
@@ -385,7 +305,7 @@ class Soak:
             rng=random.Random(self.rng.random()),
             seconds=self.seconds,
             web_ready=web_ready,
-            resume_paused=resume_paused,
+            resume_paused=service.resume_paused,
             workers=["worker-1", "worker-2"],
         )
         threads = [
@@ -400,111 +320,83 @@ class Soak:
         for thread in threads:
             thread.join(timeout=120)
         self.stamp("load stopped; calming the relays and draining")
-
-        # --- drain: callers come back for their due retries, the reviewer keeps deciding ---
         faults.calm()
-        open_states = [s for s in OperationStatus.values if s not in TERMINAL_STATES and s != OperationStatus.REVIEW]
-        deadline = time.monotonic() + self.drain_seconds
-        drained = False
-        remaining: dict[str, int] = {}
-        while time.monotonic() < deadline:
-            close_old_connections()
-            try:
-                remaining = dict(
-                    Counter(
-                        Operation.objects.filter(tenant=tenant, status__in=open_states).values_list("status", flat=True)
-                    )
-                )
-                from dlq.models import FailedEvent
-
-                replaying = FailedEvent.objects.filter(tenant=tenant, status="replaying").count()
-            except Exception as exc:
-                self.stamp(f"drain: database read failed ({type(exc).__name__}); again")
-                time.sleep(2)
-                continue
-            if replaying:
-                remaining["dlq replaying"] = replaying
-            if not remaining:
-                drained = True
-                break
-            try:
-                due = list(
-                    Operation.objects.filter(
-                        tenant=tenant, mode="guard", status=OperationStatus.RETRY_WAIT, provider__isnull=False
-                    ).values_list("key", "provider__slug")[:40]
-                )
-            except DatabaseError:
-                connection.close()
-                continue
-            by_slug = {p.slug: p for p in providers.values()}
-            workers = [
-                threading.Thread(
-                    target=load.guard_flow,
-                    args=(key, by_slug[slug]),
-                    kwargs={
-                        "decline": truth.keys.get(key, ("", "", False))[2],
-                        "uses_marker": True,
-                        "heartbeat": False,
-                    },
-                    daemon=True,
-                )
-                for key, slug in due
-            ]
-            for w in workers:
-                w.start()
-            try:
-                reviewer.round(allow_retry=False)
-            except Exception as exc:
-                self.stamp(f"drain: a review round failed ({type(exc).__name__})")
-            for w in workers:
-                w.join(timeout=60)
-            time.sleep(SWEEP_EVERY_SECONDS)
-        drain_took = self.drain_seconds - max(0.0, deadline - time.monotonic())
+        drained, remaining, took = self._drain(tenant=tenant, providers=providers, load=load, reviewer=reviewer)
         self.stamp(
-            f"drain {'complete' if drained else 'TIMED OUT'} after {drain_took:.0f} s"
+            f"drain {'complete' if drained else 'TIMED OUT'} after {took:.0f} s"
             + ("" if drained else f"; still open: {remaining}")
         )
-
-        # --- checks: the service's processes stop first, so nothing moves underneath ---
+        # The service's processes stop first, so nothing moves while the checks read.
         metrics_text = self._metrics(base_url)
         supervisor.stop_all()
         hard_stop.set()
-        close_old_connections()
-        sink_effects = providers["sink"].mock.effects()
-        grace = timedelta(seconds=SWEEP_EVERY_SECONDS + 60)
-        results: list[checks.Check] = [checks.final_states(tenant, lease_grace=grace)]
-        effects = checks.effects(tenant, providers, sink_effects)
-        results += effects.checks
-        results += [
-            checks.events(tenant),
-            checks.nothing_left_terminal(tenant),
-            checks.no_unresolved_failed(tenant),
-            checks.dlq(tenant, truth),
-            checks.dlq_changes(tenant),
-            checks.replays(tenant, sink_effects),
-            checks.access_log(BASE_DIR, env),
-        ]
-        during = checks.Check("a finished key's every answer repeats its recorded outcome, field for field")
-        during.looked_at = len(truth.finished)
-        during.problems = list(recorder.violations)
-        results.append(during)
+        results, histograms = service.run_checks(
+            tenant=tenant,
+            providers=providers,
+            truth=truth,
+            recorder=recorder,
+            base_dir=BASE_DIR,
+            env=env,
+            lease_grace=timedelta(seconds=SWEEP_EVERY_SECONDS + 60),
+        )
         api.close()
         auditor.close()
+        faults.close()
         return self._report(
             tenant=tenant,
             results=results,
             recorder=recorder,
             faults=faults,
-            histograms=effects.histograms,
+            histograms=histograms,
             unexpected=unexpected,
             truth=truth,
             metrics_text=metrics_text,
             drained=drained,
         )
 
-    def _metrics(self, base_url: str) -> str:
-        import httpx
+    def _drain(
+        self, *, tenant: Any, providers: dict[str, Provider], load: Load, reviewer: Reviewer
+    ) -> tuple[bool, dict[str, int], float]:
+        """Until nothing is open but review (bounded): callers come back for their due
+        retries and the reviewer keeps deciding (no more retries from it: it settles)."""
+        started = time.monotonic()
+        deadline = started + self.drain_seconds
+        by_slug = {p.slug: p for p in providers.values()}
+        remaining: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            counts = self.service.still_open(tenant)
+            if counts is None:
+                self.stamp("drain: the database could not be read; again")
+                time.sleep(SWEEP_EVERY_SECONDS)
+                continue
+            remaining = counts
+            if not remaining:
+                return True, {}, time.monotonic() - started
+            callers = [
+                threading.Thread(
+                    target=load.guard_flow,
+                    args=(key, by_slug[slug]),
+                    kwargs={
+                        "decline": load.truth.keys.get(key, ("", "", False))[2],
+                        "uses_marker": True,
+                        "heartbeat": False,
+                    },
+                    daemon=True,
+                )
+                for key, slug in self.service.due_guard_retries(tenant, limit=40)
+            ]
+            for caller in callers:
+                caller.start()
+            try:
+                reviewer.round(allow_retry=False)
+            except Exception as exc:  # a bad round is retried next time round
+                self.stamp(f"drain: a review round failed ({type(exc).__name__})")
+            for caller in callers:
+                caller.join(timeout=60)
+            time.sleep(SWEEP_EVERY_SECONDS)
+        return False, remaining, time.monotonic() - started
 
+    def _metrics(self, base_url: str) -> str:
         try:
             return httpx.get(f"{base_url}/metrics", timeout=10, trust_env=False).text
         except httpx.HTTPError:
@@ -515,22 +407,20 @@ class Soak:
         *,
         tenant: Any,
         results: list[Any],
-        recorder: Any,
-        faults: Any,
+        recorder: Recorder,
+        faults: Faults,
         histograms: dict[str, Counter[int]],
         unexpected: Counter[str],
-        truth: Any,
+        truth: Truth,
         metrics_text: str,
         drained: bool,
     ) -> int:
-        from soak import checks
-
         self.say()
         self.say("operations by final state")
         statuses = ["succeeded", "failed", "abandoned", "review", "other"]
         self.say(f"  {'mode':8} {'provider':14} " + " ".join(f"{s:>10}" for s in statuses) + f" {'total':>7}")
         grand: Counter[str] = Counter()
-        for mode, name, counts in checks.states_table(tenant):
+        for mode, name, counts in self.service.states_table(tenant):
             row = Counter({s: counts.get(s, 0) for s in statuses[:-1]})
             row["other"] = sum(n for s, n in counts.items() if s not in statuses)
             grand.update(row)
@@ -590,10 +480,10 @@ class Soak:
         for check in results:
             mark = "ok  " if check.ok else "FAIL"
             self.say(f"  [{mark}] {check.name} ({check.looked_at} checked)")
-            for problem in check.problems[: checks.SHOW]:
+            for problem in check.problems[:SHOW]:
                 self.say(f"           {problem}")
-            if len(check.problems) > checks.SHOW:
-                self.say(f"           … and {len(check.problems) - checks.SHOW} more")
+            if len(check.problems) > SHOW:
+                self.say(f"           … and {len(check.problems) - SHOW} more")
             failed += not check.ok
         total = time.monotonic() - self.started
         verdict = "PASSED" if not failed else f"FAILED ({failed} invariant(s) violated)"
