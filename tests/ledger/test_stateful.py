@@ -366,9 +366,24 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._free_to_send()))
     @rule(pick=st.integers(0, 50), fault=st.sampled_from(FAULTS))
     def send_without_marker(self, pick: int, fault: str) -> None:
-        """A caller that never promised the marker may send without it."""
+        """A caller that never promised the marker may send without it — while its lease runs."""
         holder = self._pick(self._free_to_send(), pick)
+        if not self._lease_runs(holder):
+            # Its lease ran out first (the clock moved, the sweeper took over): it gives up.
+            holder.reported = True
+            return
         self._send(holder, fault)
+
+    def _lease_runs(self, holder: Holder) -> bool:
+        """The protocol every sender keeps: an effect starts only within the sender's lease
+        (a worker sends right after its take; a caller right after its claim or marker). A
+        sender stalled past it is taken as dead before sending; the ledger cannot stop one
+        that sends anyway, and the reviewer cannot see an effect that has not happened yet."""
+        return (
+            self._ops()
+            .filter(pk=holder.op_id, status=S.CLAIMED, lease_token=holder.token, lease_expires_at__gt=Now())
+            .exists()
+        )
 
     def _send(self, holder: Holder, fault: str) -> None:
         op = Operation.objects.get(pk=holder.op_id)
@@ -461,6 +476,8 @@ class LedgerMachine(RuleBasedStateMachine):
         holder = self._pick(self._taken(), pick)
         holder.reported = True
         assert holder.operation is not None
+        if not self._lease_runs(holder):
+            return  # stalled past its lease: died before sending
         self.next_fault = fault
         if crash:
             if holder.marked:
