@@ -4,12 +4,8 @@ walkthrough follows PORT and DEMO_PORT_BASE) and a fresh SQLite file in a tempor
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,14 +13,9 @@ import httpx
 import pytest
 
 from tests.conftest import on_postgres
+from tests.support.run_all import run_all
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def walkthrough() -> str:
@@ -36,27 +27,8 @@ def walkthrough() -> str:
 def test_the_readme_walkthrough_runs_as_written_against_make_runs_demo(tmp_path):
     if on_postgres():
         pytest.skip("make run is the embedded (SQLite) mode")
-    port, demo_base = _free_port(), _free_port()
-    env = {
-        **os.environ,
-        "ONCEGUARD_VAR_DIR": str(tmp_path),
-        "PORT": str(port),
-        "DEMO_PORT_BASE": str(demo_base),
-        "EXEC_WORKERS": "1",
-    }
-    env.pop("DATABASE_URL", None)
-    env.pop("SQLITE_PATH", None)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=300)
-    log = (tmp_path / "run.log").open("wb")
-    server = subprocess.Popen(
-        [sys.executable, "manage.py", "run_all", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
+    with run_all(tmp_path, stop_timeout=60) as service:
+        port, server, env = service.port, service.process, service.env
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and b"is up" not in (tmp_path / "run.log").read_bytes():
             assert server.poll() is None, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
@@ -77,11 +49,3 @@ def test_the_readme_walkthrough_runs_as_written_against_make_runs_demo(tmp_path)
         assert re.search(r"/api/v1/operations/\d+: succeeded", out), out
         assert "n8n:17:4812" in out and out.rstrip().endswith("resolved"), out[-500:]
         assert "lease_lost" not in out and "problem" not in out
-    finally:
-        os.killpg(server.pid, signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            raise
-        log.close()

@@ -3,11 +3,6 @@ cleanly on Ctrl-C; `schedules_install` installs every app's schedules."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,14 +12,9 @@ from django.core.management import call_command
 from django_q.models import Schedule
 
 from tests.conftest import on_postgres
+from tests.support.run_all import run_all
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.django_db
@@ -40,26 +30,8 @@ def test_schedules_install_installs_every_apps_schedules_idempotently():
 def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
     if on_postgres():
         pytest.skip("the embedded mode is SQLite")
-    port, demo_base = _free_port(), _free_port()
-    env = {
-        **os.environ,
-        "ONCEGUARD_VAR_DIR": str(tmp_path),
-        "DEMO_PORT_BASE": str(demo_base),
-        "EXEC_WORKERS": "1",
-    }
-    env.pop("DATABASE_URL", None)
-    env.pop("SQLITE_PATH", None)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
-    log = (tmp_path / "run.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "run_all", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
+    with run_all(tmp_path) as service:
+        port, proc = service.port, service.process
         deadline = time.monotonic() + 60
         answered = None
         while time.monotonic() < deadline and proc.poll() is None:
@@ -102,12 +74,4 @@ def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
             line for line in (tmp_path / "run.log").read_text(errors="replace").splitlines() if "GET /api" not in line
         ]
         assert body.get("status") == "succeeded", (body.get("last_error"), log_lines[-20:])
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        log.close()
     assert proc.returncode == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
