@@ -86,6 +86,14 @@ def lease_seconds_for(provider: Provider) -> float:
     return worker_lease_seconds(float(provider.timeout_seconds))
 
 
+def send_window_seconds() -> float:
+    """How long after its take a worker may still start sending: the lease's margin. A send
+    that starts later could outlive the lease (two timeouts plus the record retries), and the
+    sweeper may already have moved the row to review, where a reviewer can abandon it — so a
+    holder stalled past this window records the attempt as not sent instead of sending."""
+    return float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
+
+
 def parse_retry_after(value: str | None, *, cap: float) -> float | None:
     """Retry-After as delta-seconds or an HTTP-date; None when absent or unreadable."""
     if not value:

@@ -426,21 +426,37 @@ def record_outcome_retrying(*, op: Operation, provider: Provider, outcome: adapt
     raise AssertionError("unreachable: the last try either returns or raises")  # pragma: no cover
 
 
-def operation_execute(*, operation: Operation, client: httpx.Client, actor: str = "worker") -> Operation | None:
+def operation_execute(
+    *, operation: Operation, client: httpx.Client, actor: str = "worker", taken_at: float | None = None
+) -> Operation | None:
     """Send one taken operation and record its outcome. Returns the recorded row, or None
-    when the row moved meanwhile (the sweeper or a reviewer; the result was kept as evidence)."""
+    when the row moved meanwhile (the sweeper or a reviewer; the result was kept as evidence).
+
+    ``taken_at`` is ``time.monotonic()`` read just before the take: a holder that reaches the
+    send later than :func:`adapters.send_window_seconds` after it does not send (the lease
+    might end mid-send), and records the attempt as not sent — a retry, not an effect."""
     op = operation
     provider = services.provider_by_id(op.provider_id)
     with log_context(**operation_fields(op, provider=provider.slug)):
-        return _execute(op=op, provider=provider, client=client, actor=actor)
+        return _execute(op=op, provider=provider, client=client, actor=actor, taken_at=taken_at)
 
 
-def _execute(*, op: Operation, provider: Provider, client: httpx.Client, actor: str) -> Operation | None:
+def _execute(
+    *, op: Operation, provider: Provider, client: httpx.Client, actor: str, taken_at: float | None
+) -> Operation | None:
+    stalled = taken_at is not None and time.monotonic() - taken_at > adapters.send_window_seconds()
     if op.sent_at is None:
         # Taken after its deadline or lifetime: old work expires instead of acting.
         outcome = adapters.Outcome(
             ErrorClass.TRANSIENT, message="deadline or lifetime passed before sending", sent=False
         )
+    elif stalled:
+        # Stalled between take and send (a paused process, starved threads): the rest of the
+        # lease may not cover the send, so the row may be swept while the request is out.
+        outcome = adapters.Outcome(
+            ErrorClass.TRANSIENT, message="stalled past the send window after the take; not sent", sent=False
+        )
+        log.warning("execute_send_skipped_stalled key=%s attempt=%s", op.key, op.attempts)
     else:
         outcome = _send(op=op, provider=provider, client=client)
         observe_provider_call(

@@ -73,13 +73,13 @@ class Worker:
                 self._clients.append(client)
         return client
 
-    def _run_one(self, op: Operation) -> None:
+    def _run_one(self, op: Operation, taken_at: float) -> None:
         try:
             # This thread's connection may have idled through a database restart: drop it now
             # rather than fail the record step on it (which would retry, but later).
             dead_connections_discard()
             with log_context(**operation_fields(op)):
-                recorded = operation_execute(operation=op, client=self._client(), actor=self.name)
+                recorded = operation_execute(operation=op, client=self._client(), actor=self.name, taken_at=taken_at)
             with self._cond:
                 self.stats.finished += 1
                 status = recorded.status if recorded is not None else "refused"
@@ -139,6 +139,8 @@ class Worker:
                     free = min(free, max_operations - self.stats.taken)
                     if free <= 0:
                         break
+                # Read before the take: the lease is counted from a database time after it.
+                taken_at = time.monotonic()
                 try:
                     taken = operations_take(limit=free, actor=self.name)
                 except Exception as exc:  # database restarting, network blip: back off, go on
@@ -154,7 +156,7 @@ class Worker:
                         self._free -= len(taken)
                         self.stats.taken += len(taken)
                     for op in taken:
-                        pool.submit(self._run_one, op)
+                        pool.submit(self._run_one, op, taken_at)
                     continue
                 if max_idle_seconds is not None and time.monotonic() - idle_since > max_idle_seconds:
                     with self._cond:
