@@ -29,8 +29,12 @@ class DeadConnectionMiddleware:
         return self.get_response(request)
 
 
+UPLOADS_PATH = "/api/v1/uploads"
+
+
 class ApiBodyLimitMiddleware:
-    """Refuse API bodies over MAX_REQUEST_BYTES with 413 before a byte is parsed."""
+    """Refuse API bodies over MAX_REQUEST_BYTES (uploads: UPLOAD_MAX_BYTES) with 413 before a
+    byte is read, when their Content-Length says so."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
@@ -41,7 +45,10 @@ class ApiBodyLimitMiddleware:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 length = -1
-            limit = settings.MAX_REQUEST_BYTES
+            # An upload's body is a file, streamed to storage with its own limit (ledger.uploads).
+            limit = (
+                settings.ONCEGUARD["UPLOAD_MAX_BYTES"] if request.path == UPLOADS_PATH else settings.MAX_REQUEST_BYTES
+            )
             if length < 0:
                 return problem_response(
                     400, "bad_content_length", "Bad Content-Length", "Content-Length is not a number."

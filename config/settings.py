@@ -6,6 +6,7 @@ Defaults are safe for the embedded mode (SQLite file under ``var/``); production
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -177,9 +178,42 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 STATIC_ROOT.mkdir(exist_ok=True)
 # Serve app static files straight from their apps: no collectstatic step to forget.
 WHITENOISE_USE_FINDERS = True
+
+
+def _object_storage(*, backend_env: str, options_env: str, location: Path) -> dict[str, object]:
+    """A storage alias for tenant objects (ledger.objects): local files under ``location``
+    (mode 600 in 700 folders; nothing serves them by URL: only the tenant-scoped API views
+    read them) unless ``backend_env`` names another Django
+    storage backend — e.g. django-storages' ``storages.backends.s3.S3Storage`` — configured
+    by the JSON object in ``options_env``."""
+    backend = os.environ.get(backend_env) or "django.core.files.storage.FileSystemStorage"
+    if backend == "django.core.files.storage.FileSystemStorage":
+        options: dict[str, object] = {
+            "location": str(location),
+            "file_permissions_mode": 0o600,
+            "directory_permissions_mode": 0o700,
+        }
+    else:
+        options = {}
+    options.update(json.loads(os.environ.get(options_env) or "{}"))
+    return {"BACKEND": backend, "OPTIONS": options}
+
+
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    # Uploads and published outputs: readable only through the API (ledger.objects).
+    "onceguard_objects": _object_storage(
+        backend_env="OBJECT_STORAGE_BACKEND",
+        options_env="OBJECT_STORAGE_OPTIONS",
+        location=Path(os.environ.get("OBJECT_STORAGE_DIR") or VAR_DIR / "objects"),
+    ),
+    # Fetched outputs before their checks pass: never readable, deleted after the verdict.
+    "onceguard_quarantine": _object_storage(
+        backend_env="QUARANTINE_STORAGE_BACKEND",
+        options_env="QUARANTINE_STORAGE_OPTIONS",
+        location=Path(os.environ.get("QUARANTINE_STORAGE_DIR") or VAR_DIR / "quarantine"),
+    ),
 }
 
 LOGIN_URL = "/admin/login/"
@@ -308,6 +342,21 @@ ONCEGUARD = {
     # addresses, phone numbers, tokens and keys (ledger.redaction): regular expressions, one
     # per line, e.g. ERROR_SCRUB_PATTERNS='\bCUST-\d{8}\b'. Compiled here so a bad one
     # stops the start, not every failure record.
+    # Uploads (POST /api/v1/uploads, ledger.uploads): the largest file taken, counted while
+    # it streams in (refused as soon as it is passed), and the media types taken, recognised
+    # by their content (magic bytes, then decoded by Pillow), never by the client's header.
+    "UPLOAD_MAX_BYTES": env_int("UPLOAD_MAX_BYTES", 10 * 1024 * 1024),
+    "UPLOAD_MEDIA_TYPES": [
+        t.strip()
+        for t in os.environ.get("UPLOAD_MEDIA_TYPES", "image/png,image/jpeg,image/webp,image/gif").split(",")
+        if t.strip()
+    ],
+    # Images with more pixels than this are refused before they are decoded (a small file
+    # can declare a huge canvas: a decompression bomb).
+    "IMAGE_MAX_PIXELS": env_int("IMAGE_MAX_PIXELS", 16_777_216),
+    # Validated outputs (ledger.outputs): the largest output fetched, and how long a fetch may take.
+    "OUTPUT_MAX_BYTES": env_int("OUTPUT_MAX_BYTES", 20 * 1024 * 1024),
+    "OUTPUT_FETCH_TIMEOUT_SECONDS": float(os.environ.get("OUTPUT_FETCH_TIMEOUT_SECONDS") or 30),
     "ERROR_SCRUB_PATTERNS": [
         re.compile(p.strip()).pattern for p in os.environ.get("ERROR_SCRUB_PATTERNS", "").splitlines() if p.strip()
     ],

@@ -5,13 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.core.files.storage import Storage
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers as drf_serializers
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import selectors, services
+from ledger import objects, selectors, services, uploads
 from ledger.errors import InvalidKey, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationStatus
@@ -27,6 +31,7 @@ from ledger.serializers import (
     ReplayedOperationOutputSerializer,
     SentInputSerializer,
     SubmitInputSerializer,
+    UploadOutputSerializer,
 )
 from ledger.telemetry import claim_timer
 
@@ -267,3 +272,92 @@ class OperationListApi(APIView):
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(filterset.qs, request, view=self)
         return paginator.get_paginated_response(OperationOutputSerializer(page, many=True).data)
+
+
+# --- Uploads and validated outputs (issue 15: ledger.uploads, ledger.outputs) ----------------
+
+
+def object_content_response(
+    *, storage: Storage, name: str, media_type: str, sha256: str, filename: str
+) -> FileResponse:
+    """The stored bytes as they are, to the tenant that owns them: never cached by a shared
+    cache, never rendered as a page (a download, sandboxed), tagged with their digest."""
+    try:
+        handle = storage.open(name, "rb")
+    except FileNotFoundError:
+        # Deleted by retention between the row's read and this open.
+        raise uploads.UploadNotFound("No such object.") from None
+    response = FileResponse(handle, content_type=media_type, as_attachment=True, filename=filename)
+    response["ETag"] = f'"{sha256}"'
+    response["Cache-Control"] = "private, no-cache"
+    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+class ObjectBytesApi(APIView):
+    """A view that answers stored bytes: whatever the client accepts, the bytes are answered
+    with their own media type, and a problem is JSON."""
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[BaseRenderer, str]:
+        return JSONRenderer(), "application/json"
+
+
+class UploadCreateApi(APIView):
+    @extend_schema(
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={
+            201: UploadOutputSerializer,
+            200: OpenApiResponse(
+                UploadOutputSerializer, description="These bytes were already uploaded: the same key."
+            ),
+        },
+        summary="Upload a file (the body is the file); answers its immutable key and sha256",
+        description="The body is the file's bytes (any Content-Type; the type is recognised from the content)."
+        " Refused before anything is stored: over UPLOAD_MAX_BYTES (413 payload_too_large, counted while it"
+        " streams in), empty (400 upload_empty), not of an accepted type or not decodable"
+        " (415 upload_media_type_not_allowed).",
+    )
+    def post(self, request: Request) -> Response:
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        # DRF's stream of the raw body (None when it is empty); never parsed.
+        stream = request.stream
+        result = uploads.upload_store(
+            tenant=request.user.tenant,
+            stream=stream if stream is not None else _EmptyStream(),
+            declared_length=declared,
+        )
+        body = UploadOutputSerializer(result.upload).data
+        if not result.created:
+            return Response(body, status=200, headers={REPLAYED_HEADER: "true"})
+        return Response(body, status=201, headers={"Location": f"/api/v1/uploads/{result.upload.key}"})
+
+
+class _EmptyStream:
+    def read(self, size: int = -1, /) -> bytes:
+        return b""
+
+
+class UploadDetailApi(APIView):
+    @extend_schema(responses={200: UploadOutputSerializer}, summary="One upload's facts (this tenant's only)")
+    def get(self, request: Request, key: str) -> Response:
+        return Response(UploadOutputSerializer(uploads.upload_get(tenant=request.user.tenant, key=key)).data)
+
+
+class UploadContentApi(ObjectBytesApi):
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+        summary="An upload's bytes (this tenant's only), with its recognised media type",
+    )
+    def get(self, request: Request, key: str) -> FileResponse:
+        upload = uploads.upload_get(tenant=request.user.tenant, key=key)
+        return object_content_response(
+            storage=objects.objects_storage(),
+            name=upload.storage_name,
+            media_type=upload.media_type,
+            sha256=upload.sha256,
+            filename=upload.key,
+        )

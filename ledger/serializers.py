@@ -10,7 +10,7 @@ from rest_framework import serializers
 from ledger import selectors
 from ledger.crypto import open_json
 from ledger.masking import stored_value_masked
-from ledger.models import ErrorClass, Operation
+from ledger.models import REPORTED_ERROR_CLASSES, Operation
 from ledger.serializer_reuse import represented
 from ledger.storable import MAX_DURATION_SECONDS, nul_problem
 
@@ -121,7 +121,7 @@ class CompleteInputSerializer(LeaseTokenSerializer):
 
 
 class FailInputSerializer(LeaseTokenSerializer):
-    error_class = serializers.ChoiceField(choices=ErrorClass.choices)
+    error_class = serializers.ChoiceField(choices=[(c.value, c.label) for c in REPORTED_ERROR_CLASSES])
     message = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
     response_status = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=100, max_value=599
@@ -239,3 +239,33 @@ def operation_representation(op: Operation, *, response_in_clear: bool = False, 
     Extra keyword arguments are accepted and ignored."""
     serializer = ReplayedOperationOutputSerializer if response_in_clear else OperationOutputSerializer
     return represented(serializer, op)
+
+
+class StoredObjectSerializer(serializers.Serializer):
+    """What every answer says about a stored object (an upload or a validated output): facts
+    read from its content, never from what its sender claimed."""
+
+    key = serializers.CharField(help_text="Immutable, content-addressed: the same bytes have the same key.")
+    sha256 = serializers.CharField(help_text="Hex sha256 of the bytes.")
+    size = serializers.IntegerField(help_text="Bytes.")
+    media_type = serializers.CharField(help_text="Recognised from the content (magic bytes, decoded by Pillow).")
+    width = serializers.IntegerField(allow_null=True, help_text="Pixels, for images.")
+    height = serializers.IntegerField(allow_null=True, help_text="Pixels, for images.")
+    created_at = serializers.DateTimeField()
+
+
+class UploadOutputSerializer(StoredObjectSerializer):
+    content = serializers.SerializerMethodField(help_text="Where the bytes are read (this tenant's API keys only).")
+
+    @extend_schema_field(serializers.CharField())
+    def get_content(self, upload: Any) -> str:
+        return f"/api/v1/uploads/{upload.key}/content"
+
+
+class OutputObjectSerializer(StoredObjectSerializer):
+    operation = serializers.IntegerField(source="operation_id")
+    content = serializers.SerializerMethodField(help_text="Where the bytes are read (this tenant's API keys only).")
+
+    @extend_schema_field(serializers.CharField())
+    def get_content(self, output: Any) -> str:
+        return f"/api/v1/operations/{output.operation_id}/output/content"

@@ -10,4 +10,7 @@ urlpatterns = [
     path("operations/<int:operation_id>/complete", apis.OperationCompleteApi.as_view(), name="operation-complete"),
     path("operations/<int:operation_id>/fail", apis.OperationFailApi.as_view(), name="operation-fail"),
     path("operations/<int:operation_id>/heartbeat", apis.OperationHeartbeatApi.as_view(), name="operation-heartbeat"),
+    path("uploads", apis.UploadCreateApi.as_view(), name="upload-create"),
+    path("uploads/<str:key>", apis.UploadDetailApi.as_view(), name="upload-detail"),
+    path("uploads/<str:key>/content", apis.UploadContentApi.as_view(), name="upload-content"),
 ]

@@ -32,6 +32,7 @@ from typing import IO, Any
 import httpx
 
 from relay.fault_relay import FORWARD_AND_RESPOND, make_relay
+from relay.mock_images import make_mock_image_provider
 from relay.mock_providers import make_mock_provider
 from relay.server import LoopbackServer
 
@@ -100,8 +101,9 @@ class RunningServer:
         return response.json()
 
     def effects(self) -> dict[str, Any]:
-        """A mock provider's ``/_effects``: count, by_key, requests, failed, objects, lookups."""
-        self._require("mock")
+        """A mock provider's ``/_effects``: count, by_key, requests, failed, objects, lookups
+        (the image API's: renders, by_key, jobs, submits, polls, fetches, lookups, failed)."""
+        self._require("mock", "images")
         return self._call("GET", "/_effects")
 
     def journal(self) -> list[dict[str, Any]]:
@@ -110,8 +112,15 @@ class RunningServer:
         return self._call("GET", "/_relay/journal")
 
     def script(self, steps: list[Any]) -> None:
-        """Replace the script: mock steps (``{"status": 503}``…) or relay steps (mode names)."""
-        self._call("POST", "/_script" if self.kind == "mock" else "/_relay/script", json=steps)
+        """Replace the script: mock steps (``{"status": 503}``…), the image API's switch sets
+        (``{"wrong_size": true}``…, one per submission) or relay steps (mode names)."""
+        self._call("POST", "/_relay/script" if self.kind == "relay" else "/_script", json=steps)
+
+    def set_switches(self, **switches: Any) -> None:
+        """The image API's switches for every later job (``delay``, ``fail``, ``wrong_size``,
+        ``wrong_type``, ``status``/``retry_after``); none: back to normal jobs."""
+        self._require("images")
+        self._call("POST", "/_switches", json=switches)
 
     def set_mode(self, mode: str, delay: float | None = None) -> None:
         """A relay's mode for requests without an ``X-Relay-Mode`` header or a script step."""
@@ -119,11 +128,11 @@ class RunningServer:
         self._call("POST", "/_relay/mode", json={"mode": mode, **({"delay": delay} if delay is not None else {})})
 
     def reset(self) -> None:
-        self._call("POST", "/_reset" if self.kind == "mock" else "/_relay/reset")
+        self._call("POST", "/_relay/reset" if self.kind == "relay" else "/_reset")
 
-    def _require(self, kind: str) -> None:
-        if self.kind != kind:
-            raise TypeError(f"{self.kind} server has no such endpoint (only a {kind} has)")
+    def _require(self, *kinds: str) -> None:
+        if self.kind not in kinds:
+            raise TypeError(f"{self.kind} server has no such endpoint (only a {' or '.join(kinds)} has)")
 
     # --- lifecycle ---
 
@@ -254,6 +263,13 @@ def start_mock_provider(mode: str, header: str = "Idempotency-Key", *, process: 
     if process:
         return _start_process("mock", ["mockprovider", "--mode", mode, "--header", header], "/_effects")
     return _start_in_thread("mock", make_mock_provider(mode, host=LOOPBACK, port=0, header=header))
+
+
+def start_mock_image_provider(*, process: bool = False) -> RunningServer:
+    """The mock image API (relay.mock_images: submit → job id → poll → PNG) on 127.0.0.1, a free port."""
+    if process:
+        return _start_process("images", ["mockimages"], "/_effects")
+    return _start_in_thread("images", make_mock_image_provider(host=LOOPBACK, port=0))
 
 
 def start_relay(

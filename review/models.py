@@ -165,6 +165,9 @@ class RecordType(models.TextChoices):
     OPERATIONS = "operations", "operations"
     FAILED_EVENTS = "failed_events", "DLQ entries"
     ACCESS_LOG = "access_log", "access log"
+    # Files tenants uploaded (ledger.Upload): the bytes are the record, so the earlier of the
+    # two TTLs deletes row and object together.
+    UPLOADS = "uploads", "uploads"
 
 
 class SubjectIndex(models.Model):

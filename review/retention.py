@@ -5,6 +5,8 @@ Rules (DESIGN §6):
   are redacted or deleted. A DLQ entry still pending past its record TTL is first discarded
   with an alert; it is deleted by a later run, once ``DISCARD_GRACE`` has passed.
 * Legal hold on a policy: nothing of that record type is touched.
+* Uploads (``ledger.Upload``): the bytes are the record, so the earlier of the two TTLs
+  deletes the row and, once that commits, its object.
 * A deleted operation leaves a tombstone (``ledger.tombstones``: kept for the longest of 24 h
   and the provider's key TTL); operations something still references (a living DLQ entry, an
   operation superseded by it) are not deleted until the reference is gone. ``operation_claim``
@@ -36,8 +38,9 @@ from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import failed_event_discard
 from ledger import sql
 from ledger.crypto import is_redacted
-from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone
+from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload
 from ledger.tombstones import tombstones_create
+from ledger.uploads import uploads_delete
 from review.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
 from review.models import (
     AccessLog,
@@ -333,6 +336,19 @@ def _delete_access_log(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
             counts.deleted += len(ids)
 
 
+def _delete_uploads(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
+    # An upload's bytes are its payload and its record at once: the earlier TTL deletes both
+    # (the rows in the batch's transaction, the objects once it commits: ledger.uploads).
+    ttls = [ttl for ttl in (policy.payload_ttl, policy.record_ttl) if ttl is not None]
+    if not ttls:
+        return
+    cutoff = tp.now - min(ttls)
+    rows = Upload.objects.filter(tenant_id=tp.run.tenant_id, created_at__lt=cutoff)
+    for ids in _keyset_batches(tp, rows, "created_at"):
+        with transaction.atomic():
+            counts.deleted += uploads_delete(tenant_id=tp.run.tenant_id, upload_ids=ids)
+
+
 def _expire_tombstones(tp: TenantPurge) -> None:
     rows = Tombstone.objects.filter(tenant_id=tp.run.tenant_id, keep_until__lt=tp.now)
     for ids in _keyset_batches(tp, rows, "keep_until"):
@@ -392,6 +408,8 @@ def retention_purge_tenant(
                     _redact_failed_events(tp, policy, counts)
             elif record_type == RecordType.ACCESS_LOG and policy.record_ttl is not None:
                 _delete_access_log(tp, policy, counts)
+            elif record_type == RecordType.UPLOADS:
+                _delete_uploads(tp, policy, counts)
         _expire_tombstones(tp)
         # Every purge leaves the tenant's access-log head signed (review.accesslog).
         accesslog_checkpoint(tenant_id=tenant_id)

@@ -87,6 +87,21 @@ def outbound_allow(settings: Any) -> Iterator[Callable[..., list[str]]]:
 
 
 @pytest.fixture(autouse=True)
+def object_dirs(settings: Any, tmp_path: Any) -> dict[str, Any]:
+    """Every test stores uploads and outputs (ledger.objects) in folders of its own, so a test
+    can look at exactly what was stored — and nothing lands in var/."""
+    dirs = {"objects": tmp_path / "objects", "quarantine": tmp_path / "quarantine"}
+    storages = dict(settings.STORAGES)
+    for alias, folder in (("onceguard_objects", dirs["objects"]), ("onceguard_quarantine", dirs["quarantine"])):
+        storages[alias] = {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {**settings.STORAGES[alias].get("OPTIONS", {}), "location": str(folder)},
+        }
+    settings.STORAGES = storages
+    return dirs
+
+
+@pytest.fixture(autouse=True)
 def _forget_process_caches() -> Any:
     """Per-process caches are keyed by ids and test databases reuse ids between tests."""
     from ledger import caching, selectors

@@ -7,6 +7,7 @@ Use them from any conftest with::
 - ``mock_enforced`` / ``mock_advisory``: a running mock provider (relay.mock_providers),
   fresh per test.
 - ``mock_provider_factory(mode, header="Idempotency-Key", process=False)``: more of them.
+- ``mock_images``: the mock image API (relay.mock_images), fresh per test.
 - ``relay_factory(upstream, mode=None, delay=0.0, process=False, ...)``: fault relays in
   front of a provider (a RunningServer or a URL).
 
@@ -23,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from relay.testing import RunningServer, start_mock_provider, start_relay
+from relay.testing import RunningServer, start_mock_image_provider, start_mock_provider, start_relay
 
-__all__ = ["mock_advisory", "mock_enforced", "mock_provider_factory", "relay_factory"]
+__all__ = ["mock_advisory", "mock_enforced", "mock_images", "mock_provider_factory", "relay_factory"]
 
 
 @pytest.fixture
@@ -50,6 +51,13 @@ def mock_enforced(mock_provider_factory: Callable[..., RunningServer]) -> Runnin
 @pytest.fixture
 def mock_advisory(mock_provider_factory: Callable[..., RunningServer]) -> RunningServer:
     return mock_provider_factory("advisory")
+
+
+@pytest.fixture
+def mock_images() -> Iterator[RunningServer]:
+    server = start_mock_image_provider()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,167 @@
+"""Uploads by digest (issue 15 item 3): a tenant's file stored outside the queue.
+
+``upload_store`` takes the request body as a stream and, in this order:
+
+1. copies it into an unnamed temporary file, hashing and counting as it goes, and refuses it
+   (``413 payload_too_large``) the moment it passes ``UPLOAD_MAX_BYTES`` — reading stops
+   there; an empty body is ``400 upload_empty``;
+2. decides its media type from its content (ledger.objects.inspect: magic bytes, then a full
+   decode by Pillow for images) and refuses a type not in ``UPLOAD_MEDIA_TYPES`` or content
+   that does not decode (``415 upload_media_type_not_allowed``) — the client's Content-Type
+   is never read;
+3. only then admits it: the same bytes from the same tenant already stored answer that upload
+   (200, nothing written); otherwise the object is written to the ``onceguard_objects``
+   storage under a fresh name and the row inserted. The row, unique per tenant and digest,
+   is the commit point: a concurrent upload of the same bytes that loses the insert deletes
+   its own object and answers the winner's row.
+
+Nothing is stored on a refusal: not a row, not an object, not a named temporary file.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.core.files.storage import Storage
+from django.db import IntegrityError, transaction
+
+from ledger import objects
+from ledger.errors import DomainError
+from ledger.models import Tenant, Upload
+
+log = logging.getLogger("onceguard.uploads")
+
+KEY_PREFIX = "up_"
+
+
+class UploadTooLarge(DomainError):
+    status, code, title = 413, "payload_too_large", "Payload too large"
+
+
+class UploadEmpty(DomainError):
+    code, title = "upload_empty", "Empty upload"
+
+
+class UploadMediaTypeNotAllowed(DomainError):
+    status, code, title = 415, "upload_media_type_not_allowed", "Media type not allowed"
+
+
+class UploadNotFound(DomainError):
+    """Unknown key, or another tenant's: the same 404 (an upload's existence is tenant data)."""
+
+    status, code, title = 404, "not_found", "Not found"
+
+
+def upload_max_bytes() -> int:
+    return int(objects.setting("UPLOAD_MAX_BYTES"))
+
+
+def upload_media_types() -> list[str]:
+    return list(objects.setting("UPLOAD_MEDIA_TYPES"))
+
+
+def upload_key(sha256: str) -> str:
+    return KEY_PREFIX + sha256
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    upload: Upload
+    # False: these bytes were already stored for this tenant; nothing was written.
+    created: bool
+
+
+def upload_store(*, tenant: Tenant, stream: objects.Readable, declared_length: int | None = None) -> UploadResult:
+    """Check and store one upload (module docstring); raises the refusals above."""
+    limit = upload_max_bytes()
+    if declared_length is not None and declared_length > limit:
+        # Refused before a byte is read: the body says it is too large.
+        raise UploadTooLarge(f"The file exceeds the limit of {limit} bytes.", extra={"limit": limit})
+    try:
+        received = objects.receive_bounded(objects.stream_chunks(stream, limit=limit), limit=limit)
+    except objects.ObjectTooLarge:
+        log.info("upload_refused tenant=%s reason=too_large limit=%s", tenant.pk, limit)
+        raise UploadTooLarge(f"The file exceeds the limit of {limit} bytes.", extra={"limit": limit}) from None
+    try:
+        if received.size == 0:
+            raise UploadEmpty("The body is empty: send the file's bytes as the request body.")
+        allowed = upload_media_types()
+        try:
+            facts = objects.inspect(received.file)
+        except objects.NotRecognised as exc:
+            log.info("upload_refused tenant=%s reason=unrecognised size=%s", tenant.pk, received.size)
+            raise UploadMediaTypeNotAllowed(
+                f"The file is not one of the accepted types ({', '.join(allowed)}): {exc}.", extra={"allowed": allowed}
+            ) from None
+        if facts.media_type not in allowed:
+            log.info("upload_refused tenant=%s reason=media_type type=%s", tenant.pk, facts.media_type)
+            raise UploadMediaTypeNotAllowed(
+                f"The file is {facts.media_type}; accepted: {', '.join(allowed)}.",
+                extra={"allowed": allowed, "detected": facts.media_type},
+            )
+        return _admit(tenant=tenant, received=received, facts=facts)
+    finally:
+        received.close()
+
+
+def _admit(*, tenant: Tenant, received: objects.Received, facts: objects.Facts) -> UploadResult:
+    existing = Upload.objects.filter(tenant_id=tenant.pk, sha256=received.sha256).first()
+    if existing is not None:
+        return UploadResult(existing, created=False)
+    storage = objects.objects_storage()
+    name = objects.object_save(
+        storage,
+        name=objects.object_name(kind="uploads", tenant_id=tenant.pk, sha256=received.sha256),
+        file=received.file,
+    )
+    try:
+        with transaction.atomic():
+            upload = Upload.objects.create(
+                tenant_id=tenant.pk,
+                key=upload_key(received.sha256),
+                sha256=received.sha256,
+                size=received.size,
+                media_type=facts.media_type,
+                width=facts.width,
+                height=facts.height,
+                storage_name=name,
+            )
+    except IntegrityError:
+        # The same bytes were admitted meanwhile: theirs stays, ours goes.
+        objects.object_delete(storage, name)
+        return UploadResult(Upload.objects.get(tenant_id=tenant.pk, sha256=received.sha256), created=False)
+    except BaseException:
+        # No row, so nobody can reach the object: remove it rather than leave an orphan.
+        objects.object_delete(storage, name)
+        raise
+    log.info("upload_stored tenant=%s key=%s size=%s type=%s", tenant.pk, upload.key, upload.size, upload.media_type)
+    return UploadResult(upload, created=True)
+
+
+def upload_get(*, tenant: Tenant, key: str) -> Upload:
+    """One of the tenant's uploads; another tenant's key is as unknown as a made-up one."""
+    upload = Upload.objects.filter(tenant_id=tenant.pk, key=key).first()
+    if upload is None:
+        raise UploadNotFound("No such upload.")
+    return upload
+
+
+def uploads_delete(*, tenant_id: int, upload_ids: list[int]) -> int:
+    """Delete uploads (retention): the rows in the caller's transaction, their objects once it
+    commits — a crash in between leaves an object no row names, never a row without bytes."""
+    rows = list(Upload.objects.filter(tenant_id=tenant_id, pk__in=upload_ids).values_list("pk", "storage_name"))
+    Upload.objects.filter(pk__in=[pk for pk, _ in rows]).delete()
+    names = [name for _, name in rows]
+    transaction.on_commit(lambda: objects_delete_quietly(objects.objects_storage(), names))
+    return len(rows)
+
+
+def objects_delete_quietly(storage: Storage, names: list[str]) -> None:
+    """Delete objects after their rows are gone; a failure is logged (the object is
+    unreachable already), never raised into the committed caller."""
+    for name in names:
+        try:
+            objects.object_delete(storage, name)
+        except Exception as exc:
+            log.warning("object_delete_failed error=%s", type(exc).__name__)
