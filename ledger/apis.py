@@ -242,7 +242,10 @@ class OperationListApi(APIView):
         op = result.operation
         if result.replayed:
             return replay_answer(request, op)
-        return operation_response(op, status=202, headers={"Location": f"/api/v1/operations/{op.pk}"})
+        # New, or accepted before and still open (a retry of a submission whose 202 was lost):
+        # the same operation either way; the repeat says so with Idempotent-Replayed.
+        location = {"Location": f"/api/v1/operations/{op.pk}"}
+        return operation_response(op, status=202, replayed=result.still_open, headers=location)
 
     @extend_schema(
         parameters=[

@@ -32,7 +32,15 @@ from django.db.models.functions import Now
 
 from ledger import adapters, admission, callbacks, eligibility, services
 from ledger.crypto import open_json
-from ledger.errors import AdmissionRefused, DomainError, UnknownProvider, ValidationFailed
+from ledger.errors import (
+    AdmissionRefused,
+    DomainError,
+    OperationInProgress,
+    OperationNeedsReconciliation,
+    OperationRetryScheduled,
+    UnknownProvider,
+    ValidationFailed,
+)
 from ledger.logs import log_context, operation_fields
 from ledger.models import (
     Attempt,
@@ -152,8 +160,13 @@ def normalize_envelope(*, request: Any, provider: Provider) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SubmitResult:
     operation: Operation
+    # True when this submission wrote the row (202).
     created: bool
+    # True when the key's row was finished: its recorded outcome is replayed (200).
     replayed: bool
+    # True when the key was accepted before and its row is still open (queued, claimed,
+    # retry_wait, uncertain, review): the same operation answers again (202, replayed).
+    still_open: bool = False
 
 
 def execute_provider_for(*, tenant: Tenant, slug: str) -> Provider:
@@ -163,6 +176,11 @@ def execute_provider_for(*, tenant: Tenant, slug: str) -> Provider:
     if not provider.base_url:
         raise UnknownProvider(f"Provider {slug!r} has no base URL; it cannot be used in execute mode.")
     return provider
+
+
+# What the claim protocol answers for a key whose row is open (claimed; queued or retry_wait;
+# uncertain or review): for a submission, the operation itself.
+OPEN_ROW_ANSWERS = (OperationInProgress, OperationRetryScheduled, OperationNeedsReconciliation)
 
 
 def operation_submit(
@@ -186,7 +204,9 @@ def operation_submit(
     version: int | None = None,
     actor: str = "api",
 ) -> SubmitResult:
-    """Accept an operation for the workers, or answer for the key's existing row (DESIGN §5).
+    """Accept an operation for the workers, or answer for the key's existing row (DESIGN §5):
+    its recorded outcome once finished (``replayed``), the operation itself while it is open
+    (``still_open``), never the claim protocol's 409s; another request is still a 422.
 
     Validation and admission raise before anything is written, so a corrected retry can
     succeed. Admission runs only for a key that is new: a replay is never refused.
@@ -232,20 +252,32 @@ def operation_submit(
     if callback_url and not tenant.callback_secret:
         # The secret exists before the first callback could be signed.
         callbacks.tenant_callback_secret(tenant_id=tenant.pk)
+    try:
+        result = _claim_admitted(tenant=tenant, claim_kwargs=claim_kwargs, size=size, cost=cost)
+    except OPEN_ROW_ANSWERS:
+        # The same request (another fingerprint is a 422 before these) for a key accepted
+        # before, whose row is still open: the submitter retried one whose 202 it never saw.
+        # The claim protocol's 409 would send it down its error path; the service already
+        # has the work, so the answer is that operation again (DESIGN §5).
+        op = Operation.objects.get(tenant_id=tenant.pk, key=key)
+        return SubmitResult(op, created=False, replayed=False, still_open=True)
+    return SubmitResult(result.operation, created=result.acquired, replayed=result.replayed)
+
+
+def _claim_admitted(*, tenant: Tenant, claim_kwargs: dict[str, Any], size: int, cost: Decimal) -> services.ClaimResult:
+    """The claim of a submission, with admission checked first for a key that is new."""
     if not admission.tenant_has_limits(tenant):
-        result = services.operation_claim(tenant=tenant, **claim_kwargs)
-        return SubmitResult(result.operation, created=result.acquired, replayed=result.replayed)
+        return services.operation_claim(tenant=tenant, **claim_kwargs)
     try:
         with transaction.atomic():
             locked = admission.lock_tenant(tenant)
             # Under the tenant lock: a key inserted by a racing submission is visible now.
-            if not Operation.objects.filter(tenant_id=tenant.pk, key=key).exists():
+            if not Operation.objects.filter(tenant_id=tenant.pk, key=claim_kwargs["key"]).exists():
                 admission.admission_check(tenant=locked, request_bytes=size, cost=cost)
-            result = services.operation_claim(tenant=tenant, **claim_kwargs)
+            return services.operation_claim(tenant=tenant, **claim_kwargs)
     except AdmissionRefused as refusal:
         admission.admission_refusal_record(tenant_id=tenant.pk, reason=refusal.code)
         raise
-    return SubmitResult(result.operation, created=result.acquired, replayed=result.replayed)
 
 
 # --- Take -----------------------------------------------------------------------------------
