@@ -16,6 +16,7 @@ passed — the temporary file has no name, so nothing is left behind whatever ha
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import tempfile
 import warnings
@@ -26,7 +27,10 @@ from typing import IO, Any, Protocol
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import Storage, storages
+from django.db import transaction
 from PIL import Image, UnidentifiedImageError
+
+log = logging.getLogger("onceguard.objects")
 
 OBJECTS = "onceguard_objects"
 QUARANTINE = "onceguard_quarantine"
@@ -197,3 +201,21 @@ def object_delete(storage: Storage, name: str) -> None:
     """Delete an object; one already gone is fine (deletes are repeated after crashes)."""
     if name:
         storage.delete(name)
+
+
+def objects_delete_on_commit(names: list[str]) -> None:
+    """Delete objects of the objects storage once the caller's transaction commits (their
+    rows are deleted in it): a crash in between leaves an object no row names — unreachable
+    — never a row without its bytes. A failed delete is logged, never raised into the
+    committed caller."""
+
+    def delete() -> None:
+        storage = objects_storage()
+        for name in names:
+            try:
+                object_delete(storage, name)
+            except Exception as exc:
+                log.warning("object_delete_failed error=%s", type(exc).__name__)
+
+    if names:
+        transaction.on_commit(delete)

@@ -81,7 +81,7 @@ def test_an_upload_is_read_back_byte_for_byte_by_its_tenant(api):
     assert b"".join(content.streaming_content) == png
     assert content["Content-Type"] == "image/png"
     assert content["ETag"] == f'"{hashlib.sha256(png).hexdigest()}"'
-    assert content["Content-Disposition"].startswith("attachment")
+    assert content["Content-Disposition"] == f'attachment; filename="{key}.png"'
     assert "sandbox" in content["Content-Security-Policy"]
     assert "private" in content["Cache-Control"]
 
