@@ -31,6 +31,8 @@ downloads twice.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
@@ -51,14 +53,12 @@ from ledger.models import (
     Tenant,
 )
 from ledger.outbound import outbound_check, outbound_client
-from ledger.redaction import scrub
-from ledger.services import operation_transition, provider_by_id
+from ledger.services import operation_transition, provider_by_id, sanitize_message
 
 log = logging.getLogger("onceguard.outputs")
 
 KEY_PREFIX = "out_"
 PURPOSE = "output fetch"
-MAX_REASON = 400
 
 
 class OutputNotFound(DomainError):
@@ -121,15 +121,30 @@ def _fetch_target(*, provider: Provider, url: str) -> tuple[str, dict[str, str]]
     return outbound_check(url, purpose=PURPOSE).url, {}
 
 
-def _fetch(*, client: httpx.Client, url: str, headers: dict[str, str], limit: int) -> objects.Received:
+def _until(chunks: Iterator[bytes], *, deadline: float) -> Iterator[bytes]:
+    """``chunks`` while the fetch's time lasts: httpx bounds each read, not their sum, so a
+    server dripping a byte at a time would otherwise hold the lease holder for ever."""
+    for chunk in chunks:
+        if time.monotonic() > deadline:
+            raise OutputUnavailable("the output took longer than OUTPUT_FETCH_TIMEOUT_SECONDS to arrive")
+        yield chunk
+
+
+def _fetch(*, client: httpx.Client, url: str, headers: dict[str, str], limit: int, timeout: float) -> objects.Received:
     """GET ``url`` into an unnamed temporary file, refusing past ``limit`` bytes."""
-    with client.stream("GET", url, headers=headers) as response:
+    deadline = time.monotonic() + timeout
+    # The bytes as stored: a compressed answer is inflated a whole network read at a time,
+    # before the limit counts it.
+    headers = {**headers, "Accept-Encoding": "identity"}
+    with client.stream("GET", url, headers=headers, timeout=timeout) as response:
         if response.status_code != 200:
             raise OutputUnavailable(f"the output URL answered HTTP {response.status_code}")
         declared = response.headers.get("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise objects.ObjectTooLarge(limit)
-        return objects.receive_bounded(response.iter_bytes(objects.CHUNK_BYTES), limit=limit)
+        # As they arrive (a chunk size would buffer them, out of the deadline's sight).
+        chunks = _until(response.iter_bytes(), deadline=deadline)
+        return objects.receive_bounded(chunks, limit=limit)
 
 
 def _verdict(*, file: IO[bytes], received: objects.Received, expect: OutputExpectation) -> tuple[str, objects.Facts]:
@@ -180,7 +195,7 @@ def output_fetch_publish(
     own_client = client is None
     http = client if client is not None else outbound_client(purpose=PURPOSE, timeout=timeout)
     try:
-        received = _fetch(client=http, url=target, headers=headers, limit=limit)
+        received = _fetch(client=http, url=target, headers=headers, limit=limit, timeout=timeout)
     except objects.ObjectTooLarge:
         return _reject(operation=operation, actor=actor, reason=f"the output is larger than {limit} bytes")
     except httpx.HTTPError as exc:
@@ -269,7 +284,7 @@ def _publish(
 def _reject(*, operation: Operation, actor: str, reason: str) -> OperationOutput:
     """Fail the operation as ``invalid_output`` (its latest holder's verdict, from any state
     that holder may still report from); always raises."""
-    reason = scrub(reason)[:MAX_REASON]
+    reason = sanitize_message(reason)
     current = Operation.objects.filter(
         pk=operation.pk, lease_token=operation.lease_token, status__in=REPORTABLE_STATES
     ).first()

@@ -7,8 +7,10 @@ execute-mode row taken by a worker, whose render request is sent by the adapter 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -26,6 +28,7 @@ from review.services import retention_policy_save
 from tests.support.fixtures import *  # noqa: F403 - the loopback providers (mock_images)
 from tests.support.listener import Listener
 from tests.support.objects import image_bytes, stored_files
+from tests.support.outbound import announce
 
 S = OperationStatus
 ASK = {"width": 64, "height": 40, "prompt": "a red bicycle"}
@@ -327,3 +330,54 @@ def test_retention_deleting_an_operation_deletes_its_published_output(
     assert not Operation.objects.filter(pk=op.pk).exists()
     assert not OperationOutput.objects.exists()
     assert stored_files(object_dirs["objects"]) == []
+
+
+class _Drip(BaseHTTPRequestHandler):
+    """Answers 200 with a long body, one byte every 0.1 s, until the test is over."""
+
+    stop = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        for _ in range(1000):
+            if self.stop.wait(0.1):
+                return
+            try:
+                self.wfile.write(b"\x89")
+                self.wfile.flush()
+            except OSError:
+                return
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+def test_an_output_dripping_in_past_the_fetch_time_is_unavailable(tenant, object_dirs, settings):
+    settings.ONCEGUARD = {**settings.ONCEGUARD, "OUTPUT_FETCH_TIMEOUT_SECONDS": 0.5}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    announce(url)
+    try:
+        provider = provider_upsert(
+            tenant=tenant, slug="drip", base_url=url, idempotency_class=IdempotencyClass.KEY_ENFORCED
+        )
+        op = taken_render(tenant, provider)
+        started = time.monotonic()
+        with pytest.raises(OutputUnavailable) as unavailable:
+            output_fetch_publish(operation=op, url="/slow.png", expect=OutputExpectation())
+        elapsed = time.monotonic() - started
+    finally:
+        _Drip.stop.set()
+        server.shutdown()
+        server.server_close()
+        _Drip.stop.clear()
+
+    assert "took longer" in unavailable.value.reason
+    # Each byte came within httpx's read timeout: only the total bound stopped it.
+    assert 0.5 <= elapsed < 5
+    assert Operation.objects.get(pk=op.pk).status == S.CLAIMED
+    assert_nothing_published(object_dirs)
