@@ -220,7 +220,8 @@ def _check_and_publish(
         file=received.file,
     )
     try:
-        # The checks read the quarantined copy: what is published is exactly what was checked.
+        # Type and dimensions are read from the quarantined copy, and it is what gets published:
+        # exactly the bytes that were checked.
         with quarantine.open(quarantined, "rb") as file:
             reason, facts = _verdict(file=file, received=received, expect=expect)
             if reason:
@@ -243,10 +244,10 @@ def _publish(
     try:
         with transaction.atomic():
             # Fenced: only the lease that fetched it publishes, and only once.
-            held = (
+            held = list(
                 Operation.objects.select_for_update()
                 .filter(pk=operation.pk, lease_token=operation.lease_token, status__in=REPORTABLE_STATES)
-                .exists()
+                .values_list("pk", flat=True)
             )
             if not held:
                 raise LeaseLost("The operation moved before its output could be published.")
