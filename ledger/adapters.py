@@ -183,6 +183,25 @@ class CredentialUnavailable(Exception):
     """The provider names a credential that may not or cannot be read: nothing is sent."""
 
 
+def credential_headers(provider: Provider) -> dict[str, str]:
+    """The provider's credential in its ``auth_header`` (empty when it has none); raises
+    :class:`CredentialUnavailable` when it names one that may not or cannot be read."""
+    if not (provider.auth_header and (provider.auth_secret or provider.auth_secret_env)):
+        return {}
+    # Only the provider's own sealed credential or a variable of the tenant's declared set
+    # (ledger.credentials): never an arbitrary environment variable.
+    # The tenant's slug names its declared variables; a stored credential needs no query.
+    tenant_slug = (
+        ""
+        if provider.auth_secret
+        else Tenant.objects.filter(pk=provider.tenant_id).values_list("slug", flat=True).first() or ""
+    )
+    secret, problem = credential_value(provider=provider, tenant_slug=tenant_slug)
+    if problem:
+        raise CredentialUnavailable(problem)
+    return {provider.auth_header: secret} if secret else {}
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     method: str
@@ -192,7 +211,8 @@ class PreparedRequest:
     content: bytes | None
 
 
-def _join(base_url: str, path: str) -> str:
+def join_url(base_url: str, path: str) -> str:
+    """A path under a provider's base URL (one slash between them)."""
     return base_url.rstrip("/") + "/" + path.lstrip("/")
 
 
@@ -208,27 +228,14 @@ def prepare_request(
     headers = {str(k): str(v) for k, v in (envelope.get("headers") or {}).items()}
     headers.update(extra_headers or {})
     headers[provider.idempotency_header] = operation.key
-    if provider.auth_header and (provider.auth_secret or provider.auth_secret_env):
-        # Only the provider's own sealed credential or a variable of the tenant's declared set
-        # (ledger.credentials): never an arbitrary environment variable.
-        # The tenant's slug names its declared variables; a stored credential needs no query.
-        tenant_slug = (
-            ""
-            if provider.auth_secret
-            else Tenant.objects.filter(pk=provider.tenant_id).values_list("slug", flat=True).first() or ""
-        )
-        secret, problem = credential_value(provider=provider, tenant_slug=tenant_slug)
-        if problem:
-            raise CredentialUnavailable(problem)
-        if secret:
-            headers[provider.auth_header] = secret
+    headers.update(credential_headers(provider))
     content: bytes | None = None
     if callback_body is not None:
         content = callback_body
         headers["Content-Type"] = "application/json"
         url = str(envelope["url"])
     else:
-        url = _join(provider.base_url, str(envelope.get("path") or "/"))
+        url = join_url(provider.base_url, str(envelope.get("path") or "/"))
         if "body" in envelope and envelope["body"] is not None:
             content = json.dumps(envelope["body"], separators=(",", ":"), ensure_ascii=False).encode()
             headers.setdefault("content-type", "application/json")

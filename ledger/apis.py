@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mimetypes
 from typing import Any
 
 import django_filters
@@ -15,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import objects, selectors, services, uploads
+from ledger import objects, outputs, selectors, services, uploads
 from ledger.errors import InvalidKey, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationStatus
@@ -28,6 +29,7 @@ from ledger.serializers import (
     FailInputSerializer,
     HeartbeatInputSerializer,
     OperationOutputSerializer,
+    OutputObjectSerializer,
     ReplayedOperationOutputSerializer,
     SentInputSerializer,
     SubmitInputSerializer,
@@ -290,7 +292,8 @@ def object_content_response(
     except FileNotFoundError:
         # Deleted by retention between the row's read and this open.
         raise uploads.UploadNotFound("No such object.") from None
-    response = FileResponse(handle, content_type=media_type, as_attachment=True, filename=filename)
+    extension = mimetypes.guess_extension(media_type) or ""
+    response = FileResponse(handle, content_type=media_type, as_attachment=True, filename=filename + extension)
     response["ETag"] = f'"{sha256}"'
     response["Cache-Control"] = "private, no-cache"
     response["Content-Security-Policy"] = "default-src 'none'; sandbox"
@@ -363,4 +366,30 @@ class UploadContentApi(ObjectBytesApi):
             media_type=upload.media_type,
             sha256=upload.sha256,
             filename=upload.key,
+        )
+
+
+class OperationOutputApi(APIView):
+    @extend_schema(
+        responses={200: OutputObjectSerializer},
+        summary="An operation's validated output: key, sha256, media type, size, dimensions",
+    )
+    def get(self, request: Request, operation_id: int) -> Response:
+        output = outputs.output_get(tenant=request.user.tenant, operation_id=operation_id)
+        return Response(OutputObjectSerializer(output).data)
+
+
+class OperationOutputContentApi(ObjectBytesApi):
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+        summary="An operation's validated output bytes (published only after every check passed)",
+    )
+    def get(self, request: Request, operation_id: int) -> FileResponse:
+        output = outputs.output_get(tenant=request.user.tenant, operation_id=operation_id)
+        return object_content_response(
+            storage=objects.objects_storage(),
+            name=output.storage_name,
+            media_type=output.media_type,
+            sha256=output.sha256,
+            filename=output.key,
         )

@@ -16,17 +16,25 @@ passed — the temporary file has no name, so nothing is left behind whatever ha
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import tempfile
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import IO, Any, Protocol
 
 from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import Storage, storages
+from django.db import transaction
+from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
+
+from ledger.models import OperationOutput, Upload
+
+log = logging.getLogger("onceguard.objects")
 
 OBJECTS = "onceguard_objects"
 QUARANTINE = "onceguard_quarantine"
@@ -197,3 +205,82 @@ def object_delete(storage: Storage, name: str) -> None:
     """Delete an object; one already gone is fine (deletes are repeated after crashes)."""
     if name:
         storage.delete(name)
+
+
+def objects_delete_on_commit(names: list[str]) -> None:
+    """Delete objects of the objects storage once the caller's transaction commits (their
+    rows are deleted in it): a crash in between leaves an object no row names — unreachable
+    — never a row without its bytes. A failed delete is logged, never raised into the
+    committed caller."""
+
+    def delete() -> None:
+        storage = objects_storage()
+        for name in names:
+            try:
+                object_delete(storage, name)
+            except Exception as exc:
+                log.warning("object_delete_failed error=%s", type(exc).__name__)
+
+    if names:
+        transaction.on_commit(delete)
+
+
+# --- Leftovers of crashes ---------------------------------------------------------------------
+
+# Objects younger than this are never swept: an upload or a publish writes its object just
+# before it inserts the row that names it.
+SWEEP_GRACE_SECONDS = 3600
+SWEEP_MAX_FILES = 10_000
+
+
+def _walk(storage: Storage, folder: str, budget: list[int]) -> Iterator[str]:
+    """Every file name under ``folder``, depth first, at most ``budget[0]`` of them."""
+    try:
+        folders, files = storage.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in sorted(files):
+        if budget[0] <= 0:
+            return
+        budget[0] -= 1
+        yield f"{folder}/{name}" if folder else name
+    for sub in sorted(folders):
+        yield from _walk(storage, f"{folder}/{sub}" if folder else sub, budget)
+
+
+def _older_than(storage: Storage, name: str, cutoff: datetime) -> bool:
+    try:
+        return storage.get_modified_time(name) < cutoff
+    except (FileNotFoundError, NotImplementedError):
+        return False
+
+
+def objects_sweep(*, grace_seconds: int = SWEEP_GRACE_SECONDS, max_files: int = SWEEP_MAX_FILES) -> dict[str, int]:
+    """Delete what a crash left behind, older than ``grace_seconds``: objects of the objects
+    storage that no Upload or OperationOutput row names (a process killed between writing an
+    object and inserting its row), and every quarantined copy (a process killed mid-check).
+    Bounded: at most ``max_files`` names looked at per storage and pass."""
+    cutoff = timezone.now() - timedelta(seconds=grace_seconds)
+    counts = {"orphans_deleted": 0, "quarantined_deleted": 0, "looked_at": 0}
+    storage = objects_storage()
+    budget = [max_files]
+    for kind, model in (("uploads", Upload), ("outputs", OperationOutput)):
+        names = list(_walk(storage, kind, budget))
+        counts["looked_at"] += len(names)
+        for start in range(0, len(names), 500):
+            batch = names[start : start + 500]
+            named = set(model.objects.filter(storage_name__in=batch).values_list("storage_name", flat=True))
+            for name in batch:
+                if name not in named and _older_than(storage, name, cutoff):
+                    object_delete(storage, name)
+                    counts["orphans_deleted"] += 1
+    quarantine = quarantine_storage()
+    budget = [max_files]
+    for name in list(_walk(quarantine, "", budget)):
+        counts["looked_at"] += 1
+        if _older_than(quarantine, name, cutoff):
+            object_delete(quarantine, name)
+            counts["quarantined_deleted"] += 1
+    if counts["orphans_deleted"] or counts["quarantined_deleted"]:
+        log.info("objects_swept orphans=%s quarantined=%s", counts["orphans_deleted"], counts["quarantined_deleted"])
+    return counts

@@ -1,4 +1,4 @@
-"""django-q2 schedules owned by the ledger: the sweeper. Entry points take nothing but
+"""django-q2 schedules owned by the ledger: the sweeper, and the sweep of objects crashes left. Entry points take nothing but
 call the service; the schedule rows are installed idempotently by `schedules_install`."""
 
 from __future__ import annotations
@@ -6,11 +6,16 @@ from __future__ import annotations
 from django.conf import settings
 from django_q.models import Schedule
 
+from ledger.objects import objects_sweep
 from ledger.sweeper import sweep
 
 
 def sweep_task() -> dict[str, int]:
     return sweep().counts
+
+
+def objects_sweep_task() -> dict[str, int]:
+    return objects_sweep()
 
 
 def install_schedules() -> list[str]:
@@ -25,4 +30,13 @@ def install_schedules() -> list[str]:
             "repeats": -1,
         },
     )
-    return ["ledger.sweep"]
+    # What crashes left in the object storages (ledger.objects): hourly is plenty.
+    Schedule.objects.update_or_create(
+        name="ledger.objects_sweep",
+        defaults={
+            "func": "ledger.schedules.objects_sweep_task",
+            "schedule_type": Schedule.HOURLY,
+            "repeats": -1,
+        },
+    )
+    return ["ledger.sweep", "ledger.objects_sweep"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.core.files.storage import Storage
 from django.db import IntegrityError, transaction
 
 from ledger import objects
@@ -85,7 +84,10 @@ def upload_store(*, tenant: Tenant, stream: objects.Readable, declared_length: i
         raise UploadTooLarge(f"The file exceeds the limit of {limit} bytes.", extra={"limit": limit}) from None
     try:
         if received.size == 0:
-            raise UploadEmpty("The body is empty: send the file's bytes as the request body.")
+            raise UploadEmpty(
+                "The body is empty: send the file's bytes as the request body, with a Content-Length"
+                " (a chunked body without one is read as empty)."
+            )
         allowed = upload_media_types()
         try:
             facts = objects.inspect(received.file)
@@ -152,16 +154,5 @@ def uploads_delete(*, tenant_id: int, upload_ids: list[int]) -> int:
     commits — a crash in between leaves an object no row names, never a row without bytes."""
     rows = list(Upload.objects.filter(tenant_id=tenant_id, pk__in=upload_ids).values_list("pk", "storage_name"))
     Upload.objects.filter(pk__in=[pk for pk, _ in rows]).delete()
-    names = [name for _, name in rows]
-    transaction.on_commit(lambda: objects_delete_quietly(objects.objects_storage(), names))
+    objects.objects_delete_on_commit([name for _, name in rows])
     return len(rows)
-
-
-def objects_delete_quietly(storage: Storage, names: list[str]) -> None:
-    """Delete objects after their rows are gone; a failure is logged (the object is
-    unreachable already), never raised into the committed caller."""
-    for name in names:
-        try:
-            objects.object_delete(storage, name)
-        except Exception as exc:
-            log.warning("object_delete_failed error=%s", type(exc).__name__)

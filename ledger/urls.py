@@ -10,6 +10,12 @@ urlpatterns = [
     path("operations/<int:operation_id>/complete", apis.OperationCompleteApi.as_view(), name="operation-complete"),
     path("operations/<int:operation_id>/fail", apis.OperationFailApi.as_view(), name="operation-fail"),
     path("operations/<int:operation_id>/heartbeat", apis.OperationHeartbeatApi.as_view(), name="operation-heartbeat"),
+    path("operations/<int:operation_id>/output", apis.OperationOutputApi.as_view(), name="operation-output"),
+    path(
+        "operations/<int:operation_id>/output/content",
+        apis.OperationOutputContentApi.as_view(),
+        name="operation-output-content",
+    ),
     path("uploads", apis.UploadCreateApi.as_view(), name="upload-create"),
     path("uploads/<str:key>", apis.UploadDetailApi.as_view(), name="upload-detail"),
     path("uploads/<str:key>/content", apis.UploadContentApi.as_view(), name="upload-content"),

@@ -39,6 +39,7 @@ from dlq.services import failed_event_discard
 from ledger import sql
 from ledger.crypto import is_redacted
 from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload
+from ledger.outputs import outputs_delete_for
 from ledger.tombstones import tombstones_create
 from ledger.uploads import uploads_delete
 from review.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
@@ -246,6 +247,8 @@ def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
             plain = [pk for pk in op_ids if not locked[pk]]
             made = tombstones_create(plain_ids=plain, superseded_ids=superseded, deleted_at=tp.now)
             SubjectIndex.objects.filter(record_type=RecordType.OPERATIONS, record_id__in=op_ids).delete()
+            # Published outputs go with their operation: rows here, bytes once this commits.
+            outputs_delete_for(operation_ids=op_ids)
             _delete_operation_rows(op_ids)
             counts.deleted += len(op_ids)
             tp.run.tombstones_created += made

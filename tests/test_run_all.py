@@ -22,7 +22,7 @@ def test_schedules_install_installs_every_apps_schedules_idempotently():
     call_command("schedules_install")
     call_command("schedules_install")
     names = set(Schedule.objects.values_list("name", flat=True))
-    assert "ledger.sweep" in names and "review.retention_purge" in names
+    assert "ledger.sweep" in names and "review.retention_purge" in names and "ledger.objects_sweep" in names
     assert any(n.startswith("dlq") for n in names)
     assert Schedule.objects.filter(name="ledger.sweep").count() == 1
 

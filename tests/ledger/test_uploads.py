@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tempfile
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -81,7 +83,7 @@ def test_an_upload_is_read_back_byte_for_byte_by_its_tenant(api):
     assert b"".join(content.streaming_content) == png
     assert content["Content-Type"] == "image/png"
     assert content["ETag"] == f'"{hashlib.sha256(png).hexdigest()}"'
-    assert content["Content-Disposition"].startswith("attachment")
+    assert content["Content-Disposition"] == f'attachment; filename="{key}.png"'
     assert "sandbox" in content["Content-Security-Policy"]
     assert "private" in content["Cache-Control"]
 
@@ -268,3 +270,23 @@ def test_retention_deletes_uploads_past_their_ttl_with_their_objects(tenant, obj
     assert run is not None and run.details[RecordType.UPLOADS]["deleted"] == 1
     assert list(Upload.objects.values_list("pk", flat=True)) == [new.pk]
     assert stored_files(object_dirs["objects"]) == [new.storage_name]
+
+
+def test_the_objects_sweep_deletes_what_crashes_left_and_nothing_else(tenant, object_dirs):
+    kept = uploads.upload_store(tenant=tenant, stream=io.BytesIO(image_bytes(3, 3))).upload
+    storage, quarantine = objects.objects_storage(), objects.quarantine_storage()
+    # A process killed between writing an object and inserting its row, long ago and just now;
+    # one killed while an output sat in quarantine.
+    old_orphan = objects.object_save(storage, name=f"uploads/{tenant.pk}/ab/{'ab' * 32}-dead", file=io.BytesIO(b"x"))
+    young_orphan = objects.object_save(storage, name=f"outputs/{tenant.pk}/cd/{'cd' * 32}-busy", file=io.BytesIO(b"y"))
+    stale = objects.object_save(quarantine, name=f"outputs/{tenant.pk}/ef/{'ef' * 32}-left", file=io.BytesIO(b"z"))
+    long_ago = time.time() - 2 * objects.SWEEP_GRACE_SECONDS
+    for folder, name in ((object_dirs["objects"], kept.storage_name), (object_dirs["objects"], old_orphan)):
+        os.utime(folder / name, (long_ago, long_ago))
+    os.utime(object_dirs["quarantine"] / stale, (long_ago, long_ago))
+
+    counts = objects.objects_sweep()
+
+    assert (counts["orphans_deleted"], counts["quarantined_deleted"]) == (1, 1)
+    assert stored_files(object_dirs["objects"]) == sorted([kept.storage_name, young_orphan])
+    assert stored_files(object_dirs["quarantine"]) == []
