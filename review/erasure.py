@@ -14,8 +14,8 @@ the second finds the cursor moved. Per record:
 
 * operations: ``payload``, ``request`` and ``response_body`` become redaction markers (when, the
   erasure, a keyed digest — never the value), ``search_fields`` cleared, the attempts' recorded
-  answers dropped; a ``queued`` or ``retry_wait`` one is cancelled first, so a redacted
-  request is never sent;
+  answers dropped, its published output (row and file) deleted; a ``queued`` or
+  ``retry_wait`` one is cancelled first, so a redacted request is never sent;
 * DLQ entries: the payload becomes a marker, the replays' recorded answers are dropped; a
   ``pending`` or ``replayed`` one is discarded first, so nobody replays a marker;
 * free text of the record and what hangs off it (last error, attempt messages, event
@@ -51,6 +51,7 @@ from ledger import crypto
 from ledger import services as ledger_services
 from ledger.errors import DomainError, ValidationFailed
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
+from ledger.outputs import outputs_delete_for
 from ledger.redaction import scrub
 from review.accesslog import accesslog_append
 from review.models import (
@@ -257,6 +258,9 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     cutter.rows(OperationEvent.objects.filter(operation_id=op.pk).exclude(reason=""), "reason")
     cutter.rows(Replay.objects.filter(operation_id=op.pk), "error_message", "note")
     run.texts += cutter.changed
+    # Its published output (a file it produced for this person) goes: the row now, the bytes
+    # once the batch commits (ledger.outputs).
+    run.outputs += outputs_delete_for(operation_ids=[op.pk])
     run.index_entries += SubjectIndex.objects.filter(record_type=RecordType.OPERATIONS, record_id=op.pk).delete()[0]
     run.operations += 1
     return True

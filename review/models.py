@@ -325,6 +325,7 @@ class ErasureRun(models.Model):
     failed_events = models.PositiveIntegerField(default=0)
     attempts = models.PositiveIntegerField(default=0)
     replays = models.PositiveIntegerField(default=0)
+    outputs = models.PositiveIntegerField(default=0, help_text="published outputs (files) of their operations deleted")
     index_entries = models.PositiveIntegerField(default=0)
     texts = models.PositiveIntegerField(default=0, help_text="free-text columns the person's values were cut from")
     cancelled = models.PositiveIntegerField(default=0, help_text="queued or waiting operations cancelled first")

@@ -130,6 +130,7 @@ def erasure_representation(run: ErasureRun) -> dict[str, Any]:
                 "failed_events",
                 "attempts",
                 "replays",
+                "outputs",
                 "texts",
                 "index_entries",
                 "cancelled",

@@ -257,6 +257,8 @@ def test_an_erase_run_leaves_nothing_of_that_person_anywhere(world, make_client,
     # The scan sees what is sealed: before the erasure her values are found once decrypted.
     assert found(before["ledger_operation"], MARKERS) and found(before["dlq_failedevent"], MARKERS)
     assert found(before["dlq_replay"], ("Priya Raman",))
+    files_before = "\n".join(c.decode("utf-8", errors="replace") for c in _stored_files().values())
+    assert found(files_before, ("Priya Raman",))  # the quote's output file
     response = make_client(tenant, ["admin"]).post(
         "/api/v1/subjects/erasures", {**WHO, "reason": "Erasure request ER-17, verified by phone"}, format="json"
     )
@@ -272,7 +274,7 @@ def test_an_erase_run_leaves_nothing_of_that_person_anywhere(world, make_client,
     assert erasure_run_task(run_id)["state"] == "done"
     run = ErasureRun.objects.get(pk=run_id)
     assert run.state == ErasureState.DONE and run.digests == [] and run.finished_at is not None
-    assert (run.operations, run.failed_events, run.replays, run.missing) == (5, 2, 1, 0)
+    assert (run.operations, run.failed_events, run.replays, run.outputs, run.missing) == (5, 2, 1, 1, 0)
     assert run.texts >= 3 and run.index_entries >= 6 and run.discarded >= 2
     assert not found(run.subject_ref + run.reason + run.actor, MARKERS)
 

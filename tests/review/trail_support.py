@@ -5,6 +5,8 @@ redacted and one it deleted — and a second person whose records must survive u
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,8 +17,8 @@ from django.utils import timezone
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import crypto, services
-from ledger.models import ErrorClass, Operation, Tenant
+from ledger import crypto, objects, services
+from ledger.models import ErrorClass, Operation, OperationOutput, Tenant
 from review import privacy
 from review.models import RetentionPolicy
 from review.retention import retention_purge_tenant
@@ -88,6 +90,23 @@ def build_world(tenant: Tenant, sink: Sink) -> World:
     ).operation
     quote = services.operation_complete(
         operation_id=quote.pk, lease_token=quote.lease_token, provider_ref="q-77", response_body={"phone": PHONE}
+    )
+    # … and the quote document it produced, a published output (a file in the objects storage).
+    document = b"%PDF-1.4 Quote q-77 for Priya Raman, 12 Wattle Street"
+    digest = hashlib.sha256(document).hexdigest()
+    name = objects.object_save(
+        objects.objects_storage(),
+        name=objects.object_name(kind="outputs", tenant_id=tenant.pk, sha256=digest),
+        file=io.BytesIO(document),
+    )
+    OperationOutput.objects.create(
+        tenant=tenant,
+        operation=quote,
+        key=f"out_{digest}",
+        sha256=digest,
+        size=len(document),
+        media_type="application/pdf",
+        storage_name=name,
     )
     # 5. A confirmation e-mail nobody knows was sent: in review.
     review = op_in_review(tenant, mailer, "mail:confirm-77", payload={"email": EMAIL, "name": "Priya Raman"})
