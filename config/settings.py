@@ -378,6 +378,39 @@ ONCEGUARD_ACCESS_LOG = {
     "GRACE_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES", 60),
 }
 
+# --- Retention (review.retention): the Australian defaults and the platform's floors ----
+# A tenant without a policy for a record type gets these (RETENTION_APPLY_DEFAULTS=0: keep
+# everything until a policy says otherwise). Days; None = never. APP 11.2 asks to destroy or
+# de-identify personal information once no purpose needs it: payloads are only needed while
+# an effect may be retried, replayed or reviewed, the de-identified record (key, states,
+# times, digests) as evidence. Where each number comes from: docs/design.md §8, "Retention".
+ONCEGUARD_RETENTION = {
+    "APPLY_DEFAULTS": env_bool("RETENTION_APPLY_DEFAULTS", True),
+    "DEFAULTS": {
+        "operations": {
+            "payload_days": env_int("RETENTION_OPERATIONS_PAYLOAD_DAYS", 30),
+            "record_days": env_int("RETENTION_OPERATIONS_RECORD_DAYS", 365),
+        },
+        "failed_events": {
+            "payload_days": env_int("RETENTION_DLQ_PAYLOAD_DAYS", 30),
+            "record_days": env_int("RETENTION_DLQ_RECORD_DAYS", 90),
+        },
+        "access_log": {"payload_days": None, "record_days": env_int("RETENTION_ACCESS_LOG_RECORD_DAYS", 2555)},
+    },
+    # No tenant's policy may be shorter (the console form and retention_policy_save refuse
+    # it); the access log's floor is ACCESS_LOG_MIN_RETENTION_DAYS, and the purge holds it too.
+    "FLOORS": {
+        "operations": {
+            "payload_days": env_int("RETENTION_FLOOR_OPERATIONS_PAYLOAD_DAYS", 1),
+            "record_days": env_int("RETENTION_FLOOR_OPERATIONS_RECORD_DAYS", 30),
+        },
+        "failed_events": {
+            "payload_days": env_int("RETENTION_FLOOR_DLQ_PAYLOAD_DAYS", 1),
+            "record_days": env_int("RETENTION_FLOOR_DLQ_RECORD_DAYS", 7),
+        },
+    },
+}
+
 # --- django-q2: schedules and side channels --------------------------------------------
 # timeout < retry, finite attempts; failures land in our own tables, not Q's Failure list.
 Q_CLUSTER = {

@@ -15,6 +15,7 @@ urlpatterns = [
     path("api/v1/review/", include("review.urls")),
     path("api/v1/dlq/", include("dlq.urls")),
     path("api/v1/runs/", include("dlq.run_urls")),
+    path("api/v1/subjects/", include("review.subject_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("metrics", metrics_view, name="metrics"),

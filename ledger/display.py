@@ -171,3 +171,12 @@ def yes_no(value: Any) -> str:
 def truncate(text: str, length: int = 120) -> str:
     text = " ".join((text or "").split())
     return text if len(text) <= length else text[: length - 1] + "…"
+
+
+def csv_cell(value: Any) -> str:
+    """``value`` as a CSV cell a spreadsheet will never run as a formula (console exports and
+    a person's trail export)."""
+    text = "" if value is None else str(value)
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + text
+    return text

@@ -205,7 +205,9 @@ class ApiKey(models.Model):
     """A tenant's API key. Only a sha256 of the secret is stored; the prefix identifies it."""
 
     # `payload`: may reveal payloads (with a reason, logged); not implied by `admin`.
-    SCOPES = ("read", "write", "admin", "payload")
+    # `audit`: may read a person's data trail (review.subject_apis; implied by `admin`, not by
+    # `read`: a trail is about a person).
+    SCOPES = ("read", "write", "admin", "payload", "audit")
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100, blank=True)

@@ -45,6 +45,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from ledger.redaction import scrub
 from ledger.secret_files import write_secret_file
 from review.models import AccessLog, AccessLogCheckpoint, CheckpointKind
 
@@ -270,7 +271,9 @@ def accesslog_append(
             object_id=str(object_id)[:64],
             object_ref=str(object_ref)[:255],
             fields=sorted(set(fields)),
-            reason=reason[:500],
+            # Masked like stored error text: a reason is typed by a person, and a row of
+            # this chain can never be edited later (an erasure cannot reach it).
+            reason=scrub(" ".join(reason.split()))[:500],
             ip=normalize_ip(ip),
             prev_hash=prev,
             chain_version=V2,

@@ -20,7 +20,9 @@ class ReviewConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at module level: an AppConfig module is imported before the
         # models are loaded, and privacy imports models.
+        from review.erasure_admin import register as register_erasure_admin
         from review.privacy import subject_index_record
 
+        register_erasure_admin()
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="review.sync_roles")
         hooks.payload_written.connect(subject_index_record)

@@ -37,6 +37,7 @@ from review.changes import ConfigChangeAdminMixin
 from review.models import AccessAction
 from review.run_pages import run_page
 from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
+from review.subject_pages import subject_trail_page
 from review.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
 
 EXPORT_MAX_ROWS = 100_000
@@ -58,14 +59,6 @@ def client_ip(request: HttpRequest) -> str | None:
 
 def actor_of(request: HttpRequest) -> str:
     return f"user:{request.user.get_username()}"
-
-
-def _csv_cell(value: Any) -> str:
-    text = "" if value is None else str(value)
-    # Spreadsheet formula injection: a cell must never start as a formula.
-    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + text
-    return text
 
 
 class _Echo:
@@ -198,7 +191,7 @@ class ConsoleAdminMixin:
                         _, _, value = lookup_field(column, obj, self)
                     except Exception:  # a broken column must not stop the export
                         value = ""
-                    out.append(_csv_cell(value))
+                    out.append(display.csv_cell(value))
                 yield writer.writerow(out)
 
         name = slugify(str(self.model._meta.verbose_name_plural))  # type: ignore[attr-defined]
@@ -372,6 +365,7 @@ class OnceguardAdminSite(admin.AdminSite):
             ),
             path("onceguard/subjects/", self.admin_view(self.subject_search_view), name="onceguard_subjects"),
             path("onceguard/runs/", self.admin_view(self.run_view), name="onceguard_run"),
+            path("onceguard/subjects/trail/", self.admin_view(self.subject_trail_view), name="onceguard_subject_trail"),
         ]
         return extra + super().get_urls()
 
@@ -456,6 +450,11 @@ class OnceguardAdminSite(admin.AdminSite):
 
     def run_view(self, request: HttpRequest) -> HttpResponse:
         return run_page(self, request)
+
+    # --- a person's data trail (review.subject_pages) ----------------------------------------------
+
+    def subject_trail_view(self, request: HttpRequest) -> HttpResponse:
+        return subject_trail_page(self, request)
 
     # --- data-subject search -------------------------------------------------------------------
 

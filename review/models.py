@@ -60,8 +60,11 @@ class AccessAction(models.TextChoices):
     REVEAL = "reveal", "payload revealed"
     # a CSV export was downloaded.
     EXPORT = "export", "export"
-    # a data-subject search was run (the search itself is about a person).
+    # a data-subject search was run, or a person's trail looked at (the search itself is
+    # about a person).
     SUBJECT_SEARCH = "subject_search", "data-subject search"
+    # a person's data was asked to be erased (review.erasure); the run itself says what it did.
+    ERASE = "erase", "erasure requested"
 
 
 class AccessLog(models.Model):
@@ -177,10 +180,15 @@ class SubjectIndex(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     record_type = models.CharField(max_length=16, choices=RecordType.choices)
     record_id = models.BigIntegerField()
-    kind = models.CharField(max_length=8, choices=SubjectKind.choices)
+    # phone, email, or a kind the deployment configured (ONCEGUARD_PRIVACY["SUBJECT_KEYS"]).
+    kind = models.CharField(max_length=32, choices=SubjectKind.choices)
     key_id = models.CharField(max_length=32)
     digest = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The record was deleted (retention) at this time. The link stays, a keyed digest and an
+    # id, so the person's trail can say what became of the record; it goes with an erasure,
+    # or once the access log's floor has passed (review.retention).
+    gone_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = "subject index entry"
@@ -268,6 +276,89 @@ class RetentionRun(models.Model):
 
     def __str__(self) -> str:
         return f"retention {self.tenant_id} {self.started_at:%Y-%m-%d %H:%M}"
+
+
+# --- Erasure on request ------------------------------------------------------------------
+
+
+class ErasureState(models.TextChoices):
+    # requested, nothing erased yet. Out: the task (review.erasure.erasure_continue) → running.
+    PENDING = "pending", "pending"
+    # working through its records in batches, each batch committed with the cursor. A crash
+    # leaves it here; running the task again (or the purge schedule's recovery) continues at
+    # the cursor. Out: erasure_continue → done.
+    RUNNING = "running", "running"
+    # every record redacted and the person's index entries gone. Terminal.
+    DONE = "done", "done"
+
+
+ERASURE_OPEN_STATES = frozenset({ErasureState.PENDING, ErasureState.RUNNING})
+ERASURE_ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    ErasureState.PENDING: frozenset({ErasureState.RUNNING}),
+    ErasureState.RUNNING: frozenset({ErasureState.DONE}),
+    ErasureState.DONE: frozenset(),
+}
+
+
+class ErasureRun(models.Model):
+    """One erasure of a person's data on request (APP 11.2 / an erasure request): every
+    payload that names them redacted, their index entries removed; the audit trail and the
+    digests stay. The person is named only by keyed references (``subject_ref``: HMACs under
+    the deployment's key, never the plaintext); the records are a snapshot of ids taken when
+    the request was made, worked through from ``cursor`` in batches (review.erasure)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    # "email:<32 hex> phone:<32 hex>": keyed references of the identifiers asked for.
+    subject_ref = models.CharField(max_length=255)
+    state = models.CharField(max_length=16, choices=ErasureState.choices, default=ErasureState.PENDING)
+    actor = models.CharField(max_length=150)
+    reason = models.CharField(max_length=500)
+    # [[record_type, id], …] — ids only, in the order they are erased.
+    targets = models.JSONField(default=list)
+    # The subject index digests still to remove (keyed HMACs); emptied when the run is done.
+    digests = models.JSONField(default=list, blank=True)
+    cursor = models.PositiveIntegerField(default=0)
+    # How often a task worked on it (more than one: it was resumed after a stop).
+    passes = models.PositiveIntegerField(default=0)
+    # What it touched.
+    operations = models.PositiveIntegerField(default=0)
+    failed_events = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
+    replays = models.PositiveIntegerField(default=0)
+    outputs = models.PositiveIntegerField(default=0, help_text="published outputs (files) of their operations deleted")
+    index_entries = models.PositiveIntegerField(default=0)
+    texts = models.PositiveIntegerField(default=0, help_text="free-text columns the person's values were cut from")
+    cancelled = models.PositiveIntegerField(default=0, help_text="queued or waiting operations cancelled first")
+    discarded = models.PositiveIntegerField(default=0, help_text="open DLQ entries discarded")
+    missing = models.PositiveIntegerField(default=0, help_text="records already deleted when their turn came")
+    requested_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The last error class a pass stopped on (never its text: it could hold payload values).
+    error = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "requested_at"], name="erasurerun_tenant_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(state=ErasureState.DONE) & Q(finished_at__isnull=False))
+                | (~Q(state=ErasureState.DONE) & Q(finished_at__isnull=True)),
+                name="erasurerun_finished_iff_done",
+            ),
+            models.CheckConstraint(condition=Q(state__in=list(ErasureState.values)), name="erasurerun_state_valid"),
+            # One open erasure per person and tenant: a second request answers the first.
+            models.UniqueConstraint(
+                fields=["tenant", "subject_ref"],
+                condition=Q(state__in=["pending", "running"]),
+                name="erasurerun_one_open_per_subject",
+            ),
+        ]
+        permissions = [("erase_subject", "Can erase a person's data on request")]
+
+    def __str__(self) -> str:
+        return f"erasure #{self.pk} ({self.state})"
 
 
 class PausedProvider(Provider):

@@ -240,7 +240,9 @@ def subject_search(*, tenant_ids: list[int] | None, phone: str = "", email: str 
                 digests += [d for _, d in crypto.digests_all_keys(f"{kind}:{normalized}")]
     if not digests:
         return SubjectHits([], [])
-    rows = SubjectIndex.objects.filter(digest__in=digests)
+    # Links to records retention deleted stay for the person's trail (review.subjects); a
+    # search finds living records only.
+    rows = SubjectIndex.objects.filter(digest__in=digests, gone_at__isnull=True)
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=tenant_ids)
     op_ids = sorted(set(rows.filter(record_type=RecordType.OPERATIONS).values_list("record_id", flat=True)))
@@ -251,8 +253,11 @@ def subject_search(*, tenant_ids: list[int] | None, phone: str = "", email: str 
     return SubjectHits(op_ids, sorted(fe_ids))
 
 
-def redaction_marker(*, value: Any, policy_id: int | None, run_id: int | None, at: datetime) -> dict[str, Any]:
-    """What stays of a destroyed payload: when, why, and a keyed digest (never a bare hash)."""
+def redaction_marker(
+    *, value: Any, policy_id: int | str | None, run_id: int | None, at: datetime, erasure_id: int | None = None
+) -> dict[str, Any]:
+    """What stays of a destroyed payload: when, why (a retention policy and run, or an
+    erasure on request), and a keyed digest (never a bare hash)."""
     plain = crypto.open_json(value)
     blob = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     key_id, hexdigest = crypto.digest(f"payload:{blob}")
@@ -261,6 +266,7 @@ def redaction_marker(*, value: Any, policy_id: int | None, run_id: int | None, a
             "at": at.astimezone(UTC).isoformat(timespec="microseconds"),
             "policy": policy_id,
             "run": run_id,
+            **({"erasure": erasure_id} if erasure_id is not None else {}),
             "hmac": hexdigest,
             "key_id": key_id,
             "bytes": len(blob.encode()),

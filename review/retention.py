@@ -66,7 +66,8 @@ def retention_setting(name: str, default: Any) -> Any:
 
 @dataclass
 class TypeCounts:
-    policy: int | None = None
+    # the policy's id, or "default" (the platform's defaults applied)
+    policy: int | str | None = None
     held: bool = False
     redacted: int = 0
     deleted: int = 0
@@ -115,8 +116,45 @@ class TenantPurge:
     exhausted: bool = False
 
 
+def _days(value: Any) -> timedelta | None:
+    return None if value is None else timedelta(days=int(value))
+
+
+def retention_defaults(record_type: str) -> tuple[timedelta | None, timedelta | None]:
+    """(payload TTL, record TTL) a tenant without a policy for ``record_type`` gets."""
+    spec = retention_setting("DEFAULTS", {}).get(record_type, {})
+    return _days(spec.get("payload_days")), _days(spec.get("record_days"))
+
+
+def retention_floor(record_type: str) -> tuple[timedelta | None, timedelta | None]:
+    """(payload TTL, record TTL) no tenant's policy may go below; the access log's record
+    floor is review.accesslog's."""
+    if record_type == RecordType.ACCESS_LOG:
+        return None, access_log_min_retention()
+    spec = retention_setting("FLOORS", {}).get(record_type, {})
+    return _days(spec.get("payload_days")), _days(spec.get("record_days"))
+
+
+def defaults_apply() -> bool:
+    return bool(retention_setting("APPLY_DEFAULTS", False))
+
+
 def _policies(tenant_id: int) -> dict[str, RetentionPolicy]:
-    return {p.record_type: p for p in RetentionPolicy.objects.filter(tenant_id=tenant_id)}
+    """The tenant's policies; the platform's defaults (unsaved, pk None) for the record types
+    it has none for, when defaults apply."""
+    policies = {p.record_type: p for p in RetentionPolicy.objects.filter(tenant_id=tenant_id)}
+    if defaults_apply():
+        for record_type in RecordType.values:
+            payload_ttl, record_ttl = retention_defaults(record_type)
+            if record_type not in policies and (payload_ttl or record_ttl):
+                policies[record_type] = RetentionPolicy(
+                    tenant_id=tenant_id, record_type=record_type, payload_ttl=payload_ttl, record_ttl=record_ttl
+                )
+    return policies
+
+
+def _policy_ref(policy: RetentionPolicy) -> int | str:
+    return policy.pk or "default"
 
 
 def _keyset(qs: Any, column: str, last: tuple[Any, int] | None, size: int) -> list[tuple[Any, int]]:
@@ -177,7 +215,9 @@ def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
                 for column in columns:
                     value = getattr(op, column)
                     if value is not None and not is_redacted(value):
-                        value = redaction_marker(value=value, policy_id=policy.pk, run_id=tp.run.pk, at=tp.now)
+                        value = redaction_marker(
+                            value=value, policy_id=_policy_ref(policy), run_id=tp.run.pk, at=tp.now
+                        )
                     values.append(value)
                 changed.append((op.pk, values))
             # One statement per chunk; updated_at is left alone (the record's age for its TTL).
@@ -246,7 +286,10 @@ def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
             superseded = [pk for pk in op_ids if locked[pk]]
             plain = [pk for pk in op_ids if not locked[pk]]
             made = tombstones_create(plain_ids=plain, superseded_ids=superseded, deleted_at=tp.now)
-            SubjectIndex.objects.filter(record_type=RecordType.OPERATIONS, record_id__in=op_ids).delete()
+            # The person's trail keeps the link (keyed digest, id) to say the record was deleted.
+            SubjectIndex.objects.filter(
+                record_type=RecordType.OPERATIONS, record_id__in=op_ids, gone_at__isnull=True
+            ).update(gone_at=tp.now)
             # Published outputs go with their operation: rows here, bytes once this commits.
             outputs_delete_for(operation_ids=op_ids)
             _delete_operation_rows(op_ids)
@@ -267,7 +310,9 @@ def _redact_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: Type
             for event in (
                 FailedEvent.objects.select_for_update().filter(pk__in=ids, status__in=closed).only("pk", "payload")
             ):
-                marker = redaction_marker(value=event.payload, policy_id=policy.pk, run_id=tp.run.pk, at=tp.now)
+                marker = redaction_marker(
+                    value=event.payload, policy_id=_policy_ref(policy), run_id=tp.run.pk, at=tp.now
+                )
                 # .update(): the row's updated_at (its age for the record TTL) stays as it was.
                 FailedEvent.objects.filter(pk=event.pk).update(payload=marker)
                 Replay.objects.filter(event_id=event.pk, response_body__isnull=False).update(response_body=None)
@@ -314,8 +359,11 @@ def _delete_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: Type
     )
     for ids in _keyset_batches(tp, rows, "failed_at"):
         with transaction.atomic():
-            SubjectIndex.objects.filter(record_type=RecordType.FAILED_EVENTS, record_id__in=ids).delete()
-            FailedEvent.objects.filter(pk__in=ids, status__in=closed).delete()
+            gone = list(FailedEvent.objects.filter(pk__in=ids, status__in=closed).values_list("pk", flat=True))
+            SubjectIndex.objects.filter(
+                record_type=RecordType.FAILED_EVENTS, record_id__in=gone, gone_at__isnull=True
+            ).update(gone_at=tp.now)
+            FailedEvent.objects.filter(pk__in=gone, status__in=closed).delete()
             counts.deleted += len(ids)
 
 
@@ -350,6 +398,14 @@ def _delete_uploads(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts
     for ids in _keyset_batches(tp, rows, "created_at"):
         with transaction.atomic():
             counts.deleted += uploads_delete(tenant_id=tp.run.tenant_id, upload_ids=ids)
+
+
+def _expire_gone_links(tp: TenantPurge) -> None:
+    """Index links of deleted records go once the access log's floor has passed: the trail
+    can say "deleted" as long as it can say who looked."""
+    rows = SubjectIndex.objects.filter(tenant_id=tp.run.tenant_id, gone_at__lt=tp.now - access_log_min_retention())
+    for ids in _keyset_batches(tp, rows, "gone_at"):
+        SubjectIndex.objects.filter(pk__in=ids).delete()
 
 
 def _expire_tombstones(tp: TenantPurge) -> None:
@@ -390,7 +446,7 @@ def retention_purge_tenant(
     try:
         for record_type in RecordType.values:
             policy = policies.get(record_type)
-            counts = tp.counts.setdefault(record_type, TypeCounts(policy=policy.pk if policy else None))
+            counts = tp.counts.setdefault(record_type, TypeCounts(policy=_policy_ref(policy) if policy else None))
             if policy is None:
                 continue
             if policy.legal_hold:
@@ -414,6 +470,7 @@ def retention_purge_tenant(
             elif record_type == RecordType.UPLOADS:
                 _delete_uploads(tp, policy, counts)
         _expire_tombstones(tp)
+        _expire_gone_links(tp)
         # Every purge leaves the tenant's access-log head signed (review.accesslog).
         accesslog_checkpoint(tenant_id=tenant_id)
         run.status = RetentionRunStatus.PARTIAL if tp.exhausted else RetentionRunStatus.DONE
@@ -458,6 +515,8 @@ def retention_purge(
     tenant_ids = set(RetentionPolicy.objects.values_list("tenant_id", flat=True)) | set(
         Tombstone.objects.values_list("tenant_id", flat=True).distinct()
     )
+    if defaults_apply():
+        tenant_ids |= set(Tenant.objects.values_list("pk", flat=True))
     runs = []
     for tenant_id in sorted(tenant_ids & set(Tenant.objects.values_list("pk", flat=True))):
         run = retention_purge_tenant(

@@ -33,6 +33,7 @@ _NEVER_BY_HAND = [
         "reviewitem",
         "subjectindex",
         "tombstone",
+        "erasurerun",
     )
 ] + [f"{verb}_retentionrun" for verb in ("add", "change", "delete")]
 
@@ -93,6 +94,9 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.export_data",
         "review.search_subjects",
         "review.*_retentionpolicy",
+        # Erasing a person's data on request (review.erasure): a tenant admin's decision;
+        # auditors see the runs (view_erasurerun) and the trail, not the button.
+        "review.erase_subject",
     ],
 }
 

@@ -1,5 +1,5 @@
-"""django-q2 schedules owned by the console: the retention purge and the access log's
-checkpoints. Installed idempotently by ``manage.py schedules_install`` (which imports this
+"""django-q2 schedules owned by the console: the retention purge (which also restarts
+stalled erasure runs) and the access log's checkpoints. Installed idempotently by ``manage.py schedules_install`` (which imports this
 module)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 from django_q.models import Schedule
 
 from review.accesslog import accesslog_checkpoint_all, accesslog_setting
+from review.erasure import erasures_resume_stalled
 from review.retention import retention_purge
 
 
@@ -19,6 +20,8 @@ def retention_purge_task() -> dict[str, int]:
         "redacted": sum(r.redacted for r in runs),
         "deleted": sum(r.deleted for r in runs),
         "discarded": sum(r.discarded for r in runs),
+        # Erasure runs whose task died (beyond django-q2's own retries) continue at their cursor.
+        "erasures_resumed": len(erasures_resume_stalled()),
     }
 
 

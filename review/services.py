@@ -11,12 +11,14 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from alerts.services import alerts_resolve_for
+from ledger import display
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
 from ledger.models import AttemptOutcome, ConfigChangeAction, Operation, OperationStatus
 from ledger.services import operation_transition
 from review.accesslog import access_log_min_retention
 from review.models import RecordType, RetentionPolicy, ReviewDecision
+from review.retention import retention_floor
 
 S = OperationStatus
 log = logging.getLogger("onceguard.review")
@@ -97,7 +99,7 @@ def review_decision_record(
 
 def retention_policy_check(*, record_type: str, payload_ttl: timedelta | None, record_ttl: timedelta | None) -> None:
     """ValidationFailed unless the TTLs make a policy: positive, payload before record, and an
-    access-log record TTL not below the platform's floor (review.accesslog)."""
+    no TTL below the platform's floors (review.retention; the access log's is review.accesslog's)."""
     for label, ttl in (("payload TTL", payload_ttl), ("record TTL", record_ttl)):
         if ttl is not None and ttl <= timedelta(0):
             raise ValidationFailed(f"The {label} must be longer than zero.", extra={"field": label.replace(" ", "_")})
@@ -110,6 +112,18 @@ def retention_policy_check(*, record_type: str, payload_ttl: timedelta | None, r
             " is not allowed.",
             extra={"field": "record_ttl", "minimum_days": floor.days},
         )
+    # The platform's floors under payloads and records (review.retention, ONCEGUARD_RETENTION).
+    payload_floor, record_floor = retention_floor(record_type)
+    for label, field, ttl, minimum in (
+        ("payload TTL", "payload_ttl", payload_ttl, payload_floor),
+        ("record TTL", "record_ttl", record_ttl, record_floor),
+    ):
+        if ttl is not None and minimum is not None and ttl < minimum:
+            raise ValidationFailed(
+                f"The platform keeps {RecordType(record_type).label} at least {display.duration_words(minimum)}"
+                f" before this; a shorter {label} is not allowed.",
+                extra={"field": field, "minimum_days": minimum.days},
+            )
 
 
 def retention_policy_save(

@@ -16,7 +16,7 @@ from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventStatus, Replay
 from ledger import services
 from ledger.models import ApiKey, Operation, OperationStatus, Provider, Tenant
-from review.models import AccessLog, RetentionPolicy
+from review.models import AccessLog, ErasureRun, RetentionPolicy
 from tests.console.support import (
     MARKERS,
     advisory_provider,
@@ -124,6 +124,24 @@ def subject_search(client: Client, w: World) -> bool:
     return response.status_code == 200 and w.failed.key in response.content.decode()
 
 
+def subject_trail(client: Client, w: World) -> bool:
+    form = {"tenant": w.failed.tenant_id, "phone": "+61412345678", "reason": "matrix trail check", "action": "trail"}
+    response = client.post("/admin/onceguard/subjects/trail/", form)
+    return response.status_code == 200 and w.failed.key in response.content.decode()
+
+
+def export_subject_in_clear(client: Client, w: World) -> bool:
+    form = {"tenant": w.failed.tenant_id, "phone": "+61412345678", "reason": "matrix export check"}
+    response = client.post("/admin/onceguard/subjects/trail/", {**form, "action": "export_json", "decrypt": "on"})
+    return response.status_code == 200 and "Priya" in response.content.decode()
+
+
+def erase_subject(client: Client, w: World) -> bool:
+    form = {"tenant": w.failed.tenant_id, "phone": "+61412345678", "reason": "matrix erase check"}
+    client.post("/admin/onceguard/subjects/trail/", {**form, "action": "erase", "confirm_erase": "on"})
+    return ErasureRun.objects.filter(tenant_id=w.failed.tenant_id).exists()
+
+
 def configure_retention(client: Client, w: World) -> bool:
     client.post(
         "/admin/review/retentionpolicy/add/",
@@ -143,6 +161,10 @@ CONSOLE_ACTIONS = {
     "export_csv": (export_csv, {"auditor", "admin"}),
     "read_access_log": (read_access_log, {"auditor", "admin"}),
     "subject_search": (subject_search, {"auditor", "admin"}),
+    "subject_trail": (subject_trail, {"auditor", "admin"}),
+    # Data in clear is a reveal: admins only (auditors see who looked, not the data).
+    "export_subject_in_clear": (export_subject_in_clear, {"admin"}),
+    "erase_subject": (erase_subject, {"admin"}),
     "configure_retention": (configure_retention, {"admin"}),
 }
 
@@ -199,6 +221,24 @@ def api_dlq_resolve(api: Any, w: World) -> bool:
     return FailedEvent.objects.get(pk=w.event.pk).status == FailedEventStatus.RESOLVED
 
 
+def api_subject_trail(api: Any, w: World) -> bool:
+    body = {"identifiers": {"phone": "+61412345678"}, "reason": "matrix api trail"}
+    r = api.post("/api/v1/subjects/trail", body, format="json")
+    return r.status_code == 200 and any(rec["ref"] == w.failed.key for rec in r.json()["records"])
+
+
+def api_subject_export_in_clear(api: Any, w: World) -> bool:
+    body = {"identifiers": {"phone": "+61412345678"}, "reason": "matrix api export", "decrypt": True}
+    r = api.post("/api/v1/subjects/export", body, format="json")
+    return r.status_code == 200 and "Priya" in r.content.decode()
+
+
+def api_subject_erase(api: Any, w: World) -> bool:
+    body = {"identifiers": {"phone": "+61412345678"}, "reason": "matrix api erase"}
+    api.post("/api/v1/subjects/erasures", body, format="json")
+    return ErasureRun.objects.filter(tenant_id=w.failed.tenant_id).exists()
+
+
 API_ACTIONS = {
     "list_operations": (api_list_operations, {"read", "admin"}),
     "get_operation": (api_get_operation, {"read", "admin"}),
@@ -207,12 +247,17 @@ API_ACTIONS = {
     "dlq_resolve": (api_dlq_resolve, {"write", "admin"}),
     # Not implied by admin: payloads need the explicit `payload` scope.
     "reveal_payload": (api_reveal, {"payload"}),
+    # A person's trail: `audit`, implied by `admin`; in clear it needs `payload` as well, so
+    # no single scope is enough; an erasure is an admin's.
+    "subject_trail": (api_subject_trail, {"audit", "admin"}),
+    "subject_export_in_clear": (api_subject_export_in_clear, set()),
+    "subject_erase": (api_subject_erase, {"admin"}),
 }
 
 
 @pytest.mark.parametrize("whose", ["own", "other"])
 @pytest.mark.parametrize("action", sorted(API_ACTIONS))
-@pytest.mark.parametrize("scope", ["read", "write", "admin", "payload"])
+@pytest.mark.parametrize("scope", ["read", "write", "admin", "payload", "audit"])
 def test_api_matrix(
     scope: str, action: str, whose: str, worlds: dict[str, World], tenant: Tenant, make_client: Any
 ) -> None:

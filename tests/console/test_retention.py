@@ -74,7 +74,10 @@ def test_one_run_redacts_past_payload_ttl_deletes_past_record_ttl_and_writes_its
         and Attempt.objects.filter(operation=redacted).exists()
     )
     assert not Operation.objects.filter(pk=ancient.pk).exists()
-    assert not SubjectIndex.objects.filter(record_type="operations", record_id=ancient.pk).exists()
+    # The index keeps its links (keyed digest, id) marked gone, so the person's trail can say
+    # "deleted" (review.subjects); searches find living records only.
+    links = SubjectIndex.objects.filter(record_type="operations", record_id=ancient.pk)
+    assert links.exists() and not links.filter(gone_at__isnull=True).exists()
     # Open operations are never touched, however old.
     assert crypto.is_sealed(Operation.objects.get(pk=open_op.pk).payload)
 
@@ -314,6 +317,6 @@ def test_retention_runs_are_scheduled_by_django_q():
 
     assert install_schedules() == ["review.retention_purge", "review.accesslog_checkpoint"]
     assert Schedule.objects.get(name="review.retention_purge").func == "review.schedules.retention_purge_task"
-    assert retention_purge_task() == {"tenants": 0, "redacted": 0, "deleted": 0, "discarded": 0}
+    assert retention_purge_task() == {"tenants": 0, "redacted": 0, "deleted": 0, "discarded": 0, "erasures_resumed": 0}
     assert RetentionRun.objects.count() == 0
     assert OperationStatus.SUCCEEDED  # (import used)

@@ -19,7 +19,7 @@ from ledger import services
 from ledger.models import AdmissionRefusalCount, Attempt, Operation, OperationEvent, Tenant, Tombstone
 from review import privacy
 from review.accesslog import accesslog_checkpoint
-from review.models import RetentionPolicy, RetentionRun, StaffTenant
+from review.models import ErasureRun, RetentionPolicy, RetentionRun, StaffTenant
 from review.tenancy import object_tenant_id, tenant_path
 from tests.console.support import (
     advisory_provider,
@@ -83,6 +83,9 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     RetentionPolicy.objects.create(tenant=tenant, record_type="operations", record_ttl=timedelta(days=30))
     RetentionRun.objects.create(tenant=tenant, pass_id=tag, started_at=timezone.now())
     now = timezone.now()
+    ErasureRun.objects.create(
+        tenant=tenant, subject_ref=f"email:{tag}", actor="t", reason="r", requested_at=now, updated_at=now
+    )
     Tombstone.objects.create(
         tenant=tenant,
         key=f"gone-{tag}",

@@ -17,7 +17,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True)
-        parser.add_argument("--scopes", default="read,write", help="comma-separated: read,write,admin")
+        parser.add_argument(
+            "--scopes",
+            default="read,write",
+            help="comma-separated: read,write,admin,payload,audit (payload: reveals; audit: data-subject trails)",
+        )
         parser.add_argument("--name", default="")
         parser.add_argument(
             "--expires-in-days", type=float, default=None, help="the key stops working after this many days"

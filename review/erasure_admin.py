@@ -1,0 +1,46 @@
+"""The console's list of erasure runs (read-only: only review.erasure writes them). Registered
+from ``ReviewConfig.ready`` so this page lives in its own file."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from ledger.admin import ReadOnlyAdmin
+from review.models import ErasureRun
+from review.subjects import erasure_summary
+
+
+class ErasureRunAdmin(ReadOnlyAdmin):
+    list_display = ["id", "tenant", "state", "progress", "requested_at", "actor", "finished_at", "touched"]
+    list_filter = ["state", "tenant"]
+    list_select_related = ["tenant"]
+    # The person appears only as keyed references; targets are ids; digests are gone when done.
+    exclude = ["targets", "digests"]
+    readonly_fields = [
+        "tenant",
+        "subject_ref",
+        "state",
+        "progress",
+        "actor",
+        "reason",
+        "requested_at",
+        "started_at",
+        "updated_at",
+        "finished_at",
+        "passes",
+        "touched",
+        "error",
+    ]
+
+    @admin.display(description="progress")
+    def progress(self, obj: ErasureRun) -> str:
+        return f"{obj.cursor} / {len(obj.targets or [])}"
+
+    @admin.display(description="what it touched")
+    def touched(self, obj: ErasureRun) -> str:
+        return erasure_summary(obj)
+
+
+def register() -> None:
+    if not admin.site.is_registered(ErasureRun):
+        admin.site.register(ErasureRun, ErasureRunAdmin)
