@@ -219,8 +219,13 @@ def _words_of(body: Any) -> str:
     return ""
 
 
+# Failures a replay as is would meet again: the receiver refused the input, or the provider's
+# output failed its checks (with the same key it answers the same job, so the same output).
+QUARANTINED_CLASSES = (ErrorClass.INVALID_INPUT, ErrorClass.INVALID_OUTPUT)
+
+
 def _quarantine_reason(error_class: str, words: str) -> str:
-    if error_class != ErrorClass.INVALID_INPUT:
+    if error_class not in QUARANTINED_CLASSES:
         return ""
     return ledger_services.sanitize_message(words or "the receiver refused the input (no reason given)")
 
@@ -230,9 +235,15 @@ def quarantine_reason_of(operation: Operation) -> str:
     (``sanitize_message``: a receiver's 422 often quotes the address it refused). Empty unless
     the failure is ``invalid_input``. Execute mode: the provider's own words from its answer
     (``error.message``, ``message``, ``detail``, ``errors[]``…), else the status; guard mode:
-    the message the caller reported with ``/fail``."""
-    if operation.error_class != ErrorClass.INVALID_INPUT:
+    the message the caller reported with ``/fail``. An ``invalid_output`` failure (ledger.outputs)
+    is quarantined too: a replay under the same key would fetch the same output."""
+    if operation.error_class not in QUARANTINED_CLASSES:
         return ""
+    if operation.error_class == ErrorClass.INVALID_OUTPUT:
+        slug = provider_slug(operation.provider_id) or "the provider"
+        return _quarantine_reason(
+            operation.error_class, f"the output of {slug} failed its checks: {operation.last_error}"
+        )
     if operation.mode == OperationMode.EXECUTE:
         slug = provider_slug(operation.provider_id) or "the provider"
         words = _words_of(open_json(operation.response_body)) or operation.last_error

@@ -151,8 +151,10 @@ def test_a_wrong_size_output_is_quarantined_failed_as_invalid_output_and_never_r
     attempt = Attempt.objects.get(operation=op, number=op.attempts)
     assert (attempt.outcome, attempt.error_class) == ("failed", "invalid_output")
     assert failed.events.order_by("-at", "-id").first().reason.startswith("invalid_output: ")
-    # Every failed row has its DLQ entry.
-    assert FailedEvent.objects.filter(operation_id=op.pk, error_class="invalid_output").exists()
+    # Every failed row has its DLQ entry; quarantined: replayed as is, it would fetch the same output.
+    entry = FailedEvent.objects.get(operation_id=op.pk)
+    assert entry.error_class == "invalid_output"
+    assert entry.quarantine_reason.startswith("the output of images failed its checks: the output is 65×41 pixels")
     assert_nothing_published(object_dirs)
     for path in (f"/api/v1/operations/{op.pk}/output", f"/api/v1/operations/{op.pk}/output/content"):
         assert api.get(path).status_code == 404
