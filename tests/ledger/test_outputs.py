@@ -319,11 +319,12 @@ def test_retention_deleting_an_operation_deletes_its_published_output(
     job = render_job(op, render_provider, mock_images)
     output_fetch_publish(operation=op, url=job["output"]["url"], expect=expectation(job))
     operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=job["id"], response_body=job)
+    # Past the platform's floor for operations (the policy may not go below it).
     Operation.objects.filter(pk=op.pk).update(
-        updated_at=op.created_at - timedelta(days=10), done_at=op.created_at - timedelta(days=10)
+        updated_at=op.created_at - timedelta(days=400), done_at=op.created_at - timedelta(days=400)
     )
     retention_policy_save(
-        tenant_id=tenant.pk, record_type=RecordType.OPERATIONS, record_ttl=timedelta(days=5), actor="test"
+        tenant_id=tenant.pk, record_type=RecordType.OPERATIONS, record_ttl=timedelta(days=365), actor="test"
     )
 
     run = retention_purge_tenant(tenant_id=tenant.pk)
