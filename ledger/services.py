@@ -819,8 +819,10 @@ def operation_complete(
         if op is not None:
             _after_terminal(op, actor=actor)
             # DEBUG: a success needs no one's attention and its record is the event row;
-            # what does (fenced, failed, uncertain, paused) is logged at INFO or above.
-            log.debug("operation_succeeded", extra=operation_fields(op))
+            # what does (fenced, failed, uncertain, paused) is logged at INFO or above. (The
+            # fields are only gathered when the line is written.)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("operation_succeeded", extra=operation_fields(op))
             return op
     error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
     if isinstance(error, LeaseLost) and "status" not in error.extra:
