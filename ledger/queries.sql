@@ -210,7 +210,10 @@ RETURNING *;
 -- row and reads the state it leaves (FOR UPDATE waits for a concurrent move and reads the
 -- row as that move left it, then the guard is checked again), so the event names the
 -- state this statement moved the row from, as the portable path's one-state-at-a-time
--- updates do.
+-- updates do. The UPDATE then moves the row `held` locked. Its WHERE must not compare the
+-- state again: it first meets the row as the statement's snapshot saw it, before a move
+-- `held` waited for (the sweeper's claimed → uncertain), and a guard false there is never
+-- re-checked on the row as it now is; the lock already guarantees the guard.
 WITH held AS (
     SELECT id, status AS from_status FROM ledger_operation
     WHERE id = %(id)s AND status IN ({claimed}, {uncertain}, {review}) AND lease_token = %(lease_token)s
@@ -227,8 +230,7 @@ WITH held AS (
         done_at = now(),
         updated_at = now()
     FROM held
-    WHERE ledger_operation.id = held.id AND ledger_operation.status = held.from_status
-      AND ledger_operation.lease_token = %(lease_token)s
+    WHERE ledger_operation.id = held.id
     RETURNING ledger_operation.*
 ), attempt AS (
     -- attempt_succeed.

@@ -4,6 +4,8 @@ transaction, raise Django's errors and are seen by query observers."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +289,61 @@ def test_a_fresh_claim_without_a_payload_is_one_statement_after_its_read_and_a_c
     assert claim_statements == [statements.text("operation_by_key"), statements.text("operation_claim_pg")]
     # The completion's atomic block is a savepoint here, BEGIN … COMMIT on its own.
     assert [s for s in seen[2:] if "SAVEPOINT" not in s] == [statements.text("operation_complete_pg")]
+
+
+@pytest.mark.skipif(not on_postgres(), reason="row locks between two connections: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_a_completion_that_waits_for_the_sweepers_move_completes_from_the_state_it_left(tenant, provider):
+    """The completion starts while the sweeper's claimed → uncertain is uncommitted, waits for
+    its row lock, and must then move the row as the sweeper left it (uncertain → succeeded),
+    not miss it because its own snapshot still saw `claimed`."""
+    op = _claim(tenant, provider, "waits-for-sweeper")
+    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    moved, release = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def sweeper() -> None:
+        try:
+            with transaction.atomic():
+                row = Operation.objects.select_for_update().get(pk=op.pk)
+                services.operation_transition(operation=row, to=S.UNCERTAIN, actor="sweeper", reason="lease expired")
+                moved.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    def holder() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                outcome["pid"] = cursor.fetchone()[0]
+            outcome["done"] = services.operation_complete(
+                operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_late", response_body={"ok": 1}
+            )
+        except Exception as error:  # surfaced by the assertion below
+            outcome["error"] = error
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=sweeper)
+    first.start()
+    assert moved.wait(timeout=30)
+    second = threading.Thread(target=holder)
+    second.start()
+    # Release the sweeper only once the completion waits for its lock.
+    for _ in range(300):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", [outcome.get("pid", 0)]
+            )
+            if cursor.fetchone():
+                break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the completion never waited for the sweeper's lock")
+    release.set()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["done"].status == S.SUCCEEDED
+    assert [(e[0], e[1]) for e in events_of(op.pk)][-2:] == [("claimed", "uncertain"), ("uncertain", "succeeded")]
