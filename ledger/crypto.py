@@ -287,6 +287,12 @@ def normalize_identifier(kind: str, value: Any) -> str:
 # --- Write-time hook ---------------------------------------------------------------------------
 
 
+def payload_indexing_needed(values: list[Any]) -> bool:
+    """Whether :func:`payload_written` has anything to do for ``values``: a value is stored
+    and an index is connected. A write that answers False may skip its transaction."""
+    return any(v is not None for v in values) and bool(hooks.payload_written.receivers)
+
+
 def payload_written(*, tenant_id: int, record_type: str, record_id: int, values: list[Any], source: str = "") -> None:
     """Called by the services that store a payload: fills the data-subject index (keyed
     HMACs of the identifiers in it), so an auditor can find the record without decrypting.
@@ -294,7 +300,7 @@ def payload_written(*, tenant_id: int, record_type: str, record_id: int, values:
     savepoint) and the record is simply not findable by subject until indexed again.
 
     The index belongs to ``review.privacy``, which connects to ``hooks.payload_written``."""
-    if all(v is None for v in values) or not hooks.payload_written.receivers:
+    if not payload_indexing_needed(values):
         return
     try:
         # A savepoint: a failed index write must not poison the caller's transaction.

@@ -21,7 +21,7 @@ import random
 import re
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +38,7 @@ from ledger.auth import API_KEYS, hash_api_key
 from ledger.caching import TtlCache
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.credentials import sealed_credential
-from ledger.crypto import payload_written, seal_json
+from ledger.crypto import payload_indexing_needed, payload_written, seal_json
 from ledger.errors import (
     DestinationNotAllowed,
     DomainError,
@@ -223,6 +223,11 @@ class ClaimResult:
 # --- Moves: a named statement, its attempt and its event, in one transaction --------------
 
 
+def _event_text(*, actor: str, reason: str) -> dict[str, str]:
+    """An event row's actor and reason as stored (cut to the column, reason scrubbed)."""
+    return {"actor": actor[:150], "reason": sanitize_message(reason)}
+
+
 def _event(*, op: Operation, old: str, actor: str, reason: str) -> None:
     statements.execute(
         "event_insert",
@@ -230,9 +235,8 @@ def _event(*, op: Operation, old: str, actor: str, reason: str) -> None:
             "operation_id": op.pk,
             "from_status": old,
             "to_status": op.status,
-            "actor": actor[:150],
-            "reason": sanitize_message(reason),
             "attempt": op.attempts,
+            **_event_text(actor=actor, reason=reason),
         },
     )
 
@@ -405,18 +409,20 @@ def operation_claim(
         "cost": terms.cost,
         "callback_url": terms.callback_url,
     }
-    with transaction.atomic():
-        op = statements.operation("operation_insert", params)
+    reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
+    stored = [payload, request if mode == OperationMode.EXECUTE else None]
+    # A claim that writes nothing after its row (no stored payload to index, no older
+    # version to replace) is, on PostgreSQL, one statement: its own transaction, with no
+    # BEGIN and COMMIT round trips around it. Anything more runs in one atomic block.
+    alone = statements.combined() and not record and not payload_indexing_needed(stored)
+    with nullcontext() if alone else transaction.atomic():
+        op = _insert_claimed(params, actor=actor, reason=reason)
         if op is not None:
-            if op.attempts:
-                statements.execute("attempt_open", {"operation_id": op.pk})
-            reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
-            _event(op=op, old="", actor=actor, reason=reason)
             payload_written(
                 tenant_id=tenant.pk,
                 record_type="operations",
                 record_id=op.pk,
-                values=[payload, request if mode == OperationMode.EXECUTE else None],
+                values=stored,
                 source=f"{provider_slug}:{action}",
             )
             if record:
@@ -436,6 +442,20 @@ def operation_claim(
         actor=actor,
         execution_id=execution_id,
     )
+
+
+def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Operation | None:
+    """The new row, its first attempt (when it has one) and its event; None when the key is
+    taken or tombstoned. One statement on PostgreSQL, three in the caller's transaction
+    elsewhere."""
+    if statements.combined():
+        return statements.operation("operation_claim_pg", {**params, **_event_text(actor=actor, reason=reason)})
+    op = statements.operation("operation_insert", params)
+    if op is not None:
+        if op.attempts:
+            statements.execute("attempt_open", {"operation_id": op.pk})
+        _event(op=op, old="", actor=actor, reason=reason)
+    return op
 
 
 # --- Versioned keys ------------------------------------------------------------------------
@@ -795,24 +815,15 @@ def operation_complete(
         "response_body": _sealed(response_body),
     }
     with transaction.atomic():
-        for old in REPORT_ORDER:
-            op = statements.operation("operation_complete", {**params, "from_status": old})
-            if op is not None:
-                statements.execute(
-                    "attempt_succeed",
-                    {
-                        "operation_id": op.pk,
-                        "number": op.attempts,
-                        "provider_ref": provider_ref[:255],
-                        "response_status": response_status,
-                    },
-                )
-                _event(op=op, old=old, actor=actor, reason=reason)
-                _after_terminal(op, actor=actor)
-                # DEBUG: a success needs no one's attention and its record is the event row;
-                # what does (fenced, failed, uncertain, paused) is logged at INFO or above.
+        op = _complete_reported(params, actor=actor, reason=reason)
+        if op is not None:
+            _after_terminal(op, actor=actor)
+            # DEBUG: a success needs no one's attention and its record is the event row;
+            # what does (fenced, failed, uncertain, paused) is logged at INFO or above. (The
+            # fields are only gathered when the line is written.)
+            if log.isEnabledFor(logging.DEBUG):
                 log.debug("operation_succeeded", extra=operation_fields(op))
-                return op
+            return op
     error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
     if isinstance(error, LeaseLost) and "status" not in error.extra:
         _record_fenced_evidence(
@@ -832,6 +843,29 @@ def operation_complete(
         ):
             return current
     raise error
+
+
+def _complete_reported(params: dict[str, Any], *, actor: str, reason: str) -> Operation | None:
+    """The succeeded row, its attempt's outcome and its event, from whichever reportable
+    state the row is in; None when the guard matched nothing. One statement on PostgreSQL;
+    elsewhere one guarded UPDATE per source state, claimed first."""
+    if statements.combined():
+        return statements.operation("operation_complete_pg", {**params, **_event_text(actor=actor, reason=reason)})
+    for old in REPORT_ORDER:
+        op = statements.operation("operation_complete", {**params, "from_status": old})
+        if op is not None:
+            statements.execute(
+                "attempt_succeed",
+                {
+                    "operation_id": op.pk,
+                    "number": op.attempts,
+                    "provider_ref": params["provider_ref"],
+                    "response_status": params["response_status"],
+                },
+            )
+            _event(op=op, old=old, actor=actor, reason=reason)
+            return op
+    return None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db import connection
 
+from ledger import fast_rows
 from ledger.models import AttemptOutcome, Operation, OperationStatus
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -72,6 +73,18 @@ def _statements(vendor: str) -> dict[str, str]:
     return parse(QUERIES.read_text(encoding="utf-8"), vendor=vendor)
 
 
+def combined() -> bool:
+    """Whether the database runs the ``…_pg`` forms of claim and complete: PostgreSQL's
+    data-modifying CTEs write a move's row, attempt and event in one statement. SQLite runs
+    the portable statements one by one."""
+    return connection.vendor == "postgresql" and COMBINED
+
+
+# The ``…_pg`` statements in use where the database has them; tests turn it off to run the
+# portable path on PostgreSQL and compare the two.
+COMBINED = True
+
+
 def text(name: str) -> str:
     """The statement ``name`` as it runs on the default database."""
     return _statements(connection.vendor)[name]
@@ -86,8 +99,16 @@ def execute(name: str, params: dict[str, Any]) -> int:
 
 def operations(name: str, params: dict[str, Any]) -> list[Operation]:
     """Run a statement whose rows are operations (``RETURNING *`` or ``SELECT *``)."""
+    if connection.vendor == "postgresql" and FAST_ROWS:
+        with connection.cursor() as cursor:
+            cursor.execute(text(name), params)
+            return fast_rows.operations_from(cursor)
     # list(): a RawQuerySet runs its statement again each time it is iterated.
     return list(Operation.objects.raw(text(name), params))
+
+
+# ledger.fast_rows on PostgreSQL; tests turn it off to compare it with Manager.raw.
+FAST_ROWS = True
 
 
 def operation(name: str, params: dict[str, Any]) -> Operation | None:
