@@ -27,6 +27,9 @@ def count_round_trips(run_one: Callable[[Any], None], items: Sequence[Any]) -> d
     import psycopg
     from django.db import connection
 
+    # A fresh connection: one older than CONN_MAX_AGE (a long run) would be replaced by the
+    # first request's close_old_connections, and the trace would follow the old one.
+    connection.close()
     connection.ensure_connection()
     pgconn = connection.connection.pgconn
     with tempfile.TemporaryFile("w+") as fh:
