@@ -94,6 +94,9 @@ def explain_raw(dsn: str, table: str, tenant_id: int, finished_key: str) -> list
     return out
 
 
+EXPLAINABLE = ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH")
+
+
 def explain_ledger(steps: list[tuple[str, Callable[[], Any]]]) -> list[dict[str, Any]]:
     """Run each step in a transaction that is rolled back; EXPLAIN every statement it sends.
 
@@ -106,6 +109,9 @@ def explain_ledger(steps: list[tuple[str, Callable[[], Any]]]) -> list[dict[str,
     current = {"label": ""}
 
     def wrapper(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if not sql.lstrip().upper().startswith(EXPLAINABLE):
+            # The services' own savepoints (a nested atomic block) have no plan.
+            return execute(sql, params, many, context)
         raw_cursor = context["cursor"].cursor
         raw_cursor.execute("SAVEPOINT bench_explain")
         raw_cursor.execute(EXPLAIN + sql, params)
