@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from django.db import transaction
@@ -35,6 +33,7 @@ from django.db.models import Max
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ledger.caching import TtlCache
 from ledger.config_changes import config_change_record
 from ledger.errors import AdapterRolloutConflict, ValidationFailed
 from ledger.models import (
@@ -81,31 +80,16 @@ def clean_reason(reason: str | None) -> str:
 
 # --- Reading revisions -------------------------------------------------------------------------
 
-# Revisions never change once written: this process keeps the ones it used (bounded, least
-# recently used first out) for as long as it likes.
-_REVISIONS: OrderedDict[int, AdapterRevision] = OrderedDict()
-_REVISIONS_LOCK = threading.Lock()
-_REVISIONS_MAX = 2048
+# Revisions never change once written, so this process may keep the ones it used as long
+# as it likes (ADAPTER_REVISION_CACHE_SECONDS, default an hour): no staleness to bound.
+REVISIONS: TtlCache[AdapterRevision] = TtlCache("ADAPTER_REVISION_CACHE_SECONDS", max_entries=2048)
 
 
 def revision_get(revision_id: int) -> AdapterRevision:
-    with _REVISIONS_LOCK:
-        found = _REVISIONS.get(revision_id)
-        if found is not None:
-            _REVISIONS.move_to_end(revision_id)
-            return found
-    revision = AdapterRevision.objects.get(pk=revision_id)
-    with _REVISIONS_LOCK:
-        _REVISIONS[revision_id] = revision
-        while len(_REVISIONS) > _REVISIONS_MAX:
-            _REVISIONS.popitem(last=False)
+    revision = REVISIONS.get(revision_id, lambda: AdapterRevision.objects.filter(pk=revision_id).first())
+    if revision is None:
+        raise AdapterRevision.DoesNotExist(f"No adapter revision {revision_id}.")
     return revision
-
-
-def revisions_forget() -> None:
-    """Tests reuse ids across databases; nothing else ever needs this."""
-    with _REVISIONS_LOCK:
-        _REVISIONS.clear()
 
 
 def adapter_view(provider: Provider, revision: AdapterRevision | None) -> Provider:
