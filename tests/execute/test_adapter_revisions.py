@@ -205,7 +205,12 @@ def test_the_sweep_rolls_back_a_canary_whose_failures_the_workers_did_not_judge(
     assert report.counts.get("canary_failing") == 1
     provider.refresh_from_db()
     assert provider.canary_revision_id is None
-    assert set(Operation.objects.filter(pk__in=[op.pk for op in ops]).values_list("status", flat=True)) == {S.UNCERTAIN}
+    # The same pass reconciles the six 502s as usual (looked up under /v2): nothing re-sent yet.
+    assert mock.effects()["requests_by_version"] == {"v2": 6} and mock.effects()["count"] == 0
+    assert set(Operation.objects.filter(pk__in=[op.pk for op in ops]).values_list("status", flat=True)) <= {
+        S.UNCERTAIN,
+        S.RETRY_WAIT,
+    }
 
 
 def test_rejections_under_a_rolled_back_canary_stay_in_the_dlq_naming_it_and_are_not_resent(tenant, enforced, watch):
