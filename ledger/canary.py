@@ -530,3 +530,40 @@ def canary_watch_all(*, limit: int = 1000) -> dict[str, int]:
         if figures is not None:
             counts[figures.verdict] = counts.get(figures.verdict, 0) + 1
     return counts
+
+
+# --- What the console and the API show ---------------------------------------------------------
+
+
+def revision_role(provider: Provider, revision: AdapterRevision) -> str:
+    if revision.pk == provider.revision_id:
+        return "stable"
+    if revision.pk == provider.canary_revision_id:
+        return "canary"
+    return "retired"
+
+
+def provider_rollout(provider: Provider, *, limit: int = 50) -> dict[str, Any]:
+    """``provider``'s rollout: which revisions run, the watch's figures, and its newest
+    revisions (at most ``limit``), newest first."""
+    figures = canary_figures(provider)
+    return {
+        "provider": provider.slug,
+        "stable_revision": revisions.revision_number(provider.revision_id),
+        "canary_revision": revisions.revision_number(provider.canary_revision_id),
+        "canary_percent": provider.canary_percent,
+        "canary_started_at": provider.canary_started_at,
+        "watch": figures.as_dict() if figures is not None else None,
+        "revisions": [
+            {
+                "number": r.number,
+                "based_on": r.based_on,
+                "config": r.config,
+                "created_by": r.created_by,
+                "created_at": r.created_at,
+                "reason": r.reason,
+                "role": revision_role(provider, r),
+            }
+            for r in AdapterRevision.objects.filter(provider_id=provider.pk).order_by("-number")[:limit]
+        ],
+    }
