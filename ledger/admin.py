@@ -764,7 +764,7 @@ class ProviderAdmin(admin.ModelAdmin):
 
     def rollout_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         provider = get_object_or_404(self.get_queryset(request), pk=pk)
-        may_move = self.has_change_permission(request, provider)
+        may_move = request.user.has_perm("ledger.rollout_provider")
         form = RolloutMoveForm(request.POST or None)
         back = reverse("admin:ledger_provider_rollout", args=[provider.pk])
         if request.method == "POST":

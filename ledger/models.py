@@ -338,6 +338,9 @@ class Provider(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        # The console's rollout moves (ledger.canary): an operator may roll a canary back in an
+        # incident without being allowed to edit the provider.
+        permissions = [("rollout_provider", "Can start, promote and roll back adapter revisions")]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "slug"], name="provider_unique_slug_per_tenant"),
             models.CheckConstraint(

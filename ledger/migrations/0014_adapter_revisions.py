@@ -122,5 +122,9 @@ class Migration(migrations.Migration):
             model_name='adapterrevision',
             constraint=models.UniqueConstraint(fields=('provider', 'number'), name='adapterrevision_unique_number'),
         ),
+        migrations.AlterModelOptions(
+            name='provider',
+            options={'permissions': [('rollout_provider', 'Can start, promote and roll back adapter revisions')]},
+        ),
         migrations.RunPython(first_revisions, forget_revisions),
     ]
