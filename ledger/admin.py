@@ -85,8 +85,14 @@ class AttemptInline(ReadOnlyInline):
         "provider_ref",
         "response_status",
         "execution_id",
+        "revision",
     ]
     readonly_fields = fields
+
+    @admin.display(description="adapter revision")
+    def revision(self, obj: Attempt) -> str:
+        number = revisions.revision_number(obj.adapter_revision_id)
+        return display.EMPTY if number is None else str(number)
 
 
 class EventInline(ReadOnlyInline):

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 
 from dlq.models import FailedEvent, FailedEventChange
+from dlq.serializers import failed_event_representation
 from ledger import canary, hooks, revisions, sql
 from ledger.errors import AdapterRolloutConflict, ValidationFailed
 from ledger.execute import operation_submit
@@ -226,6 +227,7 @@ def test_rejections_under_a_rolled_back_canary_stay_in_the_dlq_naming_it_and_are
     for op in rejected:
         entry = FailedEvent.objects.get(operation_id=op.pk)
         assert entry.adapter_revision.number == 2 and entry.status == "pending"
+        assert failed_event_representation(entry)["adapter_revision"] == 2
         notes = list(FailedEventChange.objects.filter(event_id=entry.pk).values_list("note", flat=True))
         assert any("adapter revision 2 was rolled back by system:canary-watch" in n for n in notes)
     # Nothing re-sent them; the two the canary never sent went out under revision 1.
