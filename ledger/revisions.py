@@ -33,6 +33,7 @@ from django.db.models import Max
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ledger import sql
 from ledger.caching import TtlCache
 from ledger.config_changes import config_change_record
 from ledger.errors import AdapterRolloutConflict, ValidationFailed
@@ -260,7 +261,8 @@ def revision_for_save(
             setattr(candidate, name, getattr(stored, name))
         candidate.canary_revision = revision
         candidate.canary_percent = canary_percent
-        candidate.canary_started_at = timezone.now()
+        # The database's clock, like the attempts' finished_at the watch compares it with.
+        candidate.canary_started_at = sql.db_now()
     return revision
 
 
