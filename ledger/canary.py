@@ -9,7 +9,7 @@ the revision it ran under. The rollout moves:
 - :func:`revision_promote` — roll forward: a revision (by default the canary) becomes the
   stable one; the provider row takes its adapter fields.
 - :func:`revision_rollback` — roll back: a running canary ends; without one, the stable
-  revision goes back to the one it was made from (or a named one). The rolled-back
+  revision goes back to a named earlier one. The rolled-back
   revision's operations that nothing was sent for (``queued``, ``retry_wait``) are re-queued
   under the revision that is stable now, due at once, as new attempts, and the attempts
   they spent under the rolled-back revision are given back. The ones the provider received
@@ -352,24 +352,31 @@ def revision_rollback(
     actor: str,
     reason: str,
     number: int | None = None,
+    canary: int | None = None,
     figures: WatchFigures | None = None,
     tenant_ids: list[int] | None = None,
 ) -> RollbackResult:
-    """Roll back. With a canary running it ends (``number``, if given, must name it); without
-    one the stable revision goes back to revision ``number`` or, by default, the one it was
-    made from. The rolled-back revision's unsent operations are re-queued under the revision
-    stable now (module docstring); its rejected ones stay failed with their DLQ entries,
-    which the DLQ notes; its uncertain ones take the usual reconciliation."""
+    """Roll back. With a canary running, it ends (``number``, if given, must be the stable
+    revision); without one, the stable revision returns to revision ``number``, which must
+    be named — so a second click on "roll the canary back" finds no canary and changes
+    nothing instead of rolling the stable revision back too. ``canary``: the canary the
+    caller means (the watch); refused when that revision is no longer the canary.
+
+    The rolled-back revision's unsent operations are re-queued under the revision stable now
+    (module docstring); its rejected ones stay failed with their DLQ entries, which the DLQ
+    notes; its uncertain ones take the usual reconciliation."""
     reason = _needs_reason(reason)
     with transaction.atomic():
         provider = _provider(provider_id=provider_id, tenant_ids=tenant_ids, lock=True)
         if provider.canary_revision_id is not None:
             rolled_back = revisions.revision_get(provider.canary_revision_id)
-            if number is not None and number != rolled_back.number:
+            target = revisions.revision_get(revisions.revision_ensure(provider))  # type: ignore[arg-type]
+            if canary is not None and canary != rolled_back.number:
+                raise AdapterRolloutConflict(f"Revision {canary} is no longer the canary.")
+            if number is not None and number != target.number:
                 raise AdapterRolloutConflict(
                     f"Revision {rolled_back.number} is the canary: roll it back (or promote it) first."
                 )
-            target = revisions.revision_get(revisions.revision_ensure(provider))  # type: ignore[arg-type]
             current = _move_pointers(
                 provider=provider,
                 actor=actor,
@@ -379,15 +386,16 @@ def revision_rollback(
                 canary_started_at=None,
             )
         else:
+            if canary is not None:
+                raise AdapterRolloutConflict(f"Revision {canary} is no longer the canary (moved meanwhile).")
+            if number is None:
+                raise AdapterRolloutConflict("No canary runs: name the revision to return the stable one to.")
             if provider.revision_id is None:
                 raise AdapterRolloutConflict("This provider has no adapter revision to roll back.")
             rolled_back = revisions.revision_get(provider.revision_id)
-            wanted = number if number is not None else rolled_back.based_on
-            if wanted is None:
-                raise AdapterRolloutConflict(f"Revision {rolled_back.number} was not made from an earlier one.")
-            target = _revision(provider, wanted)
+            target = _revision(provider, number)
             if target.pk == rolled_back.pk:
-                raise AdapterRolloutConflict(f"Revision {wanted} is the stable revision already.")
+                raise AdapterRolloutConflict(f"Revision {number} is the stable revision already.")
             current = _make_stable(provider=provider, revision=target, actor=actor, reason=reason)
         hooks.adapter_revision_rolled_back.send(
             tenant_id=current.tenant_id,
@@ -479,7 +487,7 @@ def canary_watch(*, provider_id: int) -> WatchFigures | None:
             provider_id=provider.pk,
             actor=WATCH_ACTOR,
             reason=f"automatic rollback: {figures.sentence()}",
-            number=figures.canary,
+            canary=figures.canary,
             figures=figures,
         )
     except AdapterRolloutConflict:

@@ -295,8 +295,8 @@ class RolloutMoveInputSerializer(RolloutReasonSerializer):
         min_value=1,
         required=False,
         allow_null=True,
-        help_text="Promote: the revision to make stable (default: the canary). Roll back without a canary:"
-        " the revision to return to (default: the one the stable revision was made from).",
+        help_text="The revision that becomes stable. Promote: default the canary. Roll back: with a canary running"
+        " leave it out (the canary ends); without one it is required (the revision to return to).",
     )
 
 

@@ -271,10 +271,13 @@ def test_operator_rolls_back_by_hand_the_canary_and_then_a_stable_revision_audit
     assert Operation.objects.get(pk=waiting.pk).adapter_revision.number == 1
     (done,) = run_due()
     assert done.status == S.SUCCEEDED and mock.effects()["requests_by_version"] == {"": 1}
-    # A direct change (no canary) makes revision 3 stable; rolling it back returns to the
-    # revision it was made from.
+    # A direct change (no canary) makes revision 3 stable; rolled back by hand to revision 1.
     provider_upsert(tenant=tenant, slug="charges", timeout_seconds=3.0, actor="user:carol", reason="slower")
-    back = canary.revision_rollback(provider_id=provider.pk, actor="user:carol", reason="too slow")
+    # Without a canary the revision to return to must be named: a repeated "roll the canary
+    # back" changes nothing.
+    with pytest.raises(AdapterRolloutConflict):
+        canary.revision_rollback(provider_id=provider.pk, actor="user:carol", reason="twice")
+    back = canary.revision_rollback(provider_id=provider.pk, number=1, actor="user:carol", reason="too slow")
     provider.refresh_from_db()
     assert (back.rolled_back, back.stable) == (3, 1) and provider.timeout_seconds == 1.0
     trail = list(

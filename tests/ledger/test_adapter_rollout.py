@@ -136,7 +136,11 @@ def test_the_command_runs_a_canary_promotes_and_rolls_back_as_the_os_account(ten
     call_command("provider_revision", "promote", "--tenant=acme", "--slug=charges", "--reason=ok", stdout=out)
     charges.refresh_from_db()
     assert charges.base_url == BASE + "/v3" and charges.canary_revision_id is None
-    call_command("provider_revision", "rollback", "--tenant=acme", "--slug=charges", "--reason=bad", stdout=out)
+    with pytest.raises(CommandError, match="name the revision"):
+        call_command("provider_revision", "rollback", "--tenant=acme", "--slug=charges", "--reason=bad", stdout=out)
+    call_command(
+        "provider_revision", "rollback", "--tenant=acme", "--slug=charges", "--number=1", "--reason=bad", stdout=out
+    )
     charges.refresh_from_db()
     assert charges.base_url == BASE and charges.revision.number == 1
     assert "rolled back revision 2; stable is revision 1" in out.getvalue()

@@ -27,8 +27,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--number",
             type=int,
-            help="canary: the revision (required); promote: default the canary; rollback without a canary:"
-            " default the revision the stable one was made from",
+            help="canary: the revision (required); promote: default the canary; rollback: without a canary"
+            " running, the revision to return to (required), with one leave it out",
         )
         parser.add_argument("--percent", type=int, help="canary: share of new operations, 1–100")
         parser.add_argument("--reason", default="", help="why (required for every move; recorded)")
