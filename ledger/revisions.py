@@ -341,8 +341,8 @@ THROTTLE_STATUSES = frozenset({429, 503})
 
 def provider_fault(*, error_class: str | None, status: int | None, sent: bool) -> bool | None:
     """How one finished attempt counts in the canary watch: True a provider-side failure
-    (5xx, ``ambiguous`` — a timeout or reset after sending, a 2xx the adapter could not read
-    (invalid output) —, an unexpected 4xx or 3xx, 401/403, a destination the policy refuses,
+    (5xx, ``ambiguous`` — a timeout or reset after sending, a 2xx the adapter could not read —,
+    ``invalid_output`` — an output that failed its checks (ledger.outputs) —, an unexpected 4xx or 3xx, 401/403, a destination the policy refuses,
     the provider unreachable), False a success, None not counted at all (throttling, a
     key-in-use 409, the caller's own invalid input, a row that expired before sending)."""
     if not error_class:

@@ -54,7 +54,7 @@ def forget_revisions(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0013_config_change_outlives_its_tenant'),
+        ('ledger', '0014_uploads_outputs_invalid_output'),
     ]
 
     operations = [

@@ -7,8 +7,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('dlq', '0008_quarantine_corrections_and_run_resumes'),
-        ('ledger', '0014_adapter_revisions'),
+        ('dlq', '0009_invalid_output_error_class'),
+        ('ledger', '0015_adapter_revisions'),
     ]
 
     operations = [
