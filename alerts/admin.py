@@ -51,6 +51,8 @@ def console_path(alert: Alert) -> str | None:
         return reverse("admin:dlq_failedevent_change", args=[ref])
     if alert.kind == "provider_paused":
         return reverse("admin:review_pausedprovider_changelist") + "?paused=yes"
+    if alert.kind == "provider_canary_rolled_back":
+        return reverse("admin:ledger_provider_changelist") + "?" + urlencode({"q": ref})
     if ref.isdigit():
         return reverse("admin:ledger_operation_change", args=[ref])
     if ref:

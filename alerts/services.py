@@ -126,6 +126,9 @@ def alert_link(alert: Alert) -> str:
         return _console(f"/admin/dlq/failedevent/{ref}/change/")
     if alert.kind == "provider_paused":
         return _console("/admin/ledger/provider/")
+    if alert.kind == "provider_canary_rolled_back":
+        # The provider's slug: its page links the adapter rollout (revisions, the watch, the trail).
+        return _console(f"/admin/ledger/provider/?{urlencode({'q': ref})}")
     if ref.isdigit():
         return _console(f"/admin/ledger/operation/{ref}/change/")
     # Otherwise a ledger key (never personal data, DESIGN §3): the console's search finds it.

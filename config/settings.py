@@ -297,6 +297,8 @@ ONCEGUARD = {
     ],
     "API_KEY_CACHE_SECONDS": env_int("API_KEY_CACHE_SECONDS", 5),
     "PROVIDER_CACHE_SECONDS": env_int("PROVIDER_CACHE_SECONDS", 5),
+    # Adapter revisions never change once written: a process keeps the ones it used this long.
+    "ADAPTER_REVISION_CACHE_SECONDS": env_int("ADAPTER_REVISION_CACHE_SECONDS", 3600),
     # A caller's lease wish is clamped into this range (seconds).
     "LEASE_MIN_SECONDS": env_int("LEASE_MIN_SECONDS", 5),
     "LEASE_MAX_SECONDS": env_int("LEASE_MAX_SECONDS", 15 * 60),
@@ -338,6 +340,13 @@ ONCEGUARD = {
     # answer "still wanted?", and how long a retry that got no answer waits before it is asked again.
     "ELIGIBILITY_TIMEOUT_SECONDS": env_int("ELIGIBILITY_TIMEOUT_SECONDS", 5),
     "ELIGIBILITY_ASK_INTERVAL_SECONDS": env_int("ELIGIBILITY_ASK_INTERVAL_SECONDS", 30),
+    # The canary watch (ledger.canary): a running canary revision is rolled back on its own
+    # once it has CANARY_MIN_SAMPLE counted attempts within the last CANARY_WINDOW_SECONDS and
+    # its failure rate exceeds the stable revision's by more than CANARY_MAX_EXCESS_PERCENT
+    # points (provider-side failures only: not throttling, not the caller's invalid input).
+    "CANARY_WINDOW_SECONDS": env_int("CANARY_WINDOW_SECONDS", 900),
+    "CANARY_MIN_SAMPLE": env_int("CANARY_MIN_SAMPLE", 20),
+    "CANARY_MAX_EXCESS_PERCENT": float(os.environ.get("CANARY_MAX_EXCESS_PERCENT") or 10),
     # Identifier shapes of this deployment masked in stored error text besides e-mail
     # addresses, phone numbers, tokens and keys (ledger.redaction): regular expressions, one
     # per line, e.g. ERROR_SCRUB_PATTERNS='\bCUST-\d{8}\b'. Compiled here so a bad one

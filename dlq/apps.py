@@ -10,7 +10,12 @@ class DlqConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at module level: an AppConfig module is imported before the
         # models are loaded, and the services import models.
-        from dlq.services import failed_event_record_for_operation, replay_settle_for_operation
+        from dlq.services import (
+            failed_event_record_for_operation,
+            failed_events_note_rollback,
+            replay_settle_for_operation,
+        )
 
         hooks.operation_failed.connect(failed_event_record_for_operation)
         hooks.operation_finished.connect(replay_settle_for_operation)
+        hooks.adapter_revision_rolled_back.connect(failed_events_note_rollback)

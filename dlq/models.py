@@ -7,7 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from ledger.errors import DestinationNotAllowed
-from ledger.models import ErrorClass, Operation, Tenant
+from ledger.models import AdapterRevision, ErrorClass, Operation, Tenant
 from ledger.outbound import outbound_check
 
 
@@ -155,6 +155,11 @@ class FailedEvent(models.Model):
     corrected_operation = models.ForeignKey(
         Operation, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
+    # The adapter revision the operation failed under (execute mode): a rejection under a
+    # canary that was rolled back names it, and is never re-sent on its own (ledger.canary).
+    adapter_revision = models.ForeignKey(
+        AdapterRevision, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -187,6 +192,12 @@ class FailedEvent(models.Model):
             ),
             # The recovery pass reads only entries stuck in replaying.
             models.Index(fields=["updated_at"], name="fe_replaying_idx", condition=Q(status="replaying")),
+            # A rollback notes the entries of its revision; most entries have none.
+            models.Index(
+                fields=["adapter_revision", "status"],
+                name="fe_revision_idx",
+                condition=Q(adapter_revision__isnull=False),
+            ),
             # (PostgreSQL also gets a GIN index on search_fields, made in migration 0003.)
         ]
         permissions = [

@@ -22,6 +22,7 @@ from dlq.models import (
 )
 from dlq.runs import RunView, plan_of
 from ledger.models import Checkpoint
+from ledger.revisions import revision_number
 from ledger.serializers import OperationOutputSerializer, no_nul_characters, operation_representation
 from ledger.storable import query_time_problem
 
@@ -101,6 +102,9 @@ class FailedEventOutputSerializer(serializers.Serializer):
     corrected_operation_id = serializers.IntegerField(
         allow_null=True, help_text="the next version a correction submitted (execute mode)"
     )
+    adapter_revision = serializers.IntegerField(
+        allow_null=True, help_text="execute mode: the number of the provider's adapter revision it failed under"
+    )
 
 
 class ReplayOutputSerializer(serializers.Serializer):
@@ -174,6 +178,7 @@ def failed_event_representation(event: FailedEvent) -> dict[str, Any]:
         "quarantined": bool(event.quarantine_reason),
         "quarantine_reason": event.quarantine_reason,
         "corrected_operation_id": event.corrected_operation_id,
+        "adapter_revision": revision_number(event.adapter_revision_id),
     }
 
 

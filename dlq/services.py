@@ -176,6 +176,7 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
             "source_execution_id": operation.execution_id,
             "source_workflow_id": operation.workflow_id,
             "quarantine_reason": quarantine_reason_of(operation),
+            "adapter_revision_id": operation.adapter_revision_id,
         },
     )
     if created:
@@ -184,6 +185,21 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
         _alert_new(event)
         log.info("dlq_recorded event=%s operation=%s key=%s", event.pk, operation.pk, operation.key)
     return event
+
+
+def failed_events_note_rollback(
+    *, tenant_id: int, provider_id: int, revision_id: int, number: int, actor: str, reason: str
+) -> None:
+    """An adapter revision was rolled back (``ledger.hooks.adapter_revision_rolled_back``, in
+    the move's transaction): each pending entry that failed under it gets a note naming the
+    revision. Nothing is re-sent: the provider received and rejected these; an operator
+    replays them, under the revision stable now, once the cause is understood."""
+    pending = FailedEvent.objects.filter(
+        tenant_id=tenant_id, adapter_revision_id=revision_id, status=FE.PENDING
+    ).values_list("pk", flat=True)
+    note = f"adapter revision {number} was rolled back by {actor}: not re-sent automatically ({reason})"
+    for event_pk in pending[:10_000]:
+        _log_change(event_pk=event_pk, old=FE.PENDING, new=FE.PENDING, actor=actor, note=note)
 
 
 # --- Quarantine: invalid input, with its reason in words ---------------------------------------

@@ -11,6 +11,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -20,14 +21,17 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from ledger import callbacks, display, services
+from ledger import callbacks, canary, display, revisions, services
+from ledger.config_changes import config_change_record
 from ledger.credentials import credential_is_set, sealed_credential
-from ledger.errors import DomainError
+from ledger.errors import DomainError, ValidationFailed
 from ledger.models import (
+    ADAPTER_FIELDS,
     OPEN_STATES,
     ApiKey,
     Attempt,
     ConfigChange,
+    ConfigChangeAction,
     Operation,
     OperationEvent,
     OperationMode,
@@ -81,8 +85,14 @@ class AttemptInline(ReadOnlyInline):
         "provider_ref",
         "response_status",
         "execution_id",
+        "revision",
     ]
     readonly_fields = fields
+
+    @admin.display(description="adapter revision")
+    def revision(self, obj: Attempt) -> str:
+        number = revisions.revision_number(obj.adapter_revision_id)
+        return display.EMPTY if number is None else str(number)
 
 
 class EventInline(ReadOnlyInline):
@@ -588,7 +598,11 @@ class ConfigChangeAdmin(ReadOnlyAdmin):
 class ProviderForm(forms.ModelForm):
     """The provider's credential is write-only: typed to set or replace it, a box to clear
     it, never rendered back (ledger.credentials). Provider.clean checks the URLs against the
-    outbound policy and an environment reference against the tenant's declared set."""
+    outbound policy and an environment reference against the tenant's declared set.
+
+    A change of the adapter fields records the next adapter revision (ledger.revisions): the
+    stable one at once, or — with a canary percentage — a canary taking that share of new
+    operations while the provider keeps its stable revision."""
 
     new_credential = forms.CharField(
         required=False,
@@ -599,6 +613,22 @@ class ProviderForm(forms.ModelForm):
         " one; it is stored encrypted and never shown again.",
     )
     clear_credential = forms.BooleanField(required=False, label="Clear the stored credential")
+    # Not named like the model's own (read-only) canary_percent: ModelAdmin would refuse it.
+    rollout_percent = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=100,
+        label="Roll out as a canary (%)",
+        help_text="For a change of the adapter fields (base URL, headers, pointers, timeout, lookup): the new"
+        " revision first takes this share of new operations, watched against the stable one and rolled back"
+        " on its own if it fails more. Empty: the change applies to every new attempt at once.",
+    )
+    change_reason = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Reason for this change",
+        help_text="Recorded with the adapter revision and in the configuration trail.",
+    )
 
     class Meta:
         model = Provider
@@ -608,6 +638,18 @@ class ProviderForm(forms.ModelForm):
         data = super().clean()
         if data.get("new_credential") and data.get("clear_credential"):
             raise forms.ValidationError("Set a new credential or clear it, not both.")
+        changed_adapter = [name for name in ADAPTER_FIELDS if name in self.changed_data]
+        stored = self.instance if self.instance.pk is not None else None
+        if data.get("rollout_percent") is not None:
+            if stored is None:
+                raise forms.ValidationError("A new provider has no stable revision to run a canary against.")
+            if not changed_adapter:
+                raise forms.ValidationError("A canary needs a change of the adapter fields.")
+        if stored is not None and changed_adapter and stored.canary_revision_id is not None:
+            raise forms.ValidationError(
+                f"Revision {revisions.revision_number(stored.canary_revision_id)} runs as a canary: promote it or"
+                " roll it back (Adapter rollout) before changing the adapter again."
+            )
         return data
 
     def save(self, commit: bool = True) -> Provider:
@@ -622,6 +664,12 @@ class ProviderForm(forms.ModelForm):
         return provider
 
 
+class RolloutMoveForm(forms.Form):
+    reason = forms.CharField(max_length=500, help_text="Recorded with the move in the configuration trail.")
+    number = forms.IntegerField(required=False, min_value=1, label="Revision")
+    percent = forms.IntegerField(required=False, min_value=1, max_value=100, label="Canary share (%)")
+
+
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin):
     form = ProviderForm
@@ -631,6 +679,7 @@ class ProviderAdmin(admin.ModelAdmin):
         "idempotency_class",
         "base_url",
         "credential_kind",
+        "rollout_state",
         "max_attempts",
         "throttled_until",
         "paused_at",
@@ -640,7 +689,9 @@ class ProviderAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # Slugs are how operations, claims and caches name a provider: fixed once created.
-        return ["tenant", "slug", "credential_state"] if obj is not None else ["credential_state"]
+        if obj is None:
+            return ["credential_state"]
+        return ["tenant", "slug", "credential_state", "rollout_link"]
 
     @admin.display(description="credential")
     def credential_kind(self, obj: Provider) -> str:
@@ -657,7 +708,137 @@ class ProviderAdmin(admin.ModelAdmin):
             return f"from the environment variable {obj.auth_secret_env}"
         return "not set"
 
+    @admin.display(description="adapter revision")
+    def rollout_state(self, obj: Provider) -> str:
+        if obj.revision_id is None:
+            return display.EMPTY
+        text = f"r{revisions.revision_number(obj.revision_id)}"
+        if obj.canary_revision_id is not None:
+            text += f" · canary r{revisions.revision_number(obj.canary_revision_id)} at {obj.canary_percent} %"
+        return text
+
+    @admin.display(description="adapter rollout")
+    def rollout_link(self, obj: Provider) -> str:
+        url = reverse("admin:ledger_provider_rollout", args=[obj.pk])
+        return format_html(
+            '{} — <a href="{}" data-testid="rollout-link">revisions, canary, promote, roll back</a>',
+            self.rollout_state(obj),
+            url,
+        )
+
     def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
-        super().save_model(request, obj, form, change)
+        actor = f"user:{request.user.get_username()}"
+        reason = form.cleaned_data.get("change_reason") or ""
+        with transaction.atomic():
+            if change:
+                stored = Provider.objects.select_for_update().get(pk=obj.pk)
+                before = revisions.rollout_state(stored)
+                revisions.revision_for_save(
+                    candidate=obj,
+                    stored=stored,
+                    actor=actor,
+                    reason=reason,
+                    canary_percent=form.cleaned_data.get("rollout_percent"),
+                )
+                super().save_model(request, obj, form, change)
+                # A canary started: a rollout move, with its reason. (A direct change is told by
+                # the new revision's own row and the provider's field changes.)
+                if obj.canary_revision_id != stored.canary_revision_id:
+                    config_change_record(
+                        tenant_id=obj.tenant_id,
+                        actor=actor,
+                        action=ConfigChangeAction.UPDATE,
+                        object_type=obj._meta.label_lower,
+                        object_id=obj.pk,
+                        object_repr=str(obj),
+                        before=before,
+                        after=revisions.rollout_state(obj),
+                        reason=revisions.clean_reason(reason),
+                    )
+            else:
+                super().save_model(request, obj, form, change)
+                revisions.revision_first(provider=obj, actor=actor, reason=reason)
         # Workers and the API read providers through a per-process cache: forget this one here.
         services.provider_cache_forget(obj)
+
+    # --- the adapter rollout page: revisions, the watch, promote / roll back / canary ---
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        own = [path("<int:pk>/rollout/", wrap(self.rollout_view), name="ledger_provider_rollout")]
+        return own + super().get_urls()
+
+    def rollout_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        provider = get_object_or_404(self.get_queryset(request), pk=pk)
+        may_move = request.user.has_perm("ledger.rollout_provider")
+        form = RolloutMoveForm(request.POST or None)
+        back = reverse("admin:ledger_provider_rollout", args=[provider.pk])
+        if request.method == "POST":
+            if not may_move:
+                raise PermissionDenied
+            verb = request.POST.get("verb", "")
+            if verb not in ("canary", "promote", "rollback"):
+                messages.error(request, "Nothing changed: unknown action.")
+            elif form.is_valid():
+                data = form.cleaned_data
+                actor = f"user:{request.user.get_username()}"
+                tenants = [provider.tenant_id]
+                try:
+                    if verb == "canary":
+                        if data["number"] is None or data["percent"] is None:
+                            raise ValidationFailed("Name the revision and its share of new operations.")
+                        canary.canary_start(
+                            provider_id=provider.pk,
+                            number=data["number"],
+                            percent=data["percent"],
+                            actor=actor,
+                            reason=data["reason"],
+                            tenant_ids=tenants,
+                        )
+                        done = f"Revision {data['number']} runs as a canary at {data['percent']} %."
+                    elif verb == "promote":
+                        current = canary.revision_promote(
+                            provider_id=provider.pk,
+                            number=data["number"],
+                            actor=actor,
+                            reason=data["reason"],
+                            tenant_ids=tenants,
+                        )
+                        done = f"Revision {revisions.revision_number(current.revision_id)} is stable now."
+                    else:
+                        result = canary.revision_rollback(
+                            provider_id=provider.pk,
+                            number=data["number"],
+                            actor=actor,
+                            reason=data["reason"],
+                            tenant_ids=tenants,
+                        )
+                        done = (
+                            f"Revision {result.rolled_back} rolled back; revision {result.stable} is stable;"
+                            f" {result.requeued} operation(s) re-queued under it."
+                        )
+                except DomainError as exc:
+                    messages.error(request, f"Nothing changed: {exc.detail}")
+                else:
+                    messages.success(request, done)
+                    return HttpResponseRedirect(back)
+        provider.refresh_from_db()
+        trail = ConfigChange.objects.filter(
+            Q(object_type="ledger.provider", object_id=str(provider.pk))
+            | Q(
+                object_type="ledger.adapterrevision",
+                object_id__in=[str(i) for i in provider.revisions.values_list("pk", flat=True)],
+            ),
+        ).order_by("-at", "-id")[:30]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Adapter rollout: {provider}",
+            "provider": provider,
+            "rollout": canary.provider_rollout(provider),
+            "trail": trail,
+            "form": form,
+            "may_move": may_move,
+            "change_url": reverse("admin:ledger_provider_change", args=[provider.pk]),
+        }
+        return TemplateResponse(request, "admin/ledger/provider/rollout.html", context)

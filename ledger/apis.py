@@ -16,13 +16,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import objects, outputs, selectors, services, uploads
-from ledger.errors import InvalidKey, ValidationFailed
+from ledger import canary, objects, outputs, selectors, services, uploads
+from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
-from ledger.models import Operation, OperationStatus
+from ledger.models import Operation, OperationStatus, Provider, ProviderKind
 from ledger.pagination import KeysetCursorPagination
 from ledger.serializer_reuse import represented, validated_data
 from ledger.serializers import (
+    CanaryInputSerializer,
     ClaimInputSerializer,
     ClaimOutputSerializer,
     CompleteInputSerializer,
@@ -31,6 +32,8 @@ from ledger.serializers import (
     OperationOutputSerializer,
     OutputObjectSerializer,
     ReplayedOperationOutputSerializer,
+    RolloutMoveInputSerializer,
+    RolloutOutputSerializer,
     SentInputSerializer,
     SubmitInputSerializer,
     UploadOutputSerializer,
@@ -393,3 +396,86 @@ class OperationOutputContentApi(ObjectBytesApi):
             sha256=output.sha256,
             filename=output.key,
         )
+
+
+# --- Adapter revisions: the rollout of a provider's adapter changes (ledger.canary) --------------
+
+
+def _tenant_provider(request: Request, slug: str) -> Provider:
+    provider = Provider.objects.filter(tenant_id=request.user.tenant.pk, slug=slug, kind=ProviderKind.HTTP).first()
+    if provider is None:
+        raise OperationNotFound(f"No provider named {slug!r}.")
+    return provider
+
+
+class ProviderRolloutApi(APIView):
+    @extend_schema(
+        responses={200: RolloutOutputSerializer},
+        summary="A provider's adapter revisions: which is stable, which is a canary, and the watch's figures",
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        provider = _tenant_provider(request, slug)
+        return Response(represented(RolloutOutputSerializer, canary.provider_rollout(provider)))
+
+
+class ProviderCanaryApi(APIView):
+    required_scope = "admin"
+
+    @extend_schema(
+        request=CanaryInputSerializer,
+        responses={200: RolloutOutputSerializer},
+        summary="Run an adapter revision as a canary for a share of new operations (or change its share)",
+    )
+    def post(self, request: Request, slug: str, number: int) -> Response:
+        data = validated_input(CanaryInputSerializer, request)
+        provider = canary.canary_start(
+            provider_id=_tenant_provider(request, slug).pk,
+            number=number,
+            percent=data["percent"],
+            actor=request.user.actor,
+            reason=data["reason"],
+            tenant_ids=[request.user.tenant.pk],
+        )
+        return Response(represented(RolloutOutputSerializer, canary.provider_rollout(provider)))
+
+
+class ProviderPromoteApi(APIView):
+    required_scope = "admin"
+
+    @extend_schema(
+        request=RolloutMoveInputSerializer,
+        responses={200: RolloutOutputSerializer},
+        summary="Roll forward: make a revision (by default the canary) the stable one",
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = validated_input(RolloutMoveInputSerializer, request)
+        provider = canary.revision_promote(
+            provider_id=_tenant_provider(request, slug).pk,
+            number=data.get("number"),
+            actor=request.user.actor,
+            reason=data["reason"],
+            tenant_ids=[request.user.tenant.pk],
+        )
+        return Response(represented(RolloutOutputSerializer, canary.provider_rollout(provider)))
+
+
+class ProviderRollbackApi(APIView):
+    required_scope = "admin"
+
+    @extend_schema(
+        request=RolloutMoveInputSerializer,
+        responses={200: RolloutOutputSerializer},
+        summary="Roll back: end the canary (its unsent operations re-queued under the stable revision), or return"
+        " the stable revision to an earlier one",
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        data = validated_input(RolloutMoveInputSerializer, request)
+        result = canary.revision_rollback(
+            provider_id=_tenant_provider(request, slug).pk,
+            number=data.get("number"),
+            actor=request.user.actor,
+            reason=data["reason"],
+            tenant_ids=[request.user.tenant.pk],
+        )
+        body = {**canary.provider_rollout(result.provider), "requeued": result.requeued}
+        return Response(represented(RolloutOutputSerializer, body))

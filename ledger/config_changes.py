@@ -118,9 +118,11 @@ def config_change_record(
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
     secret_fields: Iterable[str] = (),
+    reason: str = "",
 ) -> ConfigChange | None:
     """Append one change (in the caller's transaction). For an update only the fields whose
-    values differ are kept; None when nothing did (a save that changed nothing)."""
+    values differ are kept; None when nothing did (a save that changed nothing). ``reason``:
+    why, where the change path asks for one (an adapter rollout's moves)."""
     secret = frozenset(secret_fields)
     before = {k: config_value(v) for k, v in (before or {}).items()}
     after = {k: config_value(v) for k, v in (after or {}).items()}
@@ -146,6 +148,7 @@ def config_change_record(
         object_repr=str(object_repr)[:200],
         before=masked_before or None,
         after=masked_after or None,
+        reason=" ".join(str(reason or "").split())[:500],
     )
 
 

@@ -120,3 +120,11 @@ class ReservedKey(DomainError):
     """Keys of the service's own key spaces (``replay:…``, ``callback:…``, ``…~r{n}``)."""
 
     code, title = "reserved_idempotency_key", "Reserved idempotency key"
+
+
+class AdapterRolloutConflict(DomainError):
+    """An adapter revision move that the provider's rollout state does not allow now: a
+    change while a canary runs (promote or roll it back first), a promotion without a
+    canary, or a move that lost a race with another one (ledger.canary)."""
+
+    status, code, title = 409, "adapter_rollout_conflict", "The adapter rollout does not allow that now"

@@ -30,7 +30,7 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
-from ledger import adapters, admission, callbacks, eligibility, services
+from ledger import adapters, admission, callbacks, canary, eligibility, revisions, services
 from ledger.crypto import open_json
 from ledger.errors import (
     AdmissionRefused,
@@ -214,7 +214,10 @@ def operation_submit(
     # A submitter's key: never one of the service's own key spaces (callback:, replay:, ~r{n}).
     key = services.reserved_key_check(services.validate_key(key))
     provider_obj = execute_provider_for(tenant=tenant, slug=provider)
-    envelope = normalize_envelope(request=request, provider=provider_obj)
+    # The revision a new row would run under (a key already stored keeps its own): its
+    # adapter fields say which headers a caller may forward.
+    revision_id = revisions.revision_assign(provider=provider_obj, tenant_id=tenant.pk, key=key)
+    envelope = normalize_envelope(request=request, provider=revisions.revision_view(provider_obj, revision_id))
     size = len(services.canonical_json(envelope).encode())
     limit = int(_cfg("EXECUTE_MAX_REQUEST_BYTES", 256 * 1024))
     if size > limit:
@@ -248,6 +251,7 @@ def operation_submit(
         via_claims=False,
         fingerprint=fingerprint,
         execute=services.ExecuteTerms(request_bytes=size, cost=str(cost), callback_url=callback_url),
+        adapter_revision_id=revision_id,
     )
     if callback_url and not tenant.callback_secret:
         # The secret exists before the first callback could be signed.
@@ -305,9 +309,25 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
             .exclude(eligibility.RECHECK_PENDING)
             .annotate(past_deadline=past_deadline)
             .order_by("next_attempt_at", "id")
-            .values_list("id", "status", "past_deadline", "provider__timeout_seconds")[:limit]
+            .values_list(
+                "id",
+                "status",
+                "past_deadline",
+                "provider__timeout_seconds",
+                "adapter_revision_id",
+                "provider__revision_id",
+                "provider__canary_revision_id",
+            )[:limit]
         )
-        for op_id, status, past, timeout in rows:
+        for op_id, status, past, timeout, revision_id, stable_id, canary_id in rows:
+            if revision_id is not None and revision_id not in (stable_id, canary_id):
+                # Its revision was rolled back or replaced while it waited: nothing is under
+                # way for it (queued or retry_wait), so it runs under the stable one now.
+                revision_id = _revision_retired(
+                    op_id=op_id, status=status, revision_id=revision_id, stable_id=stable_id, actor=actor
+                )
+            if revision_id is not None and revision_id != stable_id:
+                timeout = revisions.revision_get(revision_id).config.get("timeout_seconds", timeout)
             op = services.operation_take(
                 operation_id=op_id,
                 from_status=status,
@@ -318,6 +338,25 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
             if op is not None:
                 taken.append(op)
     return taken
+
+
+def _revision_retired(*, op_id: int, status: str, revision_id: int, stable_id: int | None, actor: str) -> int:
+    """Move a due row off a revision that is neither stable nor a canary any more (in the
+    take's transaction, the row locked); the revision it runs under now."""
+    if stable_id is None:
+        return revision_id
+    revisions.operation_revision_move(
+        operation_id=op_id,
+        from_status=status,
+        from_revision_id=revision_id,
+        to_revision_id=stable_id,
+        actor=actor,
+        reason=(
+            f"runs under adapter revision {revisions.revision_number(stable_id)} from now on: revision"
+            f" {revisions.revision_number(revision_id)} is no longer stable or a canary"
+        ),
+    )
+    return stable_id
 
 
 # --- Execute one taken operation --------------------------------------------------------------
@@ -468,9 +507,16 @@ def operation_execute(
     send later than :func:`adapters.send_window_seconds` after it does not send (the lease
     might end mid-send), and records the attempt as not sent — a retry, not an effect."""
     op = operation
-    provider = services.provider_by_id(op.provider_id)
-    with log_context(**operation_fields(op, provider=provider.slug)):
-        return _execute(op=op, provider=provider, client=client, actor=actor, taken_at=taken_at)
+    # The provider as the revision this attempt runs under sees it (ledger.revisions).
+    provider = revisions.operation_adapter_view(op, services.provider_by_id(op.provider_id))
+    revision = revisions.revision_number(op.adapter_revision_id)
+    with log_context(**operation_fields(op, provider=provider.slug, adapter_revision=revision)):
+        recorded = _execute(op=op, provider=provider, client=client, actor=actor, taken_at=taken_at)
+    if recorded is not None and op.adapter_revision_id is not None and op.adapter_revision_id != provider.revision_id:
+        # A canary's attempt (or one of a revision this process does not yet know as stable):
+        # the watch decides whether the canary is failing (ledger.canary).
+        canary.canary_watch_after_attempt(operation=recorded, provider_id=provider.pk)
+    return recorded
 
 
 def _execute(
@@ -495,6 +541,7 @@ def _execute(
             provider=provider.slug,
             seconds=outcome.duration_ms / 1000,
             outcome="throttled" if outcome.throttled else (outcome.error_class or "succeeded"),
+            revision=str(revisions.revision_number(op.adapter_revision_id) or ""),
         )
     try:
         recorded = record_outcome_retrying(op=op, provider=provider, outcome=outcome, actor=actor)
@@ -509,7 +556,7 @@ def _execute(
         return None
     log.info(
         "execute_attempt key=%s attempt=%s provider=%s outcome=%s status=%s provider_ref=%s duration_ms=%s"
-        " correlation_id=%s workflow_version=%s to=%s",
+        " correlation_id=%s workflow_version=%s adapter_revision=%s to=%s",
         op.key,
         op.attempts,
         provider.slug,
@@ -519,6 +566,7 @@ def _execute(
         outcome.duration_ms,
         op.correlation_id,
         op.workflow_version,
+        revisions.revision_number(op.adapter_revision_id),
         recorded.status,
     )
     return recorded

@@ -112,3 +112,12 @@ def alert_raised(*, tenant_id: int, kind: str, ref: str, summary: str) -> None:
     """Something an operator should hear about (``provider_paused``, ``review_needed``,
     ``operation_stuck``…). ``ref`` is an id or a key, ``summary`` never carries payload
     text. The alerts app records it and delivers it after commit."""
+
+
+@hook
+def adapter_revision_rolled_back(
+    *, tenant_id: int, provider_id: int, revision_id: int, number: int, actor: str, reason: str
+) -> None:
+    """Adapter revision ``number`` of a provider was rolled back (by hand or by the canary
+    watch), in the transaction of the move. The DLQ notes its entries whose operation the
+    provider received and rejected under that revision: they are not re-sent on their own."""

@@ -259,6 +259,9 @@ class ConfigChange(models.Model):
     object_repr = models.CharField(max_length=200, blank=True)
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
+    # Why, where the change path asks (an adapter revision's rollout, promotion or rollback,
+    # the canary watch's figures); empty for plain saves.
+    reason = models.CharField(max_length=500, blank=True, default="", db_default="")
 
     class Meta:
         verbose_name = "configuration change"
@@ -318,11 +321,34 @@ class Provider(models.Model):
     # last "still wanted") first asks the tenant's eligibility webhook (ledger.eligibility).
     # Empty: retries never ask.
     recheck_after = models.PositiveIntegerField(null=True, blank=True, help_text="seconds; empty = never recheck")
+    # Adapter revisions (DESIGN §5, adapter revisions; ledger.revisions, ledger.canary). The
+    # adapter fields above (ADAPTER_FIELDS) always hold the stable revision's snapshot;
+    # `revision` points at it. A canary revision takes `canary_percent` of new operations,
+    # chosen by a hash of the key, until it is promoted or rolled back. Moved only by
+    # ledger.canary (recorded as configuration changes), never by a form.
+    revision = models.ForeignKey(
+        "AdapterRevision", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", editable=False
+    )
+    canary_revision = models.ForeignKey(
+        "AdapterRevision", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", editable=False
+    )
+    canary_percent = models.PositiveSmallIntegerField(default=0, db_default=0, editable=False)
+    canary_started_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "slug"], name="provider_unique_slug_per_tenant")]
+        # The console's rollout moves (ledger.canary): an operator may roll a canary back in an
+        # incident without being allowed to edit the provider.
+        permissions = [("rollout_provider", "Can start, promote and roll back adapter revisions")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "slug"], name="provider_unique_slug_per_tenant"),
+            models.CheckConstraint(
+                condition=(Q(canary_revision__isnull=True) & Q(canary_percent=0))
+                | (Q(canary_revision__isnull=False) & Q(canary_percent__gte=1) & Q(canary_percent__lte=100)),
+                name="provider_canary_has_percent",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.slug}"
@@ -345,6 +371,52 @@ class Provider(models.Model):
                 errors[name] = f"Must lie between 0 and {MAX_DURATION_SECONDS} seconds (ten years)."
         if errors:
             raise ValidationError(errors)
+
+
+# How the service talks to a provider in execute mode: what an adapter revision snapshots
+# (DESIGN §5, adapter revisions). Everything else on a provider — its idempotency class, retry
+# policy, price, credential, pause — belongs to the provider and applies to every revision at
+# once: a rollback must never bring back a credential that was replaced (it may be revoked),
+# and the class says what the receiver is, not how we call it.
+ADAPTER_FIELDS = (
+    "base_url",
+    "idempotency_header",
+    "auth_header",
+    "forward_headers",
+    "ref_pointer",
+    "status_pointer",
+    "success_values",
+    "timeout_seconds",
+    "lookup_path",
+    "lookup_settle_seconds",
+)
+
+
+class AdapterRevision(models.Model):
+    """One immutable snapshot of a provider's adapter configuration (``config``: the
+    ``ADAPTER_FIELDS`` as JSON). Numbered 1..n per provider; written by ``ledger.revisions``
+    on every change of those fields, never updated or deleted (the console shows them
+    read-only). Which revision is stable and which is a canary is the provider's (its
+    ``revision`` and ``canary_revision``); the moves are recorded as configuration changes."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # Indexed by the unique (provider, number).
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="revisions", db_index=False)
+    number = models.PositiveIntegerField()
+    # The adapter fields, as data: later adapter kinds (issue 15) add their own keys here.
+    config = models.JSONField()
+    # The stable revision this one was made from (its number); None for the first.
+    based_on = models.PositiveIntegerField(null=True, blank=True)
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+    reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        db_table = "ledger_adapterrevision"
+        constraints = [models.UniqueConstraint(fields=["provider", "number"], name="adapterrevision_unique_number")]
+
+    def __str__(self) -> str:
+        return f"revision {self.number}"
 
 
 class Operation(models.Model):
@@ -406,6 +478,13 @@ class Operation(models.Model):
     version = Counter(null=True, blank=True)
     replaced_by = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
+    # Execute mode: the adapter revision this operation's next attempt runs under (assigned at
+    # submission — the stable revision or, for its share of new keys, a canary — and moved
+    # only while nothing is under way: ledger.revisions / ledger.canary). Each attempt keeps
+    # its own. Not indexed: a rollback reads the open rows through op_due_idx.
+    adapter_revision = models.ForeignKey(
+        AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
     )
     # When the tenant's eligibility webhook last answered "still wanted" for this row.
     eligibility_confirmed_at = models.DateTimeField(null=True, blank=True)
@@ -520,10 +599,24 @@ class Attempt(models.Model):
     response_body = models.JSONField(null=True, blank=True)
     execution_id = models.CharField(max_length=255, blank=True)
     duration_ms = Counter(null=True, blank=True)
+    # The adapter revision this attempt ran under (execute mode; copied from its operation
+    # when the attempt opens). Guard-mode attempts have none.
+    adapter_revision = models.ForeignKey(
+        AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
+    )
 
     class Meta:
         db_table = "ledger_attempt"
         constraints = [models.UniqueConstraint(fields=["operation", "number"], name="attempt_unique_number")]
+        indexes = [
+            # The canary watch: a revision's attempts finished within its window. Partial, so
+            # guard-mode attempts (no revision) write nothing here.
+            models.Index(
+                fields=["adapter_revision", "finished_at"],
+                name="attempt_revision_idx",
+                condition=Q(adapter_revision__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.operation_id}#{self.number}"

@@ -35,7 +35,7 @@ INSERT INTO ledger_operation (
     last_error, error_class, provider_ref, response_status, response_body,
     reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,
     run, step, record, version,
-    lookup_failures, request_bytes, cost, callback_url,
+    lookup_failures, request_bytes, cost, callback_url, adapter_revision_id,
     created_at, updated_at
 )
 SELECT
@@ -53,7 +53,7 @@ SELECT
     '', '', '', NULL, NULL,
     %(reconciliation_handle)s, %(execution_id)s, %(workflow_id)s, %(workflow_version)s, %(correlation_id)s,
     %(run)s, %(step)s, %(record)s, %(version)s,
-    0, %(request_bytes)s, %(cost)s, %(callback_url)s,
+    0, %(request_bytes)s, %(cost)s, %(callback_url)s, %(adapter_revision_id)s,
     now(), now()
 -- (The key is written twice as CAST(… AS varchar): a parameter used in two places must be
 -- of one type on PostgreSQL.)
@@ -269,13 +269,14 @@ RETURNING *;
 
 
 -- name: attempt_open --
--- The attempt a claim, reclaim or take opened, numbered and leased as its operation.
+-- The attempt a claim, reclaim or take opened, numbered and leased as its operation, under
+-- the adapter revision the operation runs under.
 INSERT INTO ledger_attempt (
     operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
-    outcome, error_class, message, provider_ref, execution_id
+    outcome, error_class, message, provider_ref, execution_id, adapter_revision_id
 )
 SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
-       {attempt_pending}, '', '', '', execution_id
+       {attempt_pending}, '', '', '', execution_id, adapter_revision_id
 FROM ledger_operation WHERE id = %(operation_id)s;
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger import selectors
+from ledger import revisions, selectors
 from ledger.crypto import open_json
 from ledger.masking import stored_value_masked
 from ledger.models import REPORTED_ERROR_CLASSES, Operation
@@ -188,6 +188,14 @@ class OperationOutputSerializer(serializers.Serializer):
     deadline = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
     callback_url = serializers.CharField()
+    adapter_revision = serializers.SerializerMethodField(
+        help_text="Execute mode: the number of the provider's adapter revision the operation runs under"
+        " (each attempt keeps its own); null in guard mode."
+    )
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_adapter_revision(self, op: Operation) -> int | None:
+        return revisions.revision_number(op.adapter_revision_id)
 
     @extend_schema_field(serializers.CharField())
     def get_run(self, op: Operation) -> str:
@@ -269,3 +277,63 @@ class OutputObjectSerializer(StoredObjectSerializer):
     @extend_schema_field(serializers.CharField())
     def get_content(self, output: Any) -> str:
         return f"/api/v1/operations/{output.operation_id}/output/content"
+
+
+# --- Adapter revisions (ledger.canary) ----------------------------------------------------------
+
+
+class RolloutReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, help_text="Why: recorded with the move in the configuration trail.")
+
+
+class CanaryInputSerializer(RolloutReasonSerializer):
+    percent = serializers.IntegerField(min_value=1, max_value=100, help_text="Share of new operations, 1–100.")
+
+
+class RolloutMoveInputSerializer(RolloutReasonSerializer):
+    number = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        allow_null=True,
+        help_text="The revision that becomes stable. Promote: default the canary. Roll back: with a canary running"
+        " leave it out (the canary ends); without one it is required (the revision to return to).",
+    )
+
+
+class AdapterRevisionOutputSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    based_on = serializers.IntegerField(allow_null=True)
+    config = serializers.DictField(help_text="The adapter fields of this revision (never a credential).")
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    reason = serializers.CharField()
+    role = serializers.CharField(help_text="stable, canary or retired")
+
+
+class WatchFiguresSerializer(serializers.Serializer):
+    canary_revision = serializers.IntegerField()
+    stable_revision = serializers.IntegerField(allow_null=True)
+    since = serializers.DateTimeField()
+    window_seconds = serializers.IntegerField()
+    canary_attempts = serializers.IntegerField()
+    canary_failures = serializers.IntegerField()
+    canary_failure_rate = serializers.FloatField()
+    stable_attempts = serializers.IntegerField()
+    stable_failures = serializers.IntegerField()
+    stable_failure_rate = serializers.FloatField()
+    min_sample = serializers.IntegerField()
+    max_excess_percent = serializers.FloatField()
+    verdict = serializers.CharField(help_text="collecting (below the minimum sample), healthy or failing")
+
+
+class RolloutOutputSerializer(serializers.Serializer):
+    provider = serializers.CharField()
+    stable_revision = serializers.IntegerField(allow_null=True)
+    canary_revision = serializers.IntegerField(allow_null=True)
+    canary_percent = serializers.IntegerField()
+    canary_started_at = serializers.DateTimeField(allow_null=True)
+    watch = WatchFiguresSerializer(allow_null=True)
+    revisions = AdapterRevisionOutputSerializer(many=True)
+    requeued = serializers.IntegerField(
+        required=False, help_text="Roll back: operations re-queued under the stable revision."
+    )

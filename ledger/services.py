@@ -33,10 +33,10 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from ledger import callbacks, hooks, sql, statements
+from ledger import callbacks, hooks, revisions, sql, statements
 from ledger.auth import API_KEYS, hash_api_key
 from ledger.caching import TtlCache
-from ledger.config_changes import config_change_of, config_snapshot
+from ledger.config_changes import config_change_of, config_change_record, config_snapshot
 from ledger.credentials import sealed_credential
 from ledger.crypto import payload_indexing_needed, payload_written, seal_json
 from ledger.errors import (
@@ -328,12 +328,15 @@ def operation_claim(
     via_claims: bool = True,
     fingerprint: str | None = None,
     execute: ExecuteTerms | None = None,
+    adapter_revision_id: int | None = None,
 ) -> ClaimResult:
     """Claim ``key`` atomically, or answer for the row that already holds it (DESIGN §5).
 
     New key → a row in ``claimed`` (guard) or ``queued`` (execute) with its first attempt.
     ``mark_sent`` writes the sent marker in the same commit (in-process guard, workers).
     Raises the named 409/422 errors for rows that cannot be claimed now.
+
+    ``adapter_revision_id``: the adapter revision a new execute-mode row runs under.
 
     ``run``/``step`` place the operation in a run. ``record``/``version`` (with ``action``)
     are the parts of a versioned key: the key must be their composition; an older version
@@ -408,6 +411,7 @@ def operation_claim(
         "request_bytes": terms.request_bytes,
         "cost": terms.cost,
         "callback_url": terms.callback_url,
+        "adapter_revision_id": adapter_revision_id,
     }
     reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
     stored = [payload, request if mode == OperationMode.EXECUTE else None]
@@ -1261,21 +1265,45 @@ def apikey_revoke(*, api_key_id: int, actor: str = "system") -> None:
     API_KEYS.forget_where(lambda found: found[1].pk == api_key_id)
 
 
-# Operational state the workers and operators move (throttling, pausing): not configuration.
-PROVIDER_STATE_FIELDS = ("throttled_until", "paused_at", "paused_reason")
+# Operational state the workers and operators move (throttling, pausing), and the adapter
+# rollout's pointers, which the trail records by revision number (ledger.revisions.rollout_state).
+PROVIDER_STATE_FIELDS = (
+    "throttled_until",
+    "paused_at",
+    "paused_reason",
+    "revision",
+    "canary_revision",
+    "canary_percent",
+    "canary_started_at",
+)
 # What ledger.provider_checks looks at on every save.
 _CHECKED_FIELDS = ("base_url", "lookup_path", "auth_secret_env")
 
 
 def provider_upsert(
-    *, tenant: Tenant, slug: str, actor: str = "system", auth_secret: str | None = None, **fields: Any
+    *,
+    tenant: Tenant,
+    slug: str,
+    actor: str = "system",
+    auth_secret: str | None = None,
+    reason: str = "",
+    canary_percent: int | None = None,
+    **fields: Any,
 ) -> Provider:
     """Create or update a tenant's provider, checked like a console save (``Provider.clean``:
     the outbound policy for its URLs, the declared set for an environment credential) and
     recorded as a configuration change. ``auth_secret``: a new credential to store sealed
-    ("" clears it; None leaves it) — never returned, never recorded in clear."""
+    ("" clears it; None leaves it) — never returned, never recorded in clear.
+
+    A change of the adapter fields records the next adapter revision (``ledger.revisions``):
+    the stable one at once, or — with ``canary_percent`` — a canary taking that share of new
+    operations while the provider keeps its stable revision (DESIGN §5, adapter revisions).
+    ``reason`` says why, in the revision and the trail."""
     if auth_secret is not None:
         fields["auth_secret"] = sealed_credential(auth_secret)
+    unknown = set(fields) & set(PROVIDER_STATE_FIELDS)
+    if unknown:
+        raise ValidationFailed(f"Not configuration: {', '.join(sorted(unknown))} (see ledger.canary).")
     with transaction.atomic():
         existing = Provider.objects.select_for_update().filter(tenant=tenant, slug=slug).first()
         before = config_snapshot(existing, exclude=PROVIDER_STATE_FIELDS) if existing is not None else None
@@ -1290,13 +1318,35 @@ def provider_upsert(
         if "base_url" in fields:
             # Stored in the canonical form the check saw.
             fields["base_url"] = base_url
-        provider, created = Provider.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
-        config_change_of(
-            provider,
+        if existing is None:
+            if canary_percent is not None:
+                raise ValidationFailed("A new provider has no stable revision to run a canary against.")
+            provider = Provider.objects.create(tenant=tenant, slug=slug, **fields)
+            revisions.revision_first(provider=provider, actor=actor, reason=reason)
+            rollout_before: dict[str, Any] = {}
+        else:
+            rollout_before = revisions.rollout_state(existing)
+            provider = existing
+            for name, value in fields.items():
+                setattr(provider, name, value)
+            revisions.revision_for_save(
+                candidate=provider,
+                stored=Provider.objects.get(pk=existing.pk),
+                actor=actor,
+                reason=reason,
+                canary_percent=canary_percent,
+            )
+            provider.save()
+        config_change_record(
+            tenant_id=tenant.pk,
             actor=actor,
-            action=ConfigChangeAction.CREATE if created else ConfigChangeAction.UPDATE,
-            before=before,
-            exclude=PROVIDER_STATE_FIELDS,
+            action=ConfigChangeAction.CREATE if existing is None else ConfigChangeAction.UPDATE,
+            object_type=provider._meta.label_lower,
+            object_id=provider.pk,
+            object_repr=str(provider),
+            before={**before, **rollout_before} if before is not None else None,
+            after={**config_snapshot(provider, exclude=PROVIDER_STATE_FIELDS), **revisions.rollout_state(provider)},
+            reason=revisions.clean_reason(reason),
         )
     provider_cache_forget(provider)
     return provider

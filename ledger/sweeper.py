@@ -20,6 +20,7 @@ from django.db.models import F, Min, Q
 from django.db.models.functions import Coalesce, Now
 
 from ledger import hooks, sql
+from ledger.canary import canary_watch_all
 from ledger.crypto import seal_json
 from ledger.eligibility import eligibility_recheck
 from ledger.errors import LeaseLost
@@ -33,6 +34,7 @@ from ledger.models import (
     OperationStatus,
 )
 from ledger.reconcile import LookupOutcome, provider_lookup
+from ledger.revisions import operation_adapter_view
 from ledger.services import decide_unsent_expiry, operation_transition, sanitize_message
 
 S = OperationStatus
@@ -189,10 +191,11 @@ def reconcile_uncertain(
         op = Operation.objects.select_related("provider").filter(pk=op_id, status=S.UNCERTAIN).first()
         if op is None:
             continue
-        provider = op.provider
-        if provider is None:
+        if op.provider is None:
             _move(op, S.REVIEW, "no provider to reconcile with", report, changes=clear, also=_review_alert)
             continue
+        # Looked up where it was sent: the adapter revision its last attempt ran under.
+        provider = operation_adapter_view(op, op.provider)
         if provider.idempotency_class == IdempotencyClass.KEY_ADVISORY:
             # Nothing at the receiver stops a second effect: a human decides, never a re-send.
             _move(
@@ -363,4 +366,8 @@ def sweep(*, batch: int = 500, client: httpx.Client | None = None) -> SweepRepor
     # Old retries whose provider declares recheck_after: ask the tenant before they go ahead.
     for outcome, n in eligibility_recheck(batch=batch, client=client).items():
         report.add(f"eligibility_{outcome}", n)
+    # Running adapter canaries: rolled back when failing (the workers also check after each
+    # failing canary attempt; this pass covers what they cannot see, ledger.canary).
+    for verdict, n in canary_watch_all().items():
+        report.add(f"canary_{verdict}", n)
     return report

@@ -32,9 +32,10 @@ CLAIM_SECONDS = Histogram(
 )
 PROVIDER_CALL_SECONDS = Histogram(
     "onceguard_provider_call_duration_seconds",
-    "Time of one call to a provider (execute mode, replays, lookups), by provider and outcome"
-    " (succeeded or the error class).",
-    ["provider", "outcome"],
+    "Time of one call to a provider (execute mode, replays, lookups), by provider, outcome"
+    " (succeeded or the error class) and the adapter revision it ran under (its number; empty"
+    " for calls outside a revision).",
+    ["provider", "outcome", "revision"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
 
@@ -59,6 +60,8 @@ class BoundedLabel:
 
 _provider_label = BoundedLabel(int(os.environ.get("METRICS_PROVIDER_LABELS") or 50))
 _outcome_label = BoundedLabel(40)
+# Revision numbers grow with every adapter change: the series stay bounded like the slugs'.
+_revision_label = BoundedLabel(int(os.environ.get("METRICS_REVISION_LABELS") or 200))
 
 
 def observe_claim(*, seconds: float, outcome: str) -> None:
@@ -67,11 +70,14 @@ def observe_claim(*, seconds: float, outcome: str) -> None:
     CLAIM_SECONDS.labels(outcome=_outcome_label(outcome or "unknown")).observe(max(0.0, seconds))
 
 
-def observe_provider_call(*, provider: str, seconds: float, outcome: str) -> None:
+def observe_provider_call(*, provider: str, seconds: float, outcome: str, revision: str = "") -> None:
     """One provider call took ``seconds``: ``provider`` is the slug, ``outcome`` "succeeded"
-    or the error class (transient, invalid_input, permission, ambiguous, throttled, …)."""
+    or the error class (transient, invalid_input, permission, ambiguous, throttled, …),
+    ``revision`` the adapter revision's number ("" outside one)."""
     PROVIDER_CALL_SECONDS.labels(
-        provider=_provider_label(provider or "unknown"), outcome=_outcome_label(outcome or "unknown")
+        provider=_provider_label(provider or "unknown"),
+        outcome=_outcome_label(outcome or "unknown"),
+        revision=_revision_label(revision),
     ).observe(max(0.0, seconds))
 
 

@@ -19,4 +19,12 @@ urlpatterns = [
     path("uploads", apis.UploadCreateApi.as_view(), name="upload-create"),
     path("uploads/<str:key>", apis.UploadDetailApi.as_view(), name="upload-detail"),
     path("uploads/<str:key>/content", apis.UploadContentApi.as_view(), name="upload-content"),
+    path("providers/<slug:slug>/revisions", apis.ProviderRolloutApi.as_view(), name="provider-revisions"),
+    path(
+        "providers/<slug:slug>/revisions/<int:number>/canary",
+        apis.ProviderCanaryApi.as_view(),
+        name="provider-revision-canary",
+    ),
+    path("providers/<slug:slug>/revisions/promote", apis.ProviderPromoteApi.as_view(), name="provider-promote"),
+    path("providers/<slug:slug>/revisions/rollback", apis.ProviderRollbackApi.as_view(), name="provider-rollback"),
 ]

@@ -12,14 +12,20 @@ Two receivers, the two classes of DESIGN §1:
   nothing can be looked up (404).
 
 Effect paths: ``POST /charges`` (and any POST path under ``/charges/``) and ``POST
-/contacts`` (and under ``/contacts/``). Control paths, both modes:
+/contacts`` (and under ``/contacts/``), each also under an API version prefix
+(``/v2/charges``: the same collection; a key used under two versions is the same request).
+Control paths, both modes:
 
-- ``GET /_effects`` → ``{"count", "by_key", "requests", "failed", "objects", "lookups", "mode"}``.
-  ``count`` is the number of effects that happened (objects created with status
-  ``succeeded``), ``by_key`` the same per idempotency key sent (advisory providers ignore
-  the key, which is exactly how their duplicates show), ``requests`` every effect request
-  seen, whatever was answered.
-- ``POST /_reset`` forgets everything, the script included.
+- ``GET /_effects`` → ``{"count", "by_key", "requests", "requests_by_key",
+  "requests_by_version", "failed", "objects", "lookups", "mode"}``. ``count`` is the number
+  of effects that happened (objects created with status ``succeeded``), ``by_key`` the same
+  per idempotency key sent (advisory providers ignore the key, which is exactly how their
+  duplicates show), ``requests`` every effect request seen, whatever was answered, also per
+  key and per version prefix ("" without one).
+- ``POST /_reset`` forgets everything, the script and the broken versions included.
+- ``POST /_broken`` with ``{"v2": 500}`` makes every effect request under that version
+  prefix answer that status without an effect (a broken new API version: what an adapter
+  revision that changed the provider's request shape meets); ``{}`` mends them all.
 - ``POST /_script`` with a JSON list of steps replaces the script; ``GET /_script`` →
   ``{"pending": n}``. One step is consumed per effect request, in arrival order::
 
@@ -75,7 +81,8 @@ MAX_OBJECTS = 50_000
 
 # Collection name → (object type, id prefix). POST /charges/… counts as a charge.
 COLLECTIONS = {"charges": ("charge", "ch_"), "contacts": ("contact", "ct_")}
-_COLLECTION_PATH = re.compile(r"^/(?P<collection>charges|contacts)(?:/(?P<rest>.*))?$")
+_COLLECTION_PATH = re.compile(r"^(?:/(?P<version>v[0-9]{1,3}))?/(?P<collection>charges|contacts)(?:/(?P<rest>.*))?$")
+_VERSION = re.compile(r"^v[0-9]{1,3}$")
 # Body fields a caller may use as its own reference (a reconciliation handle).
 REFERENCE_FIELDS = ("reconciliation_handle", "reference", "client_reference")
 RESERVED_FIELDS = ("id", "object", "status", "idempotency_key", "created")
@@ -146,6 +153,9 @@ class MockProviderState:
             self.failed = 0
             self.by_key: Counter[str] = Counter()
             self.requests = 0
+            self.requests_by_key: Counter[str] = Counter()
+            self.requests_by_version: Counter[str] = Counter()
+            self.broken: dict[str, int] = {}
             self.lookups = 0
             self.script: deque[dict[str, Any]] = deque()
 
@@ -156,6 +166,8 @@ class MockProviderState:
                 "count": self.effects,
                 "by_key": dict(self.by_key),
                 "requests": self.requests,
+                "requests_by_key": dict(self.requests_by_key),
+                "requests_by_version": dict(self.requests_by_version),
                 "failed": self.failed,
                 "objects": len(self.objects),
                 "lookups": self.lookups,
@@ -169,12 +181,28 @@ class MockProviderState:
         with self.lock:
             return len(self.script)
 
+    def set_broken(self, broken: Any) -> None:
+        """``{"v2": 500}``: requests under these version prefixes fail with that status."""
+        if not isinstance(broken, dict) or not all(
+            isinstance(k, str) and _VERSION.match(k) and isinstance(v, int) and 100 <= v <= 599
+            for k, v in broken.items()
+        ):
+            raise ScriptError('broken versions map a version prefix ("v2") to an HTTP status')
+        with self.lock:
+            self.broken = dict(broken)
+
     # --- effect requests ---
 
-    def begin(self, key: str | None) -> tuple[bool, dict[str, Any]]:
-        """Count the request; take the key and the next step. False: the key is in use."""
+    def begin(self, key: str | None, version: str = "") -> tuple[bool, dict[str, Any]]:
+        """Count the request; take the key and the next step. False: the key is in use. A
+        request under a broken version takes neither: its step is ``{"broken": status}``."""
         with self.lock:
             self.requests += 1
+            self.requests_by_version[version] += 1
+            if key is not None:
+                self.requests_by_key[key] += 1
+            if version in self.broken:
+                return True, {"broken": self.broken[version]}
             if self.mode == ENFORCED and key is not None:
                 # Stripe answers 409 while a request with the same key is being handled.
                 if key in self.in_flight:
@@ -307,6 +335,14 @@ class MockProviderHandler(JsonRequestHandler):
                 self.state.set_script(steps)
                 self.send_json(200, {"pending": len(steps)})
                 return
+            if url.path == "/_broken":
+                try:
+                    self.state.set_broken(self.read_json())
+                except ScriptError as exc:
+                    self.send_json(400, {"error": "invalid_broken_versions", "detail": str(exc)})
+                    return
+                self.send_json(200, {"broken": True})
+                return
             match = _COLLECTION_PATH.match(url.path)
             if not match:
                 self.read_body()
@@ -316,13 +352,19 @@ class MockProviderHandler(JsonRequestHandler):
         except (BodyTooLarge, BadRequestBody) as exc:
             self.handle_body_errors(exc)
             return
-        self.handle_effect(match["collection"], url.path, body)
+        version = match["version"] or ""
+        # Without its version prefix: one request, whichever version it was sent to.
+        path = url.path[len(version) + 1 :] if version else url.path
+        self.handle_effect(match["collection"], path, body, version)
 
-    def handle_effect(self, collection: str, path: str, body: Any) -> None:
+    def handle_effect(self, collection: str, path: str, body: Any, version: str = "") -> None:
         key = (self.headers.get(self.state.header) or "").strip() or None
-        accepted, step = self.state.begin(key)
+        accepted, step = self.state.begin(key, version)
         if not accepted:
             self.send_json(409, {"error": "idempotency_key_in_use"}, [("Retry-After", "1")])
+            return
+        if "broken" in step:
+            self.send_json(step["broken"], {"error": "broken_version", "version": version})
             return
         try:
             answer = self.play(step, collection, path, body, key)

@@ -122,6 +122,11 @@ class RunningServer:
         self._require("images")
         self._call("POST", "/_switches", json=switches)
 
+    def break_versions(self, broken: dict[str, int]) -> None:
+        """A mock provider's ``/_broken``: ``{"v2": 500}`` fails every request under ``/v2``."""
+        self._require("mock")
+        self._call("POST", "/_broken", json=broken)
+
     def set_mode(self, mode: str, delay: float | None = None) -> None:
         """A relay's mode for requests without an ``X-Relay-Mode`` header or a script step."""
         self._require("relay")

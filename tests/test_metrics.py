@@ -143,7 +143,10 @@ def test_histograms_of_several_processes_are_added_up(tmp_path, monkeypatch):
     assert _value(text, "onceguard_claim_duration_seconds_count", outcome="created") == 6
     assert _value(text, "onceguard_claim_duration_seconds_bucket", outcome="created", le="0.005") == 6
     assert _value(text, "onceguard_claim_duration_seconds_bucket", outcome="created", le="0.0025") == 0
-    assert _value(text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="succeeded") == 2
+    assert (
+        _value(text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="succeeded", revision="")
+        == 2
+    )
     assert _value(text, "onceguard_active_leases") == 0  # the database's figures are still there
 
 
@@ -189,7 +192,12 @@ def test_metrics_serve_exposes_a_worker_only_nodes_metrics(tmp_path, transaction
                 text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False).text
             except httpx.HTTPError:
                 time.sleep(0.3)
-        assert _value(text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="transient") == 1
+        assert (
+            _value(
+                text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="transient", revision=""
+            )
+            == 1
+        )
         assert _value(text, "onceguard_active_leases") == 0
     finally:
         server.terminate()

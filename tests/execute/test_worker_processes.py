@@ -14,7 +14,7 @@ from ledger import sql
 from ledger.errors import DomainError
 from ledger.execute import operation_submit
 from ledger.models import Attempt, Operation, OperationStatus
-from ledger.services import provider_resume
+from ledger.services import provider_resume, provider_upsert
 from ledger.sweeper import sweep
 from tests.execute.support import child_env, start_worker, statuses, stop_process, wait_until, worker_output
 
@@ -141,3 +141,51 @@ def test_a_worker_killed_mid_call_is_reconciled_and_never_runs_twice(tenant, req
         output = stop_process(again)
     assert taken_by(output) == 0, output
     assert mock.effects()["requests"] == 1 and mock.effects()["count"] == 1
+
+
+def test_worker_processes_roll_a_failing_canary_back_and_its_unsent_share_goes_out_once_under_the_stable_revision(
+    tenant, enforced
+):
+    """Two real worker processes (two threads each) and a canary at 50 % whose API version
+    answers 500: the workers' watch rolls it back; every key takes effect exactly once."""
+    provider, mock = enforced
+    mock.break_versions({"v2": 500})
+    provider = provider_upsert(
+        tenant=tenant, slug="charges", base_url=mock.url + "/v2", canary_percent=50, reason="API v2"
+    )
+    canary_rev, stable = provider.canary_revision_id, provider.revision_id
+    ops = [submit(tenant, f"order-{i}:charge:v1", i).operation for i in range(80)]
+    on_canary = {op.pk for op in ops if op.adapter_revision_id == canary_rev}
+    env = child_env(CANARY_MIN_SAMPLE="6", CANARY_MAX_EXCESS_PERCENT="10")
+    workers = [start_worker(env=env, concurrency=2) for _ in range(2)]
+    try:
+        done = wait_until(
+            lambda: not Operation.objects.filter(status__in=(S.QUEUED, S.CLAIMED, S.RETRY_WAIT)).exists(), timeout=60
+        )
+    finally:
+        outputs = [stop_process(w) for w in workers]
+    assert done, outputs
+    provider.refresh_from_db()
+    assert provider.canary_revision_id is None and provider.revision_id == stable
+    sent_to_canary = set(Attempt.objects.filter(adapter_revision_id=canary_rev).values_list("operation_id", flat=True))
+    # Stopped within about one attempt per worker thread after the sixth counted failure.
+    assert 6 <= len(sent_to_canary) <= 6 + 4 and sent_to_canary <= on_canary
+    assert set(Operation.objects.filter(pk__in=on_canary - sent_to_canary).values_list("status", flat=True)) == {
+        S.SUCCEEDED
+    }
+    # The canary's 500s are reconciled as usual and re-issued under the stable revision.
+    past, params = sql.now_plus(-30)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE ledger_operation SET sent_at = {past} WHERE status = %s", [*params, S.UNCERTAIN])
+    sweep()
+    workers = [start_worker(env=env, concurrency=2)]
+    try:
+        finished = wait_until(lambda: set(statuses()) == {S.SUCCEEDED}, timeout=60)
+    finally:
+        stop_process(workers[0])
+    assert finished, statuses()
+    effects = mock.effects()
+    assert effects["by_key"] == {op.key: 1 for op in ops}
+    assert {k for k, n in effects["requests_by_key"].items() if n > 1} == {
+        op.key for op in ops if op.pk in sent_to_canary
+    }

@@ -48,6 +48,13 @@ class Command(BaseCommand):
             help="store the credential read from standard input, encrypted (never printed, never in argv)",
         )
         parser.add_argument("--clear-auth-secret", action="store_true", help="forget the stored credential")
+        parser.add_argument(
+            "--canary-percent",
+            type=int,
+            help="roll a change of the adapter fields out as a canary taking this share (1–100) of new operations;"
+            " without it the new adapter revision is stable at once",
+        )
+        parser.add_argument("--reason", default="", help="why: recorded with the adapter revision and the change")
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -85,7 +92,14 @@ class Command(BaseCommand):
         elif options["clear_auth_secret"]:
             fields["auth_secret"] = ""
         try:
-            provider = services.provider_upsert(tenant=tenant, slug=options["slug"], actor=cli_actor(), **fields)
+            provider = services.provider_upsert(
+                tenant=tenant,
+                slug=options["slug"],
+                actor=cli_actor(),
+                reason=options["reason"],
+                canary_percent=options["canary_percent"],
+                **fields,
+            )
         except DomainError as exc:
             raise CommandError(exc.detail) from None
         self.stdout.write(
