@@ -78,7 +78,7 @@ WITH op AS (
         last_error, error_class, provider_ref, response_status, response_body,
         reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,
         run, step, record, version,
-        lookup_failures, request_bytes, cost, callback_url,
+        lookup_failures, request_bytes, cost, callback_url, adapter_revision_id,
         created_at, updated_at
     )
     SELECT
@@ -96,7 +96,7 @@ WITH op AS (
         '', '', '', NULL, NULL,
         %(reconciliation_handle)s, %(execution_id)s, %(workflow_id)s, %(workflow_version)s, %(correlation_id)s,
         %(run)s, %(step)s, %(record)s, %(version)s,
-        0, %(request_bytes)s, %(cost)s, %(callback_url)s,
+        0, %(request_bytes)s, %(cost)s, %(callback_url)s, %(adapter_revision_id)s,
         now(), now()
     WHERE NOT EXISTS (SELECT 1 FROM ledger_tombstone WHERE tenant_id = %(tenant_id)s AND key = CAST(%(key)s AS varchar))
     ON CONFLICT (tenant_id, key) DO NOTHING
@@ -105,10 +105,10 @@ WITH op AS (
     -- attempt_open's row.
     INSERT INTO ledger_attempt (
         operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
-        outcome, error_class, message, provider_ref, execution_id
+        outcome, error_class, message, provider_ref, execution_id, adapter_revision_id
     )
     SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
-           {attempt_pending}, '', '', '', execution_id
+           {attempt_pending}, '', '', '', execution_id, adapter_revision_id
     FROM op WHERE attempts > 0
 ), event AS (
     -- event_insert's row: from no state to the new one.
