@@ -1,7 +1,8 @@
 """A loopback HTTP server standing in for n8n's public REST API (``GET
 /api/v1/executions/{id}``): it serves executions in the shape n8n 1.123 answers with
-``includeData=true`` (tests/dlq/examples/n8n-execution-with-data.json, recorded from the real
-n8n the n8n suite installs) and, as told, the failures lead capture must survive: a status,
+``includeData=true`` (tests/dlq/examples/n8n-execution-with-data.json, written after n8n
+1.123's public API handler and execution format; the same reader meets the real n8n in
+tests/n8n/test_leads.py) and, as told, the failures lead capture must survive: a status,
 an answer slower than the client's timeout, garbage. It records what it was asked."""
 
 from __future__ import annotations
