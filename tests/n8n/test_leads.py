@@ -264,8 +264,11 @@ def test_an_error_trigger_entry_holds_the_failed_nodes_input_items(
     call_command("n8n_connect", "--tenant", onceguard.slug, "--url", n8n.url, stdout=io.StringIO())
 
     servers.crm.script([{"status": 429}])
+    # The module's n8n may have run this workflow for an earlier test: this run is the next one.
+    before = len(n8n.executions(UNGUARDED))
     n8n.webhook("onceguard-lead-unguarded", CALL)
-    (failed,) = n8n.wait_for_executions(UNGUARDED, count=1)
+    failed = n8n.wait_for_executions(UNGUARDED, count=before + 1)[-1]
+    assert failed["status"] == "error"
     assert wait_until(lambda: FailedEvent.objects.exists(), timeout=60), n8n.start_log()[-3000:]
     event = FailedEvent.objects.get()
     assert event.event_id == f"n8n:{UNGUARDED}:{failed['id']}"
