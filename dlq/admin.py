@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
@@ -30,6 +31,7 @@ from dlq.models import (
     FailedEvent,
     FailedEventChange,
     FailedEventStatus,
+    N8nConnection,
     Replay,
     ReplayOutcome,
     ReplayTarget,
@@ -38,6 +40,7 @@ from dlq.models import (
 from dlq.payloads import is_redacted, open_payload
 from ledger import display
 from ledger.admin import ReadOnlyAdmin, ReadOnlyInline, shows_tenant
+from ledger.credentials import sealed_credential
 from ledger.errors import DomainError
 from ledger.masking import mask_json
 from ledger.models import Tenant
@@ -334,7 +337,21 @@ class FailedEventAdmin(ReadOnlyAdmin):
                 ]
             },
         ),
-        ("Payload (masked)", {"fields": ["payload_masked", "search_fields"]}),
+        (
+            "Payload (masked)",
+            {
+                "fields": [
+                    "payload_origin",
+                    "payload_source",
+                    "payload_source_ref",
+                    "payload_fetch",
+                    "payload_fetch_note",
+                    "payload_fetched_at",
+                    "payload_masked",
+                    "search_fields",
+                ]
+            },
+        ),
     ]
     readonly_fields = [
         "event_id",
@@ -364,6 +381,12 @@ class FailedEventAdmin(ReadOnlyAdmin):
         "search_fields",
         "quarantine_reason",
         "corrected_operation",
+        "payload_origin",
+        "payload_source",
+        "payload_source_ref",
+        "payload_fetch",
+        "payload_fetch_note",
+        "payload_fetched_at",
     ]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
@@ -438,6 +461,10 @@ class FailedEventAdmin(ReadOnlyAdmin):
 
     def has_resolve_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("dlq.resolve_failedevent")
+
+    @admin.display(description="where the payload came from")
+    def payload_origin(self, obj: FailedEvent) -> str:
+        return selectors.payload_origin(obj)
 
     @admin.display(description="payload")
     def payload_masked(self, obj: FailedEvent) -> str:
@@ -753,3 +780,68 @@ class ReplayTargetAdmin(admin.ModelAdmin):
     list_display = ["slug", "tenant", "url", "idempotency_header", "is_default", "auto_replay", "active"]
     list_filter = ["is_default", "auto_replay", "active"]
     search_fields = ["slug", "url"]
+
+
+class N8nConnectionForm(forms.ModelForm):
+    """The n8n API key is write-only: typed to set or replace it, never rendered back (the
+    page says when it was set). N8nConnection.clean checks the URL against the outbound
+    policy and stores it canonical; the console's mixin records the change with the key
+    masked (review.changes)."""
+
+    new_api_key = forms.CharField(
+        required=False,
+        label="n8n API key",
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Made in n8n under Settings → n8n API (it needs to read executions). Write-only: type a key to set"
+        " or replace the stored one; it is stored encrypted and never shown again.",
+    )
+
+    class Meta:
+        model = N8nConnection
+        fields = ["tenant", "base_url", "timeout_seconds", "active"]
+
+    def clean_new_api_key(self) -> str:
+        key = self.cleaned_data.get("new_api_key") or ""
+        if not key:
+            return ""
+        try:
+            return services.n8n_api_key_check(key)
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.instance.pk is None and not data.get("new_api_key") and "new_api_key" not in self.errors:
+            self.add_error("new_api_key", "A new connection needs the n8n API key.")
+        return data
+
+    def save(self, commit: bool = True) -> N8nConnection:
+        connection = super().save(commit=False)
+        if self.cleaned_data.get("new_api_key"):
+            connection.api_key_secret = sealed_credential(self.cleaned_data["new_api_key"])
+            connection.api_key_set_at = timezone.now()
+        if commit:
+            connection.save()
+        return connection
+
+
+@admin.register(N8nConnection)
+class N8nConnectionAdmin(admin.ModelAdmin):
+    """A tenant's n8n instance for lead capture (DESIGN §7): Error Trigger entries get the
+    failed node's input items. Tenant admins set it; the key is never shown."""
+
+    form = N8nConnectionForm
+    list_display = ["tenant", "base_url", "api_key_state", "active", "updated_at"]
+    list_filter = ["active"]
+    search_fields = ["base_url"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["tenant", "api_key_state"] if obj is not None else ["api_key_state"]
+
+    @admin.display(description="API key")
+    def api_key_state(self, obj: N8nConnection) -> str:
+        if not obj.api_key_secret:
+            return "not set"
+        when = f", set {display.age(obj.api_key_set_at)}" if obj.api_key_set_at else ""
+        return f"set (stored encrypted; never shown){when}"

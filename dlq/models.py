@@ -59,8 +59,90 @@ class FailedEventShape(models.TextChoices):
     RAW = "raw", "unrecognised (raw)"
 
 
+class PayloadSource(models.TextChoices):
+    """Where an entry's payload came from (shown on the entry's page and in the API)."""
+
+    # the body the workflow (or the ledger, for a failed operation) reported.
+    REPORTED = "reported", "as reported"
+    # the failed node's input items, fetched from the n8n execution the Error Trigger named
+    # (lead capture: dlq.n8n); ``payload_source_ref`` holds the execution id.
+    N8N_EXECUTION_FETCH = "n8n_execution_fetch", "fetched from the n8n execution"
+
+
+class PayloadFetch(models.TextChoices):
+    """Lead capture of an n8n Error Trigger entry. Only dlq.n8n moves it, once per entry:
+    ``pending`` → ``fetched`` or ``failed``; nothing moves it back."""
+
+    # no fetch: not an Error Trigger report, or the tenant has no n8n connection.
+    NONE = "", "none"
+    # ingested; the after-commit task has not finished yet.
+    PENDING = "pending", "waiting for n8n"
+    # the payload holds the failed node's input items.
+    FETCHED = "fetched", "fetched"
+    # the entry kept its reported payload; ``payload_fetch_note`` says why.
+    FAILED = "failed", "failed"
+
+
 # The error classes of the ledger, plus "not known" for ingested failures that do not say.
 ERROR_CLASS_CHOICES = [("", "unclassified"), *ErrorClass.choices]
+
+
+N8N_PURPOSE = "n8n connection"
+
+
+def n8n_base_url_check(url: str) -> str:
+    """The n8n base URL as stored: allowed by the outbound policy, canonical, without query,
+    and without a trailing slash (``/api/v1/…`` is appended). Raises DestinationNotAllowed."""
+    normalised = outbound_check(url, purpose=N8N_PURPOSE)
+    if normalised.query:
+        raise DestinationNotAllowed(f"{N8N_PURPOSE}: the base URL has no query string.")
+    return normalised.url.rstrip("/")
+
+
+class N8nConnection(models.Model):
+    """A tenant's n8n instance, for lead capture (DESIGN §7): when an n8n Error Trigger report
+    arrives, the failed execution is fetched through n8n's public REST API and the failed
+    node's input items become the entry's payload.
+
+    ``base_url`` passes the deployment's outbound policy and is stored canonical; the API key
+    is sealed (``ledger.credentials.sealed_credential``, even where payload encryption is off)
+    and write-only: set or replaced in the console or with ``manage.py n8n_connect``, never
+    rendered again, masked in the configuration trail."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="n8n_connection")
+    base_url = models.URLField(
+        max_length=1000, help_text="The n8n instance's address, e.g. https://n8n.example.com (its /api/v1 is used)."
+    )
+    # {"_enc": …}: the n8n API key, sent as X-N8N-API-KEY. Never shown, never logged.
+    api_key_secret = models.JSONField(null=True, blank=True)
+    api_key_set_at = models.DateTimeField(null=True, blank=True)
+    timeout_seconds = models.FloatField(
+        default=5.0, help_text="How long one request to n8n may take (0.5–30 s); ingestion never waits for it."
+    )
+    active = models.BooleanField(default=True, help_text="Off: Error Trigger entries keep the reported payload.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "n8n connection"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(timeout_seconds__gte=0.5, timeout_seconds__lte=30), name="n8nconnection_timeout_bounded"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"n8n of {self.tenant}"
+
+    def clean(self) -> None:
+        # Console saves: the same checks as dlq.n8n.n8n_connection_save.
+        if self.base_url:
+            try:
+                self.base_url = n8n_base_url_check(self.base_url)
+            except DestinationNotAllowed as exc:
+                raise ValidationError({"base_url": exc.detail}) from None
+        if not 0.5 <= float(self.timeout_seconds or 0) <= 30:
+            raise ValidationError({"timeout_seconds": "Between 0.5 and 30 seconds."})
 
 
 class ReplayTarget(models.Model):
@@ -160,6 +242,18 @@ class FailedEvent(models.Model):
     adapter_revision = models.ForeignKey(
         AdapterRevision, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
+    # Where the payload came from (dlq.n8n): as reported, or fetched from the n8n execution
+    # (`payload_source_ref` = its id). The fetch's state and, when it failed, why — in our
+    # words, never the fetched data (sanitize_message).
+    payload_source = models.CharField(
+        max_length=32, choices=PayloadSource.choices, default=PayloadSource.REPORTED, db_default="reported"
+    )
+    payload_source_ref = models.CharField(max_length=255, blank=True, default="", db_default="")
+    payload_fetch = models.CharField(
+        max_length=16, choices=PayloadFetch.choices, blank=True, default=PayloadFetch.NONE, db_default=""
+    )
+    payload_fetch_note = models.CharField(max_length=500, blank=True, default="", db_default="")
+    payload_fetched_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -169,6 +263,9 @@ class FailedEvent(models.Model):
             # across tenants (a superuser's search) and the per-tenant identity lookup.
             models.UniqueConstraint(fields=["event_id", "tenant"], name="failedevent_unique_identity"),
             models.CheckConstraint(condition=Q(status__in=list(FE.values)), name="failedevent_status_valid"),
+            models.CheckConstraint(
+                condition=Q(payload_fetch__in=list(PayloadFetch.values)), name="failedevent_payload_fetch_valid"
+            ),
         ]
         indexes = [
             # The list (console and API) is always per tenant, newest first, with an

@@ -12,7 +12,18 @@ from django.utils import timezone
 
 from dlq.conf import dlq_setting
 from dlq.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
-from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, FailedEventStatus, Replay, ReplayOutcome, ReplayTarget
+from dlq.models import (
+    BulkReplay,
+    FailedEvent,
+    FailedEventAlias,
+    FailedEventStatus,
+    N8nConnection,
+    PayloadFetch,
+    PayloadSource,
+    Replay,
+    ReplayOutcome,
+    ReplayTarget,
+)
 from ledger import search
 from ledger.display import age_words, truncate
 from ledger.models import ErrorClass
@@ -108,6 +119,25 @@ def failed_event_find(*, tenant_id: int, identity: str) -> FailedEvent | None:
         return event
     alias = FailedEventAlias.objects.filter(tenant_id=tenant_id, identity=identity).select_related("event").first()
     return alias.event if alias is not None else None
+
+
+def n8n_connection_active(*, tenant_id: int) -> bool:
+    """The tenant has an n8n connection that lead capture may use (switched on, with a key)."""
+    return N8nConnection.objects.filter(tenant_id=tenant_id, active=True, api_key_secret__isnull=False).exists()
+
+
+def payload_origin(event: FailedEvent) -> str:
+    """Where the entry's payload came from, in a sentence (the entry's page and story)."""
+    if event.payload_source == PayloadSource.N8N_EXECUTION_FETCH:
+        return f"The payload was fetched from n8n execution {event.payload_source_ref}: {event.payload_fetch_note}"
+    if event.payload_fetch == PayloadFetch.PENDING:
+        return (
+            f"The failed node's input items are being fetched from n8n execution {event.source_execution_id}; "
+            "until then the payload is the Error Trigger report."
+        )
+    if event.payload_fetch == PayloadFetch.FAILED:
+        return f"Fetching the failed node's input items from n8n failed: {event.payload_fetch_note} The payload is the report as received."
+    return "The payload is the report as received."
 
 
 def bulk_replay_get(*, tenant_id: int, bulk_id: int) -> BulkReplay:
@@ -229,6 +259,8 @@ def failed_event_story(event: FailedEvent) -> EntryStory:
                 + (f" — {truncate(last.error_message, 200)}" if last.error_message else "")
                 + "."
             )
+    if event.payload_fetch:
+        story.notes.append(payload_origin(event))
     outlook = auto_replay_outlook(event)
     if outlook:
         story.notes.append(outlook)

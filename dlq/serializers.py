@@ -105,6 +105,11 @@ class FailedEventOutputSerializer(serializers.Serializer):
     adapter_revision = serializers.IntegerField(
         allow_null=True, help_text="execute mode: the number of the provider's adapter revision it failed under"
     )
+    payload_source = serializers.DictField(
+        help_text="where the payload came from: `source` (`reported` or `n8n_execution_fetch`), `ref` (the n8n"
+        ' execution id of a fetched one), `fetch` (`""` none, `pending`, `fetched`, `failed`), `note` (what was'
+        " fetched, or why the fetch failed: no personal data), `fetched_at`"
+    )
 
 
 class ReplayOutputSerializer(serializers.Serializer):
@@ -179,6 +184,13 @@ def failed_event_representation(event: FailedEvent) -> dict[str, Any]:
         "quarantine_reason": event.quarantine_reason,
         "corrected_operation_id": event.corrected_operation_id,
         "adapter_revision": revision_number(event.adapter_revision_id),
+        "payload_source": {
+            "source": event.payload_source,
+            "ref": event.payload_source_ref,
+            "fetch": event.payload_fetch,
+            "note": event.payload_fetch_note,
+            "fetched_at": event.payload_fetched_at.isoformat() if event.payload_fetched_at else None,
+        },
     }
 
 

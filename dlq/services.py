@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,7 +30,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from alerts.services import alert_raise
-from dlq import selectors
+from dlq import n8n, selectors
 from dlq.conf import dlq_setting
 from dlq.errors import (
     BulkReplayNotConfirmable,
@@ -54,16 +55,21 @@ from dlq.models import (
     FailedEventChange,
     FailedEventShape,
     FailedEventStatus,
+    N8nConnection,
+    PayloadFetch,
+    PayloadSource,
     Replay,
     ReplayOutcome,
     ReplayTarget,
     ReplayTrigger,
+    n8n_base_url_check,
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
 from ledger import adapters, storable, tasks
 from ledger import services as ledger_services
 from ledger.config_changes import config_change_of, config_snapshot
+from ledger.credentials import sealed_credential, stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit
@@ -345,6 +351,13 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
             root.refresh_from_db()
             return IngestResult(root, "retry")
     source = parsed.source
+    # Lead capture (dlq.n8n): an Error Trigger report names the failed execution, not its
+    # items; with the tenant's n8n connection they are fetched after commit.
+    fetch = (
+        parsed.shape == FailedEventShape.N8N_EXECUTION
+        and bool(source.get("execution_id"))
+        and selectors.n8n_connection_active(tenant_id=tenant.pk)
+    )
     event = FailedEvent.objects.create(
         tenant=tenant,
         event_id=parsed.identity,
@@ -366,7 +379,14 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         original_key=parsed.original_key or parsed.identity,
         replay_target_slug=parsed.replay_target_slug,
         quarantine_reason=_quarantine_reason(parsed.error_class, parsed.error_message),
+        payload_fetch=PayloadFetch.PENDING if fetch else PayloadFetch.NONE,
     )
+    if fetch:
+        # In the cluster, after commit: ingestion never waits on n8n.
+        transaction.on_commit(
+            lambda: tasks.enqueue("dlq.tasks.n8n_payload_fetch_task", event.pk),
+            robust=True,
+        )
     if parsed.retry_of:
         # The execution this one retried, if it is reported later, is this failure too.
         FailedEventAlias.objects.create(tenant=tenant, identity=parsed.retry_of, event=event)
@@ -374,6 +394,185 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
     _log_change(event_pk=event.pk, old="", new=FE.PENDING, actor=actor, note=f"ingested ({parsed.shape})")
     _alert_new(event)
     return IngestResult(event, "created")
+
+
+# --- n8n connection and lead capture (dlq.n8n) ------------------------------------------------
+
+# Masked in the configuration trail (the console's saves: review.changes.AUDITED).
+N8N_SECRET_FIELDS = ("api_key_secret",)
+N8N_ACTOR = "n8n lead capture"
+# What n8n's keys look like (JWTs; older `n8n_api_…` keys): printable, no spaces, bounded.
+_N8N_API_KEY = re.compile(r"^[\x21-\x7e]{1,4096}$")
+
+
+def n8n_api_key_check(api_key: str) -> str:
+    api_key = api_key.strip()
+    if not _N8N_API_KEY.match(api_key):
+        raise ValidationFailed("The n8n API key must be 1–4096 printable characters without spaces.")
+    return api_key
+
+
+def n8n_connection_save(
+    *,
+    tenant: Tenant,
+    base_url: str,
+    api_key: str | None = None,
+    timeout_seconds: float | None = None,
+    active: bool | None = None,
+    actor: str,
+) -> N8nConnection:
+    """Create or update the tenant's n8n connection (``manage.py n8n_connect``; the console's
+    form does the same through the model). The URL passes the outbound policy and is stored
+    canonical; ``api_key`` is sealed (None keeps the stored one; a new connection needs one).
+    The change is recorded in the configuration trail with the key masked."""
+    url = n8n_base_url_check(base_url)
+    if api_key is not None:
+        api_key = n8n_api_key_check(api_key)
+    if timeout_seconds is not None and not 0.5 <= float(timeout_seconds) <= 30:
+        raise ValidationFailed("The n8n timeout must be between 0.5 and 30 seconds.")
+    with transaction.atomic():
+        connection = N8nConnection.objects.select_for_update().filter(tenant_id=tenant.pk).first()
+        before = config_snapshot(connection) if connection is not None else None
+        if connection is None:
+            if not api_key:
+                raise ValidationFailed("A new n8n connection needs the n8n API key.")
+            connection = N8nConnection(tenant=tenant)
+        connection.base_url = url
+        if api_key:
+            connection.api_key_secret = sealed_credential(api_key)
+            connection.api_key_set_at = timezone.now()
+        if timeout_seconds is not None:
+            connection.timeout_seconds = float(timeout_seconds)
+        if active is not None:
+            connection.active = active
+        connection.save()
+        config_change_of(
+            connection,
+            actor=actor,
+            action=ConfigChangeAction.CREATE if before is None else ConfigChangeAction.UPDATE,
+            before=before,
+            secret_fields=N8N_SECRET_FIELDS,
+        )
+    log.info("n8n_connection_saved tenant=%s key_replaced=%s active=%s", tenant.slug, bool(api_key), connection.active)
+    return connection
+
+
+def n8n_connection_delete(*, tenant: Tenant, actor: str) -> bool:
+    """Remove the tenant's n8n connection and its key; False when there was none."""
+    with transaction.atomic():
+        connection = N8nConnection.objects.select_for_update().filter(tenant_id=tenant.pk).first()
+        if connection is None:
+            return False
+        config_change_of(connection, actor=actor, action=ConfigChangeAction.DELETE, secret_fields=N8N_SECRET_FIELDS)
+        connection.delete()
+    log.info("n8n_connection_deleted tenant=%s", tenant.slug)
+    return True
+
+
+def failed_event_n8n_fetch(*, event_pk: int, sleep: Callable[[float], None] = time.sleep) -> FailedEvent | None:
+    """Lead capture, the after-commit task of an n8n Error Trigger entry (``dlq.tasks``):
+    fetch the failed execution from the tenant's n8n and store the failed node's input items
+    as the entry's payload (sealed, search paths, subject index — as ingestion stores one),
+    recording where it came from. Any failure leaves the entry's payload as it was and says
+    why on the entry. Runs once per entry (``payload_fetch`` pending → fetched | failed); no
+    transaction is held across the HTTP calls, which are bounded (dlq.n8n)."""
+    event = FailedEvent.objects.filter(pk=event_pk).first()
+    if event is None or event.payload_fetch != PayloadFetch.PENDING:
+        return event
+    connection = N8nConnection.objects.filter(tenant_id=event.tenant_id).first()
+    if connection is None or not connection.active:
+        return _payload_fetch_failed(event, "the tenant's n8n connection was removed or switched off before the fetch")
+    api_key, why = stored_credential_value(connection.api_key_secret)
+    if api_key is None:
+        return _payload_fetch_failed(event, f"the stored n8n API key cannot be used: {why or 'none is stored'}")
+    try:
+        found = n8n.fetch_failed_items(
+            base_url=connection.base_url,
+            api_key=api_key,
+            execution_id=event.source_execution_id,
+            node_hint=event.source_node,
+            timeout=connection.timeout_seconds,
+            sleep=sleep,
+        )
+    except n8n.FetchFailed as exc:
+        return _payload_fetch_failed(event, exc.reason)
+    payload = n8n.items_payload(found)
+    if storable.nul_problem(payload) is not None:
+        return _payload_fetch_failed(event, "the failed node's input items hold a NUL character, which is not stored")
+    size, limit = n8n.payload_bytes(payload), int(dlq_setting("MAX_EVENT_BYTES"))
+    if size > limit:
+        return _payload_fetch_failed(
+            event,
+            f"the failed node's input items are {size} bytes; an entry holds at most {limit} (DLQ_MAX_EVENT_BYTES)",
+        )
+    return _payload_fetched(event, found, payload)
+
+
+def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, payload: dict[str, Any]) -> FailedEvent:
+    binary = f"; {found.with_binary} carried binary data, which is not fetched" if found.with_binary else ""
+    count = len(found.items)
+    note = ledger_services.sanitize_message(
+        f"{count} input item{'s' if count != 1 else ''} of node “{found.node[:100]}”{binary}."
+    )[:MAX_NOTE]
+    # The report's search values stay (workflow, execution, node); the first item's are added.
+    searchable = {**search_values(found.items[0], dlq_setting("SEARCH_PATHS")), **(event.search_fields or {})}
+    now = timezone.now()
+    with transaction.atomic():
+        # Only an entry nobody has acted on yet: a replay or a decision was made on what the
+        # entry held then, which must stay the evidence.
+        moved = FailedEvent.objects.filter(
+            pk=event.pk, payload_fetch=PayloadFetch.PENDING, status=FE.PENDING, replay_count=0
+        ).update(
+            payload=seal_payload(payload),
+            search_fields=searchable,
+            payload_source=PayloadSource.N8N_EXECUTION_FETCH,
+            payload_source_ref=found.execution_id[:255],
+            payload_fetch=PayloadFetch.FETCHED,
+            payload_fetch_note=note,
+            payload_fetched_at=now,
+            updated_at=now,
+        )
+        if moved:
+            index_payload(
+                tenant_id=event.tenant_id, event_pk=event.pk, plain=payload, source=PayloadSource.N8N_EXECUTION_FETCH
+            )
+            _log_change(
+                event_pk=event.pk,
+                old=FE.PENDING,
+                new=FE.PENDING,
+                actor=N8N_ACTOR,
+                note=f"payload fetched from n8n execution {found.execution_id}: {note}",
+            )
+    if not moved:
+        return _payload_fetch_failed(
+            event,
+            "the entry was replayed, resolved or discarded before the fetch finished; its payload stays as it was",
+        )
+    log.info("dlq_n8n_fetched event=%s execution=%s items=%s", event.pk, found.execution_id, count)
+    event.refresh_from_db()
+    return event
+
+
+def _payload_fetch_failed(event: FailedEvent, reason: str) -> FailedEvent:
+    """The entry keeps its payload; why the fetch failed is recorded on it (our words, masked)."""
+    reason = ledger_services.sanitize_message(reason)[:MAX_NOTE]
+    now = timezone.now()
+    with transaction.atomic():
+        moved = FailedEvent.objects.filter(pk=event.pk, payload_fetch=PayloadFetch.PENDING).update(
+            payload_fetch=PayloadFetch.FAILED, payload_fetch_note=reason, payload_fetched_at=now, updated_at=now
+        )
+        if moved:
+            status = FailedEvent.objects.filter(pk=event.pk).values_list("status", flat=True).get()
+            _log_change(
+                event_pk=event.pk,
+                old=status,
+                new=status,
+                actor=N8N_ACTOR,
+                note=f"payload not fetched from n8n: {reason}",
+            )
+    log.warning("dlq_n8n_fetch_failed event=%s execution=%s reason=%s", event.pk, event.source_execution_id, reason)
+    event.refresh_from_db()
+    return event
 
 
 # --- Replay ----------------------------------------------------------------------------------

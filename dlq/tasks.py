@@ -16,3 +16,9 @@ def auto_replay_task() -> dict[str, int]:
 
 def replays_recover_task() -> dict[str, int]:
     return services.replays_recover()
+
+
+def n8n_payload_fetch_task(event_id: int) -> str:
+    """Lead capture of an n8n Error Trigger entry (enqueued after its ingestion commits)."""
+    event = services.failed_event_n8n_fetch(event_pk=event_id)
+    return event.payload_fetch if event is not None else "gone"

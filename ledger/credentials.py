@@ -39,17 +39,23 @@ def credential_is_set(provider: Any) -> bool:
     return bool(provider.auth_secret)
 
 
+def stored_credential_value(sealed: Any) -> tuple[str | None, str | None]:
+    """(the value, None) of a credential stored with :func:`sealed_credential`, or (None,
+    why it cannot be used). Also for the DLQ's n8n connection key."""
+    try:
+        value = open_json(sealed) if is_sealed(sealed) else None
+    except EncryptionKeyError:
+        return None, "the stored credential cannot be decrypted with the configured keys"
+    if not isinstance(value, str) or not value:
+        return None, "the stored credential is not readable"
+    return value, None
+
+
 def credential_value(*, provider: Any, tenant_slug: str) -> tuple[str | None, str | None]:
     """(the credential, None) or (None, why it cannot be used). (None, None): the provider
     has no credential."""
     if provider.auth_secret:
-        try:
-            value = open_json(provider.auth_secret) if is_sealed(provider.auth_secret) else None
-        except EncryptionKeyError:
-            return None, "the stored credential cannot be decrypted with the configured keys"
-        if not isinstance(value, str) or not value:
-            return None, "the stored credential is not readable"
-        return value, None
+        return stored_credential_value(provider.auth_secret)
     name = provider.auth_secret_env
     if not name:
         return None, None

@@ -17,6 +17,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from alerts.services import CHANNEL_SECRET_FIELDS, CHANNEL_STATE_FIELDS
+from dlq.services import N8N_SECRET_FIELDS
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.models import ConfigChangeAction
 from ledger.services import PROVIDER_STATE_FIELDS
@@ -36,6 +37,7 @@ AUDITED: dict[str, Audited] = {
     "ledger.provider": Audited(exclude=PROVIDER_STATE_FIELDS),
     "ledger.apikey": Audited(secret=("hashed_key",)),
     "dlq.replaytarget": Audited(),
+    "dlq.n8nconnection": Audited(secret=N8N_SECRET_FIELDS),
     "alerts.alertchannel": Audited(secret=CHANNEL_SECRET_FIELDS, exclude=CHANNEL_STATE_FIELDS),
     "review.retentionpolicy": Audited(),
     "review.stafftenant": Audited(),

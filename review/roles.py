@@ -85,6 +85,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "dlq.replay_failedevent",
         "dlq.resolve_failedevent",
         "dlq.*_replaytarget",
+        "dlq.*_n8nconnection",
         "alerts.*_alertchannel",
         "dlq.add_bulkreplay",
         "dlq.change_bulkreplay",

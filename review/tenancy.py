@@ -67,7 +67,9 @@ def tenant_path(model: type[models.Model], depth: int = 3) -> str | None:
     if model is Tenant or (model._meta.proxy and model._meta.concrete_model is Tenant):
         return "id"
     for field in model._meta.concrete_model._meta.get_fields():
-        if getattr(field, "many_to_one", False) and field.related_model is Tenant:
+        # A foreign key, or a one-to-one keyed by tenant (its forward side: dlq.N8nConnection).
+        forward = getattr(field, "many_to_one", False) or (getattr(field, "one_to_one", False) and field.concrete)
+        if forward and field.related_model is Tenant:
             return f"{field.name}_id"
     if depth <= 1:
         return None

@@ -67,6 +67,8 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     )
     FailedEventAlias.objects.create(tenant=tenant, identity=f"alias-{tag}", event=event)
     RunResume.objects.create(tenant=tenant, run=f"run-{tag}", actor="t", note="n", planned=[], results=[])
+    # The allowed "nowhere" address (tests.support.outbound): never contacted here.
+    dlq_services.n8n_connection_save(tenant=tenant, base_url="http://127.0.0.1:9", api_key=f"key-{tag}", actor="t")
     AdmissionRefusalCount.objects.create(tenant=tenant, reason=f"r-{tag}", count=1, last_at=timezone.now())
     privacy.accesslog_append(
         tenant_id=tenant.pk,

@@ -317,6 +317,27 @@ class N8n:
         self._start_log.close()
         self.process = None
 
+    def create_api_key(self, *, scopes: Iterable[str] = ("execution:read",)) -> str:
+        """An n8n API key for the public REST API, made as a user would in Settings → n8n API:
+        set up the instance owner, then create a key (n8n 1.123's own REST endpoints; the
+        `browser-id` header is what its session cookie is bound to)."""
+        with httpx.Client(base_url=self.url, timeout=30.0, trust_env=False, headers={"browser-id": "og-tests"}) as http:
+            owner = http.post(
+                "/rest/owner/setup",
+                json={
+                    "email": "owner@example.invalid",
+                    "firstName": "Test",
+                    "lastName": "Owner",
+                    "password": "Onceguard-tests-1",
+                },
+            )
+            if owner.status_code != 200:
+                raise CliError(f"n8n owner setup answered {owner.status_code}: {owner.text[:500]}")
+            key = http.post("/rest/api-keys", json={"label": "onceguard", "scopes": list(scopes), "expiresAt": None})
+            if key.status_code != 200:
+                raise CliError(f"n8n API key creation answered {key.status_code}: {key.text[:500]}")
+            return str(key.json()["data"]["rawApiKey"])
+
     def webhook(self, path: str, body: Any, *, timeout: float = 30.0) -> httpx.Response:
         """A production webhook call (the workflow must be active and n8n started)."""
         with httpx.Client(timeout=timeout, trust_env=False) as client:

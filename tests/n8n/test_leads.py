@@ -8,15 +8,18 @@ submit-and-wait template continues when Onceguard calls the Wait node back.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from django.core.management import call_command
 from django.urls import reverse
 
 from dlq.models import FailedEvent
 from dlq.payloads import open_payload
+from dlq.tasks import n8n_payload_fetch_task
 from ledger import services
 from ledger.models import IdempotencyClass, Operation, OperationStatus, Tenant
 from relay.testing import RunningServer, start_mock_provider, start_relay
@@ -232,20 +235,62 @@ def test_the_error_workflow_reports_a_failure_that_has_no_error_output(
     assert event.event_id == f"n8n:{UNGUARDED}:{failed['id']}"
     assert event.source_node == "CRM: Create Contact"
     assert event.error_class == "transient"
+    # No n8n connection: the report is the payload, nothing is fetched.
+    assert event.payload_fetch == "" and event.payload_source == "reported"
 
 
-@pytest.mark.skip(reason="needs issue 12 item 3 (server side)")
+@pytest.fixture(scope="module")
+def n8n_api_key(n8n: N8n) -> str:
+    return n8n.create_api_key()
+
+
 def test_an_error_trigger_entry_holds_the_failed_nodes_input_items(
-    n8n: N8n, onceguard: Tenant, servers: Servers
+    n8n: N8n,
+    onceguard: Tenant,
+    servers: Servers,
+    n8n_api_key: str,
+    onceguard_url: str,
+    admin_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # With the tenant's n8n connection configured (n8n_connect: the n8n URL and an n8n API
     # key), ingesting the Error Trigger payload fetches the failed execution and stores the
     # failed node's input items as the entry's payload.
+    enqueued: list[tuple[Any, ...]] = []
+    # The live server's after-commit enqueue, captured: this test runs the task as the cluster would.
+    monkeypatch.setattr("ledger.tasks.enqueue", lambda func, *args: enqueued.append((func, *args)))
+    stdin = io.StringIO(n8n_api_key + "\n")
+    monkeypatch.setattr("sys.stdin", stdin)
+    call_command("n8n_connect", "--tenant", onceguard.slug, "--url", n8n.url, stdout=io.StringIO())
+
     servers.crm.script([{"status": 429}])
+    # The module's n8n may have run this workflow for an earlier test: this run is the next one.
+    before = len(n8n.executions(UNGUARDED))
     n8n.webhook("onceguard-lead-unguarded", CALL)
-    assert wait_until(lambda: FailedEvent.objects.exists(), timeout=60)
+    failed = n8n.wait_for_executions(UNGUARDED, count=before + 1)[-1]
+    assert failed["status"] == "error"
+    assert wait_until(lambda: FailedEvent.objects.exists(), timeout=60), n8n.start_log()[-3000:]
     event = FailedEvent.objects.get()
-    assert wait_until(lambda: CONTACT in _payload_items(event), timeout=30)
+    assert event.event_id == f"n8n:{UNGUARDED}:{failed['id']}"
+    assert wait_until(lambda: ("dlq.tasks.n8n_payload_fetch_task", event.pk) in enqueued, timeout=10)
+    n8n_payload_fetch_task(event.pk)
+
+    event.refresh_from_db()
+    assert event.payload_fetch == "fetched", event.payload_fetch_note
+    assert event.payload_source == "n8n_execution_fetch" and event.payload_source_ref == str(failed["id"])
+    assert _payload_items(event) == [CONTACT]
+    # Shown on the entry's page (masked) and in the API.
+    page = admin_client.get(reverse("admin:dlq_failedevent_change", args=[event.pk])).content.decode()
+    assert f"fetched from n8n execution {failed['id']}" in page
+    for secret in PERSONAL:
+        assert secret not in page
+    api = httpx.get(
+        f"{onceguard_url}/api/v1/dlq/events/{event.pk}",
+        headers={"Authorization": f"Bearer {API_SECRET}"},
+        timeout=10,
+        trust_env=False,
+    )
+    assert api.json()["payload_source"]["source"] == "n8n_execution_fetch"
 
 
 def _payload_items(event: FailedEvent) -> list[Any]:
@@ -289,7 +334,6 @@ def test_submit_and_wait_continues_when_onceguard_calls_the_wait_node_back(
     assert callback.status == S.SUCCEEDED
 
 
-@pytest.mark.skip(reason="needs issue 12 item 5 (server side): a repeated submission answers 202/200, not 409")
 def test_a_submission_whose_202_was_lost_is_retried_by_n8n_and_still_charges_once(
     n8n: N8n, onceguard: Tenant, servers: Servers
 ) -> None:
