@@ -62,6 +62,7 @@ from ledger.errors import (
 from ledger.logs import operation_fields
 from ledger.models import (
     ALLOWED_TRANSITIONS,
+    NO_RETRY_ERROR_CLASSES,
     REPORTABLE_STATES,
     TERMINAL_STATES,
     ApiKey,
@@ -892,7 +893,7 @@ def _decide_failure(
     """DESIGN §3 failure classes → the next state."""
     if error_class == ErrorClass.AMBIGUOUS:
         return FailureDecision(S.UNCERTAIN, None, "ambiguous outcome", AttemptOutcome.AMBIGUOUS)
-    if error_class in (ErrorClass.INVALID_INPUT, ErrorClass.PERMISSION):
+    if error_class in NO_RETRY_ERROR_CLASSES:
         to = S.REVIEW if has_unresolved_sent else S.FAILED
         return FailureDecision(to, None, f"{error_class}: no retry", AttemptOutcome.FAILED)
     # transient: the effect did not happen; retry unless a cap is hit.

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from dlq.models import FailedEvent
-from ledger import adapters, hooks, sql
+from ledger import adapters, hooks, services, sql
 from ledger.crypto import open_json
 from ledger.execute import operation_execute, operation_submit, operations_take
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationStatus, Provider
@@ -73,6 +73,19 @@ def test_invalid_input_fails_with_a_dlq_entry_and_no_retry(tenant, enforced, ste
     assert row.done_at is not None and row.last_error.startswith("HTTP 4")
     assert FailedEvent.objects.filter(operation_id=op.pk, original_key="k-invalid").exists()
     assert run_due() == [] and only_attempt(op.pk).outcome == AttemptOutcome.FAILED
+
+
+def test_an_invalid_output_recorded_by_the_holder_is_final_not_retried(tenant, enforced):
+    # Fetching the same wrong output again would fail the same way: like invalid_input, the
+    # class is final at once (ledger.models.NO_RETRY_ERROR_CLASSES).
+    op = submit(tenant, "k-invalid-output")
+    (taken,) = operations_take(limit=1)
+    row = services.operation_fail(
+        operation_id=taken.pk, lease_token=taken.lease_token, error_class="invalid_output", message="wrong size"
+    )
+    assert row.status == S.FAILED and row.error_class == "invalid_output" and row.next_attempt_at is None
+    assert only_attempt(op.pk).outcome == AttemptOutcome.FAILED
+    assert FailedEvent.objects.filter(operation_id=op.pk).exists()
 
 
 @pytest.mark.parametrize("status", [401, 403])

@@ -18,6 +18,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Iterable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -347,7 +348,8 @@ class N8n:
 
     def executions(self, workflow_id: str) -> list[dict[str, Any]]:
         """The executions of a workflow, oldest first, read from n8n's own database."""
-        with sqlite3.connect(f"file:{self.database}?mode=ro", uri=True, timeout=10) as db:
+        # sqlite3's own context manager ends the transaction but leaves the file open.
+        with closing(sqlite3.connect(f"file:{self.database}?mode=ro", uri=True, timeout=10)) as db:
             db.row_factory = sqlite3.Row
             rows = db.execute(
                 "SELECT id, status, mode, finished, retryOf FROM execution_entity WHERE workflowId = ? ORDER BY id",
