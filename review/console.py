@@ -20,7 +20,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.utils import label_for_field, lookup_field
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
 from django.db import models
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
@@ -76,12 +76,31 @@ class ConsoleAdminMixin:
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         return _strip(super().get_fields(request, obj), self._masked())  # type: ignore[misc]
 
+    # Flags shown read-only (declared read-only, or the whole page for a viewer without the
+    # change permission) are rendered by their neutral yes/no column, the one the lists use:
+    # the stock readonly rendering is a green tick / red cross, which says "good" or "bad"
+    # of a flag like "legal hold" or "forced" that is neither. The column keeps the field's
+    # name, so the label, help text and CSS class stay the field's own.
+    def _readonly_flags(self, request: HttpRequest, obj: Any) -> set[str] | None:
+        """Names of the BooleanFields this page shows read-only; None: every field is."""
+        if obj is not None and not self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+            return None
+        declared = super().get_readonly_fields(request, obj)  # type: ignore[misc]
+        return {n for n in declared if isinstance(n, str) and is_flag(self.model, n)}  # type: ignore[attr-defined]
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        flags = self._readonly_flags(request, obj)
+
+        def shown(name: Any) -> Any:
+            if isinstance(name, str) and (flags is None or name in flags):
+                return neutral_flag(self.model, name)  # type: ignore[attr-defined]
+            return name
+
         out = []
         for name, opts in super().get_fieldsets(request, obj):  # type: ignore[misc]
             opts = dict(opts)
             opts["fields"] = [
-                tuple(_strip(f, self._masked())) if isinstance(f, (list, tuple)) else f
+                tuple(shown(n) for n in _strip(f, self._masked())) if isinstance(f, (list, tuple)) else shown(f)
                 for f in opts.get("fields", [])
                 if not _is_payloadish(f, self._masked())
             ]
@@ -89,11 +108,14 @@ class ConsoleAdminMixin:
         return out
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
-        return _strip(super().get_readonly_fields(request, obj), self._masked())  # type: ignore[misc]
+        names = _strip(super().get_readonly_fields(request, obj), self._masked())  # type: ignore[misc]
+        return [neutral_flag(self.model, n) if isinstance(n, str) else n for n in names]  # type: ignore[attr-defined]
 
     def get_exclude(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         base = list(super().get_exclude(request, obj) or [])  # type: ignore[misc]
-        return base + [f for f in self._masked() if f not in base]
+        # A read-only flag is shown by its column (above), never also as a form field.
+        flags = sorted(self._readonly_flags(request, obj) or ())
+        return base + [f for f in (*self._masked(), *flags) if f not in base]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
         columns = _strip(super().get_list_display(request), self._masked())  # type: ignore[misc]
@@ -107,6 +129,11 @@ class ConsoleAdminMixin:
     def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         instances = super().get_inline_instances(request, obj)  # type: ignore[misc]
         for inline in instances:
+            # Inlines here are read-only lists: their flags read yes/no, as everywhere.
+            if any(isinstance(n, str) and is_flag(inline.model, n) for n in inline.readonly_fields):
+                inline.readonly_fields = [neutral_flag(inline.model, n) for n in inline.readonly_fields]
+                if inline.fields:
+                    inline.fields = [neutral_flag(inline.model, n) for n in inline.fields]
             masked = privacy.payload_fields_of(inline.model)
             if masked:
                 inline.exclude = list(inline.exclude or []) + list(masked)
@@ -204,14 +231,21 @@ class ConsoleAdminMixin:
 _FLAGS: dict[tuple[str, str], Any] = {}
 
 
-def neutral_flag(model: type[models.Model], name: str) -> Any:
-    """``name`` itself, or for a BooleanField a column showing yes/no without colour."""
+def is_flag(model: type[models.Model], name: Any) -> bool:
+    """Whether ``name`` is a BooleanField of ``model``."""
+    if not isinstance(name, str):
+        return False
     try:
-        field = model._meta.get_field(name)
-    except Exception:
+        return isinstance(model._meta.get_field(name), models.BooleanField)
+    except FieldDoesNotExist:
+        return False
+
+
+def neutral_flag(model: type[models.Model], name: Any) -> Any:
+    """``name`` itself, or for a BooleanField a column showing yes/no without colour."""
+    if not is_flag(model, name):
         return name
-    if not isinstance(field, models.BooleanField):
-        return name
+    field = model._meta.get_field(name)
     key = (model._meta.label_lower, name)
     if key not in _FLAGS:
 
