@@ -235,6 +235,13 @@ class RetentionPolicyForm(forms.ModelForm):
     class Meta:
         model = RetentionPolicy
         fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
+        # (The fields are the console's DurationWordsField: typed and shown as "30 days".)
+        help_texts = {
+            "payload_ttl": 'Then the payload is redacted: "30 days", "12 hours", "2 weeks", "90d" or a number of'
+            " days. Empty: never redacted.",
+            "record_ttl": 'Then the record is deleted (a tombstone stays): "365 days", "52 weeks" or a number of'
+            " days. Empty: never deleted.",
+        }
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -257,11 +264,11 @@ class RetentionPolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="payload kept", ordering="payload_ttl")
     def payload_kept(self, obj: RetentionPolicy) -> str:
-        return display.duration_words(obj.payload_ttl) if obj.payload_ttl else "forever"
+        return display.duration_words(obj.payload_ttl, exact=True) if obj.payload_ttl else "forever"
 
     @admin.display(description="record kept", ordering="record_ttl")
     def record_kept(self, obj: RetentionPolicy) -> str:
-        return display.duration_words(obj.record_ttl) if obj.record_ttl else "forever"
+        return display.duration_words(obj.record_ttl, exact=True) if obj.record_ttl else "forever"
 
     @admin.display(description="legal hold", ordering="legal_hold")
     def held(self, obj: RetentionPolicy) -> str:
