@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -38,6 +38,7 @@ from ledger.models import (
     OperationStatus,
     Provider,
     Tenant,
+    WorkflowName,
 )
 from ledger.selectors import operation_search, run_of
 from ledger.story import operation_story
@@ -163,7 +164,7 @@ class OperationAdmin(ReadOnlyAdmin):
     # The console's own search (ledger.selectors.operation_search); this list only shows the box.
     search_fields = ["key"]
     search_help_text = (
-        "Any part of a key, reconciliation handle, execution or correlation id (any case); "
+        "Any part of a key, reconciliation handle, execution or correlation id or workflow name (any case); "
         "a provider ref from its start; an operation id."
     )
     date_hierarchy = "created_at"
@@ -254,16 +255,34 @@ class OperationAdmin(ReadOnlyAdmin):
     def provider_slug(self, obj: Operation) -> str:
         return obj.provider.slug if obj.provider_id and obj.provider else display.EMPTY
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Operation]:
+        # The newest name each row's workflow was seen with (WorkflowName's unique index),
+        # computed for the rows of the page only.
+        newest_name = (
+            WorkflowName.objects.filter(tenant_id=OuterRef("tenant_id"), workflow_id=OuterRef("workflow_id"))
+            .order_by("-first_seen_at", "-id")
+            .values("name")[:1]
+        )
+        return super().get_queryset(request).annotate(workflow_name=Subquery(newest_name))
+
     @admin.display(description="workflow / execution")
     def workflow(self, obj: Operation) -> str:
         if not (obj.workflow_id or obj.execution_id):
             return display.EMPTY
         version = f" v{obj.workflow_version}" if obj.workflow_version else ""
+        workflow = f"wf {obj.workflow_id}{version}" if obj.workflow_id else ""
+        execution = display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else ""
+        name = getattr(obj, "workflow_name", None)
+        if not name:
+            return format_html('{}<div class="og-muted">{}</div>', workflow, execution)
+        # The name first (shortened, in full on hover), then the workflow's id and the execution.
         return format_html(
-            '{}{}<div class="og-muted">{}</div>',
-            f"wf {obj.workflow_id}" if obj.workflow_id else "",
-            version,
-            display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else "",
+            '<span title="{}">{}</span><div class="og-muted">{}{}{}</div>',
+            name,
+            display.truncate(name, 28),
+            workflow,
+            " · " if workflow and execution else "",
+            execution,
         )
 
     @admin.display(description="attempts", ordering="attempts")

@@ -74,6 +74,14 @@ class ClaimInputSerializer(RunAndVersionInputMixin):
     reconciliation_handle = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
     execution_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
     workflow_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    workflow_name = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=255,
+        default="",
+        help_text="The workflow's name (n8n: `$workflow.name`), with `workflow_id`: kept once per name, so"
+        " operations are found by it (console search, `?workflow_name=`).",
+    )
     workflow_version = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     correlation_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
     lease_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0)
@@ -96,6 +104,14 @@ class SubmitInputSerializer(RunAndVersionInputMixin):
     reconciliation_handle = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
     execution_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
     workflow_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    workflow_name = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=255,
+        default="",
+        help_text="The workflow's name (n8n: `$workflow.name`), with `workflow_id`: kept once per name, so"
+        " operations are found by it (console search, `?workflow_name=`).",
+    )
     workflow_version = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     correlation_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
 
