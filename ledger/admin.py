@@ -4,6 +4,7 @@ everyone, superusers included: every change goes through a service and leaves it
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -112,6 +113,31 @@ def shows_tenant(model_admin: Any, request: HttpRequest) -> bool:
     return len(scope) > 1
 
 
+class TenantColumnMixin:
+    """A tenant column, at ``tenant_column_at`` in the list, only for someone who sees more than
+    one tenant (shows_tenant): the one declaration of it for every app's lists."""
+
+    tenant_column_at = 1
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        columns = list(super().get_list_display(request))  # type: ignore[misc]
+        if shows_tenant(self, request):
+            columns.insert(self.tenant_column_at, "tenant")
+        return columns
+
+
+class SelectorSearchMixin:
+    """The list's search box answered by a selector, ``list_search(rows, text)`` (substring
+    search over the columns written once: ledger and dlq selectors), not the stock search."""
+
+    list_search: Callable[[QuerySet[Any], str], QuerySet[Any]]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        return type(self).list_search(queryset, search_term), False
+
+
 class NeedsFilter(admin.SimpleListFilter):
     """What needs whom: due work, rows only their caller can move, rows stuck for too long."""
 
@@ -153,7 +179,7 @@ BULK_LIMIT = 5000
 
 
 @admin.register(Operation)
-class OperationAdmin(ReadOnlyAdmin):
+class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     """The operations list answers "what needs me" (state, provider, workflow, attempts,
     age on one line at 1,280 px); the detail page leads with the story (ledger.story); cancel
     and retry now go through services, one row or a filtered selection after a count preview."""
@@ -163,6 +189,8 @@ class OperationAdmin(ReadOnlyAdmin):
     list_filter = [NeedsFilter, "status", "mode", "tenant", "provider", "error_class"]
     # The console's own search (ledger.selectors.operation_search); this list only shows the box.
     search_fields = ["key"]
+    list_search = staticmethod(operation_search)
+    tenant_column_at = 2
     search_help_text = (
         "Any part of a key, reconciliation handle, execution or correlation id or workflow name (any case); "
         "a provider ref from its start; an operation id."
@@ -224,17 +252,6 @@ class OperationAdmin(ReadOnlyAdmin):
         ("Outcome", {"fields": ["provider_ref", "response_status", "last_attempt_error"]}),
         ("Sweeper", {"fields": ["reconcile_until", "lookup_failures", "alerted_at"]}),
     ]
-
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = list(super().get_list_display(request))
-        if shows_tenant(self, request):
-            columns.insert(2, "tenant")
-        return columns
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[Operation], search_term: str
-    ) -> tuple[QuerySet[Operation], bool]:
-        return operation_search(queryset, search_term), False
 
     # --- columns ---
 

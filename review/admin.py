@@ -20,7 +20,7 @@ from django_q import admin as django_q_admin  # noqa: F401  (registers its pages
 from django_q.models import Schedule
 
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, shows_tenant
+from ledger.admin import ReadOnlyAdmin, SelectorSearchMixin, TenantColumnMixin
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError
 from ledger.models import ConfigChangeAction, OperationMode, OperationStatus, Tombstone
@@ -54,27 +54,18 @@ def actor_of(request: HttpRequest) -> str:
 
 
 @admin.register(ReviewItem)
-class ReviewItemAdmin(ReadOnlyAdmin):
+class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     list_display = ["key_short", "provider_slug", "why", "attempts_used", "handle", "waiting"]
     list_display_links = ["key_short"]
     list_filter = ["tenant", "provider", "mode"]
     search_fields = ["key"]
+    list_search = staticmethod(operation_search)
     search_help_text = (
-        "Any part of a key, reconciliation handle, execution or correlation id (any case); a provider ref."
+        "Any part of a key, reconciliation handle, execution or correlation id or workflow name (any case);"
+        " a provider ref."
     )
     list_select_related = ["tenant", "provider"]
     ordering = ["updated_at"]
-
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = list(super().get_list_display(request))
-        if shows_tenant(self, request):
-            columns.insert(1, "tenant")
-        return columns
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[ReviewItem], search_term: str
-    ) -> tuple[QuerySet[ReviewItem], bool]:
-        return operation_search(queryset, search_term), False
 
     @admin.display(description="key", ordering="key")
     def key_short(self, obj: ReviewItem) -> str:
@@ -366,7 +357,7 @@ class PausedFilter(admin.SimpleListFilter):
 
 
 @admin.register(PausedProvider)
-class PausedProviderAdmin(ReadOnlyAdmin):
+class PausedProviderAdmin(TenantColumnMixin, ReadOnlyAdmin):
     """Operators see why a provider is paused, pause one by hand (a reason required) and
     resume it — service calls, each recorded as a configuration change with its actor."""
 
@@ -376,12 +367,6 @@ class PausedProviderAdmin(ReadOnlyAdmin):
     list_select_related = ["tenant"]
     actions = ["pause", "resume"]
     fields = ["tenant", "slug", "idempotency_class", "base_url", "paused_at", "paused_reason", "throttled_until"]
-
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = list(super().get_list_display(request))
-        if shows_tenant(self, request):
-            columns.insert(1, "tenant")
-        return columns
 
     @admin.display(description="state", ordering="paused_at")
     def state(self, obj: PausedProvider) -> str:

@@ -17,7 +17,7 @@ from ledger import services
 from ledger.models import Operation, Tenant, WorkflowName
 from ledger.selectors import operation_search
 from tests.conftest import on_postgres
-from tests.console.support import client_for, enforced_provider, staff
+from tests.console.support import client_for, enforced_provider, seq_scan_free_plan, staff
 from tests.ledger.support import CLAIM_URL, claim_body
 
 pytestmark = pytest.mark.django_db
@@ -110,16 +110,9 @@ def test_the_console_search_finds_operations_by_workflow_name_and_the_list_shows
 
 @pytest.mark.skipif(not on_postgres(), reason="trigram indexes exist on PostgreSQL only")
 def test_on_postgresql_a_workflow_name_search_has_its_indexes(spread):
-    def plan(qs: Any) -> str:
-        sql, params = qs.query.sql_with_params()
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL enable_seqscan = off")
-            cursor.execute(f"EXPLAIN {sql}", params)
-            return "\n".join(r[0] for r in cursor.fetchall())
-
     # The operations: every arm of the search, the names' one too, is an index scan. (On a
     # nearly empty table the planner may serve the tenant with another tenant-led index.)
-    ops_plan = plan(operation_search(Operation.objects.all(), "crm lead"))
+    ops_plan = seq_scan_free_plan(operation_search(Operation.objects.all(), "crm lead"))
     assert "Seq Scan" not in ops_plan and "workflow_id" in ops_plan, ops_plan
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'op_workflow_idx'")
