@@ -34,7 +34,8 @@ def _add(client: Client, tenant: Tenant, **ttls: str):
     [
         ("2 weeks", "90d", (14 * DAY, 90 * DAY)),
         ("30", "365", (30 * DAY, 365 * DAY)),
-        ("12 hours", "1 day 12 h", (timedelta(hours=12), timedelta(days=1, hours=12))),
+        # (Above the platform's floors: a day of payload, 30 days of operations.)
+        ("36 hours", "30 days 12 h", (timedelta(hours=36), timedelta(days=30, hours=12))),
         ("", "52 weeks", (None, 364 * DAY)),
     ],
 )
