@@ -765,7 +765,7 @@ class WorkflowName(models.Model):
     One row per workflow and name, written once when the name is first seen
     (ledger.workflows): a renamed workflow gains a row and stays findable by either name; the
     claim's own INSERT never writes a name, so operations pay nothing for the search. The
-    name is searched by a trigram index on PostgreSQL (migration 0015)."""
+    name is searched by a trigram index on PostgreSQL (migration 0016)."""
 
     # (No index of its own: the unique constraint's leads with the tenant.)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)

@@ -28,7 +28,7 @@ def drop_trigram_index(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0014_uploads_outputs_invalid_output"),
+        ("ledger", "0015_adapter_revisions"),
     ]
 
     operations = [
