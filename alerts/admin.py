@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from alerts.models import Alert, AlertChannel, AlertDelivery, AlertState
 from alerts.services import alert_acknowledge, alert_resolve
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, shows_tenant
+from ledger.admin import ReadOnlyAdmin, TenantColumnMixin
 
 
 @admin.register(AlertChannel)
@@ -61,22 +61,17 @@ def console_path(alert: Alert) -> str | None:
 
 
 @admin.register(Alert)
-class AlertAdmin(ReadOnlyAdmin):
+class AlertAdmin(TenantColumnMixin, ReadOnlyAdmin):
     """Alerts are raised by services; here an operator acknowledges ("I am on it") and
     resolves them (alerts.services), each recorded on the alert with who and when."""
 
     list_display = ["id", "state_badge", "kind", "about", "summary", "repeat_count", "raised", "handled_by"]
     list_filter = [AlertStateFilter, "kind"]
+    tenant_column_at = 2
     ordering = ["-id"]
     show_full_result_count = False
     actions = ["acknowledge_selected", "resolve_selected"]
     change_form_template = "admin/alerts/alert/change_form.html"
-
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = list(super().get_list_display(request))
-        if shows_tenant(self, request):
-            columns.insert(2, "tenant")
-        return columns
 
     @admin.display(description="state")
     def state_badge(self, obj: Alert) -> str:

@@ -9,6 +9,7 @@ table), counts are capped, and the default order (-failed_at, -id) is an index's
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -39,7 +40,7 @@ from dlq.models import (
 )
 from dlq.payloads import is_redacted, open_payload
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, ReadOnlyInline, shows_tenant
+from ledger.admin import ReadOnlyAdmin, ReadOnlyInline, SelectorSearchMixin, TenantColumnMixin
 from ledger.credentials import sealed_credential
 from ledger.errors import DomainError
 from ledger.masking import mask_json
@@ -266,7 +267,7 @@ class CorrectForm(forms.Form):
 
 
 @admin.register(FailedEvent)
-class FailedEventAdmin(ReadOnlyAdmin):
+class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     """Read-only page: replay, resolve and discard below go through services."""
 
     list_display = ["entry", "status_badge", "error", "workflow", "node", "retries", "replays", "failed"]
@@ -283,6 +284,7 @@ class FailedEventAdmin(ReadOnlyAdmin):
     ]
     # The console's own search (dlq.selectors.failed_event_search); this only shows the box.
     search_fields = ["event_id"]
+    list_search = staticmethod(selectors.failed_event_search)
     search_help_text = (
         "Any part of the error message, workflow name, failed node, identity, original key or execution id "
         "(any case); an entry id."
@@ -388,17 +390,6 @@ class FailedEventAdmin(ReadOnlyAdmin):
         "payload_fetch_note",
         "payload_fetched_at",
     ]
-
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = list(super().get_list_display(request))
-        if shows_tenant(self, request):
-            columns.insert(1, "tenant")
-        return columns
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[FailedEvent], search_term: str
-    ) -> tuple[QuerySet[FailedEvent], bool]:
-        return selectors.failed_event_search(queryset, search_term), False
 
     @admin.display(description="entry", ordering="id")
     def entry(self, obj: FailedEvent) -> str:
@@ -510,41 +501,63 @@ class FailedEventAdmin(ReadOnlyAdmin):
     def _change_url(self, pk: int) -> str:
         return reverse("admin:dlq_failedevent_change", args=[pk])
 
-    def replay_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        if not self.has_replay_permission(request):
+    def _entry_action(
+        self,
+        request: HttpRequest,
+        pk: int,
+        *,
+        allowed: bool,
+        form: Callable[[FailedEvent], forms.Form],
+        act: Callable[[FailedEvent, dict[str, Any]], tuple[int, str]],
+        refused: str,
+        title: str,
+        button: str,
+        preview: Callable[[FailedEvent], dict[str, Any]] | None = None,
+    ) -> HttpResponse:
+        """One entry's action page: its form; on a valid POST the service call (``act``: the
+        message level and text it answers with), then back to the entry; a refusal (a domain
+        error) is said as "``refused``: why" above the form again."""
+        if not allowed:
             raise PermissionDenied
         event = self._entry(request, pk)
-        form = ReplayForm(request.POST or None, tenant_id=event.tenant_id)
-        if request.method == "POST" and form.is_valid():
-            data = form.cleaned_data
+        bound = form(event)
+        if request.method == "POST" and bound.is_valid():
             try:
-                replay = services.failed_event_replay(
-                    tenant_id=event.tenant_id,
-                    event_pk=event.pk,
-                    actor=actor_of(request),
-                    target_slug=data["target"],
-                    force=data["force"],
-                    note=data["note"],
-                    as_new=data["as_new"],
-                    confirm=data["confirm"],
-                )
+                level, message = act(event, bound.cleaned_data)
             except DomainError as exc:
-                messages.error(request, f"Not replayed: {exc.detail}")
+                messages.error(request, f"{refused}: {exc.detail}")
             else:
-                level = messages.SUCCESS if replay.outcome == ReplayOutcome.SUCCEEDED else messages.WARNING
-                messages.add_message(
-                    request,
-                    level,
-                    f"Replay #{replay.number} to {replay.target_slug}: {replay.outcome} ({replay.error_message}).",
-                )
+                messages.add_message(request, level, message)
                 return HttpResponseRedirect(self._change_url(event.pk))
         return self._form_page(
+            request, event, bound, title=title, button=button, preview=preview(event) if preview else None
+        )
+
+    def replay_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        def replay(event: FailedEvent, data: dict[str, Any]) -> tuple[int, str]:
+            replay = services.failed_event_replay(
+                tenant_id=event.tenant_id,
+                event_pk=event.pk,
+                actor=actor_of(request),
+                target_slug=data["target"],
+                force=data["force"],
+                note=data["note"],
+                as_new=data["as_new"],
+                confirm=data["confirm"],
+            )
+            level = messages.SUCCESS if replay.outcome == ReplayOutcome.SUCCEEDED else messages.WARNING
+            return level, f"Replay #{replay.number} to {replay.target_slug}: {replay.outcome} ({replay.error_message})."
+
+        return self._entry_action(
             request,
-            event,
-            form,
-            title=f"Replay entry {event.pk}",
+            pk,
+            allowed=self.has_replay_permission(request),
+            form=lambda event: ReplayForm(request.POST or None, tenant_id=event.tenant_id),
+            act=replay,
+            refused="Not replayed",
+            title=f"Replay entry {pk}",
             button="Replay now",
-            preview=self._replay_preview(event, target_slug=request.POST.get("target", "")),
+            preview=lambda event: self._replay_preview(event, target_slug=request.POST.get("target", "")),
         )
 
     def _replay_preview(self, event: FailedEvent, *, target_slug: str) -> dict[str, Any]:
@@ -571,60 +584,52 @@ class FailedEventAdmin(ReadOnlyAdmin):
 
     def correct_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         """Replay with corrected fields as the next version of the key (services.failed_event_correct)."""
-        if not self.has_replay_permission(request):
-            raise PermissionDenied
-        event = self._entry(request, pk)
-        form = CorrectForm(request.POST or None, tenant_id=event.tenant_id)
-        if request.method == "POST" and form.is_valid():
-            data = form.cleaned_data
-            try:
-                result = services.failed_event_correct(
-                    tenant_id=event.tenant_id,
-                    event_pk=event.pk,
-                    actor=actor_of(request),
-                    fields=data["fields_json"],
-                    note=data["note"],
-                    target_slug=data["target"],
-                )
-            except DomainError as exc:
-                messages.error(request, f"Not corrected: {exc.detail}")
-            else:
-                done = (
-                    f"submitted as operation {result.operation.pk}"
-                    if result.operation is not None
-                    else f"replay #{result.replay.number}: {result.replay.outcome}"  # type: ignore[union-attr]
-                )
-                messages.success(request, f"Corrected and sent again as {result.key} ({done}).")
-                return HttpResponseRedirect(self._change_url(event.pk))
-        return self._form_page(
+
+        def correct(event: FailedEvent, data: dict[str, Any]) -> tuple[int, str]:
+            result = services.failed_event_correct(
+                tenant_id=event.tenant_id,
+                event_pk=event.pk,
+                actor=actor_of(request),
+                fields=data["fields_json"],
+                note=data["note"],
+                target_slug=data["target"],
+            )
+            done = (
+                f"submitted as operation {result.operation.pk}"
+                if result.operation is not None
+                else f"replay #{result.replay.number}: {result.replay.outcome}"  # type: ignore[union-attr]
+            )
+            return messages.SUCCESS, f"Corrected and sent again as {result.key} ({done})."
+
+        return self._entry_action(
             request,
-            event,
-            form,
-            title=f"Correct entry {event.pk} and replay it as the next version",
+            pk,
+            allowed=self.has_replay_permission(request),
+            form=lambda event: CorrectForm(request.POST or None, tenant_id=event.tenant_id),
+            act=correct,
+            refused="Not corrected",
+            title=f"Correct entry {pk} and replay it as the next version",
             button="Correct and replay",
         )
 
     def close_view(self, request: HttpRequest, pk: int, to: str) -> HttpResponse:
-        if not self.has_resolve_permission(request):
-            raise PermissionDenied
-        event = self._entry(request, pk)
-        form = NoteForm(request.POST or None)
-        if request.method == "POST" and form.is_valid():
-            fn = services.failed_event_resolve if to == FailedEventStatus.RESOLVED else services.failed_event_discard
-            try:
-                fn(
-                    tenant_id=event.tenant_id,
-                    event_pk=event.pk,
-                    actor=actor_of(request),
-                    note=form.cleaned_data["note"],
-                )
-            except DomainError as exc:
-                messages.error(request, f"Not changed: {exc.detail}")
-            else:
-                messages.success(request, f"Entry {event.pk} marked {to}.")
-                return HttpResponseRedirect(self._change_url(event.pk))
+        change = services.failed_event_resolve if to == FailedEventStatus.RESOLVED else services.failed_event_discard
+
+        def close(event: FailedEvent, data: dict[str, Any]) -> tuple[int, str]:
+            change(tenant_id=event.tenant_id, event_pk=event.pk, actor=actor_of(request), note=data["note"])
+            return messages.SUCCESS, f"Entry {event.pk} marked {to}."
+
         verb = "Resolve" if to == FailedEventStatus.RESOLVED else "Discard"
-        return self._form_page(request, event, form, title=f"{verb} entry {event.pk}", button=verb)
+        return self._entry_action(
+            request,
+            pk,
+            allowed=self.has_resolve_permission(request),
+            form=lambda event: NoteForm(request.POST or None),
+            act=close,
+            refused="Not changed",
+            title=f"{verb} entry {pk}",
+            button=verb,
+        )
 
     def _form_page(
         self,

@@ -88,6 +88,7 @@ from ledger.models import (
 from ledger.outbound import OutboundBlocked, outbound_check, outbound_client, outbound_refusal
 from ledger.search import search_values
 from ledger.selectors import provider_slug
+from ledger.workflows import workflow_name_note
 
 FE = FailedEventStatus
 # The ledger key guarding replay n of an entry: replay:{entry id}:{n}.
@@ -391,6 +392,8 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         # The execution this one retried, if it is reported later, is this failure too.
         FailedEventAlias.objects.create(tenant=tenant, identity=parsed.retry_of, event=event)
     index_payload(tenant_id=tenant.pk, event_pk=event.pk, plain=parsed.payload, source=parsed.shape)
+    # The workflow's name, so its operations are found by it too (n8n reports it; claims may not).
+    workflow_name_note(tenant_id=tenant.pk, workflow_id=event.source_workflow_id, name=event.source_workflow_name)
     _log_change(event_pk=event.pk, old="", new=FE.PENDING, actor=actor, note=f"ingested ({parsed.shape})")
     _alert_new(event)
     return IngestResult(event, "created")

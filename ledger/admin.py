@@ -4,6 +4,7 @@ everyone, superusers included: every change goes through a service and leaves it
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -38,6 +39,7 @@ from ledger.models import (
     OperationStatus,
     Provider,
     Tenant,
+    WorkflowName,
 )
 from ledger.selectors import operation_search, run_of
 from ledger.story import operation_story
@@ -111,6 +113,31 @@ def shows_tenant(model_admin: Any, request: HttpRequest) -> bool:
     return len(scope) > 1
 
 
+class TenantColumnMixin:
+    """A tenant column, at ``tenant_column_at`` in the list, only for someone who sees more than
+    one tenant (shows_tenant): the one declaration of it for every app's lists."""
+
+    tenant_column_at = 1
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        columns = list(super().get_list_display(request))  # type: ignore[misc]
+        if shows_tenant(self, request):
+            columns.insert(self.tenant_column_at, "tenant")
+        return columns
+
+
+class SelectorSearchMixin:
+    """The list's search box answered by a selector, ``list_search(rows, text)`` (substring
+    search over the columns written once: ledger and dlq selectors), not the stock search."""
+
+    list_search: Callable[[QuerySet[Any], str], QuerySet[Any]]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        return type(self).list_search(queryset, search_term), False
+
+
 class NeedsFilter(admin.SimpleListFilter):
     """What needs whom: due work, rows only their caller can move, rows stuck for too long."""
 
@@ -152,7 +179,7 @@ BULK_LIMIT = 5000
 
 
 @admin.register(Operation)
-class OperationAdmin(ReadOnlyAdmin):
+class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     """The operations list answers "what needs me" (state, provider, workflow, attempts,
     age on one line at 1,280 px); the detail page leads with the story (ledger.story); cancel
     and retry now go through services, one row or a filtered selection after a count preview."""
@@ -162,8 +189,10 @@ class OperationAdmin(ReadOnlyAdmin):
     list_filter = [NeedsFilter, "status", "mode", "tenant", "provider", "error_class"]
     # The console's own search (ledger.selectors.operation_search); this list only shows the box.
     search_fields = ["key"]
+    list_search = staticmethod(operation_search)
+    tenant_column_at = 2
     search_help_text = (
-        "Any part of a key, reconciliation handle, execution or correlation id (any case); "
+        "Any part of a key, reconciliation handle, execution or correlation id or workflow name (any case); "
         "a provider ref from its start; an operation id."
     )
     date_hierarchy = "created_at"
@@ -224,17 +253,6 @@ class OperationAdmin(ReadOnlyAdmin):
         ("Sweeper", {"fields": ["reconcile_until", "lookup_failures", "alerted_at"]}),
     ]
 
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = list(super().get_list_display(request))
-        if shows_tenant(self, request):
-            columns.insert(2, "tenant")
-        return columns
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[Operation], search_term: str
-    ) -> tuple[QuerySet[Operation], bool]:
-        return operation_search(queryset, search_term), False
-
     # --- columns ---
 
     @admin.display(description="id", ordering="id")
@@ -254,16 +272,34 @@ class OperationAdmin(ReadOnlyAdmin):
     def provider_slug(self, obj: Operation) -> str:
         return obj.provider.slug if obj.provider_id and obj.provider else display.EMPTY
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Operation]:
+        # The newest name each row's workflow was seen with (WorkflowName's unique index),
+        # computed for the rows of the page only.
+        newest_name = (
+            WorkflowName.objects.filter(tenant_id=OuterRef("tenant_id"), workflow_id=OuterRef("workflow_id"))
+            .order_by("-first_seen_at", "-id")
+            .values("name")[:1]
+        )
+        return super().get_queryset(request).annotate(workflow_name=Subquery(newest_name))
+
     @admin.display(description="workflow / execution")
     def workflow(self, obj: Operation) -> str:
         if not (obj.workflow_id or obj.execution_id):
             return display.EMPTY
         version = f" v{obj.workflow_version}" if obj.workflow_version else ""
+        workflow = f"wf {obj.workflow_id}{version}" if obj.workflow_id else ""
+        execution = display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else ""
+        name = getattr(obj, "workflow_name", None)
+        if not name:
+            return format_html('{}<div class="og-muted">{}</div>', workflow, execution)
+        # The name first (shortened, in full on hover), then the workflow's id and the execution.
         return format_html(
-            '{}{}<div class="og-muted">{}</div>',
-            f"wf {obj.workflow_id}" if obj.workflow_id else "",
-            version,
-            display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else "",
+            '<span title="{}">{}</span><div class="og-muted">{}{}{}</div>',
+            name,
+            display.truncate(name, 28),
+            workflow,
+            " · " if workflow and execution else "",
+            execution,
         )
 
     @admin.display(description="attempts", ordering="attempts")

@@ -7,6 +7,7 @@ from typing import Any
 
 import django_filters
 from django.core.files.storage import Storage
+from django.db.models import QuerySet
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -39,6 +40,7 @@ from ledger.serializers import (
     UploadOutputSerializer,
 )
 from ledger.telemetry import claim_timer
+from ledger.workflows import workflow_name_note
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 
@@ -115,12 +117,15 @@ class ClaimCreateApi(APIView):
         key = claim_key(request, data)
         tenant = request.user.tenant
         provider = services.provider_for(tenant=tenant, slug=data.pop("provider"))
+        workflow_name = data.pop("workflow_name")
         with claim_timer() as timer:
             result = services.operation_claim(
                 tenant=tenant, key=key, provider=provider, actor=request.user.actor, via_claims=True, **data
             )
             timer.outcome = "replayed" if result.replayed else "created"
         op = result.operation
+        if result.acquired:
+            workflow_name_note(tenant_id=tenant.pk, workflow_id=op.workflow_id, name=workflow_name)
         if result.replayed:
             return replay_answer(request, op)
         location = {"Location": f"/api/v1/operations/{op.pk}"}
@@ -217,10 +222,17 @@ class OperationFilter(django_filters.FilterSet):
     provider_ref = django_filters.CharFilter(field_name="provider_ref")
     execution_id = django_filters.CharFilter(field_name="execution_id")
     correlation_id = django_filters.CharFilter(field_name="correlation_id")
+    workflow_id = django_filters.CharFilter(field_name="workflow_id")
+    # Any part of a name the workflow was seen with, in any case (ledger.selectors.workflows_named).
+    workflow_name = django_filters.CharFilter(method="named")
 
     class Meta:
         model = Operation
         fields: list[str] = []
+
+    def named(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
+        found = selectors.workflows_named(value)
+        return rows.none() if found is None else rows.filter(found)
 
 
 class OperationCursorPagination(KeysetCursorPagination):
@@ -243,8 +255,11 @@ class OperationListApi(APIView):
     def post(self, request: Request) -> Response:
         data = validated_input(SubmitInputSerializer, request)
         key = claim_key(request, data)
+        workflow_name = data.pop("workflow_name")
         result = operation_submit(tenant=request.user.tenant, key=key, actor=request.user.actor, **data)
         op = result.operation
+        if result.created:
+            workflow_name_note(tenant_id=request.user.tenant.pk, workflow_id=op.workflow_id, name=workflow_name)
         if result.replayed:
             return replay_answer(request, op)
         # New, or accepted before and still open (a retry of a submission whose 202 was lost):
@@ -264,6 +279,8 @@ class OperationListApi(APIView):
                 "provider_ref",
                 "execution_id",
                 "correlation_id",
+                "workflow_id",
+                "workflow_name",
                 "match",
                 "cursor",
                 "page_size",

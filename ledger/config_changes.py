@@ -8,8 +8,8 @@ write here, and it imports nothing above the ledger.
 A module of its own rather than part of ``ledger.services``: ``ledger.callbacks`` (imported
 by the services) records callback-secret changes too.
 
-Values are JSON (datetimes ISO, decimals and durations as text, foreign keys by id,
-many-to-many relations by name). Secrets never reach the table: a field named like one
+Values are JSON (datetimes ISO, decimals as text, durations in words as the console shows
+them, "30 days"; foreign keys by id, many-to-many relations by name). Secrets never reach the table: a field named like one
 (``secret``, ``password``, ``token``, ``credential``, ``hashed_key``…) or declared secret by
 the caller (an alert channel's webhook URL) is stored as ``‹secret›`` — and as
 ``‹secret, replaced›`` when it changed; URLs lose their credentials and query string.
@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 from django.db import models
 from django.utils import timezone
 
+from ledger import display
 from ledger.models import ConfigChange, ConfigChangeAction, Tenant
 
 SECRET_MASK = "‹secret›"
@@ -55,7 +56,7 @@ def config_value(value: Any) -> Any:
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, timedelta):
-        return str(value)
+        return display.duration_words(value, exact=True)  # "30 days", as the console shows it
     if isinstance(value, (Decimal, uuid.UUID)):
         return str(value)
     if isinstance(value, models.Model):

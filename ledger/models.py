@@ -561,6 +561,8 @@ class Operation(models.Model):
             ),
             models.Index(fields=["execution_id"], name="op_execution_idx", condition=~Q(execution_id="")),
             models.Index(fields=["correlation_id"], name="op_correlation_idx", condition=~Q(correlation_id="")),
+            # A search by workflow name ends here: the ids of the workflows so named (WorkflowName).
+            models.Index(fields=["tenant", "workflow_id"], name="op_workflow_idx", condition=~Q(workflow_id="")),
             # Deleting an operation (retention) finds the rows that point at it.
             models.Index(fields=["superseded_by"], name="op_superseded_idx", condition=Q(superseded_by__isnull=False)),
             models.Index(fields=["replaced_by"], name="op_replaced_idx", condition=Q(replaced_by__isnull=False)),
@@ -753,3 +755,28 @@ class OperationOutput(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class WorkflowName(models.Model):
+    """A name a tenant's workflow was seen with (n8n's ``$workflow.name``: sent with a claim or
+    a submission, or in a failed event), so that operations, which carry only the workflow's
+    id, are found by its name (ledger.selectors.operation_search, the API's ``workflow_name``).
+
+    One row per workflow and name, written once when the name is first seen
+    (ledger.workflows): a renamed workflow gains a row and stays findable by either name; the
+    claim's own INSERT never writes a name, so operations pay nothing for the search. The
+    name is searched by a trigram index on PostgreSQL (migration 0016)."""
+
+    # (No index of its own: the unique constraint's leads with the tenant.)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    workflow_id = models.CharField(max_length=255)
+    name = models.CharField(max_length=255)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "workflow_id", "name"], name="workflowname_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (workflow {self.workflow_id})"

@@ -9,7 +9,16 @@ from django.db.models import Count, F, Q, QuerySet
 from ledger import search, sql
 from ledger.admission import admission_refusals_by_reason
 from ledger.errors import OperationNotFound
-from ledger.models import Attempt, AttemptOutcome, Operation, OperationMode, OperationStatus, Provider, Tenant
+from ledger.models import (
+    Attempt,
+    AttemptOutcome,
+    Operation,
+    OperationMode,
+    OperationStatus,
+    Provider,
+    Tenant,
+    WorkflowName,
+)
 
 
 def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySet[Operation]:
@@ -27,10 +36,11 @@ OPERATION_SUBSTRING_FIELDS = ("key", "reconciliation_handle", "execution_id", "c
 
 def operation_search(rows: QuerySet[Operation], text: str) -> QuerySet[Operation]:
     """Rows matching ``text``: a case-insensitive substring of the key, reconciliation
-    handle, execution or correlation id; the provider ref exactly or by prefix (it is
-    written at completion, so it gets no trigram index); the row's id. Plain LIKE on
-    SQLite; on PostgreSQL every arm of the OR has its index (trigram GIN, the provider
-    ref's pattern-ops btree, the primary key), so it stays an index scan at a million rows."""
+    handle, execution or correlation id, or of a name of the row's workflow; the provider
+    ref exactly or by prefix (it is written at completion, so it gets no trigram index); the
+    row's id. Plain LIKE on SQLite; on PostgreSQL every arm of the OR has its index (trigram
+    GIN, the provider ref's pattern-ops btree, the primary key, the tenant's workflow ids), so
+    it stays an index scan at a million rows."""
     text = (text or "").strip()
     if not text:
         return rows
@@ -40,7 +50,40 @@ def operation_search(rows: QuerySet[Operation], text: str) -> QuerySet[Operation
     for field in OPERATION_SUBSTRING_FIELDS:
         # "<> ''" lets PostgreSQL use the partial indexes (rows without a value have none).
         found |= Q(**{f"{field}__icontains": text}) & ~Q(**{field: ""})
+    named = workflows_named(text)
+    if named is not None:
+        found |= named
     return rows.filter(found)
+
+
+# A name search matching more workflows than this is not narrowing anything; the ids beyond
+# it are left out rather than sent to the database as an ever longer list.
+MATCHED_WORKFLOWS_MAX = 500
+
+
+def workflows_named(text: str) -> Q | None:
+    """Operations whose workflow was ever named with ``text`` in it (any case), as a filter;
+    None when no workflow is. One query on the names (WorkflowName, trigram index on
+    PostgreSQL), then a match on (tenant, workflow id), which the operation's partial index
+    serves: the ids are matched within their tenant, never across tenants."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    pairs = (
+        WorkflowName.objects.filter(name__icontains=text)
+        .order_by("tenant_id", "workflow_id")
+        .values_list("tenant_id", "workflow_id")
+        .distinct()[:MATCHED_WORKFLOWS_MAX]
+    )
+    by_tenant: dict[int, list[str]] = {}
+    for tenant_id, workflow_id in pairs:
+        by_tenant.setdefault(tenant_id, []).append(workflow_id)
+    found: Q | None = None
+    for tenant_id, workflow_ids in by_tenant.items():
+        # "<> ''" as on the other arms: the operation's index is partial.
+        arm = Q(tenant_id=tenant_id, workflow_id__in=workflow_ids) & ~Q(workflow_id="")
+        found = arm if found is None else found | arm
+    return found
 
 
 def operation_get(*, tenant: Tenant, operation_id: int) -> Operation:

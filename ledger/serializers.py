@@ -27,77 +27,81 @@ def no_nul_characters(value: Any) -> None:
 MAX_ORDINAL = 2**31 - 1
 
 
-class RunAndVersionInputMixin(serializers.Serializer):
-    """Fields a claim and a submission share: the run an operation belongs to and the parts of
-    a versioned key (sent instead of `key`: the key becomes `{record}:{action}:v{version}`)."""
-
-    run = serializers.CharField(
+def optional_text(
+    max_length: int, *, trim_whitespace: bool = True, help_text: str | None = None
+) -> serializers.CharField:
+    """An optional text field that reads as "" when absent."""
+    return serializers.CharField(
         required=False,
         allow_blank=True,
-        trim_whitespace=False,
-        max_length=255,
+        trim_whitespace=trim_whitespace,
+        max_length=max_length,
         default="",
+        help_text=help_text,
+    )
+
+
+def optional_ordinal(help_text: str) -> serializers.IntegerField:
+    """An optional whole number from 0 to the integer columns' largest value, None when absent."""
+    return serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=MAX_ORDINAL, help_text=help_text
+    )
+
+
+def optional_json() -> serializers.JSONField:
+    return serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
+
+
+class OperationInputMixin(serializers.Serializer):
+    """Fields a claim and a submission share: the key (or the parts of a versioned key, sent
+    instead of it: the key becomes `{record}:{action}:v{version}`), the provider and action,
+    where the operation comes from, and the run it belongs to."""
+
+    run = optional_text(
+        255,
+        trim_whitespace=False,
         help_text="The run (business transaction) this operation is a step of; empty: its correlation_id is the run.",
     )
-    step = serializers.IntegerField(
-        required=False,
-        allow_null=True,
-        default=None,
-        min_value=0,
-        max_value=MAX_ORDINAL,
-        help_text="Ordinal of this step within its run (optional; otherwise steps are ordered by creation).",
+    step = optional_ordinal(
+        "Ordinal of this step within its run (optional; otherwise steps are ordered by creation).",
     )
-    record = serializers.CharField(
-        required=False,
-        allow_blank=True,
+    record = optional_text(
+        200,
         trim_whitespace=False,
-        max_length=200,
-        default="",
         help_text="With `action` and `version`, instead of `key`: the key is `{record}:{action}:v{version}`.",
     )
-    version = serializers.IntegerField(
-        required=False,
-        allow_null=True,
-        default=None,
-        min_value=0,
-        max_value=MAX_ORDINAL,
-        help_text="The record's version (newer = larger); a newer one abandons older queued/retry_wait versions.",
+    version = optional_ordinal(
+        "The record's version (newer = larger); a newer one abandons older queued/retry_wait versions.",
     )
-
-
-class ClaimInputSerializer(RunAndVersionInputMixin):
     key = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=10_000)
     provider = serializers.SlugField(max_length=63)
-    action = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
-    request = serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
-    payload = serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
-    reconciliation_handle = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    execution_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    workflow_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    workflow_version = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
-    correlation_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    action = optional_text(100)
+    payload = optional_json()
+    reconciliation_handle = optional_text(255)
+    execution_id = optional_text(255)
+    workflow_id = optional_text(255)
+    workflow_name = optional_text(
+        255,
+        help_text="The workflow's name (n8n: `$workflow.name`), with `workflow_id`: kept once per name, so"
+        " operations are found by it (console search, `?workflow_name=`).",
+    )
+    workflow_version = optional_text(100)
+    correlation_id = optional_text(255)
+
+
+class ClaimInputSerializer(OperationInputMixin):
+    request = optional_json()
     lease_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0)
     uses_sent_marker = serializers.BooleanField(required=False, default=False)
 
 
-class SubmitInputSerializer(RunAndVersionInputMixin):
+class SubmitInputSerializer(OperationInputMixin):
     """POST /api/v1/operations: the provider-neutral envelope (execute mode)."""
 
-    key = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=10_000)
-    provider = serializers.SlugField(max_length=63)
-    action = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     # method/path/query/headers/body; validated against the provider by the service.
     request = serializers.JSONField(validators=[no_nul_characters])
-    payload = serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
     deadline_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001)
-    callback_url = serializers.CharField(
-        required=False, allow_blank=True, trim_whitespace=False, max_length=1000, default=""
-    )
-    reconciliation_handle = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    execution_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    workflow_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    workflow_version = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
-    correlation_id = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    callback_url = optional_text(1000, trim_whitespace=False)
 
 
 class LeaseTokenSerializer(serializers.Serializer):
@@ -105,7 +109,7 @@ class LeaseTokenSerializer(serializers.Serializer):
 
 
 class SentInputSerializer(LeaseTokenSerializer):
-    reconciliation_handle = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    reconciliation_handle = optional_text(255)
 
 
 class HeartbeatInputSerializer(LeaseTokenSerializer):

@@ -20,7 +20,7 @@ from django_q import admin as django_q_admin  # noqa: F401  (registers its pages
 from django_q.models import Schedule
 
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, shows_tenant
+from ledger.admin import ReadOnlyAdmin, SelectorSearchMixin, TenantColumnMixin
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError
 from ledger.models import ConfigChangeAction, OperationMode, OperationStatus, Tombstone
@@ -54,27 +54,18 @@ def actor_of(request: HttpRequest) -> str:
 
 
 @admin.register(ReviewItem)
-class ReviewItemAdmin(ReadOnlyAdmin):
+class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     list_display = ["key_short", "provider_slug", "why", "attempts_used", "handle", "waiting"]
     list_display_links = ["key_short"]
     list_filter = ["tenant", "provider", "mode"]
     search_fields = ["key"]
+    list_search = staticmethod(operation_search)
     search_help_text = (
-        "Any part of a key, reconciliation handle, execution or correlation id (any case); a provider ref."
+        "Any part of a key, reconciliation handle, execution or correlation id or workflow name (any case);"
+        " a provider ref."
     )
     list_select_related = ["tenant", "provider"]
     ordering = ["updated_at"]
-
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = list(super().get_list_display(request))
-        if shows_tenant(self, request):
-            columns.insert(1, "tenant")
-        return columns
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[ReviewItem], search_term: str
-    ) -> tuple[QuerySet[ReviewItem], bool]:
-        return operation_search(queryset, search_term), False
 
     @admin.display(description="key", ordering="key")
     def key_short(self, obj: ReviewItem) -> str:
@@ -235,6 +226,13 @@ class RetentionPolicyForm(forms.ModelForm):
     class Meta:
         model = RetentionPolicy
         fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
+        # (The fields are the console's DurationWordsField: typed and shown as "30 days".)
+        help_texts = {
+            "payload_ttl": 'Then the payload is redacted: "30 days", "12 hours", "2 weeks", "90d" or a number of'
+            " days. Empty: never redacted.",
+            "record_ttl": 'Then the record is deleted (a tombstone stays): "365 days", "52 weeks" or a number of'
+            " days. Empty: never deleted.",
+        }
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -257,11 +255,11 @@ class RetentionPolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="payload kept", ordering="payload_ttl")
     def payload_kept(self, obj: RetentionPolicy) -> str:
-        return display.duration_words(obj.payload_ttl) if obj.payload_ttl else "forever"
+        return display.duration_words(obj.payload_ttl, exact=True) if obj.payload_ttl else "forever"
 
     @admin.display(description="record kept", ordering="record_ttl")
     def record_kept(self, obj: RetentionPolicy) -> str:
-        return display.duration_words(obj.record_ttl) if obj.record_ttl else "forever"
+        return display.duration_words(obj.record_ttl, exact=True) if obj.record_ttl else "forever"
 
     @admin.display(description="legal hold", ordering="legal_hold")
     def held(self, obj: RetentionPolicy) -> str:
@@ -359,7 +357,7 @@ class PausedFilter(admin.SimpleListFilter):
 
 
 @admin.register(PausedProvider)
-class PausedProviderAdmin(ReadOnlyAdmin):
+class PausedProviderAdmin(TenantColumnMixin, ReadOnlyAdmin):
     """Operators see why a provider is paused, pause one by hand (a reason required) and
     resume it — service calls, each recorded as a configuration change with its actor."""
 
@@ -369,12 +367,6 @@ class PausedProviderAdmin(ReadOnlyAdmin):
     list_select_related = ["tenant"]
     actions = ["pause", "resume"]
     fields = ["tenant", "slug", "idempotency_class", "base_url", "paused_at", "paused_reason", "throttled_until"]
-
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        columns = list(super().get_list_display(request))
-        if shows_tenant(self, request):
-            columns.insert(1, "tenant")
-        return columns
 
     @admin.display(description="state", ordering="paused_at")
     def state(self, obj: PausedProvider) -> str:

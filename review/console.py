@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.utils import label_for_field, lookup_field
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
 from django.db import models
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
@@ -76,12 +78,30 @@ class ConsoleAdminMixin:
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         return _strip(super().get_fields(request, obj), self._masked())  # type: ignore[misc]
 
+    # Flags and durations shown read-only (declared read-only, or every field for a viewer
+    # without the change permission) are rendered by their worded column, the one the lists
+    # use (`worded_column`: yes/no, "30 days"), instead of the stock tick / cross and
+    # "30 days, 0:00:00".
+    def _readonly_worded(self, request: HttpRequest, obj: Any) -> set[str] | None:
+        """Names of the worded fields this page shows read-only; None: every field is."""
+        if obj is not None and not self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+            return None
+        declared = super().get_readonly_fields(request, obj)  # type: ignore[misc]
+        return {n for n in declared if wording_of(self.model, n) is not None}  # type: ignore[attr-defined]
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        worded = self._readonly_worded(request, obj)
+
+        def shown(name: Any) -> Any:
+            if isinstance(name, str) and (worded is None or name in worded):
+                return worded_column(self.model, name)  # type: ignore[attr-defined]
+            return name
+
         out = []
         for name, opts in super().get_fieldsets(request, obj):  # type: ignore[misc]
             opts = dict(opts)
             opts["fields"] = [
-                tuple(_strip(f, self._masked())) if isinstance(f, (list, tuple)) else f
+                tuple(shown(n) for n in _strip(f, self._masked())) if isinstance(f, (list, tuple)) else shown(f)
                 for f in opts.get("fields", [])
                 if not _is_payloadish(f, self._masked())
             ]
@@ -89,17 +109,25 @@ class ConsoleAdminMixin:
         return out
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
-        return _strip(super().get_readonly_fields(request, obj), self._masked())  # type: ignore[misc]
+        names = _strip(super().get_readonly_fields(request, obj), self._masked())  # type: ignore[misc]
+        return [worded_column(self.model, n) for n in names]  # type: ignore[attr-defined]
 
     def get_exclude(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         base = list(super().get_exclude(request, obj) or [])  # type: ignore[misc]
-        return base + [f for f in self._masked() if f not in base]
+        # A read-only worded field is shown by its column (above), never also as a form field.
+        worded = sorted(self._readonly_worded(request, obj) or ())
+        return base + [f for f in (*self._masked(), *worded) if f not in base]
+
+    def formfield_for_dbfield(self, db_field: models.Field, request: HttpRequest, **kwargs: Any) -> Any:
+        # Durations are typed as people say them ("30 days", "12 hours", "2 weeks").
+        if isinstance(db_field, models.DurationField):
+            kwargs.setdefault("form_class", DurationWordsField)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)  # type: ignore[misc]
 
     def get_list_display(self, request: HttpRequest) -> list[Any]:
         columns = _strip(super().get_list_display(request), self._masked())  # type: ignore[misc]
-        # Flags are shown as neutral "yes"/"no" (the stock green tick / red cross says "good"
-        # or "bad", which a flag like "legal hold" or "weak identity" is not).
-        return [neutral_flag(self.model, c) if isinstance(c, str) else c for c in columns]  # type: ignore[attr-defined]
+        # Flags read a neutral "yes"/"no", durations "30 days" (see `worded_column`).
+        return [worded_column(self.model, c) for c in columns]  # type: ignore[attr-defined]
 
     def get_search_fields(self, request: HttpRequest) -> list[Any]:
         return _strip(super().get_search_fields(request), self._masked())  # type: ignore[misc]
@@ -107,6 +135,11 @@ class ConsoleAdminMixin:
     def get_inline_instances(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         instances = super().get_inline_instances(request, obj)  # type: ignore[misc]
         for inline in instances:
+            # Inlines here are read-only lists: their flags and durations read as everywhere.
+            if any(wording_of(inline.model, n) for n in inline.readonly_fields):
+                inline.readonly_fields = [worded_column(inline.model, n) for n in inline.readonly_fields]
+                if inline.fields:
+                    inline.fields = [worded_column(inline.model, n) for n in inline.fields]
             masked = privacy.payload_fields_of(inline.model)
             if masked:
                 inline.exclude = list(inline.exclude or []) + list(masked)
@@ -147,11 +180,11 @@ class ConsoleAdminMixin:
         return extra + super().get_urls()  # type: ignore[misc]
 
     def export_columns(self, request: HttpRequest) -> list[str]:
-        flags = set(_FLAGS.values())
+        worded = set(_COLUMNS.values())
         return [
             c if isinstance(c, str) else c.__name__
             for c in self.get_list_display(request)
-            if c != "action_checkbox" and (isinstance(c, str) or c in flags)
+            if c != "action_checkbox" and (isinstance(c, str) or c in worded)
         ]
 
     def export_csv_view(self, request: HttpRequest) -> HttpResponse:
@@ -201,28 +234,47 @@ class ConsoleAdminMixin:
         return response
 
 
-_FLAGS: dict[tuple[str, str], Any] = {}
+# Fields the console words itself instead of the stock admin rendering: a flag is a neutral
+# yes/no (the stock green tick / red cross says "good" or "bad" of a flag like "legal hold" or
+# "forced", which is neither), a duration reads "30 days" (not "30 days, 0:00:00").
+_WORDINGS: tuple[tuple[type[models.Field], Callable[[Any], str]], ...] = (
+    (models.BooleanField, display.yes_no),
+    (models.DurationField, partial(display.duration_words, exact=True)),
+)
+_COLUMNS: dict[tuple[str, str], Any] = {}
 
 
-def neutral_flag(model: type[models.Model], name: str) -> Any:
-    """``name`` itself, or for a BooleanField a column showing yes/no without colour."""
+def wording_of(model: type[models.Model], name: Any) -> Callable[[Any], str] | None:
+    """How the console words the field ``name`` of ``model``; None: the stock way."""
+    if not isinstance(name, str):
+        return None
     try:
         field = model._meta.get_field(name)
-    except Exception:
+    except FieldDoesNotExist:
+        return None
+    return next((words for kind, words in _WORDINGS if isinstance(field, kind)), None)
+
+
+def worded_column(model: type[models.Model], name: Any) -> Any:
+    """``name`` itself, or for a field the console words its own way (a flag, a duration) a
+    column showing it so. The column keeps the field's name (``__name__``: the CSS class and
+    the help text of a detail page's row), its label and its sort order."""
+    words = wording_of(model, name)
+    if words is None:
         return name
-    if not isinstance(field, models.BooleanField):
-        return name
+    field = model._meta.get_field(name)
     key = (model._meta.label_lower, name)
-    if key not in _FLAGS:
+    if key not in _COLUMNS:
 
         def column(obj: Any) -> str:
-            return display.yes_no(getattr(obj, name))
+            value = getattr(obj, name)
+            return display.EMPTY if value is None else words(value)
 
         column.short_description = field.verbose_name  # type: ignore[attr-defined]
         column.admin_order_field = name  # type: ignore[attr-defined]
         column.__name__ = name
-        _FLAGS[key] = column
-    return _FLAGS[key]
+        _COLUMNS[key] = column
+    return _COLUMNS[key]
 
 
 def label_for(name: str, model: type[models.Model], model_admin: Any) -> str:
@@ -258,6 +310,31 @@ def payload_panel_context(request: HttpRequest, obj: models.Model, site: admin.A
 
 
 # --- Forms -----------------------------------------------------------------------------------------
+
+
+class DurationWordsField(forms.DurationField):
+    """A duration typed as people say it ("30 days", "12 hours", "90d", "2 weeks", "1 day 12 h",
+    a plain number of days; ledger.display.duration_parse) and shown back the same way, every
+    unit kept ("30 days"), so that saving an unchanged form changes nothing."""
+
+    default_error_messages = {"invalid": f"Enter a duration such as {display.DURATION_HELP}."}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.widget.attrs.setdefault("placeholder", "e.g. 30 days")
+
+    def prepare_value(self, value: Any) -> Any:
+        return display.duration_words(value, exact=True) if isinstance(value, timedelta) else value
+
+    def to_python(self, value: Any) -> timedelta | None:
+        if value in self.empty_values:
+            return None
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return display.duration_parse(str(value))
+        except ValueError as exc:
+            raise ValidationError(str(exc), code="invalid") from None
 
 
 class RevealForm(forms.Form):

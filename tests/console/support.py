@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import Group, Permission, User
+from django.db import connection
 from django.test import Client
 
 from ledger import services
@@ -164,3 +165,13 @@ def submit_form(client: Client, form_url: str, **changes: Any) -> Any:
             data[name] = value
     data["_save"] = "Save"
     return client.post(form_url, data)
+
+
+def seq_scan_free_plan(qs: Any) -> str:
+    """PostgreSQL's plan for ``qs`` with sequential scans priced out: an index that can serve
+    it shows up even on the tests' nearly empty tables."""
+    sql, params = qs.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        return "\n".join(r[0] for r in cursor.fetchall())

@@ -199,12 +199,12 @@ def test_alert_channels_by_command_and_console_are_recorded_webhook_url_masked(t
 def test_retention_policies_by_console_and_service_are_recorded(tenant, ada):
     response = ada.post(
         "/admin/review/retentionpolicy/add/",
-        {"tenant": tenant.pk, "record_type": "operations", "payload_ttl": "7 00:00:00", "record_ttl": "30 00:00:00"},
+        {"tenant": tenant.pk, "record_type": "operations", "payload_ttl": "1 week", "record_ttl": "30 days"},
     )
     assert response.status_code == 302, response.content.decode()[:2000]
     [created] = _changes(object_type="review.retentionpolicy")
     assert created.action == "create" and created.actor == "user:ada"
-    assert created.after["record_ttl"] == "30 days, 0:00:00"
+    assert created.after["payload_ttl"] == "7 days" and created.after["record_ttl"] == "30 days"
     retention_policy_save(
         tenant_id=tenant.pk,
         record_type="operations",
@@ -213,7 +213,7 @@ def test_retention_policies_by_console_and_service_are_recorded(tenant, ada):
         actor="user:ops",
     )
     changed = _changes(object_type="review.retentionpolicy")[-1]
-    assert changed.before == {"record_ttl": "30 days, 0:00:00"} and changed.after == {"record_ttl": "90 days, 0:00:00"}
+    assert changed.before == {"record_ttl": "30 days"} and changed.after == {"record_ttl": "90 days"}
     assert RetentionPolicy.objects.get().record_ttl == timedelta(days=90)
 
 

@@ -17,7 +17,7 @@ from ledger.models import Operation
 from ledger.selectors import operation_search
 from review import privacy
 from tests.conftest import on_postgres
-from tests.console.support import enforced_provider, example
+from tests.console.support import enforced_provider, example, seq_scan_free_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -94,19 +94,12 @@ def test_a_local_phone_number_finds_the_person_indexed_in_international_form(row
 
 @pytest.mark.skipif(not on_postgres(), reason="trigram indexes exist on PostgreSQL only")
 def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
-    def plan(qs) -> str:
-        sql, params = qs.query.sql_with_params()
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL enable_seqscan = off")
-            cursor.execute(f"EXPLAIN {sql}", params)
-            return "\n".join(r[0] for r in cursor.fetchall())
-
     # A superuser's search (every tenant): a tenant's own is narrowed by its tenant index too.
     # (On a nearly empty table the planner may prefer a column's partial btree and recheck;
     # columns with no other index show their trigram index.)
-    ops = plan(operation_search(Operation.objects.all(), "lead-call"))
+    ops = seq_scan_free_plan(operation_search(Operation.objects.all(), "lead-call"))
     assert "Seq Scan" not in ops and "op_key_trgm" in ops and "op_ref_idx" in ops, ops
-    dlq = plan(failed_event_search(FailedEvent.objects.all(), "429"))
+    dlq = seq_scan_free_plan(failed_event_search(FailedEvent.objects.all(), "429"))
     assert "Seq Scan" not in dlq, dlq
     for index in ("fe_event_trgm", "fe_error_trgm", "fe_workflow_name_trgm", "fe_node_trgm"):
         assert index in dlq, dlq

@@ -65,8 +65,13 @@ function readPath(source: IDataObject, path: string): unknown {
 	return value;
 }
 
-function context(ctx: IExecuteFunctions): { workflowId: string; executionId: string } {
-	return { workflowId: String(ctx.getWorkflow().id ?? ''), executionId: String(ctx.getExecutionId() ?? '') };
+function context(ctx: IExecuteFunctions): { workflowId: string; workflowName: string; executionId: string } {
+	const workflow = ctx.getWorkflow();
+	return {
+		workflowId: String(workflow.id ?? ''),
+		workflowName: String(workflow.name ?? ''),
+		executionId: String(ctx.getExecutionId() ?? ''),
+	};
 }
 
 function theKey(ctx: IExecuteFunctions, index: number): string {
@@ -112,9 +117,10 @@ function effectRequest(ctx: IExecuteFunctions, index: number, item: INodeExecuti
 
 /** The fields every ledger write accepts about where it came from. */
 function origin(ctx: IExecuteFunctions, index: number): IDataObject {
-	const { workflowId, executionId } = context(ctx);
+	const { workflowId, workflowName, executionId } = context(ctx);
 	const opts = options(ctx, index);
-	const body: IDataObject = { workflow_id: workflowId, execution_id: executionId };
+	// The name lets the console and API find the operation by its workflow's name.
+	const body: IDataObject = { workflow_id: workflowId, workflow_name: workflowName, execution_id: executionId };
 	if (opts.correlationId) body.correlation_id = String(opts.correlationId);
 	if (opts.reconciliationHandle) body.reconciliation_handle = String(opts.reconciliationHandle);
 	return body;
@@ -357,7 +363,7 @@ function safePart(value: string): string {
 }
 
 const deadLetter: Operation = async function (index, item) {
-	const { workflowId, executionId } = context(this);
+	const { workflowId, workflowName, executionId } = context(this);
 	const node = failedNodeName(this);
 	const opts = options(this, index);
 	const field = resultField(this, index);
@@ -389,7 +395,7 @@ const deadLetter: Operation = async function (index, item) {
 		error: { message, ...(errorClass ? { class: errorClass } : {}) },
 		source: {
 			workflow_id: workflowId,
-			workflow_name: String(this.getWorkflow().name ?? ''),
+			workflow_name: workflowName,
 			execution_id: executionId,
 			execution_url: executionUrl,
 			node,
