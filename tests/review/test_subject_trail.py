@@ -426,3 +426,16 @@ def test_a_tenant_without_a_policy_gets_the_documented_defaults(tenant):
     assert crypto.is_sealed(Operation.objects.get(pk=fresh.pk).payload)
     assert Operation.objects.get(pk=old.pk).payload["_redacted"]["policy"] == "default"
     services.tenant_create(slug="later")  # (a new tenant is covered by the same defaults)
+
+
+def test_a_configured_identifier_kind_finds_its_records_and_is_a_field_on_the_page(tenant, make_client, settings):
+    settings.ONCEGUARD_PRIVACY = {**getattr(settings, "ONCEGUARD_PRIVACY", {}), "SUBJECT_KEYS": {"member_no": "member"}}
+    crm = enforced_provider(tenant)
+    mine = succeeded_op(tenant, crm, "renewal:m-1", payload={"member_no": " M-0042917 ", "plan": "gold"})
+    succeeded_op(tenant, crm, "renewal:m-2", payload={"member_no": "M-0000001"})
+    body = make_client(tenant, ["audit"]).post(
+        "/api/v1/subjects/trail", {"identifiers": {"member": "M-0042917"}, "reason": "AR-3001 member"}, format="json"
+    )
+    assert [r["ref"] for r in body.json()["records"]] == [mine.key]
+    auditor = client_for(staff("aud-m", role="auditor", tenants=[tenant]))
+    assert 'name="id_member"' in auditor.get("/admin/onceguard/subjects/trail/").content.decode()
