@@ -18,7 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from dlq.models import FailedEvent
-from ledger import crypto, services
+from ledger import crypto, objects, services
 from ledger.errors import ValidationFailed
 from ledger.models import Operation, Tombstone
 from review import erasure
@@ -226,11 +226,12 @@ def test_the_console_page_shows_the_trail_and_exports_only_for_those_allowed(wor
 
 
 def _stored_files() -> dict[str, bytes]:
-    """Every file the service keeps under its var directory (keys, and on SQLite the database
-    itself, checkpointed and vacuumed first so the file holds only what its tables hold).
-    Other databases in the directory (the development one, other runs') are not this run's.
-    PostgreSQL's files are the server's: its tables are scanned instead, and the space of
-    old row versions is reclaimed by (auto)vacuum (docs/design.md §8)."""
+    """Every file the service keeps: under its var directory (keys, and on SQLite the database
+    itself, checkpointed and vacuumed first so the file holds only what its tables hold) and
+    in its object storages (uploads, outputs, quarantine; each test has folders of its own).
+    Other databases in the var directory (the development one, other runs') are not this
+    run's. PostgreSQL's files are the server's: its tables are scanned instead, and the space
+    of old row versions is reclaimed by (auto)vacuum (docs/design.md §8)."""
     ours: set[Path] = set()
     if connection.vendor == "sqlite":
         with connection.cursor() as cursor:
@@ -239,14 +240,24 @@ def _stored_files() -> dict[str, bytes]:
             cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         name = Path(connection.settings_dict["NAME"]).resolve()
         ours = {name, Path(f"{name}-wal"), Path(f"{name}-shm")}
+    roots = {Path(settings.VAR_DIR)}
+    for storage in (objects.objects_storage(), objects.quarantine_storage()):
+        roots.add(Path(storage.location))
     files = {}
-    for path in Path(settings.VAR_DIR).rglob("*"):
-        if not path.is_file() or (".sqlite3" in path.name and path.resolve() not in ours):
-            continue
-        files[str(path)] = path.read_bytes()
+    for root in roots:
+        for path in root.rglob("*"):
+            if not path.is_file() or (".sqlite3" in path.name and path.resolve() not in ours):
+                continue
+            files[str(path)] = path.read_bytes()
     if ours:
         assert str(min(ours, key=lambda p: len(str(p)))) in files
     return files
+
+
+def _output_files() -> str:
+    """The text of the files in the objects storage (where published outputs live)."""
+    root = Path(objects.objects_storage().location)
+    return "\n".join(p.read_bytes().decode("utf-8", errors="replace") for p in root.rglob("*") if p.is_file())
 
 
 def test_an_erase_run_leaves_nothing_of_that_person_anywhere(world, make_client, tenant, captured, caplog):  # noqa: F811
@@ -257,8 +268,8 @@ def test_an_erase_run_leaves_nothing_of_that_person_anywhere(world, make_client,
     # The scan sees what is sealed: before the erasure her values are found once decrypted.
     assert found(before["ledger_operation"], MARKERS) and found(before["dlq_failedevent"], MARKERS)
     assert found(before["dlq_replay"], ("Priya Raman",))
-    files_before = "\n".join(c.decode("utf-8", errors="replace") for c in _stored_files().values())
-    assert found(files_before, ("Priya Raman",))  # the quote's output file
+    # The file scan sees stored files: the quote's output names her.
+    assert found(_output_files(), ("Priya Raman",))
     response = make_client(tenant, ["admin"]).post(
         "/api/v1/subjects/erasures", {**WHO, "reason": "Erasure request ER-17, verified by phone"}, format="json"
     )
@@ -426,3 +437,16 @@ def test_a_tenant_without_a_policy_gets_the_documented_defaults(tenant):
     assert crypto.is_sealed(Operation.objects.get(pk=fresh.pk).payload)
     assert Operation.objects.get(pk=old.pk).payload["_redacted"]["policy"] == "default"
     services.tenant_create(slug="later")  # (a new tenant is covered by the same defaults)
+
+
+def test_a_configured_identifier_kind_finds_its_records_and_is_a_field_on_the_page(tenant, make_client, settings):
+    settings.ONCEGUARD_PRIVACY = {**getattr(settings, "ONCEGUARD_PRIVACY", {}), "SUBJECT_KEYS": {"member_no": "member"}}
+    crm = enforced_provider(tenant)
+    mine = succeeded_op(tenant, crm, "renewal:m-1", payload={"member_no": " M-0042917 ", "plan": "gold"})
+    succeeded_op(tenant, crm, "renewal:m-2", payload={"member_no": "M-0000001"})
+    body = make_client(tenant, ["audit"]).post(
+        "/api/v1/subjects/trail", {"identifiers": {"member": "M-0042917"}, "reason": "AR-3001 member"}, format="json"
+    )
+    assert [r["ref"] for r in body.json()["records"]] == [mine.key]
+    auditor = client_for(staff("aud-m", role="auditor", tenants=[tenant]))
+    assert 'name="id_member"' in auditor.get("/admin/onceguard/subjects/trail/").content.decode()
