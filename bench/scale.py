@@ -127,7 +127,7 @@ def _drop_secondary(cursor: Any) -> list[str]:
 
 def fill(rows: int) -> float:
     """``rows`` operations (+1 attempt, 2 events each) unless the recorded fill matches."""
-    from django.db import connection
+    from django.db import connection, transaction
 
     from ledger import crypto, services
     from ledger.models import Tenant
@@ -149,7 +149,8 @@ def fill(rows: int) -> float:
     fingerprint = services.request_fingerprint(mode="guard", provider=PROVIDER, action=ACTION, request=None)
     sealed = json.dumps(crypto.seal_json({"customer": "cus_123", "amount": 1999, "currency": "eur"}))
     smalls = [tenants[f"scale-s{n:02}"] for n in range(1, SMALL_TENANTS + 1)]
-    with connection.cursor() as cursor:
+    # One transaction: a fill that fails half-way leaves the schema (dropped indexes) as it was.
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("TRUNCATE ledger_operation, ledger_tombstone RESTART IDENTITY CASCADE")
         restore = _drop_secondary(cursor)
         # Foreign-key triggers off for this session's inserts: every row points at a row this
