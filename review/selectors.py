@@ -138,7 +138,8 @@ def attention_now(*, tenant_ids: list[int] | None) -> dict[str, list[Any]]:
     """The oldest of each kind of thing a person must look at, each a few rows: review items,
     DLQ entries no automatic replay will retry, paused providers, operations open too long."""
     now = timezone.now()
-    ops = _scoped(Operation.objects.all(), tenant_ids).select_related("provider", "tenant")
+    # provider__tenant: a provider prints as "tenant/slug" (one query per row without it).
+    ops = _scoped(Operation.objects.all(), tenant_ids).select_related("provider__tenant", "tenant")
     cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
     return {
         "review": list(ops.filter(status=OperationStatus.REVIEW).order_by("updated_at", "id")[:ATTENTION_ROWS]),
