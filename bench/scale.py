@@ -346,6 +346,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     rec.measure("claim fresh (big tenant)", claim_fresh(big), repeat=CLAIMS, group="claim")
     rec.measure("claim replay (big tenant)", claim_replay, repeat=CLAIMS, group="claim")
     rec.measure("claim fresh (small tenant)", claim_fresh(small), repeat=CLAIMS, group="claim")
+    growth = wal_and_hot(claim_fresh(big))
 
     # API lists.
     _, big_secret = services.apikey_create(tenant=big, scopes=["read"], name="scale")
@@ -473,10 +474,45 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     return {
         "label": label,
         "rows": rows,
+        "growth": growth,
         "bytes": int(total),
         "index_bytes": int(indexes),
         "results": rec.results,
         "plans": plans,
+    }
+
+
+def wal_and_hot(call: Callable[[], None], samples: int = 60) -> dict[str, Any]:
+    """WAL bytes of one fresh claim → complete, and how many of its operation updates were HOT.
+
+    WAL positions are the cluster's, which other sessions write too: the least of many
+    single-operation deltas is this operation's own (any other writer only adds)."""
+    from django.db import connection
+
+    def one(sql: str) -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchone()
+
+    stats = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'ledger_operation'"
+    one("SELECT pg_stat_clear_snapshot()")
+    upd0, hot0 = one(stats)
+    deltas = []
+    for _ in range(samples):
+        (before,) = one("SELECT pg_current_wal_insert_lsn()")
+        call()
+        (delta,) = one(f"SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{before}')")
+        deltas.append(int(delta))
+    # Table statistics are sent at transaction end and read from a snapshot: let them settle.
+    time.sleep(1.0)
+    one("SELECT pg_stat_clear_snapshot()")
+    upd1, hot1 = one(stats)
+    deltas.sort()
+    return {
+        "wal_bytes_per_op_min": deltas[0],
+        "wal_bytes_per_op_p50": deltas[len(deltas) // 2],
+        "operation_updates": upd1 - upd0,
+        "hot_updates": hot1 - hot0,
     }
 
 
@@ -577,6 +613,13 @@ def report(small: dict[str, Any], big: dict[str, Any]) -> int:
         )
         if b["error"]:
             print(f"      error: {b['error']}")
+    for label, data in (("small", small), ("big", big)):
+        g = data.get("growth", {})
+        print(
+            f"  growth ({label}): WAL per fresh claim→complete {g.get('wal_bytes_per_op_min')} B"
+            f" (least of 60; median {g.get('wal_bytes_per_op_p50')} B with other sessions' writes);"
+            f" HOT updates of operations {g.get('hot_updates')} of {g.get('operation_updates')}"
+        )
     print(f"\n{failures} measure(s) missed their target")
     return failures
 
