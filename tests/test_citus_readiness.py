@@ -1,4 +1,4 @@
-"""Ready for Citus (issue 16, DESIGN §11): what can be checked without a Citus cluster.
+"""Ready for Citus (issue 16, DESIGN §12): what can be checked without a Citus cluster.
 
 Citus distributes each tenant-owned table by ``tenant_id`` and co-locates them, so a claim,
 its attempt and its events live on one node. It then runs a statement on one node only when
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
 
 # Distributed by tenant_id: the tables that grow with traffic (each has the column, or gains it
-# in the Citus migration: DESIGN §11). The small configuration tables — tenants, providers,
+# in the Citus migration: DESIGN §12). The small configuration tables — tenants, providers,
 # API keys, replay targets, alert channels, retention policies, staff memberships — are
 # reference tables (a copy on every node), users, roles and django-q2's queue stay on the
 # coordinator: a statement reading only those is routed anywhere.
@@ -59,6 +59,8 @@ DISTRIBUTED = frozenset(
         "ledger_operationevent",
         "ledger_admissionrefusalcount",
         "ledger_tombstone",
+        "ledger_upload",
+        "ledger_operationoutput",
         "ledger_configchange",
         "alerts_alert",
         "alerts_alertdelivery",
@@ -92,7 +94,7 @@ FANS_OUT: dict[str, str] = {
     "alerts": "alert delivery and the alert sweep run over every tenant's channels",
 }
 # Statements routed by a key other than tenant_id today, the Citus migration adds tenant_id
-# to them (DESIGN §11); one entry per caller, with what it is routed by now.
+# to them (DESIGN §12); one entry per caller, with what it is routed by now.
 ROUTED_BY_PARENT: dict[str, str] = {
     "ledger.services._event": "an operation's event, written with its operation_id",
     "ledger.services.operation_claim": "the first attempt (INSERT … SELECT from the operation just claimed)",
@@ -258,6 +260,7 @@ CONSTRAINTS_TO_WIDEN: dict[str, str] = {
     "attempt_unique_number": "(operation_id, number) → (tenant_id, operation_id, number): attempts gain tenant_id",
     "replay_unique_number": "(event_id, number) → (tenant_id, event_id, number): replays gain tenant_id",
     "dlq_failedevent_operation_id_key": "one entry per operation → (tenant_id, operation_id)",
+    "ledger_operationoutput_operation_id_key": "one output per operation → (tenant_id, operation_id)",
     "review_accesslog_hash_key": "the hash chain is per tenant already → (tenant_id, hash)",
     "subjectindex_unique": "(record_type, record_id, kind, key_id, digest) → with tenant_id first",
 }
@@ -266,6 +269,7 @@ CONSTRAINTS_TO_WIDEN: dict[str, str] = {
 FOREIGN_KEYS_TO_WIDEN = {
     ("ledger_attempt", "operation_id"),
     ("ledger_operationevent", "operation_id"),
+    ("ledger_operationoutput", "operation_id"),
     ("ledger_operation", "superseded_by_id"),
     ("ledger_operation", "replaced_by_id"),
     ("dlq_failedevent", "operation_id"),
