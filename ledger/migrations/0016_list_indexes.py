@@ -61,7 +61,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0014_uploads_outputs_invalid_output"),
+        ("ledger", "0015_adapter_revisions"),
     ]
 
     operations = [
