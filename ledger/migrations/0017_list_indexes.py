@@ -61,7 +61,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0015_adapter_revisions"),
+        ("ledger", "0016_workflow_names"),
     ]
 
     operations = [
