@@ -15,14 +15,12 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from dlq import selectors, services
@@ -45,10 +43,10 @@ from ledger.credentials import sealed_credential
 from ledger.errors import DomainError
 from ledger.masking import mask_json
 from ledger.models import Tenant
+from ledger.pagination import COUNT_CAP, CappedCountPaginator
 from ledger.redaction import scrub
 
 MASK = "•••"
-COUNT_CAP = 10_000
 
 
 def mask_skeleton(value: Any, depth: int = 0) -> Any:
@@ -79,16 +77,6 @@ def masked_json(value: Any) -> str:
 
 def actor_of(request: HttpRequest) -> str:
     return f"user:{request.user.get_username()}"
-
-
-class CappedCountPaginator(Paginator):
-    """COUNT(*) over a million filtered rows is the slow part of a changelist: count at most
-    COUNT_CAP + 1 rows (a bounded subquery); pages beyond the cap need narrower filters."""
-
-    @cached_property
-    def count(self) -> int:
-        # Without ORDER BY: counting needs no order, and any index may serve the filter.
-        return self.object_list.order_by()[: COUNT_CAP + 1].count()
 
 
 # --- Filters -----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from dlq.serializers import (
     run_representation,
     run_resume_representation,
 )
+from ledger import sql
 from ledger.apis import validated_input
 from ledger.errors import ValidationFailed
 from ledger.pagination import KeysetCursorPagination
@@ -93,6 +94,7 @@ class FailedEventsApi(APIView):
         responses={200: FailedEventOutputSerializer(many=True)},
         summary="List dead-letter entries (cursor-paginated, newest first)",
     )
+    @sql.planned_per_call()
     def get(self, request: Request) -> Response:
         serializer = FailedEventListQuerySerializer(data=request.query_params)
         serializer.is_valid(raise_exception=True)
@@ -301,6 +303,7 @@ class RunDetailApi(APIView):
             "what `POST …/resume` would re-drive (`resume.operations`). URL-encode the run id."
         ),
     )
+    @sql.planned_per_call()
     def get(self, request: Request, run_id: str) -> Response:
         view = runs.run_view(tenant_id=request.user.tenant.pk, run=run_id)
         return Response(run_representation(view))

@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import canary, objects, outputs, selectors, services, uploads
+from ledger import canary, objects, outputs, selectors, services, sql, uploads
 from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationStatus, Provider, ProviderKind
@@ -289,6 +289,7 @@ class OperationListApi(APIView):
         responses={200: OperationOutputSerializer(many=True)},
         summary="List operations (cursor-paginated)",
     )
+    @sql.planned_per_call()
     def get(self, request: Request) -> Response:
         rows = selectors.operation_list(tenant=request.user.tenant, match=request.query_params.getlist("match"))
         filterset = OperationFilter(request.query_params, queryset=rows)

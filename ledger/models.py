@@ -537,7 +537,10 @@ class Operation(models.Model):
                 name="op_unresolved_idx",
                 condition=Q(status__in=["uncertain", "review"]),
             ),
-            models.Index(fields=["tenant", "status", "updated_at"], name="op_tenant_status_idx"),
+            # Lists newest first, by tenant and optionally state (migration 0014 says why): read
+            # straight off the index whatever the tenant, the filter or a generic plan.
+            models.Index(fields=["tenant", "id"], name="op_tenant_id_idx"),
+            models.Index(fields=["tenant", "status", "id"], name="op_tenant_status_id_idx"),
             # Workers take due execute-mode rows oldest first (FOR UPDATE SKIP LOCKED).
             models.Index(
                 fields=["next_attempt_at", "id"],

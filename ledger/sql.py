@@ -8,10 +8,12 @@ written ``%%`` because every statement runs with a parameter list.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
 from ledger.models import OperationStatus
@@ -67,3 +69,22 @@ def db_now() -> datetime:
     result = to_datetime(value)
     assert result is not None
     return result
+
+
+@contextmanager
+def planned_per_call() -> Iterator[None]:
+    """Run the reads inside planned for the values of each call (PostgreSQL's
+    ``plan_cache_mode = force_custom_plan``, for this transaction only).
+
+    psycopg prepares a statement after PG_PREPARE_THRESHOLD uses and PostgreSQL may then
+    settle on a generic plan, one that cannot see the parameters: right for the ledger's hot
+    statements, whose best plan is the same for every key, wrong for a list whose filter may
+    match nothing for one tenant and millions for another — there a generic plan can walk the
+    whole table (issue 16). Lists and console pages run inside this; planning one costs about
+    a millisecond, a wrong generic plan seconds.
+    """
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan", [])
+        yield

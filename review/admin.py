@@ -10,7 +10,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -23,7 +23,7 @@ from ledger import display
 from ledger.admin import ReadOnlyAdmin, SelectorSearchMixin, TenantColumnMixin
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError
-from ledger.models import ConfigChangeAction, OperationMode, OperationStatus, Tombstone
+from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
 from ledger.selectors import operation_search
 from ledger.services import provider_pause, provider_resume
 from ledger.story import operation_story
@@ -53,6 +53,16 @@ def actor_of(request: HttpRequest) -> str:
     return f"user:{request.user.get_username()}"
 
 
+# The moves into uncertain and review, newest first: the review list's "why" column.
+REVIEW_MOVES = Prefetch(
+    "events",
+    queryset=OperationEvent.objects.filter(to_status__in=[OperationStatus.UNCERTAIN, OperationStatus.REVIEW]).order_by(
+        "operation_id", "-at", "-id"
+    ),
+    to_attr="review_moves",
+)
+
+
 @admin.register(ReviewItem)
 class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     list_display = ["key_short", "provider_slug", "why", "attempts_used", "handle", "waiting"]
@@ -66,6 +76,10 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     )
     list_select_related = ["tenant", "provider"]
     ordering = ["updated_at"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ReviewItem]:
+        # The "why" column's events in one query for the page, not one per row (issue 16).
+        return super().get_queryset(request).prefetch_related(REVIEW_MOVES)
 
     @admin.display(description="key", ordering="key")
     def key_short(self, obj: ReviewItem) -> str:
@@ -82,13 +96,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     @admin.display(description="why it is here")
     def why(self, obj: ReviewItem) -> str:
         # The recorded reasons of the moves into uncertain and review (the sweeper's words).
-        reasons = [
-            e.reason
-            for e in obj.events.filter(to_status__in=[OperationStatus.UNCERTAIN, OperationStatus.REVIEW]).order_by(
-                "-at", "-id"
-            )[:2]
-            if e.reason
-        ]
+        reasons = [e.reason for e in obj.review_moves[:2] if e.reason]
         return display.truncate("; ".join(reversed(reasons)), 140) or display.EMPTY
 
     @admin.display(description="attempts", ordering="attempts")

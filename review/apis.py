@@ -7,6 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ledger import sql
 from ledger.apis import OperationCursorPagination, validated_input
 from review import selectors, services
 from review.serializers import (
@@ -36,6 +37,7 @@ class ReviewItemListApi(APIView):
         responses={200: ReviewItemOutputSerializer(many=True)},
         summary="Operations waiting for a human decision",
     )
+    @sql.planned_per_call()
     def get(self, request: Request) -> Response:
         query = ReviewItemListQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)

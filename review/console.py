@@ -31,14 +31,15 @@ from django.utils import timezone
 from django.utils.text import capfirst, slugify
 
 from dlq.models import FailedEvent
-from ledger import display
+from ledger import display, sql
 from ledger.errors import DomainError
 from ledger.models import Operation, Tenant
+from ledger.pagination import CappedCountPaginator
 from review import privacy, security
 from review.changes import ConfigChangeAdminMixin
 from review.models import AccessAction
 from review.run_pages import run_page
-from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
+from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity, shown_count
 from review.subject_pages import subject_trail_page
 from review.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
 
@@ -70,6 +71,9 @@ class _Echo:
 
 class ConsoleAdminMixin:
     """Masking, payload panels and CSV export, for every ModelAdmin on the console site."""
+
+    # No list counts a whole table (issue 16): at most COUNT_CAP rows, "more than" past it.
+    paginator = CappedCountPaginator
 
     def _masked(self) -> tuple[str, ...]:
         return privacy.payload_fields_of(self.model)  # type: ignore[attr-defined]
@@ -166,7 +170,15 @@ class ConsoleAdminMixin:
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = dict(extra_context or {})
         extra_context["onceguard_can_export"] = can_export(request, self.model)  # type: ignore[attr-defined]
-        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+        if request.method != "GET":
+            return super().changelist_view(request, extra_context)  # type: ignore[misc]
+        # Every list query planned for its filter's values (ledger.sql.planned_per_call), the
+        # template's too (it queries while rendering): rendered inside, not after the view.
+        with sql.planned_per_call():
+            response = super().changelist_view(request, extra_context)  # type: ignore[misc]
+            if isinstance(response, TemplateResponse):
+                response.render()
+        return response
 
     def get_urls(self) -> list[Any]:
         info = self.model._meta.app_label, self.model._meta.model_name  # type: ignore[attr-defined]
@@ -449,10 +461,11 @@ class OnceguardAdminSite(admin.AdminSite):
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = dict(extra_context or {})
         scope = scope_of(request)
-        extra_context["dash"] = dashboard_context(request, dashboard_numbers(tenant_ids=scope), self)
-        extra_context["attention"] = attention_context(request, attention_now(tenant_ids=scope))
-        if request.user.has_perm("ledger.view_operation"):
-            extra_context["charts"] = charts_context(provider_activity(tenant_ids=scope))
+        with sql.planned_per_call():
+            extra_context["dash"] = dashboard_context(request, dashboard_numbers(tenant_ids=scope), self)
+            extra_context["attention"] = attention_context(request, attention_now(tenant_ids=scope))
+            if request.user.has_perm("ledger.view_operation"):
+                extra_context["charts"] = charts_context(provider_activity(tenant_ids=scope))
         return super().index(request, extra_context)
 
     # --- reveal ---------------------------------------------------------------------------
@@ -586,7 +599,13 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
     return {
         **numbers,
         "operations": [
-            {"state": s, "label": label, "count": n, "url": ops_url(f"status__exact={s}") if can_ops else None}
+            {
+                "state": s,
+                "label": label,
+                "n": n,
+                "count": shown_count(n),
+                "url": ops_url(f"status__exact={s}") if can_ops else None,
+            }
             for s, label, n in numbers["operations"]
         ],
         "operations_url": ops_url() if can_ops else None,
@@ -596,7 +615,13 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
         if user.has_perm("alerts.view_alert")
         else None,
         "dlq": [
-            {"state": s, "label": label, "count": n, "url": dlq_url(f"status__exact={s}") if can_dlq else None}
+            {
+                "state": s,
+                "label": label,
+                "n": n,
+                "count": shown_count(n),
+                "url": dlq_url(f"status__exact={s}") if can_dlq else None,
+            }
             for s, label, n in numbers["dlq"]
         ],
         "dlq_url": dlq_url() if can_dlq else None,

@@ -26,7 +26,12 @@ def review_item_list(
     older_than_seconds: float | None = None,
     search: str = "",
 ) -> QuerySet[Operation]:
-    rows = Operation.objects.filter(status=OperationStatus.REVIEW).select_related("provider", "tenant")
+    # Attempts and events prefetched: the API renders both per item (one query each per page).
+    rows = (
+        Operation.objects.filter(status=OperationStatus.REVIEW)
+        .select_related("provider", "tenant")
+        .prefetch_related("attempt_set", "events")
+    )
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=tenant_ids)
     if provider:
@@ -47,11 +52,32 @@ def _scoped(qs: QuerySet, tenant_ids: list[int] | None, field: str = "tenant_id"
     return qs if tenant_ids is None else qs.filter(**{f"{field}__in": tenant_ids})
 
 
+# The dashboard counts each state up to this many rows and shows "10,000+" past it.
+DASHBOARD_COUNT_CAP = 10_000
+
+
+def capped_counts(qs: QuerySet, *, tenant_ids: list[int] | None, states: list[str]) -> dict[str, int]:
+    """Rows per state, each counted up to DASHBOARD_COUNT_CAP + 1 (a bounded subquery).
+
+    A GROUP BY status over the operations reads every row (1.7 s at ten million, issue 16).
+    Each count here reads at most the cap's worth of entries of a (tenant, status, …) index:
+    the tenant list is spelled out for a platform admin too, so the index is usable."""
+    if tenant_ids is None:
+        tenant_ids = list(Tenant.objects.values_list("pk", flat=True))
+    rows = qs.filter(tenant_id__in=tenant_ids).order_by()
+    return {state: rows.filter(status=state)[: DASHBOARD_COUNT_CAP + 1].count() for state in states}
+
+
+def shown_count(n: int) -> str:
+    """A capped count as the dashboard shows it: exact, or "10,000+" at the cap."""
+    return f"{DASHBOARD_COUNT_CAP:,}+" if n > DASHBOARD_COUNT_CAP else f"{n:,}"
+
+
 def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
     """Every number the console's front page shows, each scoped to the user's tenants."""
     now = timezone.now()
     ops = _scoped(Operation.objects.all(), tenant_ids)
-    by_state = dict(ops.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    by_state = capped_counts(Operation.objects.all(), tenant_ids=tenant_ids, states=list(OperationStatus.values))
     due = Q(status__in=[OperationStatus.QUEUED, OperationStatus.RETRY_WAIT], next_attempt_at__lte=now)
     # Due work is what a worker will do: execute mode. A due guard-mode retry waits for its
     # caller to claim the key again — nobody here can do it — so it is counted apart.
@@ -60,8 +86,9 @@ def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
         n=Count("id"), oldest=Min("next_attempt_at")
     )
     review = ops.filter(status=OperationStatus.REVIEW).aggregate(n=Count("id"), oldest=Min("updated_at"))
-    dlq = _scoped(FailedEvent.objects.all(), tenant_ids)
-    dlq_by_status = dict(dlq.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    dlq_by_status = capped_counts(
+        FailedEvent.objects.all(), tenant_ids=tenant_ids, states=list(FailedEventStatus.values)
+    )
     paused = list(
         _scoped(Provider.objects.filter(paused_at__isnull=False), tenant_ids)
         .select_related("tenant")
@@ -71,8 +98,9 @@ def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
     last_purge = _scoped(RetentionRun.objects.all(), tenant_ids).order_by("-started_at", "-id").first()
     return {
         "now": now,
-        "operations": [(s, label, by_state.get(s, 0)) for s, label in OperationStatus.choices],
-        "operations_total": sum(by_state.values()),
+        # Each count up to the cap + 1 (shown_count says "10,000+" past it).
+        "operations": [(s, label, by_state[s]) for s, label in OperationStatus.choices],
+        "operations_total": shown_count(min(sum(by_state.values()), DASHBOARD_COUNT_CAP + 1)),
         "oldest_eligible_at": eligible,
         "oldest_eligible_age": (now - eligible) if eligible else None,
         "waiting_for_caller": caller["n"],
@@ -81,8 +109,8 @@ def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
         "review_backlog": review["n"],
         "review_oldest_at": review["oldest"],
         "review_oldest_age": (now - review["oldest"]) if review["oldest"] else None,
-        "dlq": [(s, label, dlq_by_status.get(s, 0)) for s, label in FailedEventStatus.choices],
-        "dlq_total": sum(dlq_by_status.values()),
+        "dlq": [(s, label, dlq_by_status[s]) for s, label in FailedEventStatus.choices],
+        "dlq_total": shown_count(min(sum(dlq_by_status.values()), DASHBOARD_COUNT_CAP + 1)),
         "paused_providers": paused,
         "throttled_providers": throttled,
         "last_purge": last_purge,
@@ -110,7 +138,8 @@ def attention_now(*, tenant_ids: list[int] | None) -> dict[str, list[Any]]:
     """The oldest of each kind of thing a person must look at, each a few rows: review items,
     DLQ entries no automatic replay will retry, paused providers, operations open too long."""
     now = timezone.now()
-    ops = _scoped(Operation.objects.all(), tenant_ids).select_related("provider", "tenant")
+    # provider__tenant: a provider prints as "tenant/slug" (one query per row without it).
+    ops = _scoped(Operation.objects.all(), tenant_ids).select_related("provider__tenant", "tenant")
     cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
     return {
         "review": list(ops.filter(status=OperationStatus.REVIEW).order_by("updated_at", "id")[:ATTENTION_ROWS]),

@@ -49,10 +49,11 @@ def review_item_representation(op: Operation) -> dict[str, Any]:
             "provider_ref": a.provider_ref,
             "response_status": a.response_status,
         }
-        for a in op.attempt_set.order_by("number")
+        # all(), sorted here: served by review_item_list's prefetch, one query per page.
+        for a in sorted(op.attempt_set.all(), key=lambda a: a.number)
     ]
     body["events"] = [
         {"at": _iso(e.at), "from": e.from_status, "to": e.to_status, "actor": e.actor, "reason": e.reason}
-        for e in op.events.order_by("at", "id")
+        for e in sorted(op.events.all(), key=lambda e: (e.at, e.pk))
     ]
     return body

@@ -1,0 +1,668 @@
+"""Scale: the ledger at SCALE_ROWS operations (default 10M) beside the same on small tables.
+
+    SCALE_ROWS=200000 .venv/bin/python -m bench.scale        # a quick run
+    .venv/bin/python -m bench.scale                           # the real measurement (10M, ~12 GB)
+
+Two databases on the DATABASE_URL server: ``bench_scale`` (SCALE_ROWS operations, each with
+one attempt and two events: one big tenant with 90 % of the rows, nine small ones, and a
+quiet tenant with a few hundred succeeded rows) and ``bench_scale_small`` (SCALE_SMALL_ROWS,
+same shape). Rows are generated in SQL (INSERT … SELECT generate_series, secondary indexes
+built after the fill, foreign-key triggers off while filling), and a filled database is reused
+while its recorded fill matches, so a re-run measures without refilling.
+
+Each measurement runs in a child process per database, in the same run: claims (fresh
+claim→complete, random replay of an existing key, fresh on a small tenant), every filter of
+the operations API (those matching nothing for the quiet tenant too, and the second page),
+the review and DLQ lists, every console changelist (unfiltered, each status, the console's
+filters, an exact key and a substring search), the dashboard, one sweeper pass and one purge
+batch (both rolled back). Each is repeated SCALE_REPEAT times — more than psycopg's prepare
+threshold, so a prepared statement's generic plan is measured too — and printed as p50/p95
+on small and big tables with their ratio, the number of SQL statements, and its target.
+
+The plans of every list query (custom and generic) go to var/bench-scale-plans.md, the
+figures to var/bench-scale.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+BIG_DB = os.environ.get("SCALE_DB", "bench_scale")
+SMALL_DB = BIG_DB + "_small"
+ROWS = int(os.environ.get("SCALE_ROWS", 10_000_000))
+SMALL_ROWS = int(os.environ.get("SCALE_SMALL_ROWS", 20_000))
+REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
+CLAIMS = int(os.environ.get("SCALE_CLAIMS", 300))
+# Bump when the generated shape changes: a database filled by another version is refilled.
+FILL_VERSION = 3
+SMALL_TENANTS = 9
+QUIET_ROWS = 300
+BIG = "scale-big"
+QUIET = "scale-quiet"
+PROVIDER = "pay"
+ACTION = "charge"
+# Targets of issue 16 at 10M: every list p95 under this; claims within 15 % of small tables.
+LIST_P95_MS = 300.0
+CLAIM_RATIO = 1.15
+
+
+def _urls(db: str) -> tuple[str, str]:
+    """(Django DATABASE_URL of ``db``, libpq DSN of the server's maintenance database)."""
+    base = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test"
+    parts = urlsplit(base)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise SystemExit("bench.scale needs PostgreSQL (DATABASE_URL=postgres://…)")
+    if (parts.hostname or "") not in ("127.0.0.1", "localhost", "::1", ""):
+        raise SystemExit("bench.scale runs on loopback only")
+    url = urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
+    admin = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
+    return url, admin
+
+
+def prepare(db: str) -> str:
+    """CREATE DATABASE ``db`` if missing and migrate it; its DATABASE_URL."""
+    import psycopg
+
+    url, admin = _urls(db)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone():
+            conn.execute(f'CREATE DATABASE "{db}"')
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode:
+        raise SystemExit(f"migrate {db} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return url
+
+
+# --- Fill -------------------------------------------------------------------------------------
+
+TABLES = ("ledger_operation", "ledger_attempt", "ledger_operationevent")
+
+# Row i's state, from (i / 10) % 1000 so that tenants (from i % 10) and states are independent.
+_STATE = (
+    "CASE WHEN s < 986 THEN 'succeeded' WHEN s < 990 THEN 'failed' WHEN s < 992 THEN 'abandoned'"
+    " WHEN s < 994 THEN 'review' WHEN s < 996 THEN 'uncertain' WHEN s < 997 THEN 'claimed'"
+    " WHEN s < 998 THEN 'retry_wait' ELSE 'claimed' END"
+)
+
+
+def _drop_secondary(cursor: Any) -> list[str]:
+    """Drop the three tables' unique constraints and non-primary indexes; the statements that
+    put them back (the fill then writes heap only, and each index is built once, sorted)."""
+    restore: list[str] = []
+    cursor.execute(
+        "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint"
+        " WHERE conrelid::regclass::text = ANY(%s) AND contype = 'u'",
+        [list(TABLES)],
+    )
+    for table, name, definition in cursor.fetchall():
+        cursor.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"')
+        restore.append(f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {definition}')
+    cursor.execute(
+        "SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+        " WHERE i.indrelid::regclass::text = ANY(%s) AND NOT i.indisprimary",
+        [list(TABLES)],
+    )
+    for name, definition in cursor.fetchall():
+        cursor.execute(f"DROP INDEX {name}")
+        restore.append(definition)
+    return restore
+
+
+def fill(rows: int) -> float:
+    """``rows`` operations (+1 attempt, 2 events each) unless the recorded fill matches."""
+    from django.db import connection, transaction
+
+    from ledger import crypto, services
+    from ledger.models import Tenant
+
+    assert connection.settings_dict["NAME"] in (BIG_DB, SMALL_DB)
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_scale_fill (rows bigint, version int, filled_at timestamptz)")
+        cursor.execute("SELECT rows, version FROM bench_scale_fill")
+        if cursor.fetchone() == (rows, FILL_VERSION):
+            return 0.0
+    started = time.perf_counter()
+    tenants = {}
+    for slug in [BIG, QUIET, *(f"scale-s{n:02}" for n in range(1, SMALL_TENANTS + 1))]:
+        tenant = Tenant.objects.filter(slug=slug).first() or services.tenant_create(slug=slug)
+        services.provider_upsert(
+            tenant=tenant, slug=PROVIDER, base_url="http://127.0.0.1:9/", idempotency_class="key_enforced"
+        )
+        tenants[slug] = tenant.pk
+    fingerprint = services.request_fingerprint(mode="guard", provider=PROVIDER, action=ACTION, request=None)
+    sealed = json.dumps(crypto.seal_json({"customer": "cus_123", "amount": 1999, "currency": "eur"}))
+    smalls = [tenants[f"scale-s{n:02}"] for n in range(1, SMALL_TENANTS + 1)]
+    # One transaction: a fill that fails half-way leaves the schema (dropped indexes) as it was.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("TRUNCATE ledger_operation, ledger_tombstone RESTART IDENTITY CASCADE")
+        restore = _drop_secondary(cursor)
+        # Foreign-key triggers off for this session's inserts: every row points at a row this
+        # fill wrote (attempts and events are selected from the operations just inserted).
+        cursor.execute("SET session_replication_role = replica")
+        # i: 1..rows, oldest first over 180 days; tenant from i % 10 (9 in 10 rows the big
+        # tenant's), state from (i / 10) % 1000; the quiet tenant's rows come after.
+        cursor.execute(
+            "INSERT INTO ledger_operation (tenant_id, key, mode, status, provider_id, action, fingerprint,"
+            " payload, response_body, attempts, throttled_attempts, max_attempts, lease_token, uses_sent_marker,"
+            " last_error, error_class, provider_ref, response_status, reconciliation_handle, execution_id,"
+            " workflow_id, workflow_version, correlation_id, lookup_failures, request_bytes, cost, callback_url,"
+            " run, record, created_at, updated_at, done_at, claimed_at, lease_expires_at, sent_at,"
+            " next_attempt_at)"
+            " SELECT t, 'ord-' || i || '-' || left(md5(i::text), 8), 'guard', st,"
+            " (SELECT id FROM ledger_provider p WHERE p.tenant_id = t), %(action)s, %(fp)s, %(sealed)s::jsonb,"
+            " CASE WHEN st = 'succeeded' THEN %(sealed)s::jsonb END, 1, 0, 4, md5(i::text), true,"
+            " CASE WHEN st = 'failed' THEN 'card declined' ELSE '' END,"
+            " CASE WHEN st = 'failed' THEN 'invalid_input' ELSE '' END,"
+            " CASE WHEN st = 'succeeded' THEN 'ch_' || left(md5('r' || i), 20) ELSE '' END,"
+            " CASE WHEN st = 'succeeded' THEN 200 END,"
+            " CASE WHEN i %% 2 = 0 THEN 'h-' || i ELSE '' END, 'exec-' || (i / 3), 'wf-' || (i %% 50), '3',"
+            " 'corr-' || (i / 3), 0, 0, 0, '', '', '', at, at + interval '1 second',"
+            " CASE WHEN st IN ('succeeded', 'failed', 'abandoned') THEN at + interval '1 second' END, at,"
+            " CASE WHEN st = 'claimed' THEN (CASE WHEN s = 996 THEN now() - interval '1 minute'"
+            " ELSE now() + interval '1 hour' END) END, at,"
+            " CASE WHEN st = 'retry_wait' THEN now() + interval '1 hour' END"
+            " FROM (SELECT i, s, at, CASE WHEN i > %(rows)s THEN %(quiet)s WHEN i %% 10 <> 0 THEN %(big)s"
+            " ELSE (%(smalls)s::bigint[])[(i / 10) %% %(n_small)s + 1] END AS t,"
+            " CASE WHEN i > %(rows)s THEN 'succeeded' ELSE " + _STATE + " END AS st"
+            " FROM (SELECT i, (i / 10) %% 1000 AS s,"
+            " now() - interval '180 days' * (1 - i::float8 / %(all)s) AS at"
+            " FROM generate_series(1, %(all)s) AS i) g) r",
+            {
+                "action": ACTION,
+                "fp": fingerprint,
+                "sealed": sealed,
+                "rows": rows,
+                "all": rows + QUIET_ROWS,
+                "quiet": tenants[QUIET],
+                "big": tenants[BIG],
+                "smalls": smalls,
+                "n_small": SMALL_TENANTS,
+            },
+        )
+        cursor.execute(
+            "INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at, lease_expires_at, sent_at,"
+            " finished_at, outcome, error_class, message, provider_ref, response_status, execution_id)"
+            " SELECT id, 1, lease_token, created_at, lease_expires_at, sent_at, done_at,"
+            " CASE status WHEN 'succeeded' THEN 'succeeded' WHEN 'failed' THEN 'failed'"
+            " WHEN 'uncertain' THEN 'ambiguous' WHEN 'review' THEN 'ambiguous' WHEN 'retry_wait' THEN 'transient'"
+            " WHEN 'abandoned' THEN 'ambiguous' ELSE 'pending' END,"
+            " error_class, last_error, provider_ref, response_status, execution_id FROM ledger_operation"
+        )
+        cursor.execute(
+            "INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)"
+            " SELECT id, '', 'claimed', 'api', 'claimed', 1, created_at FROM ledger_operation"
+            " UNION ALL SELECT id, 'claimed', status, 'api', 'completed', 1, updated_at FROM ledger_operation"
+            " WHERE status <> 'claimed' ORDER BY 1"
+        )
+        cursor.execute("SET session_replication_role = DEFAULT")
+        cursor.execute("SET maintenance_work_mem = '512MB'")
+        cursor.execute("SET max_parallel_maintenance_workers = 1")
+        for statement in restore:
+            cursor.execute(statement)
+        cursor.execute("DELETE FROM bench_scale_fill")
+        cursor.execute("INSERT INTO bench_scale_fill VALUES (%s, %s, now())", [rows, FILL_VERSION])
+    # VACUUM cannot run in a transaction block; Django's cursor is in autocommit here.
+    with connection.cursor() as cursor:
+        for table in TABLES:
+            cursor.execute(f"VACUUM (ANALYZE) {table}")
+    return time.perf_counter() - started
+
+
+# --- Measurements (in the child process of one database) --------------------------------------
+
+BUDGET_S = float(os.environ.get("SCALE_BUDGET_SECONDS", 60))
+
+
+class Recorder:
+    """Runs each measured call REPEAT times (fewer past BUDGET_S), keeping latencies, the
+    number of SQL statements of the last call and its slowest statement (for the plans)."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, dict[str, Any]] = {}
+
+    def measure(self, name: str, call: Callable[[], Any], *, repeat: int = REPEAT, group: str = "list") -> None:
+        from django.db import connection
+
+        latencies: list[float] = []
+        statements: list[tuple[float, str, Any]] = []
+        started = time.perf_counter()
+        error = ""
+
+        def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                statements.append((time.perf_counter() - t0, sql, params))
+
+        for n in range(repeat):
+            last = n == repeat - 1 or time.perf_counter() - started > BUDGET_S
+            statements.clear()
+            t0 = time.perf_counter()
+            try:
+                with connection.execute_wrapper(capture):
+                    call()
+            except Exception as exc:  # recorded and printed: a failing measurement is a finding
+                error = f"{type(exc).__name__}: {exc}"[:300]
+            latencies.append(time.perf_counter() - t0)
+            if last or error:
+                break
+        latencies.sort()
+        slowest = max(statements, default=(0.0, "", None), key=lambda s: s[0])
+        self.results[name] = {
+            "group": group,
+            "n": len(latencies),
+            "p50_ms": round(_pct(latencies, 50) * 1000, 2),
+            "p95_ms": round(_pct(latencies, 95) * 1000, 2),
+            "max_ms": round(latencies[-1] * 1000, 2),
+            "queries": len(statements),
+            "slowest_ms": round(slowest[0] * 1000, 2),
+            "slowest_sql": slowest[1],
+            "slowest_params": [str(p) for p in slowest[2]] if slowest[2] else [],
+            "_params": slowest[2],
+            "error": error,
+        }
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    rank = max(1, min(len(values), int(round(q / 100.0 * len(values) + 0.5))))
+    return values[rank - 1]
+
+
+def _key(i: int) -> str:
+    import hashlib
+
+    return f"ord-{i}-{hashlib.md5(str(i).encode()).hexdigest()[:8]}"
+
+
+def _big_succeeded(rows: int, rng: random.Random) -> int:
+    """A row number of the big tenant whose operation succeeded (the fill's formulas)."""
+    while True:
+        i = rng.randint(1, rows)
+        if i % 10 != 0 and (i // 10) % 1000 < 986:
+            return i
+
+
+def measure_all(rows: int, label: str) -> dict[str, Any]:
+    from django.contrib.auth import get_user_model
+    from django.db import connection, transaction
+    from django.test import Client
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from ledger import services
+    from ledger.models import Operation, Provider, Tenant
+
+    rng = random.Random(16)
+    rec = Recorder()
+    big = Tenant.objects.get(slug=BIG)
+    quiet = Tenant.objects.get(slug=QUIET)
+    small = Tenant.objects.get(slug="scale-s01")
+    providers = {p.tenant_id: p for p in Provider.objects.filter(slug=PROVIDER)}
+    run_id = f"{int(time.time())}-{os.getpid()}"
+
+    # Claims: fresh (claim → complete), a replay of a random finished key, fresh on a small tenant.
+    fresh = iter(range(10**9))
+
+    def claim_fresh(tenant: Tenant) -> Callable[[], None]:
+        def call() -> None:
+            result = services.operation_claim(
+                tenant=tenant, key=f"fresh-{run_id}-{next(fresh)}", provider=providers[tenant.pk], action=ACTION
+            )
+            op = result.operation
+            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_x")
+
+        return call
+
+    def claim_replay() -> None:
+        result = services.operation_claim(
+            tenant=big, key=_key(_big_succeeded(rows, rng)), provider=providers[big.pk], action=ACTION
+        )
+        assert result.replayed, "a finished key must replay"
+
+    # Warm-up (imports, caches, prepared statements) outside the figures.
+    for _ in range(30):
+        claim_fresh(big)()
+        claim_replay()
+    rec.measure("claim fresh (big tenant)", claim_fresh(big), repeat=CLAIMS, group="claim")
+    rec.measure("claim replay (big tenant)", claim_replay, repeat=CLAIMS, group="claim")
+    rec.measure("claim fresh (small tenant)", claim_fresh(small), repeat=CLAIMS, group="claim")
+    growth = wal_and_hot(claim_fresh(big))
+
+    # API lists.
+    _, big_secret = services.apikey_create(tenant=big, scopes=["read"], name="scale")
+    _, quiet_secret = services.apikey_create(tenant=quiet, scopes=["read"], name="scale")
+    api_big = Client(HTTP_AUTHORIZATION=f"Bearer {big_secret}", HTTP_HOST="127.0.0.1")
+    api_quiet = Client(HTTP_AUTHORIZATION=f"Bearer {quiet_secret}", HTTP_HOST="127.0.0.1")
+    sample = _big_succeeded(rows, rng)
+    known = Operation.objects.filter(tenant=big, key=_key(sample)).values().first() or {}
+    recent = urlencode({"updated_after": (known.get("updated_at") or timezone.now()).isoformat()})
+
+    def get(client: Client, path: str, expect: int = 200) -> Callable[[], None]:
+        def call() -> None:
+            response = client.get(path)
+            assert response.status_code == expect, f"{path}: {response.status_code} {response.content[:200]!r}"
+
+        return call
+
+    first = api_big.get("/api/v1/operations").json()
+    second_page = first.get("next") or "/api/v1/operations"
+    op_filters = {
+        "": "",
+        "key (exists)": f"key={known.get('key', '')}",
+        "key (no such key)": "key=no-such-key",
+        "status=succeeded": "status=succeeded",
+        "status=failed": "status=failed",
+        "status=review": "status=review",
+        "status=claimed": "status=claimed",
+        "provider": f"provider={PROVIDER}",
+        "provider + status=failed": f"provider={PROVIDER}&status=failed",
+        "updated_after (a random row's)": recent,
+        "reconciliation_handle": f"reconciliation_handle=h-{sample - sample % 2}",
+        "provider_ref": f"provider_ref={known.get('provider_ref', '')}",
+        "execution_id": f"execution_id={known.get('execution_id', '')}",
+        "correlation_id": f"correlation_id={known.get('correlation_id', '')}",
+        "page_size=500": "page_size=500",
+    }
+    for name, query in op_filters.items():
+        rec.measure(f"API operations {name or '(no filter)'}", get(api_big, f"/api/v1/operations?{query}"))
+    rec.measure("API operations second page", get(api_big, second_page))
+    for name in ("", "status=failed", "status=review", "key=no-such-key", f"provider={PROVIDER}&status=review"):
+        rec.measure(
+            f"API operations {name or '(no filter)'} [quiet tenant]", get(api_quiet, f"/api/v1/operations?{name}")
+        )
+    rec.measure("API review items", get(api_big, "/api/v1/review/items"))
+    rec.measure("API review items [quiet tenant]", get(api_quiet, "/api/v1/review/items"))
+    rec.measure("API review items q=key", get(api_big, f"/api/v1/review/items?q={known.get('key', '')}"))
+    rec.measure("API dlq events", get(api_big, "/api/v1/dlq/events"))
+    rec.measure("API dlq events [quiet tenant]", get(api_quiet, "/api/v1/dlq/events?status=pending"))
+    rec.measure("API run (correlation id)", get(api_big, f"/api/v1/runs/{known.get('correlation_id', 'x')}"))
+
+    # Console: every changelist, the operations list's filters and search, the dashboard.
+    user_model = get_user_model()
+    admin_user = user_model.objects.filter(username="scale-admin").first() or user_model.objects.create_superuser(
+        "scale-admin", "scale@example.invalid", None
+    )
+    console = Client(HTTP_HOST="127.0.0.1")
+    console.force_login(admin_user)
+    rec.measure("console dashboard", get(console, "/admin/"))
+    from django.contrib import admin
+
+    for model in sorted(admin.site._registry, key=lambda m: (m._meta.app_label, m._meta.model_name)):
+        url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        rec.measure(f"console {model._meta.app_label}.{model._meta.model_name}", get(console, url), group="console")
+    ops_url = reverse("admin:ledger_operation_changelist")
+    for name, query in {
+        "status=review": "status__exact=review",
+        "status=failed": "status__exact=failed",
+        "quiet tenant, status=failed": f"tenant__id__exact={quiet.pk}&status__exact=failed",
+        "needs=due": "needs=due",
+        "needs=stuck": "needs=stuck",
+        "needs=cancellable": "needs=cancellable",
+        "search exact key": f"q={known.get('key', '')}",
+        "search substring": "q=" + known.get("key", "x")[4:12],
+        "search no match": "q=zzzz-nothing",
+        "sorted by key": "o=2",
+    }.items():
+        rec.measure(f"console operations {name}", get(console, f"{ops_url}?{query}"), group="console")
+
+    # Sweeper pass and one purge batch, rolled back so the database is reused unchanged.
+    from datetime import timedelta
+
+    from ledger.sweeper import sweep
+    from review.models import RetentionPolicy
+    from review.retention import retention_purge_tenant
+
+    class Rollback(Exception):
+        pass
+
+    purged: list[int] = []
+
+    def rolled_back(call: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                with transaction.atomic():
+                    call()
+                    raise Rollback
+            except Rollback:
+                pass
+
+        return run
+
+    def purge() -> None:
+        RetentionPolicy.objects.create(tenant=small, record_type="operations", record_ttl=timedelta(days=150))
+        result = retention_purge_tenant(tenant_id=small.pk, batch_size=1000, max_batches=1, trigger="bench")
+        purged.append(result.deleted if result else 0)
+
+    moved: list[Any] = []
+    rec.measure(
+        "sweeper pass (batch 500)", rolled_back(lambda: moved.append(sweep(batch=500).counts)), repeat=3, group="batch"
+    )
+    rec.results["sweeper pass (batch 500)"]["moved"] = moved[-1] if moved else {}
+    rec.measure("purge one batch (1000 ops)", rolled_back(purge), repeat=3, group="batch")
+    rec.results["purge one batch (1000 ops)"]["rows"] = purged[-1] if purged else 0
+
+    Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
+    plans = explain_slowest(rec)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT sum(pg_total_relation_size(c)), sum(pg_indexes_size(c)) FROM unnest(%s::regclass[]) AS c",
+            [list(TABLES)],
+        )
+        total, indexes = cursor.fetchone()
+    for r in rec.results.values():
+        r.pop("_params", None)
+    return {
+        "label": label,
+        "rows": rows,
+        "growth": growth,
+        "bytes": int(total),
+        "index_bytes": int(indexes),
+        "results": rec.results,
+        "plans": plans,
+    }
+
+
+def wal_and_hot(call: Callable[[], None], samples: int = 60) -> dict[str, Any]:
+    """WAL bytes of one fresh claim → complete, and how many of its operation updates were HOT.
+
+    WAL positions are the cluster's, which other sessions write too: the least of many
+    single-operation deltas is this operation's own (any other writer only adds)."""
+    from django.db import connection
+
+    def one(sql: str) -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchone()
+
+    stats = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'ledger_operation'"
+    one("SELECT pg_stat_clear_snapshot()")
+    upd0, hot0 = one(stats)
+    deltas = []
+    for _ in range(samples):
+        (before,) = one("SELECT pg_current_wal_insert_lsn()")
+        call()
+        (delta,) = one(f"SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{before}')")
+        deltas.append(int(delta))
+    # Table statistics are sent at transaction end and read from a snapshot: let them settle.
+    time.sleep(1.0)
+    one("SELECT pg_stat_clear_snapshot()")
+    upd1, hot1 = one(stats)
+    deltas.sort()
+    return {
+        "wal_bytes_per_op_min": deltas[0],
+        "wal_bytes_per_op_p50": deltas[len(deltas) // 2],
+        "operation_updates": upd1 - upd0,
+        "hot_updates": hot1 - hot0,
+    }
+
+
+def _generic_sql(sql: str) -> str:
+    """Django's %s placeholders as $1, $2, … for PREPARE (a literal %% is a %)."""
+    import re
+
+    counter = iter(range(1, 10_000))
+    return re.sub(r"%s|%%", lambda m: f"${next(counter)}" if m.group() == "%s" else "%", sql)
+
+
+def explain_slowest(rec: Recorder) -> list[dict[str, Any]]:
+    """EXPLAIN ANALYZE of each list's slowest statement: its custom plan and the generic plan
+    a prepared statement settles on (PREPARE with plan_cache_mode = force_generic_plan)."""
+    import psycopg
+    from django.db import connection
+
+    plans = []
+    seen: set[str] = set()
+    for name, r in rec.results.items():
+        if r["group"] not in ("list", "console") or not r["slowest_sql"] or r["slowest_sql"] in seen:
+            continue
+        seen.add(r["slowest_sql"])
+        sql, params = r["slowest_sql"], r["_params"] or []
+        entry: dict[str, Any] = {"measure": name, "ms": r["slowest_ms"], "sql": sql, "params": r["slowest_params"]}
+        raw = connection.connection
+        for mode in ("custom", "generic"):
+            try:
+                with raw.transaction(), psycopg.ClientCursor(raw) as cursor:
+                    cursor.execute(f"SET LOCAL plan_cache_mode = force_{mode}_plan")
+                    cursor.execute(f"PREPARE scale_explain AS {_generic_sql(sql)}")
+                    args = ", ".join(["%s"] * len(params))
+                    execute = f"EXECUTE scale_explain({args})" if params else "EXECUTE scale_explain"
+                    cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {execute}", list(params))
+                    entry[mode] = "\n".join(row[0] for row in cursor.fetchall())
+                    cursor.execute("DEALLOCATE scale_explain")
+            except Exception as exc:  # shown in the plans file: an unexplainable statement is a finding
+                entry[mode] = f"(not explained: {type(exc).__name__}: {exc})"
+                with raw.cursor() as cursor:
+                    cursor.execute("DEALLOCATE ALL")
+        plans.append(entry)
+    return plans
+
+
+def child(db: str, rows: int) -> None:
+    url, _ = _urls(db)
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("OUTBOUND_ALLOW", "127.0.0.1:9")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("DEBUG", "0")
+    import django
+
+    django.setup()
+    import logging
+
+    logging.getLogger("onceguard").setLevel(logging.ERROR)
+    logging.getLogger("django.request").setLevel(logging.CRITICAL)
+    filled = fill(rows)
+    how = f"filled in {filled:.0f} s" if filled else "reused"
+    print(f"{db}: {rows:,} operations ({how})", flush=True)
+    result = measure_all(rows, db)
+    result["fill_seconds"] = round(filled, 1)
+    (VAR / f"bench-scale-{db}.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+# --- Report -----------------------------------------------------------------------------------
+
+
+def report(small: dict[str, Any], big: dict[str, Any]) -> int:
+    print(
+        f"\nSmall tables: {small['rows']:,} operations; big: {big['rows']:,} operations "
+        f"({big['bytes'] / 2**30:.1f} GiB with attempts and events, {big['index_bytes'] / 2**30:.1f} GiB of it "
+        f"indexes; {big['bytes'] / max(big['rows'], 1):,.0f} bytes per operation)"
+    )
+    print(f"  {'measure':<58} {'small p50/p95 ms':>17} {'big p50/p95 ms':>17} {'p95 ×':>6} {'n':>4} {'sql':>4}  target")
+    failures = 0
+    for name, b in big["results"].items():
+        s = small["results"].get(name, {})
+        ratio = b["p95_ms"] / s["p95_ms"] if s.get("p95_ms") else float("nan")
+        verdict = ""
+        if b["group"] in ("list", "console"):
+            ok = b["p95_ms"] < LIST_P95_MS and not b["error"]
+            verdict = f"p95 < {LIST_P95_MS:.0f} ms {'ok' if ok else 'MISSED'}"
+        elif b["group"] == "claim":
+            p50_ratio = b["p50_ms"] / s["p50_ms"] if s.get("p50_ms") else float("nan")
+            ok = p50_ratio <= CLAIM_RATIO and not b["error"]
+            verdict = f"p50 × {p50_ratio:.2f} ≤ {CLAIM_RATIO} {'ok' if ok else 'MISSED'}"
+        else:
+            ok = not b["error"]
+            if "rows" in b:
+                verdict = f"{b['rows']} rows"
+            if "moved" in b:
+                verdict = f"moved {b['moved']}"
+        failures += 0 if ok else 1
+        print(
+            f"  {name[:58]:<58} {s.get('p50_ms', float('nan')):>8.1f}/{s.get('p95_ms', float('nan')):<8.1f}"
+            f" {b['p50_ms']:>8.1f}/{b['p95_ms']:<8.1f} {ratio:>6.2f} {b['n']:>4} {b['queries']:>4}  {verdict}"
+        )
+        if b["error"]:
+            print(f"      error: {b['error']}")
+    for label, data in (("small", small), ("big", big)):
+        g = data.get("growth", {})
+        print(
+            f"  growth ({label}): WAL per fresh claim→complete {g.get('wal_bytes_per_op_min')} B"
+            f" (least of 60; median {g.get('wal_bytes_per_op_p50')} B with other sessions' writes);"
+            f" HOT updates of operations {g.get('hot_updates')} of {g.get('operation_updates')}"
+        )
+    print(f"\n{failures} measure(s) missed their target")
+    return failures
+
+
+def write_plans(big: dict[str, Any]) -> Path:
+    out = VAR / "bench-scale-plans.md"
+    lines = [f"# Plans of every list query at {big['rows']:,} operations (bench.scale)\n"]
+    for p in big["plans"]:
+        lines += [
+            f"## {p['measure']} ({p['ms']} ms)\n",
+            "```sql",
+            p["sql"],
+            "```",
+            f"params: {p['params']}\n",
+            "custom plan:\n```",
+            p.get("custom", ""),
+            "```",
+            "generic plan:\n```",
+            p.get("generic", ""),
+            "```\n",
+        ]
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        child(sys.argv[2], int(sys.argv[3]))
+        return 0
+    VAR.mkdir(exist_ok=True)
+    results = {}
+    for db, rows in ((SMALL_DB, SMALL_ROWS), (BIG_DB, ROWS)):
+        prepare(db)
+        proc = subprocess.run([sys.executable, "-m", "bench.scale", "--child", db, str(rows)], cwd=ROOT)
+        if proc.returncode:
+            return proc.returncode
+        results[db] = json.loads((VAR / f"bench-scale-{db}.json").read_text())
+    failures = report(results[SMALL_DB], results[BIG_DB])
+    plans = write_plans(results[BIG_DB])
+    (VAR / "bench-scale.json").write_text(json.dumps(results, indent=2, default=str))
+    print(f"plans: {plans}; figures: {VAR / 'bench-scale.json'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

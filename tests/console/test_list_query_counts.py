@@ -1,0 +1,108 @@
+"""Every console list and the dashboard run a number of queries that does not grow with the
+rows on the page (issue 16: the operations list once ran 111 queries for 100 rows, one
+tenant lookup per row; the review list two per row). Each page is counted with a few rows,
+then must take no more queries with ten times as many."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from ledger import services
+from ledger.models import Operation, OperationEvent, OperationStatus, Provider, Tenant
+from tests.console.support import client_for
+
+pytestmark = pytest.mark.django_db
+
+# Enough for session, user, permissions, scope, the list's filters and its one query per
+# related set; what matters is that it does not grow with the rows.
+MAX_QUERIES = 40
+
+
+def seed(tenant: Tenant, provider: Provider, start: int, count: int) -> None:
+    """``count`` operations: succeeded, failed (a DLQ entry) and in review, in turn."""
+    for i in range(start, start + count):
+        op = services.operation_claim(tenant=tenant, key=f"k-{i}", provider=provider, action="charge").operation
+        if i % 3 == 0:
+            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"ch_{i}")
+        elif i % 3 == 1:
+            services.operation_fail(
+                operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input", message="declined"
+            )
+        else:
+            # As the sweeper leaves it: in review, with the event that says why.
+            Operation.objects.filter(pk=op.pk).update(status=OperationStatus.REVIEW, lease_expires_at=None)
+            OperationEvent.objects.create(
+                operation=op,
+                from_status=OperationStatus.CLAIMED,
+                to_status=OperationStatus.REVIEW,
+                actor="sweeper",
+                reason="lease expired after the sent marker",
+                at=timezone.now(),
+            )
+
+
+def console_pages() -> list[str]:
+    pages = ["/admin/"]
+    for model in admin.site._registry:
+        pages.append(reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist"))
+    ops = reverse("admin:ledger_operation_changelist")
+    pages += [f"{ops}?status__exact=review", f"{ops}?q=k-1", f"{ops}?needs=stuck"]
+    return sorted(pages)
+
+
+def queries(client: Client, url: str) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url)
+    assert response.status_code == 200, (url, response.status_code)
+    return len(ctx.captured_queries)
+
+
+@pytest.fixture
+def two_tenants(tenant: Tenant, other_tenant: Tenant) -> dict[str, Any]:
+    made = {}
+    for t in (tenant, other_tenant):
+        made[t.slug] = services.provider_upsert(
+            tenant=t, slug="crm", base_url="http://127.0.0.1:9", idempotency_class="key_enforced"
+        )
+    return made
+
+
+def test_no_console_list_or_the_dashboard_runs_more_queries_for_more_rows(tenant, other_tenant, two_tenants):
+    admin_user = User.objects.create_superuser("root", "root@example.invalid", "x")
+    client = client_for(admin_user)
+    seed(tenant, two_tenants["acme"], 0, 3)
+    seed(other_tenant, two_tenants["globex"], 0, 3)
+    few = {url: queries(client, url) for url in console_pages()}
+
+    seed(tenant, two_tenants["acme"], 3, 30)
+    seed(other_tenant, two_tenants["globex"], 3, 30)
+    grown = {}
+    for url in few:
+        n = queries(client, url)
+        if n > few[url] or n > MAX_QUERIES:
+            grown[url] = (few[url], n)
+    assert not grown, f"pages whose queries grew with the rows (few rows, 10× rows): {grown}"
+
+
+def test_the_api_lists_run_a_fixed_number_of_queries(tenant, two_tenants, make_client, django_assert_max_num_queries):
+    api = make_client(tenant, ["read"])
+    seed(tenant, two_tenants["acme"], 0, 3)
+    counts = {}
+    urls = ["/api/v1/operations", "/api/v1/review/items", "/api/v1/dlq/events"]
+    for url in urls:
+        with CaptureQueriesContext(connection) as ctx:
+            assert api.get(url).status_code == 200
+        counts[url] = len(ctx.captured_queries)
+    seed(tenant, two_tenants["acme"], 3, 30)
+    for url in urls:
+        with django_assert_max_num_queries(counts[url]):
+            assert api.get(url).status_code == 200
