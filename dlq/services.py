@@ -939,7 +939,8 @@ def _replay_finish(*, replay: Replay, event: FailedEvent, op: Operation, answer:
         Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.PENDING).update(
             outcome=outcome,
             error_class=answer.error_class,
-            error_message=answer.message[:500],
+            # A success's "HTTP 201" is the target's answer, not an error.
+            error_message="" if answer.ok else answer.message[:500],
             response_status=answer.status,
             response_body=seal_payload(answer.body),
             duration_ms=answer.duration_ms,

@@ -216,8 +216,12 @@ class RetentionPolicy(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="retention_policies")
     record_type = models.CharField(max_length=16, choices=RecordType.choices)
-    payload_ttl = models.DurationField(null=True, blank=True, help_text="e.g. 30 days; empty: never redact")
-    record_ttl = models.DurationField(null=True, blank=True, help_text="e.g. 365 days; empty: never delete")
+    payload_ttl = models.DurationField(
+        "keep the payload for", null=True, blank=True, help_text="e.g. 30 days; empty: never redact"
+    )
+    record_ttl = models.DurationField(
+        "keep the record for", null=True, blank=True, help_text="e.g. 365 days; empty: never delete"
+    )
     legal_hold = models.BooleanField(default=False, help_text="While set, nothing of this kind is purged.")
     legal_hold_note = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -91,3 +91,5 @@ def test_ttls_show_as_words_in_the_form_the_list_the_trail_and_a_viewers_detail_
     )
     assert readonly["payload_ttl"] == "30 days" and readonly["record_ttl"] == "400 days", readonly
     assert readonly["legal_hold"] == "no"
+    # Labels in words, not column names ("Payload ttl").
+    assert "Keep the payload for" in detail and "Keep the record for" in detail

@@ -47,6 +47,9 @@ def test_the_target_receives_the_stored_payload_with_the_original_key(client, ta
     assert request.header("Idempotency-Key") == "lead-77:crm:create:v1"
     assert request.json() == ENVELOPE["payload"]
     assert FailedEvent.objects.get(pk=event_id).status == "replayed"
+    # A success keeps the target's answer as its status, not as an error message.
+    replayed = Replay.objects.get(event_id=event_id)
+    assert (replayed.response_status, replayed.error_message) == (200, "")
     # The send was guarded by the ledger under its own key, and is recorded there.
     op = Operation.objects.get(key=f"replay:{event_id}:1")
     assert op.status == "succeeded" and op.provider_ref == "sink-1"
