@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import httpx
@@ -97,6 +97,24 @@ class Worker:
                 self._free += 1
                 self._cond.notify_all()
 
+    def _warm_up(self, pool: ThreadPoolExecutor, timeout: float = 30.0) -> None:
+        """Start every thread and its HTTP client before the first take: a send must start
+        within the send window after its take (execute.operation_execute), and a cold thread
+        building its TLS context on a loaded machine can take seconds of it. The barrier
+        keeps each task on its own thread (an idle thread would otherwise be reused)."""
+        barrier = threading.Barrier(self.concurrency)
+
+        def warm() -> None:
+            self._client()
+            barrier.wait(timeout)
+
+        futures = [pool.submit(warm) for _ in range(self.concurrency)]
+        done, _ = wait(futures, timeout=timeout + 1)
+        for future in done:
+            if future.exception() is not None:  # a broken barrier: the threads just start later
+                log.warning("worker_warm_up_incomplete error=%s", type(future.exception()).__name__)
+                break
+
     def _close_pool_connections(self, pool: ThreadPoolExecutor) -> None:
         """Each pool thread holds its own database connection: close every one of them
         (a barrier makes each thread run exactly one of these tasks)."""
@@ -126,6 +144,7 @@ class Worker:
         idle_since = time.monotonic()
         idle_wait = 0.005
         pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="og-worker")
+        self._warm_up(pool)
         log.info("worker_started name=%s concurrency=%s", self.name, self.concurrency)
         try:
             while not stop.is_set():

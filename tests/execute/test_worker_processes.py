@@ -85,9 +85,12 @@ def test_two_workers_execute_each_key_exactly_once_with_duplicates_and_a_cold_st
     assert effects["by_key"] == dict.fromkeys(keys, 1)
     assert effects["count"] == unique and effects["requests"] == unique
     assert Operation.objects.count() == unique  # duplicates created nothing
-    assert Attempt.objects.count() == unique
+    # A holder starved past the send window (a loaded machine) sends nothing and the row is
+    # taken again: one more attempt, never one more request.
+    stalled = sum(out.count("execute_send_skipped_stalled") for out in outputs)
+    assert Attempt.objects.count() == unique + stalled
     assert all(taken_by(out) > 0 for out in outputs), outputs  # both workers took part
-    assert sum(taken_by(out) for out in outputs) == unique
+    assert sum(taken_by(out) for out in outputs) == unique + stalled
 
 
 def _wait_for_lease_expiry(op_id: int) -> bool:
