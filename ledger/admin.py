@@ -226,7 +226,8 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     )
     list_select_related = ["tenant", "provider"]
     # Sorted newest first by id only: any other order sorts every matching row (a key sort
-    # over ten million rows takes seconds); the filters narrow, the id orders.
+    # over ten million rows took 31 s). The other columns declare no ordering, so a crafted
+    # `o=` parameter cannot ask for one either (sortable_by alone only hides the links).
     sortable_by = ["row_id"]
     show_full_result_count = False
     inlines = [AttemptInline, EventInline]
@@ -290,16 +291,16 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     def row_id(self, obj: Operation) -> str:
         return str(obj.pk)
 
-    @admin.display(description="key", ordering="key")
+    @admin.display(description="key")
     def key_short(self, obj: Operation) -> str:
         return display.short_id(obj.key, keep=44)
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description="status")
     def status_badge(self, obj: Operation) -> str:
         mode = "guard" if obj.mode == OperationMode.GUARD else "execute"
         return format_html('{}<div class="og-muted">{}</div>', display.operation_badge(obj), mode)
 
-    @admin.display(description="provider", ordering="provider__slug")
+    @admin.display(description="provider")
     def provider_slug(self, obj: Operation) -> str:
         return obj.provider.slug if obj.provider_id and obj.provider else display.EMPTY
 
@@ -333,11 +334,11 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
             execution,
         )
 
-    @admin.display(description="attempts", ordering="attempts")
+    @admin.display(description="attempts")
     def attempts_used(self, obj: Operation) -> str:
         return f"{obj.attempts} / {obj.max_attempts}"
 
-    @admin.display(description="age", ordering="created_at")
+    @admin.display(description="age")
     def age(self, obj: Operation) -> str:
         return format_html(
             '{}<div class="og-muted og-nowrap">updated {}</div>',

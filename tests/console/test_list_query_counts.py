@@ -106,3 +106,16 @@ def test_the_api_lists_run_a_fixed_number_of_queries(tenant, two_tenants, make_c
     for url in urls:
         with django_assert_max_num_queries(counts[url]):
             assert api.get(url).status_code == 200
+
+
+def test_the_operations_list_sorts_by_id_only_whatever_the_o_parameter_asks(tenant, two_tenants):
+    # Any other order sorts every matching row (a key sort over ten million rows took 31 s).
+    client = client_for(User.objects.create_superuser("root", "root@example.invalid", "x"))
+    seed(tenant, two_tenants["acme"], 0, 3)
+    for o in ("1", "2", "3", "-2", "2.1"):
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get(f"/admin/ledger/operation/?o={o}").status_code == 200
+        orders = [q["sql"].split("ORDER BY", 1)[1] for q in ctx.captured_queries if "ORDER BY" in q["sql"]]
+        listing = [order for order in orders if '"ledger_operation"."' in order]
+        assert listing and all('"ledger_operation"."key"' not in order for order in listing), listing
+        assert all('"ledger_operation"."created_at"' not in order for order in listing), listing
