@@ -23,15 +23,21 @@ Op = Callable[[Any], None]
 LaneFactory = Callable[[int], Op]
 
 
-def bench_database_url(base_url: str) -> str:
-    """The DATABASE_URL of the bench database on the same server as ``base_url``."""
+def bench_database_url(base_url: str, *, db: str = BENCH_DB, suite: str = "make bench") -> str:
+    """The DATABASE_URL of database ``db`` on the same server as ``base_url``: PostgreSQL,
+    on loopback only (every suite's database is named by it)."""
     parts = urlsplit(base_url)
     if parts.scheme not in ("postgres", "postgresql", "pgsql"):
-        raise SystemExit(f"make bench needs PostgreSQL; DATABASE_URL is {parts.scheme or 'unset'}")
+        raise SystemExit(f"{suite} needs PostgreSQL; DATABASE_URL is {parts.scheme or 'unset'}")
     host = parts.hostname or ""
     if host not in ("127.0.0.1", "localhost", "::1", ""):
-        raise SystemExit(f"make bench runs on loopback only; DATABASE_URL points at {host}")
-    return urlunsplit((parts.scheme, parts.netloc, f"/{BENCH_DB}", parts.query, ""))
+        raise SystemExit(f"{suite} runs on loopback only; DATABASE_URL points at {host}")
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
+
+
+def server_url() -> str:
+    """The server every suite uses: DATABASE_URL, or the local test server."""
+    return os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test"
 
 
 def libpq_dsn(url: str) -> str:

@@ -216,7 +216,7 @@ def main(argv: list[str]) -> int:
         return inproc_lane(args)
     if args.wsgi_lane:
         return wsgi_lane(args)
-    base_url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test"
+    base_url = common.server_url()
     common.bench_database_url(base_url)  # PostgreSQL on loopback, or exit
     VAR.mkdir(exist_ok=True)
     specs = args.tree or [f"this={ROOT}"]

@@ -7,20 +7,21 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from bench.common import BENCH_DB, PROVIDER_SLUG, TENANT_SLUG, libpq_dsn
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def ensure_database(base_url: str) -> None:
-    """CREATE DATABASE onceguard_bench on the server ``base_url`` points at, if missing."""
+def ensure_database(base_url: str, name: str = BENCH_DB) -> None:
+    """CREATE DATABASE ``name`` on the server ``base_url`` points at, if missing."""
     import psycopg
 
     with psycopg.connect(libpq_dsn(base_url), autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone()
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
         if not exists:
-            conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def migrate(bench_url: str) -> None:
@@ -33,7 +34,16 @@ def migrate(bench_url: str) -> None:
         text=True,
     )
     if proc.returncode != 0:
-        raise SystemExit(f"manage.py migrate on {BENCH_DB} failed:\n{proc.stdout}\n{proc.stderr}")
+        name = urlsplit(bench_url).path.lstrip("/")
+        raise SystemExit(f"manage.py migrate on {name} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def database_ready(url: str) -> None:
+    """The database ``url`` names, created on its server if missing and migrated."""
+    parts = urlsplit(url)
+    maintenance = urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
+    ensure_database(maintenance, parts.path.lstrip("/"))
+    migrate(url)
 
 
 def setup_django(bench_url: str) -> None:

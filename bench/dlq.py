@@ -18,12 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
+
+from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
 DB = "onceguard_bench_dlq"
@@ -64,33 +65,8 @@ _FILL = {
 }
 
 
-def _urls() -> tuple[str, str]:
-    base = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test"
-    parts = urlsplit(base)
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise SystemExit("bench.dlq needs PostgreSQL (DATABASE_URL=postgres://…)")
-    if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
-        raise SystemExit("bench.dlq runs on loopback only")
-    url = urlunsplit((parts.scheme, parts.netloc, f"/{DB}", parts.query, ""))
-    admin = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
-    return url, admin
-
-
-def prepare(url: str, admin_dsn: str) -> None:
-    import psycopg
-
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB]).fetchone():
-            conn.execute(f'CREATE DATABASE "{DB}"')
-    proc = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-2000:])
+def _url() -> str:
+    return common.bench_database_url(common.server_url(), db=DB, suite="bench.dlq")
 
 
 def _django(url: str) -> None:
@@ -337,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20, help="timed requests per case (after one warm-up)")
     parser.add_argument("--json", default=str(ROOT / "var" / "bench-dlq.json"))
     args = parser.parse_args(argv)
-    url, admin_dsn = _urls()
-    prepare(url, admin_dsn)
+    url = _url()
+    dbsetup.database_ready(url)
     _django(url)
     results = run(args.rows, args.repeat)
     print(report(results))

@@ -32,7 +32,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -62,28 +63,7 @@ def baseline_task(url: str, key: str) -> float:
 
 
 def bench_url(base_url: str) -> str:
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise SystemExit("bench.execute needs PostgreSQL (DATABASE_URL=postgres://…)")
-    if (parts.hostname or "") not in ("127.0.0.1", "localhost", "::1", ""):
-        raise SystemExit("bench.execute runs on loopback only")
-    return urlunsplit((parts.scheme, parts.netloc, f"/{BENCH_DB}", parts.query, ""))
-
-
-def ensure_database(url: str) -> None:
-    import psycopg
-
-    parts = urlsplit(url)
-    admin = urlunsplit(("postgresql", parts.netloc, "/postgres", "", ""))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone():
-            conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
-    env = {**os.environ, "DATABASE_URL": url}
-    done = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"migrate failed:\n{done.stdout}\n{done.stderr}")
+    return common.bench_database_url(base_url, db=BENCH_DB, suite="bench.execute")
 
 
 def setup_django(url: str) -> None:
@@ -367,9 +347,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    url = bench_url(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test")
+    url = bench_url(common.server_url())
     VAR.mkdir(exist_ok=True)
-    ensure_database(url)
+    dbsetup.database_ready(url)
     setup_django(url)
     from relay.testing import start_mock_provider
 

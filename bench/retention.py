@@ -16,40 +16,17 @@ import os
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = "onceguard_bench_ret"
 TENANT = "bench-ret"
 
 
-def _urls(base_url: str) -> tuple[str, str]:
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise SystemExit("bench.retention needs PostgreSQL (DATABASE_URL=postgres://…)")
-    if (parts.hostname or "") not in ("127.0.0.1", "localhost", "::1", ""):
-        raise SystemExit("bench.retention runs on loopback only")
-    bench = urlunsplit((parts.scheme, parts.netloc, f"/{BENCH_DB}", parts.query, ""))
-    admin = urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
-    return bench, admin
-
-
 def _prepare(base_url: str) -> None:
-    import subprocess
-    import sys
-
-    import psycopg
-
-    bench_url, admin_dsn = _urls(base_url)
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone():
-            conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
-    env = {**os.environ, "DATABASE_URL": bench_url}
-    proc = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"migrate failed:\n{proc.stdout}\n{proc.stderr}")
+    bench_url = common.bench_database_url(base_url, db=BENCH_DB, suite="bench.retention")
+    dbsetup.database_ready(bench_url)
     os.environ["DATABASE_URL"] = bench_url
     # The bench's provider points at the discard port, never reached; the outbound policy
     # refuses loopback destinations unless the deployment names them (ledger.outbound).
@@ -174,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=int(os.environ.get("BENCH_RET_BATCH", 2000)))
     parser.add_argument("--redact-rows", type=int, default=int(os.environ.get("BENCH_RET_REDACT_ROWS", 100_000)))
     args = parser.parse_args(argv)
-    _prepare(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test")
+    _prepare(common.server_url())
     result = run(args.rows, args.batch, args.redact_rows)
     width = max(len(k) for k in result)
     print("retention purge (PostgreSQL, one RetentionRun, bounded batches)")

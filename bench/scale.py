@@ -34,7 +34,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
+
+from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -57,36 +59,14 @@ LIST_P95_MS = 300.0
 CLAIM_RATIO = 1.15
 
 
-def _urls(db: str) -> tuple[str, str]:
-    """(Django DATABASE_URL of ``db``, libpq DSN of the server's maintenance database)."""
-    base = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test"
-    parts = urlsplit(base)
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise SystemExit("bench.scale needs PostgreSQL (DATABASE_URL=postgres://…)")
-    if (parts.hostname or "") not in ("127.0.0.1", "localhost", "::1", ""):
-        raise SystemExit("bench.scale runs on loopback only")
-    url = urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
-    admin = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
-    return url, admin
+def _url(db: str) -> str:
+    return common.bench_database_url(common.server_url(), db=db, suite="bench.scale")
 
 
 def prepare(db: str) -> str:
     """CREATE DATABASE ``db`` if missing and migrate it; its DATABASE_URL."""
-    import psycopg
-
-    url, admin = _urls(db)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone():
-            conn.execute(f'CREATE DATABASE "{db}"')
-    proc = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode:
-        raise SystemExit(f"migrate {db} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    url = _url(db)
+    dbsetup.database_ready(url)
     return url
 
 
@@ -558,7 +538,7 @@ def explain_slowest(rec: Recorder) -> list[dict[str, Any]]:
 
 
 def child(db: str, rows: int) -> None:
-    url, _ = _urls(db)
+    url = _url(db)
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("OUTBOUND_ALLOW", "127.0.0.1:9")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")

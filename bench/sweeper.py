@@ -12,44 +12,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
 DB = "onceguard_bench_sweep"
 ROWS = int(os.environ.get("BENCH_SWEEP_ROWS", 1_000_000))
 
 
-def _urls() -> tuple[str, str]:
-    base = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/test"
-    parts = urlsplit(base)
-    if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
-        raise SystemExit("bench.sweeper runs on loopback only")
-    url = urlunsplit((parts.scheme, parts.netloc, f"/{DB}", parts.query, ""))
-    dsn = urlunsplit(("postgresql", parts.netloc, f"/{DB}", parts.query, ""))
-    admin = urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
-    return url, dsn if dsn else admin
-
-
-def prepare(url: str, admin_dsn: str) -> None:
-    import psycopg
-
-    with psycopg.connect(admin_dsn.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB]).fetchone():
-            conn.execute(f'CREATE DATABASE "{DB}"')
-    proc = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-2000:])
+def _url() -> str:
+    return common.bench_database_url(common.server_url(), db=DB, suite="bench.sweeper")
 
 
 def _django(url: str) -> None:
@@ -188,8 +163,8 @@ def _walk(node: dict[str, Any]) -> Any:
 
 
 def main() -> int:
-    url, dsn = _urls()
-    prepare(url, dsn)
+    url = _url()
+    dbsetup.database_ready(url)
     _django(url)
     filled = fill()
     result = explain_sweeper_queries()
