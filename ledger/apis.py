@@ -6,7 +6,6 @@ import mimetypes
 from typing import Any
 
 import django_filters
-from django.core.files.storage import Storage
 from django.db.models import QuerySet
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
@@ -20,7 +19,7 @@ from rest_framework.views import APIView
 from ledger import canary, objects, outputs, selectors, services, sql, uploads
 from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
-from ledger.models import Operation, OperationStatus, Provider, ProviderKind
+from ledger.models import Operation, OperationOutput, OperationStatus, Provider, ProviderKind, Upload
 from ledger.pagination import KeysetCursorPagination
 from ledger.serializer_reuse import represented, validated_data
 from ledger.serializers import (
@@ -303,13 +302,12 @@ class OperationListApi(APIView):
 # --- Uploads and validated outputs (issue 15: ledger.uploads, ledger.outputs) ----------------
 
 
-def object_content_response(
-    *, storage: Storage, name: str, media_type: str, sha256: str, filename: str
-) -> FileResponse:
-    """The stored bytes as they are, to the tenant that owns them: never cached by a shared
-    cache, never rendered as a page (a download, sandboxed), tagged with their digest."""
+def object_content_response(stored: Upload | OperationOutput) -> FileResponse:
+    """A stored object's bytes as they are, to the tenant that owns them: never cached by a
+    shared cache, never rendered as a page (a download, sandboxed), tagged with their digest."""
+    media_type, sha256, filename = stored.media_type, stored.sha256, stored.key
     try:
-        handle = storage.open(name, "rb")
+        handle = objects.objects_storage().open(stored.storage_name, "rb")
     except FileNotFoundError:
         # Deleted by retention between the row's read and this open.
         raise uploads.UploadNotFound("No such object.") from None
@@ -381,13 +379,7 @@ class UploadContentApi(ObjectBytesApi):
     )
     def get(self, request: Request, key: str) -> FileResponse:
         upload = uploads.upload_get(tenant=request.user.tenant, key=key)
-        return object_content_response(
-            storage=objects.objects_storage(),
-            name=upload.storage_name,
-            media_type=upload.media_type,
-            sha256=upload.sha256,
-            filename=upload.key,
-        )
+        return object_content_response(upload)
 
 
 class OperationOutputApi(APIView):
@@ -407,13 +399,7 @@ class OperationOutputContentApi(ObjectBytesApi):
     )
     def get(self, request: Request, operation_id: int) -> FileResponse:
         output = outputs.output_get(tenant=request.user.tenant, operation_id=operation_id)
-        return object_content_response(
-            storage=objects.objects_storage(),
-            name=output.storage_name,
-            media_type=output.media_type,
-            sha256=output.sha256,
-            filename=output.key,
-        )
+        return object_content_response(output)
 
 
 # --- Adapter revisions: the rollout of a provider's adapter changes (ledger.canary) --------------

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.support.outbound import announce
+from tests.support.loopback import LoopbackServer, QuietHandler
 
 
 @dataclass
@@ -25,7 +24,7 @@ class Asked:
         return next((v for k, v in self.headers.items() if k.lower() == name.lower()), None)
 
 
-class FakeN8nApi:
+class FakeN8nApi(LoopbackServer):
     def __init__(self) -> None:
         self.executions: dict[str, Any] = {}
         self.asked: list[Asked] = []
@@ -33,10 +32,9 @@ class FakeN8nApi:
         self.script: list[Any] = []
         self.slow_seconds = 2.0
         self.lock = threading.Lock()
-        self.release = threading.Event()
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 with api.lock:
                     api.asked.append(Asked(self.path, dict(self.headers.items())))
@@ -46,45 +44,16 @@ class FakeN8nApi:
                     api.release.wait(timeout=api.slow_seconds)
                     step = "ok"
                 if isinstance(step, int):
-                    self._answer(step, json.dumps({"message": "no such thing for +61412345678"}).encode())
+                    self.answer(step, json.dumps({"message": "no such thing for +61412345678"}).encode())
                     return
                 if step == "garbage":
-                    self._answer(200, b"<html>n8n is updating</html>")
+                    self.answer(200, b"<html>n8n is updating</html>")
                     return
                 execution_id = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
                 execution = api.executions.get(execution_id)
                 if execution is None:
-                    self._answer(404, b'{"message":"Not Found"}')
+                    self.answer(404, b'{"message":"Not Found"}')
                     return
-                self._answer(200, json.dumps(execution).encode())
+                self.answer(200, json.dumps(execution).encode())
 
-            def _answer(self, status: int, body: bytes) -> None:
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json; charset=utf-8")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def start(self) -> FakeN8nApi:
-        self.thread.start()
-        announce(self.url)
-        return self
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.support.outbound import announce
+from tests.support.loopback import LoopbackServer, QuietHandler
 
 
 @dataclass
@@ -26,7 +25,7 @@ class Received:
         return next((v for k, v in self.headers.items() if k.lower() == name.lower()), None)
 
 
-class Sink:
+class Sink(LoopbackServer):
     def __init__(self) -> None:
         self.requests: list[Received] = []
         self.lock = threading.Lock()
@@ -38,10 +37,9 @@ class Sink:
         # Extra headers on every answer (e.g. a Retry-After), and a body instead of the usual.
         self.answer_headers: dict[str, str] = {}
         self.answer_body: bytes | None = None
-        self.release = threading.Event()
         sink = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
@@ -58,37 +56,9 @@ class Sink:
                 answer = json.dumps({"id": f"sink-{number}", "ok": code < 300}).encode()
                 if body_override is not None:
                     answer = body_override
-                try:
-                    self.send_response(code)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(answer)))
-                    for name, value in extra.items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(answer)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
+                self.answer(code, answer, headers=extra)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def start(self) -> Sink:
-        self.thread.start()
-        announce(self.url)
-        return self
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
     def received(self) -> list[Received]:
         with self.lock:
