@@ -379,7 +379,7 @@ UPDATE ledger_providerrate SET
     quiet_since = now()
 FROM (SELECT sent_at AS at FROM ledger_operation WHERE id = %(operation_id)s) AS sent
 WHERE provider_id = %(provider_id)s
-RETURNING rate, lowered_at = now() AS lowered;
+RETURNING rate;
 
 
 -- name: provider_rate_reset --

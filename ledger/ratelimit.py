@@ -262,10 +262,9 @@ def provider_rate_lower(*, provider: Provider, operation_id: int) -> float | Non
         row = cursor.fetchone()
     if row is None:
         return None
-    rate, lowered = float(row[0]), bool(row[1])
+    rate = float(row[0])
     log.info(
-        "provider_rate_%s provider=%s rate_per_period=%.3f period=%s",
-        "lowered" if lowered else "still_lowered",
+        "provider_rate_throttled provider=%s rate_per_period=%.3f period=%s",
         provider.pk,
         rate * (provider.rate_period_seconds or 1),
         provider.rate_period_seconds,
