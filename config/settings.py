@@ -319,6 +319,15 @@ ONCEGUARD = {
     # is unreachable (fresh connection, same token, backing off) before leaving the row to the
     # sweeper. Part of the lease, so a longer budget delays the recovery of a crashed worker.
     "RECORD_RETRY_SECONDS": float(os.environ.get("RECORD_RETRY_SECONDS") or 30),
+    # Provider rate caps (ledger.ratelimit): a 429 (or a 503 with Retry-After) multiplies a
+    # rate-capped provider's effective rate by PROVIDER_RATE_DECREASE, never below
+    # PROVIDER_RATE_FLOOR_FRACTION of its declared rate; after PROVIDER_RATE_RECOVERY_SECONDS
+    # without one it climbs back by PROVIDER_RATE_STEP_FRACTION of the declared rate, one step
+    # per quiet period (from half to full in five steps: 150 s by default).
+    "PROVIDER_RATE_DECREASE": float(os.environ.get("PROVIDER_RATE_DECREASE") or 0.5),
+    "PROVIDER_RATE_FLOOR_FRACTION": float(os.environ.get("PROVIDER_RATE_FLOOR_FRACTION") or 0.0625),
+    "PROVIDER_RATE_RECOVERY_SECONDS": float(os.environ.get("PROVIDER_RATE_RECOVERY_SECONDS") or 30),
+    "PROVIDER_RATE_STEP_FRACTION": float(os.environ.get("PROVIDER_RATE_STEP_FRACTION") or 0.1),
     # Retry-After of the API's 503 `database_unavailable` answer.
     "DATABASE_RETRY_AFTER_SECONDS": env_int("DATABASE_RETRY_AFTER_SECONDS", 5),
     # Largest stored request envelope (method/path/query/headers/body as canonical JSON).

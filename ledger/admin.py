@@ -22,13 +22,14 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from ledger import callbacks, canary, display, revisions, services
+from ledger import callbacks, canary, display, ratelimit, revisions, services
 from ledger.config_changes import config_change_record
 from ledger.credentials import credential_is_set, sealed_credential
 from ledger.errors import DomainError, ValidationFailed
 from ledger.models import (
     ADAPTER_FIELDS,
     OPEN_STATES,
+    PROVIDER_CAP_FIELDS,
     ApiKey,
     Attempt,
     ConfigChange,
@@ -762,7 +763,13 @@ class ProviderAdmin(admin.ModelAdmin):
         # Slugs are how operations, claims and caches name a provider: fixed once created.
         if obj is None:
             return ["credential_state"]
-        return ["tenant", "slug", "credential_state", "rollout_link"]
+        return ["tenant", "slug", "credential_state", "rollout_link", "caps_state"]
+
+    @admin.display(description="rate and concurrency now")
+    def caps_state(self, obj: Provider) -> str:
+        # The declared caps and where they stand: calls in flight, the effective rate (lowered
+        # by a 429, climbing back while quiet). ledger.ratelimit.
+        return ratelimit.provider_caps(obj).summary()
 
     @admin.display(description="credential")
     def credential_kind(self, obj: Provider) -> str:
@@ -803,6 +810,7 @@ class ProviderAdmin(admin.ModelAdmin):
         with transaction.atomic():
             if change:
                 stored = Provider.objects.select_for_update().get(pk=obj.pk)
+                caps_changed = any(getattr(obj, name) != getattr(stored, name) for name in PROVIDER_CAP_FIELDS)
                 before = revisions.rollout_state(stored)
                 revisions.revision_for_save(
                     candidate=obj,
@@ -826,6 +834,9 @@ class ProviderAdmin(admin.ModelAdmin):
                         after=revisions.rollout_state(obj),
                         reason=revisions.clean_reason(reason),
                     )
+                if caps_changed:
+                    # New caps: the bucket starts again, full, at the declared rate.
+                    ratelimit.provider_rate_reset(provider=obj)
             else:
                 super().save_model(request, obj, form, change)
                 revisions.revision_first(provider=obj, actor=actor, reason=reason)

@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import canary, objects, outputs, selectors, services, sql, uploads
+from ledger import canary, objects, outputs, ratelimit, selectors, services, sql, uploads
 from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationOutput, OperationStatus, Provider, ProviderKind, Upload
@@ -31,6 +31,7 @@ from ledger.serializers import (
     HeartbeatInputSerializer,
     OperationOutputSerializer,
     OutputObjectSerializer,
+    ProviderOutputSerializer,
     ReplayedOperationOutputSerializer,
     RolloutMoveInputSerializer,
     RolloutOutputSerializer,
@@ -410,6 +411,26 @@ def _tenant_provider(request: Request, slug: str) -> Provider:
     if provider is None:
         raise OperationNotFound(f"No provider named {slug!r}.")
     return provider
+
+
+class ProviderDetailApi(APIView):
+    @extend_schema(
+        responses={200: ProviderOutputSerializer},
+        summary="A provider: its pause and throttle, its rate and concurrency caps and where they stand now",
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        provider = _tenant_provider(request, slug)
+        body = {
+            "slug": provider.slug,
+            "kind": provider.kind,
+            "idempotency_class": provider.idempotency_class,
+            "base_url": provider.base_url,
+            "paused": provider.paused_at is not None,
+            "paused_reason": provider.paused_reason,
+            "throttled_until": provider.throttled_until,
+            "caps": ratelimit.provider_caps(provider).as_dict(),
+        }
+        return Response(represented(ProviderOutputSerializer, body))
 
 
 class ProviderRolloutApi(APIView):

@@ -4,7 +4,9 @@
   key, and writes the row ``queued`` in the request's transaction: the operations table is
   the work queue, so nothing is lost between the web and the workers.
 - :func:`operations_take` is the workers' one guarded UPDATE: due rows of providers that are
-  neither paused nor throttled, ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, writing the lease,
+  neither paused nor throttled nor at their caps (``ledger.ratelimit``: no more of a capped
+  provider's rows than its in-flight cap and token bucket allow), ``FOR UPDATE SKIP LOCKED``
+  on PostgreSQL, writing the lease,
   a new Attempt, the event and the ``sent`` marker in the same commit (workers send right
   after, so a fresh operation costs two commits: take and record).
 - :func:`operation_execute` sends one taken operation through the adapter and records the
@@ -30,7 +32,7 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
-from ledger import adapters, admission, callbacks, canary, eligibility, revisions, services
+from ledger import adapters, admission, callbacks, canary, eligibility, ratelimit, revisions, services
 from ledger.crypto import open_json
 from ledger.errors import (
     AdmissionRefused,
@@ -297,11 +299,13 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     if limit <= 0:
         return []
     due = Q(status__in=(S.QUEUED, S.RETRY_WAIT), mode=OperationMode.EXECUTE, next_attempt_at__lte=Now())
-    held_back = Provider.objects.filter(Q(paused_at__isnull=False) | Q(throttled_until__gt=Now())).values("id")
+    held_back = Provider.objects.filter(
+        Q(paused_at__isnull=False) | Q(throttled_until__gt=Now()) | ratelimit.held_back()
+    ).values("id")
     past_deadline = ExpressionWrapper(Q(deadline__lte=Now()) | Q(expires_at__lte=Now()), output_field=BooleanField())
     taken: list[Operation] = []
     with transaction.atomic():
-        rows = (
+        rows = list(
             Operation.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(due)
             .exclude(provider_id__in=held_back)
@@ -317,9 +321,15 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
                 "adapter_revision_id",
                 "provider__revision_id",
                 "provider__canary_revision_id",
+                *ratelimit.CAP_COLUMNS,
             )[:limit]
         )
-        for op_id, status, past, timeout, revision_id, stable_id, canary_id in rows:
+        # A capped provider's share of these rows, reserved under its bucket's lock; the rest
+        # of its rows stay queued, no attempt spent (ledger.ratelimit).
+        budget = ratelimit.TakeBudget.reserve(row[7:] for row in rows)
+        for op_id, status, past, timeout, revision_id, stable_id, canary_id, provider_id, *_ in rows:
+            if not budget.admit(provider_id):
+                continue
             if revision_id is not None and revision_id not in (stable_id, canary_id):
                 # Its revision was rolled back or replaced while it waited: nothing is under
                 # way for it (queued or retry_wait), so it runs under the stable one now.
@@ -337,6 +347,9 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
             )
             if op is not None:
                 taken.append(op)
+            else:
+                budget.refund(provider_id)
+        budget.settle()
     return taken
 
 
@@ -400,6 +413,11 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
     if outcome.throttled and shared:
         seconds = outcome.retry_after if outcome.retry_after is not None else max(1.0, provider.base_delay_seconds)
         services.provider_throttle(provider_id=provider.pk, seconds=seconds)
+        if provider.rate_limit is not None and ratelimit.lowers_rate(
+            status=outcome.status, retry_after=outcome.retry_after
+        ):
+            # Fewer calls after the pause, not the same storm (multiplicative decrease).
+            ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk)
     if outcome.error_class == ErrorClass.PERMISSION and shared:
         services.provider_pause(provider_id=provider.pk, reason=outcome.message or "permission denied", actor=actor)
     return services.operation_fail(

@@ -321,6 +321,25 @@ class Provider(models.Model):
     # last "still wanted") first asks the tenant's eligibility webhook (ledger.eligibility).
     # Empty: retries never ask.
     recheck_after = models.PositiveIntegerField(null=True, blank=True, help_text="seconds; empty = never recheck")
+    # Rate and concurrency caps (DESIGN §5, rate and concurrency caps; ledger.ratelimit). The
+    # provider's, not an adapter revision's: they say what the receiver can take. Workers of
+    # every process respect them through the database: in flight = this provider's claimed
+    # execute-mode rows; the rate = a token bucket (ProviderRate) refilled on the database's
+    # clock, lowered by 429s and climbing back while it is quiet. Empty = no cap.
+    max_in_flight = models.PositiveIntegerField(
+        null=True, blank=True, help_text="most calls at once, over every worker; empty = no cap"
+    )
+    rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="most calls per rate period, over every worker; empty = no rate"
+    )
+    rate_period_seconds = models.PositiveIntegerField(
+        default=1, db_default=1, help_text="seconds: the period of the rate (1 = per second, 60 = per minute)"
+    )
+    rate_burst = models.PositiveIntegerField(
+        default=1,
+        db_default=1,
+        help_text="calls that may go at once after a quiet spell (1 spaces the calls evenly); at most the rate",
+    )
     # Adapter revisions (DESIGN §5, adapter revisions; ledger.revisions, ledger.canary). The
     # adapter fields above (ADAPTER_FIELDS) always hold the stable revision's snapshot;
     # `revision` points at it. A canary revision takes `canary_percent` of new operations,
@@ -343,6 +362,14 @@ class Provider(models.Model):
         permissions = [("rollout_provider", "Can start, promote and roll back adapter revisions")]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "slug"], name="provider_unique_slug_per_tenant"),
+            models.CheckConstraint(
+                condition=(Q(max_in_flight__isnull=True) | Q(max_in_flight__gte=1))
+                & (Q(rate_limit__isnull=True) | Q(rate_limit__gte=1))
+                & Q(rate_period_seconds__gte=1)
+                & Q(rate_period_seconds__lte=86400)
+                & Q(rate_burst__gte=1),
+                name="provider_caps_valid",
+            ),
             models.CheckConstraint(
                 condition=(Q(canary_revision__isnull=True) & Q(canary_percent=0))
                 | (Q(canary_revision__isnull=False) & Q(canary_percent__gte=1) & Q(canary_percent__lte=100)),
@@ -369,8 +396,67 @@ class Provider(models.Model):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_DURATION_SECONDS:
                 errors[name] = f"Must lie between 0 and {MAX_DURATION_SECONDS} seconds (ten years)."
+        errors.update(
+            provider_caps_errors(
+                max_in_flight=self.max_in_flight,
+                rate_limit=self.rate_limit,
+                rate_period_seconds=self.rate_period_seconds,
+                rate_burst=self.rate_burst,
+            )
+        )
         if errors:
             raise ValidationError(errors)
+
+
+def provider_caps_errors(
+    *, max_in_flight: int | None, rate_limit: int | None, rate_period_seconds: int | None, rate_burst: int | None
+) -> dict[str, str]:
+    """What is wrong with a provider's rate and concurrency caps, by field (empty: nothing)."""
+    errors: dict[str, str] = {}
+    if max_in_flight is not None and max_in_flight < 1:
+        errors["max_in_flight"] = "At least 1 call in flight (empty = no cap)."
+    if rate_limit is not None and rate_limit < 1:
+        errors["rate_limit"] = "At least 1 call per period (empty = no rate)."
+    if rate_period_seconds is None or not 1 <= rate_period_seconds <= 86400:
+        errors["rate_period_seconds"] = "The rate's period lies between 1 second and a day (86400)."
+    if rate_burst is None or rate_burst < 1:
+        errors["rate_burst"] = "The burst is at least 1 call."
+    elif rate_limit is not None and rate_burst > rate_limit:
+        errors["rate_burst"] = f"The burst is at most the rate ({rate_limit} calls)."
+    return errors
+
+
+# The fields of a provider's rate and concurrency caps; a change of one resets its bucket.
+PROVIDER_CAP_FIELDS = ("max_in_flight", "rate_limit", "rate_period_seconds", "rate_burst")
+
+
+class ProviderRate(models.Model):
+    """A capped provider's token bucket and effective rate (ledger.ratelimit), one row per
+    provider, moved only by the statements in ledger/queries.sql (``provider_rate_…``) on the
+    database's clock. The row is also the lock takers of one provider queue on, so each one
+    counts the in-flight rows the previous one committed. Not configuration: never in a form."""
+
+    provider = models.OneToOneField(Provider, on_delete=models.CASCADE, primary_key=True, related_name="rate_state")
+    # Calls that may start now (refilled at `rate` per second up to the provider's burst).
+    tokens = models.FloatField()
+    # The effective rate in calls per second: the declared one, halved by a 429 and climbing
+    # back a step at a time while it is quiet.
+    rate = models.FloatField()
+    refilled_at = models.DateTimeField()
+    # The last 429 (or 503 with Retry-After) or the last step back up: the next step waits
+    # for PROVIDER_RATE_RECOVERY_SECONDS after it.
+    quiet_since = models.DateTimeField()
+    # The last lowering: an answer to a call sent before it (the same storm) does not lower again.
+    lowered_at = models.DateTimeField(null=True, blank=True)
+    # When the bucket will hold a whole call again (the workers' take passes the provider over
+    # until then); empty when it holds one now.
+    next_take_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ledger_providerrate"
+
+    def __str__(self) -> str:
+        return f"rate of provider {self.provider_id}"
 
 
 # How the service talks to a provider in execute mode: what an adapter revision snapshots
@@ -541,6 +627,13 @@ class Operation(models.Model):
             # straight off the index whatever the tenant, the filter or a generic plan.
             models.Index(fields=["tenant", "id"], name="op_tenant_id_idx"),
             models.Index(fields=["tenant", "status", "id"], name="op_tenant_status_id_idx"),
+            # A capped provider's calls in flight, counted at every take (ledger.ratelimit):
+            # only claimed execute-mode rows, so it stays as small as the work under way.
+            models.Index(
+                fields=["provider"],
+                name="op_exec_inflight_idx",
+                condition=Q(status="claimed", mode="execute"),
+            ),
             # Workers take due execute-mode rows oldest first (FOR UPDATE SKIP LOCKED).
             models.Index(
                 fields=["next_attempt_at", "id"],

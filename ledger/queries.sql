@@ -7,6 +7,8 @@
 --   now()                      the database's clock (SQLite: strftime(..., 'now'), the clock of
 --                              this process, which is where the embedded database runs)
 --   ledger_now_plus(<param>)   now() plus a number of seconds; NULL for NULL
+--   ledger_seconds_since(<col>) seconds from a timestamp column to now(), as a double
+--   LEAST(…), GREATEST(…)      SQLite: its scalar MIN(…), MAX(…)
 --   {claimed}, {queued}, …     a declared OperationStatus (or {attempt_…} AttemptOutcome) value
 --                              as a checked SQL literal: a partial index on a state can only
 --                              serve a statement whose state the planner sees
@@ -309,3 +311,81 @@ WHERE operation_id = %(operation_id)s AND number = %(number)s;
 -- Every transition's trace, in the same transaction as the move (append-only).
 INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)
 VALUES (%(operation_id)s, %(from_status)s, %(to_status)s, %(actor)s, %(reason)s, %(attempt)s, now());
+
+
+-- Rate and concurrency caps (ledger.ratelimit; DESIGN §5, rate and concurrency caps). A
+-- capped provider's take runs provider_rate_refill (which locks its bucket row until the take
+-- commits), provider_in_flight, the operation_take of as many rows as both allow, then
+-- provider_rate_spend, all in the take's transaction.
+
+
+-- name: provider_rate_insert --
+-- A capped provider's bucket, full, at its declared rate; a row that exists is left alone.
+INSERT INTO ledger_providerrate (provider_id, tokens, rate, refilled_at, quiet_since, lowered_at, next_take_at)
+VALUES (%(provider_id)s, %(burst)s, %(ceiling)s, now(), now(), NULL, NULL)
+ON CONFLICT (provider_id) DO NOTHING;
+
+
+-- name: provider_rate_refill --
+-- Lock the bucket and refill it for the time since the last refill at the effective rate, up
+-- to the burst. The effective rate never exceeds the declared one (%(ceiling)s, calls per
+-- second) and climbs back by %(step)s (additive increase) once it has been quiet — no 429,
+-- no step — for %(quiet_seconds)s. Every SET reads the row as it was before this statement.
+UPDATE ledger_providerrate SET
+    tokens = LEAST(%(burst)s, tokens + rate * GREATEST(0.0, ledger_seconds_since(refilled_at))),
+    rate = CASE
+        WHEN rate < %(ceiling)s AND ledger_seconds_since(quiet_since) >= %(quiet_seconds)s
+        THEN LEAST(%(ceiling)s, rate + %(step)s)
+        ELSE LEAST(%(ceiling)s, rate)
+    END,
+    quiet_since = CASE
+        WHEN rate < %(ceiling)s AND ledger_seconds_since(quiet_since) >= %(quiet_seconds)s THEN now()
+        ELSE quiet_since
+    END,
+    -- PostgreSQL's now() is the transaction's start, which may precede the previous taker's:
+    -- the clock of the bucket never runs backwards (nor credits the same time twice).
+    refilled_at = GREATEST(refilled_at, now())
+WHERE provider_id = %(provider_id)s
+RETURNING tokens, rate;
+
+
+-- name: provider_in_flight --
+-- A capped provider's calls in flight: its claimed execute-mode rows, over every worker
+-- (op_exec_inflight_idx). Read after provider_rate_refill locked the bucket, so it sees every
+-- row the provider's previous taker committed.
+SELECT COUNT(*) FROM ledger_operation
+WHERE provider_id = %(provider_id)s AND status = {claimed} AND mode = 'execute';
+
+
+-- name: provider_rate_spend --
+-- The calls this take started leave the bucket; never below empty. %(wait_seconds)s: how long
+-- until it holds a whole call again (NULL: it does now), so takes pass the provider over until then.
+UPDATE ledger_providerrate SET
+    tokens = tokens - %(taken)s,
+    next_take_at = ledger_now_plus(%(wait_seconds)s)
+WHERE provider_id = %(provider_id)s AND tokens >= %(taken)s;
+
+
+-- name: provider_rate_lower --
+-- A 429 (or a 503 with Retry-After) to a call sent after the last lowering: the effective rate
+-- is multiplied by %(factor)s (multiplicative decrease), never below %(floor)s calls per second,
+-- and the bucket emptied. An answer to a call sent before the last lowering is the same storm:
+-- it only restarts the quiet period. The send time is the operation's own sent marker (the
+-- take's now()), so both sides of the comparison are the database's clock.
+UPDATE ledger_providerrate SET
+    rate = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN GREATEST(%(floor)s, rate * %(factor)s) ELSE rate END,
+    tokens = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN 0.0 ELSE tokens END,
+    lowered_at = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN now() ELSE lowered_at END,
+    quiet_since = now()
+FROM (SELECT sent_at AS at FROM ledger_operation WHERE id = %(operation_id)s) AS sent
+WHERE provider_id = %(provider_id)s
+RETURNING rate;
+
+
+-- name: provider_rate_reset --
+-- The provider's caps changed: its bucket starts again, full, at the declared rate.
+UPDATE ledger_providerrate SET
+    tokens = %(burst)s, rate = %(ceiling)s, refilled_at = now(), quiet_since = now(),
+    lowered_at = NULL, next_take_at = NULL
+WHERE provider_id = %(provider_id)s;
+

@@ -330,6 +330,32 @@ class WatchFiguresSerializer(serializers.Serializer):
     verdict = serializers.CharField(help_text="collecting (below the minimum sample), healthy or failing")
 
 
+class ProviderCapsSerializer(serializers.Serializer):
+    max_in_flight = serializers.IntegerField(allow_null=True, help_text="Most calls at once; null = no cap.")
+    in_flight = serializers.IntegerField(help_text="Calls in flight now, over every worker.")
+    rate_limit = serializers.IntegerField(allow_null=True, help_text="Most calls per rate period; null = no rate.")
+    rate_period_seconds = serializers.IntegerField()
+    rate_burst = serializers.IntegerField()
+    effective_rate = serializers.FloatField(
+        allow_null=True,
+        help_text="Calls per rate period the workers allow now: the declared rate, or less after a 429"
+        " (halved, climbing back while quiet).",
+    )
+    rate_lowered = serializers.BooleanField()
+    rate_lowered_at = serializers.DateTimeField(allow_null=True)
+
+
+class ProviderOutputSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    kind = serializers.CharField()
+    idempotency_class = serializers.CharField()
+    base_url = serializers.CharField()
+    paused = serializers.BooleanField()
+    paused_reason = serializers.CharField()
+    throttled_until = serializers.DateTimeField(allow_null=True)
+    caps = ProviderCapsSerializer()
+
+
 class RolloutOutputSerializer(serializers.Serializer):
     provider = serializers.CharField()
     stable_revision = serializers.IntegerField(allow_null=True)

@@ -33,7 +33,7 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from ledger import callbacks, hooks, revisions, sql, statements
+from ledger import callbacks, hooks, ratelimit, revisions, sql, statements
 from ledger.auth import API_KEYS, hash_api_key
 from ledger.caching import TtlCache
 from ledger.config_changes import config_change_of, config_change_record, config_snapshot
@@ -63,6 +63,7 @@ from ledger.logs import operation_fields
 from ledger.models import (
     ALLOWED_TRANSITIONS,
     NO_RETRY_ERROR_CLASSES,
+    PROVIDER_CAP_FIELDS,
     REPORTABLE_STATES,
     TERMINAL_STATES,
     ApiKey,
@@ -76,6 +77,7 @@ from ledger.models import (
     OperationStatus,
     Provider,
     Tenant,
+    provider_caps_errors,
 )
 from ledger.provider_checks import provider_config_errors
 from ledger.redaction import scrub
@@ -1319,6 +1321,14 @@ def provider_upsert(
         if "base_url" in fields:
             # Stored in the canonical form the check saw.
             fields["base_url"] = base_url
+        caps = {name: fields.get(name, getattr(existing, name, None)) for name in PROVIDER_CAP_FIELDS}
+        if existing is None:
+            # A new provider: what it does not say is the field's default (None: no cap).
+            caps.update({name: fields.get(name, Provider._meta.get_field(name).get_default()) for name in caps})
+        cap_errors = provider_caps_errors(**caps)
+        if cap_errors:
+            raise ValidationFailed(" ".join(cap_errors.values()))
+        caps_changed = existing is not None and any(caps[name] != getattr(existing, name) for name in caps)
         if existing is None:
             if canary_percent is not None:
                 raise ValidationFailed("A new provider has no stable revision to run a canary against.")
@@ -1349,6 +1359,8 @@ def provider_upsert(
             after={**config_snapshot(provider, exclude=PROVIDER_STATE_FIELDS), **revisions.rollout_state(provider)},
             reason=revisions.clean_reason(reason),
         )
+        if caps_changed:
+            ratelimit.provider_rate_reset(provider=provider)
     provider_cache_forget(provider)
     return provider
 

@@ -26,6 +26,7 @@ QUERIES = Path(__file__).with_name("queries.sql")
 _NAME = re.compile(r"^-- name: (\w+) --$", re.MULTILINE)
 _LITERAL = re.compile(r"\{(\w+)\}")
 _NOW_PLUS = re.compile(r"ledger_now_plus\((%\(\w+\)s)\)")
+_SECONDS_SINCE = re.compile(r"ledger_seconds_since\((\w+)\)")
 
 # How the loader spells the database's clock, per database kind. Literal percent signs are
 # doubled: every statement runs with a parameter mapping.
@@ -35,6 +36,14 @@ _NOW_PLUS_SQL = {
     "postgresql": r"(now() + CAST(\1 AS double precision) * interval '1 second')",
     # SQLite's date modifiers take "<n> seconds"; NULL || text is NULL, and so is the result.
     "sqlite": r"strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', \1 || ' seconds')",
+}
+
+
+# Seconds from a timestamp column to the database's now(), as a double.
+_SECONDS_SINCE_SQL = {
+    "postgresql": r"CAST(EXTRACT(EPOCH FROM (now() - \1)) AS double precision)",
+    # julianday() reads both Django's and now()'s text forms; days to seconds.
+    "sqlite": r"((julianday('now') - julianday(\1)) * 86400.0)",
 }
 
 
@@ -60,8 +69,11 @@ def parse(text: str, *, vendor: str) -> dict[str, str]:
 
         sql = _LITERAL.sub(literal, sql)
         sql = _NOW_PLUS.sub(_NOW_PLUS_SQL[vendor], sql)
+        sql = _SECONDS_SINCE.sub(_SECONDS_SINCE_SQL[vendor], sql)
         if vendor == "sqlite":
             sql = sql.replace("now()", _SQLITE_NOW)
+            # SQLite's scalar min()/max() of several arguments are PostgreSQL's LEAST/GREATEST.
+            sql = sql.replace("LEAST(", "MIN(").replace("GREATEST(", "MAX(")
         if name in statements:
             raise ValueError(f"statement {name!r} is declared twice")
         statements[name] = sql

@@ -19,6 +19,7 @@ urlpatterns = [
     path("uploads", apis.UploadCreateApi.as_view(), name="upload-create"),
     path("uploads/<str:key>", apis.UploadDetailApi.as_view(), name="upload-detail"),
     path("uploads/<str:key>/content", apis.UploadContentApi.as_view(), name="upload-content"),
+    path("providers/<slug:slug>", apis.ProviderDetailApi.as_view(), name="provider-detail"),
     path("providers/<slug:slug>/revisions", apis.ProviderRolloutApi.as_view(), name="provider-revisions"),
     path(
         "providers/<slug:slug>/revisions/<int:number>/canary",

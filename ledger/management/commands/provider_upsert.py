@@ -12,7 +12,11 @@ from ledger.models import IdempotencyClass, Tenant
 
 
 class Command(BaseCommand):
-    help = "Create or update a provider (a receiver of side effects) for a tenant."
+    help = (
+        "Create or update a provider (a receiver of side effects) for a tenant. Rate and concurrency caps"
+        " (--max-in-flight, --rate-limit per --rate-period-seconds, --rate-burst) hold across every worker"
+        " process, counted in the database; a 429 halves the effective rate, which climbs back while quiet."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True)
@@ -35,6 +39,25 @@ class Command(BaseCommand):
             "--recheck-after",
             type=int,
             help="seconds: an older retry first asks the tenant's eligibility webhook whether it is still wanted",
+        )
+        parser.add_argument(
+            "--max-in-flight",
+            type=int,
+            help="most calls to this provider at once, over every worker process (0 = no cap)",
+        )
+        parser.add_argument(
+            "--rate-limit",
+            type=int,
+            help="most calls per --rate-period-seconds, over every worker process (0 = no rate); a 429 lowers"
+            " the effective rate (halved), which climbs back while the provider stays quiet",
+        )
+        parser.add_argument(
+            "--rate-period-seconds",
+            type=int,
+            help="the period of --rate-limit: 1 = per second (default), 60 = per minute",
+        )
+        parser.add_argument(
+            "--rate-burst", type=int, help="calls that may go at once after a quiet spell (default 1: evenly spaced)"
         )
         parser.add_argument("--unit-price")
         parser.add_argument("--auth-header", help="the header the credential is sent in, e.g. Authorization")
@@ -74,12 +97,18 @@ class Command(BaseCommand):
             "base_delay_seconds",
             "max_delay_seconds",
             "recheck_after",
+            "rate_period_seconds",
+            "rate_burst",
             "unit_price",
             "auth_header",
             "auth_secret_env",
         ):
             if options.get(name) is not None:
                 fields[name] = options[name]
+        for name in ("max_in_flight", "rate_limit"):
+            if options.get(name) is not None:
+                # 0 lifts the cap (an empty value in the console).
+                fields[name] = options[name] or None
         if options.get("success_values") is not None:
             fields["success_values"] = [v.strip() for v in options["success_values"].split(",") if v.strip()]
         if options["auth_secret_stdin"] and options["clear_auth_secret"]:
