@@ -99,7 +99,22 @@ class SubmitInputSerializer(OperationInputMixin):
     """POST /api/v1/operations: the provider-neutral envelope (execute mode)."""
 
     # method/path/query/headers/body; validated against the provider by the service.
-    request = serializers.JSONField(validators=[no_nul_characters])
+    request = serializers.JSONField(
+        required=False,
+        default=None,
+        validators=[no_nul_characters],
+        help_text="For a provider without an intent schema: method, path (below its base URL), query, headers"
+        " (its forward_headers only), body.",
+    )
+    intent = serializers.JSONField(
+        required=False,
+        default=None,
+        validators=[no_nul_characters],
+        help_text="For a provider with an intent schema (instead of `request`): its declared fields, e.g."
+        ' {"preset_id": "studio", "aspect_class": "square", "source_key": "up_…", "source_sha256": "…",'
+        ' "description": "…"}. Unknown fields and values are refused (400 intent_unknown_field,'
+        " intent_value_not_allowed); the adapter revision's request template translates it when sent.",
+    )
     deadline_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001)
     callback_url = optional_text(1000, trim_whitespace=False)
 
