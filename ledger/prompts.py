@@ -132,6 +132,18 @@ def prompt_fill(prompt: PromptTemplate, values: dict[str, Any], *, known: set[st
 VERSIONS: TtlCache[PromptTemplate] = TtlCache("PROMPT_TEMPLATE_CACHE_SECONDS", max_entries=1024)
 
 
+BY_ID: TtlCache[PromptTemplate] = TtlCache("PROMPT_TEMPLATE_CACHE_SECONDS", max_entries=2048)
+
+
+def prompt_template_label(prompt_id: int | None) -> str | None:
+    """``name@version`` of a prompt template version (attempt pages, the API, logs), or None;
+    cached by id, so a list of attempts costs no query per row."""
+    if prompt_id is None:
+        return None
+    row = BY_ID.get(prompt_id, lambda: PromptTemplate.objects.filter(pk=prompt_id).first())
+    return None if row is None else str(row)
+
+
 def prompt_template_get(*, tenant_id: int, name: str, version: int | None = None) -> PromptTemplate | None:
     """Version ``version`` of the tenant's prompt ``name``, or its newest (read each time: a
     new version takes effect at the next attempt rendered); None when there is none."""

@@ -6,8 +6,6 @@ intent, never a rounded value, never a template that evaluated anything."""
 from __future__ import annotations
 
 import io
-import json
-import threading
 from typing import Any
 
 import pytest
@@ -21,8 +19,7 @@ from ledger.intents import RequestTemplateInvalid
 from ledger.models import Attempt, ErrorClass, Operation, OperationStatus, Provider, Tenant
 from ledger.services import provider_upsert
 from tests.execute.conftest import configure_provider
-from tests.execute.support import run_due
-from tests.support.loopback import LoopbackServer, QuietHandler
+from tests.execute.support import RenderApi, run_due
 from tests.support.objects import image_bytes, noisy_png
 
 S = OperationStatus
@@ -54,44 +51,6 @@ TEMPLATE: dict[str, Any] = {
     "lookups": {"size": {"field": "aspect_class", "values": SIZES}},
 }
 INTENT = {"preset_id": "studio", "preset_version": 3, "aspect_class": "portrait", "hd": True, "strength": 0.5}
-
-
-class RenderApi:
-    """A loopback provider that keeps every request it receives (method, path, headers, JSON
-    body) and answers 200 with a job of its own, once per idempotency key."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.received: list[dict[str, Any]] = []
-        api = self
-
-        class Handler(QuietHandler):
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with api.lock:
-                    api.received.append(
-                        {
-                            "method": "POST",
-                            "path": self.path,
-                            "headers": {k.lower(): v for k, v in self.headers.items()},
-                            "body": json.loads(raw) if raw else None,
-                        }
-                    )
-                    number = len(api.received)
-                self.answer(200, json.dumps({"id": f"job_{number}", "status": "succeeded"}).encode())
-
-        self.server = LoopbackServer(Handler).start()
-        self.url = self.server.url
-
-    def stop(self) -> None:
-        self.server.stop()
-
-
-@pytest.fixture
-def render_api():
-    api = RenderApi()
-    yield api
-    api.stop()
 
 
 @pytest.fixture
@@ -445,3 +404,31 @@ def test_a_dlq_style_resubmission_of_a_stored_intent_is_an_intent(tenant, render
     with pytest.raises(DomainError) as refused:
         operation_submit(tenant=tenant, key="render-10:v1", provider="renders", request={"intent": {"x": 1}})
     assert refused.value.code == "intent_unknown_field"
+
+
+# --- The API's save path ----------------------------------------------------------------------------
+
+
+def test_the_api_sets_the_schema_and_template_as_a_revision_and_refuses_an_expression_with_problem_json(
+    tenant, renders, make_client
+):
+    admin = make_client(tenant, ["admin"])
+    writer = make_client(tenant, ["read", "write"])
+    url = "/api/v1/providers/renders/intent"
+    evil = {**TEMPLATE, "body": {"x": "{{ preset_id.__class__.__mro__ }}"}}
+
+    refused = admin.put(url, {"intent_schema": SCHEMA, "request_template": evil, "reason": "try"}, format="json")
+    forbidden = writer.put(url, {"intent_schema": SCHEMA, "request_template": TEMPLATE, "reason": "x"}, format="json")
+
+    assert refused.status_code == 400 and refused["Content-Type"].startswith("application/problem+json")
+    assert refused.json()["code"] == "request_template_invalid"
+    assert "is not a placeholder" in refused.json()["detail"]
+    assert forbidden.status_code == 403
+    assert renders.revisions.count() == 1
+
+    changed = {**TEMPLATE, "path": "/v1/renders"}
+    ok = admin.put(url, {"intent_schema": SCHEMA, "request_template": changed, "reason": "flat path"}, format="json")
+    assert ok.status_code == 200, ok.json()
+    assert ok.json()["revision"] == 2 and ok.json()["request_template"]["path"] == "/v1/renders"
+    assert writer.get(url).json()["revision"] == 2
+    assert renders.revisions.get(number=2).config["request_template"]["path"] == "/v1/renders"
