@@ -299,6 +299,8 @@ ONCEGUARD = {
     "PROVIDER_CACHE_SECONDS": env_int("PROVIDER_CACHE_SECONDS", 5),
     # Adapter revisions never change once written: a process keeps the ones it used this long.
     "ADAPTER_REVISION_CACHE_SECONDS": env_int("ADAPTER_REVISION_CACHE_SECONDS", 3600),
+    # Prompt template versions are immutable too (ledger.prompts); "the newest" is never cached.
+    "PROMPT_TEMPLATE_CACHE_SECONDS": env_int("PROMPT_TEMPLATE_CACHE_SECONDS", 3600),
     # A workflow name this process has noted is not written again for this long (ledger.workflows).
     "WORKFLOW_NAME_CACHE_SECONDS": env_int("WORKFLOW_NAME_CACHE_SECONDS", 600),
     # A caller's lease wish is clamped into this range (seconds).

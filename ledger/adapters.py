@@ -222,9 +222,12 @@ def prepare_request(
     operation: Operation,
     callback_body: bytes | None = None,
     extra_headers: dict[str, str] | None = None,
+    envelope: dict[str, Any] | None = None,
 ) -> PreparedRequest:
-    """The HTTP request of an attempt: the stored envelope, the key, the credentials."""
-    envelope = open_json(operation.request) or {}
+    """The HTTP request of an attempt: the stored envelope (or ``envelope``, an intent's
+    translation: ledger.translation), the key, the credentials."""
+    if envelope is None:
+        envelope = open_json(operation.request) or {}
     headers = {str(k): str(v) for k, v in (envelope.get("headers") or {}).items()}
     headers.update(extra_headers or {})
     headers[provider.idempotency_header] = operation.key
@@ -327,6 +330,7 @@ def send(
     client: httpx.Client,
     callback_body: bytes | None = None,
     extra_headers: dict[str, str] | None = None,
+    envelope: dict[str, Any] | None = None,
 ) -> Outcome:
     """One attempt against the provider, classified. Never raises for network trouble."""
     timeout = float(provider.timeout_seconds)
@@ -339,7 +343,11 @@ def send(
 
     try:
         prepared = prepare_request(
-            provider=provider, operation=operation, callback_body=callback_body, extra_headers=extra_headers
+            provider=provider,
+            operation=operation,
+            callback_body=callback_body,
+            extra_headers=extra_headers,
+            envelope=envelope,
         )
         scheme = urlsplit(prepared.url).scheme
         if scheme not in ("http", "https"):

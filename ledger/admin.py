@@ -4,7 +4,7 @@ everyone, superusers included: every change goes through a service and leaves it
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from ledger import callbacks, canary, display, ratelimit, revisions, services
+from ledger import callbacks, canary, display, prompts, ratelimit, revisions, services
 from ledger.config_changes import config_change_record
 from ledger.credentials import credential_is_set, sealed_credential
 from ledger.errors import DomainError, ValidationFailed
@@ -90,6 +90,7 @@ class AttemptInline(ReadOnlyInline):
         "response_status",
         "execution_id",
         "revision",
+        "prompt",
     ]
     readonly_fields = fields
 
@@ -97,6 +98,21 @@ class AttemptInline(ReadOnlyInline):
     def revision(self, obj: Attempt) -> str:
         number = revisions.revision_number(obj.adapter_revision_id)
         return display.EMPTY if number is None else str(number)
+
+    @admin.display(description="prompt template")
+    def prompt(self, obj: Attempt) -> str:
+        return prompts.prompt_template_label(obj.prompt_template_id) or display.EMPTY
+
+
+def attempts_with_labels(rows: Iterable[Attempt]) -> list[Attempt]:
+    """Attempts for a console table, each with ``revision_label`` (its adapter revision's
+    number) and ``prompt_label`` (``name@version`` of its prompt template): read from the
+    per-process caches of those immutable rows, no query per attempt."""
+    attempts = list(rows)
+    for attempt in attempts:
+        attempt.revision_label = revisions.revision_number(attempt.adapter_revision_id)  # type: ignore[attr-defined]
+        attempt.prompt_label = prompts.prompt_template_label(attempt.prompt_template_id)  # type: ignore[attr-defined]
+    return attempts
 
 
 class EventInline(ReadOnlyInline):

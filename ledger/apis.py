@@ -16,13 +16,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import canary, objects, outputs, ratelimit, selectors, services, sql, uploads
+from ledger import canary, objects, outputs, prompts, ratelimit, revisions, selectors, services, sql, uploads
 from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
-from ledger.models import Operation, OperationOutput, OperationStatus, Provider, ProviderKind, Upload
+from ledger.models import Operation, OperationOutput, OperationStatus, PromptTemplate, Provider, ProviderKind, Upload
 from ledger.pagination import KeysetCursorPagination
 from ledger.serializer_reuse import represented, validated_data
 from ledger.serializers import (
+    AttemptOutputSerializer,
     CanaryInputSerializer,
     ClaimInputSerializer,
     ClaimOutputSerializer,
@@ -31,6 +32,10 @@ from ledger.serializers import (
     HeartbeatInputSerializer,
     OperationOutputSerializer,
     OutputObjectSerializer,
+    PromptTemplateInputSerializer,
+    PromptTemplateOutputSerializer,
+    ProviderIntentInputSerializer,
+    ProviderIntentOutputSerializer,
     ProviderOutputSerializer,
     ReplayedOperationOutputSerializer,
     RolloutMoveInputSerializer,
@@ -211,6 +216,16 @@ class OperationDetailApi(APIView):
     def get(self, request: Request, operation_id: int) -> Response:
         op = selectors.operation_get(tenant=request.user.tenant, operation_id=operation_id)
         return operation_response(op, status=200)
+
+
+class OperationAttemptsApi(APIView):
+    @extend_schema(
+        responses={200: AttemptOutputSerializer(many=True)},
+        summary="An operation's attempts, oldest first: outcome, adapter revision and prompt template version",
+    )
+    def get(self, request: Request, operation_id: int) -> Response:
+        op = selectors.operation_get(tenant=request.user.tenant, operation_id=operation_id)
+        return Response(AttemptOutputSerializer(op.attempt_set.order_by("number"), many=True).data)
 
 
 class OperationFilter(django_filters.FilterSet):
@@ -504,3 +519,78 @@ class ProviderRollbackApi(APIView):
         )
         body = {**canary.provider_rollout(result.provider), "requeued": result.requeued}
         return Response(represented(RolloutOutputSerializer, body))
+
+
+# --- Intent envelopes and prompt templates (ledger.intents, ledger.prompts) -------------------------
+
+
+class AdminToWrite:
+    """Reading needs `read`; a change needs `admin` (ledger.auth reads ``required_scope``)."""
+
+    request: Request
+
+    @property
+    def required_scope(self) -> str | None:
+        return None if self.request.method in ("GET", "HEAD", "OPTIONS") else "admin"
+
+
+def _intent_view(provider: Provider) -> dict[str, Any]:
+    return {
+        "provider": provider.slug,
+        "revision": revisions.revision_number(provider.revision_id),
+        "canary_revision": revisions.revision_number(provider.canary_revision_id),
+        "intent_schema": provider.intent_schema,
+        "request_template": provider.request_template,
+    }
+
+
+class ProviderIntentApi(AdminToWrite, APIView):
+    @extend_schema(
+        responses={200: ProviderIntentOutputSerializer},
+        summary="A provider's intent schema and request template (its stable adapter revision's)",
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        return Response(represented(ProviderIntentOutputSerializer, _intent_view(_tenant_provider(request, slug))))
+
+    @extend_schema(
+        request=ProviderIntentInputSerializer,
+        responses={200: ProviderIntentOutputSerializer},
+        summary="Set a provider's intent schema and request template: the next adapter revision (stable, or a"
+        " canary); a template that would evaluate anything is 400 request_template_invalid",
+    )
+    def put(self, request: Request, slug: str) -> Response:
+        data = validated_input(ProviderIntentInputSerializer, request)
+        _tenant_provider(request, slug)
+        provider = services.provider_upsert(
+            tenant=request.user.tenant,
+            slug=slug,
+            actor=request.user.actor,
+            reason=data["reason"],
+            canary_percent=data["canary_percent"],
+            intent_schema=data["intent_schema"],
+            request_template=data["request_template"],
+        )
+        return Response(represented(ProviderIntentOutputSerializer, _intent_view(provider)))
+
+
+class PromptTemplateListApi(AdminToWrite, APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("name", str, OpenApiParameter.QUERY, required=False)],
+        responses={200: PromptTemplateOutputSerializer(many=True)},
+        summary="The tenant's prompt templates, every version, newest first",
+    )
+    def get(self, request: Request) -> Response:
+        rows = PromptTemplate.objects.filter(tenant_id=request.user.tenant.pk).order_by("name", "-version")
+        if request.query_params.get("name"):
+            rows = rows.filter(name=request.query_params["name"])
+        return Response(PromptTemplateOutputSerializer(rows[:500], many=True).data)
+
+    @extend_schema(
+        request=PromptTemplateInputSerializer,
+        responses={201: PromptTemplateOutputSerializer},
+        summary="Create the next version of a prompt template (versions are immutable)",
+    )
+    def post(self, request: Request) -> Response:
+        data = validated_input(PromptTemplateInputSerializer, request)
+        prompt = prompts.prompt_template_create(tenant=request.user.tenant, actor=request.user.actor, **data)
+        return Response(represented(PromptTemplateOutputSerializer, prompt), status=201)

@@ -32,7 +32,19 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
-from ledger import adapters, admission, callbacks, canary, eligibility, ratelimit, revisions, services
+from ledger import (
+    adapters,
+    admission,
+    callbacks,
+    canary,
+    eligibility,
+    intents,
+    prompts,
+    ratelimit,
+    revisions,
+    services,
+    translation,
+)
 from ledger.crypto import open_json
 from ledger.errors import (
     AdmissionRefused,
@@ -191,7 +203,8 @@ def operation_submit(
     key: str,
     provider: str,
     action: str = "",
-    request: Any,
+    request: Any = None,
+    intent: Any = None,
     payload: Any = None,
     deadline_seconds: float | None = None,
     callback_url: str = "",
@@ -210,6 +223,12 @@ def operation_submit(
     its recorded outcome once finished (``replayed``), the operation itself while it is open
     (``still_open``), never the claim protocol's 409s; another request is still a 422.
 
+    A provider with an intent schema (DESIGN §5, intents) takes ``intent`` instead of
+    ``request`` (``request={"intent": …}`` is the same, as the DLQ's correction resubmits a
+    stored one): it is checked against the schema of the revision the new row would run
+    under, its uploads against the tenant's, rendered once, and stored as ``{"intent": …}``
+    (so the fingerprint covers it); ``request_bytes`` adds the referenced uploads' sizes.
+
     Validation and admission raise before anything is written, so a corrected retry can
     succeed. Admission runs only for a key that is new: a replay is never refused.
     """
@@ -217,13 +236,32 @@ def operation_submit(
     key = services.reserved_key_check(services.validate_key(key))
     provider_obj = execute_provider_for(tenant=tenant, slug=provider)
     # The revision a new row would run under (a key already stored keeps its own): its
-    # adapter fields say which headers a caller may forward.
+    # adapter fields say which headers a caller may forward, and what intent it takes.
     revision_id = revisions.revision_assign(provider=provider_obj, tenant_id=tenant.pk, key=key)
-    envelope = normalize_envelope(request=request, provider=revisions.revision_view(provider_obj, revision_id))
+    view = revisions.revision_view(provider_obj, revision_id)
+    if intent is None and intents.is_intent(request):
+        intent, request = request["intent"], None
+    upload_bytes = 0
+    if view.intent_schema:
+        if request is not None:
+            raise intents.IntentRequired(
+                f"Provider {provider_obj.slug!r} takes an intent (`intent`: its declared fields), not a request."
+            )
+        admitted = translation.intent_admit(tenant_id=tenant.pk, provider=view, intent=intent)
+        # What the worker will send must pass the same checks as a submitted request.
+        normalize_envelope(request=admitted.rendered.request, provider=view)
+        envelope: dict[str, Any] = {"intent": admitted.values}
+        upload_bytes = admitted.upload_bytes
+    elif intent is not None:
+        raise intents.IntentNotAccepted(f"Provider {provider_obj.slug!r} declares no intent schema: send `request`.")
+    else:
+        envelope = normalize_envelope(request=request, provider=view)
     size = len(services.canonical_json(envelope).encode())
     limit = int(_cfg("EXECUTE_MAX_REQUEST_BYTES", 256 * 1024))
     if size > limit:
         raise RequestTooLarge(f"The request envelope is {size} bytes; the limit is {limit}.", extra={"limit": limit})
+    # Admission's queued bytes: the envelope and the uploads it makes a worker send (DESIGN §11).
+    size += upload_bytes
     if deadline_seconds is not None and not 0 < float(deadline_seconds) <= 366 * 86400:
         raise ValidationFailed("deadline_seconds must be positive (at most a year).")
     if callback_url:
@@ -375,7 +413,9 @@ def _revision_retired(*, op_id: int, status: str, revision_id: int, stable_id: i
 # --- Execute one taken operation --------------------------------------------------------------
 
 
-def _send(*, op: Operation, provider: Provider, client: httpx.Client) -> adapters.Outcome:
+def _send(
+    *, op: Operation, provider: Provider, client: httpx.Client, envelope: dict[str, Any] | None = None
+) -> adapters.Outcome:
     if provider.kind == ProviderKind.CALLBACK:
         url = str((open_json(op.request) or {}).get("url") or "")
         tenant = Tenant.objects.only("id", "callback_allow_list").get(pk=op.tenant_id)
@@ -389,7 +429,7 @@ def _send(*, op: Operation, provider: Provider, client: httpx.Client) -> adapter
         return adapters.send(
             provider=provider, operation=op, client=client, callback_body=body, extra_headers=signature
         )
-    return adapters.send(provider=provider, operation=op, client=client)
+    return adapters.send(provider=provider, operation=op, client=client, envelope=envelope)
 
 
 def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outcome, actor: str) -> Operation:
@@ -537,54 +577,99 @@ def operation_execute(
     return recorded
 
 
+def _translated(*, op: Operation, provider: Provider) -> tuple[dict[str, Any] | None, Any, adapters.Outcome | None]:
+    """An intent operation's request under the revision this attempt runs under (``provider``
+    is its view): (the envelope to send, the prompt template it placed, None), or (None, None,
+    the ``invalid_input`` outcome of an intent that revision refuses — nothing is sent). A
+    plain request: (None, None, None), the stored envelope is sent."""
+    if provider.kind != ProviderKind.HTTP:
+        return None, None, None
+    stored = open_json(op.request)
+    if not intents.is_intent(stored):
+        return None, None, None
+    try:
+        rendered = translation.intent_translate(tenant_id=op.tenant_id, provider=provider, intent=stored["intent"])
+        envelope = normalize_envelope(request=rendered.request, provider=provider)
+    except DomainError as exc:
+        revision = revisions.revision_number(op.adapter_revision_id)
+        log.warning("execute_intent_refused key=%s attempt=%s code=%s", op.key, op.attempts, exc.code)
+        message = f"intent not valid under adapter revision {revision} ({exc.code}): {exc.detail}"
+        return None, None, adapters.Outcome(ErrorClass.INVALID_INPUT, message=message[:400], sent=False)
+    return envelope, rendered.prompt, None
+
+
 def _execute(
     *, op: Operation, provider: Provider, client: httpx.Client, actor: str, taken_at: float | None
 ) -> Operation | None:
     stalled = taken_at is not None and time.monotonic() - taken_at > adapters.send_window_seconds()
-    if op.sent_at is None:
-        # Taken after its deadline or lifetime: old work expires instead of acting.
-        outcome = adapters.Outcome(
-            ErrorClass.TRANSIENT, message="deadline or lifetime passed before sending", sent=False
-        )
-    elif stalled:
-        # Stalled between take and send (a paused process, starved threads): the rest of the
-        # lease may not cover the send, so the row may be swept while the request is out.
-        outcome = adapters.Outcome(
-            ErrorClass.TRANSIENT, message="stalled past the send window after the take; not sent", sent=False
-        )
-        log.warning("execute_send_skipped_stalled key=%s attempt=%s", op.key, op.attempts)
-    else:
-        outcome = _send(op=op, provider=provider, client=client)
-        observe_provider_call(
-            provider=provider.slug,
-            seconds=outcome.duration_ms / 1000,
-            outcome="throttled" if outcome.throttled else (outcome.error_class or "succeeded"),
-            revision=str(revisions.revision_number(op.adapter_revision_id) or ""),
-        )
-    try:
-        recorded = record_outcome_retrying(op=op, provider=provider, outcome=outcome, actor=actor)
-    except DomainError as exc:
-        log.warning(
-            "execute_result_refused key=%s attempt=%s code=%s outcome=%s",
+    with contextlib.ExitStack() as context:
+        if op.sent_at is None:
+            # Taken after its deadline or lifetime: old work expires instead of acting.
+            outcome = adapters.Outcome(
+                ErrorClass.TRANSIENT, message="deadline or lifetime passed before sending", sent=False
+            )
+        elif stalled:
+            # Stalled between take and send (a paused process, starved threads): the rest of the
+            # lease may not cover the send, so the row may be swept while the request is out.
+            outcome = adapters.Outcome(
+                ErrorClass.TRANSIENT, message="stalled past the send window after the take; not sent", sent=False
+            )
+            log.warning("execute_send_skipped_stalled key=%s attempt=%s", op.key, op.attempts)
+        else:
+            envelope, prompt, refused = _translated(op=op, provider=provider)
+            if prompt is not None:
+                # Every line of the attempt from here on names the prompt version it sent.
+                context.enter_context(log_context(prompt_template=str(prompt)))
+                refused = refused or _prompt_recorded(op=op, prompt_id=prompt.pk)
+            if refused is not None:
+                outcome = refused
+            else:
+                outcome = _send(op=op, provider=provider, client=client, envelope=envelope)
+                observe_provider_call(
+                    provider=provider.slug,
+                    seconds=outcome.duration_ms / 1000,
+                    outcome="throttled" if outcome.throttled else (outcome.error_class or "succeeded"),
+                    revision=str(revisions.revision_number(op.adapter_revision_id) or ""),
+                )
+        try:
+            recorded = record_outcome_retrying(op=op, provider=provider, outcome=outcome, actor=actor)
+        except DomainError as exc:
+            log.warning(
+                "execute_result_refused key=%s attempt=%s code=%s outcome=%s",
+                op.key,
+                op.attempts,
+                exc.code,
+                outcome.error_class or "succeeded",
+            )
+            return None
+        log.info(
+            "execute_attempt key=%s attempt=%s provider=%s outcome=%s status=%s provider_ref=%s duration_ms=%s"
+            " correlation_id=%s workflow_version=%s adapter_revision=%s to=%s",
             op.key,
             op.attempts,
-            exc.code,
+            provider.slug,
             outcome.error_class or "succeeded",
+            outcome.status,
+            outcome.provider_ref,
+            outcome.duration_ms,
+            op.correlation_id,
+            op.workflow_version,
+            revisions.revision_number(op.adapter_revision_id),
+            recorded.status,
         )
-        return None
-    log.info(
-        "execute_attempt key=%s attempt=%s provider=%s outcome=%s status=%s provider_ref=%s duration_ms=%s"
-        " correlation_id=%s workflow_version=%s adapter_revision=%s to=%s",
-        op.key,
-        op.attempts,
-        provider.slug,
-        outcome.error_class or "succeeded",
-        outcome.status,
-        outcome.provider_ref,
-        outcome.duration_ms,
-        op.correlation_id,
-        op.workflow_version,
-        revisions.revision_number(op.adapter_revision_id),
-        recorded.status,
-    )
-    return recorded
+        return recorded
+
+
+def _prompt_recorded(*, op: Operation, prompt_id: int) -> adapters.Outcome | None:
+    """Record the prompt version on the attempt before sending; None when recorded. A database
+    blip here is "not sent" (transient): the attempt never goes out without its record."""
+    try:
+        prompts.attempt_prompt_record(operation_id=op.pk, lease_token=op.lease_token, prompt_id=prompt_id)
+    except Exception as exc:
+        if not database_unavailable(exc) or connection.in_atomic_block:
+            raise
+        connection_discard()
+        return adapters.Outcome(
+            ErrorClass.TRANSIENT, message="could not record the prompt template version; not sent", sent=False
+        )
+    return None

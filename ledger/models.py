@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -10,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from ledger.errors import DestinationNotAllowed
+from ledger.intents import intent_config_errors
 from ledger.outbound import outbound_check, outbound_prefixes_check
 from ledger.provider_checks import provider_config_errors
 from ledger.storable import MAX_DURATION_SECONDS
@@ -340,6 +342,27 @@ class Provider(models.Model):
         db_default=1,
         help_text="calls that may go at once after a quiet spell (1 spaces the calls evenly); at most the rate",
     )
+    # Intent envelopes (DESIGN §5, intents; ledger.intents). With a schema, submissions carry
+    # `intent` (named, typed, bounded values) instead of a request, and the request template
+    # translates it into the provider's request when an attempt is sent. Both are adapter
+    # fields: a revision holds them as a pair, so a rollback restores the schema with the
+    # translation written for it. Checked on every save path (Provider.clean, provider_upsert).
+    intent_schema = models.JSONField(
+        null=True,
+        blank=True,
+        default=None,
+        help_text='{"fields": {"aspect_class": {"type": "enum", "values": ["square", "portrait"],'
+        ' "required": true}, …}}; empty: submissions send a request (method, path, body).',
+    )
+    request_template = models.JSONField(
+        null=True,
+        blank=True,
+        default=None,
+        help_text='The provider\'s request with placeholders: {"method": "POST", "path": "/v1/renders",'
+        ' "body": {"size": "{{ size }}", "prompt": "{{ prompt:render-default }}"}, "lookups": {"size":'
+        ' {"field": "aspect_class", "values": {"square": "1024x1024", …}}}}. Only {{ name }} substitutes;'
+        " nothing is evaluated.",
+    )
     # Adapter revisions (DESIGN §5, adapter revisions; ledger.revisions, ledger.canary). The
     # adapter fields above (ADAPTER_FIELDS) always hold the stable revision's snapshot;
     # `revision` points at it. A canary revision takes `canary_percent` of new operations,
@@ -402,6 +425,15 @@ class Provider(models.Model):
                 rate_limit=self.rate_limit,
                 rate_period_seconds=self.rate_period_seconds,
                 rate_burst=self.rate_burst,
+            )
+        )
+        # What a submission may say and how it is translated (ledger.intents): a template that
+        # would evaluate anything is refused here, never at send time.
+        errors.update(
+            intent_config_errors(
+                intent_schema=self.intent_schema,
+                request_template=self.request_template,
+                prompt_slots=prompt_slots_of(self.tenant_id),
             )
         )
         if errors:
@@ -475,6 +507,8 @@ ADAPTER_FIELDS = (
     "timeout_seconds",
     "lookup_path",
     "lookup_settle_seconds",
+    "intent_schema",
+    "request_template",
 )
 
 
@@ -503,6 +537,46 @@ class AdapterRevision(models.Model):
 
     def __str__(self) -> str:
         return f"revision {self.number}"
+
+
+class PromptTemplate(models.Model):
+    """One immutable version of a tenant's prompt text (DESIGN §5, prompt templates;
+    ledger.prompts). ``text`` holds the instructions and ``{{ slot }}`` placeholders for the
+    declared ``slots`` (name → ``{"max_length": n}``); a request template names the prompt
+    (``{{ prompt:name }}``, the newest version, or ``{{ prompt:name@3 }}``), and user text goes
+    only into the slots, fenced and capped. Numbered 1..n per tenant and name; a change is a
+    new version, never an edit; the attempt that used one records it."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    name = models.SlugField(max_length=63)
+    version = models.PositiveIntegerField()
+    text = models.TextField()
+    slots = models.JSONField(default=dict, blank=True)
+    created_by = models.CharField(max_length=150)
+    created_at = models.DateTimeField()
+    reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        db_table = "ledger_prompttemplate"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name", "version"], name="prompttemplate_unique_version")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+def prompt_slots_of(tenant_id: int | None) -> Callable[[str, int | None], dict[str, Any] | None]:
+    """A tenant's prompt templates' declared slots by name and version (None: the newest), or
+    None for a prompt that does not exist: what ``intents.template_problems`` checks a request
+    template's prompt references against."""
+
+    def slots(name: str, version: int | None) -> dict[str, Any] | None:
+        rows = PromptTemplate.objects.filter(tenant_id=tenant_id, name=name)
+        row = rows.filter(version=version).first() if version else rows.order_by("-version").first()
+        return None if row is None else dict(row.slots)
+
+    return slots
 
 
 class Operation(models.Model):
@@ -574,7 +648,8 @@ class Operation(models.Model):
     )
     # When the tenant's eligibility webhook last answered "still wanted" for this row.
     eligibility_confirmed_at = models.DateTimeField(null=True, blank=True)
-    # Execute mode: size of the stored request (admission's queued-bytes limit), the
+    # Execute mode: size of the stored request plus the bytes of the uploads its intent
+    # references (admission's queued-bytes limit: DESIGN §11), the
     # provider's unit price at submission (the tenant's budget; refunded by failed/abandoned)
     # and where the terminal outcome is POSTed.
     request_bytes = Counter(default=0, db_default=0)
@@ -701,6 +776,11 @@ class Attempt(models.Model):
     # when the attempt opens). Guard-mode attempts have none.
     adapter_revision = models.ForeignKey(
         AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
+    )
+    # The prompt template version the attempt's request was rendered with (intent envelopes
+    # whose request template names a prompt: ledger.prompts); set by the worker before it sends.
+    prompt_template = models.ForeignKey(
+        PromptTemplate, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
     )
 
     class Meta:

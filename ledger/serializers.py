@@ -7,7 +7,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger import revisions, selectors
+from ledger import prompts, revisions, selectors
 from ledger.crypto import open_json
 from ledger.masking import stored_value_masked
 from ledger.models import REPORTED_ERROR_CLASSES, Operation
@@ -99,7 +99,22 @@ class SubmitInputSerializer(OperationInputMixin):
     """POST /api/v1/operations: the provider-neutral envelope (execute mode)."""
 
     # method/path/query/headers/body; validated against the provider by the service.
-    request = serializers.JSONField(validators=[no_nul_characters])
+    request = serializers.JSONField(
+        required=False,
+        default=None,
+        validators=[no_nul_characters],
+        help_text="For a provider without an intent schema: method, path (below its base URL), query, headers"
+        " (its forward_headers only), body.",
+    )
+    intent = serializers.JSONField(
+        required=False,
+        default=None,
+        validators=[no_nul_characters],
+        help_text="For a provider with an intent schema (instead of `request`): its declared fields, e.g."
+        ' {"preset_id": "studio", "aspect_class": "square", "source_key": "up_…", "source_sha256": "…",'
+        ' "description": "…"}. Unknown fields and values are refused (400 intent_unknown_field,'
+        " intent_value_not_allowed); the adapter revision's request template translates it when sent.",
+    )
     deadline_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001)
     callback_url = optional_text(1000, trim_whitespace=False)
 
@@ -367,3 +382,89 @@ class RolloutOutputSerializer(serializers.Serializer):
     requeued = serializers.IntegerField(
         required=False, help_text="Roll back: operations re-queued under the stable revision."
     )
+
+
+# --- Intent envelopes and prompt templates (ledger.intents, ledger.prompts) --------------------
+
+
+class ProviderIntentInputSerializer(RolloutReasonSerializer):
+    intent_schema = serializers.JSONField(
+        allow_null=True,
+        validators=[no_nul_characters],
+        help_text='{"fields": {name: {"type": "string"|"integer"|"number"|"boolean"|"enum"|"upload",'
+        ' "required", "max_length"/"min_length" (string), "min"/"max" (numbers), "values" (enum)}}};'
+        " null: submissions send a request.",
+    )
+    request_template = serializers.JSONField(
+        allow_null=True,
+        validators=[no_nul_characters],
+        help_text="method, path, query, headers, body with {{ name }} placeholders (a whole string keeps the"
+        " value's type), lookups translating every value of an enum field, {{ prompt:name }} or"
+        " {{ prompt:name@n }}. Nothing else in braces is accepted.",
+    )
+    canary_percent = serializers.IntegerField(
+        min_value=1,
+        max_value=100,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Roll the new revision out as a canary for this share of new operations; empty: stable at once.",
+    )
+
+
+class ProviderIntentOutputSerializer(serializers.Serializer):
+    provider = serializers.CharField()
+    revision = serializers.IntegerField(allow_null=True, help_text="The stable adapter revision (its schema below).")
+    canary_revision = serializers.IntegerField(allow_null=True)
+    intent_schema = serializers.JSONField(allow_null=True)
+    request_template = serializers.JSONField(allow_null=True)
+
+
+class PromptTemplateInputSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=63, help_text="Lower case letters, digits, - and _.")
+    text = serializers.CharField(
+        max_length=50_000,
+        trim_whitespace=False,
+        validators=[no_nul_characters],
+        help_text="The instructions, with {{ slot }} where a declared slot's user text goes (fenced).",
+    )
+    slots = serializers.DictField(child=serializers.DictField(), help_text='{"description": {"max_length": 500}, …}')
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class PromptTemplateOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    version = serializers.IntegerField()
+    text = serializers.CharField()
+    slots = serializers.DictField()
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    reason = serializers.CharField()
+
+
+class AttemptOutputSerializer(serializers.Serializer):
+    """One try of an operation, as evidence: what it ran under and what came of it."""
+
+    number = serializers.IntegerField()
+    outcome = serializers.CharField()
+    started_at = serializers.DateTimeField()
+    sent_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    error_class = serializers.CharField()
+    message = serializers.CharField()
+    provider_ref = serializers.CharField()
+    response_status = serializers.IntegerField(allow_null=True)
+    adapter_revision = serializers.SerializerMethodField(
+        help_text="The number of the adapter revision the attempt ran under (execute mode)."
+    )
+    prompt_template = serializers.SerializerMethodField(
+        help_text="name@version of the prompt template the attempt's request was rendered with, if any."
+    )
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_adapter_revision(self, attempt: Any) -> int | None:
+        return revisions.revision_number(attempt.adapter_revision_id)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_prompt_template(self, attempt: Any) -> str | None:
+        return prompts.prompt_template_label(attempt.prompt_template_id)

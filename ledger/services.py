@@ -59,6 +59,7 @@ from ledger.errors import (
     UnknownProvider,
     ValidationFailed,
 )
+from ledger.intents import RequestTemplateInvalid, intent_config_errors
 from ledger.logs import operation_fields
 from ledger.models import (
     ALLOWED_TRANSITIONS,
@@ -77,6 +78,7 @@ from ledger.models import (
     OperationStatus,
     Provider,
     Tenant,
+    prompt_slots_of,
     provider_caps_errors,
 )
 from ledger.provider_checks import provider_config_errors
@@ -1318,6 +1320,16 @@ def provider_upsert(
         if errors:
             text = " ".join(errors.values())
             raise DestinationNotAllowed(text) if "base_url" in errors else ValidationFailed(text)
+        # The intent schema and request template (ledger.intents): checked as a pair.
+        intent_errors = intent_config_errors(
+            **{
+                name: fields[name] if name in fields else getattr(existing, name, None)
+                for name in ("intent_schema", "request_template")
+            },
+            prompt_slots=prompt_slots_of(tenant.pk),
+        )
+        if intent_errors:
+            raise RequestTemplateInvalid(" ".join(intent_errors.values()), extra={"fields": intent_errors})
         if "base_url" in fields:
             # Stored in the canonical form the check saw.
             fields["base_url"] = base_url

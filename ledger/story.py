@@ -19,6 +19,8 @@ from ledger.models import (
     OperationMode,
     OperationStatus,
 )
+from ledger.prompts import prompt_template_label
+from ledger.revisions import revision_number
 
 S = OperationStatus
 
@@ -137,6 +139,15 @@ def operation_story(
         story.notes.append(
             f"Gives up {age_words(op.expires_at, now)} (lifetime ends {when(op.expires_at)}); "
             f"{op.attempts} of {op.max_attempts} attempts used."
+        )
+    rendered = next((a for a in reversed(attempts) if a.prompt_template_id is not None), None)
+    if rendered is not None:
+        # An intent's request is rendered per attempt: say from what, so a reader can tell
+        # which instructions the provider was given.
+        story.notes.append(
+            f"Attempt {rendered.number} was rendered from prompt template"
+            f" {prompt_template_label(rendered.prompt_template_id)} under adapter revision"
+            f" {revision_number(rendered.adapter_revision_id)}."
         )
     outcomes = {a.outcome for a in attempts}
     if AttemptOutcome.FENCED in outcomes:

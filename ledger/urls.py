@@ -6,6 +6,7 @@ urlpatterns = [
     path("claims", apis.ClaimCreateApi.as_view(), name="claim-create"),
     path("operations", apis.OperationListApi.as_view(), name="operation-list"),
     path("operations/<int:operation_id>", apis.OperationDetailApi.as_view(), name="operation-detail"),
+    path("operations/<int:operation_id>/attempts", apis.OperationAttemptsApi.as_view(), name="operation-attempts"),
     path("operations/<int:operation_id>/sent", apis.OperationSentApi.as_view(), name="operation-sent"),
     path("operations/<int:operation_id>/complete", apis.OperationCompleteApi.as_view(), name="operation-complete"),
     path("operations/<int:operation_id>/fail", apis.OperationFailApi.as_view(), name="operation-fail"),
@@ -21,6 +22,8 @@ urlpatterns = [
     path("uploads/<str:key>/content", apis.UploadContentApi.as_view(), name="upload-content"),
     path("providers/<slug:slug>", apis.ProviderDetailApi.as_view(), name="provider-detail"),
     path("providers/<slug:slug>/revisions", apis.ProviderRolloutApi.as_view(), name="provider-revisions"),
+    path("providers/<slug:slug>/intent", apis.ProviderIntentApi.as_view(), name="provider-intent"),
+    path("prompt-templates", apis.PromptTemplateListApi.as_view(), name="prompt-template-list"),
     path(
         "providers/<slug:slug>/revisions/<int:number>/canary",
         apis.ProviderCanaryApi.as_view(),

@@ -20,7 +20,7 @@ from django_q import admin as django_q_admin  # noqa: F401  (registers its pages
 from django_q.models import Schedule
 
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, SelectorSearchMixin, TenantColumnMixin
+from ledger.admin import ReadOnlyAdmin, SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError
 from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
@@ -155,7 +155,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
             "opts": self.opts,
             "title": f"Review {item.key}",
             "item": item,
-            "attempts": item.attempt_set.order_by("number"),
+            "attempts": attempts_with_labels(item.attempt_set.order_by("number")),
             "events": item.events.order_by("at", "id"),
             "story": operation_story(
                 item, list(item.attempt_set.order_by("number")), list(item.events.order_by("at", "id"))

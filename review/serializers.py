@@ -5,6 +5,8 @@ from typing import Any
 from rest_framework import serializers
 
 from ledger.models import Operation
+from ledger.prompts import prompt_template_label
+from ledger.revisions import revision_number
 from ledger.serializers import OperationOutputSerializer, _iso, operation_representation
 from ledger.storable import MAX_DURATION_SECONDS
 from review.models import ReviewDecision
@@ -48,6 +50,8 @@ def review_item_representation(op: Operation) -> dict[str, Any]:
             "message": a.message,
             "provider_ref": a.provider_ref,
             "response_status": a.response_status,
+            "adapter_revision": revision_number(a.adapter_revision_id),
+            "prompt_template": prompt_template_label(a.prompt_template_id),
         }
         # all(), sorted here: served by review_item_list's prefetch, one query per page.
         for a in sorted(op.attempt_set.all(), key=lambda a: a.number)

@@ -12,6 +12,7 @@ from ledger import selectors
 from ledger.models import IdempotencyClass, Provider, Tenant
 from ledger.services import provider_upsert
 from relay.testing import RunningServer
+from tests.execute.support import RenderApi
 from tests.support.fixtures import *  # noqa: F403
 
 
@@ -66,3 +67,10 @@ def charge_envelope() -> Callable[..., dict[str, Any]]:
         return {"method": "POST", "path": "/charges", "body": {"amount": amount, "currency": "eur", **extra}}
 
     return make
+
+
+@pytest.fixture
+def render_api() -> Iterator[RenderApi]:
+    api = RenderApi()
+    yield api
+    api.stop()

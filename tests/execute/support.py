@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ from django.db import connection
 from ledger import adapters, sql
 from ledger.execute import operation_execute, operations_take
 from ledger.models import Operation
+from tests.support.loopback import LoopbackServer, QuietHandler
 from tests.support.outbound import announce, outbound_env
 
 BASE_DIR = Path(__file__).resolve().parents[2]
@@ -164,3 +167,34 @@ class CallbackReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class RenderApi:
+    """A loopback provider that keeps every request it receives (method, path, headers, JSON
+    body) and answers 200 with a job of its own, once per idempotency key."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.received: list[dict[str, Any]] = []
+        api = self
+
+        class Handler(QuietHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with api.lock:
+                    api.received.append(
+                        {
+                            "method": "POST",
+                            "path": self.path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": json.loads(raw) if raw else None,
+                        }
+                    )
+                    number = len(api.received)
+                self.answer(200, json.dumps({"id": f"job_{number}", "status": "succeeded"}).encode())
+
+        self.server = LoopbackServer(Handler).start()
+        self.url = self.server.url
+
+    def stop(self) -> None:
+        self.server.stop()

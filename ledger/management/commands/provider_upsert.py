@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -9,6 +10,21 @@ from ledger import services
 from ledger.config_changes import cli_actor
 from ledger.errors import DomainError
 from ledger.models import IdempotencyClass, Tenant
+
+
+def json_file(path: str) -> Any:
+    """The JSON document in ``path`` (None for an empty file)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise CommandError(f"Cannot read {path}: {exc.strerror}.") from None
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"{path} is not JSON: {exc}.") from None
 
 
 class Command(BaseCommand):
@@ -77,6 +93,15 @@ class Command(BaseCommand):
             help="roll a change of the adapter fields out as a canary taking this share (1–100) of new operations;"
             " without it the new adapter revision is stable at once",
         )
+        parser.add_argument(
+            "--intent-schema-file",
+            help='a JSON file with the intent schema submissions are checked against ({"fields": {…}}; an empty'
+            " file clears it)",
+        )
+        parser.add_argument(
+            "--request-template-file",
+            help="a JSON file with the request template translating an intent into the provider's request",
+        )
         parser.add_argument("--reason", default="", help="why: recorded with the adapter revision and the change")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -111,6 +136,10 @@ class Command(BaseCommand):
                 fields[name] = options[name] or None
         if options.get("success_values") is not None:
             fields["success_values"] = [v.strip() for v in options["success_values"].split(",") if v.strip()]
+        for name in ("intent_schema", "request_template"):
+            path = options.get(f"{name}_file")
+            if path is not None:
+                fields[name] = json_file(path)
         if options["auth_secret_stdin"] and options["clear_auth_secret"]:
             raise CommandError("Give --auth-secret-stdin or --clear-auth-secret, not both.")
         if options["auth_secret_stdin"]:
