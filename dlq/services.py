@@ -72,7 +72,7 @@ from ledger.config_changes import config_change_of, config_snapshot
 from ledger.credentials import sealed_credential, stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
-from ledger.execute import operation_submit
+from ledger.execute import operation_submit, operation_translated
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
@@ -675,9 +675,14 @@ def _provider_of(event: FailedEvent) -> tuple[Operation, Provider]:
 def send_to_provider(*, provider: Provider, operation: Operation) -> TargetAnswer:
     """Send a failed execute-mode operation's stored request to its provider again, under its
     original key, exactly as a worker would (ledger.adapters: the provider's idempotency
-    header, credential and outbound policy), and classify the answer the same way."""
+    header, credential and outbound policy), and classify the answer the same way. An intent
+    operation is translated first, as a worker does, under the revision ``provider`` is (its
+    stable one); an intent that revision refuses is not sent."""
+    envelope, _prompt, refused = operation_translated(op=operation, provider=provider)
+    if refused is not None:
+        return TargetAnswer(False, None, None, refused.error_class or "", refused.message, 0)
     with adapters.http_client(max_connections=1) as client:
-        outcome = adapters.send(provider=provider, operation=operation, client=client)
+        outcome = adapters.send(provider=provider, operation=operation, client=client, envelope=envelope)
     return TargetAnswer(
         ok=outcome.succeeded,
         status=outcome.status,

@@ -577,11 +577,14 @@ def operation_execute(
     return recorded
 
 
-def _translated(*, op: Operation, provider: Provider) -> tuple[dict[str, Any] | None, Any, adapters.Outcome | None]:
+def operation_translated(
+    *, op: Operation, provider: Provider
+) -> tuple[dict[str, Any] | None, Any, adapters.Outcome | None]:
     """An intent operation's request under the revision this attempt runs under (``provider``
     is its view): (the envelope to send, the prompt template it placed, None), or (None, None,
     the ``invalid_input`` outcome of an intent that revision refuses — nothing is sent). A
-    plain request: (None, None, None), the stored envelope is sent."""
+    plain request: (None, None, None), the stored envelope is sent. The workers and the DLQ's
+    replay to the provider (under the provider's stable revision) send only through this."""
     if provider.kind != ProviderKind.HTTP:
         return None, None, None
     stored = open_json(op.request)
@@ -616,7 +619,7 @@ def _execute(
             )
             log.warning("execute_send_skipped_stalled key=%s attempt=%s", op.key, op.attempts)
         else:
-            envelope, prompt, refused = _translated(op=op, provider=provider)
+            envelope, prompt, refused = operation_translated(op=op, provider=provider)
             if prompt is not None:
                 # Every line of the attempt from here on names the prompt version it sent.
                 context.enter_context(log_context(prompt_template=str(prompt)))

@@ -171,11 +171,13 @@ class CallbackReceiver:
 
 class RenderApi:
     """A loopback provider that keeps every request it receives (method, path, headers, JSON
-    body) and answers 200 with a job of its own, once per idempotency key."""
+    body) and answers 200 with a job of its own — or, while ``statuses`` holds any, the next of
+    them (a scripted refusal)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.received: list[dict[str, Any]] = []
+        self.statuses: list[int] = []
         api = self
 
         class Handler(QuietHandler):
@@ -191,7 +193,8 @@ class RenderApi:
                         }
                     )
                     number = len(api.received)
-                self.answer(200, json.dumps({"id": f"job_{number}", "status": "succeeded"}).encode())
+                    status = api.statuses.pop(0) if api.statuses else 200
+                self.answer(status, json.dumps({"id": f"job_{number}", "status": "succeeded"}).encode())
 
         self.server = LoopbackServer(Handler).start()
         self.url = self.server.url

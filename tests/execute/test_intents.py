@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 
+from dlq.models import FailedEvent, ReplayOutcome
+from dlq.services import failed_event_replay
 from ledger import canary, uploads
 from ledger.crypto import open_json
 from ledger.errors import DomainError
@@ -432,3 +434,36 @@ def test_the_api_sets_the_schema_and_template_as_a_revision_and_refuses_an_expre
     assert ok.json()["revision"] == 2 and ok.json()["request_template"]["path"] == "/v1/renders"
     assert writer.get(url).json()["revision"] == 2
     assert renders.revisions.get(number=2).config["request_template"]["path"] == "/v1/renders"
+
+
+def test_a_dlq_replay_to_the_provider_sends_the_translation_under_the_original_key(tenant, api, renders, render_api):
+    render_api.statuses = [400]  # the provider refuses the first render: failed, in the DLQ
+    assert submit(api, INTENT).status_code == 202
+    run_due()
+    op = Operation.objects.get()
+    assert op.status == S.FAILED and op.error_class == ErrorClass.INVALID_INPUT
+    entry = FailedEvent.objects.get(operation_id=op.pk)
+
+    replay = failed_event_replay(
+        tenant_id=tenant.pk, event_pk=entry.pk, actor="user:alice", note="provider fixed", to_provider=True
+    )
+
+    first, again = render_api.received
+    assert again["path"] == first["path"] == "/v1/presets/studio/renders"
+    assert again["body"] == first["body"] and again["body"]["size"] == "768x1024"
+    assert again["headers"]["idempotency-key"] == op.key
+    replay.refresh_from_db()
+    assert replay.outcome == ReplayOutcome.SUCCEEDED
+
+
+def test_an_upload_deleted_while_the_job_waits_fails_the_attempt_without_sending(api, tenant, renders, render_api):
+    source = upload_of(tenant, image_bytes(7, 7))
+    assert submit(api, {**INTENT, "source_key": source.key, "source_sha256": source.sha256}).status_code == 202
+    uploads.uploads_delete(tenant_id=tenant.pk, upload_ids=[source.pk])  # retention, meanwhile
+
+    run_due()
+
+    op = Operation.objects.get()
+    assert op.status == S.FAILED and op.error_class == ErrorClass.INVALID_INPUT
+    assert "(upload_reference_invalid)" in op.last_error
+    assert render_api.received == []
