@@ -16,9 +16,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from ledger import fast_rows
+from ledger.sql import execute_with_index_plans, index_plans
 from ledger.models import AttemptOutcome, Operation, OperationStatus
 
 QUERIES = Path(__file__).with_name("queries.sql")
@@ -105,7 +106,7 @@ def text(name: str) -> str:
 def execute(name: str, params: dict[str, Any]) -> int:
     """Run a statement that returns no operation; the number of rows it touched."""
     with connection.cursor() as cursor:
-        cursor.execute(text(name), params)
+        execute_with_index_plans(cursor, text(name), params)
         return cursor.rowcount
 
 
@@ -113,8 +114,13 @@ def operations(name: str, params: dict[str, Any]) -> list[Operation]:
     """Run a statement whose rows are operations (``RETURNING *`` or ``SELECT *``)."""
     if connection.vendor == "postgresql" and FAST_ROWS:
         with connection.cursor() as cursor:
-            cursor.execute(text(name), params)
+            execute_with_index_plans(cursor, text(name), params)
             return fast_rows.operations_from(cursor)
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        # Manager.raw runs its own cursor: the same statement, in a transaction that plans
+        # with indexes (the fast path above does it without the BEGIN/COMMIT).
+        with transaction.atomic(), index_plans():
+            return list(Operation.objects.raw(text(name), params))
     # list(): a RawQuerySet runs its statement again each time it is iterated.
     return list(Operation.objects.raw(text(name), params))
 
