@@ -79,3 +79,23 @@ def test_the_claim_paths_planner_setting_does_not_outlive_its_transactions(tenan
     assert claim_path and all(s.enable_seqscan == "off" for s in claim_path), [
         (s.enable_seqscan, s.sql[:80]) for s in claim_path
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_outside_any_transaction_plans_its_statements_with_indexes_and_leaves_the_connection_as_it_was(
+    tenant, provider
+):
+    # As in production: no test transaction around it, so the replay read and a fresh claim's
+    # one statement each run alone, their setting sent with them in one pipeline.
+    assert not connection.in_atomic_block
+    with captured_statements() as statements:
+        op = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge").operation
+        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+        services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge")
+    reads = [s for s in statements if "FROM ledger_operation WHERE tenant_id" in s.sql]
+    claims = [s for s in statements if s.sql.startswith("WITH op AS (\n    INSERT INTO ledger_operation")]
+    assert len(reads) >= 2 and len(claims) == 1, [s.sql[:60] for s in statements]
+    assert all(s.enable_seqscan == "off" for s in reads + claims)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW enable_seqscan")
+        assert cursor.fetchone()[0] == "on"
