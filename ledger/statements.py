@@ -6,7 +6,9 @@ that file (once per process and database kind) and runs a statement by name thro
 Django's cursor, so every statement joins the caller's transaction, raises Django's errors
 and is seen by query observers. Rows that are operations come back as ``Operation``
 instances through ``Manager.raw`` (Django maps the columns by name and applies each field's
-converters), never built by hand.
+converters), never built by hand. Every named statement reads or moves rows through an index,
+so each is planned with sequential scans priced out (``ledger.sql.index_plans``: right on a
+fresh database's empty statistics too).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any
 from django.db import connection, transaction
 
 from ledger import fast_rows
-from ledger.sql import execute_with_index_plans, index_plans
 from ledger.models import AttemptOutcome, Operation, OperationStatus
+from ledger.sql import execute_with_index_plans, index_plans
 
 QUERIES = Path(__file__).with_name("queries.sql")
 
