@@ -304,7 +304,7 @@ class OperationListApi(APIView):
         responses={200: OperationOutputSerializer(many=True)},
         summary="List operations (cursor-paginated)",
     )
-    @sql.planned_per_call()
+    @sql.planned_per_call(indexed=True)
     def get(self, request: Request) -> Response:
         rows = selectors.operation_list(tenant=request.user.tenant, match=request.query_params.getlist("match"))
         filterset = OperationFilter(request.query_params, queryset=rows)

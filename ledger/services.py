@@ -424,7 +424,8 @@ def operation_claim(
     # version to replace) is, on PostgreSQL, one statement: its own transaction, with no
     # BEGIN and COMMIT round trips around it. Anything more runs in one atomic block.
     alone = statements.combined() and not record and not payload_indexing_needed(stored)
-    with nullcontext() if alone else transaction.atomic():
+    # Alone, the statement sends its planner setting with it (ledger.sql.execute_with_index_plans).
+    with nullcontext() if alone else _atomic_with_index_plans():
         op = _insert_claimed(params, actor=actor, reason=reason)
         if op is not None:
             payload_written(
@@ -451,6 +452,12 @@ def operation_claim(
         actor=actor,
         execution_id=execution_id,
     )
+
+
+@contextmanager
+def _atomic_with_index_plans() -> Iterator[None]:
+    with transaction.atomic(), sql.index_plans():
+        yield
 
 
 def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Operation | None:
@@ -649,7 +656,7 @@ def operation_reclaim(
     *, operation_id: int, lease_seconds: float, mark_sent: bool = False, actor: str, execution_id: str = ""
 ) -> Operation | None:
     """retry_wait (due) → claimed: a new attempt with a fresh token on the same operation."""
-    with transaction.atomic():
+    with transaction.atomic(), sql.index_plans():
         op = statements.operation(
             "operation_reclaim",
             {
@@ -675,7 +682,7 @@ def operation_take(
     so the worker fails it instead of sending. The caller holds the row locked (the take's
     SKIP LOCKED read) in its transaction."""
     _check_moves((from_status,), S.CLAIMED)
-    with transaction.atomic():
+    with transaction.atomic(), sql.index_plans():
         op = statements.operation(
             "operation_take",
             {
@@ -730,7 +737,7 @@ def operation_mark_sent(
     Refused once the lease has expired — a holder must not start an effect it may no
     longer own.
     """
-    with transaction.atomic():
+    with transaction.atomic(), sql.index_plans():
         op = statements.operation(
             "operation_mark_sent",
             {
@@ -752,7 +759,7 @@ def operation_heartbeat(
     *, operation_id: int, lease_token: str, lease_seconds: float | None = None, tenant_id: int | None = None
 ) -> Operation:
     """Extend a live holder's lease (claimed, same token). No event row: not a transition."""
-    with transaction.atomic():
+    with transaction.atomic(), sql.index_plans():
         op = statements.operation(
             "operation_heartbeat",
             {
@@ -823,7 +830,7 @@ def operation_complete(
         "response_status": response_status,
         "response_body": _sealed(response_body),
     }
-    with transaction.atomic():
+    with transaction.atomic(), sql.index_plans():
         op = _complete_reported(params, actor=actor, reason=reason)
         if op is not None:
             _after_terminal(op, actor=actor)
@@ -977,7 +984,7 @@ def operation_fail(
     if error_class not in ErrorClass.values:
         raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)}.")
     message = sanitize_message(message)
-    with _atomic_keeping_fenced_evidence():
+    with _atomic_keeping_fenced_evidence(), sql.index_plans():
         rows = Operation.objects.select_for_update().filter(
             pk=operation_id, lease_token=lease_token, status__in=REPORTABLE_STATES
         )

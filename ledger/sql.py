@@ -71,10 +71,89 @@ def db_now() -> datetime:
     return result
 
 
+# Sequential scans priced out for the rest of the transaction (PostgreSQL's enable_seqscan,
+# transaction-local): see index_plans. The _SAVED forms keep and restore the value a
+# caller's transaction had, for a statement that runs inside someone else's transaction.
+INDEX_PLANS = "SELECT set_config('enable_seqscan', 'off', true)"
+_INDEX_PLANS_SAVED = (
+    "SELECT set_config('onceguard.enable_seqscan', current_setting('enable_seqscan'), true),"
+    " set_config('enable_seqscan', 'off', true)"
+)
+_RESTORE_SAVED = "SELECT set_config('enable_seqscan', current_setting('onceguard.enable_seqscan'), true)"
+
+
 @contextmanager
-def planned_per_call() -> Iterator[None]:
+def index_plans() -> Iterator[None]:
+    """Plan the statements inside (a transaction's) as if the ledger's tables were large: a
+    sequential scan is taken only where no index can answer (``enable_seqscan = off``,
+    transaction-local: one statement, about 40 µs; a second one to put the caller's value
+    back when the block runs inside a caller's transaction).
+
+    The claim path's statements read one row by key or id. On statistics taken while the
+    tables were empty (a fresh deployment, a restore analyzed before its data) PostgreSQL
+    prices a one-page table's sequential scan below its index, and a prepared statement keeps
+    that plan while the table grows: a fresh deployment ran claims at a third of their speed
+    until autovacuum's statistics and a re-plan caught up (issue 16). Only here, not on the
+    connection: for lists and joins the same setting made plans worse. Claim-path services
+    enter it first inside their ``transaction.atomic()`` block; a claim-path statement that
+    runs alone goes through ``execute_with_index_plans``.
+    """
+    if connection.vendor != "postgresql" or _index_plans_set():
+        yield
+        return
+    assert connection.in_atomic_block, "index_plans() is for a transaction: enter it inside one"
+    nested = len(connection.atomic_blocks) > 1
+    with connection.cursor() as cursor:
+        # Alone in its transaction the setting ends with the COMMIT; nested, it is put back.
+        cursor.execute(_INDEX_PLANS_SAVED if nested else INDEX_PLANS, [])
+    outer = getattr(connection, "onceguard_index_plans", None)
+    # Valid while this atomic block lasts (a rollback to it takes the setting back too).
+    connection.onceguard_index_plans = connection.atomic_blocks[-1]
+    try:
+        yield
+    finally:
+        connection.onceguard_index_plans = outer
+    if nested:
+        with connection.cursor() as cursor:
+            cursor.execute(_RESTORE_SAVED, [])
+
+
+def _index_plans_set() -> bool:
+    marker = getattr(connection, "onceguard_index_plans", None)
+    return marker is not None and any(block is marker for block in connection.atomic_blocks)
+
+
+def execute_with_index_plans(cursor: Any, statement: str, params: Any) -> None:
+    """Run one claim-path statement planned as ``index_plans`` would, without extra
+    round trips: outside a transaction the setting and the statement go out together in one
+    pipeline, whose implicit transaction ends (and the setting with it) at its sync — no
+    BEGIN and COMMIT. Inside a transaction that set it, the statement just runs; inside one
+    that did not (a caller's own transaction), the setting is taken back after the
+    statement. On SQLite the statement just runs."""
+    if connection.vendor != "postgresql" or _index_plans_set():
+        cursor.execute(statement, params)
+        return
+    raw = connection.connection
+    # Errors surface when the pipeline syncs, outside the cursor's own error wrapping.
+    with connection.wrap_database_errors, raw.pipeline():
+        if not connection.in_atomic_block:
+            cursor.execute(INDEX_PLANS, [])
+            cursor.execute(statement, params)
+        else:
+            raw.execute(_INDEX_PLANS_SAVED)
+            cursor.execute(statement, params)
+            raw.execute(_RESTORE_SAVED)
+
+
+@contextmanager
+def planned_per_call(*, indexed: bool = False) -> Iterator[None]:
     """Run the reads inside planned for the values of each call (PostgreSQL's
     ``plan_cache_mode = force_custom_plan``, for this transaction only).
+
+    ``indexed``: also as ``index_plans`` does (sequential scans priced out), for a list
+    whose every filter has an index that serves it in the list's order (the operations API:
+    on a fresh database it is, with claims, what a client calls first). Not for the console's
+    lists: there joins and filters without such an index got worse.
 
     psycopg prepares a statement after PG_PREPARE_THRESHOLD uses and PostgreSQL may then
     settle on a generic plan, one that cannot see the parameters: right for the ledger's hot
@@ -86,5 +165,8 @@ def planned_per_call() -> Iterator[None]:
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan", [])
+                if indexed:
+                    cursor.execute(f"{INDEX_PLANS}, set_config('plan_cache_mode', 'force_custom_plan', true)", [])
+                else:
+                    cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan", [])
         yield

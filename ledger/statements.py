@@ -6,7 +6,9 @@ that file (once per process and database kind) and runs a statement by name thro
 Django's cursor, so every statement joins the caller's transaction, raises Django's errors
 and is seen by query observers. Rows that are operations come back as ``Operation``
 instances through ``Manager.raw`` (Django maps the columns by name and applies each field's
-converters), never built by hand.
+converters), never built by hand. Every named statement reads or moves rows through an index,
+so each is planned with sequential scans priced out (``ledger.sql.index_plans``: right on a
+fresh database's empty statistics too).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from ledger import fast_rows
 from ledger.models import AttemptOutcome, Operation, OperationStatus
+from ledger.sql import execute_with_index_plans, index_plans
 
 QUERIES = Path(__file__).with_name("queries.sql")
 
@@ -105,7 +108,7 @@ def text(name: str) -> str:
 def execute(name: str, params: dict[str, Any]) -> int:
     """Run a statement that returns no operation; the number of rows it touched."""
     with connection.cursor() as cursor:
-        cursor.execute(text(name), params)
+        execute_with_index_plans(cursor, text(name), params)
         return cursor.rowcount
 
 
@@ -113,8 +116,13 @@ def operations(name: str, params: dict[str, Any]) -> list[Operation]:
     """Run a statement whose rows are operations (``RETURNING *`` or ``SELECT *``)."""
     if connection.vendor == "postgresql" and FAST_ROWS:
         with connection.cursor() as cursor:
-            cursor.execute(text(name), params)
+            execute_with_index_plans(cursor, text(name), params)
             return fast_rows.operations_from(cursor)
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        # Manager.raw runs its own cursor: the same statement, in a transaction that plans
+        # with indexes (the fast path above does it without the BEGIN/COMMIT).
+        with transaction.atomic(), index_plans():
+            return list(Operation.objects.raw(text(name), params))
     # list(): a RawQuerySet runs its statement again each time it is iterated.
     return list(Operation.objects.raw(text(name), params))
 

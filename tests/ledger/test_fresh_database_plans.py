@@ -2,18 +2,15 @@
 
 Statistics taken on empty tables once made the claim path plan sequential scans of
 operations and attempts (222 fresh operations/s instead of ~650 until statistics and cached
-plans caught up). Here every statement a claim, its completion, a failure, a replay and a
-list run is planned — as a prepared statement's generic plan and as a custom one — on tables
-that are empty and just analyzed, and none may read a ledger table sequentially.
+plans caught up). Here every statement a claim, its sent marker, heartbeat, completion, a
+failure, a replay and a list run is planned — as a prepared statement's generic plan and as a
+custom one, under the planner settings the statement ran with — on tables that are empty and
+just analyzed, and none may read a ledger table sequentially.
 
-Known to fail (strict xfail, so it fails loudly once fixed): on such statistics PostgreSQL
-prices a one-page table's sequential scan below its index for most of the claim path's
-statements (by primary key included). Turning ``enable_seqscan`` off on the app's
-connections fixed this test but made other plans worse on the same statistics — a join of
-attempts to a tenant's operations became a nested loop filtering every pair, minutes in the
-stateful test — so it was not kept. What remains: plan the claim path's statements with
-sequential scans off for those statements only (ledger/statements.py, queries.sql), or
-take statistics on a non-empty sample at deployment (DESIGN §12).
+The claim path plans its statements with sequential scans priced out for its own
+transaction (ledger.sql.plan_with_indexes; a statement outside any transaction sends the
+setting in the same pipeline). Not on the connection: there the same setting made lists'
+joins worse (DESIGN §12), so the setting must not outlive the claim path's transactions.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ pytestmark = [
 LEDGER_TABLES = ("ledger_operation", "ledger_attempt", "ledger_operationevent", "ledger_tombstone")
 
 
-@pytest.mark.xfail(strict=True, reason="statistics of empty tables: see the module docstring (issue 16, open)")
 def test_on_empty_just_analyzed_tables_the_claim_path_plans_no_sequential_scan(tenant, provider, api):
     with connection.cursor() as cursor:
         assert not services.Operation.objects.exists()
@@ -42,6 +38,8 @@ def test_on_empty_just_analyzed_tables_the_claim_path_plans_no_sequential_scan(t
 
     with captured_statements() as statements:
         first = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge").operation
+        services.operation_heartbeat(operation_id=first.pk, lease_token=first.lease_token, lease_seconds=30)
+        services.operation_mark_sent(operation_id=first.pk, lease_token=first.lease_token)
         services.operation_complete(operation_id=first.pk, lease_token=first.lease_token, provider_ref="ch_1")
         services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge")
         second = services.operation_claim(tenant=tenant, key="k-2", provider=provider, action="charge").operation
@@ -55,7 +53,49 @@ def test_on_empty_just_analyzed_tables_the_claim_path_plans_no_sequential_scan(t
     found = []
     for statement in touching:
         for plan in ("generic", "custom"):
-            scans = sequential_scans(explain(statement.sql, statement.params, plan=plan), LEDGER_TABLES)
+            text = explain(statement.sql, statement.params, plan=plan, enable_seqscan=statement.enable_seqscan)
+            scans = sequential_scans(text, LEDGER_TABLES)
             if scans:
                 found.append((plan, scans, statement.sql[:200]))
     assert not found, "\n".join(map(str, found))
+
+
+def test_the_claim_paths_planner_setting_does_not_outlive_its_transactions(tenant, provider):
+    # Whatever ran last, the connection itself plans as PostgreSQL does by default: lists,
+    # the console and batch passes are planned with sequential scans allowed.
+    def enable_seqscan() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW enable_seqscan")
+            return cursor.fetchone()[0]
+
+    with captured_statements() as statements:
+        op = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge").operation
+        assert enable_seqscan() == "on"
+        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+        assert enable_seqscan() == "on"
+        services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge")
+        assert enable_seqscan() == "on"
+    claim_path = [s for s in statements if "ledger_operation" in s.sql]
+    assert claim_path and all(s.enable_seqscan == "off" for s in claim_path), [
+        (s.enable_seqscan, s.sql[:80]) for s in claim_path
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_outside_any_transaction_plans_its_statements_with_indexes_and_leaves_the_connection_as_it_was(
+    tenant, provider
+):
+    # As in production: no test transaction around it, so the replay read and a fresh claim's
+    # one statement each run alone, their setting sent with them in one pipeline.
+    assert not connection.in_atomic_block
+    with captured_statements() as statements:
+        op = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge").operation
+        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+        services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge")
+    reads = [s for s in statements if "FROM ledger_operation WHERE tenant_id" in s.sql]
+    claims = [s for s in statements if s.sql.startswith("WITH op AS (\n    INSERT INTO ledger_operation")]
+    assert len(reads) >= 2 and len(claims) == 1, [s.sql[:60] for s in statements]
+    assert all(s.enable_seqscan == "off" for s in reads + claims)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW enable_seqscan")
+        assert cursor.fetchone()[0] == "on"
