@@ -272,26 +272,36 @@ def _poll_lease_for(*, timeout: float, revision_id: int | None, stable_id: int |
 
 def operations_poll_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     """Take up to ``limit`` due polls: ``waiting`` rows whose next poll has come, of providers
-    neither paused nor throttled, each ``waiting → claimed`` under a poll lease, in one commit.
-    Two workers never take the same row (SKIP LOCKED on PostgreSQL; one writer on SQLite)."""
+    neither paused nor throttled nor held back by their caps, each ``waiting → claimed`` under
+    a poll lease, in one commit. A poll is a call: a capped provider's polls are admitted and
+    spent from its bucket like its sends (``ledger.ratelimit.TakeBudget``), and a poll lease is
+    a claimed row, so it counts as in flight. Two workers never take the same row (SKIP LOCKED
+    on PostgreSQL; one writer at a time on SQLite)."""
     if limit <= 0:
         return []
     due = Q(status=S.WAITING, next_attempt_at__lte=Now())
-    # Polls do not spend a capped provider's rate bucket (it meters sends), but they wait
-    # while its caps hold its calls back, and a poll lease is a claimed row: in flight.
     held_back = Provider.objects.filter(
         Q(paused_at__isnull=False) | Q(throttled_until__gt=Now()) | ratelimit.held_back()
     ).values("id")
     taken: list[Operation] = []
     with transaction.atomic():
-        rows = (
+        rows = list(
             Operation.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(due)
             .exclude(provider_id__in=held_back)
             .order_by("next_attempt_at", "id")
-            .values_list("id", "provider__timeout_seconds", "adapter_revision_id", "provider__revision_id")[:limit]
+            .values_list(
+                "id",
+                "provider__timeout_seconds",
+                "adapter_revision_id",
+                "provider__revision_id",
+                *ratelimit.CAP_COLUMNS,
+            )[:limit]
         )
-        for op_id, timeout, revision_id, stable_id in rows:
+        budget = ratelimit.TakeBudget.reserve(row[4:] for row in rows)
+        for op_id, timeout, revision_id, stable_id, provider_id, *_ in rows:
+            if not budget.admit(provider_id):
+                continue
             op = services.operation_poll_take(
                 operation_id=op_id,
                 lease_seconds=_poll_lease_for(timeout=timeout, revision_id=revision_id, stable_id=stable_id),
@@ -300,6 +310,9 @@ def operations_poll_take(*, limit: int, actor: str = "worker") -> list[Operation
             )
             if op is not None:
                 taken.append(op)
+            else:
+                budget.refund(provider_id)
+        budget.settle()
     return taken
 
 

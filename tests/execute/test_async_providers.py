@@ -20,7 +20,8 @@ from rest_framework.test import APIClient
 from alerts.models import Alert
 from dlq.models import FailedEvent
 from ledger import adapters, sql
-from ledger.execute import operation_submit, operations_take
+from ledger.errors import ValidationFailed
+from ledger.execute import operation_execute, operation_submit, operations_take
 from ledger.models import (
     Attempt,
     AttemptOutcome,
@@ -253,8 +254,6 @@ def test_a_render_submitted_twice_at_once_and_taken_by_racing_workers_renders_on
                 if row_status() == S.SUCCEEDED:
                     return
                 with adapters.http_client() as client:
-                    from ledger.execute import operation_execute  # noqa: PLC0415 - the thread's own import, for clarity
-
                     for op in operations_take(limit=2, actor="racer"):
                         operation_execute(operation=op, client=client, actor="racer")
                 Operation.objects.filter(status=S.WAITING).update(next_attempt_at=sql.db_now())
@@ -353,7 +352,7 @@ def test_a_webhook_with_a_bad_signature_is_refused_and_a_good_one_advances_the_j
     # Another tenant's path with this tenant's signature: the same refusal.
     assert (
         client.post(
-            f"/api/v1/webhooks/nobody/images", body, content_type="application/json", **_signed(body)
+            "/api/v1/webhooks/nobody/images", body, content_type="application/json", **_signed(body)
         ).status_code
         == 401
     )
@@ -370,8 +369,6 @@ def test_a_webhook_with_a_bad_signature_is_refused_and_a_good_one_advances_the_j
 
 
 def test_an_asynchronous_provider_must_say_how_to_read_its_status(tenant, mock_images):
-    from ledger.errors import ValidationFailed
-
     with pytest.raises(ValidationFailed, match="poll_status_pointer"):
         provider_upsert(tenant=tenant, slug="bad", **render_fields(mock_images.url, poll_status_pointer=""))
     with pytest.raises(ValidationFailed, match="poll_path"):
