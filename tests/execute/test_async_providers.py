@@ -373,3 +373,18 @@ def test_an_asynchronous_provider_must_say_how_to_read_its_status(tenant, mock_i
         provider_upsert(tenant=tenant, slug="bad", **render_fields(mock_images.url, poll_status_pointer=""))
     with pytest.raises(ValidationFailed, match="poll_path"):
         provider_upsert(tenant=tenant, slug="bad", **render_fields(mock_images.url, poll_path="/v1/renders/{id}"))
+
+
+def test_polls_are_calls_a_capped_provider_admits_within_its_caps(tenant, mock_images):
+    provider_upsert(tenant=tenant, slug="images", max_in_flight=1, **render_fields(mock_images.url))
+    mock_images.set_switches(delay=120)
+    ops = [submit(tenant, key=f"order-{i}:render:v1").operation for i in range(2)]
+    run_due()
+    run_due()
+    assert {row(op.pk).status for op in ops} == {S.WAITING}
+    for op in ops:
+        make_due(op.pk)
+    # One poll in flight at most: the second due poll waits for the first lease to end.
+    first = operations_take(limit=5)
+    assert len(first) == 1 and first[0].polls == 1
+    assert operations_take(limit=5) == []
