@@ -313,9 +313,13 @@ ONCEGUARD = {
     "LOOKUP_FAILURE_LIMIT": env_int("LOOKUP_FAILURE_LIMIT", 5),
     "STUCK_ALERT_SECONDS": env_int("STUCK_ALERT_SECONDS", 3600),
     "SWEEP_INTERVAL_SECONDS": env_int("SWEEP_INTERVAL_SECONDS", 30),
+    # A row waiting on an asynchronous provider past its lifetime whose poll is this overdue
+    # (no worker took it) goes to review (ledger.sweeper.review_unpolled_waits).
+    "POLL_OVERDUE_SECONDS": env_int("POLL_OVERDUE_SECONDS", 60),
     # Execute mode. A worker's lease is 2 × the provider's timeout + RECORD_RETRY_SECONDS +
     # this margin, so attempt timeout < lease < django-q2 timeout (Q_TIMEOUT) < django-q2
-    # retry (Q_RETRY).
+    # retry (Q_RETRY). A poll of an asynchronous provider's job holds a shorter lease: the
+    # provider's timeout + OUTPUT_FETCH_TIMEOUT_SECONDS + this margin (adapters.poll_lease_seconds).
     "WORKER_LEASE_MARGIN_SECONDS": float(os.environ.get("WORKER_LEASE_MARGIN_SECONDS") or 5),
     # How long a worker holding a provider's answer retries recording it while the database
     # is unreachable (fresh connection, same token, backing off) before leaving the row to the

@@ -82,6 +82,17 @@ def worker_lease_seconds(timeout_seconds: float) -> float:
     return 2 * float(timeout_seconds) + record_retry_seconds() + float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
 
 
+def poll_lease_seconds(timeout_seconds: float) -> float:
+    """Lease of one poll of an asynchronous provider's job (DESIGN §5, asynchronous
+    providers): the status request (one timeout), the output's fetch when the job is done
+    (``OUTPUT_FETCH_TIMEOUT_SECONDS``) and the margin for checking, publishing and recording.
+    No record-retry budget: a poll's answer that cannot be recorded is asked again, since a
+    poll changes nothing at the provider. Shorter than a send's, and like it below the
+    django-q2 timeout."""
+    fetch = float(_cfg("OUTPUT_FETCH_TIMEOUT_SECONDS", 30.0))
+    return float(timeout_seconds) + fetch + float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
+
+
 def lease_seconds_for(provider: Provider) -> float:
     return worker_lease_seconds(float(provider.timeout_seconds))
 
@@ -294,6 +305,29 @@ def http_client(*, max_connections: int = 20) -> httpx.Client:
     (ledger.outbound: every connect checked after DNS and pinned, no redirects followed — a
     3xx is an answer —, no proxy variables from the environment)."""
     return outbound_client(purpose="worker", max_connections=max_connections)
+
+
+def get_json(*, client: httpx.Client, url: str, headers: dict[str, str], timeout: float) -> tuple[int | None, Any, str]:
+    """GET ``url`` through ``client`` (the outbound policy), reading at most
+    ``WORKER_MAX_RESPONSE_BYTES`` within ``timeout``: (HTTP status, JSON body or None, error).
+    Never raises for network trouble: a status of None and the error's class say what went
+    wrong (the class only: an error's text can carry the URL)."""
+    refused = origin_refusal(url, purpose="provider status")
+    if refused:
+        return None, None, f"destination refused by the outbound policy: {refused}"
+    limit = int(_cfg("WORKER_MAX_RESPONSE_BYTES", 256 * 1024))
+    try:
+        request = client.build_request("GET", url, headers=headers, timeout=httpx.Timeout(timeout))
+        response = client.send(request, stream=True)
+        try:
+            raw, complete = _read_body(response, deadline=time.monotonic() + timeout, limit=limit)
+        finally:
+            response.close()
+    except OutboundBlocked as exc:
+        return None, None, str(exc)
+    except (httpx.HTTPError, OSError, ValueError) as exc:
+        return None, None, type(exc).__name__
+    return response.status_code, _decode(raw, complete), ""
 
 
 def _read_body(response: httpx.Response, *, deadline: float, limit: int) -> tuple[bytes, bool]:

@@ -31,7 +31,7 @@ from ledger.models import (
 S = OperationStatus
 log = logging.getLogger("onceguard.admission")
 
-IN_FLIGHT_STATES = [S.QUEUED, S.CLAIMED, S.RETRY_WAIT]
+IN_FLIGHT_STATES = [S.QUEUED, S.CLAIMED, S.RETRY_WAIT, S.WAITING]
 QUEUED_STATES = [S.QUEUED, S.RETRY_WAIT]
 UNRESOLVED_STATES = [S.UNCERTAIN, S.REVIEW]
 # The budget is refunded when the effect definitely did not happen.

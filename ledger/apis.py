@@ -11,12 +11,13 @@ from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers as drf_serializers
+from rest_framework.permissions import AllowAny
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import canary, objects, outputs, prompts, ratelimit, revisions, selectors, services, sql, uploads
+from ledger import canary, objects, outputs, polling, prompts, ratelimit, revisions, selectors, services, sql, uploads
 from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationOutput, OperationStatus, PromptTemplate, Provider, ProviderKind, Upload
@@ -416,6 +417,37 @@ class OperationOutputContentApi(ObjectBytesApi):
     def get(self, request: Request, operation_id: int) -> FileResponse:
         output = outputs.output_get(tenant=request.user.tenant, operation_id=operation_id)
         return object_content_response(output)
+
+
+class ProviderWebhookApi(APIView):
+    """An asynchronous provider's signed note that a job changed (ledger.polling). The
+    provider holds no API key: the signature under the provider's webhook secret is the
+    authentication, so every refusal of it — unknown tenant or provider, no secret, a wrong
+    or stale signature — is the same 401."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT},
+        responses={200: OpenApiTypes.OBJECT},
+        summary="A provider's signed webhook: the job it names is polled at once (its state and output are read"
+        " from the provider's status answer, never from the note)",
+        description="Signed like Onceguard's callbacks: `Onceguard-Signature: t=<unix seconds>,v1=<hex"
+        ' HMAC-SHA256(webhook secret, "<t>." + body)>`, at most 300 s old. 401 webhook_signature_invalid'
+        " otherwise; 404 when no operation has this job.",
+    )
+    def post(self, request: Request, tenant: str, slug: str) -> Response:
+        # The raw bytes, exactly as signed (read before anything parses them).
+        body = request.body
+        result = polling.webhook_receive(
+            tenant_slug=tenant,
+            provider_slug=slug,
+            body=body,
+            signature=request.headers.get(polling.WEBHOOK_SIGNATURE_HEADER, ""),
+        )
+        op = result.operation
+        return Response({"operation": op.pk, "status": op.status, "applied": result.applied})
 
 
 # --- Adapter revisions: the rollout of a provider's adapter changes (ledger.canary) --------------

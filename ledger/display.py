@@ -34,6 +34,7 @@ STATUS_TONES: dict[str, str] = {
     OperationStatus.QUEUED: BUSY,
     OperationStatus.CLAIMED: BUSY,
     OperationStatus.RETRY_WAIT: BUSY,
+    OperationStatus.WAITING: BUSY,
     OperationStatus.UNCERTAIN: WARN,
     OperationStatus.REVIEW: WARN,
     OperationStatus.SUCCEEDED: GOOD,

@@ -39,6 +39,7 @@ from ledger import (
     canary,
     eligibility,
     intents,
+    polling,
     prompts,
     ratelimit,
     revisions,
@@ -336,6 +337,13 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     """
     if limit <= 0:
         return []
+    # Due polls of rows waiting on an asynchronous provider first: each is one short GET, and
+    # a backlog of new work must not starve jobs already running at a provider past their
+    # lifetime (ledger.polling).
+    polls = polling.operations_poll_take(limit=limit, actor=actor)
+    limit -= len(polls)
+    if limit <= 0:
+        return polls
     due = Q(status__in=(S.QUEUED, S.RETRY_WAIT), mode=OperationMode.EXECUTE, next_attempt_at__lte=Now())
     held_back = Provider.objects.filter(
         Q(paused_at__isnull=False) | Q(throttled_until__gt=Now()) | ratelimit.held_back()
@@ -388,7 +396,7 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
             else:
                 budget.refund(provider_id)
         budget.settle()
-    return taken
+    return polls + taken
 
 
 def _revision_retired(*, op_id: int, status: str, revision_id: int, stable_id: int | None, actor: str) -> int:
@@ -434,6 +442,19 @@ def _send(
 
 def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outcome, actor: str) -> Operation:
     """Record an attempt's classified outcome through the fenced services."""
+    if outcome.succeeded and polling.is_asynchronous(provider) and provider.kind != ProviderKind.CALLBACK:
+        # The provider accepted a job (its id is the ref): the row waits on the provider,
+        # holding no lease, until a poll or its webhook finds the job done (ledger.polling).
+        delay = polling.poll_delay_seconds(provider, 0)
+        return services.operation_wait(
+            operation_id=op.pk,
+            lease_token=op.lease_token,
+            provider_ref=outcome.provider_ref,
+            poll_in_seconds=delay,
+            response_status=outcome.status,
+            actor=actor,
+            reason=f"accepted as job {outcome.provider_ref} in {outcome.duration_ms} ms; first poll in {delay:.2f} s",
+        )
     if outcome.succeeded:
         # With a callback the terminal move and the callback row share one transaction.
         with transaction.atomic() if op.callback_url else contextlib.nullcontext():
@@ -569,7 +590,11 @@ def operation_execute(
     provider = revisions.operation_adapter_view(op, services.provider_by_id(op.provider_id))
     revision = revisions.revision_number(op.adapter_revision_id)
     with log_context(**operation_fields(op, provider=provider.slug, adapter_revision=revision)):
-        recorded = _execute(op=op, provider=provider, client=client, actor=actor, taken_at=taken_at)
+        if op.polls > 0:
+            # A poll lease (ledger.polling): ask the provider about the job; nothing is sent.
+            recorded = polling.operation_poll(op=op, provider=provider, client=client, actor=actor)
+        else:
+            recorded = _execute(op=op, provider=provider, client=client, actor=actor, taken_at=taken_at)
     if recorded is not None and op.adapter_revision_id is not None and op.adapter_revision_id != provider.revision_id:
         # A canary's attempt (or one of a revision this process does not yet know as stable):
         # the watch decides whether the canary is failing (ledger.canary).

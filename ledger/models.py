@@ -13,7 +13,7 @@ from django.db.models import Q
 from ledger.errors import DestinationNotAllowed
 from ledger.intents import intent_config_errors
 from ledger.outbound import outbound_check, outbound_prefixes_check
-from ledger.provider_checks import provider_config_errors
+from ledger.provider_checks import async_config_errors, provider_config_errors
 from ledger.storable import MAX_DURATION_SECONDS
 
 
@@ -26,6 +26,11 @@ class OperationStatus(models.TextChoices):
     # failed before the effect could have happened; next_attempt_at set. Out: the next
     # claim once due (guard), a worker once due (execute), the sweeper at end of life.
     RETRY_WAIT = "retry_wait", "retry wait"
+    # sent to an asynchronous provider, which accepted it as a job (provider_ref holds its job
+    # id); no lease is held; next_attempt_at is the next poll. Out: a worker's poll or the
+    # provider's signed webhook (→ claimed under a short poll lease); the sweeper when the
+    # lifetime passed and no worker polled it (→ review). DESIGN §5, asynchronous providers.
+    WAITING = "waiting", "waiting on provider"
     # outcome unknown (timeout/reset after send, lease expired after `sent`). Out: the
     # sweeper (reconcile); the last holder's late complete/fail.
     UNCERTAIN = "uncertain", "uncertain"
@@ -53,9 +58,15 @@ ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {
     None: frozenset({S.CLAIMED, S.QUEUED}),
     # → abandoned: an operator's cancel (operation_cancel), only while nothing is under way.
     S.QUEUED: frozenset({S.CLAIMED, S.ABANDONED}),
-    S.CLAIMED: frozenset({S.SUCCEEDED, S.FAILED, S.RETRY_WAIT, S.UNCERTAIN, S.REVIEW}),
+    # → waiting: an asynchronous provider accepted the job (or a poll found it still pending,
+    # or a poll lease expired: polls change nothing at the provider).
+    S.CLAIMED: frozenset({S.SUCCEEDED, S.FAILED, S.RETRY_WAIT, S.UNCERTAIN, S.REVIEW, S.WAITING}),
     S.RETRY_WAIT: frozenset({S.CLAIMED, S.FAILED, S.ABANDONED}),
-    S.UNCERTAIN: frozenset({S.SUCCEEDED, S.RETRY_WAIT, S.REVIEW, S.FAILED}),
+    # → claimed: a poll or the provider's webhook takes it under a short lease; → review: its
+    # lifetime passed while nobody polled it (the provider may still render).
+    S.WAITING: frozenset({S.CLAIMED, S.REVIEW}),
+    # → waiting: the sweeper's lookup found the asynchronous provider's job.
+    S.UNCERTAIN: frozenset({S.SUCCEEDED, S.RETRY_WAIT, S.REVIEW, S.FAILED, S.WAITING}),
     S.REVIEW: frozenset({S.SUCCEEDED, S.RETRY_WAIT, S.ABANDONED, S.FAILED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
@@ -81,6 +92,8 @@ CHECKPOINT_OF: dict[str, str] = {
     # nothing happened yet; a worker (or, guard mode, its caller) retries it.
     S.RETRY_WAIT: Checkpoint.PENDING,
     S.CLAIMED: Checkpoint.IN_PROGRESS,
+    # the provider has the job and is working on it; polls follow it.
+    S.WAITING: Checkpoint.IN_PROGRESS,
     S.UNCERTAIN: Checkpoint.UNCERTAIN,
     S.REVIEW: Checkpoint.UNCERTAIN,
     S.SUCCEEDED: Checkpoint.DONE,
@@ -164,7 +177,9 @@ class Tenant(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     # Admission limits for execute-mode submissions (None = no limit). They are checked
     # against the open rows under a per-tenant lock, never against a counter that could drift.
-    max_in_flight = models.PositiveIntegerField(null=True, blank=True, help_text="queued + claimed + retry_wait")
+    max_in_flight = models.PositiveIntegerField(
+        null=True, blank=True, help_text="queued + claimed + retry_wait + waiting"
+    )
     max_unresolved = models.PositiveIntegerField(null=True, blank=True, help_text="uncertain + review")
     max_queued_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="request bytes not yet sent")
     budget_amount = models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True)
@@ -308,6 +323,31 @@ class Provider(models.Model):
     status_pointer = models.CharField(max_length=200, blank=True)
     success_values = models.JSONField(default=list, blank=True)
     lookup_settle_seconds = models.PositiveIntegerField(default=30)
+    # Asynchronous providers (DESIGN §5, asynchronous providers; ledger.polling). A status path
+    # makes the provider asynchronous: the submit's answer names a job (ref_pointer), and the
+    # operation waits on the provider, polled at base_url + poll_path ({provider_ref} = the job
+    # id) with backoff from poll_initial_seconds doubling to poll_max_seconds, or moved by the
+    # provider's signed webhook. The status answer's poll_status_pointer value is one of the
+    # succeeded / failed / pending values; a succeeded job's output is where
+    # output_url_pointer says (a path under base_url or an absolute URL), checked against the
+    # announced sha256/size (pointers, optional), output_media_types, and the width/height
+    # asked for (pointers into the stored request, e.g. /body/width) before it is published.
+    poll_path = models.CharField(max_length=500, blank=True, default="", db_default="")
+    poll_status_pointer = models.CharField(max_length=200, blank=True, default="", db_default="")
+    poll_succeeded_values = models.JSONField(default=list, db_default=[], blank=True)
+    poll_failed_values = models.JSONField(default=list, db_default=[], blank=True)
+    poll_pending_values = models.JSONField(default=list, db_default=[], blank=True)
+    poll_initial_seconds = models.FloatField(default=1.0, db_default=1.0)
+    poll_max_seconds = models.FloatField(default=30.0, db_default=30.0)
+    output_url_pointer = models.CharField(max_length=200, blank=True, default="", db_default="")
+    output_sha256_pointer = models.CharField(max_length=200, blank=True, default="", db_default="")
+    output_size_pointer = models.CharField(max_length=200, blank=True, default="", db_default="")
+    output_media_types = models.JSONField(default=list, db_default=[], blank=True)
+    output_width_pointer = models.CharField(max_length=200, blank=True, default="", db_default="")
+    output_height_pointer = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # HMAC-SHA256 key the provider signs its webhooks with (Onceguard-Signature, the callbacks'
+    # scheme). Sealed and write-only like auth_secret: the provider's, not a revision's.
+    webhook_secret = models.JSONField(null=True, blank=True, editable=False)
     key_ttl_seconds = models.PositiveIntegerField(default=86400)
     timeout_seconds = models.FloatField(default=10.0)
     # Retry policy (DESIGN §3): visible on every operation as a snapshot.
@@ -436,6 +476,8 @@ class Provider(models.Model):
                 prompt_slots=prompt_slots_of(self.tenant_id),
             )
         )
+        for name, message in async_config_errors({name: getattr(self, name) for name in ADAPTER_FIELDS}).items():
+            errors.setdefault(name, message)
         if errors:
             raise ValidationError(errors)
 
@@ -509,6 +551,20 @@ ADAPTER_FIELDS = (
     "lookup_settle_seconds",
     "intent_schema",
     "request_template",
+    # asynchronous providers (issue 15 item 4)
+    "poll_path",
+    "poll_status_pointer",
+    "poll_succeeded_values",
+    "poll_failed_values",
+    "poll_pending_values",
+    "poll_initial_seconds",
+    "poll_max_seconds",
+    "output_url_pointer",
+    "output_sha256_pointer",
+    "output_size_pointer",
+    "output_media_types",
+    "output_width_pointer",
+    "output_height_pointer",
 )
 
 
@@ -655,6 +711,10 @@ class Operation(models.Model):
     request_bytes = Counter(default=0, db_default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=4, default=0, db_default=0)
     callback_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    # Asynchronous providers: polls of the current job so far (the backoff's exponent). A
+    # claimed row with polls > 0 holds a poll lease, not a send's (the sweeper returns it to
+    # waiting when it expires); a take for a send sets it back to 0.
+    polls = Counter(default=0, db_default=0)
     # Sweeper bookkeeping.
     reconcile_until = models.DateTimeField(null=True, blank=True)
     lookup_failures = Counter(default=0)
@@ -679,6 +739,12 @@ class Operation(models.Model):
             models.CheckConstraint(
                 condition=~Q(status=S.CLAIMED) | Q(lease_expires_at__isnull=False),
                 name="operation_claimed_has_lease",
+            ),
+            # Waiting on a provider: its job id is known, no lease is held, the next poll is set.
+            models.CheckConstraint(
+                condition=~Q(status=S.WAITING)
+                | (~Q(provider_ref="") & Q(lease_expires_at__isnull=True) & Q(next_attempt_at__isnull=False)),
+                name="operation_waiting_has_job",
             ),
         ]
         indexes = [
@@ -714,6 +780,12 @@ class Operation(models.Model):
                 fields=["next_attempt_at", "id"],
                 name="op_exec_due_idx",
                 condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
+            ),
+            # Workers take due polls of rows waiting on a provider (FOR UPDATE SKIP LOCKED).
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                name="op_waiting_due_idx",
+                condition=Q(status="waiting"),
             ),
             # Admission's budget: what a tenant submitted in the current period.
             models.Index(fields=["tenant", "created_at"], name="op_tenant_created_idx"),

@@ -197,7 +197,7 @@ def output_fetch_publish(
     try:
         received = _fetch(client=http, url=target, headers=headers, limit=limit, timeout=timeout)
     except objects.ObjectTooLarge:
-        return _reject(operation=operation, actor=actor, reason=f"the output is larger than {limit} bytes")
+        return output_reject(operation=operation, actor=actor, reason=f"the output is larger than {limit} bytes")
     except httpx.HTTPError as exc:
         # The class only: an error's text can carry the URL, which can carry a signature.
         raise OutputUnavailable(f"the output could not be fetched ({type(exc).__name__})") from None
@@ -225,7 +225,7 @@ def _check_and_publish(
         with quarantine.open(quarantined, "rb") as file:
             reason, facts = _verdict(file=file, received=received, expect=expect)
             if reason:
-                return _reject(operation=operation, actor=actor, reason=reason)
+                return output_reject(operation=operation, actor=actor, reason=reason)
             return _publish(operation=operation, file=file, received=received, facts=facts)
     finally:
         # Passed or not, the quarantined copy goes: published bytes live in the objects storage.
@@ -282,9 +282,10 @@ def _publish(
     return output
 
 
-def _reject(*, operation: Operation, actor: str, reason: str) -> OperationOutput:
+def output_reject(*, operation: Operation, actor: str, reason: str) -> OperationOutput:
     """Fail the operation as ``invalid_output`` (its latest holder's verdict, from any state
-    that holder may still report from); always raises."""
+    that holder may still report from); always raises :class:`InvalidOutput`. Also for an
+    answer that says "done" but names no output (ledger.polling)."""
     reason = sanitize_message(reason)
     current = Operation.objects.filter(
         pk=operation.pk, lease_token=operation.lease_token, status__in=REPORTABLE_STATES

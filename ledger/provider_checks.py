@@ -7,6 +7,7 @@ module can use it."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.conf import settings
 
@@ -72,3 +73,68 @@ def provider_config_errors(
     if problem:
         errors["auth_secret_env"] = problem
     return errors, base_url
+
+
+# What an asynchronous provider's status path may substitute: the job id the submit answered.
+POLL_PLACEHOLDER = "provider_ref"
+_POINTER_FIELDS = (
+    "poll_status_pointer",
+    "output_url_pointer",
+    "output_sha256_pointer",
+    "output_size_pointer",
+    "output_width_pointer",
+    "output_height_pointer",
+)
+_VALUE_FIELDS = ("poll_succeeded_values", "poll_failed_values", "poll_pending_values")
+
+
+def poll_path_problem(path: str) -> str | None:
+    """A status path may use ``{provider_ref}`` and nothing else, and must use it."""
+    try:
+        example = path.format(provider_ref="job")
+    except (KeyError, IndexError, ValueError, AttributeError):
+        return "the status path may use only {provider_ref}"
+    if "{" + POLL_PLACEHOLDER + "}" not in path or not example.startswith("/"):
+        return "the status path is a path under the base URL naming the job: /…{provider_ref}…"
+    return None
+
+
+def async_config_errors(values: dict[str, Any]) -> dict[str, str]:
+    """(field → message) for an asynchronous provider's adapter fields (DESIGN §5,
+    asynchronous providers). ``values``: the fields by name; an empty ``poll_path`` means a
+    synchronous provider, whose other async fields are not looked at."""
+    errors: dict[str, str] = {}
+    path = str(values.get("poll_path") or "")
+    if not path:
+        return errors
+    problem = poll_path_problem(path)
+    if problem:
+        errors["poll_path"] = problem
+    if not values.get("ref_pointer"):
+        errors["ref_pointer"] = "an asynchronous provider needs a ref pointer: where the submit answer names the job"
+    for name in _POINTER_FIELDS:
+        pointer = str(values.get(name) or "")
+        if pointer and not pointer.startswith("/"):
+            errors[name] = "a JSON pointer starts with /"
+    if not values.get("poll_status_pointer"):
+        errors["poll_status_pointer"] = "an asynchronous provider needs the status answer's status pointer"
+    for name in _VALUE_FIELDS:
+        listed = values.get(name) or []
+        if not isinstance(listed, list) or not all(isinstance(v, str) and 0 < len(v) <= 100 for v in listed):
+            errors[name] = "a list of status values (strings)"
+    if not values.get("poll_succeeded_values") or not values.get("poll_failed_values"):
+        errors.setdefault("poll_succeeded_values", "name the terminal status values: succeeded and failed")
+    seen: dict[str, str] = {}
+    for name in _VALUE_FIELDS:
+        for value in values.get(name) or []:
+            if isinstance(value, str) and seen.setdefault(value, name) != name:
+                errors[name] = f"the status value {value!r} is listed twice"
+    types = values.get("output_media_types") or []
+    if not isinstance(types, list) or not all(isinstance(t, str) and "/" in t for t in types):
+        errors["output_media_types"] = "a list of media types such as image/png"
+    first, cap = values.get("poll_initial_seconds"), values.get("poll_max_seconds")
+    if not isinstance(first, (int, float)) or not 0.01 <= float(first) <= 3600:
+        errors["poll_initial_seconds"] = "between 0.01 and 3600 seconds"
+    elif not isinstance(cap, (int, float)) or not float(first) <= float(cap) <= 86400:
+        errors["poll_max_seconds"] = "between the first poll's delay and 86400 seconds"
+    return errors

@@ -159,8 +159,41 @@ UPDATE ledger_operation SET
     sent_at = CASE WHEN %(past_deadline)s THEN NULL ELSE now() END,
     uses_sent_marker = TRUE,
     next_attempt_at = NULL,
+    polls = 0,
     updated_at = now()
 WHERE id = %(id)s AND status = %(from_status)s
+RETURNING *;
+
+
+-- name: operation_wait --
+-- claimed → waiting (asynchronous providers): the holder hands the row to the provider. The
+-- submit's answer named the job (its id becomes provider_ref), or a poll found it still
+-- pending. No lease is held from here on; next_attempt_at is the next poll. Only the
+-- current holder, and only while the row is still its own.
+UPDATE ledger_operation SET
+    status = {waiting},
+    provider_ref = %(provider_ref)s,
+    lease_expires_at = NULL,
+    next_attempt_at = ledger_now_plus(%(poll_in_seconds)s),
+    updated_at = now()
+WHERE id = %(id)s AND status = {claimed} AND lease_token = %(lease_token)s
+RETURNING *;
+
+
+-- name: operation_poll_take --
+-- waiting → claimed for one poll, by a worker (the row was selected and locked by the take's
+-- SKIP LOCKED read in the same transaction) or by the provider's webhook. A new token fences
+-- out every earlier holder; the lease is a poll's, short. No new attempt: a poll sends
+-- nothing that changes the provider's state, so the job stays the attempt that submitted it.
+UPDATE ledger_operation SET
+    status = {claimed},
+    lease_token = %(lease_token)s,
+    claimed_at = now(),
+    lease_expires_at = ledger_now_plus(%(lease_seconds)s),
+    polls = polls + 1,
+    next_attempt_at = NULL,
+    updated_at = now()
+WHERE id = %(id)s AND status = {waiting}
 RETURNING *;
 
 
@@ -284,6 +317,15 @@ FROM ledger_operation WHERE id = %(operation_id)s;
 
 -- name: attempt_mark_sent --
 UPDATE ledger_attempt SET sent_at = COALESCE(sent_at, now())
+WHERE operation_id = %(operation_id)s AND number = %(number)s;
+
+
+-- name: attempt_job --
+-- The job an asynchronous provider accepted the attempt as: its id and the submit's status.
+-- The attempt stays pending until the job ends.
+UPDATE ledger_attempt SET
+    provider_ref = %(provider_ref)s,
+    response_status = %(response_status)s
 WHERE operation_id = %(operation_id)s AND number = %(number)s;
 
 

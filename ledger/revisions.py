@@ -99,10 +99,14 @@ def adapter_view(provider: Provider, revision: AdapterRevision | None) -> Provid
     if revision is None:
         return provider
     view = copy.copy(provider)
-    for name, value in revision.config.items():
-        # Only the declared adapter fields: a key a later adapter kind adds stays data.
-        if name in ADAPTER_FIELDS:
-            setattr(view, name, copy.deepcopy(value))
+    for name in ADAPTER_FIELDS:
+        if name in revision.config:
+            setattr(view, name, copy.deepcopy(revision.config[name]))
+        else:
+            # A revision written before the field existed (the asynchronous adapter fields of
+            # migration 0018): it meant the field's default — a synchronous provider —, never
+            # the value the row holds now.
+            setattr(view, name, Provider._meta.get_field(name).get_default())
     return view
 
 

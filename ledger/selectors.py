@@ -23,7 +23,7 @@ from ledger.models import (
 
 def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySet[Operation]:
     """A tenant's operations; ``match`` are `path:value` filters on OPERATION_SEARCH_PATHS."""
-    rows = Operation.objects.filter(tenant=tenant).select_related("provider")
+    rows = Operation.objects.filter(tenant=tenant).select_related("provider", "output")
     if match:
         rows = search.filter_match(rows, search.parse_match(match, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]))
     return rows

@@ -10,7 +10,7 @@ from rest_framework import serializers
 from ledger import prompts, revisions, selectors
 from ledger.crypto import open_json
 from ledger.masking import stored_value_masked
-from ledger.models import REPORTED_ERROR_CLASSES, Operation
+from ledger.models import REPORTED_ERROR_CLASSES, Operation, OperationMode, OperationOutput, OperationStatus
 from ledger.serializer_reuse import represented
 from ledger.storable import MAX_DURATION_SECONDS, nul_problem
 
@@ -211,6 +211,22 @@ class OperationOutputSerializer(serializers.Serializer):
         help_text="Execute mode: the number of the provider's adapter revision the operation runs under"
         " (each attempt keeps its own); null in guard mode."
     )
+
+    output = serializers.SerializerMethodField(
+        help_text="Execute mode: the validated output once published (key, sha256, media type, size, width,"
+        " height, where its bytes are read); null otherwise. A replay of the key answers the same output."
+    )
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_output(self, op: Operation) -> dict[str, Any] | None:
+        # Only a succeeded execute-mode row can have one: every other answer costs no query.
+        if op.mode != OperationMode.EXECUTE or op.status != OperationStatus.SUCCEEDED:
+            return None
+        try:
+            output = op.output
+        except OperationOutput.DoesNotExist:
+            return None
+        return OutputObjectSerializer(output).data
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_adapter_revision(self, op: Operation) -> int | None:

@@ -62,6 +62,7 @@ from ledger.errors import (
 from ledger.intents import RequestTemplateInvalid, intent_config_errors
 from ledger.logs import operation_fields
 from ledger.models import (
+    ADAPTER_FIELDS,
     ALLOWED_TRANSITIONS,
     NO_RETRY_ERROR_CLASSES,
     PROVIDER_CAP_FIELDS,
@@ -81,7 +82,7 @@ from ledger.models import (
     prompt_slots_of,
     provider_caps_errors,
 )
-from ledger.provider_checks import provider_config_errors
+from ledger.provider_checks import async_config_errors, provider_config_errors
 from ledger.redaction import scrub
 from ledger.search import search_values
 from ledger.selectors import operation_newest_in_lineage
@@ -702,6 +703,69 @@ def operation_take(
     return op
 
 
+# --- Asynchronous providers: waiting on the provider, polls (DESIGN §5) ----------------------
+
+
+def operation_wait(
+    *,
+    operation_id: int,
+    lease_token: str,
+    provider_ref: str,
+    poll_in_seconds: float,
+    response_status: int | None = None,
+    actor: str,
+    reason: str,
+) -> Operation:
+    """claimed → waiting: the holder hands the row to an asynchronous provider that has the job
+    ``provider_ref`` (the submit's answer, or a poll that found it still pending). No lease is
+    held from here on; the next poll is due in ``poll_in_seconds``. A holder repeating its own
+    move (a record retried after a commit that did land) gets the row back."""
+    provider_ref = provider_ref[:255]
+    with transaction.atomic():
+        op = statements.operation(
+            "operation_wait",
+            {
+                "id": operation_id,
+                "lease_token": lease_token,
+                "provider_ref": provider_ref,
+                "poll_in_seconds": _seconds(poll_in_seconds),
+            },
+        )
+        if op is not None:
+            if op.polls == 0:
+                # The submit: its attempt is the job (pending until the job ends).
+                statements.execute(
+                    "attempt_job",
+                    {
+                        "operation_id": op.pk,
+                        "number": op.attempts,
+                        "provider_ref": provider_ref,
+                        "response_status": response_status,
+                    },
+                )
+            _event(op=op, old=S.CLAIMED, actor=actor, reason=reason)
+            return op
+    current = Operation.objects.filter(pk=operation_id).first()
+    if current is not None and current.status == S.WAITING and current.lease_token == lease_token:
+        if current.provider_ref == provider_ref:
+            return current
+    raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token)
+
+
+def operation_poll_take(*, operation_id: int, lease_seconds: float, actor: str, reason: str) -> Operation | None:
+    """waiting → claimed for one poll (a worker's take, which holds the row locked, or the
+    provider's webhook): a new token, a short lease, no new attempt. None when the row was
+    not waiting any more (someone else took it first)."""
+    with transaction.atomic():
+        op = statements.operation(
+            "operation_poll_take",
+            {"id": operation_id, "lease_token": new_lease_token(), "lease_seconds": _seconds(lease_seconds)},
+        )
+        if op is not None:
+            _event(op=op, old=S.WAITING, actor=actor, reason=reason)
+    return op
+
+
 # --- Holder calls: sent, heartbeat, complete, fail -----------------------------------------
 
 
@@ -1298,6 +1362,7 @@ def provider_upsert(
     slug: str,
     actor: str = "system",
     auth_secret: str | None = None,
+    webhook_secret: str | None = None,
     reason: str = "",
     canary_percent: int | None = None,
     **fields: Any,
@@ -1305,7 +1370,8 @@ def provider_upsert(
     """Create or update a tenant's provider, checked like a console save (``Provider.clean``:
     the outbound policy for its URLs, the declared set for an environment credential) and
     recorded as a configuration change. ``auth_secret``: a new credential to store sealed
-    ("" clears it; None leaves it) — never returned, never recorded in clear.
+    ("" clears it; None leaves it) — never returned, never recorded in clear;
+    ``webhook_secret`` likewise (the key an asynchronous provider signs its webhooks with).
 
     A change of the adapter fields records the next adapter revision (``ledger.revisions``):
     the stable one at once, or — with ``canary_percent`` — a canary taking that share of new
@@ -1313,6 +1379,8 @@ def provider_upsert(
     ``reason`` says why, in the revision and the trail."""
     if auth_secret is not None:
         fields["auth_secret"] = sealed_credential(auth_secret)
+    if webhook_secret is not None:
+        fields["webhook_secret"] = sealed_credential(webhook_secret)
     unknown = set(fields) & set(PROVIDER_STATE_FIELDS)
     if unknown:
         raise ValidationFailed(f"Not configuration: {', '.join(sorted(unknown))} (see ledger.canary).")
@@ -1337,6 +1405,14 @@ def provider_upsert(
         )
         if intent_errors:
             raise RequestTemplateInvalid(" ".join(intent_errors.values()), extra={"fields": intent_errors})
+        async_values = {
+            name: fields[name] if name in fields else getattr(existing, name, Provider._meta.get_field(name).default)
+            for name in ADAPTER_FIELDS
+        }
+        async_values = {k: (v() if callable(v) else v) for k, v in async_values.items()}
+        async_errors = async_config_errors(async_values)
+        if async_errors:
+            raise ValidationFailed(" ".join(f"{name}: {message}." for name, message in async_errors.items()))
         if "base_url" in fields:
             # Stored in the canonical form the check saw.
             fields["base_url"] = base_url

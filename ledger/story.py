@@ -78,6 +78,17 @@ def operation_story(
         story.headline = f"Accepted {age_words(op.created_at, now)}; waiting for a worker to send it to {provider}."
         if op.provider and op.provider.paused_at:
             story.notes.append(f"The provider {provider} is paused: nothing is sent until it is resumed.")
+    elif status == S.WAITING:
+        story.headline = (
+            f"{provider} accepted it as job {op.provider_ref}; waiting on the provider, next poll {_due(op, now)}."
+        )
+        story.notes.append(
+            "No lease is held: a worker polls the job (or the provider's signed webhook announces it), and the"
+            " output is published only after its checks pass. Past the lifetime it goes to review, not failed:"
+            " the provider may still finish it."
+        )
+    elif status == S.CLAIMED and op.polls > 0:
+        story.headline = f"A poll of job {op.provider_ref} at {provider} holds a short lease; nothing is being sent."
     elif status == S.CLAIMED:
         story.headline = f"Attempt {op.attempts} holds the lease; the effect may be under way at {provider}."
         if op.sent_at:

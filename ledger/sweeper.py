@@ -33,6 +33,7 @@ from ledger.models import (
     OperationMode,
     OperationStatus,
 )
+from ledger.polling import is_asynchronous
 from ledger.reconcile import LookupOutcome, provider_lookup
 from ledger.revisions import operation_adapter_view
 from ledger.services import decide_unsent_expiry, operation_transition, sanitize_message
@@ -103,6 +104,19 @@ def sweep_expired_leases(*, batch: int = 500, report: SweepReport | None = None)
     ids = list(Operation.objects.filter(expired).order_by("lease_expires_at").values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.CLAIMED).select_related("provider"):
         changes: Changes = {"lease_expires_at": None}
+        if op.polls > 0:
+            # A poll lease (ledger.polling): a poll and an output fetch are GETs that change
+            # nothing at the provider, and a publish is fenced by this token and state, so
+            # a lost poller left nothing uncertain. The job is polled again, now.
+            _move(
+                op,
+                S.WAITING,
+                f"poll lease expired; polls change nothing at the provider: poll job {op.provider_ref} again",
+                report,
+                changes={**changes, "next_attempt_at": Now()},
+                guard=Q(lease_expires_at__lt=Now()),
+            )
+            continue
         if op.sent_at is None and sender_honours_marker(op):
             to, delay, reason = decide_unsent_expiry(op)
             if delay is not None:
@@ -243,6 +257,19 @@ def reconcile_uncertain(
                 _release(op.pk, lookup_failed=True)
             log.info("sweeper_lookup_unknown key=%s error=%s", op.key, result.error)
             continue
+        if result.outcome == LookupOutcome.FOUND and is_asynchronous(provider):
+            # The asynchronous provider has the job (a crash between its answer and our
+            # record): follow it by polls like any accepted job — its state and output come
+            # from its status answer, never from the lookup's.
+            _move(
+                op,
+                S.WAITING,
+                f"found at provider as job {result.provider_ref}: waiting on it",
+                report,
+                changes={**clear, "provider_ref": result.provider_ref[:255], "next_attempt_at": Now(), "polls": 0},
+                attempt_changes={"outcome": AttemptOutcome.PENDING, "provider_ref": result.provider_ref[:255]},
+            )
+            continue
         if result.outcome == LookupOutcome.FOUND:
             if result.succeeded:
                 _move(
@@ -330,14 +357,37 @@ def expire_abandoned_retries(*, batch: int = 500, report: SweepReport | None = N
     return report
 
 
+def review_unpolled_waits(*, batch: int = 500, report: SweepReport | None = None) -> SweepReport:
+    """``waiting`` past its lifetime, its poll overdue by ``POLL_OVERDUE_SECONDS`` (no worker
+    took it: none running, or the provider paused): → review + alert. Not failed — the provider
+    may still finish the job, and a failed row may be replayed (a second render). A row whose
+    poll is overdue within its lifetime holds no lease and loses nothing by waiting: the next
+    worker polls it, and ``alert_stuck`` reports it if that takes too long."""
+    report = report or SweepReport()
+    overdue = sql.db_now() - timedelta(seconds=_cfg("POLL_OVERDUE_SECONDS"))
+    ended = Q(status=S.WAITING, next_attempt_at__lt=overdue, expires_at__lt=Now())
+    ids = list(Operation.objects.filter(ended).order_by("next_attempt_at").values_list("id", flat=True)[:batch])
+    for op in Operation.objects.filter(pk__in=ids, status=S.WAITING):
+        _move(
+            op,
+            S.REVIEW,
+            f"lifetime passed while waiting on the provider's job {op.provider_ref}, and no worker polled it;"
+            " it may still finish there: a reviewer decides",
+            report,
+            guard=Q(next_attempt_at__lt=overdue, expires_at__lt=Now()),
+            also=_review_alert,
+        )
+    return report
+
+
 def alert_stuck(*, batch: int = 500, report: SweepReport | None = None) -> SweepReport:
     """Open rows older than the threshold: one alert per row, ever (alerted_at)."""
     report = report or SweepReport()
     cutoff = sql.db_now() - timedelta(seconds=_cfg("STUCK_ALERT_SECONDS"))
     ids: list[int] = []
-    # One query per partial index (claimed; uncertain+review): an IN over all three states
-    # matches neither index's predicate and scans the whole table.
-    for states in ([S.CLAIMED], [S.UNCERTAIN, S.REVIEW]):
+    # One query per partial index (claimed; uncertain+review; waiting): an IN over all the
+    # states matches no index's predicate and scans the whole table.
+    for states in ([S.CLAIMED], [S.UNCERTAIN, S.REVIEW], [S.WAITING]):
         stuck = Q(status__in=states, updated_at__lt=cutoff, alerted_at__isnull=True)
         with transaction.atomic():
             found = list(
@@ -362,6 +412,7 @@ def sweep(*, batch: int = 500, client: httpx.Client | None = None) -> SweepRepor
     sweep_expired_leases(batch=batch, report=report)
     reconcile_uncertain(batch=batch, report=report, client=client)
     expire_abandoned_retries(batch=batch, report=report)
+    review_unpolled_waits(batch=batch, report=report)
     alert_stuck(batch=batch, report=report)
     # Old retries whose provider declares recheck_after: ask the tenant before they go ahead.
     for outcome, n in eligibility_recheck(batch=batch, client=client).items():

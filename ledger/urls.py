@@ -21,6 +21,7 @@ urlpatterns = [
     path("uploads/<str:key>", apis.UploadDetailApi.as_view(), name="upload-detail"),
     path("uploads/<str:key>/content", apis.UploadContentApi.as_view(), name="upload-content"),
     path("providers/<slug:slug>", apis.ProviderDetailApi.as_view(), name="provider-detail"),
+    path("webhooks/<slug:tenant>/<slug:slug>", apis.ProviderWebhookApi.as_view(), name="provider-webhook"),
     path("providers/<slug:slug>/revisions", apis.ProviderRolloutApi.as_view(), name="provider-revisions"),
     path("providers/<slug:slug>/intent", apis.ProviderIntentApi.as_view(), name="provider-intent"),
     path("prompt-templates", apis.PromptTemplateListApi.as_view(), name="prompt-template-list"),

@@ -23,7 +23,9 @@ is one pixel wider and taller than asked, while ``output`` claims the asked size
 ``wrong_type`` (the bytes are a JPEG, while ``output`` and ``Content-Type`` say PNG), and a
 submit-time ``status`` (with ``retry_after``: answer 429/503/500 without creating a job).
 ``POST /_switches`` sets the defaults for later jobs; ``POST /_script`` queues one switch set
-per submission (consumed in arrival order, before the defaults apply).
+per submission (consumed in arrival order, before the defaults apply). ``POST /_release``
+ends every job's wait at once (its render happens at its next look): tests of a slow job do
+not wait on a clock.
 
 Control: ``GET /_effects`` → ``{"mode": "images", "renders", "failed", "jobs", "submits",
 "by_key", "polls", "fetches", "lookups"}`` (``renders``: images drawn; ``by_key``: renders per
@@ -200,6 +202,15 @@ class MockImageState:
         with self.lock:
             self.script = deque(steps)
 
+    def release(self) -> int:
+        """Every job still rendering is done at its next look (tests: no waiting on a clock)."""
+        with self.lock:
+            now = time.monotonic()
+            queued = [job for job in self.jobs.values() if job.status == "queued"]
+            for job in queued:
+                job.ready_at = min(job.ready_at, now)
+            return len(queued)
+
     def set_defaults(self, switches: dict[str, Any]) -> None:
         with self.lock:
             self.defaults = switches
@@ -330,7 +341,7 @@ class MockImageHandler(JsonRequestHandler):
     def do_POST(self) -> None:
         url = urlsplit(self.path)
         try:
-            if url.path in ("/_reset", "/_script", "/_switches"):
+            if url.path in ("/_reset", "/_script", "/_switches", "/_release"):
                 self.control(url.path)
                 return
             if url.path != "/v1/renders":
@@ -348,6 +359,10 @@ class MockImageHandler(JsonRequestHandler):
             self.read_body()
             self.state.reset()
             self.send_json(200, {"reset": True})
+            return
+        if path == "/_release":
+            self.read_body()
+            self.send_json(200, {"released": self.state.release()})
             return
         try:
             if path == "/_script":

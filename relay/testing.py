@@ -132,6 +132,11 @@ class RunningServer:
         self._require("relay")
         self._call("POST", "/_relay/mode", json={"mode": mode, **({"delay": delay} if delay is not None else {})})
 
+    def release(self) -> int:
+        """The image API: every job still rendering is done at its next look."""
+        self._require("images")
+        return int(self._call("POST", "/_release")["released"])
+
     def reset(self) -> None:
         self._call("POST", "/_relay/reset" if self.kind == "relay" else "/_reset")
 

@@ -531,7 +531,9 @@ def test_moves_outside_the_table_raise_illegal_transition_and_change_nothing(ten
     op = claim(tenant, provider)
     # Put the row in `source` directly: this test is about the guard, not how it got there.
     done = op.claimed_at if source in (S.SUCCEEDED, S.FAILED, S.ABANDONED) else None
-    Operation.objects.filter(pk=op.pk).update(status=source, done_at=done)
+    # A waiting row has its job and no lease (operation_waiting_has_job).
+    waiting = {"provider_ref": "job_1", "lease_expires_at": None, "next_attempt_at": op.claimed_at}
+    Operation.objects.filter(pk=op.pk).update(status=source, done_at=done, **(waiting if source == S.WAITING else {}))
     op = Operation.objects.get(pk=op.pk)
     before = row(op.pk)
     events = len(events_of(op.pk))

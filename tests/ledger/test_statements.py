@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,17 @@ from django.db import IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
 from ledger import crypto, services, statements
-from ledger.models import Operation, OperationEvent, OperationStatus, Provider, Tenant
+from ledger.errors import LeaseLost
+from ledger.models import (
+    Attempt,
+    AttemptOutcome,
+    Operation,
+    OperationEvent,
+    OperationMode,
+    OperationStatus,
+    Provider,
+    Tenant,
+)
 from tests.conftest import on_postgres
 from tests.ledger.support import attempts_of, events_of, ledger_counts
 
@@ -352,3 +363,65 @@ def test_a_completion_that_waits_for_the_sweepers_move_completes_from_the_state_
     assert "error" not in outcome, outcome.get("error")
     assert outcome["done"].status == S.SUCCEEDED
     assert [(e[0], e[1]) for e in events_of(op.pk)][-2:] == [("claimed", "uncertain"), ("uncertain", "succeeded")]
+
+
+# --- Asynchronous providers: wait and poll take (portable statements, both databases) ------------
+
+
+def test_the_wait_and_poll_statements_move_hold_and_fence_alike_on_either_database(tenant, provider):
+    queued = _claim(tenant, provider, "stmt-job", mode=OperationMode.EXECUTE, via_claims=False)
+    taken = services.operation_take(
+        operation_id=queued.pk, from_status=S.QUEUED, lease_seconds=45, past_deadline=False, actor="worker-1"
+    )
+    assert taken is not None and taken.polls == 0
+
+    def wait(op: Operation, seconds: float = 5.0) -> Operation:
+        return services.operation_wait(
+            operation_id=op.pk,
+            lease_token=op.lease_token,
+            provider_ref="job_1",
+            poll_in_seconds=seconds,
+            response_status=202,
+            actor="worker-1",
+            reason="accepted",
+        )
+
+    waiting = wait(taken)
+    assert (waiting.status, waiting.provider_ref, waiting.lease_expires_at, waiting.polls) == (
+        S.WAITING,
+        "job_1",
+        None,
+        0,
+    )
+    assert waiting.next_attempt_at - waiting.updated_at == timedelta(seconds=5)
+    (attempt,) = Attempt.objects.filter(operation_id=taken.pk)
+    assert (attempt.outcome, attempt.provider_ref, attempt.response_status) == (AttemptOutcome.PENDING, "job_1", 202)
+    # The same holder's repeat (a retried record whose commit landed): the row, no second event.
+    assert wait(taken).pk == taken.pk and len(events_of(taken.pk)) == 3
+    polled = services.operation_poll_take(operation_id=taken.pk, lease_seconds=12, actor="worker-2", reason="poll")
+    assert polled is not None and polled.status == S.CLAIMED and polled.polls == 1 and polled.attempts == 1
+    assert polled.lease_token != taken.lease_token and polled.lease_expires_at is not None
+    assert polled.lease_expires_at - polled.claimed_at == timedelta(seconds=12)
+    # Only one taker; the submit's token is fenced out.
+    assert services.operation_poll_take(operation_id=taken.pk, lease_seconds=12, actor="x", reason="poll") is None
+    with pytest.raises(LeaseLost):
+        wait(taken)
+    again = wait(polled, seconds=2.5)
+    assert again.status == S.WAITING and again.polls == 1
+    assert Attempt.objects.get(operation_id=taken.pk).response_status == 202  # a poll's wait leaves the attempt
+    final = services.operation_poll_take(operation_id=taken.pk, lease_seconds=12, actor="worker-3", reason="poll")
+    assert final is not None and final.polls == 2
+    done = services.operation_complete(operation_id=taken.pk, lease_token=final.lease_token, provider_ref="job_1")
+    assert done.status == S.SUCCEEDED
+    assert Attempt.objects.get(operation_id=taken.pk).outcome == AttemptOutcome.SUCCEEDED
+    assert [(e[0], e[1]) for e in events_of(taken.pk)] == [
+        ("", "queued"),
+        ("queued", "claimed"),
+        ("claimed", "waiting"),
+        ("waiting", "claimed"),
+        ("claimed", "waiting"),
+        ("waiting", "claimed"),
+        ("claimed", "succeeded"),
+    ]
+    # A take for a send starts the count of polls again.
+    assert "polls = 0" in statements.text("operation_take")
