@@ -39,6 +39,7 @@ from ledger.models import (
     OperationEvent,
     OperationMode,
     OperationStatus,
+    PromptTemplate,
     Provider,
     Tenant,
     WorkflowName,
@@ -940,3 +941,68 @@ class ProviderAdmin(admin.ModelAdmin):
             "change_url": reverse("admin:ledger_provider_change", args=[provider.pk]),
         }
         return TemplateResponse(request, "admin/ledger/provider/rollout.html", context)
+
+
+class PromptTemplateForm(forms.ModelForm):
+    """A new version of a prompt template (ledger.prompts): the name's next version is the
+    service's to number; versions are never edited."""
+
+    reason = forms.CharField(
+        required=False, max_length=500, help_text="Recorded with the version in the configuration trail."
+    )
+
+    class Meta:
+        model = PromptTemplate
+        fields = ["tenant", "name", "text", "slots"]
+        help_texts = {
+            "text": "The instructions, with {{ slot }} where each declared slot's user text goes (fenced between"
+            " markers, capped). Nothing else in braces.",
+            "slots": 'Each slot with its length cap: {"description": {"max_length": 500}}.',
+        }
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        slots = data.get("slots")
+        problems = prompts.slots_problems(slots) or prompts.text_problems(data.get("text"), slots or {})
+        if problems:
+            raise forms.ValidationError(problems)
+        return data
+
+
+@admin.register(PromptTemplate)
+class PromptTemplateAdmin(TenantColumnMixin, admin.ModelAdmin):
+    """Prompt templates: read-only versions; "add" creates the name's next version through
+    ``prompts.prompt_template_create`` (DESIGN §5, prompt templates)."""
+
+    form = PromptTemplateForm
+    list_display = ["name", "version", "slot_caps", "created_by", "created_at", "reason"]
+    list_filter = ["name"]
+    search_fields = ["name"]
+    ordering = ["name", "-version"]
+
+    @admin.display(description="slots")
+    def slot_caps(self, obj: PromptTemplate) -> str:
+        return ", ".join(f"{name} ≤ {spec.get('max_length')}" for name, spec in obj.slots.items()) or display.EMPTY
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def save_model(self, request: HttpRequest, obj: PromptTemplate, form: Any, change: bool) -> None:
+        created = prompts.prompt_template_create(
+            tenant=obj.tenant,
+            name=obj.name,
+            text=obj.text,
+            slots=obj.slots,
+            actor=f"user:{request.user.get_username()}",
+            reason=form.cleaned_data.get("reason") or "",
+        )
+        # The admin's redirect and message name the row the service wrote.
+        obj.pk, obj.version, obj.created_at = created.pk, created.version, created.created_at

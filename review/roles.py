@@ -80,6 +80,8 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.view_*",
         "ledger.add_provider",
         "ledger.change_provider",
+        # A new version of a prompt template (versions are never changed or deleted).
+        "ledger.add_prompttemplate",
         "ledger.change_apikey",
         "ledger.change_tenant",
         "dlq.replay_failedevent",

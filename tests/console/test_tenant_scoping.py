@@ -15,7 +15,7 @@ from alerts.models import AlertDelivery
 from alerts.services import alert_channel_upsert, alert_raise
 from dlq import services as dlq_services
 from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay, RunResume
-from ledger import services
+from ledger import prompts, services
 from ledger.models import AdmissionRefusalCount, Attempt, Operation, OperationEvent, Tenant, Tombstone
 from review import privacy
 from review.accesslog import accesslog_checkpoint
@@ -70,6 +70,9 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     # The allowed "nowhere" address (tests.support.outbound): never contacted here.
     dlq_services.n8n_connection_save(tenant=tenant, base_url="http://127.0.0.1:9", api_key=f"key-{tag}", actor="t")
     AdmissionRefusalCount.objects.create(tenant=tenant, reason=f"r-{tag}", count=1, last_at=timezone.now())
+    prompts.prompt_template_create(
+        tenant=tenant, name=f"prompt-{tag}", text="Say {{ x }}", slots={"x": {"max_length": 9}}, actor="t"
+    )
     privacy.accesslog_append(
         tenant_id=tenant.pk,
         action="reveal",

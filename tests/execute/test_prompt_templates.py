@@ -321,3 +321,24 @@ def test_the_management_commands_create_a_version_and_set_a_providers_schema_and
     out = StringIO()
     call_command("prompt_template", "list", "--tenant", tenant.slug, stdout=out)
     assert out.getvalue().startswith("product-shot@1 slots: style≤40, description≤300")
+
+
+def test_the_console_adds_versions_through_the_service_and_refuses_an_expression(tenant, admin_client):
+    url = "/admin/ledger/prompttemplate/add/"
+    form = {"tenant": tenant.pk, "name": "product-shot", "text": PROMPT, "slots": json.dumps(SLOTS), "reason": "ui"}
+
+    first = admin_client.post(url, form)
+    second = admin_client.post(url, form)
+    refused = admin_client.post(url, {**form, "text": "Hi {{ style.upper() }} {{ description }}"})
+
+    assert first.status_code == 302 and second.status_code == 302
+    assert list(PromptTemplate.objects.order_by("version").values_list("name", "version", "created_by")) == [
+        ("product-shot", 1, "user:admin"),
+        ("product-shot", 2, "user:admin"),
+    ]
+    assert refused.status_code == 200 and "is not a slot" in refused.content.decode()
+    assert PromptTemplate.objects.count() == 2
+    listing = admin_client.get("/admin/ledger/prompttemplate/")
+    assert listing.status_code == 200 and "description ≤ 300" in listing.content.decode()
+    page = admin_client.get(f"/admin/ledger/prompttemplate/{PromptTemplate.objects.first().pk}/change/")
+    assert page.status_code == 200 and 'name="text"' not in page.content.decode()  # read-only
