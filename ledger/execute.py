@@ -618,7 +618,16 @@ def operation_translated(
     try:
         rendered = translation.intent_translate(tenant_id=op.tenant_id, provider=provider, intent=stored["intent"])
         envelope = normalize_envelope(request=rendered.request, provider=provider)
-    except DomainError as exc:
+    except Exception as exc:
+        if not isinstance(exc, DomainError):
+            if not database_unavailable(exc) or connection.in_atomic_block:
+                raise
+            # The uploads or prompt could not be read: nothing was sent, so a retry is safe —
+            # never left to the sweeper, which would take the sent marker for a possible send.
+            connection_discard()
+            log.warning("execute_intent_unreadable key=%s attempt=%s error=%s", op.key, op.attempts, type(exc).__name__)
+            message = "could not read the intent's uploads or prompt template; not sent"
+            return None, None, adapters.Outcome(ErrorClass.TRANSIENT, message=message, sent=False)
         revision = revisions.revision_number(op.adapter_revision_id)
         log.warning("execute_intent_refused key=%s attempt=%s code=%s", op.key, op.attempts, exc.code)
         message = f"intent not valid under adapter revision {revision} ({exc.code}): {exc.detail}"

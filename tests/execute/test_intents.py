@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import OperationalError
 
 from dlq.models import FailedEvent, ReplayOutcome
 from dlq.services import failed_event_replay
-from ledger import canary, uploads
+from ledger import canary, translation, uploads
 from ledger.crypto import open_json
 from ledger.errors import DomainError
 from ledger.execute import operation_submit
@@ -21,7 +22,7 @@ from ledger.intents import RequestTemplateInvalid
 from ledger.models import Attempt, ErrorClass, Operation, OperationStatus, Provider, Tenant
 from ledger.services import provider_upsert
 from tests.execute.conftest import configure_provider
-from tests.execute.support import RenderApi, run_due
+from tests.execute.support import RenderApi, make_due, run_due
 from tests.support.objects import image_bytes, noisy_png
 
 S = OperationStatus
@@ -467,3 +468,34 @@ def test_an_upload_deleted_while_the_job_waits_fails_the_attempt_without_sending
     assert op.status == S.FAILED and op.error_class == ErrorClass.INVALID_INPUT
     assert "(upload_reference_invalid)" in op.last_error
     assert render_api.received == []
+
+
+# As in production, outside any transaction: inside one, a broken connection breaks it and the
+# worker re-raises instead (ledger.execute).
+@pytest.mark.django_db(transaction=True)
+def test_a_database_error_while_reading_the_intents_uploads_is_a_not_sent_retry_not_a_possible_send(
+    api, tenant, renders, render_api, monkeypatch
+):
+    assert submit(api, INTENT).status_code == 202
+    real = translation.uploads_checked
+    calls: list[int] = []
+
+    def dropped(**kwargs: Any) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(**kwargs)
+
+    monkeypatch.setattr(translation, "uploads_checked", dropped)
+    run_due()
+
+    op = Operation.objects.get()
+    # Not sent, so not uncertain: a plain retry, which then goes out once.
+    assert op.status == S.RETRY_WAIT
+    (attempt,) = Attempt.objects.filter(operation=op)
+    assert attempt.outcome == "transient" and "not sent" in attempt.message
+    assert render_api.received == []
+    make_due(op.pk)
+    run_due()
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and len(render_api.received) == 1
