@@ -21,7 +21,9 @@ Nothing is stored on a refusal: not a row, not an object, not a named temporary 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
@@ -62,6 +64,27 @@ def upload_media_types() -> list[str]:
 
 def upload_key(sha256: str) -> str:
     return KEY_PREFIX + sha256
+
+
+# An upload's key wherever a job names it (an intent's source_key, a field of a free-form body).
+_KEY_IN_TEXT = re.compile(r"\bup_[0-9a-f]{64}\b")
+
+
+def upload_keys_in(value: Any, *, depth: int = 0) -> set[str]:
+    """Every upload key a stored value (a job's payload, request or intent, in plaintext)
+    names, in any string at any depth."""
+    found: set[str] = set()
+    if depth > 16:
+        return found
+    if isinstance(value, str):
+        found.update(_KEY_IN_TEXT.findall(value))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found |= upload_keys_in(key, depth=depth + 1) | upload_keys_in(item, depth=depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            found |= upload_keys_in(item, depth=depth + 1)
+    return found
 
 
 @dataclass(frozen=True)
@@ -147,6 +170,15 @@ def upload_get(*, tenant: Tenant, key: str) -> Upload:
     if upload is None:
         raise UploadNotFound("No such upload.")
     return upload
+
+
+def uploads_delete_named(*, tenant_id: int, keys: set[str]) -> int:
+    """Delete the tenant's uploads with these keys (an erasure: the uploads a person's jobs
+    named), as :func:`uploads_delete` does; keys of no upload are ignored."""
+    if not keys:
+        return 0
+    ids = list(Upload.objects.filter(tenant_id=tenant_id, key__in=sorted(keys)).values_list("pk", flat=True))
+    return uploads_delete(tenant_id=tenant_id, upload_ids=ids) if ids else 0
 
 
 def uploads_delete(*, tenant_id: int, upload_ids: list[int]) -> int:

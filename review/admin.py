@@ -488,3 +488,7 @@ class ScheduleReadOnlyAdmin(ReadOnlyAdmin):
 if admin.site.is_registered(Schedule):
     admin.site.unregister(Schedule)
 admin.site.register(Schedule, ScheduleReadOnlyAdmin)
+
+
+# Uploads and published outputs: their facts, and a logged download (review.object_pages).
+from review import object_pages  # noqa: E402, F401

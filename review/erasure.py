@@ -14,7 +14,8 @@ the second finds the cursor moved. Per record:
 
 * operations: ``payload``, ``request`` and ``response_body`` become redaction markers (when, the
   erasure, a keyed digest — never the value), ``search_fields`` cleared, the attempts' recorded
-  answers dropped, its published output (row and file) deleted; a ``queued`` or
+  answers dropped, its published output (row and file) deleted and so are the uploads it
+  names by key (rows and files: ``up_…`` anywhere in its plaintext); a ``queued`` or
   ``retry_wait`` one is cancelled first, so a redacted request is never sent;
 * DLQ entries: the payload becomes a marker, the replays' recorded answers are dropped; a
   ``pending`` or ``replayed`` one is discarded first, so nobody replays a marker;
@@ -53,6 +54,7 @@ from ledger.errors import DomainError, ValidationFailed
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
 from ledger.outputs import outputs_delete_for
 from ledger.redaction import scrub
+from ledger.uploads import upload_keys_in, uploads_delete_named
 from review.accesslog import accesslog_append
 from review.models import (
     ERASURE_OPEN_STATES,
@@ -241,8 +243,11 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     values: set[str] = set()
     columns = {"payload": op.payload, "request": op.request, "response_body": op.response_body}
     attempts = list(Attempt.objects.filter(operation_id=op.pk, response_body__isnull=False).only("pk", "response_body"))
+    named_uploads: set[str] = set()
     for stored in [*columns.values(), *(a.response_body for a in attempts)]:
-        _strings(_plain(stored), values)
+        plain = _plain(stored)
+        _strings(plain, values)
+        named_uploads |= upload_keys_in(plain)
     changes: dict[str, Any] = {
         c: redaction_marker(value=v, policy_id=None, run_id=None, at=now, erasure_id=run.pk)
         for c, v in columns.items()
@@ -261,6 +266,10 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     # Its published output (a file it produced for this person) goes: the row now, the bytes
     # once the batch commits (ledger.outputs).
     run.outputs += outputs_delete_for(operation_ids=[op.pk])
+    # The uploads it named (a source photo, a document): an upload a person's job used is
+    # taken to be that person's data, whoever else's job names the same bytes (DESIGN §8).
+    # Rows now, files once the batch commits (ledger.uploads).
+    run.uploads += uploads_delete_named(tenant_id=run.tenant_id, keys=named_uploads)
     run.index_entries += SubjectIndex.objects.filter(record_type=RecordType.OPERATIONS, record_id=op.pk).delete()[0]
     run.operations += 1
     return True

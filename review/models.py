@@ -330,6 +330,9 @@ class ErasureRun(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     replays = models.PositiveIntegerField(default=0)
     outputs = models.PositiveIntegerField(default=0, help_text="published outputs (files) of their operations deleted")
+    uploads = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="uploads their operations named deleted (rows and files)"
+    )
     index_entries = models.PositiveIntegerField(default=0)
     texts = models.PositiveIntegerField(default=0, help_text="free-text columns the person's values were cut from")
     cancelled = models.PositiveIntegerField(default=0, help_text="queued or waiting operations cancelled first")

@@ -103,6 +103,30 @@ def object_label(obj: models.Model) -> tuple[str, str, str]:
     return label, str(obj.pk), str(ref)
 
 
+def object_download_record(
+    *, obj: models.Model, tenant_id: int, reason: str, actor: str, ip: str | None, user_id: int | None = None
+) -> AccessLog:
+    """The access-log row of a stored file's download (an upload or a published output: tenant
+    data, possibly a person's), written before a byte is read. Callers check permission and
+    tenant scope first (console: view_payload and the admin's scoped queryset)."""
+    reason = " ".join((reason or "").split())
+    if len(reason) < MIN_REASON_LENGTH:
+        raise ValidationFailed(f"Say why you need the file (at least {MIN_REASON_LENGTH} characters).")
+    object_type, object_id, object_ref = object_label(obj)
+    return accesslog_append(
+        tenant_id=tenant_id,
+        action=AccessAction.REVEAL,
+        actor=actor,
+        user_id=user_id,
+        object_type=object_type,
+        object_id=object_id,
+        object_ref=object_ref,
+        fields=["content"],
+        reason=reason,
+        ip=ip,
+    )
+
+
 def payload_reveal(
     *,
     obj: models.Model,

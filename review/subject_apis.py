@@ -131,6 +131,7 @@ def erasure_representation(run: ErasureRun) -> dict[str, Any]:
                 "attempts",
                 "replays",
                 "outputs",
+                "uploads",
                 "texts",
                 "index_entries",
                 "cancelled",

@@ -444,6 +444,7 @@ def erasure_summary(run: ErasureRun) -> str:
         (run.attempts, "attempt answer", "attempt answers"),
         (run.replays, "replay answer", "replay answers"),
         (run.outputs, "output file deleted", "output files deleted"),
+        (run.uploads, "upload deleted", "uploads deleted"),
         (run.texts, "text cut", "texts cut"),
         (run.index_entries, "index entry removed", "index entries removed"),
         (run.cancelled, "operation cancelled", "operations cancelled"),

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ledger import services
-from ledger.models import Operation, OperationEvent, OperationStatus, Provider, Tenant
+from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus, Provider, Tenant, Upload
 from tests.console.support import client_for
 
 pytestmark = pytest.mark.django_db
@@ -33,6 +33,29 @@ def seed(tenant: Tenant, provider: Provider, start: int, count: int) -> None:
         op = services.operation_claim(tenant=tenant, key=f"k-{i}", provider=provider, action="charge").operation
         if i % 3 == 0:
             services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"ch_{i}")
+            # Its published output and an upload (rows only: the lists never read the bytes).
+            digest = f"{tenant.pk:02d}{i:062d}"
+            OperationOutput.objects.create(
+                tenant=tenant,
+                operation=op,
+                key=f"out_{digest}",
+                sha256=digest,
+                size=1000 + i,
+                media_type="image/png",
+                width=64,
+                height=48,
+                storage_name=f"outputs/{digest}",
+            )
+            Upload.objects.create(
+                tenant=tenant,
+                key=f"up_{digest}",
+                sha256=digest,
+                size=2000 + i,
+                media_type="image/jpeg",
+                width=640,
+                height=480,
+                storage_name=f"uploads/{digest}",
+            )
         elif i % 3 == 1:
             services.operation_fail(
                 operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input", message="declined"

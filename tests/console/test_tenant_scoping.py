@@ -16,7 +16,16 @@ from alerts.services import alert_channel_upsert, alert_raise
 from dlq import services as dlq_services
 from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay, RunResume
 from ledger import prompts, services
-from ledger.models import AdmissionRefusalCount, Attempt, Operation, OperationEvent, Tenant, Tombstone
+from ledger.models import (
+    AdmissionRefusalCount,
+    Attempt,
+    Operation,
+    OperationEvent,
+    OperationOutput,
+    Tenant,
+    Tombstone,
+    Upload,
+)
 from review import privacy
 from review.accesslog import accesslog_checkpoint
 from review.models import ErasureRun, RetentionPolicy, RetentionRun, StaffTenant
@@ -87,6 +96,12 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     accesslog_checkpoint(tenant_id=tenant.pk)
     RetentionPolicy.objects.create(tenant=tenant, record_type="operations", record_ttl=timedelta(days=30))
     RetentionRun.objects.create(tenant=tenant, pass_id=tag, started_at=timezone.now())
+    # A published output of the failed operation and an upload (rows: the pages never read bytes).
+    digest = tag.encode().hex().ljust(64, "0")
+    OperationOutput.objects.create(
+        tenant=tenant, operation=failed, key=f"out_{digest}", sha256=digest, size=1, media_type="image/png"
+    )
+    Upload.objects.create(tenant=tenant, key=f"up_{digest}", sha256=digest, size=1, media_type="image/png")
     now = timezone.now()
     ErasureRun.objects.create(
         tenant=tenant, subject_ref=f"email:{tag}", actor="t", reason="r", requested_at=now, updated_at=now
