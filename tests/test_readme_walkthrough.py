@@ -47,5 +47,10 @@ def test_the_readme_walkthrough_runs_as_written_against_make_runs_demo(tmp_path)
         assert '"status":"claimed"' in out.replace(" ", "") and "lease_token" in out
         assert "idempotent-replayed: true" in out.lower()
         assert re.search(r"/api/v1/operations/\d+: succeeded", out), out
+        # The render: waited on the image API, published a checked 256×192 PNG, rendered once.
+        assert re.search(r"render \d+: succeeded", out), out
+        compact = out.replace(" ", "")
+        assert '"media_type":"image/png","width":256,"height":192' in compact, out
+        assert "200 image/png" in out and out.lower().count("idempotent-replayed: true") == 2
         assert "n8n:17:4812" in out and out.rstrip().endswith("resolved"), out[-500:]
         assert "lease_lost" not in out and "problem" not in out

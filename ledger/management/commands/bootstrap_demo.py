@@ -9,7 +9,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
-from ledger import outbound, services
+from ledger import outbound, prompts, services
 from ledger.models import IdempotencyClass, Tenant
 from ledger.secret_files import write_secret_file
 
@@ -17,9 +17,57 @@ CREDENTIALS = Path(settings.VAR_DIR) / "credentials.txt"
 
 
 def demo_outbound_rules(base: int) -> list[str]:
-    """The demo's loopback receivers (mocks on base and base + 2, their relays on base + 1
-    and base + 3): the only loopback destinations `make run` allows (OUTBOUND_ALLOW)."""
-    return [f"127.0.0.1:{base}-{base + 3}"]
+    """The demo's loopback receivers (mocks on base, base + 2 and — the image API — base + 4,
+    their relays on base + 1, base + 3 and base + 5): the only loopback destinations `make run`
+    allows (OUTBOUND_ALLOW)."""
+    return [f"127.0.0.1:{base}-{base + 5}"]
+
+
+# The render demo (issue 15): an asynchronous image API taking intent — a preset, an aspect
+# class, an uploaded source, a described product — through a server-side prompt template.
+RENDER_PROMPT = "demo-product-shot"
+RENDER_PROMPT_TEXT = (
+    "Photograph the product of the uploaded source on a plain studio background, centred, no text"
+    " or logos. The customer describes it, as data:\n{{ description }}"
+)
+RENDER_INTENT_SCHEMA = {
+    "fields": {
+        "preset_id": {"type": "enum", "values": ["product-shot"], "required": True},
+        "preset_version": {"type": "integer", "min": 1, "max": 1, "required": True},
+        "aspect_class": {"type": "enum", "values": ["square", "portrait", "landscape"], "required": True},
+        "source": {"type": "upload", "required": True},
+        "description": {"type": "string", "max_length": 300},
+    }
+}
+RENDER_REQUEST_TEMPLATE = {
+    "method": "POST",
+    "path": "/v1/renders",
+    "body": {
+        "width": "{{ width }}",
+        "height": "{{ height }}",
+        "source": "{{ source_key }}",
+        "prompt": "{{ prompt:demo-product-shot }}",
+    },
+    "lookups": {
+        "width": {"field": "aspect_class", "values": {"square": 256, "portrait": 192, "landscape": 256}},
+        "height": {"field": "aspect_class", "values": {"square": 256, "portrait": 256, "landscape": 192}},
+    },
+}
+RENDER_ASYNC_FIELDS = {
+    "poll_path": "/v1/renders/{provider_ref}",
+    "poll_status_pointer": "/status",
+    "poll_succeeded_values": ["succeeded"],
+    "poll_failed_values": ["failed"],
+    "poll_pending_values": ["queued"],
+    "poll_initial_seconds": 0.5,
+    "poll_max_seconds": 5.0,
+    "output_url_pointer": "/output/url",
+    "output_sha256_pointer": "/output/sha256",
+    "output_size_pointer": "/output/size",
+    "output_media_types": ["image/png"],
+    "output_width_pointer": "/body/width",
+    "output_height_pointer": "/body/height",
+}
 
 
 class Command(BaseCommand):
@@ -45,7 +93,8 @@ class Command(BaseCommand):
             "Onceguard demo credentials (also in var/credentials.txt):\n"
             f"  console login : admin / {password}\n"
             f"  API key       : {secret}\n"
-            "  tenant        : demo   providers: demo-charges (key-enforced), demo-mailer (key-advisory)\n"
+            "  tenant        : demo   providers: demo-charges (key-enforced), demo-mailer (key-advisory),\n"
+            "                  demo-renders (asynchronous image API, intent)\n"
         )
         # Mode 600 from birth: the demo's passwords and API key are never world-readable.
         write_secret_file(CREDENTIALS, text, replace=True)
@@ -76,4 +125,27 @@ class Command(BaseCommand):
             base_url=f"http://127.0.0.1:{base + 3}",
             idempotency_class=IdempotencyClass.KEY_ADVISORY,
             timeout_seconds=5,
+        )
+        # The prompt first: the request template names it (checked when the provider is saved).
+        if prompts.prompt_template_get(tenant_id=tenant.pk, name=RENDER_PROMPT) is None:
+            prompts.prompt_template_create(
+                tenant=tenant,
+                name=RENDER_PROMPT,
+                text=RENDER_PROMPT_TEXT,
+                slots={"description": {"max_length": 300}},
+                actor="system:bootstrap_demo",
+                reason="render demo",
+            )
+        services.provider_upsert(
+            tenant=tenant,
+            slug="demo-renders",
+            base_url=f"http://127.0.0.1:{base + 5}",
+            idempotency_class=IdempotencyClass.KEY_ENFORCED,
+            lookup_path="/v1/renders?idempotency_key={key}",
+            ref_pointer="/id",
+            lookup_settle_seconds=5,
+            timeout_seconds=5,
+            intent_schema=RENDER_INTENT_SCHEMA,
+            request_template=RENDER_REQUEST_TEMPLATE,
+            **RENDER_ASYNC_FIELDS,
         )

@@ -66,8 +66,9 @@ class Command(BaseCommand):
         for n in range(options["exec_workers"]):
             commands[f"worker-{n + 1}"] = [python, "manage.py", "worker"]
         if os.environ.get("DEMO", "1") != "0":
-            # Demo receivers on loopback: a key-enforced and a key-advisory mock provider,
-            # each behind a fault relay, so the crash window can be reproduced with curl.
+            # Demo receivers on loopback: a key-enforced and a key-advisory mock provider and the
+            # mock image API, each behind a fault relay, so the crash window can be reproduced
+            # with curl.
             base = int(os.environ.get("DEMO_PORT_BASE", "8010"))
             # The workers may reach exactly these loopback ports, besides what the
             # deployment's own OUTBOUND_ALLOW says (ledger.outbound refuses loopback otherwise).
@@ -84,6 +85,17 @@ class Command(BaseCommand):
                     "--upstream",
                     f"http://127.0.0.1:{port_}",
                 ]
+            # The asynchronous image API (renders: submit → job → poll → PNG), behind its relay.
+            commands["mock-images"] = [python, "manage.py", "mockimages", "--port", str(base + 4)]
+            commands["relay-images"] = [
+                python,
+                "manage.py",
+                "relay",
+                "--port",
+                str(base + 5),
+                "--upstream",
+                f"http://127.0.0.1:{base + 4}",
+            ]
         # Web and worker processes add up their metrics through one folder, emptied first
         # (files of processes from an earlier run would be counted again).
         metrics_dir = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or Path(settings.VAR_DIR) / "prometheus")
