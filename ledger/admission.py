@@ -99,7 +99,10 @@ def tenant_usage(*, tenant: Tenant, with_budget: bool = True) -> Usage:
     start = None
     if with_budget and tenant.budget_amount is not None:
         start = period_start(now=sql.db_now(), period_seconds=tenant.budget_period_seconds)
-        total = rows.filter(created_at__gte=start).exclude(status__in=REFUNDED_STATES).aggregate(s=Sum("cost"))["s"]
+        # Planned for this call's values: the (tenant, created_at) index is partial on execute
+        # mode, which a prepared statement's generic plan cannot see (`mode = $2`).
+        with sql.planned_per_call():
+            total = rows.filter(created_at__gte=start).exclude(status__in=REFUNDED_STATES).aggregate(s=Sum("cost"))["s"]
         spent = Decimal(str(total or 0))
     return Usage(
         in_flight=open_rows["in_flight"] or 0,
