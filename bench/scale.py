@@ -500,8 +500,10 @@ def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = 200
     upd1, hot1, att_upd1, att_hot1 = one(stats)
     # What the tables grew by per operation written through the service (dead row versions
     # and page splits included, before any vacuum), beside the packed fill's bytes per row.
+    (wal0,) = one("SELECT pg_current_wal_insert_lsn()")
     for _ in range(marginal):
         call()
+    (wal,) = one(f"SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{wal0}')")
     (size1,) = one(sizes)
     deltas.sort()
     return {
@@ -512,6 +514,8 @@ def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = 200
         "attempt_updates": att_upd1 - att_upd0,
         "attempt_hot_updates": att_hot1 - att_hot0,
         "marginal_bytes_per_op": round((size1 - size0) / (samples + marginal)),
+        # Full-page images after each checkpoint included, and other sessions' WAL: an upper bound.
+        "wal_bytes_per_op_mean": round(int(wal) / marginal),
     }
 
 
@@ -616,7 +620,8 @@ def report(small: dict[str, Any], big: dict[str, Any]) -> int:
         g = data.get("growth", {})
         print(
             f"  growth ({label}): WAL per fresh claim→complete {g.get('wal_bytes_per_op_min')} B"
-            f" (least of 60; median {g.get('wal_bytes_per_op_p50')} B with other sessions' writes);"
+            f" (least of 60; median {g.get('wal_bytes_per_op_p50')} B with other sessions' writes;"
+            f" mean of the next 2,000 with full-page images {g.get('wal_bytes_per_op_mean')} B);"
             f" HOT updates of operations {g.get('hot_updates')} of {g.get('operation_updates')},"
             f" of attempts {g.get('attempt_hot_updates')} of {g.get('attempt_updates')};"
             f" tables grew {g.get('marginal_bytes_per_op')} B per fresh operation"
