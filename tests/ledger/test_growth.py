@@ -94,10 +94,7 @@ def test_every_status_list_can_be_served_by_an_index(tenant: Any, provider: Any,
         assert api.get(f"/api/v1/operations?status={status}").status_code == 200
     listing = [s for s in statements if 'FROM "ledger_operation"' in s.sql and "ORDER BY" in s.sql]
     assert listing, "the list's query was not captured"
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        plan = explain(listing[0].sql, listing[0].params, plan="custom")
-        cursor.execute("SET LOCAL enable_seqscan = on")
+    plan = explain(listing[0].sql, listing[0].params, plan="custom", enable_seqscan="off")
     assert not sequential_scans(plan, ["ledger_operation"]), plan
     # (Open states may also be read off their sweeper index, which is as good.)
     expected = {"": "op_tenant_id_idx", OperationStatus.SUCCEEDED: "op_tenant_id_idx"}
