@@ -767,7 +767,7 @@ class Operation(models.Model):
             # Lists newest first, by tenant and optionally state (migration 0017 says why): read
             # straight off the index whatever the tenant or the filter.
             models.Index(fields=["tenant", "id"], name="op_tenant_id_idx"),
-            # Every state but `succeeded` (migration 0020): a completion writes nothing here, and
+            # Every state but `succeeded` (migration 0021): a completion writes nothing here, and
             # entries stay few. `status=succeeded` lists read (tenant, id) and keep the 98 % that
             # match. Partial on a state: only a plan that sees the state uses it (lists are planned
             # per call, ledger.sql.planned_per_call).
@@ -796,7 +796,7 @@ class Operation(models.Model):
                 condition=Q(status="waiting"),
             ),
             # Admission's budget: what a tenant submitted in execute mode in the current period.
-            # Partial (migration 0020): guard-mode claims, most of the ledger, write nothing here.
+            # Partial (migration 0021): guard-mode claims, most of the ledger, write nothing here.
             models.Index(fields=["tenant", "created_at"], name="op_exec_created_idx", condition=Q(mode="execute")),
             models.Index(fields=["tenant", "updated_at", "id"], name="op_tenant_updated_idx"),
             # Identifier searches: partial, so the many rows without one cost no index write.
@@ -872,7 +872,7 @@ class Attempt(models.Model):
             # guard-mode attempts (no revision) write nothing here. On started_at, which never
             # changes, not finished_at: a column in any index (its predicate included) makes
             # every update that changes it a non-HOT one, and finishing an attempt sets
-            # finished_at (migration 0020).
+            # finished_at (migration 0021).
             models.Index(
                 fields=["adapter_revision", "started_at"],
                 name="attempt_revision_start_idx",
@@ -899,7 +899,7 @@ class OperationEvent(models.Model):
     class Meta:
         db_table = "ledger_operationevent"
         # One column, so PostgreSQL stores an operation's events as one deduplicated entry
-        # (migration 0020; (operation, at) could not deduplicate).
+        # (migration 0021; (operation, at) could not deduplicate).
         indexes = [models.Index(fields=["operation"], name="opevent_op_idx")]
 
     def __str__(self) -> str:
