@@ -462,8 +462,9 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     }
 
 
-def wal_and_hot(call: Callable[[], None], samples: int = 60) -> dict[str, Any]:
-    """WAL bytes of one fresh claim → complete, and how many of its operation updates were HOT.
+def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = 2000) -> dict[str, Any]:
+    """WAL bytes of one fresh claim → complete, how many of its operation and attempt updates
+    were HOT, and the bytes the three tables grew by per such operation (``marginal`` more).
 
     WAL positions are the cluster's, which other sessions write too: the least of many
     single-operation deltas is this operation's own (any other writer only adds)."""
@@ -474,9 +475,19 @@ def wal_and_hot(call: Callable[[], None], samples: int = 60) -> dict[str, Any]:
             cursor.execute(sql)
             return cursor.fetchone()
 
-    stats = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'ledger_operation'"
+    stats = (
+        "SELECT sum(n_tup_upd) FILTER (WHERE relname = 'ledger_operation'),"
+        " sum(n_tup_hot_upd) FILTER (WHERE relname = 'ledger_operation'),"
+        " sum(n_tup_upd) FILTER (WHERE relname = 'ledger_attempt'),"
+        " sum(n_tup_hot_upd) FILTER (WHERE relname = 'ledger_attempt')"
+        " FROM pg_stat_user_tables WHERE relname IN ('ledger_operation', 'ledger_attempt')"
+    )
+    sizes = "SELECT sum(pg_total_relation_size(c)) FROM unnest(%s::regclass[]) AS c" % (
+        "ARRAY['" + "', '".join(TABLES) + "']"
+    )
     one("SELECT pg_stat_clear_snapshot()")
-    upd0, hot0 = one(stats)
+    upd0, hot0, att_upd0, att_hot0 = one(stats)
+    (size0,) = one(sizes)
     deltas = []
     for _ in range(samples):
         (before,) = one("SELECT pg_current_wal_insert_lsn()")
@@ -486,13 +497,25 @@ def wal_and_hot(call: Callable[[], None], samples: int = 60) -> dict[str, Any]:
     # Table statistics are sent at transaction end and read from a snapshot: let them settle.
     time.sleep(1.0)
     one("SELECT pg_stat_clear_snapshot()")
-    upd1, hot1 = one(stats)
+    upd1, hot1, att_upd1, att_hot1 = one(stats)
+    # What the tables grew by per operation written through the service (dead row versions
+    # and page splits included, before any vacuum), beside the packed fill's bytes per row.
+    (wal0,) = one("SELECT pg_current_wal_insert_lsn()")
+    for _ in range(marginal):
+        call()
+    (wal,) = one(f"SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{wal0}')")
+    (size1,) = one(sizes)
     deltas.sort()
     return {
         "wal_bytes_per_op_min": deltas[0],
         "wal_bytes_per_op_p50": deltas[len(deltas) // 2],
         "operation_updates": upd1 - upd0,
         "hot_updates": hot1 - hot0,
+        "attempt_updates": att_upd1 - att_upd0,
+        "attempt_hot_updates": att_hot1 - att_hot0,
+        "marginal_bytes_per_op": round((size1 - size0) / (samples + marginal)),
+        # Full-page images after each checkpoint included, and other sessions' WAL: an upper bound.
+        "wal_bytes_per_op_mean": round(int(wal) / marginal),
     }
 
 
@@ -597,8 +620,11 @@ def report(small: dict[str, Any], big: dict[str, Any]) -> int:
         g = data.get("growth", {})
         print(
             f"  growth ({label}): WAL per fresh claim→complete {g.get('wal_bytes_per_op_min')} B"
-            f" (least of 60; median {g.get('wal_bytes_per_op_p50')} B with other sessions' writes);"
-            f" HOT updates of operations {g.get('hot_updates')} of {g.get('operation_updates')}"
+            f" (least of 60; median {g.get('wal_bytes_per_op_p50')} B with other sessions' writes;"
+            f" mean of the next 2,000 with full-page images {g.get('wal_bytes_per_op_mean')} B);"
+            f" HOT updates of operations {g.get('hot_updates')} of {g.get('operation_updates')},"
+            f" of attempts {g.get('attempt_hot_updates')} of {g.get('attempt_updates')};"
+            f" tables grew {g.get('marginal_bytes_per_op')} B per fresh operation"
         )
     print(f"\n{failures} measure(s) missed their target")
     return failures

@@ -90,17 +90,21 @@ def tenant_usage(*, tenant: Tenant, with_budget: bool = True) -> Usage:
     rows = Operation.objects.filter(tenant_id=tenant.pk, mode=OperationMode.EXECUTE).exclude(
         provider__kind=ProviderKind.CALLBACK
     )
-    open_rows = rows.filter(status__in=IN_FLIGHT_STATES + UNRESOLVED_STATES).aggregate(
-        in_flight=Count("id", filter=Q(status__in=IN_FLIGHT_STATES)),
-        unresolved=Count("id", filter=Q(status__in=UNRESOLVED_STATES)),
-        queued_bytes=Sum("request_bytes", filter=Q(status__in=QUEUED_STATES)),
-    )
     spent = Decimal(0)
     start = None
-    if with_budget and tenant.budget_amount is not None:
-        start = period_start(now=sql.db_now(), period_seconds=tenant.budget_period_seconds)
-        total = rows.filter(created_at__gte=start).exclude(status__in=REFUNDED_STATES).aggregate(s=Sum("cost"))["s"]
-        spent = Decimal(str(total or 0))
+    # Planned for this call's values: both reads go through partial indexes — open states of
+    # (tenant, status, id), execute mode of (tenant, created_at) — whose predicates a prepared
+    # statement's generic plan cannot see (`status IN ($2, …)`, `mode = $3`).
+    with sql.planned_per_call():
+        open_rows = rows.filter(status__in=IN_FLIGHT_STATES + UNRESOLVED_STATES).aggregate(
+            in_flight=Count("id", filter=Q(status__in=IN_FLIGHT_STATES)),
+            unresolved=Count("id", filter=Q(status__in=UNRESOLVED_STATES)),
+            queued_bytes=Sum("request_bytes", filter=Q(status__in=QUEUED_STATES)),
+        )
+        if with_budget and tenant.budget_amount is not None:
+            start = period_start(now=sql.db_now(), period_seconds=tenant.budget_period_seconds)
+            rows = rows.filter(created_at__gte=start).exclude(status__in=REFUNDED_STATES)
+            spent = Decimal(str(rows.aggregate(s=Sum("cost"))["s"] or 0))
     return Usage(
         in_flight=open_rows["in_flight"] or 0,
         unresolved=open_rows["unresolved"] or 0,

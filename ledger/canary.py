@@ -181,13 +181,15 @@ class WatchFigures:
 
 
 def revision_counts(*, revision_ids: list[int], since: datetime) -> dict[int, tuple[int, int]]:
-    """(counted attempts, provider faults) per revision among the attempts finished since
-    ``since``, counted by ``revisions.provider_fault``. One grouped query through the
-    attempts' partial (revision, finished_at) index."""
+    """(counted attempts, provider faults) per revision among the attempts started and
+    finished since ``since``, counted by ``revisions.provider_fault``. One grouped query
+    through the attempts' partial (revision, started_at) index: an attempt finishes after it
+    starts, so the window is read off the index (finished_at is not indexed, so that finishing
+    an attempt can be a HOT update)."""
     counts = {rid: (0, 0) for rid in revision_ids}
     sent = ExpressionWrapper(Q(sent_at__isnull=False), output_field=BooleanField())
     groups = (
-        Attempt.objects.filter(adapter_revision_id__in=revision_ids, finished_at__gte=since)
+        Attempt.objects.filter(adapter_revision_id__in=revision_ids, started_at__gte=since, finished_at__gte=since)
         # Still running, or not this revision's verdict (a late result, a lease that
         # expired before anything was sent).
         .exclude(outcome__in=(AttemptOutcome.PENDING, AttemptOutcome.FENCED, AttemptOutcome.EXPIRED))

@@ -764,10 +764,18 @@ class Operation(models.Model):
                 name="op_unresolved_idx",
                 condition=Q(status__in=["uncertain", "review"]),
             ),
-            # Lists newest first, by tenant and optionally state (migration 0014 says why): read
-            # straight off the index whatever the tenant, the filter or a generic plan.
+            # Lists newest first, by tenant and optionally state (migration 0017 says why): read
+            # straight off the index whatever the tenant or the filter.
             models.Index(fields=["tenant", "id"], name="op_tenant_id_idx"),
-            models.Index(fields=["tenant", "status", "id"], name="op_tenant_status_id_idx"),
+            # Every state but `succeeded` (migration 0021): a completion writes nothing here, and
+            # entries stay few. `status=succeeded` lists read (tenant, id) and keep the 98 % that
+            # match. Partial on a state: only a plan that sees the state uses it (lists are planned
+            # per call, ledger.sql.planned_per_call).
+            models.Index(
+                fields=["tenant", "status", "id"],
+                name="op_tenant_other_status_idx",
+                condition=~Q(status="succeeded"),
+            ),
             # A capped provider's calls in flight, counted at every take (ledger.ratelimit):
             # only claimed execute-mode rows, so it stays as small as the work under way.
             models.Index(
@@ -787,8 +795,9 @@ class Operation(models.Model):
                 name="op_waiting_due_idx",
                 condition=Q(status="waiting"),
             ),
-            # Admission's budget: what a tenant submitted in the current period.
-            models.Index(fields=["tenant", "created_at"], name="op_tenant_created_idx"),
+            # Admission's budget: what a tenant submitted in execute mode in the current period.
+            # Partial (migration 0021): guard-mode claims, most of the ledger, write nothing here.
+            models.Index(fields=["tenant", "created_at"], name="op_exec_created_idx", condition=Q(mode="execute")),
             models.Index(fields=["tenant", "updated_at", "id"], name="op_tenant_updated_idx"),
             # Identifier searches: partial, so the many rows without one cost no index write.
             models.Index(
@@ -859,11 +868,14 @@ class Attempt(models.Model):
         db_table = "ledger_attempt"
         constraints = [models.UniqueConstraint(fields=["operation", "number"], name="attempt_unique_number")]
         indexes = [
-            # The canary watch: a revision's attempts finished within its window. Partial, so
-            # guard-mode attempts (no revision) write nothing here.
+            # The canary watch: a revision's attempts started within its window. Partial, so
+            # guard-mode attempts (no revision) write nothing here. On started_at, which never
+            # changes, not finished_at: a column in any index (its predicate included) makes
+            # every update that changes it a non-HOT one, and finishing an attempt sets
+            # finished_at (migration 0021).
             models.Index(
-                fields=["adapter_revision", "finished_at"],
-                name="attempt_revision_idx",
+                fields=["adapter_revision", "started_at"],
+                name="attempt_revision_start_idx",
                 condition=Q(adapter_revision__isnull=False),
             ),
         ]
@@ -875,7 +887,7 @@ class Attempt(models.Model):
 class OperationEvent(models.Model):
     """Append-only history: every transition, its actor and its reason."""
 
-    # Indexed by (operation, at).
+    # Indexed by operation alone (a history is a few rows, sorted after reading).
     operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events", db_index=False)
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16)
@@ -886,7 +898,9 @@ class OperationEvent(models.Model):
 
     class Meta:
         db_table = "ledger_operationevent"
-        indexes = [models.Index(fields=["operation", "at"], name="opevent_op_at_idx")]
+        # One column, so PostgreSQL stores an operation's events as one deduplicated entry
+        # (migration 0021; (operation, at) could not deduplicate).
+        indexes = [models.Index(fields=["operation"], name="opevent_op_idx")]
 
     def __str__(self) -> str:
         return f"{self.operation_id}: {self.from_status or '∅'} → {self.to_status}"

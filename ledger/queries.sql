@@ -200,11 +200,12 @@ RETURNING *;
 -- name: operation_mark_sent --
 -- claimed → claimed with the sent marker: from now on a crash means "possibly sent". Only the
 -- current holder, and only while its lease runs: a holder must not start an effect it may no
--- longer own.
+-- longer own. Leaves updated_at (the time of the last move between states, which lists and
+-- retention read through indexes): a marker that changes no indexed column is a HOT update
+-- (DESIGN §12, cheaper growth), unless it brings a new reconciliation handle.
 UPDATE ledger_operation SET
     sent_at = COALESCE(sent_at, now()),
-    reconciliation_handle = COALESCE(NULLIF(%(reconciliation_handle)s, ''), reconciliation_handle),
-    updated_at = now()
+    reconciliation_handle = COALESCE(NULLIF(%(reconciliation_handle)s, ''), reconciliation_handle)
 WHERE id = %(id)s AND status = {claimed} AND lease_token = %(lease_token)s
   AND lease_expires_at > now()
   AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)

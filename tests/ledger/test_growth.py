@@ -1,0 +1,102 @@
+"""Cheaper growth (issue 16, item 3; DESIGN §12): updates that change no indexed column are
+HOT, the status lists stay index scans with fewer indexes, and the ledger tables carry their
+fillfactor and autovacuum settings (PostgreSQL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from ledger import services
+from ledger.models import Operation
+from tests.conftest import on_postgres
+from tests.support.plans import captured_statements, explain, sequential_scans
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(not on_postgres(), reason="HOT updates, plans and storage parameters are PostgreSQL's"),
+]
+
+
+def updates() -> dict[str, tuple[int, int]]:
+    """(updates, HOT updates) of operations and attempts in this transaction so far."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+            " WHERE relname IN ('ledger_operation', 'ledger_attempt')"
+        )
+        return {name: (upd, hot) for name, upd, hot in cursor.fetchall()}
+
+
+def delta(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], table: str) -> tuple[int, int]:
+    b, a = before.get(table, (0, 0)), after.get(table, (0, 0))
+    return a[0] - b[0], a[1] - b[1]
+
+
+def test_the_sent_marker_and_the_attempts_completion_are_hot_updates(tenant: Any, provider: Any) -> None:
+    op = services.operation_claim(tenant=tenant, key="hot-1", provider=provider, action="charge").operation
+    before = updates()
+    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    marked = updates()
+    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+    done = updates()
+
+    # The marker changes sent_at only: HOT on both rows.
+    assert delta(before, marked, "ledger_operation") == (1, 1)
+    assert delta(before, marked, "ledger_attempt") == (1, 1)
+    # The completion moves the state (indexed): not HOT on the operation; its attempt's
+    # outcome and finishing time are in no index, so that update is HOT.
+    assert delta(marked, done, "ledger_operation") == (1, 0)
+    assert delta(marked, done, "ledger_attempt") == (1, 1)
+
+
+def test_a_sent_marker_that_brings_a_new_reconciliation_handle_is_not_hot(tenant: Any, provider: Any) -> None:
+    op = services.operation_claim(tenant=tenant, key="hot-2", provider=provider, action="charge").operation
+    before = updates()
+    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token, reconciliation_handle="h-2")
+    # The handle is indexed (exact and substring search): a new one needs new index entries.
+    assert delta(before, updates(), "ledger_operation") == (1, 0)
+    assert Operation.objects.get(pk=op.pk).reconciliation_handle == "h-2"
+
+
+def test_the_ledger_tables_carry_their_fillfactor_and_autovacuum_settings() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname, reloptions FROM pg_class"
+            " WHERE relname IN ('ledger_operation', 'ledger_attempt', 'ledger_operationevent')"
+        )
+        options = {name: dict(o.split("=", 1) for o in opts or []) for name, opts in cursor.fetchall()}
+    assert options["ledger_operation"]["fillfactor"] == "90"
+    assert options["ledger_attempt"]["fillfactor"] == "90"
+    # Events are never updated: packed full.
+    assert "fillfactor" not in options["ledger_operationevent"]
+    for table in options:
+        assert float(options[table]["autovacuum_vacuum_insert_scale_factor"]) <= 0.05
+        assert float(options[table]["autovacuum_analyze_scale_factor"]) <= 0.02
+    for table in ("ledger_operation", "ledger_attempt"):
+        assert float(options[table]["autovacuum_vacuum_scale_factor"]) <= 0.02
+
+
+@pytest.mark.parametrize("status", ["", "succeeded", "failed", "claimed", "retry_wait"])
+def test_every_status_list_can_be_served_by_an_index(tenant: Any, provider: Any, api: Any, status: str) -> None:
+    """With sequential scans priced out, a list whose query no index can serve still plans one:
+    so a plan without one proves an index serves it — `succeeded` through (tenant, id), the
+    others through the partial (tenant, status, id)."""
+    for i in range(30):
+        op = services.operation_claim(tenant=tenant, key=f"list-{i}", provider=provider, action="charge").operation
+        if i % 2:
+            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"ch_{i}")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE ledger_operation")
+    with captured_statements() as statements:
+        assert api.get(f"/api/v1/operations?status={status}").status_code == 200
+    listing = [s for s in statements if 'FROM "ledger_operation"' in s.sql and "ORDER BY" in s.sql]
+    assert listing, "the list's query was not captured"
+    plan = explain(listing[0].sql, listing[0].params, plan="custom", enable_seqscan="off")
+    assert not sequential_scans(plan, ["ledger_operation"]), plan
+    # A rare state is read off its partial index; `succeeded` and the unfiltered list off
+    # (tenant, id) or, on a table this small, whichever index the planner prefers.
+    if status == "failed":
+        assert "op_tenant_other_status_idx" in plan, plan
