@@ -702,6 +702,16 @@ class ProviderForm(forms.ModelForm):
         " one; it is stored encrypted and never shown again.",
     )
     clear_credential = forms.BooleanField(required=False, label="Clear the stored credential")
+    # Asynchronous providers (ledger.polling): the key the provider signs its webhooks with.
+    new_webhook_secret = forms.CharField(
+        required=False,
+        label="Webhook secret",
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="The key the provider signs its webhooks to /api/v1/webhooks/<tenant>/<provider> with"
+        " (Onceguard-Signature, HMAC-SHA256). Write-only: stored encrypted and never shown again.",
+    )
+    clear_webhook_secret = forms.BooleanField(required=False, label="Clear the stored webhook secret")
     # Not named like the model's own (read-only) canary_percent: ModelAdmin would refuse it.
     rollout_percent = forms.IntegerField(
         required=False,
@@ -727,6 +737,8 @@ class ProviderForm(forms.ModelForm):
         data = super().clean()
         if data.get("new_credential") and data.get("clear_credential"):
             raise forms.ValidationError("Set a new credential or clear it, not both.")
+        if data.get("new_webhook_secret") and data.get("clear_webhook_secret"):
+            raise forms.ValidationError("Set a new webhook secret or clear it, not both.")
         changed_adapter = [name for name in ADAPTER_FIELDS if name in self.changed_data]
         stored = self.instance if self.instance.pk is not None else None
         if data.get("rollout_percent") is not None:
@@ -747,6 +759,10 @@ class ProviderForm(forms.ModelForm):
             provider.auth_secret = None
         elif self.cleaned_data.get("new_credential"):
             provider.auth_secret = sealed_credential(self.cleaned_data["new_credential"])
+        if self.cleaned_data.get("clear_webhook_secret"):
+            provider.webhook_secret = None
+        elif self.cleaned_data.get("new_webhook_secret"):
+            provider.webhook_secret = sealed_credential(self.cleaned_data["new_webhook_secret"])
         if commit:
             provider.save()
             self.save_m2m()
@@ -779,8 +795,12 @@ class ProviderAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # Slugs are how operations, claims and caches name a provider: fixed once created.
         if obj is None:
-            return ["credential_state"]
-        return ["tenant", "slug", "credential_state", "rollout_link", "caps_state"]
+            return ["credential_state", "webhook_secret_state"]
+        return ["tenant", "slug", "credential_state", "webhook_secret_state", "rollout_link", "caps_state"]
+
+    @admin.display(description="webhook secret")
+    def webhook_secret_state(self, obj: Provider) -> str:
+        return "set (stored encrypted; never shown)" if obj.webhook_secret else "not set"
 
     @admin.display(description="rate and concurrency now")
     def caps_state(self, obj: Provider) -> str:

@@ -533,6 +533,24 @@ class ProviderRate(models.Model):
         return f"rate of provider {self.provider_id}"
 
 
+# The adapter fields of an asynchronous provider (ledger.polling): how its jobs are polled and
+# its outputs found and checked.
+ASYNC_ADAPTER_FIELDS = (
+    "poll_path",
+    "poll_status_pointer",
+    "poll_succeeded_values",
+    "poll_failed_values",
+    "poll_pending_values",
+    "poll_initial_seconds",
+    "poll_max_seconds",
+    "output_url_pointer",
+    "output_sha256_pointer",
+    "output_size_pointer",
+    "output_media_types",
+    "output_width_pointer",
+    "output_height_pointer",
+)
+
 # How the service talks to a provider in execute mode: what an adapter revision snapshots
 # (DESIGN §5, adapter revisions). Everything else on a provider — its idempotency class, retry
 # policy, price, credential, pause — belongs to the provider and applies to every revision at
@@ -551,20 +569,8 @@ ADAPTER_FIELDS = (
     "lookup_settle_seconds",
     "intent_schema",
     "request_template",
-    # asynchronous providers (issue 15 item 4)
-    "poll_path",
-    "poll_status_pointer",
-    "poll_succeeded_values",
-    "poll_failed_values",
-    "poll_pending_values",
-    "poll_initial_seconds",
-    "poll_max_seconds",
-    "output_url_pointer",
-    "output_sha256_pointer",
-    "output_size_pointer",
-    "output_media_types",
-    "output_width_pointer",
-    "output_height_pointer",
+    # asynchronous providers (issue 15 item 4; DESIGN §5, asynchronous providers)
+    *ASYNC_ADAPTER_FIELDS,
 )
 
 

@@ -9,11 +9,13 @@ databases.
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 from datetime import timedelta
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 from rest_framework.test import APIClient
 
@@ -23,6 +25,7 @@ from ledger import adapters, sql
 from ledger.errors import ValidationFailed
 from ledger.execute import operation_execute, operation_submit, operations_take
 from ledger.models import (
+    ASYNC_ADAPTER_FIELDS,
     Attempt,
     AttemptOutcome,
     ErrorClass,
@@ -35,6 +38,7 @@ from ledger.models import (
 )
 from ledger.services import provider_upsert
 from ledger.sweeper import sweep
+from tests.console.support import client_for, staff, submit_form
 from tests.execute.support import make_due, run_due
 
 S = OperationStatus
@@ -388,3 +392,55 @@ def test_polls_are_calls_a_capped_provider_admits_within_its_caps(tenant, mock_i
     first = operations_take(limit=5)
     assert len(first) == 1 and first[0].polls == 1
     assert operations_take(limit=5) == []
+
+
+def test_the_console_sets_the_webhook_secret_write_only_and_the_webhook_verifies_with_it(tenant, renders, mock_images):
+    admin = client_for(staff("ada", role="admin", tenants=[tenant]))
+    url = f"/admin/ledger/provider/{renders.pk}/change/"
+    assert submit_form(admin, url, new_webhook_secret="whsec-from-the-console").status_code == 302
+    page = admin.get(url).content.decode()
+    assert "whsec-from-the-console" not in page and "set (stored encrypted; never shown)" in page
+    mock_images.set_switches(delay=120)
+    op = submit(tenant).operation
+    run_due()
+    mock_images.release()
+    body = json.dumps({"id": row(op.pk).provider_ref}).encode()
+    client = APIClient()
+    webhook = f"/api/v1/webhooks/{tenant.slug}/images"
+    # The old secret no longer verifies; the one set in the console does.
+    assert client.post(webhook, body, content_type="application/json", **_signed(body)).status_code == 401
+    signed = _signed(body, secret="whsec-from-the-console")
+    assert client.post(webhook, body, content_type="application/json", **signed).json()["status"] == "succeeded"
+    # A job no operation has: 404; the box clears the secret: every note is refused.
+    other = json.dumps({"id": "job_0000000000000000"}).encode()
+    missing = client.post(webhook, other, content_type="application/json", **_signed(other, "whsec-from-the-console"))
+    assert missing.status_code == 404
+    assert submit_form(admin, url, clear_webhook_secret="on").status_code == 302
+    assert client.post(webhook, body, content_type="application/json", **signed).status_code == 401
+
+
+def test_the_command_declares_an_asynchronous_provider_and_reads_its_webhook_secret_from_stdin(
+    tenant, mock_images, tmp_path, monkeypatch
+):
+    fields = render_fields(mock_images.url)
+    declared = {name: fields[name] for name in ASYNC_ADAPTER_FIELDS}
+    path = tmp_path / "async.json"
+    path.write_text(json.dumps(declared))
+    monkeypatch.setattr("sys.stdin", io.StringIO("whsec-from-stdin\n"))
+    out = io.StringIO()
+    call_command(
+        "provider_upsert",
+        "--tenant", tenant.slug, "--slug", "cli-images", "--base-url", mock_images.url, "--class", "key_enforced",
+        "--ref-pointer", "/id", "--async-file", str(path), "--webhook-secret-stdin", stdout=out,
+    )  # fmt: skip
+    provider = Provider.objects.get(slug="cli-images")
+    assert {name: getattr(provider, name) for name in ASYNC_ADAPTER_FIELDS} == declared
+    assert "whsec-from-stdin" not in out.getvalue() and "whsec-from-stdin" not in json.dumps(provider.webhook_secret)
+    assert provider.revision.config["poll_path"] == "/v1/renders/{provider_ref}"  # versioned with the revision
+    path.write_text(json.dumps({"poll_every": 3}))
+    with pytest.raises(CommandError, match="poll_every"):
+        call_command(
+            "provider_upsert",
+            "--tenant", tenant.slug, "--slug", "cli-images", "--base-url", mock_images.url, "--class", "key_enforced",
+            "--async-file", str(path),
+        )  # fmt: skip

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ledger import services
 from ledger.config_changes import cli_actor
 from ledger.errors import DomainError
-from ledger.models import IdempotencyClass, Tenant
+from ledger.models import ASYNC_ADAPTER_FIELDS, IdempotencyClass, Tenant
 
 
 def json_file(path: str) -> Any:
@@ -102,6 +102,17 @@ class Command(BaseCommand):
             "--request-template-file",
             help="a JSON file with the request template translating an intent into the provider's request",
         )
+        parser.add_argument(
+            "--async-file",
+            help="a JSON file with the asynchronous adapter fields (poll_path, poll_status_pointer,"
+            " poll_succeeded_values, …, output_height_pointer: DESIGN §5, asynchronous providers)",
+        )
+        parser.add_argument(
+            "--webhook-secret-stdin",
+            action="store_true",
+            help="store the key the provider signs its webhooks with, read from standard input, encrypted",
+        )
+        parser.add_argument("--clear-webhook-secret", action="store_true", help="forget the stored webhook secret")
         parser.add_argument("--reason", default="", help="why: recorded with the adapter revision and the change")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -140,6 +151,21 @@ class Command(BaseCommand):
             path = options.get(f"{name}_file")
             if path is not None:
                 fields[name] = json_file(path)
+        if options.get("async_file") is not None:
+            declared = json_file(options["async_file"]) or {}
+            unknown = set(declared) - set(ASYNC_ADAPTER_FIELDS) if isinstance(declared, dict) else {"(not an object)"}
+            if unknown:
+                raise CommandError(f"--async-file: not asynchronous adapter fields: {', '.join(sorted(unknown))}")
+            fields.update(declared)
+        if options["webhook_secret_stdin"] and (options["auth_secret_stdin"] or options["clear_webhook_secret"]):
+            raise CommandError("--webhook-secret-stdin reads standard input alone: set the credential in another run.")
+        webhook_secret: str | None = None
+        if options["webhook_secret_stdin"]:
+            webhook_secret = sys.stdin.readline().rstrip("\r\n")
+            if not webhook_secret:
+                raise CommandError("No webhook secret on standard input.")
+        elif options["clear_webhook_secret"]:
+            webhook_secret = ""
         if options["auth_secret_stdin"] and options["clear_auth_secret"]:
             raise CommandError("Give --auth-secret-stdin or --clear-auth-secret, not both.")
         if options["auth_secret_stdin"]:
@@ -156,6 +182,7 @@ class Command(BaseCommand):
                 actor=cli_actor(),
                 reason=options["reason"],
                 canary_percent=options["canary_percent"],
+                webhook_secret=webhook_secret,
                 **fields,
             )
         except DomainError as exc:
