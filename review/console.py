@@ -192,6 +192,11 @@ class ConsoleAdminMixin:
         return extra + super().get_urls()  # type: ignore[misc]
 
     def export_columns(self, request: HttpRequest) -> list[str]:
+        # This mixin sits in front of the page's own class (OnceguardAdminSite.register): a page
+        # that declares its export's columns is asked first.
+        declared = getattr(super(), "export_columns", None)
+        if declared is not None:
+            return declared(request)
         worded = set(_COLUMNS.values())
         return [
             c if isinstance(c, str) else c.__name__

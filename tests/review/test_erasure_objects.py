@@ -112,6 +112,13 @@ def test_the_console_lists_uploads_and_outputs_with_their_facts_and_never_their_
         assert status == 200 and row.sha256 in html and f"{row.width} × {row.height}" in html
         assert "<img" not in html and "storage_name" not in html and row.storage_name not in html
     assert op.key in page(ada, f"/admin/ledger/operationoutput/{op.output.pk}/change/")[1]
+    # The CSV export: the facts in full, no markup, no storage name.
+    ada.force_login(staff("exp", role="admin", tenants=[tenant]))
+    response = ada.get("/admin/ledger/operationoutput/export.csv")
+    text = b"".join(response.streaming_content).decode()
+    assert text.splitlines()[0] == "Created at,Tenant,Operation,Key,Sha256,Size,Media type,Width,Height"
+    assert f"render-9,{op.output.key},{op.output.sha256},{op.output.size},image/png,16,16" in text
+    assert "<" not in text and op.output.storage_name not in text
     # Another tenant's upload is not there, not even by its id.
     assert theirs.key[:14] not in page(ada, "/admin/ledger/upload/")[1]
     assert ada.get(f"/admin/ledger/upload/{theirs.pk}/download/").status_code == 404
