@@ -16,6 +16,7 @@ from ledger.execute import operation_submit
 from ledger.models import Operation, OperationOutput, OperationStatus
 from ledger.services import provider_upsert
 from ledger.sweeper import sweep
+from tests.conftest import on_postgres
 from tests.execute.support import child_env, start_worker, stop_process, wait_until
 from tests.execute.test_async_providers import ASK, render_fields
 from tests.support.objects import stored_files
@@ -23,7 +24,7 @@ from tests.support.objects import stored_files
 S = OperationStatus
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif("connection.vendor != 'postgresql'", reason="worker processes share PostgreSQL"),
+    pytest.mark.skipif(not on_postgres(), reason="worker processes share PostgreSQL"),
 ]
 
 
