@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from alerts.models import Alert, AlertChannel, AlertDelivery, AlertState
 from alerts.services import alert_acknowledge, alert_resolve
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, TenantColumnMixin
+from ledger.admin import HTTPS_URL_FORMS, ReadOnlyAdmin, TenantColumnMixin
 
 
 @admin.register(AlertChannel)
@@ -25,6 +25,7 @@ class AlertChannelAdmin(admin.ModelAdmin):
     list_display = ["name", "tenant", "kind", "active", "digest_threshold", "max_messages_per_window"]
     list_filter = ["kind", "active"]
     exclude = ["cursor_alert_id"]
+    formfield_overrides = HTTPS_URL_FORMS
 
 
 class AlertStateFilter(admin.SimpleListFilter):

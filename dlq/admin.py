@@ -38,7 +38,14 @@ from dlq.models import (
 )
 from dlq.payloads import is_redacted, open_payload
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, ReadOnlyInline, SelectorSearchMixin, TenantColumnMixin
+from ledger.admin import (
+    HTTPS_URL_FORMS,
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    SelectorSearchMixin,
+    TenantColumnMixin,
+    https_url_formfield,
+)
 from ledger.credentials import sealed_credential
 from ledger.errors import DomainError
 from ledger.masking import mask_json
@@ -773,6 +780,7 @@ class ReplayTargetAdmin(admin.ModelAdmin):
     list_display = ["slug", "tenant", "url", "idempotency_header", "is_default", "auto_replay", "active"]
     list_filter = ["is_default", "auto_replay", "active"]
     search_fields = ["slug", "url"]
+    formfield_overrides = HTTPS_URL_FORMS
 
 
 class N8nConnectionForm(forms.ModelForm):
@@ -793,6 +801,7 @@ class N8nConnectionForm(forms.ModelForm):
     class Meta:
         model = N8nConnection
         fields = ["tenant", "base_url", "timeout_seconds", "active"]
+        formfield_callback = https_url_formfield
 
     def clean_new_api_key(self) -> str:
         key = self.cleaned_data.get("new_api_key") or ""
@@ -825,6 +834,7 @@ class N8nConnectionAdmin(admin.ModelAdmin):
     failed node's input items. Tenant admins set it; the key is never shown."""
 
     form = N8nConnectionForm
+    formfield_overrides = HTTPS_URL_FORMS
     list_display = ["tenant", "base_url", "api_key_state", "active", "updated_at"]
     list_filter = ["active"]
     search_fields = ["base_url"]

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery, URLField
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -63,6 +63,19 @@ class ReadOnlyPermissions:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+# Forms of models with a URL: an address typed without a scheme is https (Django 6's default;
+# 5.2 assumes http and warns), for the provider, replay target, n8n connection and alert channel.
+HTTPS_URL_FORMS: dict[Any, dict[str, Any]] = {URLField: {"assume_scheme": "https"}}
+
+
+def https_url_formfield(db_field: Any, **kwargs: Any) -> forms.Field | None:
+    """A ModelForm's ``Meta.formfield_callback`` for the same rule (the form's own fields are
+    built when its class is, before the admin's ``formfield_overrides`` apply)."""
+    if isinstance(db_field, URLField):
+        kwargs.setdefault("assume_scheme", "https")
+    return db_field.formfield(**kwargs)
 
 
 class ReadOnlyAdmin(ReadOnlyPermissions, admin.ModelAdmin):
@@ -732,6 +745,7 @@ class ProviderForm(forms.ModelForm):
     class Meta:
         model = Provider
         fields = "__all__"
+        formfield_callback = https_url_formfield
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -778,6 +792,7 @@ class RolloutMoveForm(forms.Form):
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin):
     form = ProviderForm
+    formfield_overrides = HTTPS_URL_FORMS
     list_display = [
         "slug",
         "tenant",

@@ -37,14 +37,30 @@ def routes(patterns: list[Any], prefix: str = "") -> list[tuple[str, Any]]:
     return found
 
 
+# API routes that do not authenticate by API key, each with why. A provider's webhook comes
+# from the provider, which holds no API key: its body's HMAC under the provider's sealed
+# webhook secret is its authentication (tests/execute/test_async_providers.py refuses a bad one).
+SIGNED_NOT_KEYED = {"api/v1/webhooks/<slug:tenant>/<slug:slug>"}
+
+
 def test_every_view_under_the_api_prefix_is_an_api_key_only_drf_view():
     api_routes = [(route, view) for route, view in routes(get_resolver().url_patterns) if route.startswith("api/v1/")]
     assert len(api_routes) >= 10
+    assert SIGNED_NOT_KEYED <= {route for route, _ in api_routes}
 
     for route, view in api_routes:
         view_class = getattr(view, "cls", None)
         assert view_class is not None and issubclass(view_class, APIView), route
-        assert list(view_class.authentication_classes) == [ApiKeyAuthentication], route
+        expected = [] if route in SIGNED_NOT_KEYED else [ApiKeyAuthentication]
+        assert list(view_class.authentication_classes) == expected, route
+
+
+def test_an_unsigned_webhook_is_refused_without_a_session(client):
+    response = client.post("/api/v1/webhooks/demo/images", data=b"{}", content_type="application/json")
+
+    assert response.status_code in (401, 404)
+    assert response["Content-Type"] == "application/problem+json"
+    assert "sessionid" not in response.cookies
 
 
 def test_api_answers_carry_the_security_headers_and_no_session_cookie(api):
