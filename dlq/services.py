@@ -66,7 +66,7 @@ from dlq.models import (
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
-from ledger import adapters, storable, tasks
+from ledger import adapters, polling, storable, tasks
 from ledger import services as ledger_services
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.credentials import sealed_credential, stored_credential_value
@@ -669,6 +669,13 @@ def _provider_of(event: FailedEvent) -> tuple[Operation, Provider]:
     provider = ledger_services.provider_by_id(op.provider_id)
     if provider.kind != ProviderKind.HTTP:
         raise ValidationFailed("Callbacks are re-sent by their own retries, not replayed to a provider.")
+    if polling.is_asynchronous(provider):
+        # A direct send records the provider's answer as the outcome, and an asynchronous
+        # provider's answer is a job, not the effect: nothing would poll it or check its output.
+        raise ValidationFailed(
+            "An asynchronous provider's job is not replayed by a direct send: correct and resubmit it"
+            " (the next version goes through the workers, which wait on the job and check its output)."
+        )
     return op, provider
 
 

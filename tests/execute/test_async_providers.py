@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 
 from alerts.models import Alert
 from dlq.models import FailedEvent
+from dlq.services import failed_event_replay
 from ledger import adapters, sql
 from ledger.errors import ValidationFailed
 from ledger.execute import operation_execute, operation_submit, operations_take
@@ -444,3 +445,16 @@ def test_the_command_declares_an_asynchronous_provider_and_reads_its_webhook_sec
             "--tenant", tenant.slug, "--slug", "cli-images", "--base-url", mock_images.url, "--class", "key_enforced",
             "--async-file", str(path),
         )  # fmt: skip
+
+
+def test_a_failed_render_is_not_replayed_to_its_asynchronous_provider_by_a_direct_send(tenant, renders, mock_images):
+    mock_images.script([{"wrong_size": True}])
+    op = submit(tenant).operation
+    run_due()
+    make_due(op.pk)
+    run_due()
+    entry = FailedEvent.objects.get(operation_id=op.pk)
+    # A direct send would record the job's acceptance as the effect, unpolled and unchecked.
+    with pytest.raises(ValidationFailed, match="asynchronous provider"):
+        failed_event_replay(tenant_id=tenant.pk, event_pk=entry.pk, actor="test", to_provider=True)
+    assert mock_images.effects()["submits"] == 1
