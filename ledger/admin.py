@@ -28,8 +28,8 @@ from ledger.credentials import credential_is_set, sealed_credential
 from ledger.errors import DomainError, ValidationFailed
 from ledger.models import (
     ADAPTER_FIELDS,
-    OPEN_STATES,
     PROVIDER_CAP_FIELDS,
+    TERMINAL_STATES,
     ApiKey,
     Attempt,
     ConfigChange,
@@ -193,7 +193,9 @@ class NeedsFilter(admin.SimpleListFilter):
             return queryset.filter(due, status=S.RETRY_WAIT, mode=OperationMode.GUARD)
         if self.value() == "stuck":
             cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
-            return queryset.filter(status__in=list(OPEN_STATES), updated_at__lt=cutoff)
+            # "Not finished" spelled as the predicate of the open rows' (updated_at, id) index, so
+            # the planner sees that it applies: the count reads that index, not the table.
+            return queryset.exclude(status__in=sorted(TERMINAL_STATES)).filter(updated_at__lt=cutoff)
         if self.value() == "cancellable":
             return queryset.filter(status__in=list(services.CANCELLABLE_STATES))
         return queryset
