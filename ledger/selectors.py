@@ -20,10 +20,18 @@ from ledger.models import (
     WorkflowName,
 )
 
+# Columns of an operation no list answer renders (OperationOutputSerializer).
+LIST_DEFERRED = ("payload", "request", "search_fields", "fingerprint")
+
 
 def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySet[Operation]:
-    """A tenant's operations; ``match`` are `path:value` filters on OPERATION_SEARCH_PATHS."""
-    rows = Operation.objects.filter(tenant=tenant).select_related("provider", "output")
+    """A tenant's operations; ``match`` are `path:value` filters on OPERATION_SEARCH_PATHS.
+
+    Only what the list renders is read: the provider's slug comes from a per-process cache
+    (``provider_slug``), and the sealed payload and request, the fingerprint and the search
+    values are never shown — a 500-row page spent a third of its time building provider rows
+    and decoding those columns (issue 16). The validated output (one row or none) is joined."""
+    rows = Operation.objects.filter(tenant=tenant).select_related("output").defer(*LIST_DEFERRED)
     if match:
         rows = search.filter_match(rows, search.parse_match(match, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]))
     return rows
