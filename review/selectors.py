@@ -46,7 +46,7 @@ def review_item_list(
     if search:
         # The console's search (substring of key, handle, execution and correlation ids;
         # provider ref by prefix), every arm indexed on PostgreSQL.
-        rows = operation_search(rows, search)
+        rows = operation_search(rows, search, tenant_ids=tenant_ids)
     return rows.order_by("updated_at", "id")
 
 
