@@ -770,6 +770,15 @@ class Operation(models.Model):
                 name="op_unresolved_idx",
                 condition=Q(status__in=["uncertain", "review"]),
             ),
+            # Open rows by how long since they last moved (migration 0022): the dashboard's
+            # stuck rows (oldest first) and the console's needs=stuck filter with its count read
+            # this, not the table. Partial: a finished row has no entry, and a completion adds
+            # none, so it holds the work under way — like the sweeper's indexes above.
+            models.Index(
+                fields=["updated_at", "id"],
+                name="op_open_updated_idx",
+                condition=~Q(status__in=sorted(TERMINAL_STATES)),
+            ),
             # Lists newest first, by tenant and optionally state (migration 0017 says why): read
             # straight off the index whatever the tenant or the filter.
             models.Index(fields=["tenant", "id"], name="op_tenant_id_idx"),
@@ -904,9 +913,18 @@ class OperationEvent(models.Model):
 
     class Meta:
         db_table = "ledger_operationevent"
-        # One column, so PostgreSQL stores an operation's events as one deduplicated entry
-        # (migration 0021; (operation, at) could not deduplicate).
-        indexes = [models.Index(fields=["operation"], name="opevent_op_idx")]
+        indexes = [
+            # One column, so PostgreSQL stores an operation's events as one deduplicated entry
+            # (migration 0021; (operation, at) could not deduplicate).
+            models.Index(fields=["operation"], name="opevent_op_idx"),
+            # Review decisions by time (migration 0022), for the dashboard's activity chart:
+            # partial, so only the rare event that moves a row out of review writes here.
+            models.Index(
+                fields=["at"],
+                name="opevent_review_exit_idx",
+                condition=Q(from_status="review") & ~Q(to_status="review"),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.operation_id}: {self.from_status or '∅'} → {self.to_status}"

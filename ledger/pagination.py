@@ -80,7 +80,9 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        # Without ORDER BY: counting needs no order, and any index may serve the filter.
-        counted = self.object_list.order_by()[: COUNT_CAP + 1].count()
+        # Without ORDER BY: counting needs no order, and any index may serve the filter. Only
+        # the primary key: a list's annotations (the operations list's workflow name, a
+        # subquery per row) are not computed for rows that are only counted.
+        counted = self.object_list.order_by().values("pk")[: COUNT_CAP + 1].count()
         self.capped = counted > COUNT_CAP
         return min(counted, COUNT_CAP)

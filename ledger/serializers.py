@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import serializers
+from rest_framework import ISO_8601, serializers
+from rest_framework.settings import api_settings
 
 from ledger import prompts, revisions, selectors
 from ledger.crypto import open_json
@@ -163,6 +166,20 @@ class OperationResponseSerializer(serializers.Serializer):
     masked = serializers.BooleanField(help_text="true when `body` is the masked shape, not the value")
 
 
+class UtcDateTimeField(serializers.DateTimeField):
+    """DRF's DateTimeField, the same text, for the UTC times the database returns: without
+    asking for the current time zone per value (a context-local lookup; a 500-row page
+    renders some 2,000 times, a quarter of its time). The service never activates another
+    zone; any other value goes through DRF's own path."""
+
+    def to_representation(self, value: Any) -> Any:
+        iso = str(getattr(self, "format", api_settings.DATETIME_FORMAT)).lower() == ISO_8601
+        if iso and isinstance(value, datetime) and value.tzinfo is UTC and settings.TIME_ZONE == "UTC":
+            text = value.isoformat()
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        return super().to_representation(value)
+
+
 class OperationOutputSerializer(serializers.Serializer):
     """The public shape of an operation: what every API answer renders and the OpenAPI
     schema documents (one declaration). Payload and request are never part of it."""
@@ -176,7 +193,7 @@ class OperationOutputSerializer(serializers.Serializer):
     attempts = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     provider_ref = serializers.CharField()
-    lease_expires_at = serializers.DateTimeField(allow_null=True)
+    lease_expires_at = UtcDateTimeField(allow_null=True)
     response = serializers.SerializerMethodField()
     error_class = serializers.CharField()
     last_error = serializers.CharField()
@@ -185,11 +202,11 @@ class OperationOutputSerializer(serializers.Serializer):
     workflow_id = serializers.CharField()
     workflow_version = serializers.CharField()
     correlation_id = serializers.CharField()
-    sent_at = serializers.DateTimeField(allow_null=True)
-    next_attempt_at = serializers.DateTimeField(allow_null=True)
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
-    done_at = serializers.DateTimeField(allow_null=True)
+    sent_at = UtcDateTimeField(allow_null=True)
+    next_attempt_at = UtcDateTimeField(allow_null=True)
+    created_at = UtcDateTimeField()
+    updated_at = UtcDateTimeField()
+    done_at = UtcDateTimeField(allow_null=True)
     superseded_by = serializers.IntegerField(source="superseded_by_id", allow_null=True)
     # Runs and versioned keys (issue 13): the run is the explicit one, else the correlation id.
     run = serializers.SerializerMethodField()
@@ -204,8 +221,8 @@ class OperationOutputSerializer(serializers.Serializer):
     # The retry budget the workers apply (execute mode; a guard-mode operation shows its
     # defaults: 0 throttled attempts, no deadline, no callback).
     throttled_attempts = serializers.IntegerField()
-    deadline = serializers.DateTimeField(allow_null=True)
-    expires_at = serializers.DateTimeField(allow_null=True)
+    deadline = UtcDateTimeField(allow_null=True)
+    expires_at = UtcDateTimeField(allow_null=True)
     callback_url = serializers.CharField()
     adapter_revision = serializers.SerializerMethodField(
         help_text="Execute mode: the number of the provider's adapter revision the operation runs under"

@@ -70,9 +70,10 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     list_filter = ["tenant", "provider", "mode"]
     search_fields = ["key"]
     list_search = staticmethod(operation_search)
+    list_search_scoped = True
     search_help_text = (
-        "Any part of a key, reconciliation handle, execution or correlation id or workflow name (any case);"
-        " a provider ref."
+        "A whole key; any part of a key, reconciliation handle, execution or correlation id or workflow name"
+        " (any case); a provider ref."
     )
     list_select_related = ["tenant", "provider"]
     ordering = ["updated_at"]

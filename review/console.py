@@ -39,7 +39,7 @@ from review import privacy, security
 from review.changes import ConfigChangeAdminMixin
 from review.models import AccessAction
 from review.run_pages import run_page
-from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity, shown_count
+from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
 from review.subject_pages import subject_trail_page
 from review.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
 
@@ -607,8 +607,8 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
             {
                 "state": s,
                 "label": label,
-                "n": n,
-                "count": shown_count(n),
+                "n": n.n,
+                "count": str(n),
                 "url": ops_url(f"status__exact={s}") if can_ops else None,
             }
             for s, label, n in numbers["operations"]
@@ -623,8 +623,8 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
             {
                 "state": s,
                 "label": label,
-                "n": n,
-                "count": shown_count(n),
+                "n": n.n,
+                "count": str(n),
                 "url": dlq_url(f"status__exact={s}") if can_dlq else None,
             }
             for s, label, n in numbers["dlq"]

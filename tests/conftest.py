@@ -104,13 +104,18 @@ def object_dirs(settings: Any, tmp_path: Any) -> dict[str, Any]:
 @pytest.fixture(autouse=True)
 def _forget_process_caches() -> Any:
     """Per-process caches are keyed by ids and test databases reuse ids between tests."""
+    from django.core.cache import cache
+
     from ledger import caching, selectors
 
     caching.clear_all()
     selectors._PROVIDER_SLUGS.clear()
+    # Django's cache: the dashboard keeps finished hours' activity there, keyed by tenant ids.
+    cache.clear()
     yield
     caching.clear_all()
     selectors._PROVIDER_SLUGS.clear()
+    cache.clear()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

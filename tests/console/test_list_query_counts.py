@@ -17,8 +17,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ledger import services
+from ledger.admin import NeedsFilter
 from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus, Provider, Tenant, Upload
-from tests.console.support import client_for
+from review import selectors as review_selectors
+from review.selectors import attention_now, provider_activity
+from tests.conftest import on_postgres
+from tests.console.support import client_for, seq_scan_free_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -142,3 +146,63 @@ def test_the_operations_list_sorts_by_id_only_whatever_the_o_parameter_asks(tena
         listing = [order for order in orders if '"ledger_operation"."' in order]
         assert listing and all('"ledger_operation"."key"' not in order for order in listing), listing
         assert all('"ledger_operation"."created_at"' not in order for order in listing), listing
+
+
+def test_dashboard_counts_are_exact_up_to_the_bound_and_estimates_past_it(tenant, two_tenants, monkeypatch):
+    # Counting reads every row it counts: past the bound the page shows PostgreSQL's estimate
+    # (from statistics) and marks it as one; SQLite has no estimate and shows the bound.
+    monkeypatch.setattr(review_selectors, "DASHBOARD_EXACT_UP_TO", 4)
+    client = client_for(User.objects.create_superuser("root", "root@example.invalid", "x"))
+    seed(tenant, two_tenants["acme"], 0, 12)  # 4 succeeded, 4 failed, 4 in review
+    seed(tenant, two_tenants["acme"], 12, 1)  # one more succeeded: 5, past the bound
+    body = client.get("/admin/").content.decode()
+    assert 'data-testid="ops-failed"><span class="og-n">4</span>' in body
+    assert 'data-testid="review-backlog">4</a>' in body
+    succeeded = body.split('data-testid="ops-succeeded"><span class="og-n">', 1)[1].split("<", 1)[0]
+    if connection.vendor == "postgresql":
+        assert succeeded.startswith("≈ "), succeeded
+    else:
+        assert succeeded == "4+", succeeded
+
+
+def test_dashboard_activity_of_finished_hours_is_read_once_and_the_current_hour_each_time(tenant, two_tenants):
+    seed(tenant, two_tenants["acme"], 0, 3)
+    with CaptureQueriesContext(connection) as first:
+        before = provider_activity(tenant_ids=[tenant.pk])
+    with CaptureQueriesContext(connection) as second:
+        after = provider_activity(tenant_ids=[tenant.pk])
+    assert after == before
+    # The finished hours' three reads (operations, review decisions, DLQ entries) are kept.
+    assert len(second.captured_queries) == len(first.captured_queries) - 3
+    seed(tenant, two_tenants["acme"], 3, 3)
+    totals = dict(provider_activity(tenant_ids=[tenant.pk])["providers"])["crm"]
+    assert sum(totals["succeeded"]) == 2 and sum(totals["failed"]) == 2, totals
+
+
+@pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's partial indexes and plans")
+def test_stuck_rows_and_review_decisions_are_read_from_their_partial_indexes(tenant, two_tenants):
+    # The tests' tables are tiny, so sequential scans are priced out to see which index can
+    # serve each read: the open rows' (updated_at, id) index for the dashboard's stuck rows and
+    # the needs=stuck count, the review exits' index for the activity chart. A filter spelled
+    # so the planner cannot see the index's predicate applies would show a full scan instead.
+    seed(tenant, two_tenants["acme"], 0, 3)
+    with CaptureQueriesContext(connection) as ctx:
+        attention_now(tenant_ids=None)
+    stuck_sql = next(q["sql"] for q in ctx.captured_queries if '"ledger_operation"."updated_at" <' in q["sql"])
+    assert "op_open_updated_idx" in plan_of(stuck_sql)
+
+    needs = NeedsFilter(None, {"needs": ["stuck"]}, Operation, None)
+    stuck_rows = needs.queryset(None, Operation.objects.all()).order_by()
+    assert "op_open_updated_idx" in seq_scan_free_plan(stuck_rows.values("pk")[:10001])
+
+    reviewed = OperationEvent.objects.filter(from_status=OperationStatus.REVIEW, at__gte=timezone.now()).exclude(
+        to_status=OperationStatus.REVIEW
+    )
+    assert "opevent_review_exit_idx" in seq_scan_free_plan(reviewed)
+
+
+def plan_of(sql: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {sql}")
+        return "\n".join(r[0] for r in cursor.fetchall())

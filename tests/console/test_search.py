@@ -107,3 +107,22 @@ def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
         cursor.execute("SELECT indexname FROM pg_indexes WHERE indexname LIKE '%%_trgm'")
         made = {r[0] for r in cursor.fetchall()}
     assert {"op_handle_trgm", "op_execution_trgm", "op_correlation_trgm", "fe_key_trgm", "fe_execution_trgm"} <= made
+
+
+def test_a_whole_key_finds_that_operation_only_and_a_part_of_it_finds_every_key_containing_it(tenant):
+    crm = enforced_provider(tenant)
+    for key in ("order-1", "order-10", "order-100"):
+        services.operation_claim(tenant=tenant, key=key, provider=crm, request={})
+    assert keys("order-1") == {"order-1"}  # the whole key: the unique (tenant, key) index
+    assert keys("order-10") == {"order-10"}
+    assert keys("rder-1") == {"order-1", "order-10", "order-100"}  # a part: every key with it
+
+
+def test_a_whole_key_of_another_tenant_changes_nothing_in_a_scoped_search(tenant, other_tenant):
+    # Looked up among the searcher's tenants only: the answer must not tell whether another
+    # tenant has that key.
+    services.operation_claim(tenant=tenant, key="order-1x", provider=enforced_provider(tenant), request={})
+    services.operation_claim(tenant=other_tenant, key="order-1", provider=enforced_provider(other_tenant), request={})
+    mine = Operation.objects.filter(tenant=tenant)
+    found = operation_search(mine, "order-1", tenant_ids=[tenant.pk]).values_list("key", flat=True)
+    assert set(found) == {"order-1x"}
