@@ -721,7 +721,7 @@ def operation_wait(
     held from here on; the next poll is due in ``poll_in_seconds``. A holder repeating its own
     move (a record retried after a commit that did land) gets the row back."""
     provider_ref = provider_ref[:255]
-    with transaction.atomic():
+    with transaction.atomic(), sql.index_plans():
         op = statements.operation(
             "operation_wait",
             {
@@ -756,7 +756,7 @@ def operation_poll_take(*, operation_id: int, lease_seconds: float, actor: str, 
     """waiting → claimed for one poll (a worker's take, which holds the row locked, or the
     provider's webhook): a new token, a short lease, no new attempt. None when the row was
     not waiting any more (someone else took it first)."""
-    with transaction.atomic():
+    with transaction.atomic(), sql.index_plans():
         op = statements.operation(
             "operation_poll_take",
             {"id": operation_id, "lease_token": new_lease_token(), "lease_seconds": _seconds(lease_seconds)},
