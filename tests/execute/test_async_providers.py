@@ -458,3 +458,19 @@ def test_a_failed_render_is_not_replayed_to_its_asynchronous_provider_by_a_direc
     with pytest.raises(ValidationFailed, match="asynchronous provider"):
         failed_event_replay(tenant_id=tenant.pk, event_pk=entry.pk, actor="test", to_provider=True)
     assert mock_images.effects()["submits"] == 1
+
+
+def test_a_poll_lease_covers_the_status_call_and_the_output_fetch_and_ends_before_django_q2_gives_up(
+    tenant, renders, mock_images, settings
+):
+    timeout = float(renders.timeout_seconds)
+    lease = adapters.poll_lease_seconds(timeout)
+    fetch = settings.ONCEGUARD["OUTPUT_FETCH_TIMEOUT_SECONDS"]
+    assert timeout + fetch < lease < settings.Q_CLUSTER["timeout"] < settings.Q_CLUSTER["retry"]
+    assert lease <= adapters.worker_lease_seconds(timeout)  # no longer than a send's
+    mock_images.set_switches(delay=120)
+    op = submit(tenant).operation
+    run_due()
+    make_due(op.pk)
+    (held,) = operations_take(limit=1)
+    assert (held.lease_expires_at - held.claimed_at).total_seconds() == pytest.approx(lease, abs=0.01)
