@@ -127,6 +127,21 @@ def parse_retry_after(value: str | None, *, cap: float) -> float | None:
     return min(max(0.0, seconds), cap, float(MAX_DURATION_SECONDS))
 
 
+def retry_after_cap(provider: Provider) -> float:
+    """The longest Retry-After honoured: beyond our backoff cap, within reason."""
+    return max(float(provider.max_delay_seconds), float(_cfg("RETRY_AFTER_MAX_SECONDS", 3600)))
+
+
+def throttle_of(
+    *, provider: Provider, status: int | None, headers: httpx.Headers | dict[str, str] | None
+) -> tuple[bool, float | None]:
+    """Whether an answer of the provider throttles it (429/503), and its Retry-After in seconds
+    (None when absent or unreadable). The same for a send, a poll and an output fetch."""
+    if status not in _THROTTLED:
+        return False, None
+    return True, parse_retry_after((headers or {}).get("Retry-After"), cap=retry_after_cap(provider))
+
+
 def classify_response(
     *, provider: Provider, status: int, headers: httpx.Headers | dict[str, str], body: Any
 ) -> Outcome:
@@ -154,10 +169,8 @@ def classify_response(
                     message=f"HTTP {status} with status {scrub(str(state))[:40]!r}",
                 )
         return Outcome(None, provider_ref=ref, status=status, body=body)
-    # The provider's own Retry-After is honoured beyond our backoff cap, within reason.
-    cap = max(float(provider.max_delay_seconds), float(_cfg("RETRY_AFTER_MAX_SECONDS", 3600)))
-    if status in _THROTTLED:
-        retry_after = parse_retry_after(headers.get("Retry-After"), cap=cap)
+    throttled, retry_after = throttle_of(provider=provider, status=status, headers=headers)
+    if throttled:
         return Outcome(
             ErrorClass.TRANSIENT,
             status=status,
@@ -170,7 +183,7 @@ def classify_response(
         return Outcome(ErrorClass.TRANSIENT, status=status, body=body, message=f"HTTP {status}")
     if status == 409 and provider.idempotency_class == IdempotencyClass.KEY_ENFORCED:
         # "Key in use": our earlier request with this key is still being handled there.
-        retry_after = parse_retry_after(headers.get("Retry-After"), cap=cap)
+        retry_after = parse_retry_after(headers.get("Retry-After"), cap=retry_after_cap(provider))
         return Outcome(
             ErrorClass.TRANSIENT, status=status, body=body, message="HTTP 409: key in use", retry_after=retry_after
         )
@@ -307,14 +320,16 @@ def http_client(*, max_connections: int = 20) -> httpx.Client:
     return outbound_client(purpose="worker", max_connections=max_connections)
 
 
-def get_json(*, client: httpx.Client, url: str, headers: dict[str, str], timeout: float) -> tuple[int | None, Any, str]:
+def get_json(
+    *, client: httpx.Client, url: str, headers: dict[str, str], timeout: float
+) -> tuple[int | None, Any, str, httpx.Headers | None]:
     """GET ``url`` through ``client`` (the outbound policy), reading at most
-    ``WORKER_MAX_RESPONSE_BYTES`` within ``timeout``: (HTTP status, JSON body or None, error).
-    Never raises for network trouble: a status of None and the error's class say what went
-    wrong (the class only: an error's text can carry the URL)."""
+    ``WORKER_MAX_RESPONSE_BYTES`` within ``timeout``: (HTTP status, JSON body or None, error,
+    the answer's headers). Never raises for network trouble: a status of None and the error's
+    class say what went wrong (the class only: an error's text can carry the URL)."""
     refused = origin_refusal(url, purpose="provider status")
     if refused:
-        return None, None, f"destination refused by the outbound policy: {refused}"
+        return None, None, f"destination refused by the outbound policy: {refused}", None
     limit = int(_cfg("WORKER_MAX_RESPONSE_BYTES", 256 * 1024))
     try:
         request = client.build_request("GET", url, headers=headers, timeout=httpx.Timeout(timeout))
@@ -324,10 +339,10 @@ def get_json(*, client: httpx.Client, url: str, headers: dict[str, str], timeout
         finally:
             response.close()
     except OutboundBlocked as exc:
-        return None, None, str(exc)
+        return None, None, str(exc), None
     except (httpx.HTTPError, OSError, ValueError) as exc:
-        return None, None, type(exc).__name__
-    return response.status_code, _decode(raw, complete), ""
+        return None, None, type(exc).__name__, None
+    return response.status_code, _decode(raw, complete), "", response.headers
 
 
 def _read_body(response: httpx.Response, *, deadline: float, limit: int) -> tuple[bytes, bool]:

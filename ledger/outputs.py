@@ -68,11 +68,15 @@ class OutputNotFound(DomainError):
 
 
 class OutputUnavailable(Exception):
-    """The output could not be fetched (nothing was checked, nothing stored); try again later."""
+    """The output could not be fetched (nothing was checked, nothing stored); try again later.
+    ``status`` and ``headers``: the answer of an output URL that answered (a 429's
+    Retry-After is the caller's to apply: ``ledger.polling``)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, status: int | None = None, headers: httpx.Headers | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.status = status
+        self.headers = headers
 
 
 class InvalidOutput(Exception):
@@ -138,7 +142,11 @@ def _fetch(*, client: httpx.Client, url: str, headers: dict[str, str], limit: in
     headers = {**headers, "Accept-Encoding": "identity"}
     with client.stream("GET", url, headers=headers, timeout=timeout) as response:
         if response.status_code != 200:
-            raise OutputUnavailable(f"the output URL answered HTTP {response.status_code}")
+            raise OutputUnavailable(
+                f"the output URL answered HTTP {response.status_code}",
+                status=response.status_code,
+                headers=response.headers,
+            )
         declared = response.headers.get("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise objects.ObjectTooLarge(limit)

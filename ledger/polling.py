@@ -13,7 +13,12 @@ provider has it, and the row holds no lease. From then on:
   succeeded → the output is fetched, checked and published (``ledger.outputs``), then the
   row completes; failed → ``failed`` (its DLQ entry); an output that fails its checks →
   ``failed`` as ``invalid_output``, never published. No answer (an error, a non-200) is
-  treated like pending: asked again later.
+  treated like pending: asked again later. A 429 or 503 to the poll or to the provider's
+  output fetch is a throttle, as it is to a send (``execute.record_outcome``): the provider is
+  held back until its Retry-After (``services.provider_throttle``), a 429 — or 503 with
+  Retry-After — lowers a rate-capped provider's effective rate
+  (``ratelimit.provider_rate_lower``), and the job's next poll is no earlier than the
+  Retry-After.
 - **Webhooks.** The provider may POST a signed note that a job changed
   (:func:`webhook_receive`, HMAC-SHA256 under the provider's sealed ``webhook_secret``, the
   scheme of our callbacks). A valid one takes the row exactly as a poll does and polls at
@@ -35,7 +40,7 @@ import enum
 import logging
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 from django.db import transaction
@@ -89,6 +94,9 @@ class StatusAnswer:
     body: Any = None
     http_status: int | None = None
     error: str = ""
+    # A 429/503: the provider throttles us (and how long it asked us to stay away).
+    throttled: bool = False
+    retry_after: float | None = None
 
     def said(self) -> str:
         """What the answer said, for events and logs (masked, short)."""
@@ -120,11 +128,20 @@ def status_fetch(*, provider: Provider, op: Operation, client: httpx.Client) -> 
         return StatusAnswer(Verdict.NO_ANSWER, error=f"credential refused: {exc}")
     except (KeyError, IndexError, ValueError) as exc:
         return StatusAnswer(Verdict.NO_ANSWER, error=f"status path not usable ({type(exc).__name__})")
-    status, body, error = adapters.get_json(
+    status, body, error, answer_headers = adapters.get_json(
         client=client, url=url, headers=headers, timeout=float(provider.timeout_seconds)
     )
     if status is None:
         return StatusAnswer(Verdict.NO_ANSWER, error=error)
+    throttled, retry_after = adapters.throttle_of(provider=provider, status=status, headers=answer_headers)
+    if throttled:
+        return StatusAnswer(
+            Verdict.NO_ANSWER,
+            http_status=status,
+            error=f"HTTP {status}: throttled",
+            throttled=True,
+            retry_after=retry_after,
+        )
     if status != 200 or body is None:
         return StatusAnswer(
             Verdict.NO_ANSWER, http_status=status, error=f"HTTP {status}" + ("" if body else ", no JSON")
@@ -181,7 +198,12 @@ def answer_apply(*, op: Operation, provider: Provider, answer: StatusAnswer, act
                 response_status=answer.http_status,
                 actor=actor,
             )
-        return _wait_again(op=op, provider=provider, why=answer.said(), actor=actor)
+        not_before = None
+        if answer.throttled:
+            not_before = provider_throttled(
+                op=op, provider=provider, status=answer.http_status, retry_after=answer.retry_after
+            )
+        return _wait_again(op=op, provider=provider, why=answer.said(), actor=actor, not_before=not_before)
     except DomainError as exc:
         log.warning("poll_result_refused key=%s code=%s verdict=%s", op.key, exc.code, answer.verdict.value)
         return None
@@ -201,7 +223,21 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
         except outputs.InvalidOutput as invalid:
             return invalid.operation
         except outputs.OutputUnavailable as unavailable:
-            return _wait_again(op=op, provider=provider, why=f"output not fetched: {unavailable.reason}", actor=actor)
+            not_before = None
+            throttled, retry_after = adapters.throttle_of(
+                provider=provider, status=unavailable.status, headers=unavailable.headers
+            )
+            if throttled:
+                if same_origin(provider, url):
+                    not_before = provider_throttled(
+                        op=op, provider=provider, status=unavailable.status, retry_after=retry_after
+                    )
+                else:
+                    # Another origin (a CDN, signed storage) throttled the fetch: its wait holds
+                    # for this job, not for the provider's other calls or its rate.
+                    not_before = _throttle_seconds(provider, retry_after)
+            why = f"output not fetched: {unavailable.reason}"
+            return _wait_again(op=op, provider=provider, why=why, actor=actor, not_before=not_before)
         note = f"output {published.key} published"
     return services.operation_complete(
         operation_id=op.pk,
@@ -214,8 +250,40 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
     )
 
 
-def _wait_again(*, op: Operation, provider: Provider, why: str, actor: str) -> Operation:
-    """Back to waiting with the next poll further off — or, past the lifetime, to review."""
+def same_origin(provider: Provider, url: str) -> bool:
+    """Whether an output URL is the provider's own (a path under its base URL, or an absolute
+    URL of its scheme, host and port)."""
+    if url.startswith("/") and not url.startswith("//"):
+        return True
+    theirs, ours = urlsplit(url), urlsplit(provider.base_url)
+    return (theirs.scheme, theirs.hostname, theirs.port) == (ours.scheme, ours.hostname, ours.port)
+
+
+def _throttle_seconds(provider: Provider, retry_after: float | None) -> float:
+    """How long a throttle holds: the Retry-After, or the provider's base delay (as for a send)."""
+    return retry_after if retry_after is not None else max(1.0, float(provider.base_delay_seconds))
+
+
+def provider_throttled(*, op: Operation, provider: Provider, status: int | None, retry_after: float | None) -> float:
+    """A 429/503 answered a poll or an output fetch of ``op``: what ``execute.record_outcome``
+    does for a send's — the provider is held back until its Retry-After (or base delay), and a
+    429 (or 503 with Retry-After) lowers a rate-capped provider's effective rate (once per
+    storm: ``ratelimit.provider_rate_lower`` compares the poll's take time with the last
+    lowering). Returns the seconds the job's next poll must wait at least."""
+    seconds = _throttle_seconds(provider, retry_after)
+    services.provider_throttle(provider_id=provider.pk, seconds=seconds)
+    if provider.rate_limit is not None and ratelimit.lowers_rate(status=status, retry_after=retry_after):
+        ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk)
+    return seconds
+
+
+def _wait_again(
+    *, op: Operation, provider: Provider, why: str, actor: str, not_before: float | None = None
+) -> Operation:
+    """Back to waiting with the next poll further off — or, past the lifetime, to review.
+    ``not_before``: seconds the provider asked us to stay away (a throttle); the next poll is
+    no earlier, even past the lifetime's end (the provider's work is held back until then
+    anyway, and the poll that follows it sends the row to review)."""
     now = sql.db_now()
     if op.expires_at is not None and op.expires_at <= now:
         reason = (
@@ -232,6 +300,8 @@ def _wait_again(*, op: Operation, provider: Provider, why: str, actor: str) -> O
     if op.expires_at is not None:
         # The last poll falls on the lifetime's end, not a backoff step past it.
         delay = min(delay, max(0.0, (op.expires_at - now).total_seconds()))
+    if not_before is not None:
+        delay = max(delay, not_before)
     return services.operation_wait(
         operation_id=op.pk,
         lease_token=op.lease_token,

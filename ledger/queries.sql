@@ -414,13 +414,17 @@ WHERE provider_id = %(provider_id)s AND tokens >= %(taken)s;
 -- is multiplied by %(factor)s (multiplicative decrease), never below %(floor)s calls per second,
 -- and the bucket emptied. An answer to a call sent before the last lowering is the same storm:
 -- it only restarts the quiet period. The send time is the operation's own sent marker (the
--- take's now()), so both sides of the comparison are the database's clock.
+-- take's now()) — for a poll (polls > 0: a poll lease's row), the poll take's claimed_at, since
+-- the sent marker is the submit's —, so both sides of the comparison are the database's clock.
 UPDATE ledger_providerrate SET
     rate = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN GREATEST(%(floor)s, rate * %(factor)s) ELSE rate END,
     tokens = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN 0.0 ELSE tokens END,
     lowered_at = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN now() ELSE lowered_at END,
     quiet_since = now()
-FROM (SELECT sent_at AS at FROM ledger_operation WHERE id = %(operation_id)s) AS sent
+FROM (
+    SELECT CASE WHEN polls > 0 THEN claimed_at ELSE sent_at END AS at
+    FROM ledger_operation WHERE id = %(operation_id)s
+) AS sent
 WHERE provider_id = %(provider_id)s
 RETURNING rate;
 
