@@ -300,7 +300,7 @@ def operation_submit(
         # The secret exists before the first callback could be signed.
         callbacks.tenant_callback_secret(tenant_id=tenant.pk)
     if upload_refs:
-        # Before the row, committed on its own: retention must not delete an upload an accepted
+        # Before the row, committed with or before it: retention must not delete an upload an accepted
         # job names while that job can run (DESIGN §11). A refusal after this (admission, a key
         # already taken) only keeps the upload longer.
         translation.uploads_retained(

@@ -210,8 +210,8 @@ def uploads_retain(*, tenant_id: int, keys: set[str], seconds: float) -> int:
     guarded UPDATE. Returns how many rows it raised — fewer than ``keys`` means some upload is
     gone (deleted since it was checked), and the caller must not accept a job naming it.
 
-    Run before the job's row is written and committed on its own: a crash or a refusal after
-    it leaves an upload kept longer than needed, never an accepted job whose upload retention
+    Run before the job's row is written, committed with it or before it (a DLQ correction
+    submits inside its own transaction): a crash or a refusal after it leaves an upload kept longer than needed, never an accepted job whose upload retention
     may delete. Against a purge, the row lock decides: the UPDATE waits for a purge that locked
     the row first (and then finds it deleted), and a purge that comes second sees the new
     ``retain_until`` (:func:`uploads_purge`)."""

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('ledger', '0022_open_rows_and_review_exits'),
+        ("ledger", "0022_open_rows_and_review_exits"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='upload',
-            name='retain_until',
+            model_name="upload",
+            name="retain_until",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]
