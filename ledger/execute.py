@@ -243,6 +243,7 @@ def operation_submit(
     if intent is None and intents.is_intent(request):
         intent, request = request["intent"], None
     upload_bytes = 0
+    upload_refs: tuple[intents.UploadRef, ...] = ()
     if view.intent_schema:
         if request is not None:
             raise intents.IntentRequired(
@@ -253,6 +254,7 @@ def operation_submit(
         normalize_envelope(request=admitted.rendered.request, provider=view)
         envelope: dict[str, Any] = {"intent": admitted.values}
         upload_bytes = admitted.upload_bytes
+        upload_refs = admitted.uploads
     elif intent is not None:
         raise intents.IntentNotAccepted(f"Provider {provider_obj.slug!r} declares no intent schema: send `request`.")
     else:
@@ -297,6 +299,13 @@ def operation_submit(
     if callback_url and not tenant.callback_secret:
         # The secret exists before the first callback could be signed.
         callbacks.tenant_callback_secret(tenant_id=tenant.pk)
+    if upload_refs:
+        # Before the row, committed with or before it: retention must not delete an upload an accepted
+        # job names while that job can run (DESIGN §11). A refusal after this (admission, a key
+        # already taken) only keeps the upload longer.
+        translation.uploads_retained(
+            tenant_id=tenant.pk, refs=upload_refs, seconds=upload_retain_seconds(provider_obj, view)
+        )
     try:
         result = _claim_admitted(tenant=tenant, claim_kwargs=claim_kwargs, size=size, cost=cost)
     except OPEN_ROW_ANSWERS:
@@ -307,6 +316,17 @@ def operation_submit(
         op = Operation.objects.get(tenant_id=tenant.pk, key=key)
         return SubmitResult(op, created=False, replayed=False, still_open=True)
     return SubmitResult(result.operation, created=result.acquired, replayed=result.replayed)
+
+
+def upload_retain_seconds(provider: Provider, view: Provider) -> float:
+    """How long the uploads a new job names are kept from its submission: the job's lifetime
+    (its ``expires_at``: no attempt or poll starts after it), then the lease of an attempt or
+    poll that started just before its end (both read the intent's uploads), under the longer
+    timeout of the provider and the revision the job starts under."""
+    timeout = max(float(provider.timeout_seconds), float(view.timeout_seconds))
+    return (
+        float(provider.lifetime_seconds) + adapters.worker_lease_seconds(timeout) + adapters.poll_lease_seconds(timeout)
+    )
 
 
 def _claim_admitted(*, tenant: Tenant, claim_kwargs: dict[str, Any], size: int, cost: Decimal) -> services.ClaimResult:

@@ -985,8 +985,9 @@ class Upload(models.Model):
     """A file a tenant uploaded (``POST /api/v1/uploads``, ledger.uploads), stored outside
     the queue through the ``onceguard_objects`` storage (ledger.objects). Content addressed
     per tenant: the same bytes from the same tenant are one row, one object and one key.
-    Immutable: written once, after its checks passed; deleted only by retention. Jobs refer
-    to it by ``key`` and ``sha256``; the queue never carries the bytes."""
+    Its facts are immutable: written once, after its checks passed; deleted by retention
+    (never while a job that names it can still run: ``retain_until``) or by an erasure. Jobs
+    refer to it by ``key`` and ``sha256``; the queue never carries the bytes."""
 
     # Indexed by the unique (tenant, sha256) and (tenant, created_at).
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
@@ -1001,6 +1002,10 @@ class Upload(models.Model):
     # Where the bytes are in the objects storage; internal, never shown.
     storage_name = models.CharField(max_length=300)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Retention keeps the upload at least until then, whatever its TTL: raised (never lowered)
+    # by each accepted job that names it, to the end of that job's lifetime plus its last
+    # attempt's lease (ledger.uploads.uploads_retain). Null: no job ever named it.
+    retain_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "ledger_upload"

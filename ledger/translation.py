@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import intents, prompts
+from ledger import intents, prompts, uploads
 from ledger.intents import IntentNotAccepted, RequestTemplateInvalid, UploadRef, UploadReferenceInvalid
 from ledger.models import PromptTemplate, Provider, Upload
 
@@ -28,15 +28,19 @@ class Admitted:
     values: dict[str, Any]
     # The sizes of the distinct uploads it references: admission counts them as queued bytes.
     upload_bytes: int
+    # The uploads it references: kept by retention while the job can run (ledger.uploads).
+    uploads: tuple[UploadRef, ...]
     # The request it translates to now (checked by the caller like a submitted request; not stored).
     rendered: intents.Rendered
 
 
-def uploads_checked(*, tenant_id: int, refs: tuple[UploadRef, ...]) -> int:
+def uploads_checked(*, tenant_id: int, refs: tuple[UploadRef, ...], accepted: bool = False) -> int:
     """The bytes of the uploads ``refs`` name, each of which must be this tenant's upload with
     that key and sha256; raises :class:`UploadReferenceInvalid` (the same answer for a key
     that does not exist, another tenant's and a wrong digest: an upload's existence is tenant
-    data)."""
+    data). ``accepted``: the intent is a job's, checked when it was accepted, so a missing
+    upload was deleted since (an erasure, or retention after the job's lifetime) and the
+    message says so."""
     if not refs:
         return 0
     found = {
@@ -48,6 +52,13 @@ def uploads_checked(*, tenant_id: int, refs: tuple[UploadRef, ...]) -> int:
     for ref in refs:
         if found.get(ref.key, ("", 0))[0] != ref.sha256:
             key_name, sha_name = intents.upload_members(ref.field)
+            if accepted:
+                raise UploadReferenceInvalid(
+                    f"The upload intent.{key_name} names is no longer stored: it was deleted after the job was"
+                    " accepted (by an erasure request, or by retention once no job naming it could run)."
+                    " Upload the file again and submit a new job.",
+                    extra={"field": ref.field},
+                )
             raise UploadReferenceInvalid(
                 f"intent.{key_name} and intent.{sha_name} name no upload of this tenant with that digest"
                 " (POST /api/v1/uploads answers both).",
@@ -64,7 +75,7 @@ def intent_translate(*, tenant_id: int, provider: Provider, intent: Any) -> inte
     if not schema or not template:
         raise IntentNotAccepted("This adapter revision of the provider declares no intent schema; it takes a request.")
     valid = intents.intent_validate(schema, intent)
-    uploads_checked(tenant_id=tenant_id, refs=valid.uploads)
+    uploads_checked(tenant_id=tenant_id, refs=valid.uploads, accepted=True)
     return _render(tenant_id=tenant_id, provider=provider, values=valid.values)
 
 
@@ -90,4 +101,14 @@ def intent_admit(*, tenant_id: int, provider: Provider, intent: Any) -> Admitted
     valid = intents.intent_validate(provider.intent_schema, intent)
     upload_bytes = uploads_checked(tenant_id=tenant_id, refs=valid.uploads)
     rendered = _render(tenant_id=tenant_id, provider=provider, values=valid.values)
-    return Admitted(values=valid.values, upload_bytes=upload_bytes, rendered=rendered)
+    return Admitted(values=valid.values, upload_bytes=upload_bytes, rendered=rendered, uploads=valid.uploads)
+
+
+def uploads_retained(*, tenant_id: int, refs: tuple[UploadRef, ...], seconds: float) -> None:
+    """Keep the uploads an admitted intent names for ``seconds`` (ledger.uploads.uploads_retain);
+    one deleted since :func:`intent_admit` checked it refuses the job as a missing one is."""
+    keys = {r.key for r in refs}
+    if uploads.uploads_retain(tenant_id=tenant_id, keys=keys, seconds=seconds) < len(keys):
+        # Deleted in between (a purge that locked it first, an erasure): say which field.
+        uploads_checked(tenant_id=tenant_id, refs=refs)
+        raise UploadReferenceInvalid("An upload this intent names was deleted while the job was being accepted.")

@@ -16,6 +16,15 @@
    its own object and answers the winner's row.
 
 Nothing is stored on a refusal: not a row, not an object, not a named temporary file.
+
+**Kept while a job can use it** (DESIGN §11, retention). An accepted job that names an upload
+raises its ``retain_until`` (:func:`uploads_retain`, before the job's row is written) to the end
+of the job's lifetime plus its last attempt's lease; retention's delete
+(:func:`uploads_purge`) skips an upload whose ``retain_until`` has not passed, under a row lock,
+so a purge and a submission racing for the same upload cannot both win. An erasure
+(:func:`uploads_delete_named`) is a person's request and deletes regardless: a job still
+naming the upload then fails ``invalid_input`` (``upload_reference_invalid``, "no longer
+stored") without sending.
 """
 
 from __future__ import annotations
@@ -23,11 +32,14 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce, Greatest
 
-from ledger import objects
+from ledger import objects, sql
 from ledger.errors import DomainError
 from ledger.models import Tenant, Upload
 
@@ -174,7 +186,8 @@ def upload_get(*, tenant: Tenant, key: str) -> Upload:
 
 def uploads_delete_named(*, tenant_id: int, keys: set[str]) -> int:
     """Delete the tenant's uploads with these keys (an erasure: the uploads a person's jobs
-    named), as :func:`uploads_delete` does; keys of no upload are ignored."""
+    named), as :func:`uploads_delete` does; keys of no upload are ignored. A person's request
+    outranks ``retain_until``: a job still naming one fails ``invalid_input`` without sending."""
     if not keys:
         return 0
     ids = list(Upload.objects.filter(tenant_id=tenant_id, key__in=sorted(keys)).values_list("pk", flat=True))
@@ -182,9 +195,52 @@ def uploads_delete_named(*, tenant_id: int, keys: set[str]) -> int:
 
 
 def uploads_delete(*, tenant_id: int, upload_ids: list[int]) -> int:
-    """Delete uploads (retention): the rows in the caller's transaction, their objects once it
+    """Delete uploads whatever their ``retain_until`` (an erasure; retention goes through
+    :func:`uploads_purge`): the rows in the caller's transaction, their objects once it
     commits — a crash in between leaves an object no row names, never a row without bytes."""
     rows = list(Upload.objects.filter(tenant_id=tenant_id, pk__in=upload_ids).values_list("pk", "storage_name"))
     Upload.objects.filter(pk__in=[pk for pk, _ in rows]).delete()
     objects.objects_delete_on_commit([name for _, name in rows])
     return len(rows)
+
+
+def uploads_retain(*, tenant_id: int, keys: set[str], seconds: float) -> int:
+    """Keep the tenant's uploads with these keys for at least ``seconds`` from now (the
+    database's clock): ``retain_until`` becomes the later of its value and that moment, in one
+    guarded UPDATE. Returns how many rows it raised — fewer than ``keys`` means some upload is
+    gone (deleted since it was checked), and the caller must not accept a job naming it.
+
+    Run before the job's row is written, committed with it or before it (a DLQ correction
+    submits inside its own transaction): a crash or a refusal after it leaves an upload kept longer than needed, never an accepted job whose upload retention
+    may delete. Against a purge, the row lock decides: the UPDATE waits for a purge that locked
+    the row first (and then finds it deleted), and a purge that comes second sees the new
+    ``retain_until`` (:func:`uploads_purge`)."""
+    if not keys:
+        return 0
+    until = sql.db_now() + timedelta(seconds=seconds)
+    return Upload.objects.filter(tenant_id=tenant_id, key__in=sorted(keys)).update(
+        retain_until=Greatest(Coalesce(F("retain_until"), Value(until)), Value(until))
+    )
+
+
+def uploads_purge(*, tenant_id: int, upload_ids: list[int], now: datetime) -> tuple[int, int]:
+    """Retention's delete of uploads past their TTL, in the caller's transaction: those whose
+    ``retain_until`` is unset or has passed at ``now`` are locked (pk order) and deleted as
+    :func:`uploads_delete` does; the rest are kept, since an accepted job that names them can
+    still run. Returns (deleted, kept).
+
+    The guard is read under the lock: on PostgreSQL a submission that raised ``retain_until``
+    and committed while this waited for the row is seen, and one that comes after waits for
+    this transaction and then finds no row (it refuses the job)."""
+    if not upload_ids:
+        return 0, 0
+    free = Q(retain_until__isnull=True) | Q(retain_until__lte=now)
+    rows = list(
+        Upload.objects.select_for_update()
+        .filter(free, tenant_id=tenant_id, pk__in=upload_ids)
+        .order_by("pk")
+        .values_list("pk", "storage_name")
+    )
+    Upload.objects.filter(pk__in=[pk for pk, _ in rows]).delete()
+    objects.objects_delete_on_commit([name for _, name in rows])
+    return len(rows), len(upload_ids) - len(rows)

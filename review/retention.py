@@ -6,7 +6,8 @@ Rules (DESIGN §6):
   with an alert; it is deleted by a later run, once ``DISCARD_GRACE`` has passed.
 * Legal hold on a policy: nothing of that record type is touched.
 * Uploads (``ledger.Upload``): the bytes are the record, so the earlier of the two TTLs
-  deletes the row and, once that commits, its object.
+  deletes the row and, once that commits, its object — not while an accepted job that names
+  it can still run (its ``retain_until``); a later run deletes it once that has passed.
 * A deleted operation leaves a tombstone (``ledger.tombstones``: kept for the longest of 24 h
   and the provider's key TTL); operations something still references (a living DLQ entry, an
   operation superseded by it) are not deleted until the reference is gone. ``operation_claim``
@@ -41,7 +42,7 @@ from ledger.crypto import is_redacted
 from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload
 from ledger.outputs import outputs_delete_for
 from ledger.tombstones import tombstones_create
-from ledger.uploads import uploads_delete
+from ledger.uploads import uploads_purge
 from review.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
 from review.models import (
     AccessLog,
@@ -397,7 +398,11 @@ def _delete_uploads(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts
     rows = Upload.objects.filter(tenant_id=tp.run.tenant_id, created_at__lt=cutoff)
     for ids in _keyset_batches(tp, rows, "created_at"):
         with transaction.atomic():
-            counts.deleted += uploads_delete(tenant_id=tp.run.tenant_id, upload_ids=ids)
+            # Not one a job that can still run names (its retain_until, read under the row's
+            # lock): that one waits for a later run (ledger.uploads.uploads_purge).
+            deleted, kept = uploads_purge(tenant_id=tp.run.tenant_id, upload_ids=ids, now=tp.now)
+            counts.deleted += deleted
+            counts.skipped_referenced += kept
 
 
 def _expire_gone_links(tp: TenantPurge) -> None:

@@ -460,13 +460,14 @@ def test_a_dlq_replay_to_the_provider_sends_the_translation_under_the_original_k
 def test_an_upload_deleted_while_the_job_waits_fails_the_attempt_without_sending(api, tenant, renders, render_api):
     source = upload_of(tenant, image_bytes(7, 7))
     assert submit(api, {**INTENT, "source_key": source.key, "source_sha256": source.sha256}).status_code == 202
-    uploads.uploads_delete(tenant_id=tenant.pk, upload_ids=[source.pk])  # retention, meanwhile
+    uploads.uploads_delete(tenant_id=tenant.pk, upload_ids=[source.pk])  # an erasure, meanwhile
 
     run_due()
 
     op = Operation.objects.get()
     assert op.status == S.FAILED and op.error_class == ErrorClass.INVALID_INPUT
     assert "(upload_reference_invalid)" in op.last_error
+    assert "intent.source_key names is no longer stored: it was deleted after the job was accepted" in op.last_error
     assert render_api.received == []
 
 
