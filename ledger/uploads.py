@@ -10,7 +10,7 @@
    that does not decode (``415 upload_media_type_not_allowed``) — the client's Content-Type
    is never read;
 3. only then admits it: the same bytes from the same tenant already stored answer that upload
-   (200, nothing written); otherwise the object is written to the ``onceguard_objects``
+   (200; only its ``retain_until`` is raised, to a day from now); otherwise the object is written to the ``onceguard_objects``
    storage under a fresh name and the row inserted. The row, unique per tenant and digest,
    is the commit point: a concurrent upload of the same bytes that loses the insert deletes
    its own object and answers the winner's row.
@@ -46,6 +46,9 @@ from ledger.models import Tenant, Upload
 log = logging.getLogger("onceguard.uploads")
 
 KEY_PREFIX = "up_"
+# How long retention keeps an upload from a re-upload of the same bytes (DESIGN §11): enough
+# to submit the job it was uploaded for, whose submission then keeps it for that job's lifetime.
+REUPLOAD_RETAIN_SECONDS = 86400
 
 
 class UploadTooLarge(DomainError):
@@ -144,7 +147,13 @@ def upload_store(*, tenant: Tenant, stream: objects.Readable, declared_length: i
 
 def _admit(*, tenant: Tenant, received: objects.Received, facts: objects.Facts) -> UploadResult:
     existing = Upload.objects.filter(tenant_id=tenant.pk, sha256=received.sha256).first()
-    if existing is not None:
+    # A re-upload answers the stored row, which may be past its retention TTL already: it is
+    # kept a while from this answer, so the key just answered is there for the job it was sent
+    # for. Guarded: a purge that deleted the row meanwhile leaves nothing to raise, and the
+    # bytes are stored anew below.
+    if existing is not None and uploads_retain(
+        tenant_id=tenant.pk, keys={existing.key}, seconds=REUPLOAD_RETAIN_SECONDS
+    ):
         return UploadResult(existing, created=False)
     storage = objects.objects_storage()
     name = objects.object_save(

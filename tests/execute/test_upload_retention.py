@@ -136,6 +136,22 @@ def test_an_upload_no_job_names_is_deleted_by_its_ttl_as_before(api, tenant, ren
     assert unnamed.retain_until is None
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_reupload_of_bytes_past_their_ttl_answers_a_key_the_next_purge_does_not_take(api, tenant, object_dirs):
+    source = _old_upload(tenant)
+
+    again = api.generic("POST", "/api/v1/uploads", image_bytes(6, 6), content_type="application/octet-stream")
+    run = retention_purge_tenant(tenant_id=tenant.pk)
+
+    assert again.status_code == 200 and again.json()["key"] == source.key
+    assert _upload_counts(run) == (0, 1)
+    assert api.get(f"/api/v1/uploads/{source.key}/content").status_code == 200
+    kept = Upload.objects.get(pk=source.pk).retain_until
+    assert kept - run.started_at > timedelta(seconds=uploads.REUPLOAD_RETAIN_SECONDS - 600)
+    later = retention_purge_tenant(tenant_id=tenant.pk, now=kept + timedelta(seconds=1))
+    assert _upload_counts(later) == (1, 0) and stored_files(object_dirs["objects"]) == []
+
+
 def test_a_purge_that_read_its_candidates_before_the_submission_still_keeps_the_upload(api, tenant, renders):
     source = _old_upload(tenant)
     # The purge's keyset read (no lock) saw the upload as a candidate; then the job was accepted.
