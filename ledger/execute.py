@@ -468,6 +468,7 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
         delay = polling.poll_delay_seconds(provider, 0)
         return services.operation_wait(
             operation_id=op.pk,
+            tenant_id=op.tenant_id,
             lease_token=op.lease_token,
             provider_ref=outcome.provider_ref,
             poll_in_seconds=delay,

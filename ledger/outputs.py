@@ -188,7 +188,7 @@ def output_fetch_publish(
     the row as its lease holder read it (its ``lease_token`` fences every write). Returns the
     published output; raises :class:`InvalidOutput` (the operation failed as
     ``invalid_output``), :class:`OutputUnavailable` (nothing happened) or ``LeaseLost``."""
-    published = OperationOutput.objects.filter(operation_id=operation.pk).first()
+    published = OperationOutput.objects.filter(tenant_id=operation.tenant_id, operation_id=operation.pk).first()
     if published is not None:
         return published
     provider = provider_by_id(operation.provider_id)
@@ -254,12 +254,17 @@ def _publish(
             # Fenced: only the lease that fetched it publishes, and only once.
             held = list(
                 Operation.objects.select_for_update()
-                .filter(pk=operation.pk, lease_token=operation.lease_token, status__in=REPORTABLE_STATES)
+                .filter(
+                    pk=operation.pk,
+                    tenant_id=operation.tenant_id,
+                    lease_token=operation.lease_token,
+                    status__in=REPORTABLE_STATES,
+                )
                 .values_list("pk", flat=True)
             )
             if not held:
                 raise LeaseLost("The operation moved before its output could be published.")
-            existing = OperationOutput.objects.filter(operation_id=operation.pk).first()
+            existing = OperationOutput.objects.filter(tenant_id=operation.tenant_id, operation_id=operation.pk).first()
             if existing is not None:
                 objects.object_delete(storage, name)
                 return existing

@@ -304,6 +304,7 @@ def _wait_again(
         delay = max(delay, not_before)
     return services.operation_wait(
         operation_id=op.pk,
+        tenant_id=op.tenant_id,
         lease_token=op.lease_token,
         provider_ref=op.provider_ref,
         poll_in_seconds=delay,
@@ -362,18 +363,20 @@ def operations_poll_take(*, limit: int, actor: str = "worker") -> list[Operation
             .order_by("next_attempt_at", "id")
             .values_list(
                 "id",
+                "tenant_id",
                 "provider__timeout_seconds",
                 "adapter_revision_id",
                 "provider__revision_id",
                 *ratelimit.CAP_COLUMNS,
             )[:limit]
         )
-        budget = ratelimit.TakeBudget.reserve(row[4:] for row in rows)
-        for op_id, timeout, revision_id, stable_id, provider_id, *_ in rows:
+        budget = ratelimit.TakeBudget.reserve(row[5:] for row in rows)
+        for op_id, tenant_id, timeout, revision_id, stable_id, provider_id, *_ in rows:
             if not budget.admit(provider_id):
                 continue
             op = services.operation_poll_take(
                 operation_id=op_id,
+                tenant_id=tenant_id,
                 lease_seconds=_poll_lease_for(timeout=timeout, revision_id=revision_id, stable_id=stable_id),
                 actor=actor,
                 reason="poll of the provider's job",
@@ -437,6 +440,7 @@ def webhook_receive(
     actor = f"webhook:{provider.slug}"
     taken = services.operation_poll_take(
         operation_id=op.pk,
+        tenant_id=op.tenant_id,
         lease_seconds=adapters.poll_lease_seconds(float(view.timeout_seconds)),
         actor=actor,
         reason="the provider's signed webhook",

@@ -169,7 +169,8 @@ RETURNING *;
 -- claimed → waiting (asynchronous providers): the holder hands the row to the provider. The
 -- submit's answer named the job (its id becomes provider_ref), or a poll found it still
 -- pending. No lease is held from here on; next_attempt_at is the next poll. Only the
--- current holder, and only while the row is still its own.
+-- current holder, and only while the row is still its own. The holder knows the row's tenant:
+-- it routes the statement to one tenant (DESIGN §12, Citus).
 UPDATE ledger_operation SET
     status = {waiting},
     provider_ref = %(provider_ref)s,
@@ -177,6 +178,7 @@ UPDATE ledger_operation SET
     next_attempt_at = ledger_now_plus(%(poll_in_seconds)s),
     updated_at = now()
 WHERE id = %(id)s AND status = {claimed} AND lease_token = %(lease_token)s
+  AND tenant_id = %(tenant_id)s
 RETURNING *;
 
 
@@ -185,6 +187,7 @@ RETURNING *;
 -- SKIP LOCKED read in the same transaction) or by the provider's webhook. A new token fences
 -- out every earlier holder; the lease is a poll's, short. No new attempt: a poll sends
 -- nothing that changes the provider's state, so the job stays the attempt that submitted it.
+-- Both takers read the row's tenant with it (routed by one tenant: DESIGN §12, Citus).
 UPDATE ledger_operation SET
     status = {claimed},
     lease_token = %(lease_token)s,
@@ -193,7 +196,7 @@ UPDATE ledger_operation SET
     polls = polls + 1,
     next_attempt_at = NULL,
     updated_at = now()
-WHERE id = %(id)s AND status = {waiting}
+WHERE id = %(id)s AND status = {waiting} AND tenant_id = %(tenant_id)s
 RETURNING *;
 
 
@@ -423,7 +426,7 @@ UPDATE ledger_providerrate SET
     quiet_since = now()
 FROM (
     SELECT CASE WHEN polls > 0 THEN claimed_at ELSE sent_at END AS at
-    FROM ledger_operation WHERE id = %(operation_id)s
+    FROM ledger_operation WHERE id = %(operation_id)s AND tenant_id = %(tenant_id)s
 ) AS sent
 WHERE provider_id = %(provider_id)s
 RETURNING rate;

@@ -254,6 +254,8 @@ def provider_rate_lower(*, provider: Provider, operation_id: int) -> float | Non
             statements.text("provider_rate_lower"),
             {
                 "provider_id": provider.pk,
+                # The operation's tenant is its provider's.
+                "tenant_id": provider.tenant_id,
                 "operation_id": operation_id,
                 "factor": decrease_factor(),
                 "floor": ceiling * floor_fraction(),
@@ -332,7 +334,10 @@ def provider_caps(provider: Provider) -> CapsView:
     in_flight = 0
     if provider.pk is not None:
         in_flight = Operation.objects.filter(
-            provider_id=provider.pk, status=OperationStatus.CLAIMED, mode=OperationMode.EXECUTE
+            tenant_id=provider.tenant_id,
+            provider_id=provider.pk,
+            status=OperationStatus.CLAIMED,
+            mode=OperationMode.EXECUTE,
         ).count()
     state = ProviderRate.objects.filter(provider_id=provider.pk).first() if provider.pk is not None else None
     period = int(provider.rate_period_seconds or 1)

@@ -710,6 +710,7 @@ def operation_wait(
     *,
     operation_id: int,
     lease_token: str,
+    tenant_id: int,
     provider_ref: str,
     poll_in_seconds: float,
     response_status: int | None = None,
@@ -726,6 +727,7 @@ def operation_wait(
             "operation_wait",
             {
                 "id": operation_id,
+                "tenant_id": tenant_id,
                 "lease_token": lease_token,
                 "provider_ref": provider_ref,
                 "poll_in_seconds": _seconds(poll_in_seconds),
@@ -745,21 +747,28 @@ def operation_wait(
                 )
             _event(op=op, old=S.CLAIMED, actor=actor, reason=reason)
             return op
-    current = Operation.objects.filter(pk=operation_id).first()
+    current = Operation.objects.filter(pk=operation_id, tenant_id=tenant_id).first()
     if current is not None and current.status == S.WAITING and current.lease_token == lease_token:
         if current.provider_ref == provider_ref:
             return current
-    raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token)
+    raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
 
 
-def operation_poll_take(*, operation_id: int, lease_seconds: float, actor: str, reason: str) -> Operation | None:
+def operation_poll_take(
+    *, operation_id: int, tenant_id: int, lease_seconds: float, actor: str, reason: str
+) -> Operation | None:
     """waiting → claimed for one poll (a worker's take, which holds the row locked, or the
     provider's webhook): a new token, a short lease, no new attempt. None when the row was
     not waiting any more (someone else took it first)."""
     with transaction.atomic(), sql.index_plans():
         op = statements.operation(
             "operation_poll_take",
-            {"id": operation_id, "lease_token": new_lease_token(), "lease_seconds": _seconds(lease_seconds)},
+            {
+                "id": operation_id,
+                "tenant_id": tenant_id,
+                "lease_token": new_lease_token(),
+                "lease_seconds": _seconds(lease_seconds),
+            },
         )
         if op is not None:
             _event(op=op, old=S.WAITING, actor=actor, reason=reason)

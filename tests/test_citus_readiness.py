@@ -10,10 +10,13 @@ tables only when both sides include it.
 Two checks pin that down here:
 
 * every SQL statement a representative slice of the service runs — claims, completion,
-  failures, an execute-mode submission and a worker's take, a sweeper pass, DLQ ingestion
-  and replay, a review decision, the API lists and a tenant's console pages — either pins its
+  failures, an execute-mode submission and a worker's take, an asynchronous render of a
+  capped provider (a 429, the take, waiting, a poll, the output's publish, completion, a
+  webhook), a sweeper pass, DLQ ingestion and replay, a review decision, the API lists and a
+  tenant's console pages — either pins its
   tenant-owned tables to one tenant or is listed below by its caller with the reason it may
   fan out (or the change the Citus migration makes to it);
+* every table holding a tenant's rows is either distributed or a reference table;
 * on PostgreSQL, every unique constraint, unique index and foreign key of a tenant-owned
   table is one Citus could keep, or is listed with the reason.
 
@@ -22,6 +25,7 @@ A new statement or constraint that breaks a rule fails the test until it is fixe
 
 from __future__ import annotations
 
+import json
 import re
 import traceback
 from collections.abc import Callable, Iterator
@@ -30,11 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.apps import apps
 from django.db import connection
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from dlq import services as dlq_services
-from ledger import services
+from ledger import adapters, services, statements
 from ledger.execute import operations_take
 from ledger.models import IdempotencyClass, Operation, OperationEvent, OperationStatus
 from ledger.sweeper import sweep
@@ -42,15 +48,18 @@ from review.roles import OPERATOR
 from tests.conftest import on_postgres
 from tests.console.support import client_for, staff
 from tests.dlq.conftest import example_bytes, post_raw, sink, sink_factory, target  # noqa: F401 (fixtures)
+from tests.execute.support import make_due, run_due, unthrottle
+from tests.execute.test_async_providers import ASK, WEBHOOK_SECRET, render_fields
+from tests.execute.test_provider_caps import move_bucket_clock
+from tests.support.fixtures import mock_images  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # Distributed by tenant_id: the tables that grow with traffic (each has the column, or gains it
-# in the Citus migration: DESIGN §12). The small configuration tables — tenants, providers,
-# API keys, replay targets, alert channels, retention policies, staff memberships — are
-# reference tables (a copy on every node), users, roles and django-q2's queue stay on the
+# in the Citus migration: DESIGN §12). The small configuration tables (REFERENCE) are
+# reference tables (a copy on every node); users, roles and django-q2's queue stay on the
 # coordinator: a statement reading only those is routed anywhere.
 DISTRIBUTED = frozenset(
     {
@@ -62,6 +71,11 @@ DISTRIBUTED = frozenset(
         "ledger_upload",
         "ledger_operationoutput",
         "ledger_configchange",
+        # A capped provider's token bucket: written by every take of the provider and by its
+        # 429s (a reference table's write goes to every node), its row lock the queue of the
+        # provider's takers. Gains tenant_id (its provider's).
+        "ledger_providerrate",
+        "ledger_workflowname",
         "alerts_alert",
         "alerts_alertdelivery",
         "dlq_failedevent",
@@ -74,12 +88,37 @@ DISTRIBUTED = frozenset(
         "review_accesslogcheckpoint",
         "review_subjectindex",
         "review_retentionrun",
+        "review_erasurerun",
+    }
+)
+# Reference tables: small, read by every claim, request or send, written rarely (a write goes to
+# every node). Prompt templates and adapter revisions are immutable versions of a tenant's
+# configuration, read with its provider at each intent's send.
+REFERENCE = frozenset(
+    {
+        "ledger_tenant",
+        "ledger_provider",
+        "ledger_adapterrevision",
+        "ledger_prompttemplate",
+        "ledger_apikey",
+        "dlq_replaytarget",
+        "dlq_n8nconnection",
+        "alerts_alertchannel",
+        "review_retentionpolicy",
+        "review_stafftenant",
     }
 )
 # Tables that have no tenant_id today and gain it in the Citus migration: until then their
 # statements are routed through the operation (or entry, or channel) they belong to.
 GAIN_TENANT_ID = frozenset(
-    {"ledger_attempt", "ledger_operationevent", "dlq_failedeventchange", "dlq_replay", "alerts_alertdelivery"}
+    {
+        "ledger_attempt",
+        "ledger_operationevent",
+        "ledger_providerrate",
+        "dlq_failedeventchange",
+        "dlq_replay",
+        "alerts_alertdelivery",
+    }
 )
 
 # Callers whose statements may read or write several tenants' rows: Citus runs them on every
@@ -101,6 +140,9 @@ ROUTED_BY_PARENT: dict[str, str] = {
     "ledger.services.operation_complete": "the latest attempt, by (operation_id, number)",
     "ledger.services.operation_fail": "the latest attempt, by (operation_id, number)",
     "ledger.services.operation_take": "a worker's attempt, by operation_id",
+    "ledger.services.operation_wait": "the submit's attempt records its job (attempt_job), by (operation_id, number)",
+    "ledger.ratelimit": "a capped provider's bucket (provider_rate_…), by provider_id: one provider is one tenant's,"
+    " and every caller holds the provider, so each statement adds its tenant_id",
     "ledger.services.operation_supersede": "the superseded operation's event",
     "ledger.admin.change_view": "the console's operation page: its attempts and events",
     "review.serializers.review_item_representation": "a review item's attempts and events (one query per page)",
@@ -182,8 +224,64 @@ def violations(seen: list[tuple[tuple[str, ...], str]]) -> dict[str, set[str]]:
     return found
 
 
+def asynchronous_render(api, tenant, mock_images) -> None:  # noqa: F811 (the fixture's server)
+    """A capped asynchronous provider (DESIGN §5): a submit answered 429 (the throttle and the
+    rate's decrease), two renders submitted and taken (claimed → waiting), one polled, fetched,
+    published and completed, the other finished by the provider's signed webhook; the output
+    read over the API."""
+    images = services.provider_upsert(
+        tenant=tenant,
+        slug="images",
+        webhook_secret=WEBHOOK_SECRET,
+        **render_fields(
+            mock_images.url,
+            max_in_flight=4,
+            rate_limit=100,
+            rate_period_seconds=1,
+            rate_burst=10,
+            poll_initial_seconds=60,
+            poll_max_seconds=120,
+        ),
+    )
+    mock_images.script([{"status": 429, "retry_after": 0}])
+    ids = []
+    for key in ("render-1", "render-2"):
+        answer = api.post(
+            "/api/v1/operations",
+            {"key": key, "provider": "images", "request": {"method": "POST", "path": "/v1/renders", "body": ASK}},
+            format="json",
+        )
+        assert answer.status_code == 202, answer.content
+        ids.append(answer.json()["id"])
+    throttled = run_due(limit=1)
+    assert [op.status for op in throttled] == [OperationStatus.RETRY_WAIT]
+    unthrottle(images.pk)
+    # The test's one transaction holds PostgreSQL's now(): the emptied bucket refills only if
+    # its clock is moved back.
+    move_bucket_clock(images.pk, 10)
+    for op_id in ids:
+        make_due(op_id)
+    assert {op.status for op in run_due()} == {OperationStatus.WAITING}
+    make_due(ids[0])
+    assert [op.status for op in run_due()] == [OperationStatus.SUCCEEDED]
+    job = Operation.objects.get(pk=ids[1]).provider_ref
+    body = json.dumps({"id": job, "status": "succeeded"}).encode()
+    signed = {"HTTP_ONCEGUARD_SIGNATURE": adapters.sign(secret=WEBHOOK_SECRET, body=body)}
+    hook = APIClient().post(f"/api/v1/webhooks/{tenant.slug}/images", body, content_type="application/json", **signed)
+    assert hook.json()["status"] == "succeeded", hook.content
+    assert api.get(f"/api/v1/operations/{ids[0]}/output").status_code == 200
+    content = api.get(f"/api/v1/operations/{ids[0]}/output/content")
+    assert content.status_code == 200 and b"".join(content.streaming_content).startswith(b"\x89PNG")
+
+
 @pytest.mark.usefixtures("target")
-def test_every_statement_is_routed_by_one_tenant_or_listed_with_its_reason(tenant, other_tenant, provider, make_client):
+def test_every_statement_is_routed_by_one_tenant_or_listed_with_its_reason(
+    tenant,
+    other_tenant,
+    provider,
+    make_client,
+    mock_images,  # noqa: F811 (fixture)
+):
     api = make_client(tenant, ["read", "write"])
     services.provider_upsert(
         tenant=tenant,
@@ -211,6 +309,8 @@ def test_every_statement_is_routed_by_one_tenant_or_listed_with_its_reason(tenan
         # Execute mode: a submission, a worker's take.
         api.post("/api/v1/operations", {"key": "x-1", "provider": "crm", "request": {"body": {"n": 1}}}, format="json")
         operations_take(limit=5, actor="worker-1")
+        # An asynchronous render of a capped provider, polled and by webhook.
+        asynchronous_render(api, tenant, mock_images)
         # A review decision on a row the sweeper left in review.
         stuck = services.operation_claim(tenant=tenant, key="k-3", provider=provider).operation
         Operation.objects.filter(pk=stuck.pk).update(status=OperationStatus.REVIEW, lease_expires_at=None)
@@ -247,10 +347,37 @@ def test_every_statement_is_routed_by_one_tenant_or_listed_with_its_reason(tenan
             assert operator.get(url).status_code == 200, url
 
     assert len(seen) > 100, "the slice's statements were not captured"
+    # The asynchronous render and the capped provider's statements are in the slice.
+    ran = {sql for _, sql in seen}
+    for name in (
+        "operation_wait",
+        "attempt_job",
+        "operation_poll_take",
+        "provider_rate_insert",
+        "provider_rate_refill",
+        "provider_in_flight",
+        "provider_rate_spend",
+        "provider_rate_lower",
+    ):
+        assert statements.text(name) in ran, name
+    assert any(c.startswith("ledger.polling.webhook_receive") for callers, _ in seen for c in callers)
     found = violations(seen)
     assert not found, "statements not routed by one tenant_id, and not listed:\n" + "\n".join(
         f"{caller}:\n    " + "\n    ".join(sorted(sqls)) for caller, sqls in sorted(found.items())
     )
+
+
+def test_every_table_of_a_tenant_is_distributed_or_a_reference_table():
+    """A new table that holds a tenant's rows (a tenant_id column, or one it gains) must be
+    placed: distributed (its statements then checked above) or a reference table."""
+    tenant_tables = {
+        model._meta.db_table
+        for model in apps.get_models()
+        if "tenant_id" in {field.column for field in model._meta.concrete_fields}
+    } | GAIN_TENANT_ID
+    assert not DISTRIBUTED & REFERENCE
+    assert not tenant_tables - DISTRIBUTED - REFERENCE, "tables of a tenant neither distributed nor reference"
+    assert not (DISTRIBUTED | REFERENCE) - tenant_tables - {"ledger_tenant"}, "listed tables that do not exist"
 
 
 # Every distributed table's primary key is (id) today and becomes (tenant_id, id) in the Citus
@@ -261,6 +388,7 @@ CONSTRAINTS_TO_WIDEN: dict[str, str] = {
     "replay_unique_number": "(event_id, number) → (tenant_id, event_id, number): replays gain tenant_id",
     "dlq_failedevent_operation_id_key": "one entry per operation → (tenant_id, operation_id)",
     "ledger_operationoutput_operation_id_key": "one output per operation → (tenant_id, operation_id)",
+    "ledger_providerrate_pkey": "one bucket per provider → (tenant_id, provider_id)",
     "review_accesslog_hash_key": "the hash chain is per tenant already → (tenant_id, hash)",
     "subjectindex_unique": "(record_type, record_id, kind, key_id, digest) → with tenant_id first",
 }

@@ -378,6 +378,7 @@ def test_the_wait_and_poll_statements_move_hold_and_fence_alike_on_either_databa
     def wait(op: Operation, seconds: float = 5.0) -> Operation:
         return services.operation_wait(
             operation_id=op.pk,
+            tenant_id=op.tenant_id,
             lease_token=op.lease_token,
             provider_ref="job_1",
             poll_in_seconds=seconds,
@@ -398,18 +399,27 @@ def test_the_wait_and_poll_statements_move_hold_and_fence_alike_on_either_databa
     assert (attempt.outcome, attempt.provider_ref, attempt.response_status) == (AttemptOutcome.PENDING, "job_1", 202)
     # The same holder's repeat (a retried record whose commit landed): the row, no second event.
     assert wait(taken).pk == taken.pk and len(events_of(taken.pk)) == 3
-    polled = services.operation_poll_take(operation_id=taken.pk, lease_seconds=12, actor="worker-2", reason="poll")
+    polled = services.operation_poll_take(
+        operation_id=taken.pk, tenant_id=tenant.pk, lease_seconds=12, actor="worker-2", reason="poll"
+    )
     assert polled is not None and polled.status == S.CLAIMED and polled.polls == 1 and polled.attempts == 1
     assert polled.lease_token != taken.lease_token and polled.lease_expires_at is not None
     assert polled.lease_expires_at - polled.claimed_at == timedelta(seconds=12)
     # Only one taker; the submit's token is fenced out.
-    assert services.operation_poll_take(operation_id=taken.pk, lease_seconds=12, actor="x", reason="poll") is None
+    assert (
+        services.operation_poll_take(
+            operation_id=taken.pk, tenant_id=tenant.pk, lease_seconds=12, actor="x", reason="poll"
+        )
+        is None
+    )
     with pytest.raises(LeaseLost):
         wait(taken)
     again = wait(polled, seconds=2.5)
     assert again.status == S.WAITING and again.polls == 1
     assert Attempt.objects.get(operation_id=taken.pk).response_status == 202  # a poll's wait leaves the attempt
-    final = services.operation_poll_take(operation_id=taken.pk, lease_seconds=12, actor="worker-3", reason="poll")
+    final = services.operation_poll_take(
+        operation_id=taken.pk, tenant_id=tenant.pk, lease_seconds=12, actor="worker-3", reason="poll"
+    )
     assert final is not None and final.polls == 2
     done = services.operation_complete(operation_id=taken.pk, lease_token=final.lease_token, provider_ref="job_1")
     assert done.status == S.SUCCEEDED
