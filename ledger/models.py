@@ -770,7 +770,7 @@ class Operation(models.Model):
                 name="op_unresolved_idx",
                 condition=Q(status__in=["uncertain", "review"]),
             ),
-            # Open rows in list order, with the time they last moved (migration 0023): the
+            # Open rows in list order, with the time they last moved (migration 0024): the
             # console's needs=stuck and needs=cancellable pages, the stuck count and the
             # dashboard's stuck rows read this, not the table; updated_at is a key column so
             # "not moved since" is checked on the index entry. Partial: a finished row has no
