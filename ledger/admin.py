@@ -200,11 +200,14 @@ class NeedsFilter(admin.SimpleListFilter):
             return queryset.filter(due, status=S.RETRY_WAIT, mode=OperationMode.GUARD)
         if self.value() == "stuck":
             cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
-            # "Not finished" spelled as the predicate of the open rows' (updated_at, id) index, so
-            # the planner sees that it applies: the count reads that index, not the table.
+            # "Not finished" spelled as the predicate of the open rows' (id, updated_at) index, so
+            # the planner sees that it applies: the page and its count read that index.
             return queryset.exclude(status__in=sorted(TERMINAL_STATES)).filter(updated_at__lt=cutoff)
         if self.value() == "cancellable":
-            return queryset.filter(status__in=list(services.CANCELLABLE_STATES))
+            # Open rows, spelled as the open rows' index predicate: the page reads that index.
+            return queryset.exclude(status__in=sorted(TERMINAL_STATES)).filter(
+                status__in=list(services.CANCELLABLE_STATES)
+            )
         return queryset
 
 

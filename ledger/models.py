@@ -770,13 +770,14 @@ class Operation(models.Model):
                 name="op_unresolved_idx",
                 condition=Q(status__in=["uncertain", "review"]),
             ),
-            # Open rows by how long since they last moved (migration 0022): the dashboard's
-            # stuck rows (oldest first) and the console's needs=stuck filter with its count read
-            # this, not the table. Partial: a finished row has no entry, and a completion adds
-            # none, so it holds the work under way — like the sweeper's indexes above.
+            # Open rows in list order, with the time they last moved (migration 0024): the
+            # console's needs=stuck and needs=cancellable pages, the stuck count and the
+            # dashboard's stuck rows read this, not the table; updated_at is a key column so
+            # "not moved since" is checked on the index entry. Partial: a finished row has no
+            # entry, and a completion adds none, so it holds the work under way.
             models.Index(
-                fields=["updated_at", "id"],
-                name="op_open_updated_idx",
+                fields=["id", "updated_at"],
+                name="op_open_id_idx",
                 condition=~Q(status__in=sorted(TERMINAL_STATES)),
             ),
             # Lists newest first, by tenant and optionally state (migration 0017 says why): read

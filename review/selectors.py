@@ -197,15 +197,15 @@ def attention_now(*, tenant_ids: list[int] | None) -> dict[str, list[Any]]:
             .select_related("tenant")
             .order_by("paused_at")[:ATTENTION_ROWS]
         ),
-        # Oldest first off the open rows' (updated_at, id) index: "not finished" spelled as
-        # the index's own predicate, so the planner sees it applies.
+        # Oldest first (by id, the order of the open rows' (id, updated_at) index): "not
+        # finished" spelled as the index's own predicate, so the planner sees it applies.
         "stuck": list(
             ops.exclude(status__in=sorted(TERMINAL_STATES))
             .filter(
                 status__in=[OperationStatus.CLAIMED, OperationStatus.UNCERTAIN, OperationStatus.QUEUED],
                 updated_at__lt=cutoff,
             )
-            .order_by("updated_at", "id")[:ATTENTION_ROWS]
+            .order_by("id")[:ATTENTION_ROWS]
         ),
     }
 

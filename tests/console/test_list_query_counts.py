@@ -182,18 +182,22 @@ def test_dashboard_activity_of_finished_hours_is_read_once_and_the_current_hour_
 @pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's partial indexes and plans")
 def test_stuck_rows_and_review_decisions_are_read_from_their_partial_indexes(tenant, two_tenants):
     # The tests' tables are tiny, so sequential scans are priced out to see which index can
-    # serve each read: the open rows' (updated_at, id) index for the dashboard's stuck rows and
-    # the needs=stuck count, the review exits' index for the activity chart. A filter spelled
+    # serve each read: the open rows' (id, updated_at) index for the dashboard's stuck rows and
+    # the needs=stuck page and count, the review exits' index for the activity chart. A filter spelled
     # so the planner cannot see the index's predicate applies would show a full scan instead.
     seed(tenant, two_tenants["acme"], 0, 3)
     with CaptureQueriesContext(connection) as ctx:
         attention_now(tenant_ids=None)
     stuck_sql = next(q["sql"] for q in ctx.captured_queries if '"ledger_operation"."updated_at" <' in q["sql"])
-    assert "op_open_updated_idx" in plan_of(stuck_sql)
+    assert "op_open_id_idx" in plan_of(stuck_sql)
 
-    needs = NeedsFilter(None, {"needs": ["stuck"]}, Operation, None)
-    stuck_rows = needs.queryset(None, Operation.objects.all()).order_by()
-    assert "op_open_updated_idx" in seq_scan_free_plan(stuck_rows.values("pk")[:10001])
+    stuck = NeedsFilter(None, {"needs": ["stuck"]}, Operation, None).queryset(None, Operation.objects.all())
+    assert "op_open_id_idx" in seq_scan_free_plan(stuck.order_by("-id")[:100])
+    assert "op_open_id_idx" in seq_scan_free_plan(stuck.order_by().values("pk")[:10001])
+    # Cancellable rows: an index of open rows only (this one, or the due index on their states).
+    cancellable = NeedsFilter(None, {"needs": ["cancellable"]}, Operation, None).queryset(None, Operation.objects.all())
+    plan = seq_scan_free_plan(cancellable.order_by("-id")[:100])
+    assert "op_open_id_idx" in plan or "op_due_idx" in plan, plan
 
     reviewed = OperationEvent.objects.filter(from_status=OperationStatus.REVIEW, at__gte=timezone.now()).exclude(
         to_status=OperationStatus.REVIEW
