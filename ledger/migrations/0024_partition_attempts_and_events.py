@@ -258,7 +258,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0022_open_rows_and_review_exits"),
+        ("ledger", "0023_upload_retain_until"),
     ]
 
     operations = [
