@@ -73,6 +73,13 @@ def prepare(db: str) -> str:
 # --- Fill -------------------------------------------------------------------------------------
 
 TABLES = ("ledger_operation", "ledger_attempt", "ledger_operationevent")
+TABLES_ARRAY = "ARRAY['" + "', '".join(TABLES) + "']"
+# The tables and, for those partitioned by month, their partitions (a partitioned table has no
+# storage of its own): what sizes are summed over.
+_TREES = (
+    "SELECT c FROM unnest(%s::regclass[]) AS c UNION ALL SELECT inhrelid::regclass FROM pg_inherits"
+    " WHERE inhparent = ANY(%s::regclass[])"
+)
 
 # Row i's state, from (i / 10) % 1000 so that tenants (from i % 10) and states are independent.
 _STATE = (
@@ -445,8 +452,8 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     plans = explain_slowest(rec)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT sum(pg_total_relation_size(c)), sum(pg_indexes_size(c)) FROM unnest(%s::regclass[]) AS c",
-            [list(TABLES)],
+            f"SELECT sum(pg_total_relation_size(c)), sum(pg_indexes_size(c)) FROM ({_TREES}) t (c)",
+            [list(TABLES), list(TABLES)],
         )
         total, indexes = cursor.fetchone()
     for r in rec.results.values():
@@ -475,16 +482,15 @@ def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = 200
             cursor.execute(sql)
             return cursor.fetchone()
 
+    # Attempts are partitioned by month: their partitions' counts too (ledger_attempt_…).
     stats = (
         "SELECT sum(n_tup_upd) FILTER (WHERE relname = 'ledger_operation'),"
         " sum(n_tup_hot_upd) FILTER (WHERE relname = 'ledger_operation'),"
-        " sum(n_tup_upd) FILTER (WHERE relname = 'ledger_attempt'),"
-        " sum(n_tup_hot_upd) FILTER (WHERE relname = 'ledger_attempt')"
-        " FROM pg_stat_user_tables WHERE relname IN ('ledger_operation', 'ledger_attempt')"
+        " sum(n_tup_upd) FILTER (WHERE relname LIKE 'ledger_attempt%'),"
+        " sum(n_tup_hot_upd) FILTER (WHERE relname LIKE 'ledger_attempt%')"
+        " FROM pg_stat_user_tables WHERE relname = 'ledger_operation' OR relname LIKE 'ledger_attempt%'"
     )
-    sizes = "SELECT sum(pg_total_relation_size(c)) FROM unnest(%s::regclass[]) AS c" % (
-        "ARRAY['" + "', '".join(TABLES) + "']"
-    )
+    sizes = f"SELECT sum(pg_total_relation_size(c)) FROM ({_TREES.replace('%s', TABLES_ARRAY)}) t (c)"
     one("SELECT pg_stat_clear_snapshot()")
     upd0, hot0, att_upd0, att_hot0 = one(stats)
     (size0,) = one(sizes)

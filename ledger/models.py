@@ -882,8 +882,12 @@ class Attempt(models.Model):
 
     class Meta:
         db_table = "ledger_attempt"
-        constraints = [models.UniqueConstraint(fields=["operation", "number"], name="attempt_unique_number")]
+        # Not unique: a partitioned table enforces uniqueness within a partition only, and the
+        # number does not hold the partition's time (migration 0024). An attempt's number is its
+        # operation's `attempts` counter, moved by the guarded UPDATE that opens it under the
+        # operation's row lock, so two attempts of one operation never share one.
         indexes = [
+            models.Index(fields=["operation", "number"], name="attempt_op_number_idx"),
             # The canary watch: a revision's attempts started within its window. Partial, so
             # guard-mode attempts (no revision) write nothing here. On started_at, which never
             # changes, not finished_at: a column in any index (its predicate included) makes

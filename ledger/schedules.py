@@ -7,6 +7,7 @@ from django.conf import settings
 from django_q.models import Schedule
 
 from ledger.objects import objects_sweep
+from ledger.partitions import partitions_ensure
 from ledger.sweeper import sweep
 
 
@@ -16,6 +17,10 @@ def sweep_task() -> dict[str, int]:
 
 def objects_sweep_task() -> dict[str, int]:
     return objects_sweep()
+
+
+def partitions_ensure_task() -> list[str]:
+    return partitions_ensure()
 
 
 def install_schedules() -> list[str]:
@@ -39,4 +44,14 @@ def install_schedules() -> list[str]:
             "repeats": -1,
         },
     )
-    return ["ledger.sweep", "ledger.objects_sweep"]
+    # Monthly partitions of attempts and events, created months ahead (ledger.partitions):
+    # daily, so a missed run or two changes nothing.
+    Schedule.objects.update_or_create(
+        name="ledger.partitions_ensure",
+        defaults={
+            "func": "ledger.schedules.partitions_ensure_task",
+            "schedule_type": Schedule.DAILY,
+            "repeats": -1,
+        },
+    )
+    return ["ledger.sweep", "ledger.objects_sweep", "ledger.partitions_ensure"]

@@ -37,7 +37,7 @@ from alerts.services import alert_raise
 from dlq.errors import FailedEventBusy, FailedEventClosed
 from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import failed_event_discard
-from ledger import sql
+from ledger import partitions, sql
 from ledger.crypto import is_redacted
 from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload
 from ledger.outputs import outputs_delete_for
@@ -508,6 +508,75 @@ def retention_purge_tenant(
     return run
 
 
+def _operation_cutoffs(now: datetime) -> dict[int, datetime]:
+    """Tenant → the time before which its finished operations are past their record TTL, for
+    every tenant whose operations may be deleted at all (a TTL, no legal hold)."""
+    cutoffs = {}
+    for tenant_id in Tenant.objects.values_list("pk", flat=True):
+        policy = _policies(tenant_id).get(RecordType.OPERATIONS)
+        if policy is not None and policy.record_ttl is not None and not policy.legal_hold:
+            cutoffs[tenant_id] = now - policy.record_ttl
+    return cutoffs
+
+
+def _partition_keeps_something(part: partitions.Partition, cutoffs: dict[int, datetime]) -> bool:
+    """Whether a row of ``part`` belongs to an operation this purge would keep: one of a tenant
+    with no record TTL or on legal hold, not finished, not past its tenant's TTL, or still
+    referenced (a DLQ entry, an operation it superseded) — the rules of _delete_operations.
+
+    Only operations whose ids lie between the least and greatest the partition names can have
+    a row in it (both ends off its operation_id index); each candidate kept is probed in the
+    partition's index, newest first, and the first hit answers."""
+    bounds = partitions.partition_operation_range(part)
+    if bounds is None:
+        return False
+    rules = ", ".join(["(%s::bigint, %s::timestamptz)"] * len(cutoffs)) or "(NULL::bigint, NULL::timestamptz)"
+    states = sorted(TERMINAL_STATES)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM ledger_operation o LEFT JOIN (VALUES {rules}) AS r (tenant_id, cutoff)"
+            " ON r.tenant_id = o.tenant_id"
+            " WHERE o.id BETWEEN %s AND %s"
+            " AND (r.cutoff IS NULL OR o.updated_at >= r.cutoff OR o.done_at IS NULL OR o.done_at >= r.cutoff"
+            f" OR o.status NOT IN ({', '.join(['%s'] * len(states))})"
+            " OR EXISTS (SELECT 1 FROM dlq_failedevent f WHERE f.operation_id = o.id)"
+            " OR EXISTS (SELECT 1 FROM ledger_operation s WHERE s.superseded_by_id = o.id))"
+            f" AND EXISTS (SELECT 1 FROM {part.name} p WHERE p.operation_id = o.id)"
+            " ORDER BY o.id DESC LIMIT 1",
+            [*[v for item in cutoffs.items() for v in item], *bounds, *states],
+        )
+        return cursor.fetchone() is not None
+
+
+def retention_drop_partitions(*, now: datetime | None = None) -> list[str]:
+    """Drop every past month of attempts and events in which nothing may be kept (PostgreSQL;
+    DESIGN §12, *Partitions*): every row in it belongs to an operation past the TTL of its
+    tenant's policy, on no legal hold, or to none left. Runs before the tenants' batches, which
+    then find those rows gone; a month that keeps something is left to them, row by row, as
+    before. The policies are locked (SHARE) from the check to the drop, so a legal hold or a
+    longer TTL saved meanwhile waits for it and is seen by the next pass."""
+    if connection.vendor != "postgresql":
+        return []
+    now = now or sql.db_now()
+    horizon = partitions.month_start(now)
+    dropped = []
+    for table in partitions.PARTITIONED:
+        for part in partitions.partitions(table):
+            # Only months wholly past: the current one still takes rows.
+            if part.is_default or part.upper is None or part.upper > horizon:
+                continue
+            # One transaction per partition: DROP locks the partitioned table (every claim
+            # writes to it) until the commit right after it, never while the next one is checked.
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("LOCK TABLE review_retentionpolicy IN SHARE MODE")
+                if not _partition_keeps_something(part, _operation_cutoffs(now)) and partitions.partition_drop(part):
+                    dropped.append(part.name)
+    if dropped:
+        log.info("retention_partitions_dropped names=%s", ",".join(dropped))
+    return dropped
+
+
 def retention_purge(
     *,
     now: datetime | None = None,
@@ -515,7 +584,9 @@ def retention_purge(
     max_batches: int | None = None,
     trigger: str = "schedule",
 ) -> list[RetentionRun]:
-    """One pass over every tenant with a policy (or tombstones)."""
+    """One pass over every tenant with a policy (or tombstones), after dropping the months of
+    attempts and events nothing in which may be kept."""
+    retention_drop_partitions(now=now)
     pass_id = uuid.uuid4().hex
     tenant_ids = set(RetentionPolicy.objects.values_list("tenant_id", flat=True)) | set(
         Tombstone.objects.values_list("tenant_id", flat=True).distinct()

@@ -1,0 +1,227 @@
+"""Monthly partitions of attempts and events (issue 16, item 4; DESIGN §12, *Partitions*):
+created ahead, dropped by retention only when nothing in them may be kept, and a database with
+rows converted by the migration (PostgreSQL)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from ledger import partitions, services, sql
+from ledger.models import Attempt, Operation, OperationEvent, Tenant, Tombstone
+from review.models import RetentionPolicy
+from review.retention import retention_purge
+from tests.conftest import on_postgres
+
+pytestmark = pytest.mark.skipif(not on_postgres(), reason="declarative partitioning is PostgreSQL's")
+
+TABLES = list(partitions.PARTITIONED)
+
+
+def names(table: str) -> set[str]:
+    return {p.name for p in partitions.partitions(table)}
+
+
+def monthly_from(first: Any) -> None:
+    """Replace the legacy partition (everything before the migration's boundary; empty in a test
+    database) by one partition per month from ``first``: the shape of a database that has run
+    on partitions for a while."""
+    for table in TABLES:
+        legacy = next(p for p in partitions.partitions(table) if p.lower is None)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {legacy.name}")
+            assert cursor.fetchone() == (0,)
+            cursor.execute(f"DROP TABLE {legacy.name}")
+    months = 0
+    while partitions.month_start(first, plus=months) < legacy.upper:
+        months += 1
+    partitions.partitions_ensure(now=first, months_ahead=months)
+
+
+def finished_in(tenant: Tenant, provider: Any, key: str, month: Any) -> Operation:
+    """An operation claimed and completed through the service, then moved (with its attempt
+    and events, into that month's partitions) to the middle of ``month``."""
+    op = services.operation_claim(tenant=tenant, key=key, provider=provider, action="charge").operation
+    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"ch_{key}")
+    at = month + timedelta(days=14)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ledger_operation SET created_at = %s, updated_at = %s, done_at = %s, claimed_at = %s WHERE id = %s",
+            [at, at, at, at, op.pk],
+        )
+        # Moving the partition key moves the row to its month's partition.
+        cursor.execute("UPDATE ledger_attempt SET started_at = %s WHERE operation_id = %s", [at, op.pk])
+        cursor.execute("UPDATE ledger_operationevent SET at = %s WHERE operation_id = %s", [at, op.pk])
+    return op
+
+
+def settle() -> None:
+    """Check the deferred foreign keys of the rows moved above now: PostgreSQL refuses to drop
+    a table with trigger events pending in the transaction (the purge runs in its own)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+
+
+def rows_in(partition: str, op: Operation) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {partition} WHERE operation_id = %s", [op.pk])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_retention_drops_a_month_only_when_nothing_in_it_may_be_kept(tenant: Tenant, provider: Any) -> None:
+    now = sql.db_now()
+    this_month = partitions.month_start(now)
+    old, mixed, held = (partitions.month_start(now, plus=-n) for n in (14, 13, 12))
+    monthly_from(partitions.month_start(now, plus=-15))
+    # Two tenants on different TTLs and one on legal hold; every row below is a year old.
+    short = tenant
+    long_ttl = services.tenant_create(slug="long")
+    on_hold = services.tenant_create(slug="hold")
+    providers = {
+        t.pk: services.provider_upsert(tenant=t, slug="stripe", base_url="http://127.0.0.1:9", idempotency_class="none")
+        for t in (long_ttl, on_hold)
+    }
+    providers[short.pk] = provider
+    RetentionPolicy.objects.create(tenant=short, record_type="operations", record_ttl=timedelta(days=30))
+    RetentionPolicy.objects.create(tenant=long_ttl, record_type="operations", record_ttl=timedelta(days=3650))
+    RetentionPolicy.objects.create(
+        tenant=on_hold, record_type="operations", record_ttl=timedelta(days=30), legal_hold=True
+    )
+    # `old`: the short-TTL tenant's rows only → dropped whole.
+    gone = [finished_in(short, provider, f"old-{i}", old) for i in range(3)]
+    # `mixed`: the short-TTL tenant's and the ten-year tenant's → kept; the short tenant's rows
+    # go in batches as before.
+    mixed_short = finished_in(short, provider, "mixed-short", mixed)
+    mixed_long = finished_in(long_ttl, providers[long_ttl.pk], "mixed-long", mixed)
+    # `held`: the short-TTL tenant's and a held tenant's past its TTL → kept.
+    held_short = finished_in(short, provider, "held-short", held)
+    held_op = finished_in(on_hold, providers[on_hold.pk], "held-held", held)
+    name = {m: {t: partitions.partition_name(t, m) for t in TABLES} for m in (old, mixed, held)}
+    for table in TABLES:
+        assert rows_in(name[old][table], gone[0]) == (2 if table == "ledger_operationevent" else 1)
+
+    settle()
+    retention_purge(now=now, trigger="test")
+
+    for table in TABLES:
+        current = names(table)
+        assert name[old][table] not in current
+        assert name[mixed][table] in current and name[held][table] in current
+        assert partitions.partition_name(table, this_month) in current
+        # What stayed keeps only what may be kept.
+        assert rows_in(name[mixed][table], mixed_short) == 0
+        assert rows_in(name[mixed][table], mixed_long) > 0
+        assert rows_in(name[held][table], held_short) == 0
+        assert rows_in(name[held][table], held_op) > 0
+    assert not Operation.objects.filter(pk__in=[op.pk for op in [*gone, mixed_short, held_short]]).exists()
+    assert Operation.objects.filter(pk__in=[mixed_long.pk, held_op.pk]).count() == 2
+    assert Attempt.objects.filter(operation_id=held_op.pk).count() == 1
+    assert OperationEvent.objects.filter(operation_id=mixed_long.pk).count() == 2
+    # Tombstones keep answering late retries of the dropped month's keys.
+    assert Tombstone.objects.filter(tenant=short, key="old-0").exists()
+    late = services.operation_claim(tenant=short, key="old-0", provider=provider, action="charge")
+    assert late.replayed and late.operation.status == "succeeded"
+
+
+@pytest.mark.django_db
+def test_a_month_is_kept_while_one_of_its_operations_is_not_finished(tenant: Tenant, provider: Any) -> None:
+    now = sql.db_now()
+    month = partitions.month_start(now, plus=-14)
+    monthly_from(partitions.month_start(now, plus=-15))
+    RetentionPolicy.objects.create(tenant=tenant, record_type="operations", record_ttl=timedelta(days=30))
+    finished_in(tenant, provider, "done", month)
+    open_op = services.operation_claim(tenant=tenant, key="open", provider=provider, action="charge").operation
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_operationevent SET at = %s WHERE operation_id = %s", [month, open_op.pk])
+
+    settle()
+    retention_purge(now=now, trigger="test")
+
+    assert partitions.partition_name("ledger_operationevent", month) in names("ledger_operationevent")
+    # Its attempts' month held nothing of the open operation: dropped.
+    assert partitions.partition_name("ledger_attempt", month) not in names("ledger_attempt")
+
+
+@pytest.mark.django_db
+def test_partitions_are_created_ahead_and_a_row_outside_them_lands_in_the_default(
+    tenant: Tenant, provider: Any
+) -> None:
+    now = sql.db_now()
+    far = partitions.month_start(now, plus=8)
+    assert partitions.partition_name("ledger_attempt", far) not in names("ledger_attempt")
+    created = partitions.partitions_ensure(now=far, months_ahead=1)
+    expected = {partitions.partition_name(t, m) for t in TABLES for m in (far, partitions.month_start(far, plus=1))}
+    assert set(created) == expected
+    assert partitions.partitions_ensure(now=far, months_ahead=1) == []
+    op = services.operation_claim(tenant=tenant, key="k", provider=provider, action="charge").operation
+    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch")
+    # Rows of this month land in the partition covering it (here the legacy one: a test
+    # database is converted empty); a row no partition covers, in the default.
+    assert rows_in("ledger_operationevent_default", op) == 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, at)"
+            " VALUES (%s, 'succeeded', 'succeeded', 'test', '', %s)",
+            [op.pk, partitions.month_start(now, plus=40)],
+        )
+    assert rows_in("ledger_operationevent_default", op) == 1
+
+
+# The conversion: a database from before it, with rows, migrated forward.
+BEFORE = [("ledger", "0023_upload_retain_until")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_converts_a_database_with_rows_and_keeps_them() -> None:
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes()
+    try:
+        old = executor.migrate(BEFORE).apps
+        assert not partitions.is_partitioned("ledger_attempt")
+        now = sql.db_now()
+        tenant = old.get_model("ledger", "Tenant").objects.create(slug="conv", name="conv")
+        op_model = old.get_model("ledger", "Operation")
+        ops = [
+            op_model.objects.create(
+                tenant=tenant, key=f"k-{i}", mode="guard", status="succeeded", fingerprint="f" * 64,
+                created_at=now, updated_at=now, done_at=now,
+            )
+            for i in range(5)
+        ]  # fmt: skip
+        for op in ops:
+            old.get_model("ledger", "Attempt").objects.create(
+                operation=op, number=1, lease_token="t" * 32, started_at=now, outcome="succeeded"
+            )
+            old.get_model("ledger", "OperationEvent").objects.create(
+                operation=op, from_status="", to_status="claimed", actor="api", at=now
+            )
+        executor.loader.build_graph()
+        executor.migrate(leaves)
+
+        for table in TABLES:
+            assert partitions.is_partitioned(table)
+            legacy = f"{table}_legacy"
+            assert legacy in names(table)
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT count(*) FROM {legacy}")
+                assert cursor.fetchone() == (5,)
+        assert Attempt.objects.filter(operation__tenant__slug="conv").count() == 5
+        # New rows take ids after the old ones, through the service.
+        last_attempt = Attempt.objects.order_by("-id").first()
+        tenant_now = Tenant.objects.get(slug="conv")
+        provider = services.provider_upsert(
+            tenant=tenant_now, slug="pay", base_url="http://127.0.0.1:9", idempotency_class="none"
+        )
+        claimed = services.operation_claim(tenant=tenant_now, key="after", provider=provider, action="x").operation
+        services.operation_complete(operation_id=claimed.pk, lease_token=claimed.lease_token, provider_ref="r")
+        assert Attempt.objects.get(operation_id=claimed.pk).pk > last_attempt.pk
+        assert OperationEvent.objects.filter(operation_id=claimed.pk).count() == 2
+    finally:
+        executor.loader.build_graph()
+        executor.migrate(leaves)
