@@ -883,7 +883,7 @@ class Attempt(models.Model):
     class Meta:
         db_table = "ledger_attempt"
         # Not unique: a partitioned table enforces uniqueness within a partition only, and the
-        # number does not hold the partition's time (migration 0024). An attempt's number is its
+        # number does not hold the partition's time (migration 0025). An attempt's number is its
         # operation's `attempts` counter, moved by the guarded UPDATE that opens it under the
         # operation's row lock, so two attempts of one operation never share one.
         indexes = [

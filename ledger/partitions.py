@@ -3,7 +3,7 @@
 ``ledger_attempt`` is partitioned by ``started_at`` and ``ledger_operationevent`` by ``at``:
 each row's time, set when it is written and never changed. One partition per calendar month
 (UTC), ``<table>_pYYYY_MM``; ``<table>_legacy`` holds the rows from before the conversion
-(migration ledger.0024, everything below its boundary) and ``<table>_default`` catches a row
+(migration ledger.0025, everything below its boundary) and ``<table>_default`` catches a row
 whose month has no partition yet (a schedule that stopped), so a claim never fails for want of
 one. Partitions are created ahead by the migration and by ``partitions_ensure`` (a django-q2
 schedule); retention (review.retention) drops a whole partition when nothing in it may be

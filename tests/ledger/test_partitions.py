@@ -172,7 +172,7 @@ def test_partitions_are_created_ahead_and_a_row_outside_them_lands_in_the_defaul
 
 
 # The conversion: a database from before it, with rows, migrated forward.
-BEFORE = [("ledger", "0023_upload_retain_until")]
+BEFORE = [("ledger", "0024_open_rows_in_list_order")]
 
 
 @pytest.mark.django_db(transaction=True)

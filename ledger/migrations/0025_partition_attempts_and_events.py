@@ -258,7 +258,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0023_upload_retain_until"),
+        ("ledger", "0024_open_rows_in_list_order"),
     ]
 
     operations = [
