@@ -249,12 +249,22 @@ def operation_submit(
             raise intents.IntentRequired(
                 f"Provider {provider_obj.slug!r} takes an intent (`intent`: its declared fields), not a request."
             )
-        admitted = translation.intent_admit(tenant_id=tenant.pk, provider=view, intent=intent)
-        # What the worker will send must pass the same checks as a submitted request.
-        normalize_envelope(request=admitted.rendered.request, provider=view)
-        envelope: dict[str, Any] = {"intent": admitted.values}
-        upload_bytes = admitted.upload_bytes
-        upload_refs = admitted.uploads
+        try:
+            admitted = translation.intent_admit(tenant_id=tenant.pk, provider=view, intent=intent)
+        except intents.UploadReferenceInvalid:
+            # A key accepted before answers with its own row (its recorded outcome, or itself
+            # while open) even once an upload it named is gone (an erasure; retention after its
+            # lifetime): a replay is never refused. The row's fingerprint still decides whether
+            # this is the same request; a new key is refused as before.
+            if not Operation.objects.filter(tenant_id=tenant.pk, key=key).exists():
+                raise
+            envelope: dict[str, Any] = {"intent": intents.intent_validate(view.intent_schema, intent).values}
+        else:
+            # What the worker will send must pass the same checks as a submitted request.
+            normalize_envelope(request=admitted.rendered.request, provider=view)
+            envelope = {"intent": admitted.values}
+            upload_bytes = admitted.upload_bytes
+            upload_refs = admitted.uploads
     elif intent is not None:
         raise intents.IntentNotAccepted(f"Provider {provider_obj.slug!r} declares no intent schema: send `request`.")
     else:

@@ -183,6 +183,27 @@ def test_an_erasure_deletes_the_upload_anyway_and_the_job_fails_invalid_input_sa
     assert render_api.received == []
 
 
+def test_the_same_submission_again_after_its_upload_is_gone_answers_the_recorded_outcome_not_a_400(
+    api, tenant, renders, render_api
+):
+    source = upload_of(tenant, image_bytes(5, 5))
+    first = submit(api, _naming(source))
+    run_due()
+    uploads.uploads_delete(tenant_id=tenant.pk, upload_ids=[source.pk])  # an erasure, later
+
+    again = submit(api, _naming(source))
+    other = submit(api, {**_naming(source), "aspect_class": "square"})
+    new_key = submit(api, _naming(source), key="render-2:v1")
+
+    assert first.status_code == 202
+    assert again.status_code == 200 and again.json()["status"] == S.SUCCEEDED
+    assert again.json()["id"] == first.json()["id"]
+    # Another request under the key is still a 422, and a new key naming the upload a 400.
+    assert other.status_code == 422
+    assert new_key.status_code == 400 and new_key.json()["code"] == "upload_reference_invalid"
+    assert len(render_api.received) == 1 and Operation.objects.filter(provider__isnull=False).count() == 1
+
+
 def test_a_replay_or_correction_of_an_old_job_whose_upload_is_gone_is_invalid_input_never_a_5xx(
     api, tenant, renders, render_api
 ):
