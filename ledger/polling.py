@@ -52,6 +52,7 @@ from ledger.credentials import stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
 from ledger.models import ErrorClass, Operation, OperationStatus, Provider, ProviderKind
+from ledger.provider_checks import POLL_PLACEHOLDER, path_fill
 from ledger.reconcile import json_pointer
 from ledger.redaction import scrub
 from ledger.revisions import operation_adapter_view, revision_get
@@ -76,7 +77,8 @@ def poll_delay_seconds(provider: Provider, polls: int) -> float:
 
 
 def status_url(provider: Provider, op: Operation) -> str:
-    return adapters.join_url(provider.base_url, provider.poll_path.format(provider_ref=quote(op.provider_ref, safe="")))
+    path = path_fill(provider.poll_path, {POLL_PLACEHOLDER: quote(op.provider_ref, safe="")})
+    return adapters.join_url(provider.base_url, path)
 
 
 class Verdict(enum.Enum):
