@@ -183,15 +183,19 @@ def output_fetch_publish(
     expect: OutputExpectation,
     actor: str = "worker",
     client: httpx.Client | None = None,
+    provider: Provider | None = None,
 ) -> OperationOutput:
     """Fetch, check and publish ``operation``'s output (module docstring). ``operation`` is
-    the row as its lease holder read it (its ``lease_token`` fences every write). Returns the
-    published output; raises :class:`InvalidOutput` (the operation failed as
-    ``invalid_output``), :class:`OutputUnavailable` (nothing happened) or ``LeaseLost``."""
+    the row as its lease holder read it (its ``lease_token`` fences every write); ``provider``
+    the provider as the operation's adapter revision sees it (ledger.revisions.operation_adapter_view:
+    a path is under that revision's base URL, as its submit and polls were), by default the
+    provider row. Returns the published output; raises :class:`InvalidOutput` (the operation
+    failed as ``invalid_output``), :class:`OutputUnavailable` (nothing happened) or ``LeaseLost``."""
     published = OperationOutput.objects.filter(tenant_id=operation.tenant_id, operation_id=operation.pk).first()
     if published is not None:
         return published
-    provider = provider_by_id(operation.provider_id)
+    if provider is None:
+        provider = provider_by_id(operation.provider_id)
     try:
         target, headers = _fetch_target(provider=provider, url=url)
     except DestinationNotAllowed as exc:

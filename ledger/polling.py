@@ -51,11 +51,13 @@ from ledger import adapters, hooks, intents, objects, outputs, ratelimit, servic
 from ledger.credentials import stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
-from ledger.models import ErrorClass, Operation, OperationStatus, Provider, ProviderKind
+from ledger.logs import log_context, operation_fields
+from ledger.models import Attempt, ErrorClass, Operation, OperationStatus, Provider, ProviderKind
+from ledger.prompts import prompt_template_label
 from ledger.provider_checks import POLL_PLACEHOLDER, path_fill
 from ledger.reconcile import json_pointer
 from ledger.redaction import scrub
-from ledger.revisions import operation_adapter_view, revision_get
+from ledger.revisions import operation_adapter_view, revision_get, revision_number
 
 S = OperationStatus
 log = logging.getLogger("onceguard.polling")
@@ -220,7 +222,11 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
             if not isinstance(url, str) or not url:
                 outputs.output_reject(operation=op, actor=actor, reason="the provider says done but names no output")
             published = outputs.output_fetch_publish(
-                operation=op, url=url, expect=expectation(provider=provider, op=op, body=answer.body), actor=actor
+                operation=op,
+                url=url,
+                expect=expectation(provider=provider, op=op, body=answer.body),
+                actor=actor,
+                provider=provider,
             )
         except outputs.InvalidOutput as invalid:
             return invalid.operation
@@ -321,19 +327,37 @@ def review_alert(op: Operation) -> None:
     )
 
 
+def attempt_log_fields(op: Operation, provider: Provider) -> dict[str, Any]:
+    """The fields of every log line of a poll: a poll belongs to the attempt that submitted the
+    job, so its lines name that attempt's adapter revision and prompt template version like the
+    submit's did — also when a webhook, not a worker, runs it."""
+    prompt_id = (
+        Attempt.objects.filter(operation_id=op.pk, number=op.attempts)
+        .values_list("prompt_template_id", flat=True)
+        .first()
+    )
+    return operation_fields(
+        op,
+        provider=provider.slug,
+        adapter_revision=revision_number(op.adapter_revision_id),
+        prompt_template=prompt_template_label(prompt_id),
+    )
+
+
 def operation_poll(*, op: Operation, provider: Provider, client: httpx.Client, actor: str) -> Operation | None:
     """One poll of a row taken under a poll lease: ask, then apply the answer."""
-    answer = status_fetch(provider=provider, op=op, client=client)
-    recorded = answer_apply(op=op, provider=provider, answer=answer, actor=actor)
-    log.info(
-        "poll key=%s poll=%s provider=%s job=%s verdict=%s to=%s",
-        op.key,
-        op.polls,
-        provider.slug,
-        op.provider_ref,
-        answer.verdict.value,
-        recorded.status if recorded is not None else "refused",
-    )
+    with log_context(**attempt_log_fields(op, provider)):
+        answer = status_fetch(provider=provider, op=op, client=client)
+        recorded = answer_apply(op=op, provider=provider, answer=answer, actor=actor)
+        log.info(
+            "poll key=%s poll=%s provider=%s job=%s verdict=%s to=%s",
+            op.key,
+            op.polls,
+            provider.slug,
+            op.provider_ref,
+            answer.verdict.value,
+            recorded.status if recorded is not None else "refused",
+        )
     return recorded
 
 
