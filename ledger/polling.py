@@ -21,8 +21,8 @@ provider has it, and the row holds no lease. From then on:
   Retry-After.
 - **Webhooks.** The provider may POST a signed note that a job changed
   (:func:`webhook_receive`, HMAC-SHA256 under the provider's sealed ``webhook_secret``, the
-  scheme of our callbacks). A valid one takes the row exactly as a poll does and polls at
-  once: the note only names the job — what the job's state and output are is always read
+  scheme of our callbacks). A valid one takes the row exactly as a worker's poll take does
+  (not for a paused, throttled or capped provider; spent from its rate) and polls at once: the note only names the job — what the job's state and output are is always read
   from the provider's own status answer, so a leaked webhook secret can make us poll early,
   never publish what the note says.
 - **Lifetime.** A job still pending once the operation's lifetime has passed is not failed:
@@ -430,6 +430,50 @@ class WebhookResult:
     applied: bool
 
 
+def _webhook_take(*, op: Operation, provider: Provider, lease_seconds: float, actor: str) -> Operation | None:
+    """The row taken for the webhook's poll on the terms of a worker's poll take: never for a
+    paused or throttled provider or one its caps hold back, and a poll the caps admit is spent
+    from its bucket (ledger.ratelimit.TakeBudget) — a provider's notes must not become calls
+    its pause, Retry-After or rate forbid. Held back, the row stays ``waiting`` and is made due
+    now: the workers poll it as soon as the provider may be called again. None: not taken."""
+    with transaction.atomic():
+        held = (
+            Provider.objects.filter(pk=provider.pk)
+            .filter(Q(paused_at__isnull=False) | Q(throttled_until__gt=Now()) | ratelimit.held_back())
+            .exists()
+        )
+        taken = None
+        if not held:
+            budget = ratelimit.TakeBudget.reserve(
+                [
+                    (
+                        provider.pk,
+                        provider.max_in_flight,
+                        provider.rate_limit,
+                        provider.rate_period_seconds,
+                        provider.rate_burst,
+                    )
+                ]
+            )
+            if budget.admit(provider.pk):
+                taken = services.operation_poll_take(
+                    operation_id=op.pk,
+                    tenant_id=op.tenant_id,
+                    lease_seconds=lease_seconds,
+                    actor=actor,
+                    reason="the provider's signed webhook",
+                )
+                if taken is None:
+                    budget.refund(provider.pk)
+            budget.settle()
+        if taken is None:
+            # Not a move between states (no event row): only when the next poll is due.
+            Operation.objects.filter(pk=op.pk, status=S.WAITING, next_attempt_at__gt=Now()).update(
+                next_attempt_at=Now()
+            )
+    return taken
+
+
 def webhook_receive(
     *, tenant_slug: str, provider_slug: str, body: bytes, signature: str, client: httpx.Client | None = None
 ) -> WebhookResult:
@@ -464,12 +508,8 @@ def webhook_receive(
         return WebhookResult(op, applied=False)
     view = operation_adapter_view(op, provider)
     actor = f"webhook:{provider.slug}"
-    taken = services.operation_poll_take(
-        operation_id=op.pk,
-        tenant_id=op.tenant_id,
-        lease_seconds=adapters.poll_lease_seconds(float(view.timeout_seconds)),
-        actor=actor,
-        reason="the provider's signed webhook",
+    taken = _webhook_take(
+        op=op, provider=provider, lease_seconds=adapters.poll_lease_seconds(float(view.timeout_seconds)), actor=actor
     )
     if taken is None:
         return WebhookResult(Operation.objects.get(pk=op.pk), applied=False)
