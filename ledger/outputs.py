@@ -210,7 +210,9 @@ def output_fetch_publish(
         received = _fetch(client=http, url=target, headers=headers, limit=limit, timeout=timeout)
     except objects.ObjectTooLarge:
         return output_reject(operation=operation, actor=actor, reason=f"the output is larger than {limit} bytes")
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        # InvalidURL (not an HTTPError): a path the provider named with control characters, or
+        # longer than httpx takes — no verdict on the output, like any fetch that cannot run.
         # The class only: an error's text can carry the URL, which can carry a signature.
         raise OutputUnavailable(f"the output could not be fetched ({type(exc).__name__})") from None
     finally:

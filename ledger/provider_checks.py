@@ -113,6 +113,8 @@ def poll_path_problem(path: str) -> str | None:
     """A status path may use ``{provider_ref}`` and nothing else, and must use it."""
     if path_placeholders_problem(path, (POLL_PLACEHOLDER,)):
         return "the status path may use only {provider_ref}"
+    if not path.isprintable() or any(c.isspace() for c in path):
+        return "the status path may not hold blanks or control characters"
     example = path_fill(path, {POLL_PLACEHOLDER: "job"})
     if "{" + POLL_PLACEHOLDER + "}" not in path or not example.startswith("/"):
         return "the status path is a path under the base URL naming the job: /…{provider_ref}…"

@@ -79,3 +79,12 @@ def test_a_path_stored_before_the_check_is_not_evaluated_at_send_time(tenant):
     op = Operation(tenant=tenant, provider=provider, key="k", provider_ref="job")
     with pytest.raises(ValueError):
         status_url(provider, op)
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/renders/\t{provider_ref}", "/v1/renders/{provider_ref} x", "/v1/\x00/{provider_ref}"]
+)
+def test_a_status_path_with_blanks_or_control_characters_is_refused_on_save(tenant, path):
+    # httpx would refuse to build its URL at every poll.
+    with pytest.raises(ValidationFailed, match="poll_path"):
+        provider_upsert(tenant=tenant, slug="renders", poll_path=path, **ASYNC)
