@@ -40,7 +40,7 @@ import httpx
 from django.db import transaction
 from django.db.models.functions import Now
 
-from ledger import adapters, objects
+from ledger import adapters, crypto, objects
 from ledger.errors import DestinationNotAllowed, DomainError, LeaseLost
 from ledger.models import (
     REPORTABLE_STATES,
@@ -77,6 +77,16 @@ class OutputUnavailable(Exception):
         self.reason = reason
         self.status = status
         self.headers = headers
+
+
+class OutputErased(Exception):
+    """The operation's request was destroyed (an erasure on request, DESIGN §8) while its job
+    ran: its output is not fetched, or not published — it would be the person's data stored
+    after their erasure finished."""
+
+
+def _request_destroyed(request: object) -> bool:
+    return crypto.is_redacted(request)
 
 
 class InvalidOutput(Exception):
@@ -194,6 +204,8 @@ def output_fetch_publish(
     published = OperationOutput.objects.filter(tenant_id=operation.tenant_id, operation_id=operation.pk).first()
     if published is not None:
         return published
+    if _request_destroyed(operation.request):
+        raise OutputErased("the operation was erased on request; its output is not kept")
     if provider is None:
         provider = provider_by_id(operation.provider_id)
     try:
@@ -266,10 +278,15 @@ def _publish(
                     lease_token=operation.lease_token,
                     status__in=REPORTABLE_STATES,
                 )
-                .values_list("pk", flat=True)
+                .values_list("request", flat=True)
             )
             if not held:
                 raise LeaseLost("The operation moved before its output could be published.")
+            # An erasure locks this row too: one that committed first destroyed the request
+            # (nothing is published after it); one that comes later finds the output and
+            # deletes it.
+            if _request_destroyed(held[0]):
+                raise OutputErased("the operation was erased on request; its output is not kept")
             existing = OperationOutput.objects.filter(tenant_id=operation.tenant_id, operation_id=operation.pk).first()
             if existing is not None:
                 objects.object_delete(storage, name)

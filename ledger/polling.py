@@ -246,6 +246,17 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
                     not_before = _throttle_seconds(provider, retry_after)
             why = f"output not fetched: {unavailable.reason}"
             return _wait_again(op=op, provider=provider, why=why, actor=actor, not_before=not_before)
+        except outputs.OutputErased as erased:
+            # The job is done at the provider; of this person's data nothing more is kept here.
+            return services.operation_complete(
+                operation_id=op.pk,
+                lease_token=op.lease_token,
+                provider_ref=op.provider_ref,
+                response_status=answer.http_status or 200,
+                response_body=None,
+                actor=actor,
+                reason=f"job {op.provider_ref} {answer.said()}; {erased}",
+            )
         note = f"output {published.key} published"
     return services.operation_complete(
         operation_id=op.pk,
