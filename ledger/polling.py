@@ -449,7 +449,7 @@ def _webhook_take(*, op: Operation, provider: Provider, lease_seconds: float, ac
     now: the workers poll it as soon as the provider may be called again. None: not taken."""
     with transaction.atomic():
         held = (
-            Provider.objects.filter(pk=provider.pk)
+            Provider.objects.filter(pk=provider.pk, tenant_id=provider.tenant_id)
             .filter(Q(paused_at__isnull=False) | Q(throttled_until__gt=Now()) | ratelimit.held_back())
             .exists()
         )
@@ -479,9 +479,9 @@ def _webhook_take(*, op: Operation, provider: Provider, lease_seconds: float, ac
             budget.settle()
         if taken is None:
             # Not a move between states (no event row): only when the next poll is due.
-            Operation.objects.filter(pk=op.pk, status=S.WAITING, next_attempt_at__gt=Now()).update(
-                next_attempt_at=Now()
-            )
+            Operation.objects.filter(
+                pk=op.pk, tenant_id=op.tenant_id, status=S.WAITING, next_attempt_at__gt=Now()
+            ).update(next_attempt_at=Now())
     return taken
 
 
