@@ -340,7 +340,8 @@ def get_json(
             response.close()
     except OutboundBlocked as exc:
         return None, None, str(exc), None
-    except (httpx.HTTPError, OSError, ValueError) as exc:
+    # InvalidURL is no HTTPError: a URL httpx will not build is no answer either.
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
         return None, None, type(exc).__name__, None
     return response.status_code, _decode(raw, complete), "", response.headers
 

@@ -109,7 +109,9 @@ def member_names(schema: Any) -> list[str]:
     """The names an intent of ``schema`` may carry (an upload field is two of them)."""
     names: list[str] = []
     for name, spec in _fields(schema).items():
-        names.extend(upload_members(name) if spec.get("type") == "upload" else (name,))
+        # A spec that is not an object is schema_problems' to name, not a crash here.
+        is_upload = isinstance(spec, dict) and spec.get("type") == "upload"
+        names.extend(upload_members(name) if is_upload else (name,))
     return names
 
 
@@ -175,6 +177,8 @@ def schema_problems(schema: Any) -> list[str]:
     if not 1 <= len(fields) <= MAX_FIELDS:
         return [f"intent_schema declares 1 to {MAX_FIELDS} fields."]
     problems = [p for name, spec in fields.items() for p in _field_problems(name, spec)]
+    if problems:
+        return problems
     names = member_names(schema)
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:

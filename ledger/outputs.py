@@ -40,7 +40,7 @@ import httpx
 from django.db import transaction
 from django.db.models.functions import Now
 
-from ledger import adapters, objects
+from ledger import adapters, crypto, objects
 from ledger.errors import DestinationNotAllowed, DomainError, LeaseLost
 from ledger.models import (
     REPORTABLE_STATES,
@@ -77,6 +77,16 @@ class OutputUnavailable(Exception):
         self.reason = reason
         self.status = status
         self.headers = headers
+
+
+class OutputErased(Exception):
+    """The operation's request was destroyed (an erasure on request, DESIGN §8) while its job
+    ran: its output is not fetched, or not published — it would be the person's data stored
+    after their erasure finished."""
+
+
+def _request_destroyed(request: object) -> bool:
+    return crypto.is_redacted(request)
 
 
 class InvalidOutput(Exception):
@@ -183,15 +193,21 @@ def output_fetch_publish(
     expect: OutputExpectation,
     actor: str = "worker",
     client: httpx.Client | None = None,
+    provider: Provider | None = None,
 ) -> OperationOutput:
     """Fetch, check and publish ``operation``'s output (module docstring). ``operation`` is
-    the row as its lease holder read it (its ``lease_token`` fences every write). Returns the
-    published output; raises :class:`InvalidOutput` (the operation failed as
-    ``invalid_output``), :class:`OutputUnavailable` (nothing happened) or ``LeaseLost``."""
+    the row as its lease holder read it (its ``lease_token`` fences every write); ``provider``
+    the provider as the operation's adapter revision sees it (ledger.revisions.operation_adapter_view:
+    a path is under that revision's base URL, as its submit and polls were), by default the
+    provider row. Returns the published output; raises :class:`InvalidOutput` (the operation
+    failed as ``invalid_output``), :class:`OutputUnavailable` (nothing happened) or ``LeaseLost``."""
     published = OperationOutput.objects.filter(tenant_id=operation.tenant_id, operation_id=operation.pk).first()
     if published is not None:
         return published
-    provider = provider_by_id(operation.provider_id)
+    if _request_destroyed(operation.request):
+        raise OutputErased("the operation was erased on request; its output is not kept")
+    if provider is None:
+        provider = provider_by_id(operation.provider_id)
     try:
         target, headers = _fetch_target(provider=provider, url=url)
     except DestinationNotAllowed as exc:
@@ -206,7 +222,9 @@ def output_fetch_publish(
         received = _fetch(client=http, url=target, headers=headers, limit=limit, timeout=timeout)
     except objects.ObjectTooLarge:
         return output_reject(operation=operation, actor=actor, reason=f"the output is larger than {limit} bytes")
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        # InvalidURL (not an HTTPError): a path the provider named with control characters, or
+        # longer than httpx takes — no verdict on the output, like any fetch that cannot run.
         # The class only: an error's text can carry the URL, which can carry a signature.
         raise OutputUnavailable(f"the output could not be fetched ({type(exc).__name__})") from None
     finally:
@@ -260,10 +278,15 @@ def _publish(
                     lease_token=operation.lease_token,
                     status__in=REPORTABLE_STATES,
                 )
-                .values_list("pk", flat=True)
+                .values_list("request", flat=True)
             )
             if not held:
                 raise LeaseLost("The operation moved before its output could be published.")
+            # An erasure locks this row too: one that committed first destroyed the request
+            # (nothing is published after it); one that comes later finds the output and
+            # deletes it.
+            if _request_destroyed(held[0]):
+                raise OutputErased("the operation was erased on request; its output is not kept")
             existing = OperationOutput.objects.filter(tenant_id=operation.tenant_id, operation_id=operation.pk).first()
             if existing is not None:
                 objects.object_delete(storage, name)

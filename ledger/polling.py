@@ -21,8 +21,8 @@ provider has it, and the row holds no lease. From then on:
   Retry-After.
 - **Webhooks.** The provider may POST a signed note that a job changed
   (:func:`webhook_receive`, HMAC-SHA256 under the provider's sealed ``webhook_secret``, the
-  scheme of our callbacks). A valid one takes the row exactly as a poll does and polls at
-  once: the note only names the job — what the job's state and output are is always read
+  scheme of our callbacks). A valid one takes the row exactly as a worker's poll take does
+  (not for a paused, throttled or capped provider; spent from its rate) and polls at once: the note only names the job — what the job's state and output are is always read
   from the provider's own status answer, so a leaked webhook secret can make us poll early,
   never publish what the note says.
 - **Lifetime.** A job still pending once the operation's lifetime has passed is not failed:
@@ -51,10 +51,13 @@ from ledger import adapters, hooks, intents, objects, outputs, ratelimit, servic
 from ledger.credentials import stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
-from ledger.models import ErrorClass, Operation, OperationStatus, Provider, ProviderKind
+from ledger.logs import log_context, operation_fields
+from ledger.models import Attempt, ErrorClass, Operation, OperationStatus, Provider, ProviderKind
+from ledger.prompts import prompt_template_label
+from ledger.provider_checks import POLL_PLACEHOLDER, path_fill
 from ledger.reconcile import json_pointer
 from ledger.redaction import scrub
-from ledger.revisions import operation_adapter_view, revision_get
+from ledger.revisions import operation_adapter_view, revision_get, revision_number
 
 S = OperationStatus
 log = logging.getLogger("onceguard.polling")
@@ -76,7 +79,8 @@ def poll_delay_seconds(provider: Provider, polls: int) -> float:
 
 
 def status_url(provider: Provider, op: Operation) -> str:
-    return adapters.join_url(provider.base_url, provider.poll_path.format(provider_ref=quote(op.provider_ref, safe="")))
+    path = path_fill(provider.poll_path, {POLL_PLACEHOLDER: quote(op.provider_ref, safe="")})
+    return adapters.join_url(provider.base_url, path)
 
 
 class Verdict(enum.Enum):
@@ -218,7 +222,11 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
             if not isinstance(url, str) or not url:
                 outputs.output_reject(operation=op, actor=actor, reason="the provider says done but names no output")
             published = outputs.output_fetch_publish(
-                operation=op, url=url, expect=expectation(provider=provider, op=op, body=answer.body), actor=actor
+                operation=op,
+                url=url,
+                expect=expectation(provider=provider, op=op, body=answer.body),
+                actor=actor,
+                provider=provider,
             )
         except outputs.InvalidOutput as invalid:
             return invalid.operation
@@ -238,6 +246,17 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
                     not_before = _throttle_seconds(provider, retry_after)
             why = f"output not fetched: {unavailable.reason}"
             return _wait_again(op=op, provider=provider, why=why, actor=actor, not_before=not_before)
+        except outputs.OutputErased as erased:
+            # The job is done at the provider; of this person's data nothing more is kept here.
+            return services.operation_complete(
+                operation_id=op.pk,
+                lease_token=op.lease_token,
+                provider_ref=op.provider_ref,
+                response_status=answer.http_status or 200,
+                response_body=None,
+                actor=actor,
+                reason=f"job {op.provider_ref} {answer.said()}; {erased}",
+            )
         note = f"output {published.key} published"
     return services.operation_complete(
         operation_id=op.pk,
@@ -319,19 +338,37 @@ def review_alert(op: Operation) -> None:
     )
 
 
+def attempt_log_fields(op: Operation, provider: Provider) -> dict[str, Any]:
+    """The fields of every log line of a poll: a poll belongs to the attempt that submitted the
+    job, so its lines name that attempt's adapter revision and prompt template version like the
+    submit's did — also when a webhook, not a worker, runs it."""
+    prompt_id = (
+        Attempt.objects.filter(operation_id=op.pk, number=op.attempts)
+        .values_list("prompt_template_id", flat=True)
+        .first()
+    )
+    return operation_fields(
+        op,
+        provider=provider.slug,
+        adapter_revision=revision_number(op.adapter_revision_id),
+        prompt_template=prompt_template_label(prompt_id),
+    )
+
+
 def operation_poll(*, op: Operation, provider: Provider, client: httpx.Client, actor: str) -> Operation | None:
     """One poll of a row taken under a poll lease: ask, then apply the answer."""
-    answer = status_fetch(provider=provider, op=op, client=client)
-    recorded = answer_apply(op=op, provider=provider, answer=answer, actor=actor)
-    log.info(
-        "poll key=%s poll=%s provider=%s job=%s verdict=%s to=%s",
-        op.key,
-        op.polls,
-        provider.slug,
-        op.provider_ref,
-        answer.verdict.value,
-        recorded.status if recorded is not None else "refused",
-    )
+    with log_context(**attempt_log_fields(op, provider)):
+        answer = status_fetch(provider=provider, op=op, client=client)
+        recorded = answer_apply(op=op, provider=provider, answer=answer, actor=actor)
+        log.info(
+            "poll key=%s poll=%s provider=%s job=%s verdict=%s to=%s",
+            op.key,
+            op.polls,
+            provider.slug,
+            op.provider_ref,
+            answer.verdict.value,
+            recorded.status if recorded is not None else "refused",
+        )
     return recorded
 
 
@@ -404,6 +441,50 @@ class WebhookResult:
     applied: bool
 
 
+def _webhook_take(*, op: Operation, provider: Provider, lease_seconds: float, actor: str) -> Operation | None:
+    """The row taken for the webhook's poll on the terms of a worker's poll take: never for a
+    paused or throttled provider or one its caps hold back, and a poll the caps admit is spent
+    from its bucket (ledger.ratelimit.TakeBudget) — a provider's notes must not become calls
+    its pause, Retry-After or rate forbid. Held back, the row stays ``waiting`` and is made due
+    now: the workers poll it as soon as the provider may be called again. None: not taken."""
+    with transaction.atomic():
+        held = (
+            Provider.objects.filter(pk=provider.pk, tenant_id=provider.tenant_id)
+            .filter(Q(paused_at__isnull=False) | Q(throttled_until__gt=Now()) | ratelimit.held_back())
+            .exists()
+        )
+        taken = None
+        if not held:
+            budget = ratelimit.TakeBudget.reserve(
+                [
+                    (
+                        provider.pk,
+                        provider.max_in_flight,
+                        provider.rate_limit,
+                        provider.rate_period_seconds,
+                        provider.rate_burst,
+                    )
+                ]
+            )
+            if budget.admit(provider.pk):
+                taken = services.operation_poll_take(
+                    operation_id=op.pk,
+                    tenant_id=op.tenant_id,
+                    lease_seconds=lease_seconds,
+                    actor=actor,
+                    reason="the provider's signed webhook",
+                )
+                if taken is None:
+                    budget.refund(provider.pk)
+            budget.settle()
+        if taken is None:
+            # Not a move between states (no event row): only when the next poll is due.
+            Operation.objects.filter(
+                pk=op.pk, tenant_id=op.tenant_id, status=S.WAITING, next_attempt_at__gt=Now()
+            ).update(next_attempt_at=Now())
+    return taken
+
+
 def webhook_receive(
     *, tenant_slug: str, provider_slug: str, body: bytes, signature: str, client: httpx.Client | None = None
 ) -> WebhookResult:
@@ -438,12 +519,8 @@ def webhook_receive(
         return WebhookResult(op, applied=False)
     view = operation_adapter_view(op, provider)
     actor = f"webhook:{provider.slug}"
-    taken = services.operation_poll_take(
-        operation_id=op.pk,
-        tenant_id=op.tenant_id,
-        lease_seconds=adapters.poll_lease_seconds(float(view.timeout_seconds)),
-        actor=actor,
-        reason="the provider's signed webhook",
+    taken = _webhook_take(
+        op=op, provider=provider, lease_seconds=adapters.poll_lease_seconds(float(view.timeout_seconds)), actor=actor
     )
     if taken is None:
         return WebhookResult(Operation.objects.get(pk=op.pk), applied=False)

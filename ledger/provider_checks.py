@@ -40,11 +40,32 @@ def secret_env_refusal(*, tenant_slug: str, name: str) -> str | None:
     return None
 
 
+# A path's placeholders: ``{name}``, substituted by path_fill. Tenants write these paths, so
+# they are filled by a plain replacement, never ``str.format`` — which would evaluate
+# attribute access (``{key.__class__}``), indexing and format specs (``{key:>2000000000}``
+# allocates gigabytes) written into them.
+_PATH_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+LOOKUP_PLACEHOLDERS = ("key", "reconciliation_handle")
+
+
+def path_placeholders_problem(path: str, names: tuple[str, ...]) -> bool:
+    """Whether ``path`` has a brace that is not exactly ``{name}`` of ``names``."""
+    rest = _PATH_PLACEHOLDER.sub(lambda m: "" if m.group(1) in names else "{", path)
+    return "{" in rest or "}" in rest
+
+
+def path_fill(path: str, values: dict[str, str]) -> str:
+    """``path`` with every ``{name}`` replaced by ``values[name]`` in one pass (a value is
+    never read again as a placeholder); raises ``KeyError`` for a name ``values`` lacks and
+    ``ValueError`` for any other brace — as a path saved before these checks may hold."""
+    if path_placeholders_problem(path, tuple(values)):
+        raise ValueError("the path has a brace that is not a placeholder")
+    return _PATH_PLACEHOLDER.sub(lambda m: values[m.group(1)], path)
+
+
 def lookup_path_problem(path: str) -> str | None:
     """A lookup path may use ``{key}`` and ``{reconciliation_handle}`` and nothing else."""
-    try:
-        path.format(key="k", reconciliation_handle="h")
-    except (KeyError, IndexError, ValueError, AttributeError):
+    if path_placeholders_problem(path, LOOKUP_PLACEHOLDERS):
         return "the lookup path may use only {key} and {reconciliation_handle}"
     return None
 
@@ -64,7 +85,7 @@ def provider_config_errors(
         if problem:
             errors["lookup_path"] = problem
         elif base_url and "base_url" not in errors:
-            example = lookup_path.format(key="k", reconciliation_handle="h")
+            example = path_fill(lookup_path, {"key": "k", "reconciliation_handle": "h"})
             try:
                 outbound_check(base_url.rstrip("/") + "/" + example.lstrip("/"), purpose="provider lookup URL")
             except DestinationNotAllowed as exc:
@@ -90,10 +111,11 @@ _VALUE_FIELDS = ("poll_succeeded_values", "poll_failed_values", "poll_pending_va
 
 def poll_path_problem(path: str) -> str | None:
     """A status path may use ``{provider_ref}`` and nothing else, and must use it."""
-    try:
-        example = path.format(provider_ref="job")
-    except (KeyError, IndexError, ValueError, AttributeError):
+    if path_placeholders_problem(path, (POLL_PLACEHOLDER,)):
         return "the status path may use only {provider_ref}"
+    if not path.isprintable() or any(c.isspace() for c in path):
+        return "the status path may not hold blanks or control characters"
+    example = path_fill(path, {POLL_PLACEHOLDER: "job"})
     if "{" + POLL_PLACEHOLDER + "}" not in path or not example.startswith("/"):
         return "the status path is a path under the base URL naming the job: /…{provider_ref}…"
     return None

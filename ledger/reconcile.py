@@ -18,6 +18,7 @@ import httpx
 
 from ledger.models import Operation, Provider
 from ledger.outbound import OutboundBlocked, origin_refusal, outbound_client
+from ledger.provider_checks import path_fill
 
 
 class LookupOutcome(enum.Enum):
@@ -61,8 +62,9 @@ def json_pointer(document: Any, pointer: str) -> Any:
 
 
 def lookup_url(provider: Provider, op: Operation) -> str:
-    path = provider.lookup_path.format(
-        key=quote(op.key, safe=""), reconciliation_handle=quote(op.reconciliation_handle or "", safe="")
+    path = path_fill(
+        provider.lookup_path,
+        {"key": quote(op.key, safe=""), "reconciliation_handle": quote(op.reconciliation_handle or "", safe="")},
     )
     return provider.base_url.rstrip("/") + "/" + path.lstrip("/")
 

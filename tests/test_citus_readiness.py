@@ -131,6 +131,8 @@ FANS_OUT: dict[str, str] = {
     "ledger.selectors.metrics": "the /metrics gauges are platform-wide",
     "review.retention": "the purge pass walks every tenant with a policy (each batch is one tenant's)",
     "alerts": "alert delivery and the alert sweep run over every tenant's channels",
+    "ledger.polling._webhook_take": "a webhook's poll is admitted like a worker's: the provider's calls in flight"
+    " (provider_in_flight, by provider_id — one provider is one tenant's) until the statement gains its tenant_id",
 }
 # Statements routed by a key other than tenant_id today, the Citus migration adds tenant_id
 # to them (DESIGN §12); one entry per caller, with what it is routed by now.
@@ -144,6 +146,8 @@ ROUTED_BY_PARENT: dict[str, str] = {
     "ledger.ratelimit": "a capped provider's bucket (provider_rate_…), by provider_id: one provider is one tenant's,"
     " and every caller holds the provider, so each statement adds its tenant_id",
     "ledger.services.operation_supersede": "the superseded operation's event",
+    "ledger.polling.attempt_log_fields": "a poll's attempt (the prompt template version its log lines name),"
+    " by (operation_id, number)",
     "ledger.admin.change_view": "the console's operation page: its attempts and events",
     "review.serializers.review_item_representation": "a review item's attempts and events (one query per page)",
     "dlq.services._log_change": "an entry's status change, by event_id",

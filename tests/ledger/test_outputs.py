@@ -384,3 +384,17 @@ def test_an_output_dripping_in_past_the_fetch_time_is_unavailable(tenant, object
     assert 0.5 <= elapsed < 5
     assert Operation.objects.get(pk=op.pk).status == S.CLAIMED
     assert_nothing_published(object_dirs)
+
+
+@pytest.mark.parametrize("url", ["/v1/renders/x\ty/output", "/v1/\x00", "/" + "a" * 70_000])
+def test_an_output_path_httpx_cannot_build_a_url_of_is_unavailable_not_a_crash(
+    tenant, render_provider, object_dirs, url
+):
+    # A status answer is the provider's text: a control character or a path past httpx's
+    # length limit raised httpx.InvalidURL (no HTTPError) out of the poll — a 500 to a
+    # webhook, and a worker's poll crashing at every lease until someone looked.
+    op = taken_render(tenant, render_provider)
+    with pytest.raises(OutputUnavailable, match="InvalidURL"):
+        output_fetch_publish(operation=op, url=url, expect=OutputExpectation())
+    assert_nothing_published(object_dirs)
+    assert Operation.objects.get(pk=op.pk).status == S.CLAIMED

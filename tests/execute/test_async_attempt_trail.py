@@ -1,0 +1,148 @@
+"""What a poll does belongs to the attempt that submitted the job (DESIGN §5, asynchronous
+providers; intents): its log lines name that attempt's adapter revision and prompt template
+version — whether a worker or the provider's webhook runs it —, and the output is fetched
+under the operation's adapter revision, as its submit and polls were. Both databases."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from rest_framework.test import APIClient
+
+from ledger import adapters, prompts, uploads
+from ledger.execute import operation_submit
+from ledger.logs import formatter
+from ledger.management.commands import bootstrap_demo as demo
+from ledger.models import IdempotencyClass, Operation, OperationOutput, OperationStatus, Provider
+from ledger.services import provider_upsert
+from tests.execute.support import make_due, run_due
+from tests.execute.test_async_providers import ASK, WEBHOOK_SECRET, render_fields
+from tests.support.objects import image_bytes
+
+S = OperationStatus
+pytestmark = pytest.mark.django_db(transaction=True)
+DESCRIPTION = "Ada Lovelace's red mug"
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.setFormatter(formatter("kv"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    handler = Lines()
+    logger = logging.getLogger("onceguard")
+    logger.addHandler(handler)
+    yield handler.lines
+    logger.removeHandler(handler)
+
+
+@pytest.fixture
+def demo_renders(tenant, mock_images, object_dirs) -> Provider:
+    """The render demo's provider (make run), on the mock image API."""
+    prompts.prompt_template_create(
+        tenant=tenant,
+        name=demo.RENDER_PROMPT,
+        text=demo.RENDER_PROMPT_TEXT,
+        slots={"description": {"max_length": 300}},
+        actor="user:alice",
+    )
+    return provider_upsert(
+        tenant=tenant,
+        slug="demo-renders",
+        base_url=mock_images.url,
+        idempotency_class=IdempotencyClass.KEY_ENFORCED,
+        lookup_path="/v1/renders?idempotency_key={key}",
+        ref_pointer="/id",
+        lookup_settle_seconds=0,
+        timeout_seconds=2,
+        webhook_secret=WEBHOOK_SECRET,
+        intent_schema=demo.RENDER_INTENT_SCHEMA,
+        request_template=demo.RENDER_REQUEST_TEMPLATE,
+        **demo.RENDER_ASYNC_FIELDS,
+    )
+
+
+def _submit(tenant, key: str) -> Operation:
+    source = uploads.upload_store(tenant=tenant, stream=io.BytesIO(image_bytes(10, 10))).upload
+    intent = {
+        "preset_id": "product-shot",
+        "preset_version": 1,
+        "aspect_class": "square",
+        "source_key": source.key,
+        "source_sha256": source.sha256,
+        "description": DESCRIPTION,
+    }
+    return operation_submit(tenant=tenant, key=key, provider="demo-renders", intent=intent).operation
+
+
+def _lines_of(lines: list[str], key: str) -> list[str]:
+    return [line for line in lines if f"key={key}" in line]
+
+
+def test_every_line_of_a_workers_poll_names_the_attempts_template_version_and_revision(tenant, demo_renders, log_lines):
+    op = _submit(tenant, "render-1:v1")
+    run_due()
+    make_due(op.pk)
+    run_due()
+    assert Operation.objects.get(pk=op.pk).status == S.SUCCEEDED
+    lines = _lines_of(log_lines, "render-1:v1")
+    assert {line.split()[3] for line in lines} >= {"execute_attempt", "output_published", "poll"}
+    for line in lines:
+        assert "prompt_template=demo-product-shot@1" in line and "adapter_revision=1" in line, line
+    assert not [line for line in log_lines if "Lovelace" in line]
+
+
+def test_every_line_of_a_webhooks_poll_names_the_attempts_template_version_and_revision(
+    tenant, demo_renders, mock_images, log_lines
+):
+    mock_images.set_switches(delay=120)
+    op = _submit(tenant, "render-2:v1")
+    run_due()
+    job = Operation.objects.get(pk=op.pk).provider_ref
+    mock_images.release()
+    log_lines.clear()
+    body = json.dumps({"id": job}).encode()
+    answer = APIClient().post(
+        f"/api/v1/webhooks/{tenant.slug}/demo-renders",
+        body,
+        content_type="application/json",
+        HTTP_ONCEGUARD_SIGNATURE=adapters.sign(secret=WEBHOOK_SECRET, body=body),
+    )
+    assert answer.status_code == 200 and answer.json()["status"] == "succeeded"
+    lines = _lines_of(log_lines, "render-2:v1")
+    assert {line.split()[3] for line in lines} >= {"output_published", "poll"}
+    for line in lines:
+        assert "prompt_template=demo-product-shot@1" in line and "adapter_revision=1" in line, line
+        assert f"tenant={tenant.pk}" in line and f"operation={op.pk}" in line, line
+    assert not [line for line in log_lines if "Lovelace" in line]
+
+
+def test_the_output_is_fetched_under_the_operations_adapter_revision(tenant, mock_images, relay_factory, object_dirs):
+    provider_upsert(tenant=tenant, slug="images", **render_fields(mock_images.url))
+    # Revision 2 reaches the same API through another address (the relay): a canary for all.
+    relay = relay_factory(mock_images)
+    provider_upsert(tenant=tenant, slug="images", base_url=relay.url, canary_percent=100, reason="new address")
+    op = operation_submit(
+        tenant=tenant, key="order-9:render:v1", provider="images", request={"path": "/v1/renders", "body": ASK}
+    ).operation
+    assert op.adapter_revision.number == 2
+    run_due()
+    make_due(op.pk)
+    run_due()
+    done = Operation.objects.get(pk=op.pk)
+    assert done.status == S.SUCCEEDED and OperationOutput.objects.filter(operation_id=op.pk).exists()
+    seen = [(entry["method"], entry["path"]) for entry in relay.journal()]
+    # Submit, poll and the output's fetch all went to revision 2's base URL.
+    assert ("GET", f"/v1/renders/{done.provider_ref}/output") in seen, seen
+    assert mock_images.effects()["fetches"] == 1
