@@ -165,7 +165,7 @@ def _request_as_sent(*, provider: Provider, op: Operation) -> Any:
     if not intents.is_intent(stored):
         return stored
     try:
-        return translation.intent_translate(tenant_id=op.tenant_id, provider=provider, intent=stored["intent"]).request
+        return translation.intent_as_sent(tenant_id=op.tenant_id, provider=provider, intent=stored["intent"]).request
     except DomainError:
         # Refused now (the revision changed): no size to compare with; the type and digest
         # checks still hold.

@@ -79,6 +79,16 @@ def intent_translate(*, tenant_id: int, provider: Provider, intent: Any) -> inte
     return _render(tenant_id=tenant_id, provider=provider, values=valid.values)
 
 
+def intent_as_sent(*, tenant_id: int, provider: Provider, intent: Any) -> intents.Rendered:
+    """The request ``intent`` was translated to when it was sent, for reading what it asked
+    (an output's size): checked against the schema and rendered, but its uploads not looked up
+    again — one deleted since (retention, an erasure) changes nothing about what was asked."""
+    if not provider.intent_schema or not provider.request_template:
+        raise IntentNotAccepted("This adapter revision of the provider declares no intent schema; it takes a request.")
+    valid = intents.intent_validate(provider.intent_schema, intent)
+    return _render(tenant_id=tenant_id, provider=provider, values=valid.values)
+
+
 def _render(*, tenant_id: int, provider: Provider, values: dict[str, Any]) -> intents.Rendered:
     known = set(intents.member_names(provider.intent_schema))
 

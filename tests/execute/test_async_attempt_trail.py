@@ -17,7 +17,7 @@ from ledger import adapters, prompts, uploads
 from ledger.execute import operation_submit
 from ledger.logs import formatter
 from ledger.management.commands import bootstrap_demo as demo
-from ledger.models import IdempotencyClass, Operation, OperationOutput, OperationStatus, Provider
+from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationOutput, OperationStatus, Provider, Upload
 from ledger.services import provider_upsert
 from tests.execute.support import make_due, run_due
 from tests.execute.test_async_providers import ASK, WEBHOOK_SECRET, render_fields
@@ -146,3 +146,21 @@ def test_the_output_is_fetched_under_the_operations_adapter_revision(tenant, moc
     # Submit, poll and the output's fetch all went to revision 2's base URL.
     assert ("GET", f"/v1/renders/{done.provider_ref}/output") in seen, seen
     assert mock_images.effects()["fetches"] == 1
+
+
+def test_a_wrong_size_output_is_refused_also_when_the_source_upload_was_deleted_while_the_job_ran(
+    tenant, demo_renders, mock_images
+):
+    # The size asked for comes from the intent's translation; the upload it named being gone
+    # (retention, an erasure of another job naming the same bytes) changes nothing about it.
+    mock_images.script([{"wrong_size": True}])
+    op = _submit(tenant, "render-3:v1")
+    run_due()
+    assert Operation.objects.get(pk=op.pk).status == S.WAITING
+    Upload.objects.filter(tenant=tenant).delete()
+    make_due(op.pk)
+    run_due()
+    failed = Operation.objects.get(pk=op.pk)
+    assert failed.status == S.FAILED and failed.error_class == ErrorClass.INVALID_OUTPUT, failed.last_error
+    assert "expected 256×256" in failed.last_error
+    assert not OperationOutput.objects.filter(operation_id=op.pk).exists()
