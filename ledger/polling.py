@@ -338,10 +338,11 @@ def review_alert(op: Operation) -> None:
     )
 
 
-def attempt_log_fields(op: Operation, provider: Provider) -> dict[str, Any]:
-    """The fields of every log line of a poll: a poll belongs to the attempt that submitted the
-    job, so its lines name that attempt's adapter revision and prompt template version like the
-    submit's did — also when a webhook, not a worker, runs it."""
+def attempt_log_fields(op: Operation, provider: Provider | None = None) -> dict[str, Any]:
+    """The fields of every log line about ``op``'s latest attempt: a poll belongs to the attempt
+    that submitted the job, so its lines name that attempt's adapter revision and prompt
+    template version like the submit's did — also when a webhook, not a worker, runs it, and
+    the sweeper's lines about the attempt (``provider``: its slug; the id without it)."""
     prompt_id = (
         Attempt.objects.filter(operation_id=op.pk, number=op.attempts)
         .values_list("prompt_template_id", flat=True)
@@ -349,7 +350,7 @@ def attempt_log_fields(op: Operation, provider: Provider) -> dict[str, Any]:
     )
     return operation_fields(
         op,
-        provider=provider.slug,
+        provider=provider.slug if provider is not None else op.provider_id,
         adapter_revision=revision_number(op.adapter_revision_id),
         prompt_template=prompt_template_label(prompt_id),
     )

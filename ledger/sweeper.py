@@ -24,6 +24,7 @@ from ledger.canary import canary_watch_all
 from ledger.crypto import seal_json
 from ledger.eligibility import eligibility_recheck
 from ledger.errors import LeaseLost
+from ledger.logs import log_context
 from ledger.models import (
     Attempt,
     AttemptOutcome,
@@ -33,7 +34,7 @@ from ledger.models import (
     OperationMode,
     OperationStatus,
 )
-from ledger.polling import is_asynchronous
+from ledger.polling import attempt_log_fields, is_asynchronous
 from ledger.reconcile import LookupOutcome, provider_lookup
 from ledger.revisions import operation_adapter_view
 from ledger.services import decide_unsent_expiry, operation_transition, sanitize_message
@@ -67,7 +68,25 @@ def _move(
     guard: Q | None = None,
     also: Any = None,
 ) -> Operation | None:
-    """One guarded move; a row someone else moved first is counted, not overwritten."""
+    """One guarded move; a row someone else moved first is counted, not overwritten. Its lines
+    name the attempt's adapter revision and prompt template version, as the worker's did."""
+    with log_context(**attempt_log_fields(op)):
+        return _move_logged(
+            op, to, reason, report, changes=changes, attempt_changes=attempt_changes, guard=guard, also=also
+        )
+
+
+def _move_logged(
+    op: Operation,
+    to: str,
+    reason: str,
+    report: SweepReport,
+    *,
+    changes: Changes | None,
+    attempt_changes: Changes | None,
+    guard: Q | None,
+    also: Any,
+) -> Operation | None:
     try:
         with transaction.atomic():
             moved = operation_transition(

@@ -9,16 +9,18 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from rest_framework.test import APIClient
 
-from ledger import adapters, prompts, uploads
-from ledger.execute import operation_submit
+from ledger import adapters, prompts, sql, uploads
+from ledger.execute import operation_submit, operations_take
 from ledger.logs import formatter
 from ledger.management.commands import bootstrap_demo as demo
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationOutput, OperationStatus, Provider, Upload
 from ledger.services import provider_upsert
+from ledger.sweeper import sweep
 from tests.execute.support import make_due, run_due
 from tests.execute.test_async_providers import ASK, WEBHOOK_SECRET, render_fields
 from tests.support.objects import image_bytes
@@ -164,3 +166,19 @@ def test_a_wrong_size_output_is_refused_also_when_the_source_upload_was_deleted_
     assert failed.status == S.FAILED and failed.error_class == ErrorClass.INVALID_OUTPUT, failed.last_error
     assert "expected 256×256" in failed.last_error
     assert not OperationOutput.objects.filter(operation_id=op.pk).exists()
+
+
+def test_the_sweepers_lines_about_an_attempt_name_its_template_version_and_revision(
+    tenant, demo_renders, mock_images, log_lines
+):
+    mock_images.set_switches(delay=120)
+    op = _submit(tenant, "render-4:v1")
+    run_due()
+    make_due(op.pk)
+    assert len(operations_take(limit=1)) == 1  # a poll's holder that dies
+    Operation.objects.filter(pk=op.pk).update(lease_expires_at=sql.db_now() - timedelta(seconds=1))
+    log_lines.clear()
+    sweep()
+    assert Operation.objects.get(pk=op.pk).status == S.WAITING
+    (moved,) = [line for line in _lines_of(log_lines, "render-4:v1") if "sweeper_moved" in line]
+    assert "prompt_template=demo-product-shot@1" in moved and "adapter_revision=1" in moved, moved
