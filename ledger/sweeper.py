@@ -224,136 +224,143 @@ def reconcile_uncertain(
         op = Operation.objects.select_related("provider").filter(pk=op_id, status=S.UNCERTAIN).first()
         if op is None:
             continue
-        if op.provider is None:
-            _move(op, S.REVIEW, "no provider to reconcile with", report, changes=clear, also=_review_alert)
-            continue
-        # Looked up where it was sent: the adapter revision its last attempt ran under.
-        provider = operation_adapter_view(op, op.provider)
-        if provider.idempotency_class == IdempotencyClass.KEY_ADVISORY:
-            # Nothing at the receiver stops a second effect: a human decides, never a re-send.
-            _move(
-                op,
-                S.REVIEW,
-                "key-advisory provider: outcome unknown, not re-sent",
-                report,
-                changes=clear,
-                also=_review_alert,
-            )
-            continue
-        now = sql.db_now()
-        sent_at = op.sent_at or op.claimed_at or op.created_at
-        # Past the key TTL the provider may have forgotten the key: a re-issue could act twice.
-        forgotten_at = key_first_used_at(op) + timedelta(seconds=provider.key_ttl_seconds)
-        ttl_passed = now > forgotten_at
-        ttl_reason = "past the provider's key TTL: a re-issue could act twice"
-        if not provider.lookup_path:
-            if ttl_passed:
-                _move(op, S.REVIEW, ttl_reason, report, changes=clear, also=_review_alert)
-            elif op.mode == OperationMode.EXECUTE:
-                # Key-enforced: re-issuing with the same key is safe while the provider
-                # remembers the key; the worker does it. The row's lifetime ends there, so a
-                # re-issue held back (a paused or throttled provider) is failed by the worker
-                # instead of sent, and with this attempt unresolved that means review.
-                ends = min(op.expires_at, forgotten_at) if op.expires_at else forgotten_at
-                _move(
-                    op,
-                    S.RETRY_WAIT,
-                    "key-enforced, no lookup: re-issue with the same key",
-                    report,
-                    changes={**clear, "next_attempt_at": Now(), "expires_at": ends},
-                )
-            else:
-                _move(op, S.REVIEW, "guard mode, provider has no lookup", report, changes=clear, also=_review_alert)
-            continue
-        result = provider_lookup(provider=provider, operation=op, client=client)
-        if result.outcome == LookupOutcome.UNKNOWN:
-            report.add("lookup_unknown")
-            if op.lookup_failures + 1 >= _cfg("LOOKUP_FAILURE_LIMIT"):
-                _release(op.pk, lookup_failed=True)
-                op.refresh_from_db()
-                _move(op, S.REVIEW, f"lookups keep failing ({result.error})", report, changes=clear, also=_review_alert)
-            else:
-                _release(op.pk, lookup_failed=True)
-            log.info("sweeper_lookup_unknown key=%s error=%s", op.key, result.error)
-            continue
-        if result.outcome == LookupOutcome.FOUND and is_asynchronous(provider):
-            # The asynchronous provider has the job (a crash between its answer and our
-            # record): follow it by polls like any accepted job — its state and output come
-            # from its status answer, never from the lookup's.
-            _move(
-                op,
-                S.WAITING,
-                f"found at provider as job {result.provider_ref}: waiting on it",
-                report,
-                changes={**clear, "provider_ref": result.provider_ref[:255], "next_attempt_at": Now(), "polls": 0},
-                attempt_changes={"outcome": AttemptOutcome.PENDING, "provider_ref": result.provider_ref[:255]},
-            )
-            continue
-        if result.outcome == LookupOutcome.FOUND:
-            if result.succeeded:
-                _move(
-                    op,
-                    S.SUCCEEDED,
-                    f"found at provider ({result.status_value or 'ok'})",
-                    report,
-                    changes={
-                        **clear,
-                        "provider_ref": result.provider_ref[:255],
-                        "response_status": 200,
-                        "response_body": seal_json(result.body),
-                        "lease_expires_at": None,
-                    },
-                    attempt_changes={"outcome": AttemptOutcome.SUCCEEDED, "provider_ref": result.provider_ref[:255]},
-                )
-            else:
-                _move(
-                    op,
-                    S.FAILED,
-                    f"provider reports status {result.status_value!r}",
-                    report,
-                    changes={
-                        **clear,
-                        "provider_ref": result.provider_ref[:255],
-                        "error_class": ErrorClass.INVALID_INPUT,
-                        "last_error": sanitize_message(f"provider reports status {result.status_value}"),
-                        "response_body": seal_json(result.body),
-                    },
-                    also=_mark_ambiguous_attempts(AttemptOutcome.FAILED),
-                )
-            continue
-        # Not found: trusted only once the provider has had time to settle.
-        trusted_after = sent_at + timedelta(seconds=provider.timeout_seconds + provider.lookup_settle_seconds)
-        if now < trusted_after:
-            _release(op.pk)
-            report.add("not_found_settling")
-            continue
+        # Every line about this row names its attempt's adapter revision and prompt version.
+        with log_context(**attempt_log_fields(op)):
+            _reconcile_one(op, report=report, client=client, clear=clear)
+    return report
+
+
+def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client | None, clear: Changes) -> None:
+    """One uncertain row: review, a re-issue, or what the provider's lookup says."""
+    if op.provider is None:
+        _move(op, S.REVIEW, "no provider to reconcile with", report, changes=clear, also=_review_alert)
+        return
+    # Looked up where it was sent: the adapter revision its last attempt ran under.
+    provider = operation_adapter_view(op, op.provider)
+    if provider.idempotency_class == IdempotencyClass.KEY_ADVISORY:
+        # Nothing at the receiver stops a second effect: a human decides, never a re-send.
+        _move(
+            op,
+            S.REVIEW,
+            "key-advisory provider: outcome unknown, not re-sent",
+            report,
+            changes=clear,
+            also=_review_alert,
+        )
+        return
+    now = sql.db_now()
+    sent_at = op.sent_at or op.claimed_at or op.created_at
+    # Past the key TTL the provider may have forgotten the key: a re-issue could act twice.
+    forgotten_at = key_first_used_at(op) + timedelta(seconds=provider.key_ttl_seconds)
+    ttl_passed = now > forgotten_at
+    ttl_reason = "past the provider's key TTL: a re-issue could act twice"
+    if not provider.lookup_path:
         if ttl_passed:
             _move(op, S.REVIEW, ttl_reason, report, changes=clear, also=_review_alert)
-            continue
-        counted = op.attempts - op.throttled_attempts
-        if counted >= op.max_attempts or (op.expires_at and now > op.expires_at):
+        elif op.mode == OperationMode.EXECUTE:
+            # Key-enforced: re-issuing with the same key is safe while the provider
+            # remembers the key; the worker does it. The row's lifetime ends there, so a
+            # re-issue held back (a paused or throttled provider) is failed by the worker
+            # instead of sent, and with this attempt unresolved that means review.
+            ends = min(op.expires_at, forgotten_at) if op.expires_at else forgotten_at
             _move(
                 op,
-                S.FAILED,
-                "not found at provider; attempts or lifetime exhausted",
+                S.RETRY_WAIT,
+                "key-enforced, no lookup: re-issue with the same key",
+                report,
+                changes={**clear, "next_attempt_at": Now(), "expires_at": ends},
+            )
+        else:
+            _move(op, S.REVIEW, "guard mode, provider has no lookup", report, changes=clear, also=_review_alert)
+        return
+    result = provider_lookup(provider=provider, operation=op, client=client)
+    if result.outcome == LookupOutcome.UNKNOWN:
+        report.add("lookup_unknown")
+        if op.lookup_failures + 1 >= _cfg("LOOKUP_FAILURE_LIMIT"):
+            _release(op.pk, lookup_failed=True)
+            op.refresh_from_db()
+            _move(op, S.REVIEW, f"lookups keep failing ({result.error})", report, changes=clear, also=_review_alert)
+        else:
+            _release(op.pk, lookup_failed=True)
+        log.info("sweeper_lookup_unknown key=%s error=%s", op.key, result.error)
+        return
+    if result.outcome == LookupOutcome.FOUND and is_asynchronous(provider):
+        # The asynchronous provider has the job (a crash between its answer and our
+        # record): follow it by polls like any accepted job — its state and output come
+        # from its status answer, never from the lookup's.
+        _move(
+            op,
+            S.WAITING,
+            f"found at provider as job {result.provider_ref}: waiting on it",
+            report,
+            changes={**clear, "provider_ref": result.provider_ref[:255], "next_attempt_at": Now(), "polls": 0},
+            attempt_changes={"outcome": AttemptOutcome.PENDING, "provider_ref": result.provider_ref[:255]},
+        )
+        return
+    if result.outcome == LookupOutcome.FOUND:
+        if result.succeeded:
+            _move(
+                op,
+                S.SUCCEEDED,
+                f"found at provider ({result.status_value or 'ok'})",
                 report,
                 changes={
                     **clear,
-                    "error_class": ErrorClass.TRANSIENT,
-                    "last_error": "not found at provider after the last attempt",
+                    "provider_ref": result.provider_ref[:255],
+                    "response_status": 200,
+                    "response_body": seal_json(result.body),
+                    "lease_expires_at": None,
                 },
-                also=_mark_ambiguous_attempts(AttemptOutcome.NOT_FOUND),
+                attempt_changes={"outcome": AttemptOutcome.SUCCEEDED, "provider_ref": result.provider_ref[:255]},
             )
         else:
             _move(
                 op,
-                S.RETRY_WAIT,
-                "not found at provider: re-issue with the same key",
+                S.FAILED,
+                f"provider reports status {result.status_value!r}",
                 report,
-                changes={**clear, "next_attempt_at": Now()},
-                also=_mark_ambiguous_attempts(AttemptOutcome.NOT_FOUND),
+                changes={
+                    **clear,
+                    "provider_ref": result.provider_ref[:255],
+                    "error_class": ErrorClass.INVALID_INPUT,
+                    "last_error": sanitize_message(f"provider reports status {result.status_value}"),
+                    "response_body": seal_json(result.body),
+                },
+                also=_mark_ambiguous_attempts(AttemptOutcome.FAILED),
             )
-    return report
+        return
+    # Not found: trusted only once the provider has had time to settle.
+    trusted_after = sent_at + timedelta(seconds=provider.timeout_seconds + provider.lookup_settle_seconds)
+    if now < trusted_after:
+        _release(op.pk)
+        report.add("not_found_settling")
+        return
+    if ttl_passed:
+        _move(op, S.REVIEW, ttl_reason, report, changes=clear, also=_review_alert)
+        return
+    counted = op.attempts - op.throttled_attempts
+    if counted >= op.max_attempts or (op.expires_at and now > op.expires_at):
+        _move(
+            op,
+            S.FAILED,
+            "not found at provider; attempts or lifetime exhausted",
+            report,
+            changes={
+                **clear,
+                "error_class": ErrorClass.TRANSIENT,
+                "last_error": "not found at provider after the last attempt",
+            },
+            also=_mark_ambiguous_attempts(AttemptOutcome.NOT_FOUND),
+        )
+    else:
+        _move(
+            op,
+            S.RETRY_WAIT,
+            "not found at provider: re-issue with the same key",
+            report,
+            changes={**clear, "next_attempt_at": Now()},
+            also=_mark_ambiguous_attempts(AttemptOutcome.NOT_FOUND),
+        )
 
 
 # --- retry_wait rows nobody comes back for, stuck rows ----------------------------------------

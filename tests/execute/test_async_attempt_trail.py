@@ -182,3 +182,22 @@ def test_the_sweepers_lines_about_an_attempt_name_its_template_version_and_revis
     assert Operation.objects.get(pk=op.pk).status == S.WAITING
     (moved,) = [line for line in _lines_of(log_lines, "render-4:v1") if "sweeper_moved" in line]
     assert "prompt_template=demo-product-shot@1" in moved and "adapter_revision=1" in moved, moved
+
+
+def test_the_sweepers_reconciliation_lines_name_the_attempts_template_version_and_revision(
+    tenant, demo_renders, log_lines
+):
+    op = _submit(tenant, "render-5:v1")
+    (taken,) = operations_take(limit=1)
+    # The worker rendered the request and recorded its prompt version, then died sending it.
+    prompt = prompts.prompt_template_get(tenant_id=tenant.pk, name=demo.RENDER_PROMPT)
+    prompts.attempt_prompt_record(operation_id=op.pk, lease_token=taken.lease_token, prompt_id=prompt.pk)
+    Operation.objects.filter(pk=op.pk).update(lease_expires_at=sql.db_now() - timedelta(seconds=1))
+    # The provider cannot be reached for the lookup: the sweeper says so, about this attempt.
+    Provider.objects.filter(pk=demo_renders.pk).update(base_url="http://127.0.0.1:9")
+    log_lines.clear()
+    sweep()
+    lines = _lines_of(log_lines, "render-5:v1")
+    assert any("sweeper_lookup_unknown" in line for line in lines), lines
+    for line in lines:
+        assert "prompt_template=demo-product-shot@1" in line and "adapter_revision=1" in line, line
