@@ -317,6 +317,14 @@ def template_problems(
     references = template_references(template)
     for name in sorted(references.names - available):
         problems.append(f"request_template names {{{{ {name} }}}}, which is neither an intent field nor a lookup.")
+    # User text goes only into a prompt template's declared slot, fenced (DESIGN §5): a free-text
+    # field placed in the request itself would reach the provider beside the instructions,
+    # unfenced. Identifiers a request needs are enums, numbers or uploads.
+    for name in sorted(n for n in references.names if fields.get(n, {}).get("type") == "string"):
+        problems.append(
+            f"request_template places the free-text field {name!r} directly; user text goes only into a prompt"
+            " template's slot ({{ prompt:name }}), where it is fenced. Use an enum for a value the request needs."
+        )
     if len({name for name, _ in references.prompts}) > 1 or len(references.prompts) > 1:
         problems.append("request_template places at most one prompt template.")
     for name, version in sorted(references.prompts, key=lambda p: (p[0], p[1] or 0)):

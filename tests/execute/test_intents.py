@@ -14,7 +14,7 @@ from django.db import OperationalError
 
 from dlq.models import FailedEvent, ReplayOutcome
 from dlq.services import failed_event_replay
-from ledger import canary, translation, uploads
+from ledger import canary, prompts, translation, uploads
 from ledger.crypto import open_json
 from ledger.errors import DomainError
 from ledger.execute import operation_submit
@@ -121,7 +121,8 @@ def test_an_optional_value_left_out_is_sent_as_null_and_as_empty_text(api, rende
 
 
 def test_a_value_placed_in_the_path_is_percent_encoded_whole_and_cannot_leave_its_segment(api, tenant, render_api):
-    schema = {"fields": {"name": {"type": "string", "max_length": 100, "required": True}}}
+    # An enum's values are the tenant's, yet still placed as data: encoded whole, never as syntax.
+    schema = {"fields": {"name": {"type": "enum", "values": ["../../admin?x=1#f", "plain"], "required": True}}}
     template = {"method": "POST", "path": "/v1/items/{{ name }}", "body": {"name": "{{ name }}"}}
     configure_provider(
         tenant,
@@ -140,13 +141,20 @@ def test_a_value_placed_in_the_path_is_percent_encoded_whole_and_cannot_leave_it
 
 
 def test_a_value_that_looks_like_a_placeholder_is_sent_as_text_never_read_again(api, renders, render_api):
-    schema_with_text = {**TEMPLATE, "body": {**TEMPLATE["body"], "note": "{{ description }}"}}
-    provider_upsert(tenant=renders.tenant, slug="renders", request_template=schema_with_text)
+    prompts.prompt_template_create(
+        tenant=renders.tenant,
+        name="note",
+        text="Note:\n{{ description }}",
+        slots={"description": {"max_length": 200}},
+        actor="x",
+    )
+    with_text = {**TEMPLATE, "body": {**TEMPLATE["body"], "note": "{{ prompt:note }}"}}
+    provider_upsert(tenant=renders.tenant, slug="renders", request_template=with_text)
     text = "{{ preset_id }} {{ prompt:x }} {% if 1 %}"
     assert submit(api, {**INTENT, "description": text}).status_code == 202
     run_due()
     (sent,) = render_api.received
-    assert sent["body"]["note"] == text
+    assert sent["body"]["note"].startswith("Note:\n") and f"\n{text}\n" in sent["body"]["note"]
 
 
 # --- What a submission may say ------------------------------------------------------------------
@@ -500,3 +508,31 @@ def test_a_database_error_while_reading_the_intents_uploads_is_a_not_sent_retry_
     run_due()
     op.refresh_from_db()
     assert op.status == S.SUCCEEDED and len(render_api.received) == 1
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"body": {"prompt": "{{ description }}"}},
+        {"body": {"prompt": "Draw this: {{ description }}"}},
+        {"path": "/v1/renders/{{ description }}"},
+        {"query": {"q": "{{ description }}"}},
+        {"headers": {"X-Note": "{{ description }}"}},
+    ],
+)
+def test_a_free_text_field_placed_in_the_request_itself_is_refused_on_save(make_client, tenant, renders, where):
+    # User text reaches a provider only through a prompt template's slot, fenced (issue 15 item 2).
+    template = {"method": "POST", "path": "/v1/renders", **where}
+    with pytest.raises(RequestTemplateInvalid) as refused:
+        provider_upsert(tenant=tenant, slug="renders", request_template=template)
+    assert "free-text field 'description'" in refused.value.detail
+
+    answer = make_client(tenant, ["admin"]).put(
+        "/api/v1/providers/renders/intent",
+        {"intent_schema": SCHEMA, "request_template": template, "reason": "raw text"},
+        format="json",
+    )
+    assert answer.status_code == 400 and answer["Content-Type"].startswith("application/problem+json")
+    assert answer.json()["code"] == "request_template_invalid"
+    renders.refresh_from_db()
+    assert renders.request_template == TEMPLATE and renders.revisions.count() == 1
