@@ -3,12 +3,14 @@ ledger providers, and helpers that take and execute due operations in the test's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from ledger import selectors
+from ledger.logs import formatter
 from ledger.models import IdempotencyClass, Provider, Tenant
 from ledger.services import provider_upsert
 from relay.testing import RunningServer
@@ -74,3 +76,24 @@ def render_api() -> Iterator[RenderApi]:
     api = RenderApi()
     yield api
     api.stop()
+
+
+class Lines(logging.Handler):
+    """Log lines as the deployment renders them (ledger.logs' formatter, with the bound context)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.setFormatter(formatter("kv"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    handler = Lines()
+    logger = logging.getLogger("onceguard")
+    logger.addHandler(handler)
+    yield handler.lines
+    logger.removeHandler(handler)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -16,7 +14,6 @@ from rest_framework.test import APIClient
 
 from ledger import adapters, prompts, sql, uploads
 from ledger.execute import operation_submit, operations_take
-from ledger.logs import formatter
 from ledger.management.commands import bootstrap_demo as demo
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationOutput, OperationStatus, Provider, Upload
 from ledger.services import provider_upsert
@@ -28,25 +25,6 @@ from tests.support.objects import image_bytes
 S = OperationStatus
 pytestmark = pytest.mark.django_db(transaction=True)
 DESCRIPTION = "Ada Lovelace's red mug"
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.INFO)
-        self.setFormatter(formatter("kv"))
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
-@pytest.fixture
-def log_lines() -> Iterator[list[str]]:
-    handler = Lines()
-    logger = logging.getLogger("onceguard")
-    logger.addHandler(handler)
-    yield handler.lines
-    logger.removeHandler(handler)
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ in the API, on the console and on each of its log lines."""
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from io import StringIO
 
 import pytest
@@ -16,7 +14,6 @@ from django.core.management import CommandError, call_command
 
 from ledger import prompts
 from ledger.intents import RequestTemplateInvalid
-from ledger.logs import formatter
 from ledger.models import Attempt, ConfigChange, Operation, OperationStatus, PromptTemplate, Provider, Tenant
 from ledger.prompts import FENCE_CLOSE, FENCE_OPEN, PromptTemplateInvalid
 from ledger.services import provider_upsert
@@ -60,27 +57,6 @@ def renders(tenant: Tenant, render_api: RenderApi, prompt: PromptTemplate):
         intent_schema=SCHEMA,
         request_template=TEMPLATE,
     )
-
-
-class Lines(logging.Handler):
-    """Log lines as the deployment renders them (ledger.logs' formatter, with the bound context)."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.INFO)
-        self.setFormatter(formatter("kv"))
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(self.format(record))
-
-
-@pytest.fixture
-def log_lines() -> Iterator[list[str]]:
-    handler = Lines()
-    logger = logging.getLogger("onceguard")
-    logger.addHandler(handler)
-    yield handler.lines
-    logger.removeHandler(handler)
 
 
 def submit(client, description: str, key: str = "shot-1:v1", style: str = "studio"):
