@@ -46,8 +46,14 @@ ROWS = int(os.environ.get("SCALE_ROWS", 10_000_000))
 SMALL_ROWS = int(os.environ.get("SCALE_SMALL_ROWS", 20_000))
 REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
 CLAIMS = int(os.environ.get("SCALE_CLAIMS", 300))
+# SCALE_ONLY=growth: fill, claims, WAL/HOT and the byte breakdown only (no list, console,
+# sweeper or purge measure) — the quick run of issue 16 item 3's figures; SCALE_ONLY=bytes:
+# the fill and the byte breakdown only. SCALE_MARGINAL: fresh operations whose WAL and
+# table growth are averaged (default 2,000).
+ONLY = os.environ.get("SCALE_ONLY", "")
+MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Bump when the generated shape changes: a database filled by another version is refilled.
-FILL_VERSION = 3
+FILL_VERSION = 4
 SMALL_TENANTS = 9
 QUIET_ROWS = 300
 BIG = "scale-big"
@@ -108,7 +114,10 @@ def _drop_secondary(cursor: Any) -> list[str]:
     )
     for name, definition in cursor.fetchall():
         cursor.execute(f"DROP INDEX {name}")
-        restore.append(definition)
+        # A partitioned table's index reads back as "CREATE INDEX … ON ONLY <table>", which
+        # builds no partition's index (and leaves the parent's invalid): without ONLY it
+        # builds every partition's and attaches them.
+        restore.append(definition.replace(" ON ONLY ", " ON ", 1))
     return restore
 
 
@@ -291,7 +300,7 @@ def _big_succeeded(rows: int, rng: random.Random) -> int:
 
 def measure_all(rows: int, label: str) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
-    from django.db import connection, transaction
+    from django.db import transaction
     from django.test import Client
     from django.urls import reverse
     from django.utils import timezone
@@ -326,6 +335,8 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
         )
         assert result.replayed, "a finished key must replay"
 
+    if ONLY == "bytes":
+        return _sized({"label": label, "rows": rows, "growth": {}, "results": {}, "plans": []})
     # Warm-up (imports, caches, prepared statements) outside the figures.
     for _ in range(30):
         claim_fresh(big)()
@@ -334,6 +345,9 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     rec.measure("claim replay (big tenant)", claim_replay, repeat=CLAIMS, group="claim")
     rec.measure("claim fresh (small tenant)", claim_fresh(small), repeat=CLAIMS, group="claim")
     growth = wal_and_hot(claim_fresh(big))
+    if ONLY == "growth":
+        Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
+        return _sized({"label": label, "rows": rows, "growth": growth, "results": rec.results, "plans": []})
 
     # API lists.
     _, big_secret = services.apikey_create(tenant=big, scopes=["read"], name="scale")
@@ -450,26 +464,87 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
 
     Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
     plans = explain_slowest(rec)
+    return _sized({"label": label, "rows": rows, "growth": growth, "results": rec.results, "plans": plans})
+
+
+def _sized(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with the three tables' total and index bytes and their breakdown."""
+    from django.db import connection
+
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT sum(pg_total_relation_size(c)), sum(pg_indexes_size(c)) FROM ({_TREES}) t (c)",
             [list(TABLES), list(TABLES)],
         )
         total, indexes = cursor.fetchone()
-    for r in rec.results.values():
+    for r in result["results"].values():
         r.pop("_params", None)
-    return {
-        "label": label,
-        "rows": rows,
-        "growth": growth,
-        "bytes": int(total),
-        "index_bytes": int(indexes),
-        "results": rec.results,
-        "plans": plans,
-    }
+    return {**result, "bytes": int(total), "index_bytes": int(indexes), "breakdown": byte_breakdown()}
 
 
-def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = 2000) -> dict[str, Any]:
+def byte_breakdown() -> dict[str, Any]:
+    """Where the bytes are: each table's heap (with TOAST, free-space and visibility maps) and
+    each index, partitions summed into their parent; pgstattuple's live/dead/free share where
+    the extension can be created; each column's average width from pg_stats (after ANALYZE)."""
+    from django.db import connection
+
+    out: dict[str, Any] = {"relations": [], "columns": {}, "tuples": {}}
+    with connection.cursor() as cursor:
+        # A partition's (and its indexes') parent through pg_inherits, up to the top.
+        cursor.execute(
+            "WITH RECURSIVE top (rel, root) AS ("
+            " SELECT c.oid, c.oid FROM pg_class c WHERE c.oid = ANY(%s::regclass[])"
+            " UNION ALL SELECT i.indexrelid, i.indexrelid FROM pg_index i WHERE i.indrelid = ANY(%s::regclass[])"
+            " UNION ALL SELECT h.inhrelid, t.root FROM pg_inherits h JOIN top t ON h.inhparent = t.rel)"
+            " SELECT root::regclass::text, (SELECT relkind FROM pg_class WHERE oid = root),"
+            " sum(CASE WHEN c.relkind IN ('r', 'p') THEN pg_table_size(c.oid) ELSE pg_relation_size(c.oid) END)"
+            " FROM top t JOIN pg_class c ON c.oid = t.rel GROUP BY root ORDER BY 3 DESC",
+            [list(TABLES), list(TABLES)],
+        )
+        for name, kind, size in cursor.fetchall():
+            out["relations"].append(
+                {"name": name, "kind": "table" if kind in ("r", "p") else "index", "bytes": int(size)}
+            )
+        cursor.execute(
+            "SELECT tablename, attname, avg_width, null_frac FROM pg_stats WHERE schemaname = 'public'"
+            " AND tablename = ANY(%s) ORDER BY tablename, avg_width DESC",
+            [list(TABLES)],
+        )
+        for table, column, width, null_frac in cursor.fetchall():
+            out["columns"].setdefault(table, []).append([column, width, round(null_frac, 3)])
+        try:
+            with transaction_savepoint(connection):
+                cursor.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+                cursor.execute(
+                    "SELECT c.oid::regclass::text, s.tuple_percent, s.dead_tuple_percent, s.free_percent"
+                    " FROM pg_class c, pgstattuple_approx(c.oid) s WHERE c.relkind = 'r'"
+                    " AND (c.oid = ANY(%s::regclass[]) OR c.oid IN (SELECT inhrelid FROM pg_inherits"
+                    " WHERE inhparent = ANY(%s::regclass[])))",
+                    [list(TABLES), list(TABLES)],
+                )
+                for name, live, dead, free in cursor.fetchall():
+                    out["tuples"][name] = {"live_pct": live, "dead_pct": dead, "free_pct": free}
+                cursor.execute(
+                    "SELECT i.indexrelid::regclass::text, s.avg_leaf_density FROM pg_index i"
+                    " JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam,"
+                    " pgstatindex(i.indexrelid) s WHERE a.amname = 'btree' AND c.relkind = 'i'"
+                    " AND pg_relation_size(i.indexrelid) > 0 AND i.indrelid = ANY(%s::regclass[])",
+                    [list(TABLES)],
+                )
+                for name, density in cursor.fetchall():
+                    out["tuples"][name] = {"leaf_density_pct": density}
+        except Exception as exc:  # no pgstattuple: the sizes above still stand
+            out["tuples"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    return out
+
+
+def transaction_savepoint(connection: Any) -> Any:
+    from django.db import transaction
+
+    return transaction.atomic(using=connection.alias)
+
+
+def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = MARGINAL) -> dict[str, Any]:
     """WAL bytes of one fresh claim → complete, how many of its operation and attempt updates
     were HOT, and the bytes the three tables grew by per such operation (``marginal`` more).
 
@@ -622,6 +697,7 @@ def report(small: dict[str, Any], big: dict[str, Any]) -> int:
         )
         if b["error"]:
             print(f"      error: {b['error']}")
+    print_breakdown(big)
     for label, data in (("small", small), ("big", big)):
         g = data.get("growth", {})
         print(
@@ -634,6 +710,22 @@ def report(small: dict[str, Any], big: dict[str, Any]) -> int:
         )
     print(f"\n{failures} measure(s) missed their target")
     return failures
+
+
+def print_breakdown(big: dict[str, Any]) -> None:
+    """Bytes per operation of each table and index of the big database, and column widths."""
+    b = big.get("breakdown") or {}
+    rows = max(big["rows"], 1)
+    print(f"\n  bytes per operation at {rows:,} (pg_table_size / pg_relation_size, partitions summed):")
+    for r in b.get("relations", []):
+        extra = (b.get("tuples") or {}).get(r["name"], {})
+        note = ", ".join(f"{k} {v}" for k, v in extra.items()) if isinstance(extra, dict) else ""
+        print(f"    {r['kind']:<6} {r['name']:<44} {r['bytes'] / rows:>8.1f}  {note}")
+    print(f"    {'total':<51} {big['bytes'] / rows:>8.1f}")
+    for table, columns in (b.get("columns") or {}).items():
+        widths = ", ".join(f"{c} {w}" for c, w, _ in columns)
+        print(f"  avg_width {table}: {widths}")
+    print()
 
 
 def write_plans(big: dict[str, Any]) -> Path:
