@@ -111,3 +111,38 @@ def test_a_key_a_url_would_escape_gets_djangos_own_link(rows):
             {"preserved_filters": cl.preserved_filters, "opts": cl.opts}, cl.url_for_result(row)
         )
         assert link.url(row) == expected, pk
+
+
+def _operation_reads(client, url: str) -> tuple[str, list[str]]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(url)
+    assert response.status_code == 200
+    reads = [q["sql"] for q in ctx.captured_queries if 'FROM "ledger_operation"' in q["sql"] and "LIKE" in q["sql"]]
+    return response.content.decode(), reads
+
+
+def test_a_search_shorter_than_a_page_reads_the_table_once_not_again_to_count_it(rows):
+    # Django counts a list, then reads its page: two trigram scans of a substring search.
+    client = client_for(rows)
+    body, reads = _operation_reads(client, reverse("admin:ledger_operation_changelist") + "?q=-1")
+    assert len(reads) == 1, reads
+    assert body.count('class="action-select"') == 4  # k-1, k-10, k-11 of the first tenant, k-1 of the other
+    assert "4 operations" in body
+
+
+@pytest.mark.parametrize("page", [None, "2"])
+def test_pages_and_counts_are_djangos_when_the_list_is_longer_than_a_page(rows, page, monkeypatch):
+    from ledger.admin import OperationAdmin
+
+    monkeypatch.setattr(OperationAdmin, "list_per_page", 5)
+    client = client_for(rows)
+    url = reverse("admin:ledger_operation_changelist") + "?status__exact=failed" + (f"&p={page}" if page else "")
+    stock = mock.patch.object(listing.ConsoleChangeList, "get_results", listing.ChangeList.get_results)
+    with stock:
+        expected = _AGE.sub("AGE", _CSRF.sub("", client.get(url).content.decode()))
+    ours = _AGE.sub("AGE", _CSRF.sub("", client.get(url).content.decode()))
+    assert ours == expected
+    assert "6 operations" in ours
