@@ -63,7 +63,10 @@ def test_a_list_of_operations_renders_each_row_as_drfs_serializer_does(tenant, p
     )
     failed = services.operation_claim(tenant=tenant, key="k-2", provider=provider, action="charge")
     services.operation_fail(
-        operation_id=failed.operation.pk, lease_token=failed.operation.lease_token, error_class="invalid_input", message="no"
+        operation_id=failed.operation.pk,
+        lease_token=failed.operation.lease_token,
+        error_class="invalid_input",
+        message="no",
     )
     services.operation_claim(tenant=tenant, key="k-3", provider=provider, action="charge", correlation_id="run-9")
     rows = list(Operation.objects.order_by("id"))
