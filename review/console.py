@@ -22,6 +22,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.utils import label_for_field, lookup_field
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
 from django.db import models
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
@@ -37,6 +38,7 @@ from ledger.models import Operation, Tenant
 from ledger.pagination import CappedCountPaginator
 from review import privacy, security
 from review.changes import ConfigChangeAdminMixin
+from review.listing import ConsoleChangeList
 from review.models import AccessAction
 from review.run_pages import run_page
 from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
@@ -166,6 +168,10 @@ class ConsoleAdminMixin:
                 panel["compact"] = any("masked" in str(f) for f in self.get_readonly_fields(request, obj))
                 extra_context["onceguard_payload"] = panel
         return super().change_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        # Page one read before it is counted; a list shorter than a page is not counted again.
+        return ConsoleChangeList
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = dict(extra_context or {})

@@ -386,3 +386,31 @@ class LoginFailure(models.Model):
 
     def __str__(self) -> str:
         return f"{self.username}@{self.ip} {self.at}"
+
+
+# --- The dashboard's activity chart ------------------------------------------------------------
+
+
+class ActivityHour(models.Model):
+    """A finished hour of the dashboard's activity chart, one tenant's (issue 16): how many of
+    its operations per provider succeeded or failed in it, its DLQ entries, its review
+    decisions. An hour is over once and its counts stay, so each is read from the ledger once
+    — by the hourly schedule (``review.schedules.activity_rollup_task``) or by the first
+    dashboard that needs it — instead of once per process; the row with an empty series says
+    the hour was read (an hour without activity has no other). Counts as the hour ended:
+    rows a purge deletes later stay counted until the hour leaves the chart (2 days kept)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    hour = models.DateTimeField()
+    # The provider's slug ("(posted by workflows)" for DLQ entries without one); "" with series "".
+    provider = models.CharField(max_length=100, blank=True)
+    series = models.CharField(max_length=16, blank=True)
+    n = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "hour", "series", "provider"], name="activityhour_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.hour:%Y-%m-%d %H:00} {self.provider} {self.series} {self.n}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +21,7 @@ from dlq.selectors import failed_events_for_a_person
 from ledger import sql
 from ledger.models import TERMINAL_STATES, Operation, OperationEvent, OperationMode, OperationStatus, Provider, Tenant
 from ledger.selectors import operation_search
-from review.models import RetentionRun
+from review.models import ActivityHour, RetentionRun
 
 
 def review_item_list(
@@ -214,45 +214,110 @@ CHART_SERIES = ("succeeded", "failed", "dead_lettered", "reviewed")
 CHART_PROVIDERS = 8
 
 
-# Counts of hours that are over do not change (a row's finish, a DLQ entry's failure and a
-# review decision are written once, at their time): kept this long per process, so a page view
-# reads the current hour only (retention's deletions show up within the hour).
+# An hour is read into the rollup (review.models.ActivityHour) this long after it ended: a row
+# finished at 10:59:59 may commit a moment later. Until then it is read live, as the current one.
+ACTIVITY_SETTLE = timedelta(minutes=2)
+# Rolled-up hours older than this are deleted by the hourly schedule (the chart shows 24).
+ACTIVITY_KEEP = timedelta(days=2)
+# A process keeps the settled hours it read (they do not change) this long.
 ACTIVITY_CACHE_SECONDS = 3600
+
+
+def _hour(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
 
 
 def provider_activity(*, tenant_ids: list[int] | None, hours: int = 24) -> dict[str, Any]:
     """Per provider and hour of the last ``hours``: operations that succeeded or failed, DLQ
-    entries recorded, review decisions made; the busiest providers first. Every read goes
-    through a time index: operations by (tenant, ``updated_at``) (a finished row's last
-    update is its finish), review decisions by their event's time (a partial index of the
-    events that leave review), DLQ entries by (tenant, ``failed_at``). The hours already over
-    are read once per hour and process (ACTIVITY_CACHE_SECONDS): at ten million rows a day's
-    finished operations are some 55,000 rows, 0.2 s to read on every page view."""
-    now = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    entries recorded, review decisions made; the busiest providers first. Hours that are over
+    come from the rollup (``activity_hours``: each read from the ledger once, by the hourly
+    schedule or the first view that needs it, a few rows per tenant and hour); the current hour
+    — and the last one for ACTIVITY_SETTLE after it ends — is read live through the time
+    indexes: operations by (tenant, ``updated_at``) (a finished row's last update is its finish),
+    review decisions by their event's time (a partial index of the events that leave review),
+    DLQ entries by (tenant, ``failed_at``). At ten million rows a day's finished operations are
+    some 55,000 rows (~0.5 s): read from the ledger once, not on each process's first view;
+    a process keeps the rolled-up rows it read for the hour (ACTIVITY_CACHE_SECONDS)."""
+    moment = timezone.now()
+    now = _hour(moment) + timedelta(hours=1)
     since = now - timedelta(hours=hours)
-    current = now - timedelta(hours=1)
+    settled = max(since, _hour(moment - ACTIVITY_SETTLE))
     if tenant_ids is None:
         tenant_ids = list(Tenant.objects.order_by("pk").values_list("pk", flat=True)[:1000])
-    key = "onceguard:activity:" + hashlib.sha256(f"{sorted(tenant_ids)}|{since.isoformat()}".encode()).hexdigest()
+    # Settled hours never change: this process keeps what it read of them for the hour.
+    key = "onceguard:activity:" + hashlib.sha256(f"{sorted(tenant_ids)}|{since}|{settled}".encode()).hexdigest()
     past = cache.get(key)
     if past is None:
-        past = _activity_rows(tenant_ids=tenant_ids, since=since, until=current)
+        past = activity_hours(tenant_ids=tenant_ids, since=since, until=settled)
         cache.set(key, past, ACTIVITY_CACHE_SECONDS)
+    rows = past + _activity_rows(tenant_ids=tenant_ids, since=settled, until=None)
     buckets: dict[str, dict[str, list[int]]] = {}
-    for provider, series, hour, n in [*past, *_activity_rows(tenant_ids=tenant_ids, since=current, until=None)]:
+    for _tenant, provider, series, hour, n in rows:
         slot = int((hour - since).total_seconds() // 3600)
-        if 0 <= slot < hours:
-            row = buckets.setdefault(provider or "(no provider)", {name: [0] * hours for name in CHART_SERIES})
+        if 0 <= slot < hours and series:
+            row = buckets.setdefault(provider, {name: [0] * hours for name in CHART_SERIES})
             row[series][slot] += n
     ranked = sorted(buckets.items(), key=lambda item: -sum(sum(v) for v in item[1].values()))[:CHART_PROVIDERS]
     return {"since": since, "until": now, "hours": hours, "providers": ranked}
 
 
-def _activity_rows(
-    *, tenant_ids: list[int], since: datetime, until: datetime | None
-) -> list[tuple[str | None, str, datetime, int]]:
-    """(provider, series, hour, count) of ``provider_activity`` from ``since`` up to ``until``."""
-    rows: list[tuple[str | None, str, datetime, int]] = []
+Row = tuple[int, str, str, datetime, int]
+
+
+def activity_hours(*, tenant_ids: list[int], since: datetime, until: datetime) -> list[Row]:
+    """(tenant, provider, series, hour, count) of the whole hours from ``since`` to ``until``
+    (both on the hour, ``until`` settled), from the rollup; the hours it lacks for any of the
+    tenants are read from the ledger first, in one pass per table, and stored (with the
+    empty-series row that says the hour was read). Concurrent readers store the same counts:
+    the second one's rows are ignored (unique per tenant, hour, series and provider)."""
+    wanted = []
+    hour = since
+    while hour < until:
+        wanted.append(hour)
+        hour += timedelta(hours=1)
+    if not wanted or not tenant_ids:
+        return []
+    stored: list[Row] = list(
+        ActivityHour.objects.filter(tenant_id__in=tenant_ids, hour__gte=since, hour__lt=until).values_list(
+            "tenant_id", "provider", "series", "hour", "n"
+        )
+    )
+    done = {(t, h) for t, _p, series, h, _n in stored if series == ""}
+    missing = {t: {h for h in wanted if (t, h) not in done} for t in tenant_ids}
+    missing = {t: hs for t, hs in missing.items() if hs}
+    if missing:
+        first = min(min(hs) for hs in missing.values())
+        read = _activity_rows(tenant_ids=sorted(missing), since=first, until=until)
+        new = [ActivityHour(tenant_id=t, hour=h) for t, hs in missing.items() for h in sorted(hs)]
+        new += [
+            ActivityHour(tenant_id=t, provider=provider, series=series, hour=h, n=n)
+            for t, provider, series, h, n in read
+            if h in missing.get(t, ())
+        ]
+        ActivityHour.objects.bulk_create(new, ignore_conflicts=True)
+        # A concurrent reader's rows, if it stored first, hold the same counts as these.
+        stored = [r for r in stored if (r[0], r[3]) not in {(a.tenant_id, a.hour) for a in new}]
+        stored += [(a.tenant_id, a.provider, a.series, a.hour, a.n) for a in new]
+    return stored
+
+
+def activity_rollup(*, hours: int = 24) -> int:
+    """The hourly schedule's pass: every tenant's settled hours of the chart read into the
+    rollup (so no dashboard view reads a finished hour from the ledger), rows past
+    ACTIVITY_KEEP deleted. Returns the tenants covered."""
+    moment = timezone.now()
+    until = _hour(moment - ACTIVITY_SETTLE)
+    since = _hour(moment) + timedelta(hours=1) - timedelta(hours=hours)
+    ActivityHour.objects.filter(hour__lt=moment - ACTIVITY_KEEP).delete()
+    tenant_ids = list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
+    for start in range(0, len(tenant_ids), 200):
+        activity_hours(tenant_ids=tenant_ids[start : start + 200], since=since, until=until)
+    return len(tenant_ids)
+
+
+def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | None) -> list[Row]:
+    """(tenant, provider, series, hour, count) of ``provider_activity`` from ``since`` up to ``until``."""
+    rows: list[Row] = []
 
     def upto(field: str) -> Q:
         return Q() if until is None else Q(**{f"{field}__lt": until})
@@ -260,11 +325,14 @@ def _activity_rows(
     finished = (
         Operation.objects.filter(tenant_id__in=tenant_ids, updated_at__gte=since)
         .filter(upto("done_at"), status__in=[OperationStatus.SUCCEEDED, OperationStatus.FAILED], done_at__gte=since)
-        .annotate(hour=TruncHour("done_at"))
-        .values("provider__slug", "status", "hour")
+        .annotate(hour=TruncHour("done_at", tzinfo=UTC))
+        .values("tenant_id", "provider__slug", "status", "hour")
         .annotate(n=Count("id"))
     )
-    rows += [(r["provider__slug"], r["status"], r["hour"], r["n"]) for r in finished[:5000]]
+    rows += [
+        (r["tenant_id"], r["provider__slug"] or "(no provider)", r["status"], r["hour"], r["n"])
+        for r in finished[:20000]
+    ]
     # Review decisions off their own partial index by time (ledger_operationevent's
     # opevent_review_exit_idx), then their operations by primary key.
     reviewed = (
@@ -272,19 +340,22 @@ def _activity_rows(
             upto("at"), from_status=OperationStatus.REVIEW, at__gte=since, operation__tenant_id__in=tenant_ids
         )
         .exclude(to_status=OperationStatus.REVIEW)
-        .annotate(hour=TruncHour("at"))
-        .values("operation__provider__slug", "hour")
-        .annotate(n=Count("id"))
-    )
-    rows += [(r["operation__provider__slug"], "reviewed", r["hour"], r["n"]) for r in reviewed[:5000]]
-    dead = (
-        FailedEvent.objects.filter(upto("failed_at"), tenant_id__in=tenant_ids, failed_at__gte=since)
-        .annotate(hour=TruncHour("failed_at"))
-        .values("operation__provider__slug", "hour")
+        .annotate(hour=TruncHour("at", tzinfo=UTC))
+        .values("operation__tenant_id", "operation__provider__slug", "hour")
         .annotate(n=Count("id"))
     )
     rows += [
-        (r["operation__provider__slug"] or "(posted by workflows)", "dead_lettered", r["hour"], r["n"])
-        for r in dead[:5000]
+        (r["operation__tenant_id"], r["operation__provider__slug"] or "(no provider)", "reviewed", r["hour"], r["n"])
+        for r in reviewed[:20000]
+    ]
+    dead = (
+        FailedEvent.objects.filter(upto("failed_at"), tenant_id__in=tenant_ids, failed_at__gte=since)
+        .annotate(hour=TruncHour("failed_at", tzinfo=UTC))
+        .values("tenant_id", "operation__provider__slug", "hour")
+        .annotate(n=Count("id"))
+    )
+    rows += [
+        (r["tenant_id"], r["operation__provider__slug"] or "(posted by workflows)", "dead_lettered", r["hour"], r["n"])
+        for r in dead[:20000]
     ]
     return rows

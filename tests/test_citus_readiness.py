@@ -89,6 +89,9 @@ DISTRIBUTED = frozenset(
         "review_subjectindex",
         "review_retentionrun",
         "review_erasurerun",
+        # The dashboard's activity per tenant and finished hour (written by the rollup schedule,
+        # each statement one tenant's or a batch of tenants' like the purge pass).
+        "review_activityhour",
     }
 )
 # Reference tables: small, read by every claim, request or send, written rarely (a write goes to
@@ -130,6 +133,8 @@ FANS_OUT: dict[str, str] = {
     "ledger.sweeper": "a sweeper pass moves expired leases and unresolved rows of every tenant",
     "ledger.selectors.metrics": "the /metrics gauges are platform-wide",
     "review.retention": "the purge pass walks every tenant with a policy (each batch is one tenant's)",
+    "review.selectors.activity_rollup": "the dashboard's rollup schedule reads every tenant's hour just over"
+    " (200 tenants a statement)",
     "alerts": "alert delivery and the alert sweep run over every tenant's channels",
     "ledger.polling._webhook_take": "a webhook's poll is admitted like a worker's: the provider's calls in flight"
     " (provider_in_flight, by provider_id — one provider is one tenant's) until the statement gains its tenant_id",

@@ -37,3 +37,15 @@ def og_short(value: Any, keep: int = 18) -> Any:
 @register.filter
 def og_badge(state: str, label: str | None = None) -> Any:
     return display.badge(state, label)
+
+
+@register.tag(name="console_result_list")
+def console_result_list_tag(parser: Any, token: Any) -> Any:
+    """Django's ``{% result_list cl %}``, its rows rendered by review.listing (same HTML)."""
+    from django.contrib.admin.templatetags.base import InclusionAdminNode
+
+    from review.listing import result_list
+
+    return InclusionAdminNode(
+        parser, token, func=result_list, template_name="change_list_results.html", takes_context=False
+    )

@@ -175,3 +175,27 @@ def seq_scan_free_plan(qs: Any) -> str:
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(f"EXPLAIN {sql}", params)
         return "\n".join(r[0] for r in cursor.fetchall())
+
+
+def generic_plan(qs: Any) -> str:
+    """The plan PostgreSQL settles on for ``qs`` as a prepared statement (its generic plan,
+    parameters unseen), sequential scans priced out as in ``seq_scan_free_plan``."""
+    import re
+
+    import psycopg
+
+    sql, params = qs.query.sql_with_params()
+    counter = iter(range(1, 1000))
+    prepared = re.sub(r"%s", lambda m: f"${next(counter)}", sql)
+    connection.ensure_connection()
+    # Client-side binding: EXECUTE's arguments are SQL text, not protocol parameters.
+    with psycopg.ClientCursor(connection.connection) as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE og_generic AS {prepared}".replace("%", "%%"))
+        try:
+            args = ", ".join(["%s"] * len(params))
+            cursor.execute(f"EXPLAIN EXECUTE og_generic({args})" if params else "EXPLAIN EXECUTE og_generic", params)
+            return "\n".join(r[0] for r in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE og_generic")

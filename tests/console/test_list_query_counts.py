@@ -5,6 +5,7 @@ then must take no more queries with ten times as many."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from ledger.models import Operation, OperationEvent, OperationOutput, OperationS
 from review import selectors as review_selectors
 from review.selectors import attention_now, provider_activity
 from tests.conftest import on_postgres
-from tests.console.support import client_for, seq_scan_free_plan
+from tests.console.support import client_for, generic_plan, seq_scan_free_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -115,7 +116,9 @@ def test_no_console_list_or_the_dashboard_runs_more_queries_for_more_rows(tenant
     grown = {}
     for url in few:
         n = queries(client, url)
-        if n > few[url] or n > MAX_QUERIES:
+        # One more at most, once: a list longer than a page is counted; a shorter one is read
+        # without a count (review.listing.ConsoleChangeList). A query per row adds dozens.
+        if n > few[url] + 1 or n > MAX_QUERIES:
             grown[url] = (few[url], n)
     assert not grown, f"pages whose queries grew with the rows (few rows, 10× rows): {grown}"
 
@@ -165,18 +168,69 @@ def test_dashboard_counts_are_exact_up_to_the_bound_and_estimates_past_it(tenant
         assert succeeded == "4+", succeeded
 
 
-def test_dashboard_activity_of_finished_hours_is_read_once_and_the_current_hour_each_time(tenant, two_tenants):
-    seed(tenant, two_tenants["acme"], 0, 3)
+def _finished_hours_ago(tenant: Tenant, hours: int) -> None:
+    """Move the tenant's finished rows, their review exits and DLQ entries ``hours`` back."""
+    from dlq.models import FailedEvent
+
+    back = timezone.now() - timedelta(hours=hours)
+    Operation.objects.filter(tenant=tenant, done_at__isnull=False).update(done_at=back, updated_at=back)
+    OperationEvent.objects.filter(operation__tenant=tenant, from_status=OperationStatus.REVIEW).update(at=back)
+    FailedEvent.objects.filter(tenant=tenant).update(failed_at=back)
+
+
+def _ledger_reads(ctx: CaptureQueriesContext) -> list[str]:
+    tables = ('FROM "ledger_operation"', 'FROM "ledger_operationevent"', 'FROM "dlq_failedevent"')
+    return [q["sql"] for q in ctx.captured_queries if any(t in q["sql"] for t in tables)]
+
+
+def test_dashboard_activity_of_a_finished_hour_is_read_from_the_ledger_once_whatever_the_process(tenant, two_tenants):
+    seed(tenant, two_tenants["acme"], 0, 6)
+    _finished_hours_ago(tenant, 3)
+    seed(tenant, two_tenants["acme"], 6, 3)  # this hour's: read live each time
+    from django.core.cache import cache
+
     with CaptureQueriesContext(connection) as first:
         before = provider_activity(tenant_ids=[tenant.pk])
+    # The next view in this process reads only the current hour; in another process (its
+    # cache empty) the finished hours come from the rollup, not the ledger.
     with CaptureQueriesContext(connection) as second:
         after = provider_activity(tenant_ids=[tenant.pk])
+    cache.clear()
+    with CaptureQueriesContext(connection) as elsewhere:
+        assert provider_activity(tenant_ids=[tenant.pk]) == before
     assert after == before
-    # The finished hours' three reads (operations, review decisions, DLQ entries) are kept.
-    assert len(second.captured_queries) == len(first.captured_queries) - 3
-    seed(tenant, two_tenants["acme"], 3, 3)
-    totals = dict(provider_activity(tenant_ids=[tenant.pk])["providers"])["crm"]
-    assert sum(totals["succeeded"]) == 2 and sum(totals["failed"]) == 2, totals
+    assert len(_ledger_reads(first)) == 6 and len(_ledger_reads(second)) == 3 and len(_ledger_reads(elsewhere)) == 3
+    assert len(second.captured_queries) == 3
+    assert all('"done_at" <' not in sql for sql in _ledger_reads(elsewhere))
+    assert any("review_activityhour" in q["sql"] for q in elsewhere.captured_queries)
+    totals = dict(after["providers"])["crm"]
+    # Three hours ago: 2 succeeded, 2 failed; this hour 1 and 1 (k-6 succeeded, k-7 failed).
+    assert sum(totals["succeeded"]) == 3 and sum(totals["failed"]) == 3, totals
+    assert totals["succeeded"][-4] == 2 and totals["failed"][-4] == 2, totals
+
+
+def test_the_rollup_schedule_reads_the_finished_hours_so_no_view_does(tenant, other_tenant, two_tenants):
+    from review.models import ActivityHour
+    from review.schedules import activity_rollup_task
+
+    seed(tenant, two_tenants["acme"], 0, 6)
+    seed(other_tenant, two_tenants["globex"], 0, 3)
+    _finished_hours_ago(tenant, 5)
+    _finished_hours_ago(other_tenant, 2)
+    assert activity_rollup_task() == {"tenants": 2}
+    assert ActivityHour.objects.filter(series="").count() == 2 * 23  # every settled hour of both, read once
+    with CaptureQueriesContext(connection) as ctx:
+        chart = provider_activity(tenant_ids=[tenant.pk, other_tenant.pk])
+    assert all('"done_at" <' not in sql for sql in _ledger_reads(ctx))
+    totals = dict(chart["providers"])["crm"]
+    assert totals["succeeded"][-6] == 2 and totals["succeeded"][-3] == 1, totals
+    assert totals["failed"][-6] == 2 and totals["failed"][-3] == 1, totals
+    # Rows older than two days go; a second pass reads nothing it has.
+    ActivityHour.objects.create(tenant=tenant, hour=timezone.now() - timedelta(days=3))
+    with CaptureQueriesContext(connection) as again:
+        activity_rollup_task()
+    assert not ActivityHour.objects.filter(hour__lt=timezone.now() - timedelta(days=2)).exists()
+    assert all('"done_at" <' not in sql for sql in _ledger_reads(again))
 
 
 @pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's partial indexes and plans")
@@ -194,15 +248,35 @@ def test_stuck_rows_and_review_decisions_are_read_from_their_partial_indexes(ten
     stuck = NeedsFilter(None, {"needs": ["stuck"]}, Operation, None).queryset(None, Operation.objects.all())
     assert "op_open_id_idx" in seq_scan_free_plan(stuck.order_by("-id")[:100])
     assert "op_open_id_idx" in seq_scan_free_plan(stuck.order_by().values("pk")[:10001])
-    # Cancellable rows: an index of open rows only (this one, or the due index on their states).
+    # Cancellable rows: their own index in list order (the due index on their states gives
+    # every such row, to be sorted; the open rows' index several open rows for each shown).
     cancellable = NeedsFilter(None, {"needs": ["cancellable"]}, Operation, None).queryset(None, Operation.objects.all())
     plan = seq_scan_free_plan(cancellable.order_by("-id")[:100])
-    assert "op_open_id_idx" in plan or "op_due_idx" in plan, plan
+    assert "op_cancellable_id_idx" in plan, plan
+    assert "op_cancellable_id_idx" in seq_scan_free_plan(cancellable.order_by().values("pk")[:10001])
 
     reviewed = OperationEvent.objects.filter(from_status=OperationStatus.REVIEW, at__gte=timezone.now()).exclude(
         to_status=OperationStatus.REVIEW
     )
     assert "opevent_review_exit_idx" in seq_scan_free_plan(reviewed)
+
+
+@pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's partial indexes and generic plans")
+@pytest.mark.parametrize("needs", ["stuck", "cancellable"])
+def test_needs_pages_read_their_partial_index_in_a_generic_plan_too(tenant, two_tenants, needs):
+    # A prepared statement's generic plan cannot see parameter values: a partial index over
+    # states serves it only when the states are written into the SQL (LiteralIn).
+    seed(tenant, two_tenants["acme"], 0, 3)
+    rows = NeedsFilter(None, {"needs": [needs]}, Operation, None).queryset(None, Operation.objects.all())
+    index = {"stuck": "op_open_id_idx", "cancellable": "op_cancellable_id_idx"}[needs]
+    plan = generic_plan(rows.order_by("-id")[:100])
+    assert index in plan, plan
+
+
+def test_literal_in_takes_state_names_only(tenant):
+    assert list(Operation.objects.filter(status__in_literal=["queued", "review"])) == []
+    with pytest.raises(ValueError):
+        list(Operation.objects.filter(status__in_literal=["queued'); DROP TABLE x; --"]))
 
 
 def plan_of(sql: str) -> str:

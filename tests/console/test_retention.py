@@ -315,7 +315,7 @@ def test_retention_runs_are_scheduled_by_django_q():
 
     from review.schedules import install_schedules, retention_purge_task
 
-    assert install_schedules() == ["review.retention_purge", "review.accesslog_checkpoint"]
+    assert install_schedules() == ["review.retention_purge", "review.accesslog_checkpoint", "review.activity_rollup"]
     assert Schedule.objects.get(name="review.retention_purge").func == "review.schedules.retention_purge_task"
     assert retention_purge_task() == {"tenants": 0, "redacted": 0, "deleted": 0, "discarded": 0, "erasures_resumed": 0}
     assert RetentionRun.objects.count() == 0

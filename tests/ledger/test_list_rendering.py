@@ -47,3 +47,32 @@ def test_the_operations_list_reads_only_what_it_renders(tenant, provider, api):
     (row,) = body["results"]
     assert row["provider"] == provider.slug and row["key"] == "k-1" and row["updated_at"].endswith("Z")
     assert row["response"] == {"status": 200, "body": None, "masked": True}
+
+
+@pytest.mark.django_db
+def test_a_list_of_operations_renders_each_row_as_drfs_serializer_does(tenant, provider):
+    from ledger.models import Operation
+    from ledger.serializers import OperationOutputSerializer, PlannedListSerializer, ReplayedOperationOutputSerializer
+
+    done = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge", payload={"a": 1})
+    services.operation_complete(
+        operation_id=done.operation.pk,
+        lease_token=done.operation.lease_token,
+        provider_ref="ch_1",
+        response_body={"id": "ch_1", "card": "4242"},
+    )
+    failed = services.operation_claim(tenant=tenant, key="k-2", provider=provider, action="charge")
+    services.operation_fail(
+        operation_id=failed.operation.pk,
+        lease_token=failed.operation.lease_token,
+        error_class="invalid_input",
+        message="no",
+    )
+    services.operation_claim(tenant=tenant, key="k-3", provider=provider, action="charge", correlation_id="run-9")
+    rows = list(Operation.objects.order_by("id"))
+    for child in (OperationOutputSerializer, ReplayedOperationOutputSerializer):
+        planned = child(rows, many=True)
+        assert isinstance(planned, PlannedListSerializer)
+        drf = serializers.ListSerializer(rows, child=child())
+        assert planned.data == drf.data
+        assert [list(row) for row in planned.data] == [list(row) for row in drf.data]  # same keys, same order
