@@ -71,8 +71,8 @@ def _seed(rows: int, redact_rows: int) -> int:
                 " uses_sent_marker, last_error, error_class, provider_ref, response_status, reconciliation_handle,"
                 " execution_id, workflow_id, workflow_version, correlation_id, lookup_failures, request_bytes, cost,"
                 " callback_url, created_at, updated_at, done_at, claimed_at, sent_at)"
-                f" SELECT %s, '{label}:' || g, 'guard', 'succeeded', %s, 'create-contact', md5(g::text),"
-                " %s::jsonb, %s::jsonb, 1, 0, 4, md5('t' || g), true, '', '', 'ref_' || g, 200, '', '', '', '',"
+                f" SELECT %s, '{label}:' || g, 'guard', 'succeeded', %s, 'create-contact', decode(md5(g::text) || md5(g::text), 'hex'),"
+                " %s::jsonb, %s::jsonb, 1, 0, 4, decode(md5('t' || g), 'hex'), true, '', '', 'ref_' || g, 200, '', '', '', '',"
                 f" '', 0, 0, 0, '', {ts}, {ts}, {ts}, {ts}, {ts}"
                 " FROM generate_series(1, %s) g",
                 [tenant.pk, provider.pk, sealed, sealed, *([count] * 5), count],

@@ -43,8 +43,9 @@ _EXPRESSIONS = {
     "key": "'k-' || i",
     "mode": "'guard'",
     "status": "CASE i %% 1000 WHEN 1 THEN 'claimed' WHEN 2 THEN 'uncertain' WHEN 3 THEN 'review' ELSE 'succeeded' END",
-    "fingerprint": "md5(i::text) || md5(i::text)",
-    "lease_token": "md5(i::text)",
+    # Stored as bytes (ledger.models.HexBytesField).
+    "fingerprint": "decode(md5(i::text) || md5(i::text), 'hex')",
+    "lease_token": "decode(md5(i::text), 'hex')",
     "provider_ref": "'ch_' || i",
     "attempts": "1",
     "uses_sent_marker": "true",

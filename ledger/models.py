@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -169,6 +170,77 @@ class Counter(models.IntegerField):
 
     def formfield(self, **kwargs: Any) -> Any:
         return super().formfield(**{"min_value": 0, **kwargs})
+
+
+_LOWER_HEX = re.compile(r"[0-9a-f]*")
+
+
+class HexBytesField(models.CharField):
+    """A digest or token: lowercase hex text in Python — services, API, console, exports all
+    see the text — and its bytes in PostgreSQL (``bytea``: a 64-character fingerprint in 33
+    bytes instead of 65, a 32-character lease token in 17 instead of 33; issue 16's cheaper
+    growth). SQLite keeps the text. This is the one place the two forms meet: the ORM converts
+    through these methods, and ``ledger.statements`` (the named statements' ``fingerprint`` and
+    ``lease_token`` parameters) and the tombstone writer through ``get_db_prep_value``.
+
+    Text that is not ``hex_length`` lowercase hex digits — never written by the service, but a
+    client may send any lease token, and a hand-written row may hold anything — is stored as a
+    0x00 byte and its UTF-8 (one more 0x00 if that would make it exactly as long as a hex
+    value's bytes), so it reads back as written and never equals a hex value's bytes. ``''``
+    is empty bytes. Text holding NUL cannot be stored (PostgreSQL's text never could)."""
+
+    def __init__(self, *args: Any, hex_length: int, **kwargs: Any) -> None:
+        self.hex_length = hex_length
+        kwargs.setdefault("max_length", hex_length)
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self) -> Any:
+        name, path, args, kwargs = super().deconstruct()
+        kwargs["hex_length"] = self.hex_length
+        if kwargs.get("max_length") == self.hex_length:
+            del kwargs["max_length"]
+        return name, path, args, kwargs
+
+    def db_type(self, connection: Any) -> str | None:
+        return "bytea" if connection.vendor == "postgresql" else super().db_type(connection)
+
+    def cast_db_type(self, connection: Any) -> str | None:
+        return self.db_type(connection)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        value = super().get_db_prep_value(value, connection, prepared)
+        if connection.vendor != "postgresql" or value is None or isinstance(value, (bytes, memoryview)):
+            return value
+        return hex_to_bytes(str(value), self.hex_length)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        if isinstance(value, (bytes, memoryview)):
+            return bytes_to_hex(bytes(value), self.hex_length)
+        return value
+
+
+def hex_to_bytes(text: str, hex_length: int) -> bytes:
+    """The stored form of ``text`` (HexBytesField)."""
+    if len(text) == hex_length and _LOWER_HEX.fullmatch(text):
+        return bytes.fromhex(text)
+    if not text:
+        return b""
+    if "\x00" in text:
+        raise ValueError("a digest or token cannot hold NUL")
+    raw = b"\x00" + text.encode()
+    return raw + b"\x00" if len(raw) == hex_length // 2 else raw
+
+
+def bytes_to_hex(raw: bytes, hex_length: int) -> str:
+    """The text ``raw`` was stored from (HexBytesField)."""
+    if len(raw) == hex_length // 2:
+        return raw.hex()
+    if not raw:
+        return ""
+    text = raw[1:]
+    if len(raw) == hex_length // 2 + 1 and text.endswith(b"\x00"):
+        text = text[:-1]
+    return text.decode()
 
 
 class Tenant(models.Model):
@@ -655,7 +727,8 @@ class Operation(models.Model):
         Provider, on_delete=models.PROTECT, null=True, blank=True, related_name="operations", db_index=False
     )
     action = models.CharField(max_length=100, blank=True)
-    fingerprint = models.CharField(max_length=64)
+    # sha256 of the request (services.request_fingerprint): 32 bytes stored, hex everywhere else.
+    fingerprint = HexBytesField(hex_length=64)
     # execute mode only: the provider-neutral request the workers send.
     request = models.JSONField(null=True, blank=True)
     payload = models.JSONField(null=True, blank=True)
@@ -668,8 +741,9 @@ class Operation(models.Model):
     max_attempts = Counter(default=4)
     claimed_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    # The latest attempt's token. Never cleared: fencing compares against it.
-    lease_token = models.CharField(max_length=32, blank=True)
+    # The latest attempt's token (services.new_lease_token: 16 random bytes, 32 hex digits).
+    # Never cleared: fencing compares against it.
+    lease_token = HexBytesField(hex_length=32, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     uses_sent_marker = models.BooleanField(default=False)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
@@ -860,7 +934,7 @@ class Attempt(models.Model):
     # Indexed by the unique (operation, number).
     operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
     number = Counter()
-    lease_token = models.CharField(max_length=32)
+    lease_token = HexBytesField(hex_length=32)
     started_at = models.DateTimeField()
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
@@ -972,7 +1046,7 @@ class Tombstone(models.Model):
     mode = models.CharField(max_length=8)
     action = models.CharField(max_length=100, blank=True)
     provider_slug = models.CharField(max_length=63, blank=True)
-    fingerprint = models.CharField(max_length=64)
+    fingerprint = HexBytesField(hex_length=64)
     final_status = models.CharField(max_length=16)
     provider_ref = models.CharField(max_length=255, blank=True)
     response_status = models.PositiveIntegerField(null=True, blank=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, F, Func, Q, QuerySet, TextField
+from django.db.models.lookups import IContains
 
 from ledger import search, sql
 from ledger.admission import admission_refusals_by_reason
@@ -37,9 +38,19 @@ def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySe
     return rows
 
 
-# Written once (at the claim or the sent marker), so their trigram indexes (migration
-# ledger.0010, PostgreSQL) cost a claim, never a completion.
+# Written once (at the claim or the sent marker), so their trigram index (migration
+# ledger.0027, PostgreSQL) costs a claim, never a completion.
 OPERATION_SUBSTRING_FIELDS = ("key", "reconciliation_handle", "execution_id", "correlation_id")
+SEARCH_SEPARATOR = "\x01"
+
+
+class SearchText(Func):
+    """The columns joined by chr(1): ``op_search_trgm``'s expression under ``icontains``
+    (PostgreSQL; migration 0027 spells it out, and a test holds the search's plan to it)."""
+
+    arg_joiner = " || chr(1) || "
+    template = "(%(expressions)s)"
+    output_field = TextField()
 
 
 def operation_search(
@@ -65,9 +76,14 @@ def operation_search(
     found = Q(provider_ref__startswith=text) & ~Q(provider_ref="")
     if text.isdigit() and len(text) <= 18:
         found |= Q(pk=int(text))
-    for field in OPERATION_SUBSTRING_FIELDS:
-        # "<> ''" lets PostgreSQL use the partial indexes (rows without a value have none).
-        found |= Q(**{f"{field}__icontains": text}) & ~Q(**{field: ""})
+    if connection.vendor == "postgresql" and SEARCH_SEPARATOR not in text:
+        # The four columns joined, as op_search_trgm indexes them (migration 0027): one trigram
+        # index and one bitmap instead of four; a match cannot span two columns (the separator
+        # is not in the text).
+        found |= Q(IContains(SearchText(*OPERATION_SUBSTRING_FIELDS), text))
+    else:
+        for field in OPERATION_SUBSTRING_FIELDS:
+            found |= Q(**{f"{field}__icontains": text}) & ~Q(**{field: ""})
     named = workflows_named(text)
     if named is not None:
         found |= named

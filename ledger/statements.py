@@ -105,8 +105,23 @@ def text(name: str) -> str:
     return _statements(connection.vendor)[name]
 
 
+# Named parameters whose column stores another form than the services hold (hex text stored
+# as bytes: ledger.models.HexBytesField): passed in their stored form.
+_STORED_FORM = {name: Operation._meta.get_field(name) for name in ("fingerprint", "lease_token")}
+
+
+def _stored(params: dict[str, Any]) -> dict[str, Any]:
+    if connection.vendor != "postgresql" or not _STORED_FORM.keys() & params.keys():
+        return params
+    return {
+        name: _STORED_FORM[name].get_db_prep_value(value, connection) if name in _STORED_FORM else value
+        for name, value in params.items()
+    }
+
+
 def execute(name: str, params: dict[str, Any]) -> int:
     """Run a statement that returns no operation; the number of rows it touched."""
+    params = _stored(params)
     with connection.cursor() as cursor:
         execute_with_index_plans(cursor, text(name), params)
         return cursor.rowcount
@@ -114,6 +129,7 @@ def execute(name: str, params: dict[str, Any]) -> int:
 
 def operations(name: str, params: dict[str, Any]) -> list[Operation]:
     """Run a statement whose rows are operations (``RETURNING *`` or ``SELECT *``)."""
+    params = _stored(params)
     if connection.vendor == "postgresql" and FAST_ROWS:
         with connection.cursor() as cursor:
             execute_with_index_plans(cursor, text(name), params)

@@ -126,11 +126,9 @@ def _tombstones_for_superseded(ids: list[int], *, deleted_at: datetime) -> int:
 
 
 def _insert(stones: list[Tombstone]) -> None:
-    adapt = connection.ops.adapt_datetimefield_value
-    rows = [
-        [adapt(value) if isinstance(value, datetime) else value for value in (getattr(t, c) for c in _COLUMNS)]
-        for t in stones
-    ]
+    # Each value in its stored form (timestamps adapted, the fingerprint's hex as bytes).
+    fields = [Tombstone._meta.get_field(c) for c in _COLUMNS]
+    rows = [[f.get_db_prep_save(getattr(t, f.attname), connection) for f in fields] for t in stones]
     with connection.cursor() as cursor:
         # executemany: psycopg pipelines it; SQLite runs it in one call.
         cursor.executemany(_INSERT, rows)

@@ -65,6 +65,17 @@ def test_operations_are_found_by_any_part_of_key_handle_or_execution_id_in_any_c
     assert keys("nothing-like-it") == set()
 
 
+def test_a_search_never_matches_across_two_columns(rows):
+    # PostgreSQL compares the four columns joined into one text (op_search_trgm): the end of
+    # one joined to the start of the next is no match, as it never was column by column.
+    assert keys("v1pi_3N") == set()
+    assert keys(":v14812") == set()
+    assert keys("crm-contact:v1") == {"lead-call:call_7f3c2a9e41b04d6f:crm-contact:v1"}
+    # Text holding the separator is compared column by column (and finds nothing here).
+    assert keys("v1\x01pi_3N") == set()
+    assert keys("pi_3NfX1001") == {"order-1001:charge:v1"}
+
+
 def test_provider_refs_match_exactly_or_by_prefix_never_in_the_middle(rows):
     assert keys("ch_1QxY9") == keys("ch_1Q") == {"order-1001:charge:v1"}
     assert keys("1QxY9") == set()
@@ -98,7 +109,8 @@ def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
     # (On a nearly empty table the planner may prefer a column's partial btree and recheck;
     # columns with no other index show their trigram index.)
     ops = seq_scan_free_plan(operation_search(Operation.objects.all(), "lead-call"))
-    assert "Seq Scan" not in ops and "op_key_trgm" in ops and "op_ref_idx" in ops, ops
+    # The four written-once columns through their one trigram index (migration 0027).
+    assert "Seq Scan" not in ops and "op_search_trgm" in ops and "op_ref_idx" in ops, ops
     dlq = seq_scan_free_plan(failed_event_search(FailedEvent.objects.all(), "429"))
     assert "Seq Scan" not in dlq, dlq
     for index in ("fe_event_trgm", "fe_error_trgm", "fe_workflow_name_trgm", "fe_node_trgm"):
@@ -106,7 +118,8 @@ def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexname FROM pg_indexes WHERE indexname LIKE '%%_trgm'")
         made = {r[0] for r in cursor.fetchall()}
-    assert {"op_handle_trgm", "op_execution_trgm", "op_correlation_trgm", "fe_key_trgm", "fe_execution_trgm"} <= made
+    assert {"op_search_trgm", "fe_key_trgm", "fe_execution_trgm"} <= made
+    assert not {"op_key_trgm", "op_handle_trgm", "op_execution_trgm", "op_correlation_trgm"} & made
 
 
 def test_a_whole_key_finds_that_operation_only_and_a_part_of_it_finds_every_key_containing_it(tenant):
