@@ -39,14 +39,14 @@ def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySe
 
 
 # Written once (at the claim or the sent marker), so their trigram index (migration
-# ledger.0027, PostgreSQL) costs a claim, never a completion.
+# ledger.0028, PostgreSQL) costs a claim, never a completion.
 OPERATION_SUBSTRING_FIELDS = ("key", "reconciliation_handle", "execution_id", "correlation_id")
 SEARCH_SEPARATOR = "\x01"
 
 
 class SearchText(Func):
     """The columns joined by chr(1): ``op_search_trgm``'s expression under ``icontains``
-    (PostgreSQL; migration 0027 spells it out, and a test holds the search's plan to it)."""
+    (PostgreSQL; migration 0028 spells it out, and a test holds the search's plan to it)."""
 
     arg_joiner = " || chr(1) || "
     template = "(%(expressions)s)"
@@ -77,7 +77,7 @@ def operation_search(
     if text.isdigit() and len(text) <= 18:
         found |= Q(pk=int(text))
     if connection.vendor == "postgresql" and SEARCH_SEPARATOR not in text:
-        # The four columns joined, as op_search_trgm indexes them (migration 0027): one trigram
+        # The four columns joined, as op_search_trgm indexes them (migration 0028): one trigram
         # index and one bitmap instead of four; a match cannot span two columns (the separator
         # is not in the text).
         found |= Q(IContains(SearchText(*OPERATION_SUBSTRING_FIELDS), text))

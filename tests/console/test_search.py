@@ -109,7 +109,7 @@ def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
     # (On a nearly empty table the planner may prefer a column's partial btree and recheck;
     # columns with no other index show their trigram index.)
     ops = seq_scan_free_plan(operation_search(Operation.objects.all(), "lead-call"))
-    # The four written-once columns through their one trigram index (migration 0027).
+    # The four written-once columns through their one trigram index (migration 0028).
     assert "Seq Scan" not in ops and "op_search_trgm" in ops and "op_ref_idx" in ops, ops
     dlq = seq_scan_free_plan(failed_event_search(FailedEvent.objects.all(), "429"))
     assert "Seq Scan" not in dlq, dlq

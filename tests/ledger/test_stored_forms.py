@@ -1,5 +1,5 @@
 """Fingerprints and lease tokens: hex text everywhere, their bytes on disk (PostgreSQL; issue 16
-item 3, DESIGN §12 *Cheaper growth*; ledger.models.HexBytesField, migration 0026)."""
+item 3, DESIGN §12 *Cheaper growth*; ledger.models.HexBytesField, migration 0027)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ledger.models import Attempt, Operation, Tombstone, bytes_to_hex, hex_to_by
 from tests.conftest import on_postgres
 from tests.ledger.support import CLAIM_URL, claim_body, op_url
 
-migration = importlib.import_module("ledger.migrations.0026_digests_and_tokens_as_bytes")
+migration = importlib.import_module("ledger.migrations.0027_digests_and_tokens_as_bytes")
 
 # Hex values, the empty token, and text the service never writes but a client may send or a
 # hand-written row may hold — among them text exactly as long as a value's bytes, and one

@@ -83,7 +83,7 @@ def backward(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0025_partition_attempts_and_events"),
+        ("ledger", "0026_cancellable_rows_in_list_order"),
     ]
 
     operations = [

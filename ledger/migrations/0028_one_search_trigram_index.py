@@ -68,7 +68,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0026_digests_and_tokens_as_bytes"),
+        ("ledger", "0027_digests_and_tokens_as_bytes"),
     ]
 
     operations = [migrations.RunPython(forwards, backwards)]
