@@ -578,11 +578,16 @@ def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = MAR
     upd0, hot0, att_upd0, att_hot0 = one(stats)
     (size0,) = one(sizes)
     deltas = []
+    own = _own_wal_reader()
+    owned: list[tuple[int, int]] = []
     for _ in range(samples):
         (before,) = one("SELECT pg_current_wal_insert_lsn()")
+        (flushed,) = one("SELECT pg_current_wal_flush_lsn()")
         call()
         (delta,) = one(f"SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{before}')")
         deltas.append(int(delta))
+        if own is not None:
+            owned.append(own(flushed))
     # Table statistics are sent at transaction end and read from a snapshot: let them settle.
     time.sleep(1.0)
     one("SELECT pg_stat_clear_snapshot()")
@@ -595,7 +600,14 @@ def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = MAR
     (wal,) = one(f"SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '{wal0}')")
     (size1,) = one(sizes)
     deltas.sort()
+    own_total = sorted(t for t, _ in owned)
+    own_plain = sorted(t - f for t, f in owned)
     return {
+        # This database's own WAL (pg_walinspect: records touching its blocks, and the rest of
+        # the transactions that wrote them) — no other session's writes; None without the extension.
+        "own_wal_bytes_per_op_mean": round(sum(own_total) / len(own_total)) if own_total else None,
+        "own_wal_bytes_per_op_p50": own_total[len(own_total) // 2] if own_total else None,
+        "own_wal_bytes_per_op_no_fpi_mean": round(sum(own_plain) / len(own_plain)) if own_plain else None,
         "wal_bytes_per_op_min": deltas[0],
         "wal_bytes_per_op_p50": deltas[len(deltas) // 2],
         "operation_updates": upd1 - upd0,
@@ -606,6 +618,35 @@ def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = MAR
         # Full-page images after each checkpoint included, and other sessions' WAL: an upper bound.
         "wal_bytes_per_op_mean": round(int(wal) / marginal),
     }
+
+
+def _own_wal_reader() -> Callable[[str], tuple[int, int]] | None:
+    """A function of a flushed WAL position giving (bytes, of which full-page images) this
+    database wrote since (pg_walinspect, PostgreSQL 15+); None where the extension is missing."""
+    from django.db import connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            cursor.execute("SELECT oid FROM pg_database WHERE datname = current_database()")
+            (oid,) = cursor.fetchone()
+    except Exception:  # no extension: the cluster-wide figures only
+        return None
+    mine = f"%/{oid}/%"
+
+    def read(start: str) -> tuple[int, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "WITH r AS (SELECT * FROM pg_get_wal_records_info(%s, pg_current_wal_flush_lsn())),"
+                " tx AS (SELECT DISTINCT xid FROM r WHERE block_ref LIKE %s AND xid <> 0)"
+                " SELECT coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0) FROM r"
+                " WHERE block_ref LIKE %s OR xid IN (SELECT xid FROM tx)",
+                [start, mine, mine],
+            )
+            total, fpi = cursor.fetchone()
+        return int(total), int(fpi)
+
+    return read
 
 
 def _generic_sql(sql: str) -> str:
@@ -712,6 +753,9 @@ def report(small: dict[str, Any], big: dict[str, Any]) -> int:
             f"  growth ({label}): WAL per fresh claim→complete {g.get('wal_bytes_per_op_min')} B"
             f" (least of 60; median {g.get('wal_bytes_per_op_p50')} B with other sessions' writes;"
             f" mean of the next 2,000 with full-page images {g.get('wal_bytes_per_op_mean')} B);"
+            f" this database's own WAL per fresh claim→complete mean {g.get('own_wal_bytes_per_op_mean')} B,"
+            f" median {g.get('own_wal_bytes_per_op_p50')} B, without full-page images"
+            f" {g.get('own_wal_bytes_per_op_no_fpi_mean')} B;"
             f" HOT updates of operations {g.get('hot_updates')} of {g.get('operation_updates')},"
             f" of attempts {g.get('attempt_hot_updates')} of {g.get('attempt_updates')};"
             f" tables grew {g.get('marginal_bytes_per_op')} B per fresh operation"
