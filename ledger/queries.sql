@@ -272,7 +272,10 @@ WITH held AS (
     WHERE ledger_operation.id = held.id
     RETURNING ledger_operation.*
 ), attempt AS (
-    -- attempt_succeed.
+    -- attempt_succeed. The attempt started between its operation's creation and now: on the
+    -- monthly partitions of ledger_attempt (DESIGN §12) that range prunes the update to the
+    -- partitions it spans — one, for an operation created this month — instead of probing
+    -- every month's index.
     UPDATE ledger_attempt SET
         outcome = {attempt_succeeded},
         finished_at = now(),
@@ -280,6 +283,7 @@ WITH held AS (
         response_status = %(response_status)s
     FROM op
     WHERE ledger_attempt.operation_id = op.id AND ledger_attempt.number = op.attempts
+      AND ledger_attempt.started_at >= op.created_at AND ledger_attempt.started_at <= now()
 ), event AS (
     -- event_insert: from the state `held` read to succeeded.
     INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)

@@ -225,3 +225,41 @@ def test_the_migration_converts_a_database_with_rows_and_keeps_them() -> None:
     finally:
         executor.loader.build_graph()
         executor.migrate(leaves)
+
+
+@pytest.mark.django_db
+def test_a_completion_updates_its_attempt_in_one_partition_not_every_months(tenant: Tenant, provider: Any) -> None:
+    """operation_complete_pg's attempt update carries the attempt's time range (the
+    operation's creation to now): on a year of monthly partitions its generic plan (what a
+    prepared statement runs) reads one partition's index, not every month's."""
+    from ledger import statements
+
+    now = sql.db_now()
+    monthly_from(partitions.month_start(now, plus=-12))
+    op = services.operation_claim(tenant=tenant, key="pruned-1", provider=provider, action="charge").operation
+    params = {
+        "id": op.pk,
+        # In its stored form, as ledger.statements passes it (bytes on PostgreSQL).
+        "lease_token": Operation._meta.get_field("lease_token").get_db_prep_value(op.lease_token, connection),
+        "tenant_id": tenant.pk,
+        "provider_ref": "ch_1",
+        "response_status": 200,
+        "response_body": None,
+        "actor": "api",
+        "reason": "completed",
+    }
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = 'ledger_attempt'::regclass")
+        assert cursor.fetchone()[0] >= 12
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + statements.text("operation_complete_pg"), params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET LOCAL plan_cache_mode = auto")
+    attempt_part = plan.split("CTE attempt")[1].split("CTE event")[0]
+    scans = [line for line in attempt_part.splitlines() if "Index Scan" in line or "Seq Scan" in line]
+    executed = [line for line in scans if "never executed" not in line]
+    assert len(executed) == 1, plan
+    assert "Subplans Removed" in attempt_part, plan
+    # And the move itself is whole: the attempt succeeded, the row too.
+    attempt = Attempt.objects.get(operation_id=op.pk)
+    assert attempt.outcome == "succeeded" and attempt.provider_ref == "ch_1"
