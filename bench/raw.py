@@ -174,10 +174,9 @@ def _capture_once(tenant: Any, provider: Any) -> dict[str, Any] | None:
     schema (its rows, indexes, foreign keys and state CHECKs) with no Django or service
     code around it — the ceiling any implementation of those statements can reach here.
     """
-    from django.db import connection, transaction
+    from django.db import connection
 
     from bench.inproc import services_factory
-    from ledger.models import Operation
 
     seen: list[dict[str, Any]] = []
 
@@ -203,6 +202,33 @@ def _capture_once(tenant: Any, provider: Any) -> dict[str, Any] | None:
                 [table, (n + 1) * 100_000_000, f"{table}_id_seq"],
             )
     key = f"capture-{secrets.token_hex(6)}"
+    # The statements run one by one while captured: a statement the services send in a
+    # psycopg pipeline (ledger.sql.execute_with_index_plans) has no result yet when the wrapper
+    # sees it, so the ids it returned could not be traced. (The planner setting it carries is
+    # not a Django statement: the capture never held it.)
+    from ledger import statements as ledger_statements
+
+    pipelined = ledger_statements.execute_with_index_plans
+    ledger_statements.execute_with_index_plans = lambda cursor, sql, params: cursor.execute(sql, params)
+    try:
+        captured = _run_captured(tenant, provider, key, wrapper, seen, services_factory)
+    finally:
+        ledger_statements.execute_with_index_plans = pipelined
+    if captured is None:
+        return None
+    fresh_count, op = captured
+    fresh = _plan(seen[:fresh_count], key, op.lease_token)
+    replay = _plan(seen[fresh_count:], key, op.lease_token)
+    if fresh is None or replay is None:
+        return None
+    return {"fresh": fresh, "replay": replay}
+
+
+def _run_captured(tenant: Any, provider: Any, key: str, wrapper: Any, seen: list[Any], services_factory: Any) -> Any:
+    from django.db import connection, transaction
+
+    from ledger.models import Operation
+
     with transaction.atomic():
         with connection.execute_wrapper(wrapper):
             services_factory(tenant, provider, "fresh")(0)(key)
@@ -210,11 +236,7 @@ def _capture_once(tenant: Any, provider: Any) -> dict[str, Any] | None:
             services_factory(tenant, provider, "replay")(0)(key)
         op = Operation.objects.get(tenant=tenant, key=key)
         transaction.set_rollback(True)
-    fresh = _plan(seen[:fresh_count], key, op.lease_token)
-    replay = _plan(seen[fresh_count:], key, op.lease_token)
-    if fresh is None or replay is None:
-        return None
-    return {"fresh": fresh, "replay": replay}
+    return fresh_count, op
 
 
 def _plan(statements: list[dict[str, Any]], key: str, token: str) -> list[list[dict[str, Any]]] | None:
@@ -244,6 +266,9 @@ def _plan(statements: list[dict[str, Any]], key: str, token: str) -> list[list[d
                 changes[name] = ("key",)
             elif isinstance(value, str) and value == token:
                 changes[name] = ("token",)
+            elif isinstance(value, bytes) and value == bytes.fromhex(token):
+                # Stored as its bytes on PostgreSQL (ledger.models.HexBytesField).
+                changes[name] = ("token_bytes",)
             elif type(value) is int and value in returned:
                 changes[name] = ("returned", *returned[value])
         if st["rows"]:
@@ -281,6 +306,8 @@ def ledger_lane_factory(dsn: str, captured: dict[str, Any], kind: str) -> Any:
                                 params[name] = key
                             elif change[0] == "token":
                                 params[name] = token
+                            elif change[0] == "token_bytes":
+                                params[name] = bytes.fromhex(token)
                             else:
                                 rows = results[change[1]]
                                 params[name] = rows[change[2]][change[3]]  # type: ignore[index]
