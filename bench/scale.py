@@ -250,9 +250,15 @@ class Recorder:
             finally:
                 statements.append((time.perf_counter() - t0, sql, params))
 
+        # Beside the wall time: this process's CPU time and the time spent waiting on SQL per
+        # call. On a machine shared with other work the wall time is mostly queueing; these
+        # say where a call's own time goes (the database server's CPU is in the SQL time).
+        cpu: list[float] = []
+        in_sql: list[float] = []
         for n in range(repeat):
             last = n == repeat - 1 or time.perf_counter() - started > BUDGET_S
             statements.clear()
+            c0 = time.process_time()
             t0 = time.perf_counter()
             try:
                 with connection.execute_wrapper(capture):
@@ -260,9 +266,13 @@ class Recorder:
             except Exception as exc:  # recorded and printed: a failing measurement is a finding
                 error = f"{type(exc).__name__}: {exc}"[:300]
             latencies.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            in_sql.append(sum(s[0] for s in statements))
             if last or error:
                 break
         latencies.sort()
+        cpu.sort()
+        in_sql.sort()
         slowest = max(statements, default=(0.0, "", None), key=lambda s: s[0])
         self.results[name] = {
             "group": group,
@@ -270,6 +280,8 @@ class Recorder:
             "p50_ms": round(_pct(latencies, 50) * 1000, 2),
             "p95_ms": round(_pct(latencies, 95) * 1000, 2),
             "max_ms": round(latencies[-1] * 1000, 2),
+            "cpu_p50_ms": round(_pct(cpu, 50) * 1000, 2),
+            "sql_p50_ms": round(_pct(in_sql, 50) * 1000, 2),
             "queries": len(statements),
             "slowest_ms": round(slowest[0] * 1000, 2),
             "slowest_sql": slowest[1],
@@ -720,7 +732,10 @@ def report(small: dict[str, Any], big: dict[str, Any]) -> int:
         f"({big['bytes'] / 2**30:.1f} GiB with attempts and events, {big['index_bytes'] / 2**30:.1f} GiB of it "
         f"indexes; {big['bytes'] / max(big['rows'], 1):,.0f} bytes per operation)"
     )
-    print(f"  {'measure':<58} {'small p50/p95 ms':>17} {'big p50/p95 ms':>17} {'p95 ×':>6} {'n':>4} {'sql':>4}  target")
+    print(
+        f"  {'measure':<58} {'small p50/p95 ms':>17} {'big p50/p95 ms':>17} {'p95 ×':>6} {'n':>4} {'sql':>4}"
+        f" {'big cpu/sql p50':>15}  target"
+    )
     failures = 0
     for name, b in big["results"].items():
         s = small["results"].get(name, {})
@@ -742,7 +757,8 @@ def report(small: dict[str, Any], big: dict[str, Any]) -> int:
         failures += 0 if ok else 1
         print(
             f"  {name[:58]:<58} {s.get('p50_ms', float('nan')):>8.1f}/{s.get('p95_ms', float('nan')):<8.1f}"
-            f" {b['p50_ms']:>8.1f}/{b['p95_ms']:<8.1f} {ratio:>6.2f} {b['n']:>4} {b['queries']:>4}  {verdict}"
+            f" {b['p50_ms']:>8.1f}/{b['p95_ms']:<8.1f} {ratio:>6.2f} {b['n']:>4} {b['queries']:>4}"
+            f" {b.get('cpu_p50_ms', float('nan')):>7.1f}/{b.get('sql_p50_ms', float('nan')):<7.1f}  {verdict}"
         )
         if b["error"]:
             print(f"      error: {b['error']}")
