@@ -53,7 +53,7 @@ CLAIMS = int(os.environ.get("SCALE_CLAIMS", 300))
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Bump when the generated shape changes: a database filled by another version is refilled.
-FILL_VERSION = 4
+FILL_VERSION = 5
 SMALL_TENANTS = 9
 QUIET_ROWS = 300
 BIG = "scale-big"
