@@ -12,6 +12,9 @@
 --   {claimed}, {queued}, …     a declared OperationStatus (or {attempt_…} AttemptOutcome) value
 --                              as a checked SQL literal: a partial index on a state can only
 --                              serve a statement whose state the planner sees
+-- Every statement names the tenant it reads or writes (`tenant_id = %(tenant_id)s`, or the new
+-- row's tenant_id), a value the caller holds, never NULL: Citus routes a statement to one node
+-- by it (DESIGN §12; tests/test_citus_readiness.py checks every statement).
 -- Every guard sits in the WHERE clause: a statement that matches no row means someone else
 -- moved the row first, and the service raises a named error; nothing is ever overwritten.
 -- The event row of a move is written by `event_insert` in the same transaction (services).
@@ -109,13 +112,13 @@ WITH op AS (
         tenant_id, operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
         outcome, error_class, message, provider_ref, execution_id, adapter_revision_id
     )
-    SELECT tenant_id, id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
+    SELECT %(tenant_id)s, id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
            {attempt_pending}, '', '', '', execution_id, adapter_revision_id
     FROM op WHERE attempts > 0
 ), event AS (
     -- event_insert's row: from no state to the new one.
     INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, attempt, at)
-    SELECT tenant_id, id, '', status, %(actor)s, %(reason)s, attempts, now() FROM op
+    SELECT %(tenant_id)s, id, '', status, %(actor)s, %(reason)s, attempts, now() FROM op
 )
 SELECT * FROM op;
 
@@ -288,7 +291,7 @@ WITH held AS (
 ), event AS (
     -- event_insert: from the state `held` read to succeeded.
     INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, attempt, at)
-    SELECT op.tenant_id, op.id, held.from_status, op.status, %(actor)s, %(reason)s, op.attempts, now()
+    SELECT %(tenant_id)s, op.id, held.from_status, op.status, %(actor)s, %(reason)s, op.attempts, now()
     FROM op JOIN held ON held.id = op.id
 )
 SELECT * FROM op;
