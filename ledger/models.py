@@ -584,7 +584,7 @@ class ProviderRate(models.Model):
 
     provider = models.OneToOneField(Provider, on_delete=models.CASCADE, primary_key=True, related_name="rate_state")
     # The provider's tenant: Citus distributes the bucket by it, beside that tenant's
-    # operations, and every statement on the bucket names it (DESIGN §12; migration 0026).
+    # operations, and every statement on the bucket names it (DESIGN §12; migration 0029).
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     # Calls that may start now (refilled at `rate` per second up to the provider's burst).
     tokens = models.FloatField()
@@ -937,7 +937,7 @@ class Attempt(models.Model):
     # The operation's tenant, copied when the row is written: Citus distributes every
     # tenant-owned table by tenant_id, co-located, and routes a statement to one node only
     # when it names the tenant, so every statement on this table does (DESIGN §12; migration
-    # 0026). No foreign key of its own: on a partitioned table one cannot be added without a
+    # 0029). No foreign key of its own: on a partitioned table one cannot be added without a
     # scan of every row under a lock that stops writes (NOT VALID is refused there), and the
     # operation's key already ties the row to a tenant; on Citus it becomes
     # (tenant_id, operation_id) → (tenant_id, id). No index: every read names the operation.
@@ -1001,7 +1001,7 @@ class OperationEvent(models.Model):
     # The operation's tenant, copied when the row is written: Citus distributes every
     # tenant-owned table by tenant_id, co-located, and routes a statement to one node only
     # when it names the tenant, so every statement on this table does (DESIGN §12; migration
-    # 0026). No foreign key of its own: on a partitioned table one cannot be added without a
+    # 0029). No foreign key of its own: on a partitioned table one cannot be added without a
     # scan of every row under a lock that stops writes (NOT VALID is refused there), and the
     # operation's key already ties the row to a tenant; on Citus it becomes
     # (tenant_id, operation_id) → (tenant_id, id). No index: every read names the operation.
