@@ -62,6 +62,7 @@ def test_a_list_of_operations_renders_each_row_as_drfs_serializer_does(tenant, p
     done = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge", payload={"a": 1})
     services.operation_complete(
         operation_id=done.operation.pk,
+        tenant_id=done.operation.tenant_id,
         lease_token=done.operation.lease_token,
         provider_ref="ch_1",
         response_body={"id": "ch_1", "card": "4242"},
@@ -69,6 +70,7 @@ def test_a_list_of_operations_renders_each_row_as_drfs_serializer_does(tenant, p
     failed = services.operation_claim(tenant=tenant, key="k-2", provider=provider, action="charge")
     services.operation_fail(
         operation_id=failed.operation.pk,
+        tenant_id=failed.operation.tenant_id,
         lease_token=failed.operation.lease_token,
         error_class="invalid_input",
         message="no",
