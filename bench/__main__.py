@@ -301,7 +301,9 @@ def scenario_explain(seeded: dict[str, Any], bench_dsn: str, keys: Keys, results
 
     def fresh_pair() -> None:
         op = claim(fresh).operation
-        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={"ok": True})
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, response_body={"ok": True}
+        )
 
     from bench.httpapi import claim_body
     from bench.profiling import Wsgi, new_handler

@@ -75,7 +75,11 @@ def services_factory(tenant: Any, provider: Any, kind: str) -> Any:
             raise RuntimeError(f"claim of fresh {key} not acquired")
         op = result.operation
         services.operation_complete(
-            operation_id=op.pk, lease_token=op.lease_token, response_body=_effect(key), actor="guard"
+            operation_id=op.pk,
+            tenant_id=op.tenant_id,
+            lease_token=op.lease_token,
+            response_body=_effect(key),
+            actor="guard",
         )
 
     def replay(key: str) -> None:

@@ -78,15 +78,16 @@ def _seed(rows: int, redact_rows: int) -> int:
                 [tenant.pk, provider.pk, sealed, sealed, *([count] * 5), count],
             )
         cursor.execute(
-            "INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at, sent_at, finished_at, outcome,"
-            " error_class, message, provider_ref, execution_id)"
-            " SELECT id, 1, lease_token, created_at, created_at, done_at, 'succeeded', '', '', provider_ref, ''"
+            "INSERT INTO ledger_attempt (tenant_id, operation_id, number, lease_token, started_at, sent_at,"
+            " finished_at, outcome, error_class, message, provider_ref, execution_id)"
+            " SELECT tenant_id, id, 1, lease_token, created_at, created_at, done_at, 'succeeded', '', '', provider_ref, ''"
             " FROM ledger_operation WHERE tenant_id = %s",
             [tenant.pk],
         )
         cursor.execute(
-            "INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)"
-            " SELECT id, s.f, s.t, 'bench', 'seed', 1, created_at FROM ledger_operation,"
+            "INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason,"
+            " attempt, at)"
+            " SELECT tenant_id, id, s.f, s.t, 'bench', 'seed', 1, created_at FROM ledger_operation,"
             " (VALUES ('', 'claimed'), ('claimed', 'succeeded')) AS s(f, t) WHERE tenant_id = %s",
             [tenant.pk],
         )

@@ -53,7 +53,7 @@ CLAIMS = int(os.environ.get("SCALE_CLAIMS", 300))
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Bump when the generated shape changes: a database filled by another version is refilled.
-FILL_VERSION = 4
+FILL_VERSION = 5
 SMALL_TENANTS = 9
 QUIET_ROWS = 300
 BIG = "scale-big"
@@ -195,19 +195,20 @@ def fill(rows: int) -> float:
             },
         )
         cursor.execute(
-            "INSERT INTO ledger_attempt (operation_id, number, lease_token, started_at, lease_expires_at, sent_at,"
-            " finished_at, outcome, error_class, message, provider_ref, response_status, execution_id)"
-            " SELECT id, 1, lease_token, created_at, lease_expires_at, sent_at, done_at,"
+            "INSERT INTO ledger_attempt (tenant_id, operation_id, number, lease_token, started_at, lease_expires_at,"
+            " sent_at, finished_at, outcome, error_class, message, provider_ref, response_status, execution_id)"
+            " SELECT tenant_id, id, 1, lease_token, created_at, lease_expires_at, sent_at, done_at,"
             " CASE status WHEN 'succeeded' THEN 'succeeded' WHEN 'failed' THEN 'failed'"
             " WHEN 'uncertain' THEN 'ambiguous' WHEN 'review' THEN 'ambiguous' WHEN 'retry_wait' THEN 'transient'"
             " WHEN 'abandoned' THEN 'ambiguous' ELSE 'pending' END,"
             " error_class, last_error, provider_ref, response_status, execution_id FROM ledger_operation"
         )
         cursor.execute(
-            "INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)"
-            " SELECT id, '', 'claimed', 'api', 'claimed', 1, created_at FROM ledger_operation"
-            " UNION ALL SELECT id, 'claimed', status, 'api', 'completed', 1, updated_at FROM ledger_operation"
-            " WHERE status <> 'claimed' ORDER BY 1"
+            "INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason,"
+            " attempt, at)"
+            " SELECT tenant_id, id, '', 'claimed', 'api', 'claimed', 1, created_at FROM ledger_operation"
+            " UNION ALL SELECT tenant_id, id, 'claimed', status, 'api', 'completed', 1, updated_at FROM ledger_operation"
+            " WHERE status <> 'claimed' ORDER BY 2"
         )
         cursor.execute("SET session_replication_role = DEFAULT")
         cursor.execute("SET maintenance_work_mem = '512MB'")
@@ -339,7 +340,9 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
                 tenant=tenant, key=f"fresh-{run_id}-{next(fresh)}", provider=providers[tenant.pk], action=ACTION
             )
             op = result.operation
-            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_x")
+            services.operation_complete(
+                operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_x"
+            )
 
         return call
 

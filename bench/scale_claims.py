@@ -67,7 +67,9 @@ def _side(db: str, run_id: str, counter: Any, rng: random.Random) -> tuple[list[
         op = services.operation_claim(
             tenant=big, key=f"paired-{run_id}-{next(counter)}", provider=provider, action=ACTION
         ).operation
-        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_x")
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_x"
+        )
 
     def replay() -> None:
         result = services.operation_claim(

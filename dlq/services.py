@@ -907,6 +907,7 @@ def _ledger_record(*, op: Operation, answer: TargetAnswer, actor: str) -> Operat
     if answer.ok:
         return ledger_services.operation_complete(
             operation_id=op.pk,
+            tenant_id=op.tenant_id,
             lease_token=op.lease_token,
             provider_ref=answer.provider_ref,
             response_status=answer.status,
@@ -916,6 +917,7 @@ def _ledger_record(*, op: Operation, answer: TargetAnswer, actor: str) -> Operat
         )
     op = ledger_services.operation_fail(
         operation_id=op.pk,
+        tenant_id=op.tenant_id,
         lease_token=op.lease_token,
         error_class=answer.error_class,
         message=answer.message,
@@ -983,6 +985,7 @@ def _supersede_original(*, event: FailedEvent, op: Operation, number: int, actor
         with transaction.atomic():
             ledger_services.operation_supersede(
                 operation_id=event.operation_id,
+                tenant_id=event.tenant_id,
                 by_operation_id=op.pk,
                 actor=actor,
                 reason=f"replay #{number} of DLQ entry {event.pk}: {op.status}",
@@ -1217,6 +1220,7 @@ def failed_event_correct(
 def _correction_event(*, original: Operation, actor: str, text: str) -> None:
     """The original operation's history says it was corrected (it stays ``failed``)."""
     OperationEvent.objects.create(
+        tenant_id=original.tenant_id,
         operation_id=original.pk,
         from_status=original.status,
         to_status=original.status,

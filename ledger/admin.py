@@ -16,6 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery, URLField
 from django.db.models.lookups import In
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -92,8 +93,19 @@ class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
     can_delete = False
 
 
+class TenantInlineFormSet(BaseInlineFormSet):
+    """An operation's attempts or events read by its tenant as well as its id: Citus routes a
+    statement to one node by tenant_id (DESIGN §12)."""
+
+    def __init__(self, *args: Any, instance: Any = None, queryset: Any = None, **kwargs: Any) -> None:
+        if instance is not None and instance.pk is not None and queryset is not None:
+            queryset = queryset.filter(tenant_id=instance.tenant_id)
+        super().__init__(*args, instance=instance, queryset=queryset, **kwargs)
+
+
 class AttemptInline(ReadOnlyInline):
     model = Attempt
+    formset = TenantInlineFormSet
     fields = [
         "number",
         "outcome",
@@ -133,6 +145,7 @@ def attempts_with_labels(rows: Iterable[Attempt]) -> list[Attempt]:
 
 class EventInline(ReadOnlyInline):
     model = OperationEvent
+    formset = TenantInlineFormSet
     fields = ["at", "from_status", "to_status", "actor", "reason", "attempt"]
     readonly_fields = fields
     ordering = ["at", "id"]
@@ -443,8 +456,9 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         extra_context = dict(extra_context or {})
         op = self.get_object(request, object_id)
         if op is not None:
-            attempts = list(op.attempt_set.order_by("number"))
-            events = list(op.events.order_by("at", "id"))
+            # By the operation's tenant too: Citus routes a statement by tenant_id (DESIGN §12).
+            attempts = list(op.attempt_set.filter(tenant_id=op.tenant_id).order_by("number"))
+            events = list(op.events.filter(tenant_id=op.tenant_id).order_by("at", "id"))
             extra_context["story"] = operation_story(op, attempts, events)
             extra_context["status_badge"] = display.operation_badge(op)
             extra_context["can_act"] = self.has_cancel_permission(request)

@@ -440,6 +440,7 @@ def operations_requeue(
     for _ in range(REQUEUE_MAX_ROWS // REQUEUE_BATCH):
         rows = list(
             Operation.objects.filter(
+                tenant_id=from_revision.tenant_id,
                 provider_id=provider_id,
                 mode=OperationMode.EXECUTE,
                 status__in=UNSENT_STATES,
@@ -452,7 +453,11 @@ def operations_requeue(
         if not rows:
             break
         spent = dict(
-            Attempt.objects.filter(operation_id__in=[pk for pk, _ in rows], adapter_revision_id=from_revision.pk)
+            Attempt.objects.filter(
+                tenant_id=from_revision.tenant_id,
+                operation_id__in=[pk for pk, _ in rows],
+                adapter_revision_id=from_revision.pk,
+            )
             .values_list("operation_id")
             .annotate(n=Count("id"))
             .order_by()
@@ -460,6 +465,7 @@ def operations_requeue(
         for pk, status in rows:
             if revisions.operation_revision_move(
                 operation_id=pk,
+                tenant_id=from_revision.tenant_id,
                 from_status=status,
                 from_revision_id=from_revision.pk,
                 to_revision_id=to_revision.pk,

@@ -156,6 +156,7 @@ def eligibility_ask(*, op: Operation, tenant: Tenant, client: httpx.Client | Non
 
 def _event(*, op: Operation, reason: str) -> None:
     OperationEvent.objects.create(
+        tenant_id=op.tenant_id,
         operation_id=op.pk,
         from_status=S.RETRY_WAIT,
         to_status=S.RETRY_WAIT,

@@ -403,19 +403,25 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
         # A capped provider's share of these rows, reserved under its bucket's lock; the rest
         # of its rows stay queued, no attempt spent (ledger.ratelimit).
         budget = ratelimit.TakeBudget.reserve(row[7:] for row in rows)
-        for op_id, status, past, timeout, revision_id, stable_id, canary_id, provider_id, *_ in rows:
+        for op_id, status, past, timeout, revision_id, stable_id, canary_id, provider_id, tenant_id, *_ in rows:
             if not budget.admit(provider_id):
                 continue
             if revision_id is not None and revision_id not in (stable_id, canary_id):
                 # Its revision was rolled back or replaced while it waited: nothing is under
                 # way for it (queued or retry_wait), so it runs under the stable one now.
                 revision_id = _revision_retired(
-                    op_id=op_id, status=status, revision_id=revision_id, stable_id=stable_id, actor=actor
+                    op_id=op_id,
+                    tenant_id=tenant_id,
+                    status=status,
+                    revision_id=revision_id,
+                    stable_id=stable_id,
+                    actor=actor,
                 )
             if revision_id is not None and revision_id != stable_id:
                 timeout = revisions.revision_get(revision_id).config.get("timeout_seconds", timeout)
             op = services.operation_take(
                 operation_id=op_id,
+                tenant_id=tenant_id,
                 from_status=status,
                 lease_seconds=adapters.worker_lease_seconds(float(timeout)),
                 past_deadline=bool(past),
@@ -429,13 +435,16 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     return polls + taken
 
 
-def _revision_retired(*, op_id: int, status: str, revision_id: int, stable_id: int | None, actor: str) -> int:
+def _revision_retired(
+    *, op_id: int, tenant_id: int, status: str, revision_id: int, stable_id: int | None, actor: str
+) -> int:
     """Move a due row off a revision that is neither stable nor a canary any more (in the
     take's transaction, the row locked); the revision it runs under now."""
     if stable_id is None:
         return revision_id
     revisions.operation_revision_move(
         operation_id=op_id,
+        tenant_id=tenant_id,
         from_status=status,
         from_revision_id=revision_id,
         to_revision_id=stable_id,
@@ -491,6 +500,7 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
         with transaction.atomic() if op.callback_url else contextlib.nullcontext():
             return services.operation_complete(
                 operation_id=op.pk,
+                tenant_id=op.tenant_id,
                 lease_token=op.lease_token,
                 provider_ref=outcome.provider_ref,
                 response_status=outcome.status,
@@ -514,6 +524,7 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
         services.provider_pause(provider_id=provider.pk, reason=outcome.message or "permission denied", actor=actor)
     return services.operation_fail(
         operation_id=op.pk,
+        tenant_id=op.tenant_id,
         lease_token=op.lease_token,
         error_class=outcome.error_class,
         message=f"{outcome.message} ({outcome.duration_ms} ms)",

@@ -118,6 +118,7 @@ def run_once(
     except BaseException as exc:
         services.operation_fail(
             operation_id=op.pk,
+            tenant_id=op.tenant_id,
             lease_token=op.lease_token,
             error_class=classify(exc),
             # The exception's class only: its message may carry the function's arguments.
@@ -134,6 +135,7 @@ def run_once(
         recorded = {"_not_json": type(value).__name__}
     services.operation_complete(
         operation_id=op.pk,
+        tenant_id=op.tenant_id,
         lease_token=op.lease_token,
         provider_ref=ref_from(value) if ref_from else "",
         response_body=recorded,

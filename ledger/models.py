@@ -583,6 +583,9 @@ class ProviderRate(models.Model):
     counts the in-flight rows the previous one committed. Not configuration: never in a form."""
 
     provider = models.OneToOneField(Provider, on_delete=models.CASCADE, primary_key=True, related_name="rate_state")
+    # The provider's tenant: Citus distributes the bucket by it, beside that tenant's
+    # operations, and every statement on the bucket names it (DESIGN §12; migration 0029).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     # Calls that may start now (refilled at `rate` per second up to the provider's burst).
     tokens = models.FloatField()
     # The effective rate in calls per second: the declared one, halved by a 429 and climbing
@@ -931,7 +934,17 @@ class Operation(models.Model):
 class Attempt(models.Model):
     """One row per try. A fenced holder's late result is kept here, never on the operation."""
 
-    # Indexed by the unique (operation, number).
+    # The operation's tenant, copied when the row is written: Citus distributes every
+    # tenant-owned table by tenant_id, co-located, and routes a statement to one node only
+    # when it names the tenant, so every statement on this table does (DESIGN §12; migration
+    # 0029). No foreign key of its own: on a partitioned table one cannot be added without a
+    # scan of every row under a lock that stops writes (NOT VALID is refused there), and the
+    # operation's key already ties the row to a tenant; on Citus it becomes
+    # (tenant_id, operation_id) → (tenant_id, id). No index: every read names the operation.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    # Indexed by (operation, number).
     operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
     number = Counter()
     lease_token = HexBytesField(hex_length=32)
@@ -985,6 +998,16 @@ class Attempt(models.Model):
 class OperationEvent(models.Model):
     """Append-only history: every transition, its actor and its reason."""
 
+    # The operation's tenant, copied when the row is written: Citus distributes every
+    # tenant-owned table by tenant_id, co-located, and routes a statement to one node only
+    # when it names the tenant, so every statement on this table does (DESIGN §12; migration
+    # 0029). No foreign key of its own: on a partitioned table one cannot be added without a
+    # scan of every row under a lock that stops writes (NOT VALID is refused there), and the
+    # operation's key already ties the row to a tenant; on Citus it becomes
+    # (tenant_id, operation_id) → (tenant_id, id). No index: every read names the operation.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
     # Indexed by operation alone (a history is a few rows, sorted after reading).
     operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events", db_index=False)
     from_status = models.CharField(max_length=16, blank=True)

@@ -196,6 +196,7 @@ def answer_apply(*, op: Operation, provider: Provider, answer: StatusAnswer, act
         if answer.verdict == Verdict.FAILED:
             return services.operation_fail(
                 operation_id=op.pk,
+                tenant_id=op.tenant_id,
                 lease_token=op.lease_token,
                 error_class=ErrorClass.INVALID_INPUT,
                 message=f"the provider's job {op.provider_ref} ended with {answer.said()}",
@@ -250,6 +251,7 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
             # The job is done at the provider; of this person's data nothing more is kept here.
             return services.operation_complete(
                 operation_id=op.pk,
+                tenant_id=op.tenant_id,
                 lease_token=op.lease_token,
                 provider_ref=op.provider_ref,
                 response_status=answer.http_status or 200,
@@ -260,6 +262,7 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
         note = f"output {published.key} published"
     return services.operation_complete(
         operation_id=op.pk,
+        tenant_id=op.tenant_id,
         lease_token=op.lease_token,
         provider_ref=op.provider_ref,
         response_status=answer.http_status or 200,
@@ -344,7 +347,7 @@ def attempt_log_fields(op: Operation, provider: Provider | None = None) -> dict[
     template version like the submit's did — also when a webhook, not a worker, runs it, and
     the sweeper's lines about the attempt (``provider``: its slug; the id without it)."""
     prompt_id = (
-        Attempt.objects.filter(operation_id=op.pk, number=op.attempts)
+        Attempt.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk, number=op.attempts)
         .values_list("prompt_template_id", flat=True)
         .first()
     )
@@ -460,6 +463,7 @@ def _webhook_take(*, op: Operation, provider: Provider, lease_seconds: float, ac
                 [
                     (
                         provider.pk,
+                        provider.tenant_id,
                         provider.max_in_flight,
                         provider.rate_limit,
                         provider.rate_period_seconds,

@@ -12,6 +12,9 @@
 --   {claimed}, {queued}, …     a declared OperationStatus (or {attempt_…} AttemptOutcome) value
 --                              as a checked SQL literal: a partial index on a state can only
 --                              serve a statement whose state the planner sees
+-- Every statement names the tenant it reads or writes (`tenant_id = %(tenant_id)s`, or the new
+-- row's tenant_id), a value the caller holds, never NULL: Citus routes a statement to one node
+-- by it (DESIGN §12; tests/test_citus_readiness.py checks every statement).
 -- Every guard sits in the WHERE clause: a statement that matches no row means someone else
 -- moved the row first, and the service raises a named error; nothing is ever overwritten.
 -- The event row of a move is written by `event_insert` in the same transaction (services).
@@ -106,16 +109,16 @@ WITH op AS (
 ), attempt AS (
     -- attempt_open's row.
     INSERT INTO ledger_attempt (
-        operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
+        tenant_id, operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
         outcome, error_class, message, provider_ref, execution_id, adapter_revision_id
     )
-    SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
+    SELECT %(tenant_id)s, id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
            {attempt_pending}, '', '', '', execution_id, adapter_revision_id
     FROM op WHERE attempts > 0
 ), event AS (
     -- event_insert's row: from no state to the new one.
-    INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)
-    SELECT id, '', status, %(actor)s, %(reason)s, attempts, now() FROM op
+    INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, attempt, at)
+    SELECT %(tenant_id)s, id, '', status, %(actor)s, %(reason)s, attempts, now() FROM op
 )
 SELECT * FROM op;
 
@@ -139,7 +142,7 @@ UPDATE ledger_operation SET
     next_attempt_at = NULL,
     execution_id = COALESCE(NULLIF(%(execution_id)s, ''), execution_id),
     updated_at = now()
-WHERE id = %(id)s AND status = {retry_wait}
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s AND status = {retry_wait}
   AND next_attempt_at <= now()
   AND (expires_at IS NULL OR expires_at > now())
 RETURNING *;
@@ -161,7 +164,7 @@ UPDATE ledger_operation SET
     next_attempt_at = NULL,
     polls = 0,
     updated_at = now()
-WHERE id = %(id)s AND status = %(from_status)s
+WHERE id = %(id)s AND tenant_id = %(tenant_id)s AND status = %(from_status)s
 RETURNING *;
 
 
@@ -211,7 +214,7 @@ UPDATE ledger_operation SET
     reconciliation_handle = COALESCE(NULLIF(%(reconciliation_handle)s, ''), reconciliation_handle)
 WHERE id = %(id)s AND status = {claimed} AND lease_token = %(lease_token)s
   AND lease_expires_at > now()
-  AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)
+  AND tenant_id = %(tenant_id)s
 RETURNING *;
 
 
@@ -221,7 +224,7 @@ UPDATE ledger_operation SET
     lease_expires_at = ledger_now_plus(%(lease_seconds)s),
     updated_at = now()
 WHERE id = %(id)s AND status = {claimed} AND lease_token = %(lease_token)s
-  AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)
+  AND tenant_id = %(tenant_id)s
 RETURNING *;
 
 
@@ -239,7 +242,7 @@ UPDATE ledger_operation SET
     done_at = now(),
     updated_at = now()
 WHERE id = %(id)s AND status = %(from_status)s AND lease_token = %(lease_token)s
-  AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)
+  AND tenant_id = %(tenant_id)s
 RETURNING *;
 
 
@@ -256,7 +259,7 @@ RETURNING *;
 WITH held AS (
     SELECT id, status AS from_status FROM ledger_operation
     WHERE id = %(id)s AND status IN ({claimed}, {uncertain}, {review}) AND lease_token = %(lease_token)s
-      AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)
+      AND tenant_id = %(tenant_id)s
     FOR UPDATE
 ), op AS (
     UPDATE ledger_operation SET
@@ -282,12 +285,13 @@ WITH held AS (
         provider_ref = %(provider_ref)s,
         response_status = %(response_status)s
     FROM op
-    WHERE ledger_attempt.operation_id = op.id AND ledger_attempt.number = op.attempts
+    WHERE ledger_attempt.tenant_id = %(tenant_id)s
+      AND ledger_attempt.operation_id = op.id AND ledger_attempt.number = op.attempts
       AND ledger_attempt.started_at >= op.created_at AND ledger_attempt.started_at <= now()
 ), event AS (
     -- event_insert: from the state `held` read to succeeded.
-    INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)
-    SELECT op.id, held.from_status, op.status, %(actor)s, %(reason)s, op.attempts, now()
+    INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, attempt, at)
+    SELECT %(tenant_id)s, op.id, held.from_status, op.status, %(actor)s, %(reason)s, op.attempts, now()
     FROM op JOIN held ON held.id = op.id
 )
 SELECT * FROM op;
@@ -308,6 +312,7 @@ UPDATE ledger_operation SET
     done_at = CASE WHEN %(terminal)s THEN now() ELSE done_at END,
     updated_at = now()
 WHERE id = %(id)s AND status = %(from_status)s AND lease_token = %(lease_token)s
+  AND tenant_id = %(tenant_id)s
 RETURNING *;
 
 
@@ -315,17 +320,17 @@ RETURNING *;
 -- The attempt a claim, reclaim or take opened, numbered and leased as its operation, under
 -- the adapter revision the operation runs under.
 INSERT INTO ledger_attempt (
-    operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
+    tenant_id, operation_id, number, lease_token, started_at, lease_expires_at, sent_at,
     outcome, error_class, message, provider_ref, execution_id, adapter_revision_id
 )
-SELECT id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
+SELECT tenant_id, id, attempts, lease_token, claimed_at, lease_expires_at, sent_at,
        {attempt_pending}, '', '', '', execution_id, adapter_revision_id
-FROM ledger_operation WHERE id = %(operation_id)s;
+FROM ledger_operation WHERE id = %(operation_id)s AND tenant_id = %(tenant_id)s;
 
 
 -- name: attempt_mark_sent --
 UPDATE ledger_attempt SET sent_at = COALESCE(sent_at, now())
-WHERE operation_id = %(operation_id)s AND number = %(number)s;
+WHERE tenant_id = %(tenant_id)s AND operation_id = %(operation_id)s AND number = %(number)s;
 
 
 -- name: attempt_job --
@@ -334,7 +339,7 @@ WHERE operation_id = %(operation_id)s AND number = %(number)s;
 UPDATE ledger_attempt SET
     provider_ref = %(provider_ref)s,
     response_status = %(response_status)s
-WHERE operation_id = %(operation_id)s AND number = %(number)s;
+WHERE tenant_id = %(tenant_id)s AND operation_id = %(operation_id)s AND number = %(number)s;
 
 
 -- name: attempt_succeed --
@@ -343,7 +348,7 @@ UPDATE ledger_attempt SET
     finished_at = now(),
     provider_ref = %(provider_ref)s,
     response_status = %(response_status)s
-WHERE operation_id = %(operation_id)s AND number = %(number)s;
+WHERE tenant_id = %(tenant_id)s AND operation_id = %(operation_id)s AND number = %(number)s;
 
 
 -- name: attempt_finish --
@@ -354,13 +359,13 @@ UPDATE ledger_attempt SET
     error_class = %(error_class)s,
     message = %(message)s,
     response_status = %(response_status)s
-WHERE operation_id = %(operation_id)s AND number = %(number)s;
+WHERE tenant_id = %(tenant_id)s AND operation_id = %(operation_id)s AND number = %(number)s;
 
 
 -- name: event_insert --
 -- Every transition's trace, in the same transaction as the move (append-only).
-INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, attempt, at)
-VALUES (%(operation_id)s, %(from_status)s, %(to_status)s, %(actor)s, %(reason)s, %(attempt)s, now());
+INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, attempt, at)
+VALUES (%(tenant_id)s, %(operation_id)s, %(from_status)s, %(to_status)s, %(actor)s, %(reason)s, %(attempt)s, now());
 
 
 -- Rate and concurrency caps (ledger.ratelimit; DESIGN §5, rate and concurrency caps). A
@@ -371,8 +376,8 @@ VALUES (%(operation_id)s, %(from_status)s, %(to_status)s, %(actor)s, %(reason)s,
 
 -- name: provider_rate_insert --
 -- A capped provider's bucket, full, at its declared rate; a row that exists is left alone.
-INSERT INTO ledger_providerrate (provider_id, tokens, rate, refilled_at, quiet_since, lowered_at, next_take_at)
-VALUES (%(provider_id)s, %(burst)s, %(ceiling)s, now(), now(), NULL, NULL)
+INSERT INTO ledger_providerrate (tenant_id, provider_id, tokens, rate, refilled_at, quiet_since, lowered_at, next_take_at)
+VALUES (%(tenant_id)s, %(provider_id)s, %(burst)s, %(ceiling)s, now(), now(), NULL, NULL)
 ON CONFLICT (provider_id) DO NOTHING;
 
 
@@ -395,7 +400,7 @@ UPDATE ledger_providerrate SET
     -- PostgreSQL's now() is the transaction's start, which may precede the previous taker's:
     -- the clock of the bucket never runs backwards (nor credits the same time twice).
     refilled_at = GREATEST(refilled_at, now())
-WHERE provider_id = %(provider_id)s
+WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s
 RETURNING tokens, rate;
 
 
@@ -404,7 +409,7 @@ RETURNING tokens, rate;
 -- (op_exec_inflight_idx). Read after provider_rate_refill locked the bucket, so it sees every
 -- row the provider's previous taker committed.
 SELECT COUNT(*) FROM ledger_operation
-WHERE provider_id = %(provider_id)s AND status = {claimed} AND mode = 'execute';
+WHERE tenant_id = %(tenant_id)s AND provider_id = %(provider_id)s AND status = {claimed} AND mode = 'execute';
 
 
 -- name: provider_rate_spend --
@@ -413,7 +418,7 @@ WHERE provider_id = %(provider_id)s AND status = {claimed} AND mode = 'execute';
 UPDATE ledger_providerrate SET
     tokens = tokens - %(taken)s,
     next_take_at = ledger_now_plus(%(wait_seconds)s)
-WHERE provider_id = %(provider_id)s AND tokens >= %(taken)s;
+WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s AND tokens >= %(taken)s;
 
 
 -- name: provider_rate_lower --
@@ -432,7 +437,7 @@ FROM (
     SELECT CASE WHEN polls > 0 THEN claimed_at ELSE sent_at END AS at
     FROM ledger_operation WHERE id = %(operation_id)s AND tenant_id = %(tenant_id)s
 ) AS sent
-WHERE provider_id = %(provider_id)s
+WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s
 RETURNING rate;
 
 
@@ -441,5 +446,5 @@ RETURNING rate;
 UPDATE ledger_providerrate SET
     tokens = %(burst)s, rate = %(ceiling)s, refilled_at = now(), quiet_since = now(),
     lowered_at = NULL, next_take_at = NULL
-WHERE provider_id = %(provider_id)s;
+WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s;
 

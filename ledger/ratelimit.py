@@ -49,9 +49,11 @@ from ledger.models import Operation, OperationMode, OperationStatus, Provider, P
 
 log = logging.getLogger("onceguard.ratelimit")
 
-# The provider columns the take reads with each due row (in this order) to know its caps.
+# The provider columns the take reads with each due row (in this order) to know its caps; the
+# row's tenant is its provider's, and every statement on the bucket names it (DESIGN §12, Citus).
 CAP_COLUMNS = (
     "provider_id",
+    "tenant_id",
     "provider__max_in_flight",
     "provider__rate_limit",
     "provider__rate_period_seconds",
@@ -109,6 +111,7 @@ def held_back() -> Q:
 @dataclass
 class _Cap:
     provider_id: int
+    tenant_id: int
     max_in_flight: int | None
     ceiling: float | None  # declared calls per second; None: no rate
     burst: float
@@ -124,6 +127,7 @@ def _params(cap: _Cap) -> dict[str, Any]:
     ceiling = cap.ceiling or 0.0
     return {
         "provider_id": cap.provider_id,
+        "tenant_id": cap.tenant_id,
         "burst": cap.burst if cap.ceiling else 0.0,
         "ceiling": ceiling,
         "step": ceiling * step_fraction(),
@@ -156,16 +160,17 @@ class TakeBudget:
         self._caps = caps
 
     @classmethod
-    def reserve(cls, rows: Iterable[tuple[int, int | None, int | None, int | None, int | None]]) -> TakeBudget:
+    def reserve(cls, rows: Iterable[tuple[int, int, int | None, int | None, int | None, int | None]]) -> TakeBudget:
         """``rows``: for each selected row, its ``CAP_COLUMNS``."""
         wanted: Counter[int] = Counter()
         caps: dict[int, _Cap] = {}
-        for provider_id, max_in_flight, rate_limit, period, burst in rows:
+        for provider_id, tenant_id, max_in_flight, rate_limit, period, burst in rows:
             if max_in_flight is None and rate_limit is None:
                 continue
             wanted[provider_id] += 1
             caps[provider_id] = _Cap(
                 provider_id=provider_id,
+                tenant_id=tenant_id,
                 max_in_flight=max_in_flight,
                 ceiling=declared_rate(rate_limit, period),
                 burst=float(max(1, burst or 1)),
@@ -179,7 +184,9 @@ class TakeBudget:
             allowed = cap.wanted
             if cap.max_in_flight is not None:
                 with connection.cursor() as cursor:
-                    cursor.execute(statements.text("provider_in_flight"), {"provider_id": provider_id})
+                    cursor.execute(
+                        statements.text("provider_in_flight"), {"provider_id": provider_id, "tenant_id": cap.tenant_id}
+                    )
                     cap.in_flight = int(cursor.fetchone()[0])
                 allowed = min(allowed, max(0, cap.max_in_flight - cap.in_flight))
             if cap.ceiling:
@@ -214,7 +221,12 @@ class TakeBudget:
             statements.execute(
                 "provider_rate_spend",
                 # The guard compares with the stored float: never ask for a hair more than it holds.
-                {"provider_id": provider_id, "taken": float(min(taken, cap.tokens)), "wait_seconds": wait},
+                {
+                    "provider_id": provider_id,
+                    "tenant_id": cap.tenant_id,
+                    "taken": float(min(taken, cap.tokens)),
+                    "wait_seconds": wait,
+                },
             )
             if cap.wanted > cap.allowed:
                 log.debug(
@@ -243,6 +255,7 @@ def provider_rate_lower(*, provider: Provider, operation_id: int) -> float | Non
         return None
     cap = _Cap(
         provider_id=provider.pk,
+        tenant_id=provider.tenant_id,
         max_in_flight=provider.max_in_flight,
         ceiling=ceiling,
         burst=float(provider.rate_burst or 1),
@@ -280,7 +293,12 @@ def provider_rate_reset(*, provider: Provider) -> None:
     ceiling = declared_rate(provider.rate_limit, provider.rate_period_seconds) or 0.0
     statements.execute(
         "provider_rate_reset",
-        {"provider_id": provider.pk, "burst": float(provider.rate_burst or 1) if ceiling else 0.0, "ceiling": ceiling},
+        {
+            "provider_id": provider.pk,
+            "tenant_id": provider.tenant_id,
+            "burst": float(provider.rate_burst or 1) if ceiling else 0.0,
+            "ceiling": ceiling,
+        },
     )
 
 
@@ -339,7 +357,11 @@ def provider_caps(provider: Provider) -> CapsView:
             status=OperationStatus.CLAIMED,
             mode=OperationMode.EXECUTE,
         ).count()
-    state = ProviderRate.objects.filter(provider_id=provider.pk).first() if provider.pk is not None else None
+    state = (
+        ProviderRate.objects.filter(tenant_id=provider.tenant_id, provider_id=provider.pk).first()
+        if provider.pk is not None
+        else None
+    )
     period = int(provider.rate_period_seconds or 1)
     effective: float | None = None
     if provider.rate_limit is not None:

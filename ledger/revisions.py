@@ -306,6 +306,7 @@ def revision_assign(*, provider: Provider, tenant_id: int, key: str) -> int | No
 def operation_revision_move(
     *,
     operation_id: int,
+    tenant_id: int,
     from_status: str,
     from_revision_id: int | None,
     to_revision_id: int,
@@ -319,10 +320,11 @@ def operation_revision_move(
     when the row moved meanwhile (a worker that took it runs under what it was taken with)."""
     with transaction.atomic():
         moved = Operation.objects.filter(
-            pk=operation_id, status=from_status, adapter_revision_id=from_revision_id
+            pk=operation_id, tenant_id=tenant_id, status=from_status, adapter_revision_id=from_revision_id
         ).update(adapter_revision_id=to_revision_id, updated_at=Now(), **(changes or {}))
         if moved:
             OperationEvent.objects.create(
+                tenant_id=tenant_id,
                 operation_id=operation_id,
                 from_status=from_status,
                 to_status=from_status,

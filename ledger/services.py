@@ -238,6 +238,7 @@ def _event(*, op: Operation, old: str, actor: str, reason: str) -> None:
     statements.execute(
         "event_insert",
         {
+            "tenant_id": op.tenant_id,
             "operation_id": op.pk,
             "from_status": old,
             "to_status": op.status,
@@ -470,7 +471,7 @@ def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Opera
     op = statements.operation("operation_insert", params)
     if op is not None:
         if op.attempts:
-            statements.execute("attempt_open", {"operation_id": op.pk})
+            statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
         _event(op=op, old="", actor=actor, reason=reason)
     return op
 
@@ -513,7 +514,7 @@ def _replace_older_versions(*, op: Operation, actor: str) -> None:
     linked = list(older.values_list("pk", "status", "version"))
     if not linked:
         return
-    Operation.objects.filter(pk__in=[pk for pk, _, _ in linked]).update(replaced_by=op)
+    Operation.objects.filter(tenant_id=op.tenant_id, pk__in=[pk for pk, _, _ in linked]).update(replaced_by=op)
     reason = f"replaced by version {op.version}"
     for pk, status, _ in linked:
         if status in CANCELLABLE_STATES:
@@ -522,9 +523,10 @@ def _replace_older_versions(*, op: Operation, actor: str) -> None:
                 continue
             except OperationNotCancellable:
                 # Taken by a worker (or its caller) meanwhile: it finishes its course.
-                status = Operation.objects.filter(pk=pk).values_list("status", flat=True).get()
+                status = Operation.objects.filter(pk=pk, tenant_id=op.tenant_id).values_list("status", flat=True).get()
         course = "" if status in TERMINAL_STATES else "; it finishes its course"
         OperationEvent.objects.create(
+            tenant_id=op.tenant_id,
             operation_id=pk,
             from_status=status,
             to_status=status,
@@ -597,7 +599,12 @@ def _answer_existing(
         )
     if op.mode == OperationMode.GUARD:
         retaken = operation_reclaim(
-            operation_id=op.pk, lease_seconds=lease, mark_sent=mark_sent, actor=actor, execution_id=execution_id
+            operation_id=op.pk,
+            tenant_id=op.tenant_id,
+            lease_seconds=lease,
+            mark_sent=mark_sent,
+            actor=actor,
+            execution_id=execution_id,
         )
         if retaken is not None:
             return ClaimResult(operation=retaken, acquired=True, replayed=False)
@@ -654,7 +661,13 @@ def eligibility_recheck_due(op: Operation) -> bool:
 
 
 def operation_reclaim(
-    *, operation_id: int, lease_seconds: float, mark_sent: bool = False, actor: str, execution_id: str = ""
+    *,
+    operation_id: int,
+    tenant_id: int,
+    lease_seconds: float,
+    mark_sent: bool = False,
+    actor: str,
+    execution_id: str = "",
 ) -> Operation | None:
     """retry_wait (due) → claimed: a new attempt with a fresh token on the same operation."""
     with transaction.atomic(), sql.index_plans():
@@ -662,6 +675,7 @@ def operation_reclaim(
             "operation_reclaim",
             {
                 "id": operation_id,
+                "tenant_id": tenant_id,
                 "lease_token": new_lease_token(),
                 "lease_seconds": _seconds(lease_seconds),
                 "mark_sent": mark_sent,
@@ -670,13 +684,13 @@ def operation_reclaim(
         )
         if op is None:
             return None
-        statements.execute("attempt_open", {"operation_id": op.pk})
+        statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
         _event(op=op, old=S.RETRY_WAIT, actor=actor, reason="retry claimed, sent" if mark_sent else "retry claimed")
     return op
 
 
 def operation_take(
-    *, operation_id: int, from_status: str, lease_seconds: float, past_deadline: bool, actor: str
+    *, operation_id: int, tenant_id: int, from_status: str, lease_seconds: float, past_deadline: bool, actor: str
 ) -> Operation | None:
     """queued|retry_wait → claimed by an execute-mode worker, with a new attempt and the sent
     marker (the worker sends right after); past its deadline or lifetime, without the marker,
@@ -688,6 +702,7 @@ def operation_take(
             "operation_take",
             {
                 "id": operation_id,
+                "tenant_id": tenant_id,
                 "from_status": from_status,
                 "lease_token": new_lease_token(),
                 "lease_seconds": _seconds(lease_seconds),
@@ -696,7 +711,7 @@ def operation_take(
         )
         if op is None:
             return None
-        statements.execute("attempt_open", {"operation_id": op.pk})
+        statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
         _event(
             op=op, old=from_status, actor=actor, reason="taken past its deadline" if past_deadline else "taken, sent"
         )
@@ -739,6 +754,7 @@ def operation_wait(
                 statements.execute(
                     "attempt_job",
                     {
+                        "tenant_id": op.tenant_id,
                         "operation_id": op.pk,
                         "number": op.attempts,
                         "provider_ref": provider_ref,
@@ -778,14 +794,13 @@ def operation_poll_take(
 # --- Holder calls: sent, heartbeat, complete, fail -----------------------------------------
 
 
-def _diagnose_holder_refusal(
-    *, op_id: int, token: str, tenant_id: int | None = None, allow_expired: bool = True
-) -> Exception:
+def _diagnose_holder_refusal(*, op_id: int, token: str, tenant_id: int, allow_expired: bool = True) -> Exception:
     """After a guarded update matched nothing: name why, for the caller."""
-    rows = Operation.objects.filter(pk=op_id)
-    if tenant_id is not None:
-        rows = rows.filter(tenant_id=tenant_id)
-    op = rows.only("status", "lease_token", "lease_expires_at").first()
+    op = (
+        Operation.objects.filter(pk=op_id, tenant_id=tenant_id)
+        .only("status", "lease_token", "lease_expires_at")
+        .first()
+    )
     if op is None:
         return OperationNotFound("No such operation.")
     if op.lease_token != token:
@@ -803,7 +818,7 @@ def operation_mark_sent(
     lease_token: str,
     reconciliation_handle: str = "",
     actor: str = "api",
-    tenant_id: int | None = None,
+    tenant_id: int,
 ) -> Operation:
     """The marker written before the effect: from now on a crash means "possibly sent".
 
@@ -821,7 +836,9 @@ def operation_mark_sent(
             },
         )
         if op is not None:
-            statements.execute("attempt_mark_sent", {"operation_id": op.pk, "number": op.attempts})
+            statements.execute(
+                "attempt_mark_sent", {"tenant_id": op.tenant_id, "operation_id": op.pk, "number": op.attempts}
+            )
             _event(op=op, old=S.CLAIMED, actor=actor, reason="sent marker")
     if op is None:
         raise _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id, allow_expired=False)
@@ -829,7 +846,7 @@ def operation_mark_sent(
 
 
 def operation_heartbeat(
-    *, operation_id: int, lease_token: str, lease_seconds: float | None = None, tenant_id: int | None = None
+    *, operation_id: int, lease_token: str, lease_seconds: float | None = None, tenant_id: int
 ) -> Operation:
     """Extend a live holder's lease (claimed, same token). No event row: not a transition."""
     with transaction.atomic(), sql.index_plans():
@@ -844,7 +861,7 @@ def operation_heartbeat(
         )
         if op is not None:
             # The attempt mirrors the row's lease exactly (its value, not a second clock read).
-            Attempt.objects.filter(operation_id=op.pk, lease_token=lease_token).update(
+            Attempt.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk, lease_token=lease_token).update(
                 lease_expires_at=op.lease_expires_at
             )
     if op is None:
@@ -855,6 +872,7 @@ def operation_heartbeat(
 def _record_fenced_evidence(
     *,
     operation_id: int,
+    tenant_id: int,
     lease_token: str,
     provider_ref: str = "",
     response_status: int | None = None,
@@ -863,7 +881,7 @@ def _record_fenced_evidence(
     message: str = "",
 ) -> None:
     """A superseded holder's late result is kept on its own Attempt, never on the row."""
-    Attempt.objects.filter(operation_id=operation_id, lease_token=lease_token).update(
+    Attempt.objects.filter(tenant_id=tenant_id, operation_id=operation_id, lease_token=lease_token).update(
         outcome=AttemptOutcome.FENCED,
         provider_ref=provider_ref[:255],
         response_status=response_status,
@@ -888,7 +906,7 @@ def operation_complete(
     response_body: Any = None,
     actor: str = "api",
     reason: str = "completed",
-    tenant_id: int | None = None,
+    tenant_id: int,
 ) -> Operation:
     """claimed|uncertain|review → succeeded, for the latest attempt's token only.
 
@@ -917,13 +935,14 @@ def operation_complete(
     if isinstance(error, LeaseLost) and "status" not in error.extra:
         _record_fenced_evidence(
             operation_id=operation_id,
+            tenant_id=tenant_id,
             lease_token=lease_token,
             provider_ref=provider_ref,
             response_status=response_status,
             response_body=response_body,
         )
     elif isinstance(error, OperationAlreadyFinished):
-        current = Operation.objects.get(pk=operation_id)
+        current = Operation.objects.get(pk=operation_id, tenant_id=tenant_id)
         # The same holder repeating its own successful complete gets the row back.
         if (
             current.status == S.SUCCEEDED
@@ -946,6 +965,7 @@ def _complete_reported(params: dict[str, Any], *, actor: str, reason: str) -> Op
             statements.execute(
                 "attempt_succeed",
                 {
+                    "tenant_id": op.tenant_id,
                     "operation_id": op.pk,
                     "number": op.attempts,
                     "provider_ref": params["provider_ref"],
@@ -1006,7 +1026,7 @@ def decide_unsent_expiry(op: Operation) -> tuple[str, float | None, str]:
         throttled=False,
         retry_after=None,
         now=sql.db_now(),
-        has_unresolved_sent=op.attempt_set.filter(outcome=AttemptOutcome.AMBIGUOUS).exists(),
+        has_unresolved_sent=op.attempt_set.filter(tenant_id=op.tenant_id, outcome=AttemptOutcome.AMBIGUOUS).exists(),
     )
     if decision.to == S.RETRY_WAIT:
         # Due at once: nothing was sent, so there is no reason to wait.
@@ -1046,7 +1066,7 @@ def operation_fail(
     retry_after: float | None = None,
     throttled: bool = False,
     actor: str = "api",
-    tenant_id: int | None = None,
+    tenant_id: int,
 ) -> Operation:
     """Record a failure reported by the latest holder and apply DESIGN §3's table.
 
@@ -1058,18 +1078,18 @@ def operation_fail(
         raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)}.")
     message = sanitize_message(message)
     with _atomic_keeping_fenced_evidence(), sql.index_plans():
-        rows = Operation.objects.select_for_update().filter(
-            pk=operation_id, lease_token=lease_token, status__in=REPORTABLE_STATES
+        op = (
+            Operation.objects.select_for_update()
+            .filter(pk=operation_id, tenant_id=tenant_id, lease_token=lease_token, status__in=REPORTABLE_STATES)
+            .first()
         )
-        if tenant_id is not None:
-            rows = rows.filter(tenant_id=tenant_id)
-        op = rows.first()
         if op is None:
             error = _diagnose_holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id)
             if isinstance(error, LeaseLost) and "status" not in error.extra:
                 raise _FencedReport(
                     error,
                     operation_id=operation_id,
+                    tenant_id=tenant_id,
                     lease_token=lease_token,
                     error_class=error_class,
                     message=message,
@@ -1077,7 +1097,9 @@ def operation_fail(
                     response_body=response_body,
                 )
             raise error
-        unresolved_before = op.attempt_set.filter(outcome=AttemptOutcome.AMBIGUOUS, number__lt=op.attempts).exists()
+        unresolved_before = op.attempt_set.filter(
+            tenant_id=op.tenant_id, outcome=AttemptOutcome.AMBIGUOUS, number__lt=op.attempts
+        ).exists()
         decision = _decide_failure(
             op=op,
             error_class=error_class,
@@ -1087,6 +1109,7 @@ def operation_fail(
             has_unresolved_sent=unresolved_before,
         )
         attempt = {
+            "tenant_id": op.tenant_id,
             "operation_id": op.pk,
             "number": op.attempts,
             "outcome": decision.attempt_outcome,
@@ -1104,6 +1127,7 @@ def operation_fail(
             "operation_fail",
             {
                 "id": op.pk,
+                "tenant_id": op.tenant_id,
                 "from_status": op.status,
                 "lease_token": lease_token,
                 "to_status": decision.to,
@@ -1157,15 +1181,19 @@ def operation_transition(
     values: dict[str, Any] = {"status": to, "updated_at": Now(), **(changes or {})}
     if to in TERMINAL_STATES:
         values["done_at"] = Now()
-    rows = Operation.objects.filter(pk=operation.pk, status=operation.status, lease_token=operation.lease_token)
+    rows = Operation.objects.filter(
+        pk=operation.pk, tenant_id=operation.tenant_id, status=operation.status, lease_token=operation.lease_token
+    )
     if guard is not None:
         rows = rows.filter(guard)
     with transaction.atomic():
         if not rows.update(**values):
             raise LeaseLost("The operation moved before this change could be applied.")
-        updated = Operation.objects.get(pk=operation.pk)
+        updated = Operation.objects.get(pk=operation.pk, tenant_id=operation.tenant_id)
         if attempt_changes:
-            Attempt.objects.filter(operation_id=updated.pk, number=updated.attempts).update(**attempt_changes)
+            Attempt.objects.filter(
+                tenant_id=updated.tenant_id, operation_id=updated.pk, number=updated.attempts
+            ).update(**attempt_changes)
         _event(op=updated, old=operation.status, actor=actor, reason=reason)
         if updated.status == S.FAILED:
             _after_failed(updated)
@@ -1241,17 +1269,19 @@ def operation_retry_now(
         raise OperationNotCancellable(
             "A guard-mode operation is retried by its caller, who claims the key again; Onceguard does not send it."
         )
-    rows = Operation.objects.filter(pk=op.pk, status=S.RETRY_WAIT, lease_token=op.lease_token)
+    rows = Operation.objects.filter(pk=op.pk, tenant_id=op.tenant_id, status=S.RETRY_WAIT, lease_token=op.lease_token)
     with transaction.atomic():
         if not rows.update(next_attempt_at=Now(), updated_at=Now()):
             raise OperationNotCancellable("The operation moved (a worker may have taken it); reload it.")
-        moved = Operation.objects.get(pk=op.pk)
+        moved = Operation.objects.get(pk=op.pk, tenant_id=op.tenant_id)
         _event(op=moved, old=S.RETRY_WAIT, actor=actor, reason=f"retry now requested{': ' + reason if reason else ''}")
     log.info("operation_retry_now operation=%s actor=%s", moved.pk, actor)
     return moved
 
 
-def operation_supersede(*, operation_id: int, by_operation_id: int, actor: str, reason: str = "") -> Operation:
+def operation_supersede(
+    *, operation_id: int, tenant_id: int, by_operation_id: int, actor: str, reason: str = ""
+) -> Operation:
     """A failed operation records the replay that supersedes it (DESIGN §4).
 
     The row stays `failed` (history is never edited); only ``superseded_by`` moves, to a
@@ -1259,15 +1289,16 @@ def operation_supersede(*, operation_id: int, by_operation_id: int, actor: str, 
     answer with the newest replay's outcome (``operation_newest_in_lineage``).
     """
     rows = (
-        Operation.objects.filter(pk=operation_id, status=S.FAILED)
+        Operation.objects.filter(pk=operation_id, tenant_id=tenant_id, status=S.FAILED)
         .exclude(pk=by_operation_id)
         .filter(Q(superseded_by__isnull=True) | Q(superseded_by_id__lt=by_operation_id))
     )
     with transaction.atomic():
         if not rows.update(superseded_by_id=by_operation_id, updated_at=Now()):
             raise IllegalTransition("Only a failed operation can be superseded, and only by a newer one.")
-        op = Operation.objects.get(pk=operation_id)
+        op = Operation.objects.get(pk=operation_id, tenant_id=tenant_id)
         OperationEvent.objects.create(
+            tenant_id=tenant_id,
             operation_id=operation_id,
             from_status=S.FAILED,
             to_status=S.FAILED,

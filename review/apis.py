@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db.models import prefetch_related_objects
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -69,4 +70,5 @@ class ReviewDecisionApi(APIView):
             actor=request.user.actor,
             tenant_ids=[request.user.tenant.pk],
         )
+        prefetch_related_objects([op], *selectors.review_evidence([op.tenant_id]))
         return Response(review_item_representation(op), status=200)

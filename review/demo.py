@@ -131,6 +131,7 @@ def demo_seed() -> dict[str, Any]:
     ).operation
     services.operation_complete(
         operation_id=analysed.pk,
+        tenant_id=analysed.tenant_id,
         lease_token=analysed.lease_token,
         provider_ref="crm_demo_note_77",
         response_body={"id": "crm_demo_note_77"},
@@ -177,6 +178,7 @@ def demo_seed() -> dict[str, Any]:
         ).operation
         charge = services.operation_fail(
             operation_id=charge.pk,
+            tenant_id=charge.tenant_id,
             lease_token=charge.lease_token,
             error_class=ErrorClass.AMBIGUOUS,
             message="[demo] connection reset after the request was sent",

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 from django_q.models import Task
@@ -19,7 +19,16 @@ from alerts.models import Alert
 from dlq.models import FailedEvent, FailedEventStatus
 from dlq.selectors import failed_events_for_a_person
 from ledger import sql
-from ledger.models import TERMINAL_STATES, Operation, OperationEvent, OperationMode, OperationStatus, Provider, Tenant
+from ledger.models import (
+    TERMINAL_STATES,
+    Attempt,
+    Operation,
+    OperationEvent,
+    OperationMode,
+    OperationStatus,
+    Provider,
+    Tenant,
+)
 from ledger.selectors import operation_search
 from review.models import ActivityHour, RetentionRun
 
@@ -31,11 +40,12 @@ def review_item_list(
     older_than_seconds: float | None = None,
     search: str = "",
 ) -> QuerySet[Operation]:
-    # Attempts and events prefetched: the API renders both per item (one query each per page).
+    # Attempts and events prefetched: the API renders both per item (one query each per page),
+    # each read by the tenants' ids too (Citus routes a tenant's statement to one node).
     rows = (
         Operation.objects.filter(status=OperationStatus.REVIEW)
         .select_related("provider", "tenant")
-        .prefetch_related("attempt_set", "events")
+        .prefetch_related(*review_evidence(tenant_ids))
     )
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=tenant_ids)
@@ -48,6 +58,14 @@ def review_item_list(
         # provider ref by prefix), every arm indexed on PostgreSQL.
         rows = operation_search(rows, search, tenant_ids=tenant_ids)
     return rows.order_by("updated_at", "id")
+
+
+def review_evidence(tenant_ids: list[int] | None) -> list[Prefetch]:
+    """The prefetches of a review item's attempts and events, limited to ``tenant_ids``."""
+    attempts, events = Attempt.objects.all(), OperationEvent.objects.all()
+    if tenant_ids is not None:
+        attempts, events = attempts.filter(tenant_id__in=tenant_ids), events.filter(tenant_id__in=tenant_ids)
+    return [Prefetch("attempt_set", queryset=attempts), Prefetch("events", queryset=events)]
 
 
 # --- Dashboard ------------------------------------------------------------------------------

@@ -77,9 +77,9 @@ def review_decision_record(
             )
             if attempt_outcome is not None:
                 # The reviewer's decision resolves every attempt that was left unknown.
-                moved.attempt_set.filter(outcome__in=[AttemptOutcome.AMBIGUOUS, AttemptOutcome.PENDING]).update(
-                    outcome=attempt_outcome
-                )
+                moved.attempt_set.filter(
+                    tenant_id=moved.tenant_id, outcome__in=[AttemptOutcome.AMBIGUOUS, AttemptOutcome.PENDING]
+                ).update(outcome=attempt_outcome)
             # The item's alerts (raised by the sweeper with the key as ref) are dealt with.
             alerts_resolve_for(
                 tenant_id=op.tenant_id,

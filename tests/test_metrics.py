@@ -51,7 +51,9 @@ def test_metrics_show_leases_review_backlog_and_dlq_by_status(tenant):
     )
     held = services.operation_claim(tenant=tenant, key="m:1", provider=provider, mark_sent=True).operation
     failed = services.operation_claim(tenant=tenant, key="m:2", provider=provider).operation
-    services.operation_fail(operation_id=failed.pk, lease_token=failed.lease_token, error_class="invalid_input")
+    services.operation_fail(
+        operation_id=failed.pk, tenant_id=failed.tenant_id, lease_token=failed.lease_token, error_class="invalid_input"
+    )
     text = _scrape()
     assert _value(text, "onceguard_active_leases") == 1
     assert _value(text, "onceguard_review_backlog") == 0

@@ -59,10 +59,16 @@ def world(db: Any) -> Iterator[dict[str, str]]:
         op = services.operation_claim(tenant=tenant, key=f"fuzz-{n}", provider=stripe, payload={"n": n}).operation
         if n == 1:
             services.operation_fail(
-                operation_id=op.pk, lease_token=op.lease_token, error_class=ErrorClass.INVALID_INPUT, message="HTTP 422"
+                operation_id=op.pk,
+                tenant_id=op.tenant_id,
+                lease_token=op.lease_token,
+                error_class=ErrorClass.INVALID_INPUT,
+                message="HTTP 422",
             )
         if n == 2:
-            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+            services.operation_complete(
+                operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_1"
+            )
     dlq_services.failed_event_ingest(tenant=tenant, raw=b'{"event_id": "fuzz-e", "payload": {"a": 1}}', actor="t")
     _, secret = services.apikey_create(tenant=tenant, scopes=["read", "write", "admin", "payload"])
     yield {"Authorization": f"Bearer {secret}"}

@@ -154,7 +154,11 @@ def test_a_bulk_cancel_over_a_filter_previews_its_count_then_cancels(console):
             tenant=crm.tenant, key=f"lead-call:call_{n}:crm-contact:v1", provider=crm, request={}
         ).operation
         services.operation_fail(
-            operation_id=op.pk, lease_token=op.lease_token, error_class=ErrorClass.TRANSIENT, message="503"
+            operation_id=op.pk,
+            tenant_id=op.tenant_id,
+            lease_token=op.lease_token,
+            error_class=ErrorClass.TRANSIENT,
+            message="503",
         )
     tab.go("/admin/ledger/operation/?needs=cancellable")
     assert tab.page.locator("#result_list tbody tr").count() == 3

@@ -23,7 +23,9 @@ def _files(tenant: Tenant) -> tuple[Any, OperationOutput]:
     source = uploads.upload_store(tenant=tenant, stream=io.BytesIO(image_bytes(640, 480))).upload
     provider = Provider.objects.filter(tenant=tenant).first()
     op = services.operation_claim(tenant=tenant, key="render:browser-1", provider=provider).operation
-    op = services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="r-1")
+    op = services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="r-1"
+    )
     content = image_bytes(1024, 1024, color=(1, 2, 3))
     digest = hashlib.sha256(content).hexdigest()
     name = objects.object_save(

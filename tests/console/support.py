@@ -82,7 +82,11 @@ def failed_op(tenant: Tenant, provider: Provider, key: str, *, payload: Any = No
     """A terminally failed operation (invalid input) — it has its DLQ entry."""
     op = services.operation_claim(tenant=tenant, key=key, provider=provider, payload=payload).operation
     return services.operation_fail(
-        operation_id=op.pk, lease_token=op.lease_token, error_class=ErrorClass.INVALID_INPUT, message="HTTP 422"
+        operation_id=op.pk,
+        tenant_id=op.tenant_id,
+        lease_token=op.lease_token,
+        error_class=ErrorClass.INVALID_INPUT,
+        message="HTTP 422",
     )
 
 
@@ -92,6 +96,7 @@ def succeeded_op(
     op = services.operation_claim(tenant=tenant, key=key, provider=provider, payload=payload).operation
     return services.operation_complete(
         operation_id=op.pk,
+        tenant_id=op.tenant_id,
         lease_token=op.lease_token,
         provider_ref=f"ref-{key}",
         response_body=response or {"ok": True},

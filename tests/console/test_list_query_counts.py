@@ -37,7 +37,9 @@ def seed(tenant: Tenant, provider: Provider, start: int, count: int) -> None:
     for i in range(start, start + count):
         op = services.operation_claim(tenant=tenant, key=f"k-{i}", provider=provider, action="charge").operation
         if i % 3 == 0:
-            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"ch_{i}")
+            services.operation_complete(
+                operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=f"ch_{i}"
+            )
             # Its published output and an upload (rows only: the lists never read the bytes).
             digest = f"{tenant.pk:02d}{i:062d}"
             OperationOutput.objects.create(
@@ -63,12 +65,17 @@ def seed(tenant: Tenant, provider: Provider, start: int, count: int) -> None:
             )
         elif i % 3 == 1:
             services.operation_fail(
-                operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input", message="declined"
+                operation_id=op.pk,
+                tenant_id=op.tenant_id,
+                lease_token=op.lease_token,
+                error_class="invalid_input",
+                message="declined",
             )
         else:
             # As the sweeper leaves it: in review, with the event that says why.
             Operation.objects.filter(pk=op.pk).update(status=OperationStatus.REVIEW, lease_expires_at=None)
             OperationEvent.objects.create(
+                tenant_id=op.tenant_id,
                 operation=op,
                 from_status=OperationStatus.CLAIMED,
                 to_status=OperationStatus.REVIEW,

@@ -106,7 +106,11 @@ def test_review_items_console_pages_and_exports_show_the_response_masked(tenant,
     crm = enforced_provider(tenant, "crm")
     done = services.operation_claim(tenant=tenant, key="lead-9", provider=crm).operation
     services.operation_complete(
-        operation_id=done.pk, lease_token=done.lease_token, provider_ref="r", response_body=ANSWER
+        operation_id=done.pk,
+        tenant_id=done.tenant_id,
+        lease_token=done.lease_token,
+        provider_ref="r",
+        response_body=ANSWER,
     )
     item = op_in_review(tenant, enforced_provider(tenant, "mailer"), "mail-1")
     Operation.objects.filter(pk=item.pk).update(response_status=200, response_body=ANSWER)

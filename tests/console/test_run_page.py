@@ -36,12 +36,18 @@ def run_steps(tenant, sink) -> list[Operation]:
     provider = enforced_provider(tenant)
     provider = services.provider_upsert(tenant=tenant, slug=provider.slug, max_attempts=1)
     one = services.operation_claim(tenant=tenant, key="export-1:crm:v1", provider=provider, run=RUN, step=1).operation
-    one = services.operation_complete(operation_id=one.pk, lease_token=one.lease_token, provider_ref="c-1")
+    one = services.operation_complete(
+        operation_id=one.pk, tenant_id=one.tenant_id, lease_token=one.lease_token, provider_ref="c-1"
+    )
     two = services.operation_claim(
         tenant=tenant, key="export-1:notify:v1", provider=provider, run=RUN, step=2, payload={"n": 2}
     ).operation
     two = services.operation_fail(
-        operation_id=two.pk, lease_token=two.lease_token, error_class=ErrorClass.TRANSIENT, message="HTTP 503"
+        operation_id=two.pk,
+        tenant_id=two.tenant_id,
+        lease_token=two.lease_token,
+        error_class=ErrorClass.TRANSIENT,
+        message="HTTP 503",
     )
     assert two.status == "failed"
     return [one, two]

@@ -36,7 +36,12 @@ def rows(tenant):
         made[key] = op
     done = made["order-1001:charge:v1"]
     services.operation_complete(
-        operation_id=done.pk, lease_token=done.lease_token, provider_ref="ch_1QxY9", response_body={}, actor="t"
+        operation_id=done.pk,
+        tenant_id=done.tenant_id,
+        lease_token=done.lease_token,
+        provider_ref="ch_1QxY9",
+        response_body={},
+        actor="t",
     )
     envelope = {
         "event_id": "n8n:17:4812",

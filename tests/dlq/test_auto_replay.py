@@ -84,7 +84,9 @@ def test_no_automatic_replay_past_the_root_s_lifetime(client, auto_target, sink,
 
 def test_an_operation_root_lives_as_long_as_its_operation(tenant, provider, auto_target, sink):
     op = ledger.operation_claim(tenant=tenant, key="k1", provider=provider, payload={"a": 1}).operation
-    ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="transient")
+    ledger.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient"
+    )
     waiting = Operation.objects.get(pk=op.pk)
     ledger.operation_transition(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
     # The operation's lifetime is over: replaying now would act after its context changed.
@@ -135,7 +137,7 @@ def test_a_replay_whose_success_was_recorded_by_the_ledger_is_settled_as_replaye
     op = ledger.operation_claim(
         tenant=tenant, key=replay.ledger_key, provider=None, mark_sent=True, via_claims=False
     ).operation
-    ledger.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="r1")
+    ledger.operation_complete(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="r1")
     Replay.objects.filter(pk=replay.pk).update(started_at=timezone.now() - timedelta(hours=1))
     assert replays_recover_task() == {"succeeded": 1}
     assert FailedEvent.objects.get(pk=event_id).status == "replayed"

@@ -26,7 +26,13 @@ def _claim(tenant, provider, key="order-1001:export:rev3", payload=None):
 @pytest.mark.django_db(transaction=True)
 def test_a_terminal_failure_writes_its_entry_with_the_operation(tenant, provider):
     op = _claim(tenant, provider, payload={"event_type": "order_export", "order": 1001})
-    ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input", message="422")
+    ledger.operation_fail(
+        operation_id=op.pk,
+        tenant_id=op.tenant_id,
+        lease_token=op.lease_token,
+        error_class="invalid_input",
+        message="422",
+    )
     event = FailedEvent.objects.get(operation=op)
     assert event.event_id == f"op:{op.pk}" and event.original_key == op.key
     assert event.error_class == "invalid_input" and event.status == "pending" and event.shape == "operation"
@@ -46,10 +52,14 @@ def test_an_exhausted_retry_writes_its_entry(tenant):
         max_delay_seconds=0.0,
     )
     op = _claim(tenant, provider)
-    first = ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="transient")
+    first = ledger.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient"
+    )
     assert first.status == "retry_wait" and not FailedEvent.objects.exists()
     again = _claim(tenant, provider)  # due at once: a new attempt on the same row
-    last = ledger.operation_fail(operation_id=again.pk, lease_token=again.lease_token, error_class="transient")
+    last = ledger.operation_fail(
+        operation_id=again.pk, tenant_id=again.tenant_id, lease_token=again.lease_token, error_class="transient"
+    )
     assert last.status == "failed"
     event = FailedEvent.objects.get(operation_id=op.pk)
     assert event.error_class == "transient" and event.retry_count == 1
@@ -58,7 +68,9 @@ def test_an_exhausted_retry_writes_its_entry(tenant):
 @pytest.mark.django_db(transaction=True)
 def test_the_end_of_a_retry_lifetime_writes_its_entry(tenant, provider):
     op = _claim(tenant, provider)
-    waiting = ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="transient")
+    waiting = ledger.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient"
+    )
     ledger.operation_transition(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
     assert FailedEvent.objects.filter(operation_id=op.pk).count() == 1
 
@@ -79,19 +91,25 @@ def _crash_after_dlq_write() -> AbstractContextManager[None]:
 def test_an_error_after_the_status_write_rolls_back_both_the_failure_and_its_entry(tenant, provider):
     op = _claim(tenant, provider)
     with _crash_after_dlq_write(), pytest.raises(RuntimeError):
-        ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input")
+        ledger.operation_fail(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="invalid_input"
+        )
     assert Operation.objects.get(pk=op.pk).status == "claimed"
     assert not FailedEvent.objects.exists() and not Alert.objects.exists() and not FailedEventChange.objects.exists()
     assert not OperationEvent.objects.filter(operation_id=op.pk, to_status="failed").exists()
     # The holder's retry of the report then lands both.
-    ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input")
+    ledger.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="invalid_input"
+    )
     assert Operation.objects.get(pk=op.pk).status == "failed" and FailedEvent.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
 def test_an_error_after_the_status_write_of_an_exhausted_retry_rolls_back_both(tenant, provider):
     op = _claim(tenant, provider)
-    waiting = ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="transient")
+    waiting = ledger.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient"
+    )
     with _crash_after_dlq_write(), pytest.raises(RuntimeError):
         ledger.operation_transition(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
     assert Operation.objects.get(pk=op.pk).status == "retry_wait"
@@ -107,14 +125,18 @@ def test_an_alert_that_cannot_be_written_fails_the_transition_too(tenant, provid
 
     monkeypatch.setattr(dlq.services, "alert_raise", broken_alert)
     with pytest.raises(RuntimeError):
-        ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input")
+        ledger.operation_fail(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="invalid_input"
+        )
     assert Operation.objects.get(pk=op.pk).status == "claimed" and not FailedEvent.objects.exists()
 
 
 @pytest.mark.django_db
 def test_recording_the_same_operation_twice_is_one_entry(tenant, provider):
     op = _claim(tenant, provider)
-    failed = ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input")
+    failed = ledger.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="invalid_input"
+    )
     assert dlq.services.failed_event_record_for_operation(operation=failed).pk == FailedEvent.objects.get().pk
 
 
@@ -151,7 +173,9 @@ def test_a_failed_replay_of_an_operation_entry_makes_no_second_entry_and_answers
     api, tenant, provider, target, sink
 ):
     op = _claim(tenant, provider)
-    ledger.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input")
+    ledger.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="invalid_input"
+    )
     event = FailedEvent.objects.get(operation_id=op.pk)
     sink.mode, sink.status = "status", 400
     api.post(f"/api/v1/dlq/events/{event.pk}/replay", {}, format="json")
@@ -179,7 +203,11 @@ def test_a_key_enforced_receiver_dedups_the_replay_and_rerun_as_new_gets_through
         )
         assert first.status_code == 402
         ledger.operation_fail(
-            operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input", response_status=402
+            operation_id=op.pk,
+            tenant_id=op.tenant_id,
+            lease_token=op.lease_token,
+            error_class="invalid_input",
+            response_status=402,
         )
         event = FailedEvent.objects.get(operation_id=op.pk)
         dlq.services.replay_target_upsert(tenant=tenant, slug="stripe", url=f"{mock.url}/charges", is_default=True)

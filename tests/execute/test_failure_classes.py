@@ -81,7 +81,11 @@ def test_an_invalid_output_recorded_by_the_holder_is_final_not_retried(tenant, e
     op = submit(tenant, "k-invalid-output")
     (taken,) = operations_take(limit=1)
     row = services.operation_fail(
-        operation_id=taken.pk, lease_token=taken.lease_token, error_class="invalid_output", message="wrong size"
+        operation_id=taken.pk,
+        tenant_id=taken.tenant_id,
+        lease_token=taken.lease_token,
+        error_class="invalid_output",
+        message="wrong size",
     )
     assert row.status == S.FAILED and row.error_class == "invalid_output" and row.next_attempt_at is None
     assert only_attempt(op.pk).outcome == AttemptOutcome.FAILED

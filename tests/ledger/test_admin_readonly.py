@@ -37,7 +37,7 @@ def _finished(tenant: Any, provider: Any, key: str, **fields: Any) -> Operation:
         correlation_id=fields.get("correlation_id", ""),
     ).operation
     return services.operation_complete(
-        operation_id=op.pk, lease_token=op.lease_token, provider_ref=fields.get("ref", "")
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=fields.get("ref", "")
     )
 
 
@@ -123,7 +123,9 @@ def test_the_operation_page_shows_attempts_and_events_but_not_the_payload(admin_
     op = services.operation_claim(
         tenant=tenant, key="with-payload", provider=provider, payload={"pan": "4242"}
     ).operation
-    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_shown")
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_shown"
+    )
 
     response = admin_client.get(reverse("admin:ledger_operation_change", args=[op.pk]))
 

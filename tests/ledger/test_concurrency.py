@@ -88,9 +88,11 @@ def test_32_concurrent_identical_claims_give_one_201_and_one_side_effect_per_rou
                 assert result.operation.status == S.SUCCEEDED
                 return "200"
             op = result.operation
-            services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+            services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
             ref = sink.send(f"effects/{key}")
-            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=ref)
+            services.operation_complete(
+                operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=ref
+            )
             return "201"
 
         answers = race(THREADS, claim_and_send)
@@ -190,7 +192,9 @@ def test_concurrent_claims_of_a_due_retry_give_exactly_one_new_attempt(tenant, p
     for r in range(rounds()):
         key = f"retry-{r}"
         first = services.operation_claim(tenant=tenant, key=key, provider=provider).operation
-        services.operation_fail(operation_id=first.pk, lease_token=first.lease_token, error_class="transient")
+        services.operation_fail(
+            operation_id=first.pk, tenant_id=first.tenant_id, lease_token=first.lease_token, error_class="transient"
+        )
         make_retry_due(first.pk)
 
         def reclaim(i: int, key: str = key) -> str:
@@ -216,14 +220,16 @@ def test_concurrent_claims_of_a_due_retry_give_exactly_one_new_attempt(tenant, p
 def test_a_holder_completing_while_the_sweeper_runs_always_ends_succeeded(tenant, provider):
     for r in range(rounds()):
         op = services.operation_claim(tenant=tenant, key=f"late-{r}", provider=provider).operation
-        services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+        services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
         expire_lease(op.pk)
 
         def act(i: int, op: Operation = op) -> str:
             if i == 0:
                 sweep()
                 return "swept"
-            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_late")
+            services.operation_complete(
+                operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_late"
+            )
             return "completed"
 
         assert race(2, act) == Counter({"swept": 1, "completed": 1})
@@ -239,9 +245,16 @@ def test_concurrent_complete_and_fail_by_one_holder_record_exactly_one_outcome(t
         def report(i: int, op: Operation = op) -> str:
             try:
                 if i % 2:
-                    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"r{i}")
+                    services.operation_complete(
+                        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=f"r{i}"
+                    )
                 else:
-                    services.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="invalid_input")
+                    services.operation_fail(
+                        operation_id=op.pk,
+                        tenant_id=op.tenant_id,
+                        lease_token=op.lease_token,
+                        error_class="invalid_input",
+                    )
             except OperationAlreadyFinished:
                 return "refused"
             return "recorded"

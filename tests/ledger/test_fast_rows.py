@@ -53,23 +53,45 @@ def test_every_statement_that_returns_operations_loads_them_as_manager_raw_does(
 
     # JSON of every shape (object, scalar string, null), a run, a version, a deadline.
     first = claim("fr-1", payload={"order": "A-1", "n": [1, 2.5, None]}, run="run-1", step=3, deadline_seconds=60)
-    services.operation_mark_sent(operation_id=first.pk, lease_token=first.lease_token, reconciliation_handle="h-1")
-    services.operation_heartbeat(operation_id=first.pk, lease_token=first.lease_token, lease_seconds=45)
-    services.operation_complete(operation_id=first.pk, lease_token=first.lease_token, response_body="plain text")
+    services.operation_mark_sent(
+        operation_id=first.pk, tenant_id=first.tenant_id, lease_token=first.lease_token, reconciliation_handle="h-1"
+    )
+    services.operation_heartbeat(
+        operation_id=first.pk, tenant_id=first.tenant_id, lease_token=first.lease_token, lease_seconds=45
+    )
+    services.operation_complete(
+        operation_id=first.pk, tenant_id=first.tenant_id, lease_token=first.lease_token, response_body="plain text"
+    )
     claim("fr-1")  # a replay: operation_by_key
     second = claim("fr-2", payload="just a string")
-    services.operation_fail(operation_id=second.pk, lease_token=second.lease_token, error_class=ErrorClass.TRANSIENT)
+    services.operation_fail(
+        operation_id=second.pk,
+        tenant_id=second.tenant_id,
+        lease_token=second.lease_token,
+        error_class=ErrorClass.TRANSIENT,
+    )
     make_retry_due(second.pk)
     again = claim("fr-2", payload="just a string")  # operation_reclaim
     services.operation_fail(
-        operation_id=again.pk, lease_token=again.lease_token, error_class=ErrorClass.PERMISSION, response_status=403
+        operation_id=again.pk,
+        tenant_id=again.tenant_id,
+        lease_token=again.lease_token,
+        error_class=ErrorClass.PERMISSION,
+        response_status=403,
     )
     queued = claim("inv-9:charge:v2", mode=OperationMode.EXECUTE, via_claims=False, record="inv-9", version=2)
     taken = services.operation_take(
-        operation_id=queued.pk, from_status=S.QUEUED, lease_seconds=30, past_deadline=False, actor="worker"
+        operation_id=queued.pk,
+        tenant_id=queued.tenant_id,
+        from_status=S.QUEUED,
+        lease_seconds=30,
+        past_deadline=False,
+        actor="worker",
     )
     assert taken is not None
-    services.operation_complete(operation_id=taken.pk, lease_token=taken.lease_token, response_body=None)
+    services.operation_complete(
+        operation_id=taken.pk, tenant_id=taken.tenant_id, lease_token=taken.lease_token, response_body=None
+    )
 
     assert {"operation_claim_pg", "operation_by_key", "operation_mark_sent", "operation_heartbeat"} <= set(loaded)
     assert {"operation_complete_pg", "operation_reclaim", "operation_take"} <= set(loaded)

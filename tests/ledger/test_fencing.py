@@ -167,7 +167,9 @@ def test_holder_with_an_expired_but_unswept_lease_can_still_complete(tenant, pro
     op = services.operation_claim(tenant=tenant, key="k", provider=provider).operation
     expire_lease(op.pk)
 
-    done = services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch")
+    done = services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch"
+    )
 
     assert done.status == S.SUCCEEDED
 
@@ -179,7 +181,9 @@ def test_a_stranger_token_on_an_uncertain_row_is_refused(tenant, provider):
     before = row(op.pk)
 
     with pytest.raises(LeaseLost):
-        services.operation_complete(operation_id=op.pk, lease_token="e" * 32, provider_ref="forged")
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token="e" * 32, provider_ref="forged"
+        )
 
     assert row(op.pk) == before
     assert attempts_of(op.pk)[0]["provider_ref"] == ""
@@ -194,11 +198,18 @@ def held(tenant: Any, provider: Any) -> Operation:
 
 
 def _complete(op: Operation, ref: str) -> Operation:
-    return services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=ref)
+    return services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=ref
+    )
 
 
 def test_late_complete_after_failed_never_changes_the_row(held):
-    services.operation_fail(operation_id=held.pk, lease_token=held.lease_token, error_class=ErrorClass.INVALID_INPUT)
+    services.operation_fail(
+        operation_id=held.pk,
+        tenant_id=held.tenant_id,
+        lease_token=held.lease_token,
+        error_class=ErrorClass.INVALID_INPUT,
+    )
     before, attempts, counts = row(held.pk), attempts_of(held.pk), ledger_counts()
 
     with pytest.raises(OperationAlreadyFinished):
@@ -238,7 +249,9 @@ def test_fail_after_succeeded_never_changes_the_row(held, error_class):
     before, attempts, counts = row(held.pk), attempts_of(held.pk), ledger_counts()
 
     with pytest.raises(OperationAlreadyFinished):
-        services.operation_fail(operation_id=held.pk, lease_token=held.lease_token, error_class=error_class)
+        services.operation_fail(
+            operation_id=held.pk, tenant_id=held.tenant_id, lease_token=held.lease_token, error_class=error_class
+        )
 
     assert row(held.pk) == before
     assert attempts_of(held.pk) == attempts
@@ -250,9 +263,9 @@ def test_terminal_rows_refuse_sent_and_heartbeat(held):
     before = row(held.pk)
 
     with pytest.raises(OperationAlreadyFinished):
-        services.operation_mark_sent(operation_id=held.pk, lease_token=held.lease_token)
+        services.operation_mark_sent(operation_id=held.pk, tenant_id=held.tenant_id, lease_token=held.lease_token)
     with pytest.raises(OperationAlreadyFinished):
-        services.operation_heartbeat(operation_id=held.pk, lease_token=held.lease_token)
+        services.operation_heartbeat(operation_id=held.pk, tenant_id=held.tenant_id, lease_token=held.lease_token)
 
     assert row(held.pk) == before
 

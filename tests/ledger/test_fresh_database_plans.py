@@ -38,13 +38,21 @@ def test_on_empty_just_analyzed_tables_the_claim_path_plans_no_sequential_scan(t
 
     with captured_statements() as statements:
         first = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge").operation
-        services.operation_heartbeat(operation_id=first.pk, lease_token=first.lease_token, lease_seconds=30)
-        services.operation_mark_sent(operation_id=first.pk, lease_token=first.lease_token)
-        services.operation_complete(operation_id=first.pk, lease_token=first.lease_token, provider_ref="ch_1")
+        services.operation_heartbeat(
+            operation_id=first.pk, tenant_id=first.tenant_id, lease_token=first.lease_token, lease_seconds=30
+        )
+        services.operation_mark_sent(operation_id=first.pk, tenant_id=first.tenant_id, lease_token=first.lease_token)
+        services.operation_complete(
+            operation_id=first.pk, tenant_id=first.tenant_id, lease_token=first.lease_token, provider_ref="ch_1"
+        )
         services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge")
         second = services.operation_claim(tenant=tenant, key="k-2", provider=provider, action="charge").operation
         services.operation_fail(
-            operation_id=second.pk, lease_token=second.lease_token, error_class="transient", message="timeout"
+            operation_id=second.pk,
+            tenant_id=second.tenant_id,
+            lease_token=second.lease_token,
+            error_class="transient",
+            message="timeout",
         )
         assert api.get("/api/v1/operations?status=retry_wait").status_code == 200
 
@@ -71,7 +79,9 @@ def test_the_claim_paths_planner_setting_does_not_outlive_its_transactions(tenan
     with captured_statements() as statements:
         op = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge").operation
         assert enable_seqscan() == "on"
-        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_1"
+        )
         assert enable_seqscan() == "on"
         services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge")
         assert enable_seqscan() == "on"
@@ -90,7 +100,9 @@ def test_a_claim_outside_any_transaction_plans_its_statements_with_indexes_and_l
     assert not connection.in_atomic_block
     with captured_statements() as statements:
         op = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge").operation
-        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_1"
+        )
         services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge")
     reads = [s for s in statements if "FROM ledger_operation WHERE tenant_id" in s.sql]
     claims = [s for s in statements if s.sql.startswith("WITH op AS (\n    INSERT INTO ledger_operation")]

@@ -42,9 +42,11 @@ def delta(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
 def test_the_sent_marker_and_the_attempts_completion_are_hot_updates(tenant: Any, provider: Any) -> None:
     op = services.operation_claim(tenant=tenant, key="hot-1", provider=provider, action="charge").operation
     before = updates()
-    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
     marked = updates()
-    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_1"
+    )
     done = updates()
 
     # The marker changes sent_at only: HOT on both rows.
@@ -59,7 +61,9 @@ def test_the_sent_marker_and_the_attempts_completion_are_hot_updates(tenant: Any
 def test_a_sent_marker_that_brings_a_new_reconciliation_handle_is_not_hot(tenant: Any, provider: Any) -> None:
     op = services.operation_claim(tenant=tenant, key="hot-2", provider=provider, action="charge").operation
     before = updates()
-    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token, reconciliation_handle="h-2")
+    services.operation_mark_sent(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, reconciliation_handle="h-2"
+    )
     # The handle is indexed (exact and substring search): a new one needs new index entries.
     assert delta(before, updates(), "ledger_operation") == (1, 0)
     assert Operation.objects.get(pk=op.pk).reconciliation_handle == "h-2"
@@ -99,7 +103,9 @@ def test_every_status_list_can_be_served_by_an_index(tenant: Any, provider: Any,
     for i in range(30):
         op = services.operation_claim(tenant=tenant, key=f"list-{i}", provider=provider, action="charge").operation
         if i % 2:
-            services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"ch_{i}")
+            services.operation_complete(
+                operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=f"ch_{i}"
+            )
     # No ANALYZE: its row counts outlive the test's rollback (written in place) and would steer
     # later tests' plans; sequential scans are priced out below instead.
     with captured_statements() as statements:

@@ -285,7 +285,9 @@ def test_a_retry_claimed_after_the_lifetime_ended_fails_instead_of_acting(tenant
 
     first = services.operation_claim(tenant=tenant, key="late:1", provider=provider, request={"a": 1})
     op = first.operation
-    services.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="transient", message="503")
+    services.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient", message="503"
+    )
     past, params = sql.now_plus(-1)
     with connection.cursor() as cursor:
         cursor.execute(

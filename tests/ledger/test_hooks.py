@@ -105,7 +105,9 @@ def test_the_dlq_entry_of_a_failed_operation_is_written_inside_the_ledgers_trans
         seen.append((connection.in_atomic_block, row.status, entry))
 
     with hooks.operation_failed.connected(after_the_dlq):
-        services.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class=ErrorClass.INVALID_INPUT)
+        services.operation_fail(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class=ErrorClass.INVALID_INPUT
+        )
 
     assert seen == [(True, S.FAILED, True)]
 
@@ -118,7 +120,9 @@ def test_a_failed_operations_dlq_entry_rolls_back_with_the_callers_transaction(t
         pass
 
     with pytest.raises(Abandon), transaction.atomic():
-        services.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class=ErrorClass.INVALID_INPUT)
+        services.operation_fail(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class=ErrorClass.INVALID_INPUT
+        )
         assert FailedEvent.objects.filter(operation_id=op.pk).exists()
         raise Abandon
 

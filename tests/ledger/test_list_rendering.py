@@ -36,7 +36,12 @@ def test_utc_times_render_exactly_as_drfs_datetime_field(value, settings):
 @pytest.mark.django_db
 def test_the_operations_list_reads_only_what_it_renders(tenant, provider, api):
     op = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge", payload={"a": 1})
-    services.operation_complete(operation_id=op.operation.pk, lease_token=op.operation.lease_token, provider_ref="r")
+    services.operation_complete(
+        operation_id=op.operation.pk,
+        tenant_id=op.operation.tenant_id,
+        lease_token=op.operation.lease_token,
+        provider_ref="r",
+    )
     with CaptureQueriesContext(connection) as ctx:
         body = api.get("/api/v1/operations?page_size=500").json()
     listing = [q["sql"] for q in ctx.captured_queries if 'FROM "ledger_operation"' in q["sql"]]
@@ -57,6 +62,7 @@ def test_a_list_of_operations_renders_each_row_as_drfs_serializer_does(tenant, p
     done = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge", payload={"a": 1})
     services.operation_complete(
         operation_id=done.operation.pk,
+        tenant_id=done.operation.tenant_id,
         lease_token=done.operation.lease_token,
         provider_ref="ch_1",
         response_body={"id": "ch_1", "card": "4242"},
@@ -64,6 +70,7 @@ def test_a_list_of_operations_renders_each_row_as_drfs_serializer_does(tenant, p
     failed = services.operation_claim(tenant=tenant, key="k-2", provider=provider, action="charge")
     services.operation_fail(
         operation_id=failed.operation.pk,
+        tenant_id=failed.operation.tenant_id,
         lease_token=failed.operation.lease_token,
         error_class="invalid_input",
         message="no",

@@ -24,7 +24,11 @@ def submit(tenant: Tenant, provider: Provider, key: str = "order-9:charge:v1") -
 def in_retry_wait(tenant: Tenant, provider: Provider, key: str = "order-8:charge:v1") -> Operation:
     op = services.operation_claim(tenant=tenant, key=key, provider=provider, request={"amount": 1}).operation
     return services.operation_fail(
-        operation_id=op.pk, lease_token=op.lease_token, error_class=ErrorClass.TRANSIENT, message="503"
+        operation_id=op.pk,
+        tenant_id=op.tenant_id,
+        lease_token=op.lease_token,
+        error_class=ErrorClass.TRANSIENT,
+        message="503",
     )
 
 

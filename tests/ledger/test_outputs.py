@@ -101,7 +101,13 @@ def test_a_good_output_is_published_with_its_dimensions_and_digest(
     assert (object_dirs["objects"] / output.storage_name).read_bytes() == png
     assert stored_files(object_dirs["quarantine"]) == []
     # The holder goes on to complete the operation; the output is readable through the API.
-    operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=job["id"], response_body=job)
+    operation_complete(
+        operation_id=op.pk,
+        tenant_id=op.tenant_id,
+        lease_token=op.lease_token,
+        provider_ref=job["id"],
+        response_body=job,
+    )
     facts = api.get(f"/api/v1/operations/{op.pk}/output")
     content = api.get(f"/api/v1/operations/{op.pk}/output/content")
     assert facts.status_code == 200
@@ -318,7 +324,13 @@ def test_retention_deleting_an_operation_deletes_its_published_output(
     op = taken_render(tenant, render_provider)
     job = render_job(op, render_provider, mock_images)
     output_fetch_publish(operation=op, url=job["output"]["url"], expect=expectation(job))
-    operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=job["id"], response_body=job)
+    operation_complete(
+        operation_id=op.pk,
+        tenant_id=op.tenant_id,
+        lease_token=op.lease_token,
+        provider_ref=job["id"],
+        response_body=job,
+    )
     # Past the platform's floor for operations (the policy may not go below it).
     Operation.objects.filter(pk=op.pk).update(
         updated_at=op.created_at - timedelta(days=400), done_at=op.created_at - timedelta(days=400)

@@ -45,7 +45,9 @@ def finished_in(tenant: Tenant, provider: Any, key: str, month: Any) -> Operatio
     """An operation claimed and completed through the service, then moved (with its attempt
     and events, into that month's partitions) to the middle of ``month``."""
     op = services.operation_claim(tenant=tenant, key=key, provider=provider, action="charge").operation
-    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"ch_{key}")
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=f"ch_{key}"
+    )
     at = month + timedelta(days=14)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -158,15 +160,17 @@ def test_partitions_are_created_ahead_and_a_row_outside_them_lands_in_the_defaul
     assert set(created) == expected
     assert partitions.partitions_ensure(now=far, months_ahead=1) == []
     op = services.operation_claim(tenant=tenant, key="k", provider=provider, action="charge").operation
-    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch")
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch"
+    )
     # Rows of this month land in the partition covering it (here the legacy one: a test
     # database is converted empty); a row no partition covers, in the default.
     assert rows_in("ledger_operationevent_default", op) == 0
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO ledger_operationevent (operation_id, from_status, to_status, actor, reason, at)"
-            " VALUES (%s, 'succeeded', 'succeeded', 'test', '', %s)",
-            [op.pk, partitions.month_start(now, plus=40)],
+            "INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, at)"
+            " VALUES (%s, %s, 'succeeded', 'succeeded', 'test', '', %s)",
+            [op.tenant_id, op.pk, partitions.month_start(now, plus=40)],
         )
     assert rows_in("ledger_operationevent_default", op) == 1
 
@@ -219,7 +223,9 @@ def test_the_migration_converts_a_database_with_rows_and_keeps_them() -> None:
             tenant=tenant_now, slug="pay", base_url="http://127.0.0.1:9", idempotency_class="none"
         )
         claimed = services.operation_claim(tenant=tenant_now, key="after", provider=provider, action="x").operation
-        services.operation_complete(operation_id=claimed.pk, lease_token=claimed.lease_token, provider_ref="r")
+        services.operation_complete(
+            operation_id=claimed.pk, tenant_id=claimed.tenant_id, lease_token=claimed.lease_token, provider_ref="r"
+        )
         assert Attempt.objects.get(operation_id=claimed.pk).pk > last_attempt.pk
         assert OperationEvent.objects.filter(operation_id=claimed.pk).count() == 2
     finally:

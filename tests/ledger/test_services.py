@@ -56,7 +56,9 @@ def claim(tenant: Tenant, provider: Provider | None, key: str = "order-7:charge:
 
 
 def fail(op: Operation, error_class: str, **kwargs: Any) -> Operation:
-    return services.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class=error_class, **kwargs)
+    return services.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class=error_class, **kwargs
+    )
 
 
 def reclaim(tenant: Tenant, provider: Provider | None, op: Operation, **kwargs: Any) -> Operation:
@@ -238,7 +240,7 @@ def test_definitive_failures_are_failed_with_a_dlq_entry_and_no_retry(tenant, pr
 
 def test_ambiguous_failure_is_uncertain_and_not_dead_lettered(tenant, provider):
     op = claim(tenant, provider)
-    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
 
     failed = fail(op, ErrorClass.AMBIGUOUS, message="read timeout")
 
@@ -261,7 +263,7 @@ def test_unknown_error_class_is_refused_and_changes_nothing(tenant, provider):
 def _with_unresolved_first_attempt(tenant: Tenant, provider: Provider) -> Operation:
     """Attempt 1 was sent and its answer never seen; a reviewer allowed a retry anyway."""
     op = claim(tenant, provider)
-    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
     uncertain = fail(op, ErrorClass.AMBIGUOUS, message="connection reset")
     services.operation_transition(
         operation=uncertain,
@@ -302,7 +304,7 @@ def test_without_the_unresolved_attempt_the_same_cap_hit_is_failed(tenant, limit
 
 def test_latest_holder_may_fail_definitively_from_uncertain(tenant, provider):
     op = claim(tenant, provider)
-    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
     expire_lease(op.pk)
     sweep_expired_leases()
     assert Operation.objects.get(pk=op.pk).status == S.UNCERTAIN
@@ -352,13 +354,15 @@ def test_lease_wish_is_clamped_to_the_configured_range(tenant, provider, wish, e
 def test_heartbeat_extends_the_lease_for_the_holder_only(tenant, provider):
     op = claim(tenant, provider, lease_seconds=10)
 
-    beat = services.operation_heartbeat(operation_id=op.pk, lease_token=op.lease_token, lease_seconds=600)
+    beat = services.operation_heartbeat(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, lease_seconds=600
+    )
 
     assert (beat.lease_expires_at - op.claimed_at).total_seconds() >= 590
     # The attempt mirrors the extension (its own statement, so its own clock reading).
     assert abs((attempts_of(op.pk)[0]["lease_expires_at"] - beat.lease_expires_at).total_seconds()) < 1
     with pytest.raises(LeaseLost):
-        services.operation_heartbeat(operation_id=op.pk, lease_token="f" * 32)
+        services.operation_heartbeat(operation_id=op.pk, tenant_id=op.tenant_id, lease_token="f" * 32)
 
 
 def test_heartbeat_after_the_sweeper_moved_the_row_is_lease_lost(tenant, provider):
@@ -368,7 +372,7 @@ def test_heartbeat_after_the_sweeper_moved_the_row_is_lease_lost(tenant, provide
     before = row(op.pk)
 
     with pytest.raises(LeaseLost):
-        services.operation_heartbeat(operation_id=op.pk, lease_token=op.lease_token)
+        services.operation_heartbeat(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
 
     assert row(op.pk) == before
 
@@ -378,7 +382,7 @@ def test_sent_marker_is_refused_once_the_lease_expired(tenant, provider):
     expire_lease(op.pk)
 
     with pytest.raises(LeaseExpired):
-        services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+        services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
 
     assert row(op.pk)["sent_at"] is None
 
@@ -386,8 +390,10 @@ def test_sent_marker_is_refused_once_the_lease_expired(tenant, provider):
 def test_sent_marker_sets_sent_at_on_the_row_and_its_attempt_once(tenant, provider):
     op = claim(tenant, provider)
 
-    first = services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token, reconciliation_handle="h1")
-    second = services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    first = services.operation_mark_sent(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, reconciliation_handle="h1"
+    )
+    second = services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
 
     assert first.sent_at is not None
     assert second.sent_at == first.sent_at
@@ -468,11 +474,17 @@ def test_fingerprint_is_canonical_and_covers_mode_provider_action_request():
 
 def test_every_transition_writes_an_event_with_old_new_actor_and_reason(tenant, limited):
     op = claim(tenant, limited, actor="apikey:abcd")
-    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token, actor="apikey:abcd")
+    services.operation_mark_sent(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, actor="apikey:abcd"
+    )
     fail(op, ErrorClass.TRANSIENT, message="refused", actor="apikey:abcd")
     second = reclaim(tenant, limited, op, actor="worker:2")
     services.operation_complete(
-        operation_id=second.pk, lease_token=second.lease_token, provider_ref="ch_1", actor="worker:2"
+        operation_id=second.pk,
+        tenant_id=second.tenant_id,
+        lease_token=second.lease_token,
+        provider_ref="ch_1",
+        actor="worker:2",
     )
 
     events = events_of(op.pk)
@@ -548,7 +560,9 @@ def test_moves_outside_the_table_raise_illegal_transition_and_change_nothing(ten
 def test_a_transition_from_a_stale_read_raises_and_never_overwrites(tenant, provider):
     op = claim(tenant, provider)
     stale = Operation.objects.get(pk=op.pk)
-    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_1"
+    )
     before = row(op.pk)
 
     with pytest.raises(LeaseLost):
@@ -562,4 +576,6 @@ def test_complete_from_a_terminal_state_raises_already_finished(tenant, provider
     fail(op, ErrorClass.INVALID_INPUT)
 
     with pytest.raises(OperationAlreadyFinished):
-        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="late")
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="late"
+        )

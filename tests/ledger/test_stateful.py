@@ -200,6 +200,7 @@ class Holder:
     """A caller or worker holding a lease (or believing it does)."""
 
     op_id: int
+    tenant_id: int
     token: str
     worker: bool
     uses_marker: bool
@@ -319,7 +320,11 @@ class LedgerMachine(RuleBasedStateMachine):
         except DomainError:
             return
         if result.acquired:
-            self.holders.append(Holder(result.operation.pk, result.operation.lease_token, False, uses_marker))
+            self.holders.append(
+                Holder(
+                    result.operation.pk, result.operation.tenant_id, result.operation.lease_token, False, uses_marker
+                )
+            )
         elif result.replayed:
             self._check_replay(result.operation, how=f"claim of {key}")
 
@@ -351,7 +356,9 @@ class LedgerMachine(RuleBasedStateMachine):
         """The sent marker, then the effect right away (or the caller dies in between)."""
         holder = self._pick(self._unmarked(), pick)
         try:
-            services.operation_mark_sent(operation_id=holder.op_id, lease_token=holder.token)
+            services.operation_mark_sent(
+                operation_id=holder.op_id, tenant_id=holder.tenant_id, lease_token=holder.token
+            )
         except DomainError:
             # Refused (lease expired or lost): a careful caller never sends then.
             holder.reported = True
@@ -404,6 +411,7 @@ class LedgerMachine(RuleBasedStateMachine):
             if verdict == "complete":
                 services.operation_complete(
                     operation_id=holder.op_id,
+                    tenant_id=holder.tenant_id,
                     lease_token=holder.token,
                     provider_ref=detail,
                     response_status=holder.answer.status if holder.answer else 200,
@@ -412,6 +420,7 @@ class LedgerMachine(RuleBasedStateMachine):
             else:
                 services.operation_fail(
                     operation_id=holder.op_id,
+                    tenant_id=holder.tenant_id,
                     lease_token=holder.token,
                     error_class=detail,
                     message="caller report",
@@ -430,9 +439,13 @@ class LedgerMachine(RuleBasedStateMachine):
         verdict, detail = classify(holder.answer)
         try:
             if verdict == "complete":
-                services.operation_complete(operation_id=holder.op_id, lease_token=holder.token, provider_ref=detail)
+                services.operation_complete(
+                    operation_id=holder.op_id, tenant_id=holder.tenant_id, lease_token=holder.token, provider_ref=detail
+                )
             else:
-                services.operation_fail(operation_id=holder.op_id, lease_token=holder.token, error_class=detail)
+                services.operation_fail(
+                    operation_id=holder.op_id, tenant_id=holder.tenant_id, lease_token=holder.token, error_class=detail
+                )
         except DomainError:
             pass
 
@@ -441,7 +454,9 @@ class LedgerMachine(RuleBasedStateMachine):
     def heartbeat(self, pick: int) -> None:
         holder = self._pick(self._guard_holders(), pick)
         try:
-            services.operation_heartbeat(operation_id=holder.op_id, lease_token=holder.token, lease_seconds=10)
+            services.operation_heartbeat(
+                operation_id=holder.op_id, tenant_id=holder.tenant_id, lease_token=holder.token, lease_seconds=10
+            )
         except DomainError:
             pass
 
@@ -467,7 +482,9 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(limit=st.integers(1, 3))
     def take(self, limit: int) -> None:
         for op in operations_take(limit=limit, actor="worker"):
-            self.holders.append(Holder(op.pk, op.lease_token, True, True, operation=op, marked=op.sent_at is not None))
+            self.holders.append(
+                Holder(op.pk, op.tenant_id, op.lease_token, True, True, operation=op, marked=op.sent_at is not None)
+            )
 
     @precondition(lambda self: bool(self._taken()))
     @rule(pick=st.integers(0, 50), fault=st.sampled_from(FAULTS), crash=st.sampled_from([False, False, False, True]))

@@ -44,7 +44,11 @@ def _claim(tenant: Tenant, provider: Provider, key: str, **kwargs: Any) -> Opera
 def test_rows_returned_by_the_statements_equal_what_the_orm_loads(tenant, provider):
     op = _claim(tenant, provider, "hot-1", payload={"order_id": "A-1"})
     done = services.operation_complete(
-        operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1", response_body={"ok": True}
+        operation_id=op.pk,
+        tenant_id=op.tenant_id,
+        lease_token=op.lease_token,
+        provider_ref="ch_1",
+        response_body={"ok": True},
     )
     loaded = Operation.objects.get(pk=op.pk)
     for row in (op, done):
@@ -73,7 +77,15 @@ def test_database_errors_are_djangos(tenant):
     with pytest.raises(IntegrityError), transaction.atomic():
         statements.execute(
             "event_insert",
-            {"operation_id": None, "from_status": "", "to_status": "claimed", "actor": "t", "reason": "", "attempt": 1},
+            {
+                "tenant_id": tenant.pk,
+                "operation_id": None,
+                "from_status": "",
+                "to_status": "claimed",
+                "actor": "t",
+                "reason": "",
+                "attempt": 1,
+            },
         )
 
 
@@ -93,7 +105,9 @@ def test_an_observer_sees_the_ledger_statements(tenant, provider):
 
     with connection.execute_wrapper(wrapper):
         op = _claim(tenant, provider, "hot-observed")
-        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={})
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, response_body={}
+        )
     assert any("ledger_operation" in s and "INSERT" in s for s in seen)
     assert any("UPDATE ledger_operation" in s for s in seen)
 
@@ -101,7 +115,9 @@ def test_an_observer_sees_the_ledger_statements(tenant, provider):
 def test_a_completion_from_uncertain_still_records_the_move_it_made(tenant, provider):
     op = _claim(tenant, provider, "hot-uncertain")
     services.operation_transition(operation=op, to=S.UNCERTAIN, actor="sweeper", reason="lease expired")
-    done = services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={"late": 1})
+    done = services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, response_body={"late": 1}
+    )
     assert done.status == S.SUCCEEDED
     assert [(e[0], e[1]) for e in events_of(op.pk)][-2:] == [("claimed", "uncertain"), ("uncertain", "succeeded")]
 
@@ -110,7 +126,9 @@ def test_a_completion_from_uncertain_still_records_the_move_it_made(tenant, prov
 def test_json_scalars_round_trip_through_the_statements(tenant, provider, settings, encrypt):
     settings.ONCEGUARD_PRIVACY = {**getattr(settings, "ONCEGUARD_PRIVACY", {}), "ENCRYPT": encrypt}
     op = _claim(tenant, provider, f"hot-scalar-{encrypt}", payload="just text")
-    done = services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body="plain")
+    done = services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, response_body="plain"
+    )
     replayed = services.operation_claim(
         tenant=tenant, key=f"hot-scalar-{encrypt}", provider=provider, action="charge", request={"amount": 1}
     )
@@ -139,9 +157,11 @@ def test_every_named_statement_is_used_by_the_ledger():
 
 def test_every_hot_transition_writes_its_event_in_the_same_transaction(tenant, provider):
     op = _claim(tenant, provider, "stmt-events")
-    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
     with transaction.atomic():
-        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={})
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, response_body={}
+        )
         transaction.set_rollback(True)
     # Rolled back together: the row is still claimed and its last event is the sent marker.
     assert Operation.objects.get(pk=op.pk).status == S.CLAIMED
@@ -190,7 +210,13 @@ def _journey(tenant: Tenant, other: Tenant, provider: Provider, prefix: str) -> 
         )
 
     def complete(op: Operation, **kwargs: Any) -> Any:
-        arguments = {"operation_id": op.pk, "lease_token": op.lease_token, "provider_ref": "ch_1", **kwargs}
+        arguments = {
+            "operation_id": op.pk,
+            "tenant_id": op.tenant_id,
+            "lease_token": op.lease_token,
+            "provider_ref": "ch_1",
+            **kwargs,
+        }
         return lambda: services.operation_complete(response_body={"ok": True}, **arguments)
 
     answers: list[Any] = []
@@ -296,7 +322,9 @@ def test_a_fresh_claim_without_a_payload_is_one_statement_after_its_read_and_a_c
     with connection.execute_wrapper(wrapper):
         op = _claim(tenant, provider, "rt-1")
         claim_statements = list(seen)
-        services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, response_body={})
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, response_body={}
+        )
     assert claim_statements == [statements.text("operation_by_key"), statements.text("operation_claim_pg")]
     # The completion's atomic block is a savepoint here, BEGIN … COMMIT on its own; in it, the
     # claim path's planner setting (ledger.sql.index_plans: set, and put back when nested).
@@ -314,7 +342,7 @@ def test_a_completion_that_waits_for_the_sweepers_move_completes_from_the_state_
     its row lock, and must then move the row as the sweeper left it (uncertain → succeeded),
     not miss it because its own snapshot still saw `claimed`."""
     op = _claim(tenant, provider, "waits-for-sweeper")
-    services.operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token)
+    services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
     moved, release = threading.Event(), threading.Event()
     outcome: dict[str, Any] = {}
 
@@ -334,7 +362,11 @@ def test_a_completion_that_waits_for_the_sweepers_move_completes_from_the_state_
                 cursor.execute("SELECT pg_backend_pid()")
                 outcome["pid"] = cursor.fetchone()[0]
             outcome["done"] = services.operation_complete(
-                operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_late", response_body={"ok": 1}
+                operation_id=op.pk,
+                tenant_id=op.tenant_id,
+                lease_token=op.lease_token,
+                provider_ref="ch_late",
+                response_body={"ok": 1},
             )
         except Exception as error:  # surfaced by the assertion below
             outcome["error"] = error
@@ -371,7 +403,12 @@ def test_a_completion_that_waits_for_the_sweepers_move_completes_from_the_state_
 def test_the_wait_and_poll_statements_move_hold_and_fence_alike_on_either_database(tenant, provider):
     queued = _claim(tenant, provider, "stmt-job", mode=OperationMode.EXECUTE, via_claims=False)
     taken = services.operation_take(
-        operation_id=queued.pk, from_status=S.QUEUED, lease_seconds=45, past_deadline=False, actor="worker-1"
+        operation_id=queued.pk,
+        tenant_id=queued.tenant_id,
+        from_status=S.QUEUED,
+        lease_seconds=45,
+        past_deadline=False,
+        actor="worker-1",
     )
     assert taken is not None and taken.polls == 0
 
@@ -421,7 +458,9 @@ def test_the_wait_and_poll_statements_move_hold_and_fence_alike_on_either_databa
         operation_id=taken.pk, tenant_id=tenant.pk, lease_seconds=12, actor="worker-3", reason="poll"
     )
     assert final is not None and final.polls == 2
-    done = services.operation_complete(operation_id=taken.pk, lease_token=final.lease_token, provider_ref="job_1")
+    done = services.operation_complete(
+        operation_id=taken.pk, tenant_id=taken.tenant_id, lease_token=final.lease_token, provider_ref="job_1"
+    )
     assert done.status == S.SUCCEEDED
     assert Attempt.objects.get(operation_id=taken.pk).outcome == AttemptOutcome.SUCCEEDED
     assert [(e[0], e[1]) for e in events_of(taken.pk)] == [

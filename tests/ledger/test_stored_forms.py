@@ -105,7 +105,9 @@ def test_a_tombstone_keeps_the_fingerprint_bytes(tenant: Any, provider: Any) -> 
     from ledger.tombstones import tombstones_create
 
     op = services.operation_claim(tenant=tenant, key="bytes-3", provider=provider, action="charge").operation
-    services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_3")
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_3"
+    )
     from django.utils import timezone
 
     assert tombstones_create(plain_ids=[op.pk], superseded_ids=[], deleted_at=timezone.now()) == 1

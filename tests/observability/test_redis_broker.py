@@ -271,7 +271,9 @@ def test_redis_going_away_and_coming_back_loses_nothing(
     )
     # ...guard-mode claims answer...
     claimed = services.operation_claim(tenant=tenant, key="outage:2", provider=provider).operation
-    services.operation_complete(operation_id=claimed.pk, lease_token=claimed.lease_token, provider_ref="ch_2")
+    services.operation_complete(
+        operation_id=claimed.pk, tenant_id=claimed.tenant_id, lease_token=claimed.lease_token, provider_ref="ch_2"
+    )
     # ...and an alert is recorded in its transaction even though its dispatch cannot be queued.
     with transaction.atomic():
         alert_raise(tenant_id=tenant.pk, kind="dlq_new", ref="88", summary="raised while Redis was down")

@@ -38,7 +38,9 @@ def render_with_output(tenant: Tenant, key: str, email: str, source: Upload, see
         provider=crm,
         payload={"customer_email": email, "intent": {"source_key": source.key, "source_sha256": source.sha256}},
     ).operation
-    op = services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref=f"r-{key}")
+    op = services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=f"r-{key}"
+    )
     content = image_bytes(16, 16, color=(seed[0], 1, 2))
     digest = hashlib.sha256(content).hexdigest()
     name = objects.object_save(

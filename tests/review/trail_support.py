@@ -59,6 +59,7 @@ def build_world(tenant: Tenant, sink: Sink) -> World:
     lead = services.operation_claim(tenant=tenant, key="lead:call_7f3c", provider=crm, payload=voice).operation
     lead = services.operation_fail(
         operation_id=lead.pk,
+        tenant_id=lead.tenant_id,
         lease_token=lead.lease_token,
         error_class=ErrorClass.INVALID_INPUT,
         message=f"HTTP 422: contact Priya Raman <{EMAIL}> already exists",
@@ -89,7 +90,11 @@ def build_world(tenant: Tenant, sink: Sink) -> World:
         step=1,
     ).operation
     quote = services.operation_complete(
-        operation_id=quote.pk, lease_token=quote.lease_token, provider_ref="q-77", response_body={"phone": PHONE}
+        operation_id=quote.pk,
+        tenant_id=quote.tenant_id,
+        lease_token=quote.lease_token,
+        provider_ref="q-77",
+        response_body={"phone": PHONE},
     )
     # … and the quote document it produced, a published output (a file in the objects storage).
     document = b"%PDF-1.4 Quote q-77 for Priya Raman, 12 Wattle Street"

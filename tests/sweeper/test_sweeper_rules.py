@@ -135,7 +135,9 @@ def test_uncertain_row_under_a_live_reconciliation_lease_is_skipped(tenant):
 def test_guard_retry_wait_past_its_lifetime_fails_into_the_dlq(tenant):
     p = _provider(tenant, "enf", IdempotencyClass.KEY_ENFORCED)
     op = _claim(tenant, p, "d:1", mark_sent=True)
-    services.operation_fail(operation_id=op.pk, lease_token=op.lease_token, error_class="transient", message="503")
+    services.operation_fail(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient", message="503"
+    )
     past, params = sql.now_plus(-5)
     from django.db import connection
 
