@@ -268,7 +268,7 @@ def provider_activity(*, tenant_ids: list[int] | None, hours: int = 24) -> dict[
     if past is None:
         past = activity_hours(tenant_ids=tenant_ids, since=since, until=settled)
         cache.set(key, past, ACTIVITY_CACHE_SECONDS)
-    rows = past + _activity_rows(tenant_ids=tenant_ids, since=settled, until=None)
+    rows = past + _activity_rows(tenant_ids=tenant_ids, since=settled, until=None, cap=ACTIVITY_LIVE_ROWS)
     buckets: dict[str, dict[str, list[int]]] = {}
     for _tenant, provider, series, hour, n in rows:
         slot = int((hour - since).total_seconds() // 3600)
@@ -305,7 +305,11 @@ def activity_hours(*, tenant_ids: list[int], since: datetime, until: datetime) -
     missing = {t: hs for t, hs in missing.items() if hs}
     if missing:
         first = min(min(hs) for hs in missing.values())
-        read = _activity_rows(tenant_ids=sorted(missing), since=first, until=until)
+        # Every count, uncapped: what is stored here is the hour's record for good, never read
+        # again (a cap would lose the counts past it for ever). At most a count per tenant,
+        # provider, series and hour: bounded by the chart's 24 hours and the 200 tenants a
+        # rollup pass takes at a time.
+        read = _activity_rows(tenant_ids=sorted(missing), since=first, until=until, cap=None)
         new = [ActivityHour(tenant_id=t, hour=h) for t, hs in missing.items() for h in sorted(hs)]
         new += [
             ActivityHour(tenant_id=t, provider=provider, series=series, hour=h, n=n)
@@ -333,9 +337,15 @@ def activity_rollup(*, hours: int = 24) -> int:
     return len(tenant_ids)
 
 
-def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | None) -> list[Row]:
-    """(tenant, provider, series, hour, count) of ``provider_activity`` from ``since`` up to ``until``."""
+# The live hours' read shows at most this many counts per table (a chart, not a record).
+ACTIVITY_LIVE_ROWS = 20000
+
+
+def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | None, cap: int | None) -> list[Row]:
+    """(tenant, provider, series, hour, count) of ``provider_activity`` from ``since`` up to
+    ``until``, at most ``cap`` counts per table (None: all of them)."""
     rows: list[Row] = []
+    upto_cap = slice(None, cap)
 
     def upto(field: str) -> Q:
         return Q() if until is None else Q(**{f"{field}__lt": until})
@@ -349,7 +359,7 @@ def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | 
     )
     rows += [
         (r["tenant_id"], r["provider__slug"] or "(no provider)", r["status"], r["hour"], r["n"])
-        for r in finished[:20000]
+        for r in finished[upto_cap]
     ]
     # Review decisions off their own partial index by time (ledger_operationevent's
     # opevent_review_exit_idx), then their operations by primary key.
@@ -364,7 +374,7 @@ def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | 
     )
     rows += [
         (r["operation__tenant_id"], r["operation__provider__slug"] or "(no provider)", "reviewed", r["hour"], r["n"])
-        for r in reviewed[:20000]
+        for r in reviewed[upto_cap]
     ]
     dead = (
         FailedEvent.objects.filter(upto("failed_at"), tenant_id__in=tenant_ids, failed_at__gte=since)
@@ -374,6 +384,6 @@ def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | 
     )
     rows += [
         (r["tenant_id"], r["operation__provider__slug"] or "(posted by workflows)", "dead_lettered", r["hour"], r["n"])
-        for r in dead[:20000]
+        for r in dead[upto_cap]
     ]
     return rows

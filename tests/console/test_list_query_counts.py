@@ -291,3 +291,51 @@ def plan_of(sql: str) -> str:
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(f"EXPLAIN {sql}")
         return "\n".join(r[0] for r in cursor.fetchall())
+
+
+def test_the_rollup_stores_every_count_of_an_hour_however_many_providers_and_hours_it_reads(tenant):
+    # The rollup keeps what it reads for good (an hour read is never read again), so a read
+    # cut at a row cap would lose counts for ever: here 46 providers x 2 states x 22 settled
+    # hours x 11 tenants = 22,264 (tenant, provider, state, hour) counts, past the live
+    # chart's cap of 20,000, one operation each.
+    from review.models import ActivityHour
+    from review.selectors import activity_rollup
+
+    tenants = [tenant] + Tenant.objects.bulk_create([Tenant(slug=f"t-{i}") for i in range(10)])
+    providers = Provider.objects.bulk_create(
+        [
+            Provider(tenant=t, slug=f"p-{i}", base_url="http://127.0.0.1:9", idempotency_class="key_enforced")
+            for t in tenants
+            for i in range(46)
+        ]
+    )
+    top = timezone.now().replace(minute=0, second=0, microsecond=0)
+    if timezone.now() - top < timedelta(minutes=3):
+        top -= timedelta(hours=1)  # the hour just over settles 2 minutes after it ends
+    rows = []
+    for p in providers:
+        for h in range(1, 23):
+            at = top - timedelta(hours=h) + timedelta(minutes=30)
+            for status in (OperationStatus.SUCCEEDED, OperationStatus.FAILED):
+                rows.append(
+                    Operation(
+                        tenant_id=p.tenant_id,
+                        provider=p,
+                        key=f"{p.pk}-{h}-{status}",
+                        mode="guard",
+                        status=status,
+                        fingerprint="ab" * 32,
+                        created_at=at,
+                        updated_at=at,
+                        done_at=at,
+                    )
+                )
+    Operation.objects.bulk_create(rows, batch_size=2000)
+    settled = top - timedelta(hours=22)
+    expected = Operation.objects.filter(done_at__gte=settled).count()
+    assert expected > 20000
+
+    activity_rollup()
+
+    stored = ActivityHour.objects.filter(hour__gte=settled).exclude(series="")
+    assert sum(stored.values_list("n", flat=True)) == expected
