@@ -146,3 +146,16 @@ def test_pages_and_counts_are_djangos_when_the_list_is_longer_than_a_page(rows, 
     ours = _AGE.sub("AGE", _CSRF.sub("", client.get(url).content.decode()))
     assert ours == expected
     assert "6 operations" in ours
+
+
+def test_a_hostile_key_is_escaped_in_the_list_as_djangos_admin_escapes_it(rows, tenant, provider):
+    from ledger import services
+
+    hostile = "<script>alert('x')</script>\"&amp;"
+    services.operation_claim(tenant=tenant, key=hostile, provider=provider, action="charge")
+    client = client_for(rows)
+    url = reverse("admin:ledger_operation_changelist")
+    ours = _page(client, url, stock=False)
+    assert ours == _page(client, url, stock=True)
+    assert "<script>alert" not in ours
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&quot;&amp;amp;" in ours

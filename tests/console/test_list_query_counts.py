@@ -216,7 +216,15 @@ def test_dashboard_activity_of_a_finished_hour_is_read_from_the_ledger_once_what
     assert totals["succeeded"][-4] == 2 and totals["failed"][-4] == 2, totals
 
 
-def test_the_rollup_schedule_reads_the_finished_hours_so_no_view_does(tenant, other_tenant, two_tenants):
+@pytest.mark.parametrize(
+    ("minutes", "settled"),
+    # The chart's 24 hours are the current one and the 23 before; the hour just over settles
+    # two minutes after it ends (review.selectors.ACTIVITY_SETTLE) and is read live until then.
+    [(30, 23), (1, 22)],
+)
+def test_the_rollup_schedule_reads_the_finished_hours_so_no_view_does(
+    tenant, other_tenant, two_tenants, monkeypatch, minutes, settled
+):
     from review.models import ActivityHour
     from review.schedules import activity_rollup_task
 
@@ -224,8 +232,11 @@ def test_the_rollup_schedule_reads_the_finished_hours_so_no_view_does(tenant, ot
     seed(other_tenant, two_tenants["globex"], 0, 3)
     _finished_hours_ago(tenant, 5)
     _finished_hours_ago(other_tenant, 2)
+    # The clock pinned to a minute of this hour: the count of settled hours depends on it.
+    moment = timezone.now().replace(minute=minutes, second=0, microsecond=0)
+    monkeypatch.setattr(timezone, "now", lambda: moment)
     assert activity_rollup_task() == {"tenants": 2}
-    assert ActivityHour.objects.filter(series="").count() == 2 * 23  # every settled hour of both, read once
+    assert ActivityHour.objects.filter(series="").count() == 2 * settled  # every settled hour of both, read once
     with CaptureQueriesContext(connection) as ctx:
         chart = provider_activity(tenant_ids=[tenant.pk, other_tenant.pk])
     assert all('"done_at" <' not in sql for sql in _ledger_reads(ctx))
