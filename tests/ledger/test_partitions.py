@@ -269,3 +269,35 @@ def test_a_completion_updates_its_attempt_in_one_partition_not_every_months(tena
     # And the move itself is whole: the attempt succeeded, the row too.
     attempt = Attempt.objects.get(operation_id=op.pk)
     assert attempt.outcome == "succeeded" and attempt.provider_ref == "ch_1"
+
+
+@pytest.mark.django_db
+def test_a_retry_claimed_months_after_its_operation_began_is_the_attempt_its_completion_finishes(
+    tenant: Tenant, provider: Any
+) -> None:
+    """The completion's attempt update reads the months from the operation's creation to now:
+    an operation created two months ago whose first attempt failed then and whose retry was
+    claimed this month has its retry — in this month's partition — marked succeeded, and its
+    first attempt left as it failed (transient)."""
+    now = sql.db_now()
+    monthly_from(partitions.month_start(now, plus=-3))
+    op = services.operation_claim(tenant=tenant, key="late-retry", provider=provider, action="charge").operation
+    services.operation_fail(
+        operation_id=op.pk, tenant_id=tenant.pk, lease_token=op.lease_token, error_class="transient", message="503"
+    )
+    then = partitions.month_start(now, plus=-2) + timedelta(days=3)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ledger_operation SET created_at = %s, claimed_at = %s, next_attempt_at = %s WHERE id = %s",
+            [then, then, then, op.pk],
+        )
+        cursor.execute("UPDATE ledger_attempt SET started_at = %s WHERE operation_id = %s", [then, op.pk])
+    retry = services.operation_reclaim(operation_id=op.pk, tenant_id=tenant.pk, lease_seconds=30, actor="api")
+    assert retry is not None and retry.attempts == 2
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=tenant.pk, lease_token=retry.lease_token, provider_ref="ch_late"
+    )
+    first, second = Attempt.objects.filter(operation_id=op.pk).order_by("number")
+    assert (first.outcome, second.outcome) == ("transient", "succeeded"), (first.outcome, second.outcome)
+    assert second.provider_ref == "ch_late" and second.finished_at is not None
+    assert first.started_at.month != second.started_at.month
