@@ -117,7 +117,12 @@ def failed_event_find(*, tenant_id: int, identity: str) -> FailedEvent | None:
     event = FailedEvent.objects.filter(tenant_id=tenant_id, event_id=identity).first()
     if event is not None:
         return event
-    alias = FailedEventAlias.objects.filter(tenant_id=tenant_id, identity=identity).select_related("event").first()
+    # Both tables by the tenant (Citus routes a join of co-located tables by it: DESIGN §12).
+    alias = (
+        FailedEventAlias.objects.filter(tenant_id=tenant_id, identity=identity, event__tenant_id=tenant_id)
+        .select_related("event")
+        .first()
+    )
     return alias.event if alias is not None else None
 
 
