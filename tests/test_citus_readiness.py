@@ -111,17 +111,6 @@ REFERENCE = frozenset(
         "review_stafftenant",
     }
 )
-# Tables that have no tenant_id yet and gain it in the Citus migration: until then their
-# statements are routed through the entry (or alert) they belong to. Attempts, events and the
-# providers' rate buckets have theirs (ledger migration 0029) and every statement names it.
-GAIN_TENANT_ID = frozenset(
-    {
-        "dlq_failedeventchange",
-        "dlq_replay",
-        "alerts_alertdelivery",
-    }
-)
-
 # Callers whose statements may read or write several tenants' rows: Citus runs them on every
 # node (or, for a single-row write, on the node the row's own tenant_id routes to once the
 # statement carries it). "module.function" of the first project frame that ran them.
@@ -137,25 +126,6 @@ FANS_OUT: dict[str, str] = {
     "ledger.polling._webhook_take": "a webhook's poll is admitted like a worker's: the provider's calls in flight"
     " (provider_in_flight, by provider_id — one provider is one tenant's) until the statement gains its tenant_id",
 }
-# Statements routed by a key other than tenant_id today, the Citus migration adds tenant_id
-# to them (DESIGN §12); one entry per caller, with what it is routed by now.
-ROUTED_BY_PARENT: dict[str, str] = {
-    "dlq.services._log_change": "an entry's status change, by event_id",
-    "dlq.services._replay_begin": "an entry's replay row, by event_id",
-    "dlq.services._replay_finish": "the replay row, by its id (the entry's tenant is at hand)",
-    "dlq.services.failed_event_replay": "the replay row, by its id",
-    "dlq.services.replay_settle_for_operation": "the replay that made an operation, by operation_id",
-}
-# Callers that address a row of a distributed table by its id alone (the id is unique across
-# tenants, but Citus routes by tenant_id): the Citus migration adds the tenant to their WHERE
-# — every one of them has it at hand (the API key's tenant, the row it just read).
-BY_ROW_ID: dict[str, str] = {
-    "dlq.services._replay_begin": "the entry's replay count, by the entry's id",
-    "dlq.services._replay_finish": "the entry and its replay, by id",
-    "dlq.services._settle_entry": "the entry a replay settles, by id",
-    "dlq.services.replay_settle_for_operation": "the entry of the replay that made an operation, by id",
-}
-
 # Callers whose statement names its tenant for one table but joins a second co-located table by
 # an id alone (Citus plans a join of distributed tables on one node only when the join is on
 # tenant_id too). Django 5.2 joins a ForeignKey on its one column; the Citus migration makes
@@ -385,11 +355,9 @@ def violations(seen: list[Seen]) -> dict[str, set[str]]:
         tables = {t.lower() for t in _TABLE.findall(sql)} & DISTRIBUTED
         if not callers or not tables or pinned(sql, params):
             continue
-        if _listed(callers, FANS_OUT) or _listed(callers, BY_ROW_ID):
+        if _listed(callers, FANS_OUT):
             continue
         if _listed(callers, JOINED_BY_ID) and _joins_by_id_only(sql, params):
-            continue
-        if tables <= GAIN_TENANT_ID and _listed(callers, ROUTED_BY_PARENT):
             continue
         found.setdefault(" < ".join(callers[:3]), set()).add(" ".join(sql.split())[-300:])
     return found
@@ -551,7 +519,7 @@ def test_every_table_of_a_tenant_is_distributed_or_a_reference_table():
         model._meta.db_table
         for model in apps.get_models()
         if "tenant_id" in {field.column for field in model._meta.concrete_fields}
-    } | GAIN_TENANT_ID
+    }
     assert not DISTRIBUTED & REFERENCE
     assert not tenant_tables - DISTRIBUTED - REFERENCE, "tables of a tenant neither distributed nor reference"
     assert not (DISTRIBUTED | REFERENCE) - tenant_tables - {"ledger_tenant"}, "listed tables that do not exist"
@@ -566,7 +534,6 @@ CONSTRAINTS_TO_WIDEN: dict[str, str] = {
     "ledger_attempt_pkey": "(id, started_at) → (tenant_id, id, started_at): the column is there (ledger 0029);"
     " widening the key rebuilds every partition's primary key index, the Citus migration's work",
     "ledger_operationevent_pkey": "(id, at) → (tenant_id, id, at): as attempts",
-    "replay_unique_number": "(event_id, number) → (tenant_id, event_id, number): replays gain tenant_id",
     "dlq_failedevent_operation_id_key": "one entry per operation → (tenant_id, operation_id)",
     "ledger_operationoutput_operation_id_key": "one output per operation → (tenant_id, operation_id)",
     "ledger_providerrate_pkey": "one bucket per provider → (tenant_id, provider_id): the column is there"
