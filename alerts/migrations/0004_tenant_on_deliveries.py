@@ -60,7 +60,6 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("alerts", "0003_console_action_permissions"),
-        ("ledger", "0029_tenant_on_attempts_events_rates"),
     ]
 
     operations = [

@@ -72,7 +72,6 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("dlq", "0011_n8n_connection_and_payload_source"),
-        ("ledger", "0029_tenant_on_attempts_events_rates"),
     ]
 
     operations = [
