@@ -122,6 +122,8 @@ class AlertDeliveryStatus(models.TextChoices):
 class AlertDelivery(models.Model):
     """One message to one channel: a single alert, or a digest of many."""
 
+    # The channel's tenant (DESIGN §12, Citus: every statement names it; migration alerts 0004).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     channel = models.ForeignKey(AlertChannel, on_delete=models.CASCADE, related_name="deliveries")
     alert_ids = models.JSONField(default=list)
     alert_count = models.PositiveIntegerField(default=1)

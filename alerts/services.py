@@ -233,6 +233,7 @@ def _plan_deliveries(channel: AlertChannel, alerts: list[Alert], budget: int) ->
         groups = [(alerts, True)]
     return [
         AlertDelivery(
+            tenant_id=channel.tenant_id,
             channel=channel,
             alert_ids=[a.pk for a in group],
             alert_count=len(group),

@@ -44,6 +44,7 @@ from ledger.admin import (
     ReadOnlyInline,
     SelectorSearchMixin,
     TenantColumnMixin,
+    TenantInlineFormSet,
     https_url_formfield,
 )
 from ledger.credentials import sealed_credential
@@ -193,6 +194,7 @@ class ReplayInline(ReadOnlyInline):
 
 class ChangeInline(ReadOnlyInline):
     model = FailedEventChange
+    formset = TenantInlineFormSet
     fields = ["at", "from_status", "to_status", "actor", "note"]
     readonly_fields = fields
     ordering = ["at", "id"]

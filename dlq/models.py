@@ -325,6 +325,8 @@ class FailedEventAlias(models.Model):
 class FailedEventChange(models.Model):
     """Append-only history of an entry: every status change, its actor and its note."""
 
+    # The entry's tenant (DESIGN §12, Citus: every statement names it; migration dlq 0012).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     event = models.ForeignKey(FailedEvent, on_delete=models.CASCADE, related_name="changes")
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16)
@@ -398,6 +400,8 @@ class BulkReplay(models.Model):
 class Replay(models.Model):
     """Lineage: one row per replay attempt of an entry — who, when, why, where, what came back."""
 
+    # The entry's tenant (DESIGN §12, Citus: every statement names it; migration dlq 0012).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     event = models.ForeignKey(FailedEvent, on_delete=models.CASCADE, related_name="replays")
     number = models.PositiveIntegerField()
     trigger = models.CharField(max_length=8, choices=ReplayTrigger.choices, default=ReplayTrigger.MANUAL)
@@ -434,7 +438,9 @@ class Replay(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["event", "number"], name="replay_unique_number"),
+            # With the tenant: Citus keeps a unique constraint of a distributed table only when it
+            # holds the distribution column (an entry's replays are one tenant's anyway).
+            models.UniqueConstraint(fields=["tenant", "event", "number"], name="replay_unique_number"),
             models.CheckConstraint(
                 condition=Q(outcome="pending") | Q(finished_at__isnull=False), name="replay_finished_has_time"
             ),

@@ -117,7 +117,12 @@ def failed_event_find(*, tenant_id: int, identity: str) -> FailedEvent | None:
     event = FailedEvent.objects.filter(tenant_id=tenant_id, event_id=identity).first()
     if event is not None:
         return event
-    alias = FailedEventAlias.objects.filter(tenant_id=tenant_id, identity=identity).select_related("event").first()
+    # Both tables by the tenant (Citus routes a join of co-located tables by it: DESIGN §12).
+    alias = (
+        FailedEventAlias.objects.filter(tenant_id=tenant_id, identity=identity, event__tenant_id=tenant_id)
+        .select_related("event")
+        .first()
+    )
     return alias.event if alias is not None else None
 
 
@@ -148,7 +153,7 @@ def bulk_replay_get(*, tenant_id: int, bulk_id: int) -> BulkReplay:
 
 
 def replay_history(*, event: FailedEvent) -> QuerySet[Replay]:
-    return event.replays.order_by("number")
+    return event.replays.filter(tenant_id=event.tenant_id).order_by("number")
 
 
 def replay_target_resolve(*, tenant_id: int, slug: str = "") -> ReplayTarget:
@@ -248,7 +253,7 @@ def failed_event_story(event: FailedEvent) -> EntryStory:
         )
     if event.seen_count > 1:
         story.why.append(f"The same failure was reported {event.seen_count} times (one entry).")
-    last = event.replays.order_by("-number").first()
+    last = event.replays.filter(tenant_id=event.tenant_id).order_by("-number").first()
     if last is not None:
         if last.outcome == ReplayOutcome.SUCCEEDED:
             answer = f" (HTTP {last.response_status})" if last.response_status else ""

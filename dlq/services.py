@@ -108,11 +108,13 @@ def _note(note: str | None) -> str:
     return ledger_services.sanitize_message(note)[:MAX_NOTE]
 
 
-def _log_change(*, event_pk: int, old: str, new: str, actor: str, note: str) -> None:
+def _log_change(*, event_pk: int, tenant_id: int, old: str, new: str, actor: str, note: str) -> None:
     # Notes quote operators and targets' answers: masked and cut to the column (a prefix
     # such as "replay #3 to crm: " plus a 500-character note would overflow it).
     note = ledger_services.sanitize_message(note)
-    FailedEventChange.objects.create(event_id=event_pk, from_status=old, to_status=new, actor=actor[:150], note=note)
+    FailedEventChange.objects.create(
+        tenant_id=tenant_id, event_id=event_pk, from_status=old, to_status=new, actor=actor[:150], note=note
+    )
 
 
 def _check_move(old: str, new: str) -> None:
@@ -120,15 +122,15 @@ def _check_move(old: str, new: str) -> None:
         raise IllegalTransition(f"{old} → {new} is not an allowed move for a dead-letter entry.")
 
 
-def _move(*, event_pk: int, old: str, new: str, actor: str, note: str, **sets: Any) -> bool:
+def _move(*, event_pk: int, tenant_id: int, old: str, new: str, actor: str, note: str, **sets: Any) -> bool:
     """One guarded UPDATE old→new plus its change row; False when the entry was not in ``old``."""
     _check_move(old, new)
     with transaction.atomic():
-        moved = FailedEvent.objects.filter(pk=event_pk, status=old).update(
+        moved = FailedEvent.objects.filter(pk=event_pk, tenant_id=tenant_id, status=old).update(
             status=new, updated_at=timezone.now(), **sets
         )
         if moved:
-            _log_change(event_pk=event_pk, old=old, new=new, actor=actor, note=note)
+            _log_change(event_pk=event_pk, tenant_id=tenant_id, old=old, new=new, actor=actor, note=note)
     return bool(moved)
 
 
@@ -156,7 +158,9 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
     """
     if operation.key.startswith(REPLAY_KEY_PREFIX):
         replay = (
-            Replay.objects.filter(ledger_key=operation.key, event__tenant_id=operation.tenant_id)
+            Replay.objects.filter(
+                tenant_id=operation.tenant_id, ledger_key=operation.key, event__tenant_id=operation.tenant_id
+            )
             .select_related("event")
             .first()
         )
@@ -188,7 +192,14 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
     )
     if created:
         index_payload(tenant_id=event.tenant_id, event_pk=event.pk, plain=plain, source=operation.action)
-        _log_change(event_pk=event.pk, old="", new=FE.PENDING, actor="ledger", note=f"operation {operation.pk} failed")
+        _log_change(
+            event_pk=event.pk,
+            tenant_id=event.tenant_id,
+            old="",
+            new=FE.PENDING,
+            actor="ledger",
+            note=f"operation {operation.pk} failed",
+        )
         _alert_new(event)
         log.info("dlq_recorded event=%s operation=%s key=%s", event.pk, operation.pk, operation.key)
     return event
@@ -206,7 +217,7 @@ def failed_events_note_rollback(
     ).values_list("pk", flat=True)
     note = f"adapter revision {number} was rolled back by {actor}: not re-sent automatically ({reason})"
     for event_pk in pending[:10_000]:
-        _log_change(event_pk=event_pk, old=FE.PENDING, new=FE.PENDING, actor=actor, note=note)
+        _log_change(event_pk=event_pk, tenant_id=tenant_id, old=FE.PENDING, new=FE.PENDING, actor=actor, note=note)
 
 
 # --- Quarantine: invalid input, with its reason in words ---------------------------------------
@@ -394,7 +405,14 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
     index_payload(tenant_id=tenant.pk, event_pk=event.pk, plain=parsed.payload, source=parsed.shape)
     # The workflow's name, so its operations are found by it too (n8n reports it; claims may not).
     workflow_name_note(tenant_id=tenant.pk, workflow_id=event.source_workflow_id, name=event.source_workflow_name)
-    _log_change(event_pk=event.pk, old="", new=FE.PENDING, actor=actor, note=f"ingested ({parsed.shape})")
+    _log_change(
+        event_pk=event.pk,
+        tenant_id=event.tenant_id,
+        old="",
+        new=FE.PENDING,
+        actor=actor,
+        note=f"ingested ({parsed.shape})",
+    )
     _alert_new(event)
     return IngestResult(event, "created")
 
@@ -541,6 +559,7 @@ def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, payload: dict[s
             )
             _log_change(
                 event_pk=event.pk,
+                tenant_id=event.tenant_id,
                 old=FE.PENDING,
                 new=FE.PENDING,
                 actor=N8N_ACTOR,
@@ -561,13 +580,18 @@ def _payload_fetch_failed(event: FailedEvent, reason: str) -> FailedEvent:
     reason = ledger_services.sanitize_message(reason)[:MAX_NOTE]
     now = timezone.now()
     with transaction.atomic():
-        moved = FailedEvent.objects.filter(pk=event.pk, payload_fetch=PayloadFetch.PENDING).update(
-            payload_fetch=PayloadFetch.FAILED, payload_fetch_note=reason, payload_fetched_at=now, updated_at=now
-        )
+        moved = FailedEvent.objects.filter(
+            pk=event.pk, tenant_id=event.tenant_id, payload_fetch=PayloadFetch.PENDING
+        ).update(payload_fetch=PayloadFetch.FAILED, payload_fetch_note=reason, payload_fetched_at=now, updated_at=now)
         if moved:
-            status = FailedEvent.objects.filter(pk=event.pk).values_list("status", flat=True).get()
+            status = (
+                FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id)
+                .values_list("status", flat=True)
+                .get()
+            )
             _log_change(
                 event_pk=event.pk,
+                tenant_id=event.tenant_id,
                 old=status,
                 new=status,
                 actor=N8N_ACTOR,
@@ -743,12 +767,18 @@ def _replay_begin(
             counters["auto_replay_count"] = F("auto_replay_count") + 1
         for state in (FE.PENDING, FE.REPLAYED) if force else (FE.PENDING,):
             # Zero rows: a double click, a second operator or the schedule got here first.
-            if FailedEvent.objects.filter(pk=event.pk, status=state).update(status=FE.REPLAYING, **counters):
+            if FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id, status=state).update(
+                status=FE.REPLAYING, **counters
+            ):
                 old = state
                 break
         if old is None:
             raise _not_replayable(event.pk, force=force)
-        number = FailedEvent.objects.filter(pk=event.pk).values_list("replay_count", flat=True).get()
+        number = (
+            FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id)
+            .values_list("replay_count", flat=True)
+            .get()
+        )
         key = event.original_key or event.event_id
         sent_key = derive_new_key(key, number) if as_new else key
         if correction is not None:
@@ -756,6 +786,7 @@ def _replay_begin(
         # A replay goes to a replay target, or (an execute-mode step resumed) to the provider.
         slug, url = (provider.slug, provider.base_url) if provider is not None else (target.slug, target.url)  # type: ignore[union-attr]
         replay = Replay.objects.create(
+            tenant_id=event.tenant_id,
             event=event,
             number=number,
             trigger=trigger,
@@ -779,6 +810,7 @@ def _replay_begin(
         where = f"provider {slug}" if provider is not None else slug
         _log_change(
             event_pk=event.pk,
+            tenant_id=event.tenant_id,
             old=old,
             new=FE.REPLAYING,
             actor=actor,
@@ -866,7 +898,7 @@ def failed_event_replay(
         _replay_refused(replay=replay, actor=actor, why="replay key already taken")
         raise ReplayInProgress("The ledger already holds this replay's key; nothing was sent.")
     op = claim.operation
-    Replay.objects.filter(pk=replay.pk).update(operation=op)
+    Replay.objects.filter(pk=replay.pk, tenant_id=replay.tenant_id).update(operation=op)
     try:
         if provider is not None:
             answer = send_to_provider(provider=provider, operation=original)
@@ -886,7 +918,7 @@ def failed_event_replay(
 
 def _replay_refused(*, replay: Replay, actor: str, why: str) -> None:
     with transaction.atomic():
-        Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.PENDING).update(
+        Replay.objects.filter(pk=replay.pk, tenant_id=replay.tenant_id, outcome=ReplayOutcome.PENDING).update(
             outcome=ReplayOutcome.REFUSED, error_message=why[:500], finished_at=timezone.now()
         )
         _settle_entry(replay=replay, to=FE.PENDING, actor=actor, note=f"replay #{replay.number} refused: {why}")
@@ -895,11 +927,13 @@ def _replay_refused(*, replay: Replay, actor: str, why: str) -> None:
 def _settle_entry(*, replay: Replay, to: str, actor: str, note: str) -> None:
     """replaying → replayed|pending, only for the replay that holds the entry."""
     _check_move(FE.REPLAYING, to)
-    moved = FailedEvent.objects.filter(pk=replay.event_id, status=FE.REPLAYING, replay_count=replay.number).update(
-        status=to, updated_at=timezone.now()
-    )
+    moved = FailedEvent.objects.filter(
+        pk=replay.event_id, tenant_id=replay.tenant_id, status=FE.REPLAYING, replay_count=replay.number
+    ).update(status=to, updated_at=timezone.now())
     if moved:
-        _log_change(event_pk=replay.event_id, old=FE.REPLAYING, new=to, actor=actor, note=note)
+        _log_change(
+            event_pk=replay.event_id, tenant_id=replay.tenant_id, old=FE.REPLAYING, new=to, actor=actor, note=note
+        )
 
 
 def _ledger_record(*, op: Operation, answer: TargetAnswer, actor: str) -> Operation:
@@ -943,14 +977,14 @@ def _replay_finish(*, replay: Replay, event: FailedEvent, op: Operation, answer:
         except DomainError as exc:
             # The ledger row moved meanwhile (e.g. swept): the answer is still the evidence.
             log.warning("dlq_replay_ledger_refused replay=%s error=%s", replay.pk, type(exc).__name__)
-            op = Operation.objects.get(pk=op.pk)
+            op = Operation.objects.get(pk=op.pk, tenant_id=op.tenant_id)
         if answer.ok:
             outcome = ReplayOutcome.SUCCEEDED
         elif answer.error_class == ErrorClass.AMBIGUOUS or op.status not in TERMINAL_STATES:
             outcome = ReplayOutcome.AMBIGUOUS
         else:
             outcome = ReplayOutcome.FAILED
-        Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.PENDING).update(
+        Replay.objects.filter(pk=replay.pk, tenant_id=replay.tenant_id, outcome=ReplayOutcome.PENDING).update(
             outcome=outcome,
             error_class=answer.error_class,
             # A success's "HTTP 201" is the target's answer, not an error.
@@ -964,7 +998,7 @@ def _replay_finish(*, replay: Replay, event: FailedEvent, op: Operation, answer:
         to = FE.REPLAYED if outcome == ReplayOutcome.SUCCEEDED else FE.PENDING
         _settle_entry(replay=replay, to=to, actor=actor, note=f"replay #{replay.number} {outcome} ({answer.message})")
         _supersede_original(event=event, op=op, number=replay.number, actor=actor)
-    replay.refresh_from_db()
+    replay = Replay.objects.get(pk=replay.pk, tenant_id=replay.tenant_id)
     log.info(
         "dlq_replayed event=%s replay=%s outcome=%s status=%s target=%s trigger=%s",
         event.pk,
@@ -1006,7 +1040,13 @@ def replay_settle_for_operation(*, operation: Operation, actor: str) -> None:
     if not operation.key.startswith(REPLAY_KEY_PREFIX) or operation.status not in TERMINAL_STATES:
         return
     replay = (
-        Replay.objects.filter(ledger_key=operation.key, operation_id=operation.pk, outcome=ReplayOutcome.AMBIGUOUS)
+        Replay.objects.filter(
+            tenant_id=operation.tenant_id,
+            ledger_key=operation.key,
+            operation_id=operation.pk,
+            outcome=ReplayOutcome.AMBIGUOUS,
+            event__tenant_id=operation.tenant_id,
+        )
         .select_related("event")
         .first()
     )
@@ -1016,15 +1056,24 @@ def replay_settle_for_operation(*, operation: Operation, actor: str) -> None:
     outcome = ReplayOutcome.SUCCEEDED if succeeded else ReplayOutcome.FAILED
     note = f"replay #{replay.number} settled {operation.status} after an ambiguous answer"
     with transaction.atomic():
-        if not Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.AMBIGUOUS).update(outcome=outcome):
+        if not Replay.objects.filter(pk=replay.pk, tenant_id=replay.tenant_id, outcome=ReplayOutcome.AMBIGUOUS).update(
+            outcome=outcome
+        ):
             return
         if succeeded:
             _check_move(FE.PENDING, FE.REPLAYED)
             moved = FailedEvent.objects.filter(
-                pk=replay.event_id, status=FE.PENDING, replay_count=replay.number
+                pk=replay.event_id, tenant_id=replay.tenant_id, status=FE.PENDING, replay_count=replay.number
             ).update(status=FE.REPLAYED, updated_at=timezone.now())
             if moved:
-                _log_change(event_pk=replay.event_id, old=FE.PENDING, new=FE.REPLAYED, actor=actor, note=note)
+                _log_change(
+                    event_pk=replay.event_id,
+                    tenant_id=replay.tenant_id,
+                    old=FE.PENDING,
+                    new=FE.REPLAYED,
+                    actor=actor,
+                    note=note,
+                )
         _supersede_original(event=replay.event, op=operation, number=replay.number, actor=actor)
     log.info("dlq_replay_settled event=%s replay=%s outcome=%s", replay.event_id, replay.number, outcome)
 
@@ -1038,11 +1087,13 @@ def _close(*, tenant_id: int, event_pk: int, to: str, actor: str, note: str) -> 
         raise NoteRequired(f"Marking an entry {to} needs a note saying why.")
     event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
     for old in (FE.PENDING, FE.REPLAYED):
-        if _move(event_pk=event.pk, old=old, new=to, actor=actor, note=note, status_note=note):
+        if _move(
+            event_pk=event.pk, tenant_id=event.tenant_id, old=old, new=to, actor=actor, note=note, status_note=note
+        ):
             event.refresh_from_db()
             log.info("dlq_closed event=%s to=%s actor=%s", event.pk, to, actor)
             return event
-    status = FailedEvent.objects.filter(pk=event.pk).values_list("status", flat=True).first()
+    status = FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id).values_list("status", flat=True).first()
     if status == FE.REPLAYING:
         raise FailedEventBusy("A replay of this entry is under way; try again when it has finished.", retry_after=1)
     raise FailedEventClosed(f"This entry is {status} already.", extra={"entry_status": status})
@@ -1182,6 +1233,7 @@ def failed_event_correct(
             ).operation
             if not _move(
                 event_pk=event.pk,
+                tenant_id=event.tenant_id,
                 old=FE.PENDING,
                 new=FE.RESOLVED,
                 actor=actor,
@@ -1426,7 +1478,7 @@ def auto_replay_due(*, limit: int | None = None) -> dict[str, int]:
         except DomainError:
             counts["skipped"] += 1
             continue
-        last = event.replays.order_by("-number").first()
+        last = event.replays.filter(tenant_id=event.tenant_id).order_by("-number").first()
         if not target.auto_replay or (
             last is not None
             and (
@@ -1480,9 +1532,9 @@ def replays_recover(*, stale_seconds: float | None = None) -> dict[str, int]:
         else:
             outcome, to, why = ReplayOutcome.AMBIGUOUS, FE.PENDING, f"sender stopped; ledger row {op.status}"
         with transaction.atomic():
-            done = Replay.objects.filter(pk=replay.pk, outcome=ReplayOutcome.PENDING).update(
-                outcome=outcome, error_message=why, finished_at=timezone.now(), operation=op
-            )
+            done = Replay.objects.filter(
+                pk=replay.pk, tenant_id=replay.tenant_id, outcome=ReplayOutcome.PENDING
+            ).update(outcome=outcome, error_message=why, finished_at=timezone.now(), operation=op)
             if done:
                 _settle_entry(replay=replay, to=to, actor="recovery", note=f"replay #{replay.number} {outcome}: {why}")
         counts[outcome] = counts.get(outcome, 0) + 1

@@ -255,7 +255,8 @@ RETURNING *;
 -- updates do. The UPDATE then moves the row `held` locked. Its WHERE must not compare the
 -- state again: it first meets the row as the statement's snapshot saw it, before a move
 -- `held` waited for (the sweeper's claimed → uncertain), and a guard false there is never
--- re-checked on the row as it now is; the lock already guarantees the guard.
+-- re-checked on the row as it now is; the lock already guarantees the guard. (Its tenant, which
+-- never changes, it names: Citus routes each CTE by it.)
 WITH held AS (
     SELECT id, status AS from_status FROM ledger_operation
     WHERE id = %(id)s AND status IN ({claimed}, {uncertain}, {review}) AND lease_token = %(lease_token)s
@@ -272,7 +273,7 @@ WITH held AS (
         done_at = now(),
         updated_at = now()
     FROM held
-    WHERE ledger_operation.id = held.id
+    WHERE ledger_operation.id = held.id AND ledger_operation.tenant_id = %(tenant_id)s
     RETURNING ledger_operation.*
 ), attempt AS (
     -- attempt_succeed. The attempt started between its operation's creation and now: on the

@@ -261,7 +261,7 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     run.attempts += Attempt.objects.filter(pk__in=[a.pk for a in attempts]).update(response_body=None)
     cutter.rows(Attempt.objects.filter(operation_id=op.pk).exclude(message=""), "message")
     cutter.rows(OperationEvent.objects.filter(operation_id=op.pk).exclude(reason=""), "reason")
-    cutter.rows(Replay.objects.filter(operation_id=op.pk), "error_message", "note")
+    cutter.rows(Replay.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk), "error_message", "note")
     run.texts += cutter.changed
     # Its published output (a file it produced for this person) goes: the row now, the bytes
     # once the batch commits (ledger.outputs).
@@ -293,7 +293,11 @@ def _erase_failed_event(run: ErasureRun, pk: int, now: datetime) -> bool:
             pass
         event.refresh_from_db()
     values: set[str] = set()
-    replays = list(Replay.objects.filter(event_id=event.pk, response_body__isnull=False).only("pk", "response_body"))
+    replays = list(
+        Replay.objects.filter(tenant_id=event.tenant_id, event_id=event.pk, response_body__isnull=False).only(
+            "pk", "response_body"
+        )
+    )
     for stored in [event.payload, *(r.response_body for r in replays)]:
         _strings(_plain(stored), values)
     cutter = _Cutter(values)
@@ -307,9 +311,11 @@ def _erase_failed_event(run: ErasureRun, pk: int, now: datetime) -> bool:
         if text:
             changes[column] = cutter.cut(text)
     FailedEvent.objects.filter(pk=event.pk).update(**changes)
-    run.replays += Replay.objects.filter(pk__in=[r.pk for r in replays]).update(response_body=None)
-    cutter.rows(Replay.objects.filter(event_id=event.pk), "error_message", "note")
-    cutter.rows(FailedEventChange.objects.filter(event_id=event.pk).exclude(note=""), "note")
+    run.replays += Replay.objects.filter(tenant_id=event.tenant_id, pk__in=[r.pk for r in replays]).update(
+        response_body=None
+    )
+    cutter.rows(Replay.objects.filter(tenant_id=event.tenant_id, event_id=event.pk), "error_message", "note")
+    cutter.rows(FailedEventChange.objects.filter(tenant_id=event.tenant_id, event_id=event.pk).exclude(note=""), "note")
     run.texts += cutter.changed
     run.index_entries += SubjectIndex.objects.filter(record_type=RecordType.FAILED_EVENTS, record_id=event.pk).delete()[
         0

@@ -365,7 +365,12 @@ def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | 
     # opevent_review_exit_idx), then their operations by primary key.
     reviewed = (
         OperationEvent.objects.filter(
-            upto("at"), from_status=OperationStatus.REVIEW, at__gte=since, operation__tenant_id__in=tenant_ids
+            upto("at"),
+            from_status=OperationStatus.REVIEW,
+            at__gte=since,
+            # Both tables by the tenants (the event carries its operation's tenant): DESIGN §12.
+            tenant_id__in=tenant_ids,
+            operation__tenant_id__in=tenant_ids,
         )
         .exclude(to_status=OperationStatus.REVIEW)
         .annotate(hour=TruncHour("at", tzinfo=UTC))

@@ -111,16 +111,6 @@ REFERENCE = frozenset(
         "review_stafftenant",
     }
 )
-# Tables that have no tenant_id today and gain it in the Citus migration: until then their
-# statements are routed through the operation (or entry, or channel) they belong to.
-GAIN_TENANT_ID = frozenset(
-    {
-        "dlq_failedeventchange",
-        "dlq_replay",
-        "alerts_alertdelivery",
-    }
-)
-
 # Callers whose statements may read or write several tenants' rows: Citus runs them on every
 # node (or, for a single-row write, on the node the row's own tenant_id routes to once the
 # statement carries it). "module.function" of the first project frame that ran them.
@@ -136,35 +126,181 @@ FANS_OUT: dict[str, str] = {
     "ledger.polling._webhook_take": "a webhook's poll is admitted like a worker's: the provider's calls in flight"
     " (provider_in_flight, by provider_id — one provider is one tenant's) until the statement gains its tenant_id",
 }
-# Statements routed by a key other than tenant_id today, the Citus migration adds tenant_id
-# to them (DESIGN §12); one entry per caller, with what it is routed by now.
-ROUTED_BY_PARENT: dict[str, str] = {
-    "ledger.polling.attempt_log_fields": "a poll's attempt (the prompt template version its log lines name),"
-    " by (operation_id, number)",
-    "ledger.admin.change_view": "the console's operation page: its attempts and events",
-    "review.serializers.review_item_representation": "a review item's attempts and events (one query per page)",
-    "dlq.services._log_change": "an entry's status change, by event_id",
-    "dlq.services._replay_begin": "an entry's replay row, by event_id",
-    "dlq.services._replay_finish": "the replay row, by its id (the entry's tenant is at hand)",
-    "dlq.services.failed_event_replay": "the replay row, by its id",
-    "dlq.services.replay_settle_for_operation": "the replay that made an operation, by operation_id",
+# Callers (the innermost frame only) whose one statement writes rows of several tenants, each
+# row carrying its own tenant_id: Citus routes each row of a multi-row INSERT to its tenant's
+# node (an INSERT … SELECT FROM UNNEST through the coordinator), no read fans out.
+ROWS_BY_THEIR_OWN_TENANT: dict[str, str] = {
+    "review.selectors.activity_hours": "the dashboard stores the hours it computed for the viewer's tenants"
+    " (review_activityhour) in one INSERT … SELECT FROM UNNEST of arrays, the tenant_id one of them",
 }
-# Callers that address a row of a distributed table by its id alone (the id is unique across
-# tenants, but Citus routes by tenant_id): the Citus migration adds the tenant to their WHERE
-# — every one of them has it at hand (the API key's tenant, the row it just read).
-BY_ROW_ID: dict[str, str] = {
-    "dlq.services._replay_begin": "the entry's replay count, by the entry's id",
-    "dlq.services._replay_finish": "the entry and its replay, by id",
-    "dlq.services._settle_entry": "the entry a replay settles, by id",
-    "dlq.services.replay_settle_for_operation": "the entry of the replay that made an operation, by id",
+# Callers whose statement names its tenant for one table but joins a second co-located table by
+# an id alone (Citus plans a join of distributed tables on one node only when the join is on
+# tenant_id too). Django 5.2 joins a ForeignKey on its one column; the Citus migration makes
+# these keys (tenant_id, x_id) → (tenant_id, id) (a ForeignObject over both columns), and the
+# join then carries the tenant.
+JOINED_BY_ID: dict[str, str] = {
+    "ledger.pagination.paginate_queryset": "the operations API list LEFT JOINs each row's validated output"
+    " (ledger_operationoutput) by operation_id",
+    "review.selectors._activity_rows": "the dashboard's dead-letter series LEFT JOINs each entry's operation"
+    " (its provider's slug) by operation_id; an entry posted by a workflow has none, so the join cannot be"
+    " an inner one pinned in WHERE",
 }
 
 _TABLE = re.compile(r'\b(?:FROM|JOIN|UPDATE|INTO)\s+"?([a-z_]+)"?', re.IGNORECASE)
-# "tenant_id" = %s, tenant_id = %(tenant_id)s, "tenant_id" IN (%s), and the INSERT column list.
-_PINNED = re.compile(
-    r'"?tenant_id"?\s*(?:=\s*(?:%s|%\(\w+\)s|\d+)|IN\s*\((?:%s|\d+)\))|\(\s*"?tenant_id"?\s*,|,\s*"?tenant_id"?\s*[,)]',
+# A value Citus can route by: one parameter (named ones masked as %[name]s) or an integer literal.
+_VALUE = r"(?:%s|%\[\w+\]s|\d+)"
+# tenant_id, qualified or not, equal to one value or IN a list of exactly one; not the first term
+# of arithmetic or a cast. Where it stands is checked by pinned() below.
+_PIN = re.compile(
+    r'(?<![\w".])(?:"?\w+"?\.)?"?tenant_id"?\s*(?:=\s*(?P<eq>' + _VALUE + r")|IN\s*\(\s*(?P<in>" + _VALUE + r")\s*\))"
+    r"(?!\s*(?:[-+*/|%]|::))",
     re.IGNORECASE,
 )
+# Two tables joined on tenant_id (a correlated sub-select on its outer row's tenant): co-located.
+_JOIN = re.compile(r'(?<![\w".])(?:"?\w+"?\.)?"?tenant_id"?\s*=\s*\(?\s*"?\w+"?\."?tenant_id"?\s*\)?', re.IGNORECASE)
+_INSERT = re.compile(
+    r'^\s*INSERT\s+(?:OR\s+\w+\s+)?INTO\s+"?\w+"?\s*\(([^()]*)\)\s*(?:VALUES\s*\(|SELECT\b)', re.IGNORECASE
+)
+# A parenthesised group that is a statement of its own: a sub-select or a CTE's body.
+_SCOPE = re.compile(r"^\s*(?:SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.IGNORECASE)
+# Where a list of conditions starts and ends, at one level of a statement.
+_CONDITIONS = re.compile(r"\b(?:WHERE|HAVING|ON)\b(?!\s+CONFLICT)", re.IGNORECASE)
+_END = re.compile(
+    r"\b(?:RETURNING|ORDER\s+BY|GROUP\s+BY|LIMIT|OFFSET|FOR\s+(?:NO\s+KEY\s+)?(?:UPDATE|SHARE)|ON\s+CONFLICT|UNION"
+    r"|(?:LEFT|RIGHT|INNER|FULL|CROSS)?\s*(?:OUTER\s+)?JOIN)\b",
+    re.IGNORECASE,
+)
+_OR = re.compile(r"\bOR\b", re.IGNORECASE)
+# What may stand right before a group of conditions (anything else — COALESCE, NOT, CASE WHEN,
+# a SELECT list — makes the group something other than a condition every row must meet).
+_CONDITION_GROUP_AFTER = {"", "AND", "WHERE", "HAVING", "ON"}
+
+
+def _masked(sql: str) -> str:
+    """``sql`` with named parameters' parentheses and string literals' contents masked (same
+    length), so every parenthesis left is the statement's own."""
+    sql = re.sub(r"%\((\w+)\)s", lambda m: f"%[{m.group(1)}]s", sql)
+    return re.sub(r"'[^']*'", lambda m: "'" + "x" * (len(m.group(0)) - 2) + "'", sql)
+
+
+def _groups(sql: str) -> list[tuple[int, int]]:
+    """Every parenthesised group as (index of "(", index of ")")."""
+    stack, found = [], []
+    for i, c in enumerate(sql):
+        if c == "(":
+            stack.append(i)
+        elif c == ")" and stack:
+            found.append((stack.pop(), i))
+    return found
+
+
+def _blank(sql: str, groups: list[tuple[int, int]]) -> str:
+    chars = list(sql)
+    for start, end in groups:
+        chars[start + 1 : end] = " " * (end - start - 1)
+    return "".join(chars)
+
+
+def _value(token: str, masked: str, at: int, params: Any) -> Any:
+    """What a pin compares with (None for a NULL parameter): a literal, a named parameter, or
+    the positional one at ``at``."""
+    if token.isdigit():
+        return int(token)
+    if token.startswith("%["):
+        return params.get(token[2:-2]) if isinstance(params, dict) else None
+    index = masked[:at].count("%s")
+    return params[index] if isinstance(params, (list, tuple)) and index < len(params) else None
+
+
+def _word_before(masked: str, at: int) -> str:
+    words = re.findall(r"\w+$", masked[:at].rstrip())
+    return words[0].upper() if words else ""
+
+
+def _holds(masked: str, groups: list[tuple[int, int]], scope: tuple[int, int], at: int) -> bool:
+    """Whether the condition at ``at`` must hold for every row of its scope: each group around
+    it (up to the scope's own) is a plain group of conditions without an OR, and the outermost
+    stands in the scope's WHERE (ON, HAVING) among conditions without an OR."""
+    around = sorted((g for g in groups if scope[0] < g[0] < at < g[1] < scope[1]), reverse=True)
+    for start, end in around:
+        if _word_before(masked, start) not in _CONDITION_GROUP_AFTER:
+            return False
+        if _OR.search(_blank(masked, [g for g in groups if start < g[0] and g[1] < end]), start, end):
+            return False
+    outer = around[-1][0] if around else at
+    level = _blank(masked, [g for g in groups if scope[0] < g[0] and g[1] < scope[1]])
+    begins = [m.end() for m in _CONDITIONS.finditer(level, scope[0] + 1, outer)]
+    if not begins:
+        return False
+    end = _END.search(level, outer, scope[1])
+    return not _OR.search(level, begins[-1], end.start() if end else scope[1])
+
+
+def _inserts_one_tenant(own: str, masked: str, offset: int, params: Any, selected_pinned: bool) -> bool:
+    """An INSERT whose new row's tenant_id is one value: the first row of a VALUES list, or the
+    SELECT list of an INSERT … SELECT — a value, or the tenant_id column of rows the SELECT
+    reads by one tenant (``selected_pinned``)."""
+    insert = _INSERT.match(own)
+    if not insert:
+        return False
+    columns = [c.strip().strip('"').lower() for c in insert.group(1).split(",")]
+    if "tenant_id" not in columns:
+        return False
+    wanted, item, depth, start = columns.index("tenant_id"), 0, 0, insert.end()
+    for i in range(insert.end(), len(own)):
+        c = own[i]
+        if c == "(":
+            depth += 1
+        elif c == ")" and depth:
+            depth -= 1
+        elif depth == 0 and (c in ",)" or re.match(r"\bFROM\b", own[i:], re.IGNORECASE)):
+            if item == wanted:
+                token = own[start:i].strip()
+                if selected_pinned and re.fullmatch(r'(?:"?\w+"?\.)?"?tenant_id"?', token):
+                    return True
+                at = offset + start + own[start:i].index(token) if token else 0
+                return bool(re.fullmatch(_VALUE, token)) and _value(token, masked, at, params) is not None
+            if c != ",":
+                return False
+            item, start = item + 1, i + 1
+    return False
+
+
+def pinned(sql: str, params: Any = None) -> bool:
+    """Citus's router rule, read off a statement's text: each of its scopes (the statement, each
+    sub-select, each CTE) that reads or writes a distributed table names one tenant — a
+    ``tenant_id = <value>`` (or ``IN (<one value>)``) with a value that is not NULL, standing
+    where every row must meet it (not inside COALESCE(…), NOT (…) or CASE, not OR-ed with
+    anything) — or, for an INSERT, gives the new row's ``tenant_id`` one such value. A scope may
+    instead join its table on ``tenant_id`` to another (a sub-select correlated on its outer
+    row's tenant) when some scope names the value; a scope that reads two distributed tables
+    needs both: the value and the join (or two values)."""
+    masked = _masked(sql)
+    groups = _groups(masked)
+    scopes = [(-1, len(masked))] + [g for g in groups if _SCOPE.match(masked[g[0] + 1 : g[1]])]
+    touched = valued = False
+    for scope in scopes:
+        inner = [g for g in scopes[1:] if scope[0] < g[0] and g[1] < scope[1]]
+        blanked = _blank(masked, inner)
+        own = blanked[scope[0] + 1 : scope[1]]
+        tables = [t.lower() for t in _TABLE.findall(own) if t.lower() in DISTRIBUTED]
+        if not tables:
+            continue
+        offset = scope[0] + 1
+        plain = [g for g in groups if g not in inner]
+        values = 0
+        for match in _PIN.finditer(own):
+            token = match.group("eq") or match.group("in")
+            value_at = offset + match.start("eq" if match.group("eq") else "in")
+            if _value(token, masked, value_at, params) is None:
+                continue
+            values += _holds(blanked, plain, scope, offset + match.start())
+        values += _inserts_one_tenant(own, masked, offset, params, values > 0)
+        joins = sum(_holds(blanked, plain, scope, offset + m.start()) for m in _JOIN.finditer(own))
+        if values + joins < len(set(tables)):
+            return False
+        touched, valued = True, valued or values > 0
+    return valued or not touched
 
 
 def _callers() -> tuple[str, ...]:
@@ -185,12 +321,18 @@ def _callers() -> tuple[str, ...]:
     return tuple(callers)
 
 
+# A captured statement: the service's frames that ran it (innermost first), its text, its parameters.
+Seen = tuple[tuple[str, ...], str, Any]
+
+
 @contextmanager
-def statements_with_callers() -> Iterator[list[tuple[tuple[str, ...], str]]]:
-    seen: list[tuple[tuple[str, ...], str]] = []
+def statements_with_callers() -> Iterator[list[Seen]]:
+    seen: list[Seen] = []
 
     def capture(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append((_callers(), sql))
+        # executemany: each set of parameters is a statement of its own.
+        for one in params if many else [params]:
+            seen.append((_callers(), sql, one))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(capture):
@@ -202,16 +344,27 @@ def _listed(callers: tuple[str, ...], table: dict[str, str]) -> bool:
     return any(c == prefix or c.startswith(prefix + ".") for c in callers for prefix in table)
 
 
-def violations(seen: list[tuple[tuple[str, ...], str]]) -> dict[str, set[str]]:
+def _joins_by_id_only(sql: str, params: Any) -> bool:
+    """Whether the statement would pass if its joined tables' own pins were not needed: each
+    scope names a tenant at least once (the JOINED_BY_ID excuse covers only the join)."""
+    masked = _masked(sql)
+    return bool(_PIN.search(masked)) and all(
+        _PIN.search(masked[s + 1 : e]) or not set(_TABLE.findall(masked[s + 1 : e])) & DISTRIBUTED
+        for s, e in _groups(masked)
+        if _SCOPE.match(masked[s + 1 : e])
+    )
+
+
+def violations(seen: list[Seen]) -> dict[str, set[str]]:
     """Callers whose statements touch a distributed table without pinning one tenant."""
     found: dict[str, set[str]] = {}
-    for callers, sql in seen:
+    for callers, sql, params in seen:
         tables = {t.lower() for t in _TABLE.findall(sql)} & DISTRIBUTED
-        if not callers or not tables or _PINNED.search(sql):
+        if not callers or not tables or pinned(sql, params):
             continue
-        if _listed(callers, FANS_OUT) or _listed(callers, BY_ROW_ID):
+        if _listed(callers, FANS_OUT) or callers[0] in ROWS_BY_THEIR_OWN_TENANT:
             continue
-        if tables <= GAIN_TENANT_ID and _listed(callers, ROUTED_BY_PARENT):
+        if _listed(callers, JOINED_BY_ID) and _joins_by_id_only(sql, params):
             continue
         found.setdefault(" < ".join(callers[:3]), set()).add(" ".join(sql.split())[-300:])
     return found
@@ -347,7 +500,7 @@ def test_every_statement_is_routed_by_one_tenant_or_listed_with_its_reason(
 
     assert len(seen) > 100, "the slice's statements were not captured"
     # The asynchronous render and the capped provider's statements are in the slice.
-    ran = {sql for _, sql in seen}
+    ran = {sql for _, sql, _ in seen}
     for name in (
         "operation_wait",
         "attempt_job",
@@ -359,7 +512,7 @@ def test_every_statement_is_routed_by_one_tenant_or_listed_with_its_reason(
         "provider_rate_lower",
     ):
         assert statements.text(name) in ran, name
-    assert any(c.startswith("ledger.polling.webhook_receive") for callers, _ in seen for c in callers)
+    assert any(c.startswith("ledger.polling.webhook_receive") for callers, _, _ in seen for c in callers)
     found = violations(seen)
     assert not found, "statements not routed by one tenant_id, and not listed:\n" + "\n".join(
         f"{caller}:\n    " + "\n    ".join(sorted(sqls)) for caller, sqls in sorted(found.items())
@@ -373,7 +526,7 @@ def test_every_table_of_a_tenant_is_distributed_or_a_reference_table():
         model._meta.db_table
         for model in apps.get_models()
         if "tenant_id" in {field.column for field in model._meta.concrete_fields}
-    } | GAIN_TENANT_ID
+    }
     assert not DISTRIBUTED & REFERENCE
     assert not tenant_tables - DISTRIBUTED - REFERENCE, "tables of a tenant neither distributed nor reference"
     assert not (DISTRIBUTED | REFERENCE) - tenant_tables - {"ledger_tenant"}, "listed tables that do not exist"
@@ -385,17 +538,20 @@ def test_every_table_of_a_tenant_is_distributed_or_a_reference_table():
 CONSTRAINTS_TO_WIDEN: dict[str, str] = {
     # Partitioned by month (DESIGN §12): the primary key holds the partition key; Citus keeps
     # a distributed partitioned table's keys with the distribution column added.
-    "ledger_attempt_pkey": "(id, started_at) → (tenant_id, id, started_at): attempts gain tenant_id",
-    "ledger_operationevent_pkey": "(id, at) → (tenant_id, id, at): events gain tenant_id",
-    "replay_unique_number": "(event_id, number) → (tenant_id, event_id, number): replays gain tenant_id",
+    "ledger_attempt_pkey": "(id, started_at) → (tenant_id, id, started_at): the column is there (ledger 0029);"
+    " widening the key rebuilds every partition's primary key index, the Citus migration's work",
+    "ledger_operationevent_pkey": "(id, at) → (tenant_id, id, at): as attempts",
     "dlq_failedevent_operation_id_key": "one entry per operation → (tenant_id, operation_id)",
     "ledger_operationoutput_operation_id_key": "one output per operation → (tenant_id, operation_id)",
-    "ledger_providerrate_pkey": "one bucket per provider → (tenant_id, provider_id)",
+    "ledger_providerrate_pkey": "one bucket per provider → (tenant_id, provider_id): the column is there"
+    " (ledger 0029); the key is Django's OneToOneField primary key until the Citus migration",
     "review_accesslog_hash_key": "the hash chain is per tenant already → (tenant_id, hash)",
     "subjectindex_unique": "(record_type, record_id, kind, key_id, digest) → with tenant_id first",
 }
 # Foreign keys between distributed tables by id alone: each becomes (tenant_id, x_id) →
-# (tenant_id, id) once both sides carry tenant_id (a row never points at another tenant's).
+# (tenant_id, id) once both sides carry tenant_id (a row never points at another tenant's) and
+# the target's key is (tenant_id, id): Django 5.2 declares no composite foreign key, so the
+# Citus migration writes them in SQL and the models use ForeignObject over both columns.
 FOREIGN_KEYS_TO_WIDEN = {
     ("ledger_attempt", "operation_id"),
     ("ledger_operationevent", "operation_id"),
@@ -450,3 +606,62 @@ def test_every_unique_constraint_and_foreign_key_is_one_citus_could_keep():
         ):
             found.append(f"FOREIGN KEY {name}: {table}{tuple(columns)} → {referenced} lacks tenant_id")
     assert not found, "\n".join(found)
+
+
+# The checker's own examples: what Citus can route by one tenant and what it cannot.
+ROUTED = [
+    ("UPDATE ledger_operation SET x = 1 WHERE id = %(id)s AND tenant_id = %(tenant_id)s", {"id": 1, "tenant_id": 7}),
+    ('SELECT * FROM "ledger_attempt" WHERE ("ledger_attempt"."operation_id" = %s AND "ledger_attempt"."tenant_id" = %s)', [1, 7]),
+    ('SELECT * FROM "ledger_attempt" WHERE "ledger_attempt"."tenant_id" IN (%s) ORDER BY id', [7]),
+    ("SELECT 1 FROM ledger_operation WHERE tenant_id = 7 AND (status = 'a' OR status = 'b')", None),
+    ("INSERT INTO ledger_operationevent (tenant_id, operation_id) VALUES (%(tenant_id)s, %(operation_id)s)", {"tenant_id": 7, "operation_id": 1}),
+    ('INSERT INTO "ledger_attempt" ("tenant_id", "operation_id") VALUES (%s, %s) RETURNING "id"', [7, 1]),
+    ("INSERT INTO ledger_attempt (tenant_id, operation_id) SELECT tenant_id, id FROM ledger_operation"
+     " WHERE id = %(id)s AND tenant_id = %(tenant_id)s", {"id": 1, "tenant_id": 7}),
+    ("UPDATE ledger_providerrate SET rate = CASE WHEN a IS NULL OR a < s.at THEN 1 ELSE 2 END FROM"
+     " (SELECT sent_at AS at FROM ledger_operation WHERE id = %(id)s AND tenant_id = %(t)s) AS s"
+     " WHERE provider_id = %(p)s AND tenant_id = %(t)s RETURNING rate", {"id": 1, "t": 7, "p": 2}),
+    ("WITH op AS (UPDATE ledger_operation SET a = 1 WHERE id = %(id)s AND tenant_id = %(t)s RETURNING *),"
+     " e AS (INSERT INTO ledger_operationevent (tenant_id, operation_id) SELECT %(t)s, id FROM op)"
+     " SELECT * FROM op", {"id": 1, "t": 7}),
+    ("SELECT * FROM dlq_replaytarget WHERE id = %s", [1]),  # a reference table only
+    ('SELECT o.id, (SELECT U0."name" FROM "ledger_workflowname" U0 WHERE (U0."tenant_id" = (o."tenant_id")'
+     ' AND U0."workflow_id" = (o."workflow_id")) LIMIT 1) FROM "ledger_operation" o WHERE o."tenant_id" IN (%s)', [7]),
+    ("SELECT * FROM ledger_attempt a JOIN ledger_operation o ON a.tenant_id = o.tenant_id AND a.operation_id = o.id"
+     " WHERE o.tenant_id = %s", [7]),
+]  # fmt: skip
+NOT_ROUTED = [
+    # The guard this test once let through: the value compared with is not a constant.
+    ("UPDATE ledger_operation SET x = 1 WHERE id = %(id)s AND tenant_id = COALESCE(%(tenant_id)s, tenant_id)", {"id": 1, "tenant_id": 7}),
+    ("UPDATE ledger_operation SET x = 1 WHERE id = %(id)s AND tenant_id = %(tenant_id)s", {"id": 1, "tenant_id": None}),
+    ("SELECT * FROM ledger_operation WHERE tenant_id = %s OR key = %s", [7, "k"]),
+    ("SELECT * FROM ledger_operation WHERE (tenant_id = %s OR key = %s) AND id = %s", [7, "k", 1]),
+    ("SELECT * FROM ledger_operation WHERE tenant_id IS NULL", None),
+    ("SELECT * FROM ledger_operation WHERE tenant_id IN (%s, %s)", [7, 8]),
+    ("SELECT * FROM ledger_operation WHERE NOT (tenant_id = %s)", [7]),
+    ("SELECT * FROM ledger_operation WHERE COALESCE(tenant_id = %s, TRUE)", [7]),
+    ("SELECT id, tenant_id, key FROM ledger_operation WHERE id = %s", [1]),
+    ("SELECT tenant_id = %s FROM ledger_operation WHERE id = %s", [7, 1]),
+    ("SELECT * FROM ledger_operation WHERE tenant_id = %s + 1", [7]),
+    ("SELECT * FROM ledger_operation WHERE id = %s", [1]),
+    # Each scope on its own: a pinned sub-select does not pin the statement around it.
+    ("SELECT * FROM ledger_attempt WHERE operation_id IN (SELECT id FROM ledger_operation WHERE tenant_id = %s)", [7]),
+    ("INSERT INTO ledger_attempt (tenant_id, operation_id) SELECT tenant_id, id FROM ledger_operation WHERE id = %s", [1]),
+    ("INSERT INTO ledger_attempt (tenant_id, operation_id) VALUES (%s, %s)", [None, 1]),
+    ("SELECT * FROM ledger_operation o JOIN ledger_attempt a ON a.operation_id = o.id AND a.tenant_id = %s OR TRUE", [7]),
+    # Two distributed tables, one pinned, not joined on tenant_id.
+    ("SELECT * FROM ledger_attempt a JOIN ledger_operation o ON a.operation_id = o.id WHERE o.tenant_id = %s", [7]),
+    # A sub-select joined on tenant_id to a statement that names no tenant.
+    ("SELECT o.id, (SELECT 1 FROM ledger_workflowname w WHERE w.tenant_id = o.tenant_id) FROM ledger_operation o"
+     " WHERE o.id = %s", [1]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sql", "params"), ROUTED)
+def test_the_checker_passes_a_statement_routed_by_one_tenant(sql: str, params: Any) -> None:
+    assert pinned(sql, params)
+
+
+@pytest.mark.parametrize(("sql", "params"), NOT_ROUTED)
+def test_the_checker_refuses_a_statement_citus_could_not_route_by_one_tenant(sql: str, params: Any) -> None:
+    assert not pinned(sql, params)

@@ -59,11 +59,12 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     )
     channel = alert_channel_upsert(tenant=tenant, name=f"chan-{tag}", kind="webhook", url="http://127.0.0.1:9/a")
     alert_raise(tenant_id=tenant.pk, kind="test", ref=f"ref-{tag}", summary="x")
-    AlertDelivery.objects.create(channel=channel, alert_ids=[1], body={"text": "x"})
+    AlertDelivery.objects.create(tenant_id=channel.tenant_id, channel=channel, alert_ids=[1], body={"text": "x"})
     BulkReplay.objects.create(
         tenant=tenant, event_ids=[event.pk], count=1, digest="0" * 64, created_by="t", expires_at=timezone.now()
     )
     Replay.objects.create(
+        tenant=tenant,
         event=event,
         number=1,
         ledger_key=f"replay:{event.pk}:1",
