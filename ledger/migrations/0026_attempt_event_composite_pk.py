@@ -1,0 +1,66 @@
+"""Attempts and events keyed ``(id, started_at)`` / ``(id, at)`` in Django too, through
+Django 5.2's ``CompositePrimaryKey`` (issue 16 item 4; DESIGN §12, *Partitions*).
+
+**State only, on both databases: nothing is rewritten, nothing is locked.**
+
+* PostgreSQL already has these keys: migration 0025 made both tables partitioned by month with
+  primary keys ``(id, started_at)`` and ``(id, at)``, and ``id`` an identity column. This
+  migration tells Django so. It runs no SQL: on an existing database of ten million rows it
+  neither rewrites nor scans the partitioned tables, nor takes a lock on them.
+* ``id`` stops being Django's AutoField (fields.E100 allows one only as the whole primary key)
+  and becomes a ``BigIntegerField`` whose ``db_default`` is ``NewRowId``: Django inserts
+  ``DEFAULT`` on PostgreSQL — the column's identity, the same sequence the raw statements of
+  ``ledger/queries.sql`` draw from — and returns the id with ``RETURNING``. The expression is
+  not written to the database as a column default (an identity column has its own; PostgreSQL
+  refuses both).
+* SQLite keeps its plain tables with ``id integer PRIMARY KEY AUTOINCREMENT``: a rowid alias,
+  the only way SQLite numbers a row without the insert naming the id (a column default cannot
+  read the table), which the raw statements rely on. ``NewRowId`` compiles to NULL there, which
+  asks for the next rowid. An id unique by itself makes ``(id, <time>)`` unique too, so the key
+  Django declares holds on SQLite as well, without a table rebuild.
+
+Nothing points at either table by foreign key (DLQ entries, replays, review items and outputs
+point at operations; an event's ``attempt`` is a number), so no other table changes.
+"""
+
+from django.db import migrations, models
+
+import ledger.models
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("ledger", "0025_partition_attempts_and_events"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name="attempt",
+                    name="id",
+                    field=models.BigIntegerField(db_default=ledger.models.NewRowId("ledger_attempt")),
+                ),
+                migrations.AddField(
+                    model_name="attempt",
+                    name="pk",
+                    field=models.CompositePrimaryKey(
+                        "id", "started_at", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                migrations.AlterField(
+                    model_name="operationevent",
+                    name="id",
+                    field=models.BigIntegerField(db_default=ledger.models.NewRowId("ledger_operationevent")),
+                ),
+                migrations.AddField(
+                    model_name="operationevent",
+                    name="pk",
+                    field=models.CompositePrimaryKey(
+                        "id", "at", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+            ],
+            database_operations=[],
+        ),
+    ]
