@@ -17,15 +17,37 @@ Django 5.2's ``CompositePrimaryKey`` (issue 16 item 4; DESIGN §12, *Partitions*
   the only way SQLite numbers a row without the insert naming the id (a column default cannot
   read the table), which the raw statements rely on. ``NewRowId`` compiles to NULL there, which
   asks for the next rowid. An id unique by itself makes ``(id, <time>)`` unique too, so the key
-  Django declares holds on SQLite as well, without a table rebuild.
+  Django declares holds on SQLite as well, without a table rebuild. What SQLite does need: its
+  times compared as text. The raw statements wrote ``now()`` with three digits of fraction
+  (``…:04.710``) where Django writes six (``…:04.710000``), so a key read back would not find
+  its row (``filter(pk=…)``, ``refresh_from_db``). The statements now write Django's form
+  (ledger.statements), and the SQLite step below rewrites the times already written in the old
+  one — on SQLite only (development and test databases), never on PostgreSQL.
 
 Nothing points at either table by foreign key (DLQ entries, replays, review items and outputs
 point at operations; an event's ``attempt`` is a number), so no other table changes.
 """
 
+from typing import Any
+
 from django.db import migrations, models
 
 import ledger.models
+
+# Column → the SQLite text it holds in the raw statements' old form (`YYYY-MM-DD HH:MM:SS.fff`,
+# 23 characters) rewritten in Django's: six digits of fraction, none when they are all zero.
+SQLITE_TIMES = {"ledger_attempt": "started_at", "ledger_operationevent": "at"}
+
+
+def sqlite_times_as_django_writes_them(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    for table, column in SQLITE_TIMES.items():
+        schema_editor.execute(
+            f"UPDATE {table} SET {column} = CASE WHEN substr({column}, 21) = '000'"
+            f" THEN substr({column}, 1, 19) ELSE {column} || '000' END"
+            f" WHERE length({column}) = 23"
+        )
 
 
 class Migration(migrations.Migration):
@@ -63,4 +85,5 @@ class Migration(migrations.Migration):
             ],
             database_operations=[],
         ),
+        migrations.RunPython(sqlite_times_as_django_writes_them, migrations.RunPython.noop),
     ]

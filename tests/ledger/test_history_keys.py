@@ -5,8 +5,9 @@ a created row knows its id and its key at once."""
 
 from __future__ import annotations
 
+import importlib
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -133,3 +134,42 @@ def test_concurrent_inserts_through_the_orm_and_the_raw_statements_never_share_a
     assert set(ids) <= set(every)
     attempt_ids = list(Attempt.objects.values_list("id", flat=True))
     assert len(attempt_ids) == len(set(attempt_ids)) == 1 + (threads_n // 2) * per_thread
+
+
+def test_sqlite_times_are_written_as_django_writes_them_so_a_key_finds_its_row(tenant, provider):
+    if on_postgres():
+        pytest.skip("PostgreSQL compares timestamps, not text")
+    from ledger.statements import _SQLITE_NOW
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {_SQLITE_NOW.replace('%%', '%')}")
+        (text,) = cursor.fetchone()
+    parsed = datetime.fromisoformat(text).replace(tzinfo=UTC)
+    assert connection.ops.adapt_datetimefield_value(parsed) == text
+
+
+@pytest.mark.parametrize("fraction", ["710", "000"])
+def test_the_migration_rewrites_sqlite_times_written_in_the_old_form(tenant, provider, fraction):
+    if on_postgres():
+        pytest.skip("SQLite only: PostgreSQL stores timestamps")
+    migration = importlib.import_module("ledger.migrations.0026_attempt_event_composite_pk")
+    op = _finished(tenant, provider, "k-old-form")
+    attempt = Attempt.objects.get(operation=op)
+    old_form = f"{attempt.started_at:%Y-%m-%d %H:%M:%S}.{fraction}"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_attempt SET started_at = %s WHERE id = %s", [old_form, attempt.id])
+    stored = Attempt.objects.get(id=attempt.id)
+    assert not Attempt.objects.filter(pk=stored.pk).exists()  # the old form: the key misses its row
+
+    class Editor:  # the one thing the step uses of a schema editor (SQLite's needs no transaction)
+        def __init__(self) -> None:
+            self.connection = connection
+
+        def execute(self, sql: str) -> None:
+            with connection.cursor() as cursor:
+                cursor.execute(sql)
+
+    migration.sqlite_times_as_django_writes_them(None, Editor())
+
+    assert Attempt.objects.filter(pk=stored.pk).get().id == attempt.id
+    assert Attempt.objects.get(id=attempt.id).started_at == stored.started_at
