@@ -152,7 +152,7 @@ def test_sqlite_times_are_written_as_django_writes_them_so_a_key_finds_its_row(t
 def test_the_migration_rewrites_sqlite_times_written_in_the_old_form(tenant, provider, fraction):
     if on_postgres():
         pytest.skip("SQLite only: PostgreSQL stores timestamps")
-    migration = importlib.import_module("ledger.migrations.0026_attempt_event_composite_pk")
+    migration = importlib.import_module("ledger.migrations.0029_attempt_event_composite_pk")
     op = _finished(tenant, provider, "k-old-form")
     attempt = Attempt.objects.get(operation=op)
     old_form = f"{attempt.started_at:%Y-%m-%d %H:%M:%S}.{fraction}"

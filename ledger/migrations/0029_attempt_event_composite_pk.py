@@ -1,7 +1,8 @@
 """Attempts and events keyed ``(id, started_at)`` / ``(id, at)`` in Django too, through
 Django 5.2's ``CompositePrimaryKey`` (issue 16 item 4; DESIGN §12, *Partitions*).
 
-**State only, on both databases: nothing is rewritten, nothing is locked.**
+**On PostgreSQL, state only: nothing is rewritten, scanned or locked.** (SQLite: one UPDATE of
+the time text, below.)
 
 * PostgreSQL already has these keys: migration 0025 made both tables partitioned by month with
   primary keys ``(id, started_at)`` and ``(id, at)``, and ``id`` an identity column. This
@@ -52,7 +53,7 @@ def sqlite_times_as_django_writes_them(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0025_partition_attempts_and_events"),
+        ("ledger", "0028_one_search_trigram_index"),
     ]
 
     operations = [
