@@ -167,7 +167,7 @@ class NewRowId(models.Func):
     expression where it has not (SQLite, whose table keeps ``id integer PRIMARY KEY`` — a rowid
     alias — so NULL there asks for the next rowid). Either way the insert returns the id
     (``RETURNING``), so a created row knows its primary key. Migrations never write it as a
-    column default: the columns already have their own (ledger migration 0029).
+    column default: the columns already have their own (ledger migration 0030).
     """
 
     allowed_default = True

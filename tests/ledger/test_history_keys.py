@@ -25,7 +25,9 @@ S = OperationStatus
 
 def _finished(tenant: Any, provider: Any, key: str) -> Operation:
     op = services.operation_claim(tenant=tenant, key=key, provider=provider).operation
-    return services.operation_complete(operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1")
+    return services.operation_complete(
+        operation_id=op.pk, lease_token=op.lease_token, provider_ref="ch_1", tenant_id=op.tenant_id
+    )
 
 
 def test_the_models_declare_the_partitioned_tables_keys():
@@ -52,8 +54,12 @@ def test_an_orm_create_gets_the_next_id_and_its_key_back(tenant, provider):
     before = max(OperationEvent.objects.values_list("id", flat=True))
     at = timezone.now()
 
-    event = OperationEvent.objects.create(operation=op, from_status="", to_status=S.SUCCEEDED, actor="t", at=at)
-    after = OperationEvent.objects.create(operation=op, from_status="", to_status=S.SUCCEEDED, actor="t", at=at)
+    event = OperationEvent.objects.create(
+        operation=op, tenant_id=op.tenant_id, from_status="", to_status=S.SUCCEEDED, actor="t", at=at
+    )
+    after = OperationEvent.objects.create(
+        operation=op, tenant_id=op.tenant_id, from_status="", to_status=S.SUCCEEDED, actor="t", at=at
+    )
 
     assert isinstance(event.id, int) and event.id > before and after.id > event.id
     assert event.pk == (event.id, at)
@@ -105,13 +111,20 @@ def test_concurrent_inserts_through_the_orm_and_the_raw_statements_never_share_a
                     with transaction.atomic():
                         mine.append(
                             OperationEvent.objects.create(
-                                operation=op, from_status="", to_status=S.SUCCEEDED, actor=f"t{i}", at=timezone.now()
+                                operation=op,
+                                tenant_id=op.tenant_id,
+                                from_status="",
+                                to_status=S.SUCCEEDED,
+                                actor=f"t{i}",
+                                at=timezone.now(),
                             ).id
                         )
                 else:
                     # The services' raw statements.
                     claimed = services.operation_claim(tenant=tenant, key=f"race-{i}-{n}", provider=provider).operation
-                    services.operation_complete(operation_id=claimed.pk, lease_token=claimed.lease_token)
+                    services.operation_complete(
+                        operation_id=claimed.pk, lease_token=claimed.lease_token, tenant_id=tenant.pk
+                    )
             with lock:
                 ids.extend(mine)
         except BaseException as exc:
@@ -152,7 +165,7 @@ def test_sqlite_times_are_written_as_django_writes_them_so_a_key_finds_its_row(t
 def test_the_migration_rewrites_sqlite_times_written_in_the_old_form(tenant, provider, fraction):
     if on_postgres():
         pytest.skip("SQLite only: PostgreSQL stores timestamps")
-    migration = importlib.import_module("ledger.migrations.0029_attempt_event_composite_pk")
+    migration = importlib.import_module("ledger.migrations.0030_attempt_event_composite_pk")
     op = _finished(tenant, provider, "k-old-form")
     attempt = Attempt.objects.get(operation=op)
     old_form = f"{attempt.started_at:%Y-%m-%d %H:%M:%S}.{fraction}"

@@ -53,7 +53,7 @@ def sqlite_times_as_django_writes_them(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0028_one_search_trigram_index"),
+        ("ledger", "0029_tenant_on_attempts_events_rates"),
     ]
 
     operations = [
