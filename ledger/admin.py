@@ -18,6 +18,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery, URLField
 from django.db.models.lookups import In
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -91,6 +92,16 @@ class ReadOnlyAdmin(ReadOnlyPermissions, admin.ModelAdmin):
 class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
     extra = 0
     can_delete = False
+
+
+class TenantInlineFormSet(BaseInlineFormSet):
+    """A parent's rows read by its tenant as well as its id: Citus routes a statement to one
+    node by tenant_id (DESIGN §12)."""
+
+    def __init__(self, *args: Any, instance: Any = None, queryset: Any = None, **kwargs: Any) -> None:
+        if instance is not None and instance.pk is not None and queryset is not None:
+            queryset = queryset.filter(tenant_id=instance.tenant_id)
+        super().__init__(*args, instance=instance, queryset=queryset, **kwargs)
 
 
 def attempts_with_labels(rows: Iterable[Attempt]) -> list[Attempt]:
