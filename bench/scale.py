@@ -431,7 +431,9 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     rec.measure("console dashboard", get(console, "/admin/"))
     from django.contrib import admin
 
-    for model in sorted(admin.site._registry, key=lambda m: (m._meta.app_label, m._meta.model_name)):
+    # ModelAdmins and the history tables' own pages (review.history_pages: attempts, events).
+    listed = [*admin.site._registry, *admin.site._history_pages]
+    for model in sorted(listed, key=lambda m: (m._meta.app_label, m._meta.model_name)):
         url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
         rec.measure(f"console {model._meta.app_label}.{model._meta.model_name}", get(console, url), group="console")
     ops_url = reverse("admin:ledger_operation_changelist")

@@ -1,5 +1,7 @@
 """Console pages for the ledger. Operations, attempts and events are read-only here for
-everyone, superusers included: every change goes through a service and leaves its event."""
+everyone, superusers included: every change goes through a service and leaves its event.
+Attempts and events, keyed (id, <time>), have pages of their own (review.history_pages): the
+admin does not register a model with a composite primary key."""
 
 from __future__ import annotations
 
@@ -37,7 +39,6 @@ from ledger.models import (
     Attempt,
     ConfigChange,
     ConfigChangeAction,
-    ErrorClass,
     Operation,
     OperationEvent,
     OperationMode,
@@ -94,42 +95,13 @@ class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
 
 
 class TenantInlineFormSet(BaseInlineFormSet):
-    """An operation's attempts or events read by its tenant as well as its id: Citus routes a
-    statement to one node by tenant_id (DESIGN §12)."""
+    """A parent's rows read by its tenant as well as its id: Citus routes a statement to one
+    node by tenant_id (DESIGN §12)."""
 
     def __init__(self, *args: Any, instance: Any = None, queryset: Any = None, **kwargs: Any) -> None:
         if instance is not None and instance.pk is not None and queryset is not None:
             queryset = queryset.filter(tenant_id=instance.tenant_id)
         super().__init__(*args, instance=instance, queryset=queryset, **kwargs)
-
-
-class AttemptInline(ReadOnlyInline):
-    model = Attempt
-    formset = TenantInlineFormSet
-    fields = [
-        "number",
-        "outcome",
-        "started_at",
-        "sent_at",
-        "finished_at",
-        "error_class",
-        "message",
-        "provider_ref",
-        "response_status",
-        "execution_id",
-        "revision",
-        "prompt",
-    ]
-    readonly_fields = fields
-
-    @admin.display(description="adapter revision")
-    def revision(self, obj: Attempt) -> str:
-        number = revisions.revision_number(obj.adapter_revision_id)
-        return display.EMPTY if number is None else str(number)
-
-    @admin.display(description="prompt template")
-    def prompt(self, obj: Attempt) -> str:
-        return prompts.prompt_template_label(obj.prompt_template_id) or display.EMPTY
 
 
 def attempts_with_labels(rows: Iterable[Attempt]) -> list[Attempt]:
@@ -143,12 +115,14 @@ def attempts_with_labels(rows: Iterable[Attempt]) -> list[Attempt]:
     return attempts
 
 
-class EventInline(ReadOnlyInline):
-    model = OperationEvent
-    formset = TenantInlineFormSet
-    fields = ["at", "from_status", "to_status", "actor", "reason", "attempt"]
-    readonly_fields = fields
-    ordering = ["at", "id"]
+def may_view(request: HttpRequest, model: type[Any]) -> bool:
+    """Whether the user may read ``model``'s rows in the console: its view (or change)
+    permission, as the admin decides for a model's pages and inlines. The history tables'
+    pages (review.history_pages) and the operation page's attempts and events sections ask it."""
+    opts = model._meta
+    return request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}") or request.user.has_perm(
+        f"{opts.app_label}.change_{opts.model_name}"
+    )
 
 
 def shows_tenant(model_admin: Any, request: HttpRequest) -> bool:
@@ -246,24 +220,6 @@ class NeedsFilter(admin.SimpleListFilter):
         return queryset
 
 
-def choices_filter(field: str, choices: list[tuple[str, str]], title: str) -> type[admin.SimpleListFilter]:
-    """A list filter over a column's declared values. Django's default filter for a column
-    without choices lists its values with ``SELECT DISTINCT`` over the whole table — tens of
-    millions of attempts or events on every page view (issue 16)."""
-
-    def lookups(self: admin.SimpleListFilter, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return list(choices)
-
-    def queryset(self: admin.SimpleListFilter, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(**{field: self.value()}) if self.value() else queryset
-
-    return type(
-        f"{field.title().replace('_', '')}Filter",
-        (admin.SimpleListFilter,),
-        {"title": title, "parameter_name": field, "lookups": lookups, "queryset": queryset},
-    )
-
-
 class OperatorActionForm(forms.Form):
     reason = forms.CharField(
         max_length=400,
@@ -309,7 +265,6 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     # `o=` parameter cannot ask for one either (sortable_by alone only hides the links).
     sortable_by = ["row_id"]
     show_full_result_count = False
-    inlines = [AttemptInline, EventInline]
     change_form_template = "admin/ledger/operation/change_form.html"
     actions = ["cancel_selected", "retry_now_selected"]
     readonly_fields = ["last_attempt_error", "sent_marker_uses", "superseded_by", "run_page", "replaced_by"]
@@ -460,6 +415,10 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
             attempts = list(op.attempt_set.filter(tenant_id=op.tenant_id).order_by("number"))
             events = list(op.events.filter(tenant_id=op.tenant_id).order_by("at", "id"))
             extra_context["story"] = operation_story(op, attempts, events)
+            # The evidence sections, each for those who may read its table (as its inline was);
+            # every attempt and event links to its own page (review.history_pages).
+            extra_context["attempts"] = attempts_with_labels(attempts) if may_view(request, Attempt) else None
+            extra_context["events"] = events if may_view(request, OperationEvent) else None
             extra_context["status_badge"] = display.operation_badge(op)
             extra_context["can_act"] = self.has_cancel_permission(request)
             extra_context["cancellable"] = op.status in services.CANCELLABLE_STATES
@@ -601,29 +560,6 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     @admin.action(description="Retry selected operations now…", permissions=["cancel"])
     def retry_now_selected(self, request: HttpRequest, queryset: QuerySet[Operation]) -> HttpResponse | None:
         return self._bulk(request, queryset, verb="retry_now")
-
-
-@admin.register(Attempt)
-class AttemptAdmin(ReadOnlyAdmin):
-    list_display = ["operation", "number", "outcome", "started_at", "finished_at", "error_class", "provider_ref"]
-    list_filter = ["outcome", choices_filter("error_class", ErrorClass.choices, "error class")]
-    search_fields = ["=operation__key", "=provider_ref", "=execution_id"]
-    list_select_related = ["operation"]
-    # The lease token is the holder's credential for the attempt: nobody reads it here.
-    exclude = ["response_body", "lease_token"]
-    show_full_result_count = False
-
-
-@admin.register(OperationEvent)
-class OperationEventAdmin(ReadOnlyAdmin):
-    list_display = ["operation", "from_status", "to_status", "actor", "reason", "at"]
-    list_filter = [
-        choices_filter("to_status", OperationStatus.choices, "to status"),
-        choices_filter("from_status", OperationStatus.choices, "from status"),
-    ]
-    search_fields = ["=operation__key", "actor"]
-    list_select_related = ["operation"]
-    show_full_result_count = False
 
 
 @admin.register(Tenant)

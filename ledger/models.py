@@ -157,6 +157,47 @@ class AttemptOutcome(models.TextChoices):
     FENCED = "fenced", "fenced (superseded)"
 
 
+class NewRowId(models.Func):
+    """The id the database gives a new row of ``table``, as a field's ``db_default``, for the
+    history tables whose primary key is ``(id, <time>)`` (a ``CompositePrimaryKey``: Django
+    allows an AutoField only as the whole primary key, fields.E100).
+
+    Django sends ``DEFAULT`` for it where the backend has that keyword (PostgreSQL: the column's
+    identity, the sequence the raw statements of ``queries.sql`` also draw from) and this
+    expression where it has not (SQLite, whose table keeps ``id integer PRIMARY KEY`` — a rowid
+    alias — so NULL there asks for the next rowid). Either way the insert returns the id
+    (``RETURNING``), so a created row knows its primary key. Migrations never write it as a
+    column default: the columns already have their own (ledger migration 0030).
+    """
+
+    allowed_default = True
+    output_field = models.BigIntegerField()
+
+    def __init__(self, table: str) -> None:
+        super().__init__()
+        self.table = table
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.table!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NewRowId) and other.table == self.table
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.table))
+
+    def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        return "ledger.models.NewRowId", (self.table,), {}
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        # The identity's sequence by the column, not by name: a sequence recreated by a
+        # migration may be named otherwise. (Only a schema change would compile this.)
+        return f"nextval(pg_get_serial_sequence('{self.table}', 'id'))", []
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        return "NULL", []
+
+
 class Counter(models.IntegerField):
     """A non-negative integer of the hot ledger tables, written only by the services' SQL.
 
@@ -934,6 +975,11 @@ class Operation(models.Model):
 class Attempt(models.Model):
     """One row per try. A fenced holder's late result is kept here, never on the operation."""
 
+    # The table is partitioned by month of started_at (migration 0025), and a partitioned
+    # table's primary key must hold its partition key. The id alone still names one row: it
+    # comes from the table's one sequence (NewRowId).
+    pk = models.CompositePrimaryKey("id", "started_at")
+    id = models.BigIntegerField(db_default=NewRowId("ledger_attempt"))
     # The operation's tenant, copied when the row is written: Citus distributes every
     # tenant-owned table by tenant_id, co-located, and routes a statement to one node only
     # when it names the tenant, so every statement on this table does (DESIGN §12; migration
@@ -998,6 +1044,9 @@ class Attempt(models.Model):
 class OperationEvent(models.Model):
     """Append-only history: every transition, its actor and its reason."""
 
+    # Partitioned by month of `at` (migration 0025); see Attempt.pk.
+    pk = models.CompositePrimaryKey("id", "at")
+    id = models.BigIntegerField(db_default=NewRowId("ledger_operationevent"))
     # The operation's tenant, copied when the row is written: Citus distributes every
     # tenant-owned table by tenant_id, co-located, and routes a statement to one node only
     # when it names the tenant, so every statement on this table does (DESIGN §12; migration

@@ -33,7 +33,16 @@ _SECONDS_SINCE = re.compile(r"ledger_seconds_since\((\w+)\)")
 
 # How the loader spells the database's clock, per database kind. Literal percent signs are
 # doubled: every statement runs with a parameter mapping.
-_SQLITE_NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+# Spelled as Django writes a datetime to SQLite (``str()`` of a naive UTC datetime: six digits
+# of microseconds, none when they are zero), so a row's time written here compares equal to the
+# same time written through the ORM — attempts and events are keyed by (id, time), and
+# ``filter(pk=…)``, ``refresh_from_db`` and a cascade's delete compare the time as text. SQLite's
+# clock has milliseconds; 'now' is one value for the whole statement.
+_SQLITE_NOW = (
+    "(CASE WHEN substr(strftime('%%f', 'now'), 4) = '000'"
+    " THEN strftime('%%Y-%%m-%%d %%H:%%M:%%S', 'now')"
+    " ELSE strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000' END)"
+)
 _NOW_PLUS_SQL = {
     # A NULL parameter gives NULL (no deadline); the CAST gives an untyped NULL its type.
     "postgresql": r"(now() + CAST(\1 AS double precision) * interval '1 second')",

@@ -491,5 +491,6 @@ if admin.site.is_registered(Schedule):
 admin.site.register(Schedule, ScheduleReadOnlyAdmin)
 
 
-# Uploads and published outputs: their facts, and a logged download (review.object_pages).
-from review import object_pages  # noqa: E402, F401
+# Attempts and events: their lists, pages and export (review.history_pages). Uploads and
+# published outputs: their facts, and a logged download (review.object_pages).
+from review import history_pages, object_pages  # noqa: E402, F401

@@ -214,47 +214,67 @@ class ConsoleAdminMixin:
         """The current list — same filters, search and tenant scope — as CSV."""
         if not (self.has_view_permission(request) and can_export(request, self.model)):  # type: ignore[attr-defined]
             raise PermissionDenied
-        changelist = self.get_changelist_instance(request)  # type: ignore[attr-defined]
-        qs = changelist.queryset
         columns = self.export_columns(request)
-        path_ = tenant_path(self.model)  # type: ignore[attr-defined]
-        if path_ is not None:
-            tenant_ids = sorted(set(qs.order_by().values_list(path_, flat=True).distinct()[:1000]))
-            filters = {k: v for k, v in request.GET.items()}
-            for tenant_id in tenant_ids:
-                if tenant_id is None:
-                    continue
-                privacy.accesslog_append(
-                    tenant_id=tenant_id,
-                    action=AccessAction.EXPORT,
-                    actor=actor_of(request),
-                    user_id=request.user.pk,
-                    object_type=self.model._meta.label_lower,  # type: ignore[attr-defined]
-                    object_id="",
-                    object_ref=json.dumps(filters, sort_keys=True)[:255],
-                    fields=columns,
-                    reason="CSV export of the filtered list",
-                    ip=client_ip(request),
-                )
 
-        def rows() -> Iterator[str]:
-            writer = csv.writer(_Echo())
-            yield writer.writerow([str(label_for(c, self.model, self)) for c in columns])  # type: ignore[attr-defined]
-            for obj in qs[:EXPORT_MAX_ROWS].iterator(chunk_size=2000):
-                out = []
-                for column in columns:
-                    try:
-                        _, _, value = lookup_field(column, obj, self)
-                    except Exception:  # a broken column must not stop the export
-                        value = ""
-                    out.append(display.csv_cell(value))
-                yield writer.writerow(out)
+        def value(obj: Any, column: str) -> Any:
+            try:
+                return lookup_field(column, obj, self)[2]
+            except Exception:  # a broken column must not stop the export
+                return ""
 
-        name = slugify(str(self.model._meta.verbose_name_plural))  # type: ignore[attr-defined]
-        response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
-        response["Content-Disposition"] = f'attachment; filename="{name}-{timezone.now():%Y%m%d-%H%M%S}.csv"'
-        response["Cache-Control"] = "no-store"
-        return response
+        return export_csv_response(
+            request,
+            model=self.model,  # type: ignore[attr-defined]
+            rows=self.get_changelist_instance(request).queryset,  # type: ignore[attr-defined]
+            columns=columns,
+            labels=[str(label_for(c, self.model, self)) for c in columns],  # type: ignore[attr-defined]
+            value=value,
+        )
+
+
+def export_csv_response(
+    request: HttpRequest,
+    *,
+    model: type[models.Model],
+    rows: models.QuerySet[Any],
+    columns: list[str],
+    labels: list[str],
+    value: Callable[[Any, str], Any],
+) -> HttpResponse:
+    """A console list as CSV, for every list of the console (ModelAdmins and the history
+    pages): first one access-log row per tenant in it (action ``export``, the filters and the
+    columns), then at most EXPORT_MAX_ROWS rows streamed, each cell ``value(row, column)``."""
+    path_ = tenant_path(model)
+    if path_ is not None:
+        tenant_ids = sorted(set(rows.order_by().values_list(path_, flat=True).distinct()[:1000]))
+        filters = {k: v for k, v in request.GET.items()}
+        for tenant_id in tenant_ids:
+            if tenant_id is None:
+                continue
+            privacy.accesslog_append(
+                tenant_id=tenant_id,
+                action=AccessAction.EXPORT,
+                actor=actor_of(request),
+                user_id=request.user.pk,
+                object_type=model._meta.label_lower,
+                object_id="",
+                object_ref=json.dumps(filters, sort_keys=True)[:255],
+                fields=columns,
+                reason="CSV export of the filtered list",
+                ip=client_ip(request),
+            )
+
+    def lines() -> Iterator[str]:
+        writer = csv.writer(_Echo())
+        yield writer.writerow(labels)
+        for obj in rows[:EXPORT_MAX_ROWS].iterator(chunk_size=2000):
+            yield writer.writerow([display.csv_cell(value(obj, column)) for column in columns])
+
+    name = slugify(str(model._meta.verbose_name_plural))
+    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}-{timezone.now():%Y%m%d-%H%M%S}.csv"'
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 # Fields the console words itself instead of the stock admin rendering: a flag is a neutral
@@ -321,7 +341,9 @@ def payload_panel_context(request: HttpRequest, obj: models.Model, site: admin.A
     reveal_url = None
     if any(s.state in ("sealed", "plain") for s in states):
         opts = obj._meta
-        reveal_url = reverse(f"{site.name}:onceguard_reveal", args=[opts.app_label, opts.model_name, obj.pk])
+        reveal_url = reverse(
+            f"{site.name}:onceguard_reveal", args=[opts.app_label, opts.model_name, privacy.object_id_of(obj)]
+        )
     return {
         "states": states,
         "can_reveal": can_reveal(request),
@@ -430,6 +452,32 @@ class OnceguardAdminSite(admin.AdminSite):
     # Lists need the width (ids, keys, reasons); the app index is one click away.
     enable_nav_sidebar = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The history tables' pages (review.history_pages), by model.
+        self._history_pages: dict[type[models.Model], Any] = {}
+
+    def register_history_page(self, page_class: Any) -> None:
+        """A history table's console pages (review.history_pages): their own views at the
+        addresses the admin would give the model, which the admin cannot register (a
+        composite primary key)."""
+        self._history_pages[page_class.model] = page_class(self)
+
+    def history_page(self, model: type[models.Model]) -> Any:
+        return self._history_pages.get(model)
+
+    def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
+        # The history pages listed with their app's models, for those who may view them.
+        apps = super().get_app_list(request, app_label)
+        for model, page in self._history_pages.items():
+            entry = page.app_list_entry(request)
+            app = next((a for a in apps if a["app_label"] == model._meta.app_label), None)
+            if entry is None or app is None:
+                continue
+            app["models"].append(entry)
+            app["models"].sort(key=lambda m: m["name"])
+        return apps
+
     def register(self, model_or_iterable: Any, admin_class: Any = None, **options: Any) -> None:
         admin_class = admin_class or admin.ModelAdmin
         if not getattr(admin_class, "onceguard_console", False):
@@ -467,6 +515,8 @@ class OnceguardAdminSite(admin.AdminSite):
             path("onceguard/runs/", self.admin_view(self.run_view), name="onceguard_run"),
             path("onceguard/subjects/trail/", self.admin_view(self.subject_trail_view), name="onceguard_subject_trail"),
         ]
+        for page in self._history_pages.values():
+            extra += page.get_urls()
         return extra + super().get_urls()
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -482,6 +532,19 @@ class OnceguardAdminSite(admin.AdminSite):
     # --- reveal ---------------------------------------------------------------------------
 
     def _scoped_object(self, request: HttpRequest, app_label: str, model_name: str, object_id: str) -> tuple[Any, Any]:
+        page = next(
+            (
+                p
+                for m, p in self._history_pages.items()
+                if (m._meta.app_label, m._meta.model_name) == (app_label, model_name)
+            ),
+            None,
+        )
+        if page is not None and privacy.payload_fields_of(page.model):
+            obj = page.get_object(request, object_id)  # scoped to the user's tenants
+            if obj is None or not page.has_view_permission(request):
+                raise Http404("No such record in your tenants.")
+            return page, obj
         model_admin = next(
             (
                 ma
@@ -528,7 +591,7 @@ class OnceguardAdminSite(admin.AdminSite):
                     }
         opts = model_admin.model._meta
         try:
-            back = reverse(f"{self.name}:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
+            back = reverse(f"{self.name}:{opts.app_label}_{opts.model_name}_change", args=[privacy.object_id_of(obj)])
         except NoReverseMatch:
             back = None
         context = {

@@ -47,9 +47,11 @@ def encryption_rotate(
         rows = model.objects.filter(stale)
         counts = {"stale": rows.count(), "resealed": 0, "unreadable": 0, "reindexed": 0}
         if not dry_run:
-            last_pk = 0
+            # Walked by id, which every table here has and which alone names a row (attempts
+            # are keyed (id, started_at): a key is a tuple, ordered by its time too).
+            last_id = 0
             while True:
-                batch = list(rows.filter(pk__gt=last_pk).order_by("pk").only("pk", *columns)[:batch_size])
+                batch = list(rows.filter(id__gt=last_id).order_by("id").only("id", *columns)[:batch_size])
                 if not batch:
                     break
                 with transaction.atomic():
@@ -63,7 +65,7 @@ def encryption_rotate(
                             continue
                         model.objects.filter(pk=obj.pk).update(**updates)
                         counts["resealed"] += 1
-                last_pk = batch[-1].pk
+                last_id = batch[-1].id
                 if out:
                     out(f"{label}: {counts['resealed']}/{counts['stale']} resealed")
         if record_type is not None and not dry_run:

@@ -96,11 +96,18 @@ def payload_state(obj: models.Model, field: str) -> PayloadState:
 # --- Reveal ---------------------------------------------------------------------------------------
 
 
+def object_id_of(obj: models.Model) -> str:
+    """How the console and the access log name a row: its primary key — for a history row keyed
+    ``(id, <time>)`` (attempts, events: DESIGN §12) its id, which one sequence per table makes
+    one row's."""
+    return str(obj.id) if obj._meta.is_composite_pk else str(obj.pk)  # type: ignore[attr-defined]
+
+
 def object_label(obj: models.Model) -> tuple[str, str, str]:
     """(object_type, object_id, object_ref) for the log. Refs are keys/ids, never personal data."""
     ref = getattr(obj, "key", None) or getattr(obj, "event_id", None) or getattr(obj, "ledger_key", None) or ""
     label = obj._meta.concrete_model._meta.label_lower
-    return label, str(obj.pk), str(ref)
+    return label, object_id_of(obj), str(ref)
 
 
 def object_download_record(

@@ -79,6 +79,12 @@ def test_every_list_fits_1280_px_with_its_named_columns_badges_and_ages(console)
         ("/admin/review/retentionrun/", []),
         ("/admin/ledger/provider/", []),
         ("/admin/dlq/replaytarget/", []),
+        # The history tables' own pages (review.history_pages).
+        (
+            "/admin/ledger/attempt/",
+            ["operation", "number", "outcome", "started at", "finished at", "error class", "provider ref"],
+        ),
+        ("/admin/ledger/operationevent/", ["operation", "from status", "to status", "actor", "reason", "at"]),
     ]
     for n, (path, columns) in enumerate(lists, start=1):
         assert tab.go(path).status == 200, path

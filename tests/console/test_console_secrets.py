@@ -32,7 +32,7 @@ def _every_page_of(client, tenant, op) -> str:
         "/admin/ledger/operation/export.csv",
         "/admin/ledger/attempt/",
         "/admin/ledger/attempt/export.csv",
-        *(f"/admin/ledger/attempt/{a.pk}/change/" for a in Attempt.objects.filter(operation=op)),
+        *(f"/admin/ledger/attempt/{a.id}/change/" for a in Attempt.objects.filter(operation=op)),
         f"/admin/review/reviewitem/{op.pk}/change/",
         "/admin/review/reviewitem/",
     ]

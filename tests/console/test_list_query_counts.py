@@ -87,7 +87,8 @@ def seed(tenant: Tenant, provider: Provider, start: int, count: int) -> None:
 
 def console_pages() -> list[str]:
     pages = ["/admin/"]
-    for model in admin.site._registry:
+    # ModelAdmins and the history tables' pages (review.history_pages).
+    for model in [*admin.site._registry, *admin.site._history_pages]:
         pages.append(reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist"))
     ops = reverse("admin:ledger_operation_changelist")
     pages += [f"{ops}?status__exact=review", f"{ops}?q=k-1", f"{ops}?needs=stuck"]

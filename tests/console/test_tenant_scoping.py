@@ -138,7 +138,25 @@ def two_tenants(tenant: Tenant, other_tenant: Tenant) -> tuple[Tenant, Tenant, d
 
 
 def _scoped_models() -> list[type]:
-    return sorted((m for m in admin.site._registry if tenant_path(m) is not None), key=lambda m: m._meta.label_lower)
+    """Every model with console pages and a tenant: ModelAdmins and the history tables' pages
+    (review.history_pages: attempts and events, keyed (id, <time>))."""
+    models = [*admin.site._registry, *admin.site._history_pages]
+    return sorted((m for m in models if tenant_path(m) is not None), key=lambda m: m._meta.label_lower)
+
+
+def _page_of(model: type) -> Any:
+    return admin.site._registry.get(model) or admin.site.history_page(model)
+
+
+def _scoped_rows(model: type, request: Any) -> Any:
+    """The queryset the page builds (lists, searches, actions, exports all start there)."""
+    page = _page_of(model)
+    return page.get_queryset(request) if model in admin.site._registry else page.queryset(request)
+
+
+def _row_id(obj: Any) -> Any:
+    # A history row's pages name it by its id alone; every other row by its pk.
+    return obj.id if obj._meta.is_composite_pk else obj.pk
 
 
 def test_every_registered_admin_is_wrapped_by_the_console_mixins():
@@ -156,8 +174,7 @@ def test_every_tenant_model_shows_only_the_users_tenants_in_list_detail_and_expo
     user.user_permissions.add(Permission.objects.get(codename="export_data"))
     checked = []
     for model in _scoped_models():
-        model_admin = admin.site._registry[model]
-        base = model_admin.model._default_manager.all()
+        base = model._default_manager.all()
         own = [o for o in base if object_tenant_id(o) == mine_tenant.pk]
         other = [o for o in base if object_tenant_id(o) == theirs_tenant.pk]
         label = model._meta.label_lower
@@ -168,16 +185,16 @@ def test_every_tenant_model_shows_only_the_users_tenants_in_list_detail_and_expo
         status, body = page(client, f"/admin/{app}/{name}/")
         assert status == 200, (label, status)
         for obj in other:
-            assert f"/admin/{app}/{name}/{obj.pk}/change/" not in body, f"{label}: other tenant's row listed"
-            status, _ = page(client, f"/admin/{app}/{name}/{obj.pk}/change/")
+            assert f"/admin/{app}/{name}/{_row_id(obj)}/change/" not in body, f"{label}: other tenant's row listed"
+            status, _ = page(client, f"/admin/{app}/{name}/{_row_id(obj)}/change/")
             assert status in (302, 404), f"{label}: other tenant's detail page answered {status}"
-        assert any(f"/admin/{app}/{name}/{obj.pk}/change/" in body for obj in own), f"{label}: own rows missing"
+        assert any(f"/admin/{app}/{name}/{_row_id(obj)}/change/" in body for obj in own), f"{label}: own rows missing"
         status, csv_text = page(client, f"/admin/{app}/{name}/export.csv")
         assert status == 200, (label, status)
         assert "theirs" not in csv_text and "globex" not in csv_text, f"{label}: export leaks"
         # The queryset the admin builds (lists, searches, actions, exports all start there).
         request = type("R", (), {"user": user, "onceguard_tenant_ids": [mine_tenant.pk]})()
-        rows = model_admin.get_queryset(request)
+        rows = _scoped_rows(model, request)
         assert {object_tenant_id(o) for o in rows} == {mine_tenant.pk}, label
         checked.append(label)
     assert {
@@ -275,5 +292,8 @@ def test_history_rows_of_other_tenants_are_not_reachable_via_inlines(two_tenants
     client = client_for(staff("aud", role="auditor", tenants=[mine_tenant]))
     attempt = Attempt.objects.filter(operation=theirs["failed"]).first()
     event = OperationEvent.objects.filter(operation=theirs["failed"]).first()
-    assert page(client, f"/admin/ledger/attempt/{attempt.pk}/change/")[0] in (302, 404)
-    assert page(client, f"/admin/ledger/operationevent/{event.pk}/change/")[0] in (302, 404)
+    assert page(client, f"/admin/ledger/attempt/{attempt.id}/change/")[0] in (302, 404)
+    assert page(client, f"/admin/ledger/operationevent/{event.id}/change/")[0] in (302, 404)
+    # The pages exist: the user's own rows answer.
+    own = Attempt.objects.filter(operation__tenant=mine_tenant).first()
+    assert page(client, f"/admin/ledger/attempt/{own.id}/change/")[0] == 200

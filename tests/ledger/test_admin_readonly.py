@@ -17,6 +17,8 @@ from tests.ledger.support import ledger_counts, row
 pytestmark = pytest.mark.django_db
 
 MODELS = {"operation": Operation, "attempt": Attempt, "operationevent": OperationEvent}
+# Keyed (id, <time>): console pages of their own (review.history_pages), not ModelAdmins.
+HISTORY = ("attempt", "operationevent")
 
 
 @pytest.fixture
@@ -59,12 +61,34 @@ def _instance(name: str, op: Operation) -> Any:
     return {"operation": op, "attempt": op.attempt_set.first(), "operationevent": op.events.first()}[name]
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_superuser_gets_403_on_add(admin_client, ops, name):
+def _page_id(obj: Any) -> int:
+    # A history row's pages name it by id (its key is (id, <time>)); an operation by its pk.
+    return obj.id if obj._meta.is_composite_pk else obj.pk
+
+
+def _listed(response: Any) -> list[Any]:
+    """The rows a list page shows: the admin's changelist or a history page's."""
+    if "cl" in response.context:
+        return list(response.context["cl"].result_list)
+    return list(response.context["page"].object_list)
+
+
+def test_superuser_gets_403_on_add(admin_client, ops):
     before = ledger_counts()
 
-    assert admin_client.get(reverse(f"admin:ledger_{name}_add")).status_code == 403
-    assert admin_client.post(reverse(f"admin:ledger_{name}_add"), {"key": "forged"}).status_code == 403
+    assert admin_client.get(reverse("admin:ledger_operation_add")).status_code == 403
+    assert admin_client.post(reverse("admin:ledger_operation_add"), {"key": "forged"}).status_code == 403
+
+    assert ledger_counts() == before
+
+
+@pytest.mark.parametrize("name", HISTORY)
+def test_history_tables_have_no_add_page_at_all(admin_client, ops, name):
+    # Their console pages (review.history_pages) have a list, a detail page and an export only.
+    before = ledger_counts()
+
+    assert admin_client.get(f"/admin/ledger/{name}/add/").status_code == 404
+    assert admin_client.post(f"/admin/ledger/{name}/add/", {"operation": ops["one"].pk}).status_code in (404, 405)
 
     assert ledger_counts() == before
 
@@ -76,9 +100,10 @@ def test_superuser_gets_403_when_posting_a_change(admin_client, ops, name):
     before_obj = type(obj).objects.filter(pk=obj.pk).values().get()
     fields = {"status": "failed", "provider_ref": "forged", "outcome": "failed", "to_status": "failed"}
 
-    response = admin_client.post(reverse(f"admin:ledger_{name}_change", args=[obj.pk]), fields)
+    response = admin_client.post(reverse(f"admin:ledger_{name}_change", args=[_page_id(obj)]), fields)
 
-    assert response.status_code == 403
+    # The operation's admin refuses it (403); the history pages take no POST at all (405).
+    assert response.status_code == (403 if name == "operation" else 405)
     assert row(ops["one"].pk) == before
     assert type(obj).objects.filter(pk=obj.pk).values().get() == before_obj
 
@@ -87,9 +112,12 @@ def test_superuser_gets_403_when_posting_a_change(admin_client, ops, name):
 def test_superuser_gets_403_on_delete(admin_client, ops, name):
     obj = _instance(name, ops["one"])
     before = ledger_counts()
+    url = f"/admin/ledger/{name}/{_page_id(obj)}/delete/"
 
-    assert admin_client.get(reverse(f"admin:ledger_{name}_delete", args=[obj.pk])).status_code == 403
-    assert admin_client.post(reverse(f"admin:ledger_{name}_delete", args=[obj.pk]), {"post": "yes"}).status_code == 403
+    # The operation's admin refuses it (403); the history pages have no delete page (404).
+    expected = 403 if name == "operation" else 404
+    assert admin_client.get(url).status_code == expected
+    assert admin_client.post(url, {"post": "yes"}).status_code in (expected, 405)
 
     assert ledger_counts() == before
 
@@ -101,7 +129,7 @@ def test_bulk_delete_is_not_offered_and_refused(admin_client, ops, name):
     before = ledger_counts()
 
     page = admin_client.get(changelist)
-    admin_client.post(changelist, {"action": "delete_selected", "_selected_action": [obj.pk], "post": "yes"})
+    admin_client.post(changelist, {"action": "delete_selected", "_selected_action": [_page_id(obj)], "post": "yes"})
 
     assert page.status_code == 200
     assert b"delete_selected" not in page.content
@@ -112,7 +140,7 @@ def test_bulk_delete_is_not_offered_and_refused(admin_client, ops, name):
 def test_superuser_can_view_the_detail_read_only(admin_client, ops, name):
     obj = _instance(name, ops["one"])
 
-    response = admin_client.get(reverse(f"admin:ledger_{name}_change", args=[obj.pk]))
+    response = admin_client.get(reverse(f"admin:ledger_{name}_change", args=[_page_id(obj)]))
 
     assert response.status_code == 200
     assert b'name="_save"' not in response.content
@@ -157,7 +185,7 @@ def test_attempt_changelist_searches_by_identifier(admin_client, ops, term, expe
     response = admin_client.get(reverse("admin:ledger_attempt_changelist"), {"q": term})
 
     assert response.status_code == 200
-    results = list(response.context["cl"].result_list)
+    results = _listed(response)
     assert len(results) == expected
     assert all(a.operation_id == ops["one"].pk for a in results)
 
@@ -166,7 +194,7 @@ def test_event_changelist_searches_by_operation_key(admin_client, ops):
     response = admin_client.get(reverse("admin:ledger_operationevent_changelist"), {"q": "bravo-key"})
 
     assert response.status_code == 200
-    results = list(response.context["cl"].result_list)
+    results = _listed(response)
     assert len(results) == 2
     assert {e.operation_id for e in results} == {ops["two"].pk}
 
@@ -176,8 +204,14 @@ def test_changelists_render_with_their_filters(admin_client, ops, name):
     response = admin_client.get(reverse(f"admin:ledger_{name}_changelist"))
 
     assert response.status_code == 200
-    assert response.context["cl"].result_count >= 2
-    assert response.context["cl"].has_filters
+    if name == "operation":
+        assert response.context["cl"].result_count >= 2
+        assert response.context["cl"].has_filters
+    else:
+        assert response.context["count"] >= 2 and len(_listed(response)) == response.context["count"]
+        assert [f["title"] for f in response.context["filters"]] == (
+            ["outcome", "error class"] if name == "attempt" else ["to status", "from status"]
+        )
 
 
 def test_staff_without_superuser_cannot_edit_either(django_user_model, ops):
