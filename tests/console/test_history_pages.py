@@ -203,3 +203,30 @@ def test_an_id_that_is_not_a_number_or_not_there_is_not_found(tenant, rows):
     assert page(root, "/admin/ledger/attempt/999999/change/")[0] == 404
     assert page(root, "/admin/ledger/attempt/(1,%202026)/change/")[0] == 404
     assert page(root, "/admin/onceguard/reveal/ledger/attempt/abc/")[0] == 404
+
+
+def test_the_history_pages_escape_hostile_text_and_answer_odd_parameters_without_an_error(tenant):
+    # Hand-written pages (not the admin's): a key, message, reason or actor holding markup is
+    # shown escaped; filters, pages and searches a client made up are answered, never a 500.
+    hostile = "<script>alert('x')</script>\"&amp;"
+    crm = enforced_provider(tenant)
+    op = succeeded_op(tenant, crm, hostile)
+    OperationEvent.objects.filter(operation=op).update(reason=hostile, actor=hostile)
+    Attempt.objects.filter(operation=op).update(message=hostile, provider_ref=hostile, execution_id=hostile)
+    client = client_for(User.objects.create_superuser("root", "root@example.invalid", "x"))
+    attempt = Attempt.objects.filter(operation=op).first()
+    event = OperationEvent.objects.filter(operation=op).first()
+    details = [f"/admin/ledger/attempt/{attempt.id}/change/", f"/admin/ledger/operationevent/{event.id}/change/"]
+    lists = [
+        base + query
+        for base in ("/admin/ledger/attempt/", "/admin/ledger/operationevent/")
+        for query in ("", "?q=%3Cscript", "?q=%22", "?q='", "?p=abc", "?p=0", "?p=99999", "?outcome__exact=%3Cx")
+        + ("?to_status=%3Cx", "?error_class=x%22&q=%3Cscript%3E", "?q=\\", "?q=" + "a" * 3000)
+    ]
+    for url in details + lists:
+        response = client.get(url)
+        assert response.status_code == 200, (url, response.status_code)
+        body = response.content.decode()
+        assert "<script>alert" not in body, url
+    for url in details:
+        assert "&lt;script&gt;alert(&#x27;x&#x27;)" in client.get(url).content.decode(), url
