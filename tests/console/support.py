@@ -172,17 +172,28 @@ def submit_form(client: Client, form_url: str, **changes: Any) -> Any:
     return client.post(form_url, data)
 
 
-def seq_scan_free_plan(qs: Any) -> str:
+def _price_out(cursor: Any, in_index_order: bool) -> None:
+    cursor.execute("SET LOCAL enable_seqscan = off")
+    if in_index_order:
+        # Sorts and bitmap scans priced out too: the plans left read an index in the query's
+        # order. Which index the planner takes among several that could serve a tiny table
+        # otherwise follows the statistics autovacuum last took (other tests fill and roll back
+        # thousands of rows), not the query's shape.
+        cursor.execute("SET LOCAL enable_sort = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+
+
+def seq_scan_free_plan(qs: Any, *, in_index_order: bool = False) -> str:
     """PostgreSQL's plan for ``qs`` with sequential scans priced out: an index that can serve
     it shows up even on the tests' nearly empty tables."""
     sql, params = qs.query.sql_with_params()
     with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
+        _price_out(cursor, in_index_order)
         cursor.execute(f"EXPLAIN {sql}", params)
         return "\n".join(r[0] for r in cursor.fetchall())
 
 
-def generic_plan(qs: Any) -> str:
+def generic_plan(qs: Any, *, in_index_order: bool = False) -> str:
     """The plan PostgreSQL settles on for ``qs`` as a prepared statement (its generic plan,
     parameters unseen), sequential scans priced out as in ``seq_scan_free_plan``."""
     import re
@@ -195,7 +206,7 @@ def generic_plan(qs: Any) -> str:
     connection.ensure_connection()
     # Client-side binding: EXECUTE's arguments are SQL text, not protocol parameters.
     with psycopg.ClientCursor(connection.connection) as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
+        _price_out(cursor, in_index_order)
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute(f"PREPARE og_generic AS {prepared}".replace("%", "%%"))
         try:
@@ -204,3 +215,14 @@ def generic_plan(qs: Any) -> str:
             return "\n".join(r[0] for r in cursor.fetchall())
         finally:
             cursor.execute("DEALLOCATE og_generic")
+
+
+def drop_indexes_until_rollback(*names: str) -> None:
+    """Drops the named indexes for the rest of the test's transaction (its rollback restores
+    them). Two partial indexes in the same order cost the same on the tests' tiny tables, so
+    which one a plan takes follows the statistics of the moment; without the other, the plan
+    shows whether the planner sees that the query's filter implies this index's predicate."""
+    assert connection.in_atomic_block, "only inside the test's transaction"
+    with connection.cursor() as cursor:
+        for name in names:
+            cursor.execute(f"DROP INDEX {connection.ops.quote_name(name)}")
