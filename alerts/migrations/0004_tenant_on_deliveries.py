@@ -10,7 +10,9 @@ once under ACCESS EXCLUSIVE (milliseconds for an alert-sized table).
 
 from typing import Any
 
-from django.db import migrations, models, transaction
+from django.db import migrations, models
+
+from ledger.backfill import backfill_in_batches
 
 BATCH = 10_000
 COPIES = {
@@ -20,29 +22,6 @@ COPIES = {
         " AND alerts_alertdelivery.id < %s AND alerts_alertdelivery.tenant_id IS NULL"
     ),
 }
-
-
-def backfill_in_batches(schema_editor: Any, copies: dict[str, str], batch: int) -> None:
-    """Each table's rows, a range of ids per transaction, then the ids written meanwhile."""
-    connection = schema_editor.connection
-    for table, update in copies.items():
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT min(id), max(id) FROM {table}")
-            low, high = cursor.fetchone()
-        if low is None:
-            continue
-        start = low
-        while True:
-            while start <= high:
-                with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                    cursor.execute(update, [start, start + batch])
-                start += batch
-            with connection.cursor() as cursor:
-                cursor.execute(f"SELECT max(id) FROM {table}")
-                (newest,) = cursor.fetchone()
-            if newest <= high:
-                break
-            high = newest
 
 
 def backfill(apps: Any, schema_editor: Any) -> None:

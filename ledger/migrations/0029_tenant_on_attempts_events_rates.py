@@ -37,6 +37,8 @@ from typing import Any
 
 from django.db import migrations, models, transaction
 
+from ledger.backfill import backfill_in_batches
+
 BATCH = 10_000
 # table → the statement that copies the parent's tenant into a range of ids.
 TABLES = {
@@ -56,12 +58,6 @@ RATES = (
     "UPDATE ledger_providerrate SET tenant_id = p.tenant_id FROM ledger_provider p"
     " WHERE p.id = ledger_providerrate.provider_id AND ledger_providerrate.tenant_id IS NULL"
 )
-
-
-def _one(schema_editor: Any, sql: str) -> Any:
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(sql)
-        return cursor.fetchone()
 
 
 def add_columns(apps: Any, schema_editor: Any) -> None:
@@ -88,20 +84,7 @@ def backfill(apps: Any, schema_editor: Any) -> None:
     connection = schema_editor.connection
     with connection.cursor() as cursor:
         cursor.execute(RATES)
-    for table, update in TABLES.items():
-        (low, high) = _one(schema_editor, f"SELECT min(id), max(id) FROM {table}")
-        if low is None:
-            continue
-        start = low
-        while True:
-            while start <= high:
-                with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                    cursor.execute(update, [start, start + BATCH])
-                start += BATCH
-            (newest,) = _one(schema_editor, f"SELECT max(id) FROM {table}")
-            if newest <= high:
-                break
-            high = newest
+    backfill_in_batches(schema_editor, TABLES, BATCH)
 
 
 def require(apps: Any, schema_editor: Any) -> None:
