@@ -52,6 +52,9 @@ class ServerStartError(RuntimeError):
 # the server's host and port to the test's outbound allow-list (the service refuses loopback
 # destinations unless the deployment allows them: ledger.outbound).
 started_hooks: list[Callable[[str], None]] = []
+# Called with the URL of every such server once it is stopped or killed: its port may be
+# handed to another listener afterwards, which the allow-list must not cover.
+stopped_hooks: list[Callable[[str], None]] = []
 
 
 def _announce(running: RunningServer) -> RunningServer:
@@ -163,6 +166,8 @@ class RunningServer:
             _terminate(self._process)
         if self._log_file is not None:
             self._log_file.close()
+        for hook in stopped_hooks:
+            hook(self.url)
 
     def kill(self) -> None:
         """SIGKILL a process server (a crash: nothing is flushed); stop an in-process one."""

@@ -59,6 +59,14 @@ def announce(url: str) -> None:
         standing.append(rule_for(url))
 
 
+def retract(url: str) -> None:
+    """A server announced outside any test has stopped: its port is no longer allowed in every
+    test (the system may hand that port to a later test's own listener)."""
+    rule = rule_for(url)
+    if rule in standing:
+        standing.remove(rule)
+
+
 def activate(allow: Callable[..., list[str]] | None) -> None:
     global _active
     _active = allow
@@ -67,3 +75,5 @@ def activate(allow: Callable[..., list[str]] | None) -> None:
 # Mock providers and relays (relay.testing) announce themselves.
 if announce not in relay_testing.started_hooks:
     relay_testing.started_hooks.append(announce)
+if retract not in relay_testing.stopped_hooks:
+    relay_testing.stopped_hooks.append(retract)
