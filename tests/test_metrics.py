@@ -4,7 +4,6 @@ DLQ, the scheduler and the latency histograms of every process sharing the metri
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ledger import services
 from ledger.models import IdempotencyClass
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,9 +163,7 @@ def test_metrics_serve_exposes_a_worker_only_nodes_metrics(tmp_path, transaction
     """`manage.py metrics_serve`: the same exposition without a web server, per scrape."""
     if connection.vendor != "sqlite":
         pytest.skip("reads the SQLite test database directly; the exposition is the same on PostgreSQL")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     folder = tmp_path / "prom"
     folder.mkdir()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "SQLITE_PATH": str(connection.settings_dict["NAME"])}

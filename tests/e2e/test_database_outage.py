@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from ledger.models import IdempotencyClass, Operation, OperationStatus
 from tests.execute.conftest import configure_provider
 from tests.execute.support import child_env, start_worker, stop_process, wait_until
 from tests.support.fixtures import *  # noqa: F403
+from tests.support.ports import free_port
 from tests.support.tcp_proxy import TcpProxy
 
 S = OperationStatus
@@ -97,17 +97,11 @@ def test_a_worker_holding_an_answer_records_it_after_a_five_second_outage(tenant
 # --- The API ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def web(proxy: TcpProxy, tmp_path: Path) -> Iterator[str]:
     """scripts/web.sh (gunicorn: one process, two threads with persistent connections)
     whose database is behind the proxy; yields its base URL."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"PG_TEST_DB_NAME", "PROMETHEUS_MULTIPROC_DIR"}}
     env.update(
         DATABASE_URL=proxied_database_url(proxy),

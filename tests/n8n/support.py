@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import tarfile
@@ -24,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = REPO / "integrations" / "n8n"
@@ -54,12 +55,6 @@ def unavailable(message: str) -> None:
     if in_ci():
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def install_n8n() -> tuple[Path, float]:

@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from django.db import connection
 
 from ledger import services
 from ledger.models import IdempotencyClass
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PRODUCTION_ENV = ROOT / "scripts" / "production.env"
@@ -83,12 +83,6 @@ def test_check_deploy_would_flag_a_weak_setting(tmp_path):
     assert done.returncode != 0 and "security.W012" in done.stderr + done.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _database_url() -> str | None:
     """The test database as a DATABASE_URL (None on SQLite: SQLITE_PATH is used)."""
     s = connection.settings_dict
@@ -103,7 +97,7 @@ def test_the_production_recipe_boots_and_serves_behind_the_tls_proxy(tmp_path, t
     env = production_environment(tmp_path, _database_url())
     if connection.vendor != "postgresql":
         env["SQLITE_PATH"] = str(connection.settings_dict["NAME"])
-    port = _free_port()
+    port = free_port()
     env.update(HOST="127.0.0.1", PORT=str(port), WEB_WORKERS="2", WEB_THREADS="2", PYTHON=sys.executable)
     for step in (["migrate", "--noinput"], ["schedules_install"]):
         subprocess.run([sys.executable, "manage.py", *step], cwd=ROOT, env=env, check=True, timeout=300)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,16 +42,11 @@ from observability.scheduler import SWEEP_FUNC, scheduler_ages
 from tests.dlq.sinks import Sink
 from tests.observability.support import allow_outbound, current_outbound_rules
 from tests.support.fixtures import mock_enforced, mock_provider_factory  # noqa: F401
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.heavy]
 ROOT = Path(__file__).resolve().parent.parent.parent
 FLUSH_FUNC = "alerts.tasks.alerts_flush_task"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def redis_server_binary() -> str:
@@ -82,7 +76,7 @@ class RedisServer:
     """One redis-server on 127.0.0.1, no persistence; stop() and start() keep the port."""
 
     def __init__(self, binary: str, folder: Path) -> None:
-        self.binary, self.folder, self.port = binary, folder, _free_port()
+        self.binary, self.folder, self.port = binary, folder, free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,13 +13,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.ports import free_port_block
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -38,12 +33,14 @@ class RunAll:
 def run_all(tmp_path: Path, *, stop_timeout: float = 30) -> Iterator[RunAll]:
     """Migrate a fresh embedded database under ``tmp_path`` and start ``run_all`` on it; the
     environment (PORT, DEMO_PORT_BASE, ONCEGUARD_VAR_DIR) is the one its README commands use."""
-    port = free_port()
+    # The web port and the demo receivers' six (DEMO_PORT_BASE .. +5) in one block.
+    base = free_port_block(7)
+    port = base + 6
     env = {
         **os.environ,
         "ONCEGUARD_VAR_DIR": str(tmp_path),
         "PORT": str(port),
-        "DEMO_PORT_BASE": str(free_port()),
+        "DEMO_PORT_BASE": str(base),
         "EXEC_WORKERS": "1",
     }
     env.pop("DATABASE_URL", None)
@@ -62,9 +59,11 @@ def run_all(tmp_path: Path, *, stop_timeout: float = 30) -> Iterator[RunAll]:
         try:
             yield RunAll(process=process, port=port, env=env, log_path=log_path)
         finally:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=stop_timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                raise
+            # Already gone (it failed to start) is left alone: the test's own assertion says why.
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
+                try:
+                    process.wait(timeout=stop_timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    raise
