@@ -519,31 +519,40 @@ def _operation_cutoffs(now: datetime) -> dict[int, datetime]:
     return cutoffs
 
 
-def _partition_keeps_something(part: partitions.Partition, cutoffs: dict[int, datetime]) -> bool:
+def _partition_keeps_something(
+    part: partitions.Partition, cutoffs: dict[int, datetime], *, bounds: tuple[int, int] | None = None
+) -> bool:
     """Whether a row of ``part`` belongs to an operation this purge would keep: one of a tenant
     with no record TTL or on legal hold, not finished, not past its tenant's TTL, or still
     referenced (a DLQ entry, an operation it superseded) — the rules of _delete_operations.
 
     Only operations whose ids lie between the least and greatest the partition names can have
-    a row in it (both ends off its operation_id index); each candidate kept is probed in the
-    partition's index, newest first, and the first hit answers."""
-    bounds = partitions.partition_operation_range(part)
+    a row in it (both ends off its operation_id index; ``bounds`` overrides them for a
+    measurement); each candidate kept is probed in the partition's index, newest first, and
+    the first hit answers. A month that may be dropped is answered only after every operation
+    of its range is read, so the per-operation work is kept to one heap row: the tenant's
+    cutoff is a ``CASE`` (no join per row) and the two references are read once for the whole
+    range into hashed sets (no index probe per row)."""
+    bounds = bounds or partitions.partition_operation_range(part)
     if bounds is None:
         return False
-    rules = ", ".join(["(%s::bigint, %s::timestamptz)"] * len(cutoffs)) or "(NULL::bigint, NULL::timestamptz)"
+    cutoff = "CASE o.tenant_id " + " ".join(["WHEN %s THEN %s::timestamptz"] * len(cutoffs)) + " END"
+    if not cutoffs:
+        cutoff = "NULL::timestamptz"
     states = sorted(TERMINAL_STATES)
+    low, high = bounds
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT 1 FROM ledger_operation o LEFT JOIN (VALUES {rules}) AS r (tenant_id, cutoff)"
-            " ON r.tenant_id = o.tenant_id"
+            f"SELECT 1 FROM ledger_operation o CROSS JOIN LATERAL (SELECT {cutoff} AS cutoff) r"
             " WHERE o.id BETWEEN %s AND %s"
             " AND (r.cutoff IS NULL OR o.updated_at >= r.cutoff OR o.done_at IS NULL OR o.done_at >= r.cutoff"
             f" OR o.status NOT IN ({', '.join(['%s'] * len(states))})"
-            " OR EXISTS (SELECT 1 FROM dlq_failedevent f WHERE f.operation_id = o.id)"
-            " OR EXISTS (SELECT 1 FROM ledger_operation s WHERE s.superseded_by_id = o.id))"
+            " OR o.id IN (SELECT f.operation_id FROM dlq_failedevent f WHERE f.operation_id BETWEEN %s AND %s)"
+            " OR o.id IN (SELECT s.superseded_by_id FROM ledger_operation s"
+            " WHERE s.superseded_by_id BETWEEN %s AND %s))"
             f" AND EXISTS (SELECT 1 FROM {part.name} p WHERE p.operation_id = o.id)"
             " ORDER BY o.id DESC LIMIT 1",
-            [*[v for item in cutoffs.items() for v in item], *bounds, *states],
+            [*[v for item in cutoffs.items() for v in item], low, high, *states, low, high, low, high],
         )
         return cursor.fetchone() is not None
 

@@ -301,3 +301,35 @@ def test_a_retry_claimed_months_after_its_operation_began_is_the_attempt_its_com
     assert (first.outcome, second.outcome) == ("transient", "succeeded"), (first.outcome, second.outcome)
     assert second.provider_ref == "ch_late" and second.finished_at is not None
     assert first.started_at.month != second.started_at.month
+
+
+@pytest.mark.django_db
+def test_a_month_is_kept_while_a_dlq_entry_or_a_later_version_still_points_into_it(
+    tenant: Tenant, provider: Any
+) -> None:
+    """The references of _delete_operations hold a month too: an operation with a DLQ entry,
+    and one that a superseded version still points at (it goes once that version is gone)."""
+    from dlq.services import failed_event_record_for_operation
+
+    now = sql.db_now()
+    with_dlq, with_version, control = (partitions.month_start(now, plus=-n) for n in (14, 13, 12))
+    monthly_from(partitions.month_start(now, plus=-15))
+    RetentionPolicy.objects.create(tenant=tenant, record_type="operations", record_ttl=timedelta(days=30))
+    in_dlq = finished_in(tenant, provider, "in-dlq", with_dlq)
+    failed_event_record_for_operation(operation=in_dlq)
+    earlier = finished_in(tenant, provider, "v1", with_version)
+    later = finished_in(tenant, provider, "v2", with_version)
+    Operation.objects.filter(pk=earlier.pk).update(superseded_by=later)
+    finished_in(tenant, provider, "plain", control)
+
+    settle()
+    retention_purge(now=now, trigger="test")
+
+    for table in TABLES:
+        current = names(table)
+        assert partitions.partition_name(table, control) not in current
+        assert partitions.partition_name(table, with_dlq) in current
+        assert partitions.partition_name(table, with_version) in current
+        assert rows_in(partitions.partition_name(table, with_dlq), in_dlq) > 0
+        assert rows_in(partitions.partition_name(table, with_version), later) > 0
+    assert Operation.objects.filter(pk__in=[in_dlq.pk, later.pk]).count() == 2
