@@ -51,6 +51,31 @@ def assert_fits(tab: Any, columns: list[str]) -> None:
         box = last_cell.bounding_box()
         assert box is not None and box["x"] + box["width"] <= WIDTH, box
     assert not any(m in tab.text() for m in MARKERS)
+    assert not words_broken_midway(tab), words_broken_midway(tab)
+
+
+# Every word of a list cell outside links and identifiers (which may break anywhere so a long
+# key never widens the list) whose letters lie on more than one line.
+_BROKEN_WORDS = """(() => {
+  const broken = [];
+  for (const cell of document.querySelectorAll('#result_list tbody td, #result_list tbody th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (node.parentElement.closest('a, .og-id, .og-l, td[class*="url"], td[class*="json"]')) continue;
+      for (const m of node.data.matchAll(/[^\\s\\-]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        if (new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  return broken;
+})()"""
+
+
+def words_broken_midway(tab: Any) -> list[str]:
+    return tab.page.evaluate(_BROKEN_WORDS)
 
 
 def search(tab: Any, path: str, text: str) -> str:
