@@ -113,10 +113,15 @@ REFERENCE = frozenset(
 )
 # Callers whose statements may read or write several tenants' rows: Citus runs them on every
 # node (or, for a single-row write, on the node the row's own tenant_id routes to once the
-# statement carries it). "module.function" of the first project frame that ran them.
+# statement carries it). "module.function" (or a module) of the statement's owner: the innermost
+# project frame that is not a carrier (_CARRIERS) — a service a listed pass calls is not excused.
 FANS_OUT: dict[str, str] = {
     # Cross-tenant by design: the platform's background passes.
     "ledger.execute.operations_take": "a worker takes due rows of every tenant, oldest first (SKIP LOCKED)",
+    "ledger.polling.operations_poll_take": "a worker's take also takes waiting rows of every tenant whose poll is due"
+    " (SKIP LOCKED), under each provider's cap",
+    "ledger.eligibility.eligibility_recheck": "the sweeper's eligibility pass takes due rows of every tenant whose"
+    " provider asks for a recheck",
     "ledger.sweeper": "a sweeper pass moves expired leases and unresolved rows of every tenant",
     "ledger.selectors.metrics": "the /metrics gauges are platform-wide",
     "review.retention": "the purge pass walks every tenant with a policy (each batch is one tenant's)",
@@ -339,9 +344,21 @@ def statements_with_callers() -> Iterator[list[Seen]]:
         yield seen
 
 
+# Modules that only carry a statement to the database for their caller: the statement is their
+# caller's (a listed pass's own statement run through ledger.sql is still that pass's).
+_CARRIERS = ("ledger.sql.", "ledger.statements.", "ledger.fast_rows.", "ledger.caching.")
+
+
+def _owner(callers: tuple[str, ...]) -> str:
+    """The innermost frame that wrote the statement: the first caller that is not a carrier."""
+    return next((c for c in callers if not c.startswith(_CARRIERS)), callers[0])
+
+
 def _listed(callers: tuple[str, ...], table: dict[str, str]) -> bool:
-    """Whether any caller on the stack is listed (by itself or a module prefix)."""
-    return any(c == prefix or c.startswith(prefix + ".") for c in callers for prefix in table)
+    """Whether the statement's owner (not any frame further out: a service a listed pass calls
+    still routes its own statements by tenant) is listed, by itself or a module prefix."""
+    owner = _owner(callers)
+    return any(owner == prefix or owner.startswith(prefix + ".") for prefix in table)
 
 
 def _joins_by_id_only(sql: str, params: Any) -> bool:
