@@ -262,3 +262,47 @@ def test_key_rotation_reseals_every_kind_of_row(tenant: Any, provider: Any, monk
     assert crypto.open_json(Operation.objects.get(pk=sealed.pk).response_body) == {"ok": 1}
     assert Operation.objects.get(pk=redacted.pk).payload == REDACTED
     assert encryption_rotate()["ledger.Operation"]["stale"] == 0
+
+
+@pg
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_converts_existing_rows_and_reverses_exactly(tenant: Any, provider: Any) -> None:
+    """Migration 0031 back and forth over rows holding every kind of value, the attempts'
+    partitioned table included (PostgreSQL refuses some expressions there)."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    cases = [(name, value) for name, value, _ in samples()]
+    ids = {}
+    for name, _value in cases:
+        op = services.operation_claim(tenant=tenant, key=f"mig-{name}", provider=provider, action="c").operation
+        ids[name] = op.pk
+    executor = MigrationExecutor(connection)
+    leaves = executor.loader.graph.leaf_nodes()
+    try:
+        executor.migrate([("ledger", "0030_attempt_event_composite_pk")])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_typeof(payload)::text FROM ledger_operation LIMIT 1")
+            assert cursor.fetchone() == ("jsonb",)
+            for name, value in cases:
+                cursor.execute(
+                    "UPDATE ledger_operation SET payload = %s::jsonb, request = %s::jsonb WHERE id = %s",
+                    [json.dumps(value), json.dumps(value), ids[name]],
+                )
+                cursor.execute(
+                    "UPDATE ledger_attempt SET response_body = %s::jsonb WHERE operation_id = %s",
+                    [json.dumps(value), ids[name]],
+                )
+            cursor.execute("SELECT id, payload::text FROM ledger_operation ORDER BY id")
+            before = cursor.fetchall()
+        MigrationExecutor(connection).migrate(leaves)
+        for name, value in cases:
+            op = Operation.objects.get(pk=ids[name])
+            assert op.payload == value and op.request == value and op.response_body is None, name
+            assert Attempt.objects.get(operation_id=ids[name]).response_body == value, name
+        # And back: the same jsonb as before.
+        MigrationExecutor(connection).migrate([("ledger", "0030_attempt_event_composite_pk")])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id, payload::text FROM ledger_operation ORDER BY id")
+            assert cursor.fetchall() == before
+    finally:
+        MigrationExecutor(connection).migrate(leaves)
