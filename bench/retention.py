@@ -46,7 +46,7 @@ def _seed(rows: int, redact_rows: int) -> int:
     from django.db import connection
 
     from ledger import crypto, services
-    from ledger.models import Tenant
+    from ledger.models import Tenant, sealed_to_bytes
 
     assert connection.settings_dict["NAME"] == BENCH_DB
     with connection.cursor() as cursor:
@@ -58,7 +58,10 @@ def _seed(rows: int, redact_rows: int) -> int:
     provider = services.provider_upsert(
         tenant=tenant, slug="crm", base_url="http://127.0.0.1:9", idempotency_class="key_enforced"
     )
-    sealed = json.dumps(crypto.seal_json({"body": {"firstName": "Bench", "email": "bench@example.invalid", "n": 1}}))
+    # In its stored form: bytes (ledger.models.SealedJSONField).
+    sealed = sealed_to_bytes(
+        crypto.seal_json({"body": {"firstName": "Bench", "email": "bench@example.invalid", "n": 1}})
+    )
     with connection.cursor() as cursor:
         for label, count, age in (("old", rows, "400 days"), ("redact", redact_rows, "40 days")):
             if count <= 0:
@@ -72,7 +75,7 @@ def _seed(rows: int, redact_rows: int) -> int:
                 " execution_id, workflow_id, workflow_version, correlation_id, lookup_failures, request_bytes, cost,"
                 " callback_url, created_at, updated_at, done_at, claimed_at, sent_at)"
                 f" SELECT %s, '{label}:' || g, 'guard', 'succeeded', %s, 'create-contact', decode(md5(g::text) || md5(g::text), 'hex'),"
-                " %s::jsonb, %s::jsonb, 1, 0, 4, decode(md5('t' || g), 'hex'), true, '', '', 'ref_' || g, 200, '', '', '', '',"
+                " %s, %s, 1, 0, 4, decode(md5('t' || g), 'hex'), true, '', '', 'ref_' || g, 200, '', '', '', '',"
                 f" '', 0, 0, 0, '', {ts}, {ts}, {ts}, {ts}, {ts}"
                 " FROM generate_series(1, %s) g",
                 [tenant.pk, provider.pk, sealed, sealed, *([count] * 5), count],

@@ -53,7 +53,7 @@ CLAIMS = int(os.environ.get("SCALE_CLAIMS", 300))
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Bump when the generated shape changes: a database filled by another version is refilled.
-FILL_VERSION = 5
+FILL_VERSION = 6
 SMALL_TENANTS = 9
 QUIET_ROWS = 300
 BIG = "scale-big"
@@ -126,7 +126,7 @@ def fill(rows: int) -> float:
     from django.db import connection, transaction
 
     from ledger import crypto, services
-    from ledger.models import Tenant
+    from ledger.models import Tenant, sealed_to_bytes
 
     assert connection.settings_dict["NAME"] in (BIG_DB, SMALL_DB)
     with connection.cursor() as cursor:
@@ -143,7 +143,8 @@ def fill(rows: int) -> float:
         )
         tenants[slug] = tenant.pk
     fingerprint = services.request_fingerprint(mode="guard", provider=PROVIDER, action=ACTION, request=None)
-    sealed = json.dumps(crypto.seal_json({"customer": "cus_123", "amount": 1999, "currency": "eur"}))
+    # In its stored form: bytes (ledger.models.SealedJSONField; fill version 6).
+    sealed = sealed_to_bytes(crypto.seal_json({"customer": "cus_123", "amount": 1999, "currency": "eur"}))
     smalls = [tenants[f"scale-s{n:02}"] for n in range(1, SMALL_TENANTS + 1)]
     # One transaction: a fill that fails half-way leaves the schema (dropped indexes) as it was.
     with transaction.atomic(), connection.cursor() as cursor:
@@ -164,8 +165,8 @@ def fill(rows: int) -> float:
             " next_attempt_at)"
             " SELECT t, 'ord-' || i || '-' || left(md5(i::text), 8), 'guard', st,"
             " (SELECT id FROM ledger_provider p WHERE p.tenant_id = t), %(action)s, decode(%(fp)s, 'hex'),"
-            " %(sealed)s::jsonb,"
-            " CASE WHEN st = 'succeeded' THEN %(sealed)s::jsonb END, 1, 0, 4, decode(md5(i::text), 'hex'), true,"
+            " %(sealed)s,"
+            " CASE WHEN st = 'succeeded' THEN %(sealed)s END, 1, 0, 4, decode(md5(i::text), 'hex'), true,"
             " CASE WHEN st = 'failed' THEN 'card declined' ELSE '' END,"
             " CASE WHEN st = 'failed' THEN 'invalid_input' ELSE '' END,"
             " CASE WHEN st = 'succeeded' THEN 'ch_' || left(md5('r' || i), 20) ELSE '' END,"

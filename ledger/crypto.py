@@ -2,7 +2,9 @@
 
 Ciphertext lives inside the existing JSON columns as ``{"_enc": "v2:<key id>:<token>"}``
 so no table changes shape: a sealed value is still valid JSON, a plain value (written before
-encryption was turned on) still reads. Code that needs plaintext calls :func:`open_json`;
+encryption was turned on) still reads. (On PostgreSQL the operation's and attempt's columns
+store the envelope as its raw bytes, ledger.models.SealedJSONField; what they give back is this
+envelope.) Code that needs plaintext calls :func:`open_json`;
 everything else (lists, exports, logs) only ever sees the envelope.
 
 Keys come from ``ONCEGUARD_ENCRYPTION_KEYS``: comma-separated ``<id>:<fernet key>`` (or a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -9,7 +11,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import Lookup, Q
+from django.db.models.fields.json import HasKey, KeyTransform, KeyTransformStartsWith
 
 from ledger.errors import DestinationNotAllowed
 from ledger.intents import intent_config_errors
@@ -282,6 +285,121 @@ def bytes_to_hex(raw: bytes, hex_length: int) -> str:
     if len(raw) == hex_length // 2 + 1 and text.endswith(b"\x00"):
         text = text[:-1]
     return text.decode()
+
+
+# ledger.crypto.ENVELOPE, the one key of a sealed value (not imported: ledger.crypto's hooks
+# import this module).
+ENVELOPE = "_enc"
+# SealedJSONField's stored forms (PostgreSQL): the first byte says which.
+STORED_JSON = 0
+STORED_SEALED = 1
+# A sealed envelope's text: "<version>:<key id>" (ledger.crypto), then its nonce and ciphertext
+# as canonical urlsafe base64 (padded). Only such text is stored as its bytes.
+_ENVELOPE_TEXT = re.compile(
+    r"([A-Za-z0-9_-]{1,32}:[A-Za-z0-9_-]{1,32}):((?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2}==|[A-Za-z0-9_-]{3}=)?)"
+)
+
+
+class SealedJSONField(models.JSONField):
+    """A JSON value that is usually a sealed envelope (``{"_enc": "v2:<key id>:<base64>"}``,
+    ledger.crypto): the operation's payload, request and recorded response, the attempt's
+    response. Python — services, API, console, exports, erasure, rotation, the DLQ — sees the
+    JSON value, exactly as a JSONField gives it; PostgreSQL stores ``bytea`` (issue 16's cheaper
+    growth): an envelope as a 0x01 byte, the length of its ``<version>:<key id>``, that text and
+    the raw nonce and ciphertext — no base64, no jsonb header, ~40 bytes less per value — and
+    any other value (plain, with encryption off; a redaction marker; an envelope whose text is
+    not canonical) as a 0x00 byte and its compact UTF-8 JSON, read back as written (keys in the
+    order written, not jsonb's). SQL NULL stays NULL. SQLite keeps JSON text: nothing changes
+    there. This is the one place the forms meet: the ORM converts through these methods, and
+    ``ledger.statements`` (the named statements' ``request``, ``payload`` and ``response_body``)
+    and the retention purge's batched update through ``get_db_prep_value``.
+
+    On PostgreSQL the column answers ``isnull``, ``has_key`` and ``sealed_under`` (sealed under
+    a ``<version>:<key id>``: key rotation) only; JSON paths and containment are not
+    available there (nothing filters on what a sealed value holds: it cannot be read in SQL)."""
+
+    def db_type(self, connection: Any) -> str | None:
+        return "bytea" if connection.vendor == "postgresql" else super().db_type(connection)
+
+    def cast_db_type(self, connection: Any) -> str | None:
+        return self.db_type(connection)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        if connection.vendor != "postgresql":
+            return super().get_db_prep_value(value, connection, prepared)
+        if not prepared:
+            value = self.get_prep_value(value)
+        if isinstance(value, (bytes, memoryview)) or hasattr(value, "as_sql"):
+            return value
+        return sealed_to_bytes(value)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        if isinstance(value, (bytes, memoryview)):
+            return bytes_to_sealed(bytes(value))
+        return super().from_db_value(value, expression, connection)
+
+
+def sealed_to_bytes(value: Any) -> bytes:
+    """The stored form of a JSON value (SealedJSONField, PostgreSQL)."""
+    if isinstance(value, dict) and len(value) == 1 and isinstance(value.get(ENVELOPE), str):
+        match = _ENVELOPE_TEXT.fullmatch(value[ENVELOPE])
+        if match:
+            raw = base64.urlsafe_b64decode(match[2])
+            # Canonical only (no stray bits in the last character): it must read back as written.
+            if base64.urlsafe_b64encode(raw).decode() == match[2]:
+                head = match[1].encode()
+                return bytes((STORED_SEALED, len(head))) + head + raw
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return bytes((STORED_JSON,)) + text.encode()
+
+
+def bytes_to_sealed(raw: bytes) -> Any:
+    """The JSON value ``raw`` was stored from (SealedJSONField)."""
+    kind = raw[:1]
+    if kind == bytes((STORED_SEALED,)):
+        end = 2 + raw[1]
+        return {ENVELOPE: f"{raw[2:end].decode()}:{base64.urlsafe_b64encode(raw[end:]).decode()}"}
+    if kind == bytes((STORED_JSON,)):
+        return json.loads(raw[1:])
+    raise ValueError(f"not a stored JSON value (first byte {raw[:1]!r})")
+
+
+@SealedJSONField.register_lookup
+class SealedHasKey(Lookup):
+    """``has_key`` (the JSONField lookup) on the stored form: an envelope has only its own key."""
+
+    lookup_name = "has_key"
+    prepare_rhs = False
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        return compiler.compile(HasKey(self.lhs, self.rhs))
+
+    def as_postgresql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        lhs, params = self.process_lhs(compiler, connection)
+        sealed = "TRUE" if self.rhs == ENVELOPE else "FALSE"
+        return (
+            f"(CASE get_byte({lhs}, 0) WHEN {STORED_SEALED} THEN {sealed}"
+            f" ELSE convert_from(substring({lhs} FROM 2), 'UTF8')::jsonb ? %s END)",
+            [*params, *params, str(self.rhs)],
+        )
+
+
+@SealedJSONField.register_lookup
+class SealedUnder(Lookup):
+    """Sealed under ``<version>:<key id>`` (key rotation's rows already under the current key):
+    the envelope's text starts with it and a colon."""
+
+    lookup_name = "sealed_under"
+    prepare_rhs = False
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        return compiler.compile(KeyTransformStartsWith(KeyTransform(ENVELOPE, self.lhs), f"{self.rhs}:"))
+
+    def as_postgresql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        lhs, params = self.process_lhs(compiler, connection)
+        head = str(self.rhs).encode()
+        prefix = bytes((STORED_SEALED, len(head))) + head
+        return f"substring({lhs} FROM 1 FOR {len(prefix)}) = %s", [*params, prefix]
 
 
 class Tenant(models.Model):
@@ -774,8 +892,8 @@ class Operation(models.Model):
     # sha256 of the request (services.request_fingerprint): 32 bytes stored, hex everywhere else.
     fingerprint = HexBytesField(hex_length=64)
     # execute mode only: the provider-neutral request the workers send.
-    request = models.JSONField(null=True, blank=True)
-    payload = models.JSONField(null=True, blank=True)
+    request = SealedJSONField(null=True, blank=True)
+    payload = SealedJSONField(null=True, blank=True)
     # Plain text of the configured non-personal paths only (OPERATION_SEARCH_PATHS), for
     # filtering without decrypting; never a personal identifier (DESIGN §6).
     search_fields = models.JSONField(null=True, blank=True)
@@ -797,7 +915,7 @@ class Operation(models.Model):
     error_class = models.CharField(max_length=16, blank=True, choices=ErrorClass.choices)
     provider_ref = models.CharField(max_length=255, blank=True)
     response_status = Counter(null=True, blank=True)
-    response_body = models.JSONField(null=True, blank=True)
+    response_body = SealedJSONField(null=True, blank=True)
     reconciliation_handle = models.CharField(max_length=255, blank=True)
     execution_id = models.CharField(max_length=255, blank=True)
     workflow_id = models.CharField(max_length=255, blank=True)
@@ -1003,7 +1121,7 @@ class Attempt(models.Model):
     message = models.CharField(max_length=500, blank=True)
     provider_ref = models.CharField(max_length=255, blank=True)
     response_status = Counter(null=True, blank=True)
-    response_body = models.JSONField(null=True, blank=True)
+    response_body = SealedJSONField(null=True, blank=True)
     execution_id = models.CharField(max_length=255, blank=True)
     duration_ms = Counter(null=True, blank=True)
     # The adapter revision this attempt ran under (execute mode; copied from its operation

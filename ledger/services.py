@@ -259,8 +259,9 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(float(value), 3)
 
 
-def _sealed(value: Any) -> str | None:
-    return sql.dumps(seal_json(value))
+def _sealed(value: Any) -> Any:
+    # A named statement's JSON parameter: ledger.statements passes it in its stored form.
+    return seal_json(value)
 
 
 def _after_failed(op: Operation) -> None:

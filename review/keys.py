@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from ledger import crypto
+from ledger.models import SealedJSONField
 from review.models import RecordType, SubjectIndex
 from review.privacy import subject_index_record
 
@@ -24,9 +25,13 @@ SEALED_COLUMNS: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] =
 ]
 
 
-def _stale(column: str, current: str) -> Q:
+def _stale(model: Any, column: str, current: str) -> Q:
     """Rows whose ``column`` holds something not sealed under the current key."""
-    sealed_now = Q(**{f"{column}___enc__startswith": f"{crypto.VERSION}:{current}:"})
+    if isinstance(model._meta.get_field(column), SealedJSONField):
+        # Stored as bytes on PostgreSQL: asked of the stored form (ledger.models.SealedUnder).
+        sealed_now = Q(**{f"{column}__sealed_under": f"{crypto.VERSION}:{current}"})
+    else:
+        sealed_now = Q(**{f"{column}___enc__startswith": f"{crypto.VERSION}:{current}:"})
     redacted = Q(**{f"{column}__has_key": crypto.REDACTED})
     return Q(**{f"{column}__isnull": False}) & ~sealed_now & ~redacted
 
@@ -43,7 +48,7 @@ def encryption_rotate(
             continue
         stale = Q()
         for column in columns:
-            stale |= _stale(column, current)
+            stale |= _stale(model, column, current)
         rows = model.objects.filter(stale)
         counts = {"stale": rows.count(), "resealed": 0, "unreadable": 0, "reindexed": 0}
         if not dry_run:

@@ -222,7 +222,7 @@ def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
                     values.append(value)
                 changed.append((op.pk, values))
             # One statement per chunk; updated_at is left alone (the record's age for its TTL).
-            _update_json_columns("ledger_operation", columns, changed)
+            _update_json_columns(Operation, columns, changed)
             Attempt.objects.filter(operation_id__in=ids, response_body__isnull=False).update(response_body=None)
             counts.redacted += len(changed)
 
@@ -248,18 +248,27 @@ def _delete_operation_rows(ids: list[int]) -> None:
         )
 
 
-def _update_json_columns(table: str, columns: tuple[str, ...], rows: list[tuple[int, list[Any]]]) -> None:
-    """Set JSON ``columns`` of many rows by id, one statement per chunk."""
+def _update_json_columns(model: Any, columns: tuple[str, ...], rows: list[tuple[int, list[Any]]]) -> None:
+    """Set JSON ``columns`` of many rows of ``model`` by id, one statement per chunk: each value
+    in its column's stored form (on PostgreSQL, bytes: ledger.models.SealedJSONField), None as
+    NULL."""
     if not rows:
         return
-    dumped = [
-        (pk, [None if v is None else json.dumps(v, separators=(",", ":"), ensure_ascii=False) for v in values])
-        for pk, values in rows
-    ]
-    cast = "::jsonb" if connection.vendor == "postgresql" else ""
-    sets = ", ".join(f"{c} = %s{cast}" for c in columns)
+    fields = [model._meta.get_field(c) for c in columns]
+
+    def stored(field: Any, value: Any) -> Any:
+        if value is None:
+            return None
+        if connection.vendor == "postgresql":
+            return field.get_db_prep_value(value, connection)
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+    sets = ", ".join(f"{c} = %s" for c in columns)
     with connection.cursor() as cursor:
-        cursor.executemany(f"UPDATE {table} SET {sets} WHERE id = %s", [[*values, pk] for pk, values in dumped])
+        cursor.executemany(
+            f"UPDATE {model._meta.db_table} SET {sets} WHERE id = %s",
+            [[*(stored(f, v) for f, v in zip(fields, values, strict=True)), pk] for pk, values in rows],
+        )
 
 
 def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:

@@ -16,7 +16,7 @@ from django.db import connection
 
 from dlq.models import FailedEvent
 from ledger import crypto
-from ledger.models import Operation
+from ledger.models import Operation, bytes_to_sealed
 from review import privacy
 from review.keys import encryption_rotate
 from review.models import AccessLog, SubjectIndex
@@ -38,6 +38,11 @@ def _raw(table: str, column: str, pk: int) -> str:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {column} FROM {table} WHERE id = %s", [pk])
         value = cursor.fetchone()[0]
+    if isinstance(value, (bytes, memoryview)):
+        # The ledger's sealed columns on PostgreSQL (ledger.models.SealedJSONField): the bytes
+        # as stored, and the envelope they hold.
+        raw = bytes(value)
+        return raw.decode("latin-1") + "\n" + json.dumps(bytes_to_sealed(raw))
     return value if isinstance(value, str) else json.dumps(value)
 
 

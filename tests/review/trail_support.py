@@ -18,7 +18,7 @@ from django.utils import timezone
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
 from ledger import crypto, objects, services
-from ledger.models import ErrorClass, Operation, OperationOutput, Tenant
+from ledger.models import ErrorClass, Operation, OperationOutput, Tenant, bytes_to_sealed
 from review import privacy
 from review.models import RetentionPolicy
 from review.retention import retention_purge_tenant
@@ -144,7 +144,13 @@ def _decrypted(value: Any, depth: int = 0) -> Any:
     if depth > 20:
         return value
     if isinstance(value, (bytes, memoryview)):
-        value = bytes(value).decode("utf-8", errors="replace")
+        raw = bytes(value)
+        try:
+            # A sealed column's stored form on PostgreSQL (ledger.models.SealedJSONField).
+            return _decrypted(bytes_to_sealed(raw), depth + 1)
+        except (ValueError, IndexError, crypto.EncryptionKeyError):
+            # Anything else: a digest, a token, a file's bytes.
+            value = raw.decode("utf-8", errors="replace")
     if isinstance(value, str) and value[:1] in "{[":
         try:
             value = json.loads(value)
