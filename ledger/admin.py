@@ -332,7 +332,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     @admin.display(description="status")
     def status_badge(self, obj: Operation) -> str:
         mode = "guard" if obj.mode == OperationMode.GUARD else "execute"
-        return format_html('{}<div class="og-muted">{}</div>', display.operation_badge(obj), mode)
+        return display.format_html('{}<div class="og-muted">{}</div>', display.operation_badge(obj), mode)
 
     @admin.display(description="provider")
     def provider_slug(self, obj: Operation) -> str:
@@ -357,9 +357,9 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         execution = display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else ""
         name = getattr(obj, "workflow_name", None)
         if not name:
-            return format_html('{}<div class="og-muted">{}</div>', workflow, execution)
+            return display.format_html('{}<div class="og-muted">{}</div>', workflow, execution)
         # The name first (shortened, in full on hover), then the workflow's id and the execution.
-        return format_html(
+        return display.format_html(
             '<span title="{}">{}</span><div class="og-muted">{}{}{}</div>',
             name,
             display.truncate(name, 28),
@@ -374,7 +374,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
 
     @admin.display(description="age")
     def age(self, obj: Operation) -> str:
-        return format_html(
+        return display.format_html(
             '{}<div class="og-muted og-nowrap">updated {}</div>',
             display.age(obj.created_at),
             display.age(obj.updated_at),

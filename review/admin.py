@@ -90,7 +90,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     def provider_slug(self, obj: ReviewItem) -> str:
         if not obj.provider_id:
             return display.EMPTY
-        return format_html(
+        return display.format_html(
             '{}<div class="og-muted">{}</div>', obj.provider.slug, obj.provider.get_idempotency_class_display()
         )
 
