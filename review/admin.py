@@ -76,6 +76,21 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         " (any case); a provider ref."
     )
     list_select_related = ["tenant", "provider"]
+    # What the columns read (review.listing.ConsoleChangeList.listed); the "why" column's
+    # events are prefetched.
+    list_reads = (
+        "id",
+        "tenant_id",
+        "key",
+        "provider_id",
+        "attempts",
+        "max_attempts",
+        "reconciliation_handle",
+        "updated_at",
+        "tenant__slug",
+        "provider__slug",
+        "provider__idempotency_class",
+    )
     ordering = ["updated_at"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ReviewItem]:
