@@ -130,7 +130,10 @@ def shows_tenant(model_admin: Any, request: HttpRequest) -> bool:
     scope_of = getattr(model_admin, "tenant_scope", None)
     scope = scope_of(request) if scope_of is not None else None
     if scope is None:
-        return Tenant.objects.count() > 1
+        # Counted once a request: a list asks for its columns more than once.
+        if not hasattr(request, "_onceguard_tenants_counted"):
+            request._onceguard_tenants_counted = Tenant.objects.count()  # type: ignore[attr-defined]
+        return request._onceguard_tenants_counted > 1  # type: ignore[attr-defined]
     return len(scope) > 1
 
 
