@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from django.contrib import admin
@@ -61,6 +62,9 @@ def scope_of(request: HttpRequest) -> list[int] | None:
     return tenant_ids_for_request(request)
 
 
+# A model's path to its tenant is fixed once the apps are loaded; asked on every query a
+# console page scopes and for every model its app list checks.
+@cache
 def tenant_path(model: type[models.Model], depth: int = 3) -> str | None:
     """The ORM path from ``model`` to its tenant id: ``id`` for Tenant itself, ``tenant_id``
     for a model with a tenant FK, ``operation__tenant_id`` through one FK, and so on."""
