@@ -214,7 +214,13 @@ def attention_now(*, tenant_ids: list[int] | None) -> dict[str, list[Any]]:
     DLQ entries no automatic replay will retry, paused providers, operations open too long."""
     now = timezone.now()
     # provider__tenant: a provider prints as "tenant/slug" (one query per row without it).
-    ops = _scoped(Operation.objects.all(), tenant_ids).select_related("provider__tenant", "tenant")
+    # Only what the rows show (key, state, provider, time): an operation with its provider and
+    # tenants is some 140 columns, a dozen JSON decoded.
+    ops = (
+        _scoped(Operation.objects.all(), tenant_ids)
+        .select_related("provider__tenant")
+        .only("id", "tenant_id", "key", "status", "updated_at", "provider__slug", "provider__tenant__slug")
+    )
     cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
     return {
         "review": list(ops.filter(status=OperationStatus.REVIEW).order_by("updated_at", "id")[:ATTENTION_ROWS]),
