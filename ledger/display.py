@@ -13,14 +13,17 @@ Lives at the floor so every app's console pages (ledger, alerts, dlq, review) fo
 
 from __future__ import annotations
 
+import html
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
-from django.utils import formats, timezone
+from django.utils import dateformat, formats, timezone
 from django.utils.dateparse import parse_duration
-from django.utils.html import format_html
+from django.utils.functional import Promise
 from django.utils.safestring import SafeString
 
 from ledger.models import OperationMode, OperationStatus
@@ -63,11 +66,86 @@ STATUS_TONES: dict[str, str] = {
 }
 
 
+def escape(value: Any) -> str:
+    """django.utils.html.conditional_escape, without its lazy-argument wrapper per call: a
+    value with ``__html__`` as it is, anything else escaped (issue 16: a console list calls
+    this some thousand times a page)."""
+    if isinstance(value, Promise):
+        value = str(value)
+    if hasattr(value, "__html__"):
+        return value.__html__()
+    return html.escape(str(value))
+
+
+def format_html(format_string: str, *args: Any) -> SafeString:
+    """django.utils.html.format_html (positional arguments), the same output at a third of
+    its cost: each argument escaped unless it is safe, the result marked safe."""
+    return SafeString(format_string.format(*[escape(a) for a in args]))
+
+
+# DateFormat's specifiers a console format uses, each written as DateFormat writes it.
+_DATE_PARTS: dict[str, Callable[[datetime], str]] = {
+    "Y": lambda d: f"{d.year:04d}",
+    "m": lambda d: f"{d.month:02d}",
+    "d": lambda d: f"{d.day:02d}",
+    "H": lambda d: f"{d.hour:02d}",
+    "i": lambda d: f"{d.minute:02d}",
+    "s": lambda d: f"{d.second:02d}",
+}
+
+
+@lru_cache(maxsize=16)
+def _compiled(format_string: str) -> tuple[str | Callable[[datetime], str], ...] | None:
+    """``format_string`` split as DateFormat splits it, each specifier its writer (``T``:
+    None, the zone); None when it uses a specifier not written here (then Django formats)."""
+    pieces: list[Any] = []
+    for i, piece in enumerate(dateformat.re_formatchars.split(format_string)):
+        if i % 2:
+            if piece == "T":
+                pieces.append(None)
+            elif piece in _DATE_PARTS:
+                pieces.append(_DATE_PARTS[piece])
+            else:
+                return None
+        elif piece:
+            pieces.append(dateformat.re_escaped.sub(r"\1", piece))
+    return tuple(pieces)
+
+
 def when(moment: datetime | None) -> str:
-    """The exact time, with seconds and zone, in the console's time zone."""
+    """The exact time, with seconds and zone, in the console's time zone.
+
+    What ``formats.date_format(localtime(moment), "DATETIME_FORMAT")`` writes, with the
+    format parsed once instead of on every call (a list shows two per row: that parse was
+    most of a list's per-row time)."""
     if moment is None:
         return EMPTY
-    return formats.date_format(timezone.localtime(moment), "DATETIME_FORMAT")
+    local = timezone.localtime(moment)
+    format_string = str(formats.get_format("DATETIME_FORMAT"))
+    pieces = _compiled(format_string)
+    if pieces is None or local.tzinfo is None:
+        return formats.date_format(local, "DATETIME_FORMAT")
+    out = []
+    for piece in pieces:
+        if piece is None:
+            # DateFormat.T: the zone's name, empty for a time that is ambiguous or imaginary
+            # in it (a DST change).
+            if _ambiguous_or_imaginary(local):
+                out.append("")
+            else:
+                out.append(str(local.tzinfo.tzname(local)))
+        elif isinstance(piece, str):
+            out.append(piece)
+        else:
+            out.append(piece(local))
+    return "".join(out)
+
+
+def _ambiguous_or_imaginary(local: datetime) -> bool:
+    # django.utils.timezone._datetime_ambiguous_or_imaginary, for the moment's own zone.
+    tz = local.tzinfo
+    assert tz is not None
+    return tz.utcoffset(local.replace(fold=not local.fold)) != tz.utcoffset(local)
 
 
 _WORD_UNITS = (("day", 86400), ("h", 3600), ("min", 60), ("s", 1))

@@ -76,6 +76,24 @@ def estimated_rows(queryset: Any) -> int | None:
     return int(plan[0]["Plan"]["Plan Rows"])
 
 
+def capped_counts(querysets: list[Any], cap: int) -> list[int]:
+    """How many rows each of ``querysets`` has, counted up to ``cap + 1`` (the first
+    ``cap + 1`` of its rows: a count past ``cap`` is only "more than"), in one statement: the
+    dashboard's counts per state were one round trip each (fourteen a view, issue 16). Each
+    queryset is compiled by the ORM and counted in a sub-select of its own, read as it would
+    be alone (``SELECT COUNT(*) FROM (… LIMIT cap + 1)``)."""
+    if not querysets:
+        return []
+    selects, params = [], []
+    for n, queryset in enumerate(querysets):
+        statement, own = queryset.order_by().values("pk")[: cap + 1].query.sql_with_params()
+        selects.append(f"(SELECT COUNT(*) FROM ({statement}) capped_{n})")
+        params += list(own)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(selects), params)
+        return [int(n) for n in cursor.fetchone()]
+
+
 def db_now() -> datetime:
     """The database's clock."""
     with connection.cursor() as cursor:

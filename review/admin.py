@@ -76,6 +76,21 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         " (any case); a provider ref."
     )
     list_select_related = ["tenant", "provider"]
+    # What the columns read (review.listing.ConsoleChangeList.listed); the "why" column's
+    # events are prefetched.
+    list_reads = (
+        "id",
+        "tenant_id",
+        "key",
+        "provider_id",
+        "attempts",
+        "max_attempts",
+        "reconciliation_handle",
+        "updated_at",
+        "tenant__slug",
+        "provider__slug",
+        "provider__idempotency_class",
+    )
     ordering = ["updated_at"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ReviewItem]:
@@ -90,7 +105,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
     def provider_slug(self, obj: ReviewItem) -> str:
         if not obj.provider_id:
             return display.EMPTY
-        return format_html(
+        return display.format_html(
             '{}<div class="og-muted">{}</div>', obj.provider.slug, obj.provider.get_idempotency_class_display()
         )
 

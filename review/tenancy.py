@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from django.contrib import admin
@@ -61,6 +62,9 @@ def scope_of(request: HttpRequest) -> list[int] | None:
     return tenant_ids_for_request(request)
 
 
+# A model's path to its tenant is fixed once the apps are loaded; asked on every query a
+# console page scopes and for every model its app list checks.
+@cache
 def tenant_path(model: type[models.Model], depth: int = 3) -> str | None:
     """The ORM path from ``model`` to its tenant id: ``id`` for Tenant itself, ``tenant_id``
     for a model with a tenant FK, ``operation__tenant_id`` through one FK, and so on."""
@@ -118,6 +122,11 @@ class ScopedRelatedFieldListFilter(RelatedFieldListFilter):
 
     def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
         qs = scope_queryset(field.related_model._default_manager.all(), scope_of(request))
+        # A row that names itself by its tenant (a provider is "tenant/slug") reads it in the
+        # same query: one query for the choices, not one more per choice (issue 16).
+        path = tenant_path(field.related_model)
+        if path and path != "id" and "__" not in path:
+            qs = qs.select_related(path.removesuffix("_id"))
         ordering = self.field_admin_ordering(field, request, model_admin)
         if ordering:
             qs = qs.order_by(*ordering)
