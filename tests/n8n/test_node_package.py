@@ -64,7 +64,7 @@ def test_every_template_is_a_workflow_n8n_can_import() -> None:
         for node in workflow["nodes"]:
             for credential in node.get("credentials", {}).values():
                 assert set(credential) == {"id", "name"}
-    assert len(ids) == 6
+    assert len(ids) == 7
 
 
 @pytest.mark.django_db(transaction=True)

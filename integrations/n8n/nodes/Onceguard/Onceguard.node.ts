@@ -275,17 +275,33 @@ const get: Operation = async function (index, item) {
 	return { output: 0, item: withResult(this, index, item, holderResult(answer.body, item, resultField(this, index))) };
 };
 
+/** What Submit sends: the provider's request, or an intent in the provider's declared fields
+ * (Onceguard renders the request from it); only the chosen one is read and sent. */
+function submission(ctx: IExecuteFunctions, index: number): IDataObject {
+	if (ctx.getNodeParameter('submitAs', index, 'request') === 'intent') {
+		const intent = jsonParameter(ctx, 'intent', index);
+		if (!intent || typeof intent !== 'object' || Array.isArray(intent)) {
+			throw new NodeOperationError(ctx.getNode(), 'The parameter "Intent (JSON)" must be a JSON object.', {
+				itemIndex: index,
+				description: 'The fields the provider\'s intent schema declares, e.g. {"preset_id": "studio", "source_key": "up_…"}.',
+			});
+		}
+		return { intent: intent as IDataObject };
+	}
+	const method = String(ctx.getNodeParameter('method', index, 'POST'));
+	const request: IDataObject = { method, path: String(ctx.getNodeParameter('path', index)) };
+	if (method !== 'GET' && method !== 'DELETE') request.body = jsonParameter(ctx, 'body', index) as IDataObject;
+	return { request };
+}
+
 const submit: Operation = async function (index, item) {
 	const key = theKey(this, index);
 	const opts = options(this, index);
-	const method = String(this.getNodeParameter('method', index, 'POST'));
-	const request: IDataObject = { method, path: String(this.getNodeParameter('path', index)) };
-	if (method !== 'GET' && method !== 'DELETE') request.body = jsonParameter(this, 'body', index) as IDataObject;
 	const body: IDataObject = {
 		key,
 		provider: String(this.getNodeParameter('provider', index)),
 		action: String(this.getNodeParameter('action', index)),
-		request,
+		...submission(this, index),
 		...origin(this, index),
 	};
 	const callbackUrl = String(this.getNodeParameter('callbackUrl', index, '') ?? '').trim();
@@ -310,6 +326,35 @@ const submit: Operation = async function (index, item) {
 		};
 	}
 	throw problemError.call(this, answer, index);
+};
+
+const upload: Operation = async function (index, item) {
+	const property = String(this.getNodeParameter('binaryPropertyName', index, 'data')).trim();
+	// Throws "no binary field …" naming the property when the item has none.
+	const binary = this.helpers.assertBinaryData(index, property);
+	const bytes = await this.helpers.getBinaryDataBuffer(index, property);
+	const answer = await onceguardRequest.call(this, {
+		method: 'POST',
+		path: '/api/v1/uploads',
+		file: { bytes, mimeType: binary.mimeType },
+		itemIndex: index,
+	});
+	// 201: stored; 200: these bytes were stored already (the same key).
+	if (answer.status !== 201 && answer.status !== 200) throw problemError.call(this, answer, index);
+	const stored = answer.body;
+	const routed = withResult(this, index, item, {
+		key: stored.key,
+		sha256: stored.sha256,
+		size: stored.size,
+		media_type: stored.media_type,
+		width: stored.width ?? null,
+		height: stored.height ?? null,
+		created: answer.status === 201,
+		content: stored.content,
+	});
+	// The file stays on the item for the nodes after this one.
+	if (item.binary) routed.binary = item.binary;
+	return { output: 0, item: routed };
 };
 
 interface FailureInfo {
@@ -432,7 +477,7 @@ const deadLetter: Operation = async function (index, item) {
 	};
 };
 
-const OPERATIONS: Record<string, Operation> = { claim, markSent, complete, fail, get, submit, deadLetter };
+const OPERATIONS: Record<string, Operation> = { claim, markSent, complete, fail, get, submit, upload, deadLetter };
 
 export class Onceguard implements INodeType {
 	description: INodeTypeDescription = {
@@ -442,7 +487,7 @@ export class Onceguard implements INodeType {
 		group: ['transform'],
 		version: 1,
 		subtitle: '={{$parameter["operation"]}}',
-		description: 'Make side effects happen once: claim keys, record outcomes, dead-letter failed items',
+		description: 'Make side effects happen once: claim keys, record outcomes, submit jobs, upload files, dead-letter failed items',
 		defaults: { name: 'Onceguard' },
 		inputs: ['main'],
 		// Claim branches four ways, so a workflow needs no IF node to read the answer.

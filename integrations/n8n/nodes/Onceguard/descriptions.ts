@@ -53,6 +53,12 @@ export const operationProperty: INodeProperties = {
 			description: 'Hand the effect to Onceguard (execute mode): it calls the provider, retries and reconciles',
 			action: 'Submit an operation',
 		},
+		{
+			name: 'Upload File',
+			value: 'upload',
+			description: "Store the item's file in Onceguard; an intent names it by the key and sha256 this returns",
+			action: 'Upload a file',
+		},
 	],
 };
 
@@ -173,10 +179,41 @@ const claimProperties: INodeProperties[] = [
 
 const submitProperties: INodeProperties[] = [
 	{
+		displayName: 'Send',
+		name: 'submitAs',
+		type: 'options',
+		noDataExpression: true,
+		displayOptions: { show: { operation: ['submit'] } },
+		default: 'request',
+		options: [
+			{
+				name: 'Request',
+				value: 'request',
+				description: "The provider's request: method, path below its base URL, body",
+			},
+			{
+				name: 'Intent',
+				value: 'intent',
+				description:
+					"The fields the provider's intent schema declares; Onceguard renders the provider's request from its template",
+			},
+		],
+	},
+	{
+		displayName: 'Intent (JSON)',
+		name: 'intent',
+		type: 'json',
+		required: true,
+		displayOptions: { show: { operation: ['submit'], submitAs: ['intent'] } },
+		default: '{}',
+		description:
+			'The declared fields only: unknown ones and values outside an enum are refused, never rounded. An upload field source is sent as source_key and source_sha256 (the key and sha256 Upload File returns).',
+	},
+	{
 		displayName: 'Method',
 		name: 'method',
 		type: 'options',
-		displayOptions: { show: { operation: ['submit'] } },
+		displayOptions: { show: { operation: ['submit'], submitAs: ['request'] } },
 		default: 'POST',
 		options: [
 			{ name: 'DELETE', value: 'DELETE' },
@@ -191,7 +228,7 @@ const submitProperties: INodeProperties[] = [
 		name: 'path',
 		type: 'string',
 		required: true,
-		displayOptions: { show: { operation: ['submit'] } },
+		displayOptions: { show: { operation: ['submit'], submitAs: ['request'] } },
 		default: '',
 		placeholder: 'e.g. /charges',
 		description: "Relative to the provider's base URL (it can never name another host)",
@@ -200,7 +237,7 @@ const submitProperties: INodeProperties[] = [
 		displayName: 'Body (JSON)',
 		name: 'body',
 		type: 'json',
-		displayOptions: { show: { operation: ['submit'] } },
+		displayOptions: { show: { operation: ['submit'], submitAs: ['request'] } },
 		default: '{}',
 	},
 	{
@@ -212,6 +249,20 @@ const submitProperties: INodeProperties[] = [
 		placeholder: 'e.g. {{ $execution.resumeUrl }}',
 		description:
 			"Onceguard POSTs the finished operation here (signed). Use a Wait node's resume URL to continue the workflow when the operation finishes; the tenant's callback allow-list must name the n8n host.",
+	},
+];
+
+const uploadProperties: INodeProperties[] = [
+	{
+		displayName: 'Input Binary Field',
+		name: 'binaryPropertyName',
+		type: 'string',
+		required: true,
+		displayOptions: { show: { operation: ['upload'] } },
+		default: 'data',
+		hint: 'The name of the input binary field containing the file to be uploaded',
+		description:
+			'PNG, JPEG, WebP or GIF, at most 10 MiB by default: Onceguard recognises the type from the content (415 otherwise)',
 	},
 ];
 
@@ -444,6 +495,7 @@ export const nodeProperties: INodeProperties[] = [
 	...keyProperties,
 	...claimProperties,
 	...submitProperties,
+	...uploadProperties,
 	...holderProperties,
 	...deadLetterProperties,
 	optionsProperty,

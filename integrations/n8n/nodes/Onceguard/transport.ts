@@ -1,4 +1,7 @@
 import type { IDataObject, IExecuteFunctions, IHttpRequestMethods, JsonObject } from 'n8n-workflow';
+
+/** A file's bytes as n8n hands them over (a Buffer). */
+export type FileBytes = Awaited<ReturnType<IExecuteFunctions['helpers']['getBinaryDataBuffer']>>;
 import { NodeApiError } from 'n8n-workflow';
 
 export const CREDENTIAL = 'onceguardApi';
@@ -15,6 +18,8 @@ export interface OnceguardRequest {
 	method: IHttpRequestMethods;
 	path: string;
 	body?: IDataObject;
+	/** Instead of a JSON body: a file's bytes, sent as they are with their media type. */
+	file?: { bytes: FileBytes; mimeType: string };
 	qs?: IDataObject;
 	headers?: IDataObject;
 	itemIndex: number;
@@ -45,22 +50,27 @@ function parseBody(body: unknown): IDataObject {
 export async function onceguardRequest(this: IExecuteFunctions, request: OnceguardRequest): Promise<OnceguardAnswer> {
 	const credentials = await this.getCredentials(CREDENTIAL, request.itemIndex);
 	const base = baseUrl(credentials.baseUrl);
+	// A file goes as the raw body (Onceguard reads its type from the content; the header is the
+	// sender's word, kept for the logs); the answer is JSON either way.
+	const file = request.file;
+	const headers: IDataObject = { Accept: 'application/json, application/problem+json' };
+	if (file) headers['Content-Type'] = file.mimeType || 'application/octet-stream';
 	try {
 		const response = (await this.helpers.httpRequestWithAuthentication.call(this, CREDENTIAL, {
 			method: request.method,
 			url: `${base}${request.path}`,
-			body: request.body,
+			body: file ? file.bytes : request.body,
 			qs: request.qs,
-			headers: { Accept: 'application/json, application/problem+json', ...(request.headers ?? {}) },
+			headers: { ...headers, ...(request.headers ?? {}) },
 			json: true,
 			returnFullResponse: true,
 			ignoreHttpStatusErrors: true,
 			disableFollowRedirect: true,
 			timeout: 30_000,
 		})) as { statusCode: number; headers: IDataObject; body: unknown };
-		const headers: IDataObject = {};
-		for (const [name, value] of Object.entries(response.headers ?? {})) headers[name.toLowerCase()] = value;
-		return { status: response.statusCode, headers, body: parseBody(response.body) };
+		const answered: IDataObject = {};
+		for (const [name, value] of Object.entries(response.headers ?? {})) answered[name.toLowerCase()] = value;
+		return { status: response.statusCode, headers: answered, body: parseBody(response.body) };
 	} catch (error) {
 		const cause = error as JsonObject & { code?: string; message?: string };
 		throw new NodeApiError(this.getNode(), cause, {
@@ -83,6 +93,8 @@ export function problemError(this: IExecuteFunctions, answer: OnceguardAnswer, i
 	if (!detail && typeof body.text === 'string') detail = body.text;
 	const invalid = body.invalid_params ?? body.errors;
 	if (invalid && typeof invalid === 'object') detail = `${detail} ${JSON.stringify(invalid)}`.trim();
+	// An intent's refusal names what the schema takes (intent_unknown_field, intent_value_not_allowed).
+	if (Array.isArray(body.allowed)) detail = `${detail} Allowed: ${body.allowed.join(', ')}.`.trim();
 	return new NodeApiError(this.getNode(), body as JsonObject, {
 		message: `Onceguard: ${title}${code ? ` (${code})` : ''}`,
 		description: detail || undefined,
