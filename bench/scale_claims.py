@@ -17,12 +17,10 @@ Printed: the median ratio, its interquartile range and extremes over the pairs, 
 pooled p50/p95 of each side. Nothing is left behind: the fresh claims' operations are
 deleted at the end.
 
-A fresh claim carries the payload every filled row carries (``bench.scale.PAYLOAD``). Without
-one its row (≤ 333 bytes) fits in the 1,152 bytes that the fill, at the table's fillfactor 90,
-leaves free on every page of operations and its VACUUM publishes in the free-space map: each
-fresh row then went to a different old page — read from disk on a 10M table, written to the
-WAL whole after each checkpoint (7.3 kB of full-page image per claim) — where a table grown
-by claims puts it on its last pages (docs/scale-10M.md, *Claims at scale*).
+SCALE_FRESH_PAYLOAD=1: fresh claims carry the filled rows' payload (``bench.scale.PAYLOAD``).
+Whether a fresh row fits in the room the fill leaves on each page of operations (fillfactor
+90), and so goes to an old page instead of the table's end, depends on its size
+(docs/scale-10M.md, *Claims at scale*).
 """
 
 from __future__ import annotations
@@ -43,9 +41,7 @@ PAIRS = int(os.environ.get("SCALE_PAIRED_BLOCKS", 20))
 OPS = int(os.environ.get("SCALE_PAIRED_OPS", 50))
 WARM = 8
 OUT = os.environ.get("SCALE_CLAIMS_JSON", "")
-# SCALE_FRESH_PAYLOAD=0: fresh claims without a payload, as measured before (to show the
-# free-space effect the docstring describes).
-WITH_PAYLOAD = os.environ.get("SCALE_FRESH_PAYLOAD", "1") != "0"
+WITH_PAYLOAD = os.environ.get("SCALE_FRESH_PAYLOAD", "0") == "1"
 
 
 def _switch(db: str) -> None:
