@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
@@ -86,9 +87,17 @@ def capped_counts(querysets: list[Any], cap: int) -> list[int]:
         return []
     selects, params = [], []
     for n, queryset in enumerate(querysets):
-        statement, own = queryset.order_by().values("pk")[: cap + 1].query.sql_with_params()
+        try:
+            statement, own = queryset.order_by().values("pk")[: cap + 1].query.sql_with_params()
+        except EmptyResultSet:
+            # A queryset that can match nothing (``pk__in=[]``: a platform with no tenant yet)
+            # has no SQL: Django would run none for it alone either.
+            selects.append("0")
+            continue
         selects.append(f"(SELECT COUNT(*) FROM ({statement}) capped_{n})")
         params += list(own)
+    if all(s == "0" for s in selects):
+        return [0] * len(selects)
     with connection.cursor() as cursor:
         cursor.execute("SELECT " + ", ".join(selects), params)
         return [int(n) for n in cursor.fetchone()]

@@ -172,6 +172,20 @@ def test_the_dashboard_counts_every_state_in_one_statement_per_table(scoped, ten
     assert f'data-testid="review-backlog">{each}</a>' in body
 
 
+def test_the_dashboard_of_a_platform_with_no_tenant_yet_shows_zero_counts() -> None:
+    """No tenant at all (a fresh install before its first tenant): every count's queryset can
+    match nothing (``tenant_id IN ()``), which Django compiles to no SQL — counted as 0, not a 500."""
+    from ledger import sql
+
+    assert not Tenant.objects.exists()
+    body = _superuser_client().get("/admin/")
+    assert body.status_code == 200
+    assert 'data-testid="ops-failed"><span class="og-n">0</span>' in body.content.decode()
+    none = Provider.objects.filter(pk__in=[])
+    assert sql.capped_counts([none, Provider.objects.all(), none], 10) == [0, 0, 0]
+    assert sql.capped_counts([none], 10) == [0]
+
+
 def test_the_operations_list_reads_only_the_columns_it_shows(tenant) -> None:
     # An operation with its tenant and provider is ~120 columns, a dozen JSON decoded per row.
     provider = _providers([tenant], 1)[f"{tenant.slug}-0"]
