@@ -21,7 +21,16 @@ from ledger.execute import operation_submit, operations_take
 from ledger.models import Attempt, IdempotencyClass, Operation, OperationEvent, OperationStatus, ProviderRate
 from ledger.services import provider_upsert
 from tests.console.support import client_for, page, staff
-from tests.execute.support import child_env, run_due, start_worker, statuses, stop_process, unthrottle, wait_until
+from tests.execute.support import (
+    child_env,
+    run_due,
+    start_worker,
+    statuses,
+    stop_process,
+    unthrottle,
+    wait_until,
+    worker_output,
+)
 from tests.support.loopback import LoopbackServer, QuietHandler
 
 S = OperationStatus
@@ -293,11 +302,14 @@ def slow_crm():
 @pytest.mark.django_db(transaction=True)
 def test_two_worker_processes_never_exceed_the_providers_in_flight_cap(tenant, slow_crm):
     provider = capped(tenant, slow_crm, max_in_flight=2)
-    for i in range(16):
-        submit(tenant, f"m-{i}")
-    env = child_env(LOG_LEVEL="WARNING")
+    env = child_env(LOG_LEVEL="INFO")
     workers = [start_worker(env=env, concurrency=4) for _ in range(2)]
     try:
+        # Submitted once both are up, so both take part (one starting a second late under load
+        # found the backlog drained and proved nothing: a fresh-clone run failed that way).
+        assert wait_until(lambda: all("worker_started" in worker_output(w) for w in workers), timeout=60)
+        for i in range(16):
+            submit(tenant, f"m-{i}")
         done = wait_until(lambda: statuses() == {S.SUCCEEDED: 16}, timeout=60, interval=0.1)
         capped_most = slow_crm.most
         # The control: without the cap the same workers hold more at once (the test can fail).
