@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from ledger import fast_rows, sql
+from ledger import fast_rows
 from ledger.models import AttemptOutcome, Operation, OperationStatus
 from ledger.sql import execute_with_index_plans, index_plans
 
@@ -114,26 +114,21 @@ def text(name: str) -> str:
     return _statements(connection.vendor)[name]
 
 
-# Named parameters whose column stores another form than the services hold, passed in their
-# stored form: on PostgreSQL, hex text stored as bytes (ledger.models.HexBytesField) and JSON
-# values stored as bytes (ledger.models.SealedJSONField); the JSON values as JSON text
-# elsewhere. A JSON parameter's None is SQL NULL.
+# Named parameters whose column stores another form than the services hold, passed in the
+# form their field saves (``get_db_prep_save``: None is SQL NULL): on PostgreSQL, hex text as
+# bytes (ledger.models.HexBytesField) and JSON values as bytes (ledger.models.SealedJSONField);
+# on SQLite, the JSON values as JSON text.
 _STORED_FORM = {
     name: Operation._meta.get_field(name)
     for name in ("fingerprint", "lease_token", "request", "payload", "response_body")
 }
-_JSON_VALUES = frozenset(("request", "payload", "response_body"))
 
 
 def _stored(params: dict[str, Any]) -> dict[str, Any]:
     if not _STORED_FORM.keys() & params.keys():
         return params
-    if connection.vendor != "postgresql":
-        return {name: sql.dumps(value) if name in _JSON_VALUES else value for name, value in params.items()}
     return {
-        name: _STORED_FORM[name].get_db_prep_value(value, connection)
-        if name in _STORED_FORM and value is not None
-        else value
+        name: _STORED_FORM[name].get_db_prep_save(value, connection) if name in _STORED_FORM else value
         for name, value in params.items()
     }
 
