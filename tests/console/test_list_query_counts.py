@@ -41,7 +41,7 @@ def seed(tenant: Tenant, provider: Provider, start: int, count: int) -> None:
                 operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref=f"ch_{i}"
             )
             # Its published output and an upload (rows only: the lists never read the bytes).
-            digest = f"{tenant.pk:02d}{i:062d}"
+            digest = f"{tenant.pk:032d}{i:032d}"  # 64 hex digits whatever the ids
             OperationOutput.objects.create(
                 tenant=tenant,
                 operation=op,
