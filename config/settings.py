@@ -399,7 +399,8 @@ ONCEGUARD_ACCESS_LOG = {
     # Signed checkpoints of every chain's head: this often (django-q2), and at least every
     # HEARTBEAT_HOURS even when nothing happened; `accesslog_verify` reports rows left
     # uncovered longer than CHECKPOINT_MINUTES + GRACE_MINUTES and a newest checkpoint
-    # older than HEARTBEAT_HOURS + that.
+    # older than HEARTBEAT_HOURS + that. Rows newer than the last checkpoint are covered by
+    # their accesslog_witness log lines (`accesslog_verify --log FILE`, review.accesslog_witness).
     "CHECKPOINT_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_MINUTES", 15),
     "CHECKPOINT_HEARTBEAT_HOURS": env_int("ACCESS_LOG_CHECKPOINT_HEARTBEAT_HOURS", 24),
     "GRACE_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES", 60),

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection, connections
+from django.db import connection, connections
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -230,7 +230,8 @@ def metrics_refusal(authorization: str) -> DomainError | None:
     """Why a scrape with this ``Authorization`` header is refused, or None when it may read."""
     token = getattr(settings, "METRICS_TOKEN", "")
     if not token:
-        return MetricsOff("Metrics are off: no METRICS_TOKEN is configured.")
+        # Nothing said about why: an anonymous caller learns no more than from any unknown path.
+        return MetricsOff("Not found.")
     scheme, _, sent = authorization.strip().partition(" ")
     # Digests of both sides: compare_digest then compares equal lengths, so the timing shows
     # neither how much of the token matched nor how long it is.
@@ -295,11 +296,11 @@ def metrics_wsgi_app(environ: dict[str, Any], start_response: Callable[..., Any]
     if refusal is not None:
         answer = _refused(refusal, path)
     else:
-        close_old_connections()  # a connection broken by a database restart is replaced
         try:
             answer = metrics_answer(authorization=authorization, accept=environ.get("HTTP_ACCEPT", ""))
         finally:
-            # Each scrape runs in its own thread: its connection would outlive it otherwise.
+            # Each scrape runs in its own thread on its own connection (so one broken by a
+            # database restart is never reused); it would outlive the thread otherwise.
             connections.close_all()
     status = f"{answer.status} {_REASONS.get(answer.status, '')}".strip()
     start_response(status, [("Content-Type", answer.content_type), *answer.headers])
