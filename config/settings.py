@@ -13,6 +13,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from ledger.logs import logging_config
 from ledger.secret_files import read_or_create_secret_file
@@ -398,7 +399,8 @@ ONCEGUARD_ACCESS_LOG = {
     # Signed checkpoints of every chain's head: this often (django-q2), and at least every
     # HEARTBEAT_HOURS even when nothing happened; `accesslog_verify` reports rows left
     # uncovered longer than CHECKPOINT_MINUTES + GRACE_MINUTES and a newest checkpoint
-    # older than HEARTBEAT_HOURS + that.
+    # older than HEARTBEAT_HOURS + that. Rows newer than the last checkpoint are covered by
+    # their accesslog_witness log lines (`accesslog_verify --log FILE`, review.accesslog_witness).
     "CHECKPOINT_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_MINUTES", 15),
     "CHECKPOINT_HEARTBEAT_HOURS": env_int("ACCESS_LOG_CHECKPOINT_HEARTBEAT_HOURS", 24),
     "GRACE_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES", 60),
@@ -472,6 +474,25 @@ LOGGING = logging_config(level=LOG_LEVEL, fmt=LOG_FORMAT, q_level=Q_CLUSTER["log
 PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 if PROMETHEUS_MULTIPROC_DIR:
     Path(PROMETHEUS_MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
+# /metrics (every port it is served on: the web app and `metrics_serve`) answers only a
+# scraper sending `Authorization: Bearer <METRICS_TOKEN>`: the token from the environment,
+# else the content of the file METRICS_TOKEN_FILE (Prometheus reads the same file with
+# `authorization: credentials_file`). Unset: metrics are off (404), since the labels name
+# tenants. `make run` creates var/metrics_token for the demo.
+METRICS_TOKEN_MIN_LENGTH = 16
+
+
+def _metrics_token() -> str:
+    token = os.environ.get("METRICS_TOKEN", "").strip()
+    if not token and os.environ.get("METRICS_TOKEN_FILE"):
+        # A missing or unreadable file stops the start: a scraper would fail silently otherwise.
+        token = Path(os.environ["METRICS_TOKEN_FILE"]).read_text().strip()
+    if token and len(token) < METRICS_TOKEN_MIN_LENGTH:
+        raise ImproperlyConfigured(f"METRICS_TOKEN must be at least {METRICS_TOKEN_MIN_LENGTH} characters")
+    return token
+
+
+METRICS_TOKEN = _metrics_token()
 # Per-tenant metric series cover at most this many tenants (the largest); the rest are summed.
 METRICS_TENANT_LABELS = env_int("METRICS_TENANT_LABELS", 20)
 # No django-q2 task finished for this long → metric onceguard_scheduler_stale=1 and an alert;

@@ -338,6 +338,9 @@ def logging_config(*, level: str = "INFO", fmt: str = "kv", q_level: str = "WARN
         "root": {"handlers": ["console"], "level": "WARNING"},
         "loggers": {
             "onceguard": {"handlers": ["console"], "level": level, "propagate": False},
+            # The access log's head, witnessed outside the database (review.accesslog): kept
+            # whatever LOG_LEVEL says, since `accesslog_verify --log` reads these lines back.
+            "onceguard.accesslog.witness": {"level": "INFO"},
             "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
             # django-q2 adds its own handler only when none is reachable: ours is (root).
             "django-q": {"level": q_level},

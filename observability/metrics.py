@@ -11,18 +11,25 @@ Two sources, one exposition:
 Tenant and provider labels appear only where their number is bounded: per-tenant series
 cover at most ``METRICS_TENANT_LABELS`` tenants (the largest; the rest are summed under
 ``tenant="_other"``), provider series list only providers held back right now.
-Set ``METRICS_TOKEN`` to require ``Authorization: Bearer <token>`` from the scraper.
+Every port that serves it (the web app's ``/metrics`` and ``manage.py metrics_serve``) answers
+through :func:`metrics_answer`: only a scraper sending ``Authorization: Bearer <METRICS_TOKEN>``
+gets figures; a wrong or missing token gets 401, and with no token configured the endpoint is
+off (404) — the labels name tenants, so nothing is served to anyone by default.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import json
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -34,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from dlq.models import FailedEvent, FailedEventStatus
 from ledger import selectors, sql
+from ledger.errors import DomainError
 from ledger.models import OPEN_STATES, Operation, OperationStatus, Provider, Tenant
 from observability.scheduler import scheduler_ages
 
@@ -206,16 +214,97 @@ def metrics_registry() -> CollectorRegistry:
     return registry
 
 
-def _authorised(request: HttpRequest) -> bool:
-    token = os.environ.get("METRICS_TOKEN", "")
+class MetricsOff(DomainError):
+    """No METRICS_TOKEN is configured: the endpoint does not exist (metrics are off by default)."""
+
+    status, code, title = 404, "not_found", "Not found"
+
+
+class MetricsTokenRequired(DomainError):
+    """The scraper sent no bearer token, or not the configured one."""
+
+    status, code, title = 401, "unauthenticated", "Authentication required"
+
+
+def metrics_refusal(authorization: str) -> DomainError | None:
+    """Why a scrape with this ``Authorization`` header is refused, or None when it may read."""
+    token = getattr(settings, "METRICS_TOKEN", "")
     if not token:
-        return True
-    sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return hmac.compare_digest(sent.encode(), token.encode())
+        # Nothing said about why: an anonymous caller learns no more than from any unknown path.
+        return MetricsOff("Not found.")
+    scheme, _, sent = authorization.strip().partition(" ")
+    # Digests of both sides: compare_digest then compares equal lengths, so the timing shows
+    # neither how much of the token matched nor how long it is.
+    sent_digest = hashlib.sha256(sent.strip().encode("utf-8", "replace")).digest()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(sent_digest, hashlib.sha256(token.encode()).digest()):
+        return MetricsTokenRequired("Send the scraper's token as Authorization: Bearer <METRICS_TOKEN>.")
+    return None
+
+
+@dataclass(frozen=True)
+class MetricsAnswer:
+    status: int
+    content_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def _refused(refusal: DomainError, instance: str) -> MetricsAnswer:
+    # The members config.problems writes for every error (RFC 9457). Built here because
+    # metrics_serve answers without Django's request cycle and observability sits below config.
+    document = {
+        "type": f"https://onceguard.invalid/problems/{refusal.code}",
+        "title": refusal.title,
+        "status": refusal.status,
+        "code": refusal.code,
+        "detail": refusal.detail,
+        "instance": instance,
+    }
+    headers = [("Cache-Control", "no-store")]
+    if refusal.status == 401:
+        headers.append(("WWW-Authenticate", 'Bearer realm="metrics"'))
+    return MetricsAnswer(refusal.status, "application/problem+json", json.dumps(document).encode(), tuple(headers))
+
+
+def metrics_answer(*, authorization: str, accept: str, instance: str = "/metrics") -> MetricsAnswer:
+    """One scrape, on whichever port: the exposition, or the problem saying why not."""
+    refusal = metrics_refusal(authorization)
+    if refusal is not None:
+        return _refused(refusal, instance)
+    encoder, content_type = choose_encoder(accept)
+    return MetricsAnswer(200, content_type, encoder(metrics_registry()), (("Cache-Control", "no-store"),))
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    if not _authorised(request):
-        return HttpResponse("unauthorized\n", status=401, content_type="text/plain; charset=utf-8")
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    return HttpResponse(encoder(metrics_registry()), content_type=content_type)
+    answer = metrics_answer(
+        authorization=request.headers.get("Authorization", ""),
+        accept=request.headers.get("Accept", ""),
+        instance=request.path,
+    )
+    response = HttpResponse(answer.body, status=answer.status, content_type=answer.content_type)
+    for name, value in answer.headers:
+        response[name] = value
+    return response
+
+
+def metrics_wsgi_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """``/metrics`` for ``metrics_serve`` (no Django request cycle): the same answer as the web
+    app's, each scrape on a fresh database connection closed after it."""
+    path = environ.get("PATH_INFO") or "/"
+    authorization = environ.get("HTTP_AUTHORIZATION", "")
+    refusal = metrics_refusal(authorization) if path == "/metrics" else MetricsOff("Only /metrics is served here.")
+    if refusal is not None:
+        answer = _refused(refusal, path)
+    else:
+        try:
+            answer = metrics_answer(authorization=authorization, accept=environ.get("HTTP_ACCEPT", ""))
+        finally:
+            # Each scrape runs in its own thread on its own connection (so one broken by a
+            # database restart is never reused); it would outlive the thread otherwise.
+            connections.close_all()
+    status = f"{answer.status} {_REASONS.get(answer.status, '')}".strip()
+    start_response(status, [("Content-Type", answer.content_type), *answer.headers])
+    return [answer.body]
+
+
+_REASONS = {200: "OK", 401: "Unauthorized", 404: "Not Found"}

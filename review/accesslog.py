@@ -17,8 +17,14 @@
   chain verifies from). ``accesslog_verify`` reports a checkpointed row that is gone
   (truncation, deleted tail rows), a checkpoint missing or forged, rows left uncovered longer
   than a checkpoint interval plus ``GRACE_MINUTES``, and checkpoints that stopped coming.
-  Rows appended since the last checkpoint are protected by the chain only: deleting them
-  *and* every later row within one interval is the window this design leaves.
+* **Witnessed as it moves.** Every appended row's (tenant, seq, id, hash) goes to the
+  structured log stream once its transaction commits (``accesslog_witness`` lines of the
+  ``onceguard.accesslog.witness`` logger, always at INFO), i.e. outside the database as soon
+  as it is written. ``accesslog_verify --log FILE`` (review.accesslog_witness) checks the
+  database against those lines, so deleting the newest rows — which a checkpoint has not
+  signed yet, up to ``CHECKPOINT_MINUTES`` — is reported as soon as it is done. Without the
+  log, rows appended since the last checkpoint are protected by the chain only: deleting
+  them *and* every later row within one interval is then undetectable.
 * **Not shorter than the platform allows.** ``MIN_RETENTION_DAYS`` is the floor under every
   tenant's access-log retention: a policy below it is refused (console form and service),
   and the purge never deletes a younger row whatever a policy says.
@@ -45,11 +51,15 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from ledger.logs import get_logger
 from ledger.redaction import scrub
 from ledger.secret_files import write_secret_file
 from review.models import AccessLog, AccessLogCheckpoint, CheckpointKind
 
 log = logging.getLogger("onceguard.accesslog")
+# Its own logger, kept at INFO whatever LOG_LEVEL says (ledger.logs): the lines are evidence.
+witness_log = get_logger("onceguard.accesslog.witness")
+WITNESS_EVENT = "accesslog_witness"
 
 GENESIS = "0" * 64
 V1, V2 = "v1", "v2"
@@ -281,6 +291,9 @@ def accesslog_append(
         )
         row.hash = access_row_hash(row)
         row.save(force_insert=True)
+        # After the commit only: a row rolled back with its caller's transaction was never
+        # in the chain, and a witness of it would read as a deleted row.
+        transaction.on_commit(lambda: accesslog_witness(row))
     log.info(
         "access_logged tenant=%s seq=%s action=%s actor=%s object=%s:%s",
         tenant_id,
@@ -291,6 +304,13 @@ def accesslog_append(
         object_id,
     )
     return row
+
+
+def accesslog_witness(row: AccessLog) -> None:
+    """One line outside the database per appended row: where the chain's head now is. Ids
+    and the keyed hash only — nothing about who did what (the row's content stays in the
+    database; the hash cannot be recomputed or forged without the access-log key)."""
+    witness_log.info(WITNESS_EVENT, tenant=row.tenant_id, seq=row.seq, id=row.pk, hash=row.hash)
 
 
 # --- Checkpoints -------------------------------------------------------------------------------------
@@ -336,6 +356,18 @@ def checkpoint_write(
         key_id=key_id,
         signature=checkpoint_signature(tenant_id=tenant_id, n=n, kind=kind, seq=seq, hash=hash, at=at, key_id=key_id),
     )
+
+
+def verified_purge_anchor(tenant_id: int) -> tuple[int, str]:
+    """(seq, hash) of the tenant's newest ``purge`` checkpoint whose signature holds, or
+    (0, genesis): rows at or below it were purged by retention, not deleted."""
+    for cp in AccessLogCheckpoint.objects.filter(tenant_id=tenant_id, kind=CheckpointKind.PURGE).order_by("-seq"):
+        wanted = checkpoint_signature(
+            tenant_id=cp.tenant_id, n=cp.n, kind=cp.kind, seq=cp.seq, hash=cp.hash, at=cp.at, key_id=cp.key_id
+        )
+        if wanted is not None and hmac.compare_digest(wanted, cp.signature):
+            return int(cp.seq), cp.hash
+    return 0, GENESIS
 
 
 def _heartbeat() -> timedelta:

@@ -87,6 +87,8 @@ class Soak:
         self.out: list[str] = []
         self.started = time.monotonic()
         self.service: Any = None
+        # /metrics answers only a scraper with the deployment's token.
+        self.metrics_token = secrets.token_urlsafe(24)
 
     def say(self, text: str = "") -> None:
         print(text, flush=True)
@@ -116,6 +118,7 @@ class Soak:
             "WEB_WORKERS": "2",
             "WEB_THREADS": "4",
             "PROMETHEUS_MULTIPROC_DIR": str(metrics),
+            "METRICS_TOKEN": self.metrics_token,
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": os.environ.get("SOAK_LOG_LEVEL", "WARNING"),
             # The soak's receivers are on loopback: the deployment allows it, as `make run` does.
@@ -398,7 +401,8 @@ class Soak:
 
     def _metrics(self, base_url: str) -> str:
         try:
-            return httpx.get(f"{base_url}/metrics", timeout=10, trust_env=False).text
+            headers = {"Authorization": f"Bearer {self.metrics_token}"}
+            return httpx.get(f"{base_url}/metrics", headers=headers, timeout=10, trust_env=False).text
         except httpx.HTTPError:
             return ""
 

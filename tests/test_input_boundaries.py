@@ -98,7 +98,8 @@ def readable(api: APIClient, console: Client, settings: Any) -> Callable[[], Non
                 export = console.get(f"/admin/{app}/{model}/export.csv")
                 assert export.status_code == 200, (zone, model)
                 b"".join(export.streaming_content)
-            assert Client().get("/metrics").status_code == 200
+            settings.METRICS_TOKEN = "boundaries-metrics-token"
+            assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer boundaries-metrics-token").status_code == 200
 
     return check
 

@@ -1,18 +1,20 @@
 """/metrics speaks Prometheus text (through prometheus-client) and reflects the ledger, the
-DLQ, the scheduler and the latency histograms of every process sharing the metrics folder."""
+DLQ, the scheduler and the latency histograms of every process sharing the metrics folder;
+on every port it is served on it answers only a scraper with the configured bearer token."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 from django_q.models import Task
@@ -20,10 +22,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ledger import services
 from ledger.models import IdempotencyClass
+from observability.metrics import metrics_wsgi_app
+from tests.execute.support import child_env
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "scraper-token-0123456789abcdef"
+BEARER = f"Bearer {TOKEN}"
+
+
+@pytest.fixture(autouse=True)
+def metrics_token(settings: Any) -> str:
+    settings.METRICS_TOKEN = TOKEN
+    return TOKEN
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -40,7 +52,7 @@ def _value(text: str, name: str, **labels: str) -> float:
 
 
 def _scrape(**headers: str) -> str:
-    response = Client().get("/metrics", **headers)
+    response = Client().get("/metrics", HTTP_AUTHORIZATION=BEARER, **headers)
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     return response.content.decode()
 
@@ -65,11 +77,90 @@ def test_metrics_show_leases_review_backlog_and_dlq_by_status(tenant):
     assert "m:1" not in text and held.key not in text  # no keys or payloads
 
 
-def test_metrics_token_is_required_when_configured(monkeypatch):
-    monkeypatch.setenv("METRICS_TOKEN", "s3cret")
-    assert Client().get("/metrics").status_code == 401
-    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
-    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+def _claimed_for_two_tenants(tenant: Any, other_tenant: Any) -> None:
+    """Open operations of both tenants: an exposition would name them in its labels."""
+    for t in (tenant, other_tenant):
+        p = services.provider_upsert(
+            tenant=t, slug="crm", base_url="http://127.0.0.1:9", idempotency_class=IdempotencyClass.KEY_ENFORCED
+        )
+        services.operation_claim(tenant=t, key="t:1", provider=p)
+
+
+def _assert_refused(status: int, content_type: str, body: bytes, expected: int) -> None:
+    assert status == expected and content_type == "application/problem+json"
+    problem = json.loads(body)
+    assert problem["status"] == expected and problem["code"] == ("unauthenticated" if expected == 401 else "not_found")
+    assert b"acme" not in body and b"globex" not in body and b"onceguard_" not in body
+
+
+def test_an_anonymous_scrape_gets_401_problem_json_naming_no_tenant(tenant, other_tenant):
+    _claimed_for_two_tenants(tenant, other_tenant)
+    assert 'tenant="globex"' in _scrape()  # what the token protects
+    response = Client().get("/metrics")
+    _assert_refused(response.status_code, response["Content-Type"], response.content, 401)
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", "Bearer ", f"Basic {TOKEN}", TOKEN, f"Token {TOKEN}"],
+    ids=["longer", "shorter", "empty", "basic scheme", "no scheme", "token scheme"],
+)
+def test_a_wrong_token_or_another_scheme_gets_401(authorization, tenant, other_tenant):
+    _claimed_for_two_tenants(tenant, other_tenant)
+    response = Client().get("/metrics", HTTP_AUTHORIZATION=authorization)
+    _assert_refused(response.status_code, response["Content-Type"], response.content, 401)
+
+
+def test_the_scheme_is_case_insensitive_and_the_right_token_gets_the_exposition(tenant, other_tenant):
+    _claimed_for_two_tenants(tenant, other_tenant)
+    response = Client().get("/metrics", HTTP_AUTHORIZATION=f"bearer {TOKEN}")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+    assert _value(response.content.decode(), "onceguard_open_operations", tenant="acme", status="claimed") == 1
+
+
+def test_metrics_are_off_with_404_when_no_token_is_configured(settings, tenant, other_tenant):
+    _claimed_for_two_tenants(tenant, other_tenant)
+    settings.METRICS_TOKEN = ""
+    for headers in ({}, {"HTTP_AUTHORIZATION": BEARER}, {"HTTP_AUTHORIZATION": "Bearer "}):
+        response = Client().get("/metrics", **headers)
+        _assert_refused(response.status_code, response["Content-Type"], response.content, 404)
+
+
+def test_the_metrics_serve_app_is_off_with_404_when_no_token_is_configured(settings):
+    settings.METRICS_TOKEN = ""
+    answered: list[Any] = []
+    body = b"".join(
+        metrics_wsgi_app(
+            {"PATH_INFO": "/metrics", "HTTP_AUTHORIZATION": BEARER}, lambda status, headers: answered.append(headers)
+        )
+    )
+    assert dict(answered[0])["Content-Type"] == "application/problem+json"
+    _assert_refused(json.loads(body)["status"], "application/problem+json", body, 404)
+
+
+def test_a_short_metrics_token_stops_the_start(tmp_path):
+    env = {**os.environ, "METRICS_TOKEN": "s3cret", "ONCEGUARD_VAR_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0 and "at least 16 characters" in done.stderr
+
+
+def test_the_token_can_come_from_a_file_as_prometheus_reads_it(tmp_path):
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    code = "from django.conf import settings; print(settings.METRICS_TOKEN)"
+    env = {**os.environ, "METRICS_TOKEN_FILE": str(tmp_path / "token"), "ONCEGUARD_VAR_DIR": str(tmp_path)}
+    env.pop("METRICS_TOKEN", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == TOKEN
 
 
 def test_claims_through_the_api_land_in_the_claim_latency_histogram_by_outcome(api):
@@ -159,15 +250,17 @@ def test_provider_labels_per_process_are_bounded():
     assert [label(v) for v in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER, "a", OTHER]
 
 
-def test_metrics_serve_exposes_a_worker_only_nodes_metrics(tmp_path, transactional_db):
-    """`manage.py metrics_serve`: the same exposition without a web server, per scrape."""
-    if connection.vendor != "sqlite":
-        pytest.skip("reads the SQLite test database directly; the exposition is the same on PostgreSQL")
+def test_metrics_serve_exposes_a_worker_only_nodes_metrics_to_the_token_only(tmp_path, transactional_db, tenant):
+    """`manage.py metrics_serve`: the same exposition without a web server, per scrape, behind
+    the same token as the web app's /metrics."""
+    services.provider_upsert(
+        tenant=tenant, slug="crm", base_url="http://127.0.0.1:9", idempotency_class=IdempotencyClass.KEY_ENFORCED
+    )
     port = free_port()
     folder = tmp_path / "prom"
     folder.mkdir()
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder), "SQLITE_PATH": str(connection.settings_dict["NAME"])}
-    env.pop("DATABASE_URL", None)
+    env = child_env(PROMETHEUS_MULTIPROC_DIR=str(folder), METRICS_TOKEN=TOKEN)
+    env.pop("METRICS_TOKEN_FILE", None)
     subprocess.run(
         [
             sys.executable,
@@ -185,13 +278,26 @@ def test_metrics_serve_exposes_a_worker_only_nodes_metrics(tmp_path, transaction
         env=env,
         stdout=subprocess.DEVNULL,
     )
+    url = f"http://127.0.0.1:{port}/metrics"
     try:
-        text, deadline = "", time.monotonic() + 30
-        while time.monotonic() < deadline and not text:
+        anonymous, deadline = None, time.monotonic() + 30
+        while time.monotonic() < deadline and anonymous is None:
             try:
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, trust_env=False).text
+                anonymous = httpx.get(url, timeout=5, trust_env=False)
             except httpx.HTTPError:
                 time.sleep(0.3)
+        assert anonymous is not None
+        _assert_refused(anonymous.status_code, anonymous.headers["Content-Type"], anonymous.content, 401)
+        assert anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+        wrong = httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}x"}, timeout=5, trust_env=False)
+        _assert_refused(wrong.status_code, wrong.headers["Content-Type"], wrong.content, 401)
+        elsewhere = httpx.get(
+            f"http://127.0.0.1:{port}/", headers={"Authorization": BEARER}, timeout=5, trust_env=False
+        )
+        _assert_refused(elsewhere.status_code, elsewhere.headers["Content-Type"], elsewhere.content, 404)
+        scraped = httpx.get(url, headers={"Authorization": BEARER}, timeout=5, trust_env=False)
+        assert scraped.status_code == 200
+        text = scraped.text
         assert (
             _value(
                 text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="transient", revision=""

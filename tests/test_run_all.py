@@ -74,4 +74,15 @@ def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
             line for line in (tmp_path / "run.log").read_text(errors="replace").splitlines() if "GET /api" not in line
         ]
         assert body.get("status") == "succeeded", (body.get("last_error"), log_lines[-20:])
+        # The demo's metrics: behind the token make run made, and it says where that is.
+        token_file = tmp_path / "metrics_token"
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        assert httpx.get(metrics, timeout=10).status_code == 401
+        scraped = httpx.get(metrics, headers={"Authorization": f"Bearer {token_file.read_text().strip()}"}, timeout=10)
+        assert scraped.status_code == 200 and "onceguard_active_leases" in scraped.text
+        assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "Metrics: curl" not in service.output():
+            time.sleep(0.3)
+        assert f'Bearer $(cat {token_file})" {metrics}' in service.output()
     assert proc.returncode == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]

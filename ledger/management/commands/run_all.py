@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.management.commands.bootstrap_demo import demo_outbound_rules
+from ledger.secret_files import read_or_create_secret_file
 
 
 class Command(BaseCommand):
@@ -103,6 +106,18 @@ class Command(BaseCommand):
         for stale in metrics_dir.glob("*.db"):
             stale.unlink()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        # /metrics answers only a scraper with the token (observability.metrics): unless the
+        # deployment set one, the demo gets its own, made once under var/ with mode 600.
+        if not (os.environ.get("METRICS_TOKEN") or os.environ.get("METRICS_TOKEN_FILE")):
+            token_file = Path(settings.VAR_DIR) / "metrics_token"
+            read_or_create_secret_file(token_file, secrets.token_urlsafe(32))
+            os.environ["METRICS_TOKEN_FILE"] = str(token_file)
+        # Where the token is, never the token itself (the terminal's scrollback is kept).
+        bearer = (
+            "$METRICS_TOKEN"
+            if os.environ.get("METRICS_TOKEN")
+            else f"$(cat {shlex.quote(os.environ['METRICS_TOKEN_FILE'])})"
+        )
 
         stopping = False
 
@@ -126,6 +141,7 @@ class Command(BaseCommand):
                     self.style.SUCCESS(
                         f"\nOnceguard is up: console http://{host}:{port}/admin/ · API http://{host}:{port}/api/v1/"
                         f" · docs http://{host}:{port}/api/docs/ · ready http://{host}:{port}/readyz\n"
+                        f'Metrics: curl -H "Authorization: Bearer {bearer}" http://{host}:{port}/metrics\n'
                     )
                 )
             while not stopping:
