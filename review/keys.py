@@ -41,7 +41,10 @@ def _stale(model: Any, column: str, current: str) -> Q:
     else:
         sealed_now = Q(**{f"{column}___enc__startswith": f"{crypto.VERSION}:{current}:"})
     redacted = Q(**{f"{column}__has_key": crypto.REDACTED})
-    return Q(**{f"{column}__isnull": False}) & ~sealed_now & ~redacted
+    # A value that is not an envelope at all (stored in clear) is stale too, said outright:
+    # on SQLite the negated `sealed_under` of such a value is NULL, not true.
+    plain = ~Q(**{f"{column}__has_key": crypto.ENVELOPE})
+    return Q(**{f"{column}__isnull": False}) & (plain | ~sealed_now) & ~redacted
 
 
 def encryption_rotate(

@@ -16,7 +16,7 @@ EXCLUSIVE (milliseconds).
 
 from typing import Any
 
-from django.db import migrations
+from django.db import migrations, models
 
 import ledger.models
 from ledger import crypto
@@ -46,6 +46,9 @@ class Migration(migrations.Migration):
             name="url_sealed",
             field=ledger.models.SealedJSONField(editable=False, null=True),
         ),
+        # Nullable before the copy: on the way back the clear column is added again empty and
+        # filled by open_back before it is NOT NULL once more.
+        migrations.AlterField(model_name="alertchannel", name="url", field=models.URLField(max_length=1000, null=True)),
         migrations.RunPython(seal, open_back),
         migrations.RemoveField(model_name="alertchannel", name="url"),
         migrations.RenameField(model_name="alertchannel", old_name="url_sealed", new_name="url"),
