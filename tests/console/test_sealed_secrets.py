@@ -23,7 +23,7 @@ from alerts.models import AlertChannel, AlertDelivery
 from alerts.tasks import alert_dispatch_task
 from ledger import crypto
 from ledger.callbacks import callback_signing_secrets, tenant_callback_secret
-from ledger.credentials import secret_open, url_masked
+from ledger.credentials import url_masked
 from ledger.models import ConfigChange, Tenant
 from review.keys import encryption_rotate
 from review.roles import ROLES
