@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -15,17 +16,64 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from alerts.models import Alert, AlertChannel, AlertDelivery, AlertState
-from alerts.services import alert_acknowledge, alert_resolve
+from alerts.services import alert_acknowledge, alert_resolve, channel_url_masked
 from ledger import display
-from ledger.admin import HTTPS_URL_FORMS, ReadOnlyAdmin, TenantColumnMixin
+from ledger.admin import ReadOnlyAdmin, TenantColumnMixin
+from ledger.credentials import sealed_credential
+from ledger.errors import DestinationNotAllowed
+from ledger.outbound import outbound_check
+
+
+class AlertChannelForm(forms.ModelForm):
+    """The webhook URL is write-only (a Slack or Discord webhook URL is a bearer secret): typed
+    to set or replace it, never rendered back; blank on a change keeps the stored one. A new
+    URL passes the outbound policy and is stored sealed, in canonical form."""
+
+    webhook_url = forms.CharField(
+        required=False,
+        max_length=1000,
+        strip=True,
+        label="Webhook URL",
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+        help_text="Write-only: type a URL to set or replace the stored one; it is stored encrypted and only its"
+        " host and last 4 characters are shown again. Leave blank to keep the stored URL.",
+    )
+
+    class Meta:
+        model = AlertChannel
+        exclude = ["cursor_alert_id"]
+
+    def clean_webhook_url(self) -> str:
+        url = self.cleaned_data.get("webhook_url", "")
+        if not url:
+            if self.instance.pk is None:
+                raise forms.ValidationError("A new channel needs its webhook URL.")
+            return ""
+        try:
+            # The refusal names the purpose and the host at most, never the URL's path.
+            return outbound_check(url, purpose="alert webhook URL").url
+        except DestinationNotAllowed as exc:
+            raise forms.ValidationError(exc.detail) from None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        # Before the model's own clean (ModelForm._post_clean), which then sees it sealed.
+        if data.get("webhook_url"):
+            self.instance.url = sealed_credential(data["webhook_url"])
+        return data
 
 
 @admin.register(AlertChannel)
 class AlertChannelAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "kind", "active", "digest_threshold", "max_messages_per_window"]
+    form = AlertChannelForm
+    list_display = ["name", "tenant", "kind", "webhook", "active", "digest_threshold", "max_messages_per_window"]
     list_filter = ["kind", "active"]
     exclude = ["cursor_alert_id"]
-    formfield_overrides = HTTPS_URL_FORMS
+    readonly_fields = ["webhook"]
+
+    @admin.display(description="webhook URL")
+    def webhook(self, obj: AlertChannel) -> str:
+        return channel_url_masked(obj) if obj.url else display.EMPTY
 
 
 class AlertStateFilter(admin.SimpleListFilter):

@@ -11,8 +11,9 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from ledger.credentials import sealed_credential
 from ledger.errors import DestinationNotAllowed
-from ledger.models import Tenant
+from ledger.models import SealedJSONField, Tenant
 from ledger.outbound import outbound_check
 
 
@@ -28,7 +29,10 @@ class AlertChannel(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_channels")
     name = models.SlugField(max_length=63)
     kind = models.CharField(max_length=16, choices=AlertChannelKind.choices)
-    url = models.URLField(max_length=1000)
+    # The webhook URL: a bearer secret (whoever has a Slack or Discord webhook URL may post to
+    # the channel), stored sealed like payloads (ledger.crypto, always) and opened only to send
+    # (alerts.services.channel_url). The console takes a new one and shows url_masked at most.
+    url = SealedJSONField(editable=False)
     # Alert kinds this channel wants; empty = all.
     kinds = models.JSONField(default=list, blank=True)
     active = models.BooleanField(default=True)
@@ -50,11 +54,12 @@ class AlertChannel(models.Model):
         return f"{self.tenant}/{self.name} ({self.kind})"
 
     def clean(self) -> None:
-        # Console saves: the webhook URL passes the outbound policy and is stored in canonical
-        # form (alerts.services.alert_channel_upsert does the same; delivery checks after DNS).
-        if self.url:
+        # A URL given in clear passes the outbound policy and is stored sealed, in canonical
+        # form (the console's form and alerts.services.alert_channel_upsert check and seal it
+        # themselves; delivery checks again after DNS). A sealed one was checked when set.
+        if isinstance(self.url, str) and self.url:
             try:
-                self.url = outbound_check(self.url, purpose="alert webhook URL").url
+                self.url = sealed_credential(outbound_check(self.url, purpose="alert webhook URL").url)
             except DestinationNotAllowed as exc:
                 raise ValidationError({"url": exc.detail}) from None
 

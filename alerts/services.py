@@ -30,6 +30,9 @@ from alerts.conf import alert_setting
 from alerts.models import Alert, AlertChannel, AlertChannelKind, AlertDelivery, AlertDeliveryStatus
 from ledger import tasks as ledger_tasks
 from ledger.config_changes import config_change_of, config_snapshot
+from ledger.credentials import sealed_credential, secret_open, url_masked
+from ledger.crypto import EncryptionKeyError
+from ledger.masking import UNREADABLE
 from ledger.models import ConfigChangeAction, Tenant
 from ledger.outbound import OutboundBlocked, outbound_check, outbound_client
 
@@ -306,10 +309,11 @@ def alert_delivery_send(*, delivery_id: int) -> str | None:
     error = ""
     retry_after: float | None = None
     try:
+        url = channel_url(channel)
         # Through the outbound policy (ledger.outbound): the webhook URL is checked again
         # after DNS, no redirect is followed and no proxy from the environment is used.
         with outbound_client(purpose=f"alert channel {channel.name}", timeout=channel.timeout_seconds) as client:
-            response = client.post(channel.url, json=delivery.body, headers={"User-Agent": "Onceguard-alerts"})
+            response = client.post(url, json=delivery.body, headers={"User-Agent": "Onceguard-alerts"})
         if 200 <= response.status_code < 300:
             AlertDelivery.objects.filter(pk=delivery.pk, attempts=attempts).update(
                 status=AlertDeliveryStatus.SENT, sent_at=timezone.now(), next_attempt_at=None, last_error=""
@@ -320,7 +324,10 @@ def alert_delivery_send(*, delivery_id: int) -> str | None:
         if response.status_code == 429 and response.headers.get("Retry-After", "").isdigit():
             # At most a day: a channel's "9999…" must not overflow the next attempt's time.
             retry_after = min(float(response.headers["Retry-After"]), 86400.0)
+    except EncryptionKeyError:
+        error = "the webhook URL cannot be decrypted with the configured keys"
     except OutboundBlocked as exc:
+        # Names the host or address refused, never the URL's path (the channel's token).
         error = str(exc)
     except httpx.HTTPError as exc:
         error = type(exc).__name__
@@ -350,18 +357,36 @@ CHANNEL_SECRET_FIELDS = ("url",)
 CHANNEL_STATE_FIELDS = ("cursor_alert_id",)
 
 
+def channel_url(channel: AlertChannel) -> str:
+    """The channel's webhook URL in clear: only to send to it. Raises ``EncryptionKeyError``
+    when no configured key opens it."""
+    return secret_open(channel.url)
+
+
+def channel_url_masked(channel: AlertChannel) -> str:
+    """What the console shows of the webhook URL: scheme, host and its last 4 characters."""
+    try:
+        return url_masked(channel_url(channel))
+    except EncryptionKeyError:
+        return UNREADABLE
+
+
 def alert_channel_upsert(
     *, tenant: Tenant, name: str, kind: str, url: str, kinds: list[str] | None = None, actor: str = "system"
 ) -> AlertChannel:
     """Create or update a tenant's alert channel (Slack, Discord or generic webhook); the
     change is recorded (the webhook URL is a bearer secret: masked)."""
     # Checked and stored in canonical form (ledger.outbound): where deliveries will go.
-    defaults: dict[str, Any] = {"kind": kind, "url": outbound_check(url, purpose="alert webhook URL").url}
+    checked = outbound_check(url, purpose="alert webhook URL").url
+    defaults: dict[str, Any] = {"kind": kind}
     if kinds is not None:
         defaults["kinds"] = kinds
     with transaction.atomic():
         existing = AlertChannel.objects.select_for_update().filter(tenant=tenant, name=name).first()
         before = config_snapshot(existing, exclude=CHANNEL_STATE_FIELDS) if existing is not None else None
+        # Sealed afresh only when it changed: the same URL again is no change in the trail.
+        unchanged = existing is not None and _same_url(existing, checked)
+        defaults["url"] = existing.url if unchanged else sealed_credential(checked)
         channel, created = AlertChannel.objects.update_or_create(tenant=tenant, name=name, defaults=defaults)
         config_change_of(
             channel,
@@ -372,3 +397,10 @@ def alert_channel_upsert(
             exclude=CHANNEL_STATE_FIELDS,
         )
     return channel
+
+
+def _same_url(channel: AlertChannel, url: str) -> bool:
+    try:
+        return channel_url(channel) == url
+    except EncryptionKeyError:
+        return False

@@ -22,8 +22,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from ledger.config_changes import config_change_record
-from ledger.crypto import open_json
+from ledger.credentials import sealed_credential, secret_open, secret_tail
+from ledger.crypto import EncryptionKeyError, open_json
 from ledger.errors import ValidationFailed
+from ledger.masking import UNREADABLE
 from ledger.models import (
     ConfigChangeAction,
     IdempotencyClass,
@@ -85,17 +87,20 @@ def tenant_callback_secret(*, tenant_id: int, rotate: bool = False, actor: str =
     the rotation (a second rotation within that window ends the oldest at once). Creating or
     replacing it is a recorded configuration change (the value masked). The caller shows the
     value once — when it was just made — and never again (manage.py tenant_callback_secret,
-    the console's rotate action)."""
+    the console's rotate action). Stored sealed (ledger.credentials): the value returned is
+    the only clear copy."""
     fresh = secrets.token_urlsafe(32)
+    sealed = sealed_credential(fresh)
     with transaction.atomic():
         if rotate:
+            # The column's sealed value moves as it is: the previous secret is never opened here.
             changed = Tenant.objects.filter(pk=tenant_id).update(
                 callback_secret_previous=F("callback_secret"),
-                callback_secret=fresh,
+                callback_secret=sealed,
                 callback_secret_rotated_at=timezone.now(),
             )
         else:
-            changed = Tenant.objects.filter(pk=tenant_id, callback_secret="").update(callback_secret=fresh)
+            changed = Tenant.objects.filter(pk=tenant_id, callback_secret__isnull=True).update(callback_secret=sealed)
         if changed:
             tenant = Tenant.objects.only("pk", "slug", "callback_secret_previous").get(pk=tenant_id)
             config_change_record(
@@ -105,13 +110,14 @@ def tenant_callback_secret(*, tenant_id: int, rotate: bool = False, actor: str =
                 object_type=tenant._meta.label_lower,
                 object_id=tenant_id,
                 object_repr=tenant.slug,
-                before={"callback_secret": tenant.callback_secret_previous if rotate else ""},
-                after={"callback_secret": fresh},
+                # Sealed values (masked by the trail): the clear secret never reaches it.
+                before={"callback_secret": (tenant.callback_secret_previous if rotate else None) or ""},
+                after={"callback_secret": sealed},
                 secret_fields=("callback_secret",),
             )
     if rotate:
         return fresh
-    return Tenant.objects.values_list("callback_secret", flat=True).get(pk=tenant_id)
+    return secret_open(Tenant.objects.values_list("callback_secret", flat=True).get(pk=tenant_id))
 
 
 def _overlap_seconds() -> float:
@@ -126,15 +132,21 @@ def callback_signing_secrets(*, tenant_id: int) -> list[str]:
         pk=tenant_id
     )
     if previous and rotated_at and timezone.now() < rotated_at + timedelta(seconds=_overlap_seconds()):
-        return [current, previous]
+        return [current, secret_open(previous)]
     return [current]
 
 
 def callback_secret_summary(tenant: Tenant) -> str:
-    """What the console says about the secret instead of showing it."""
+    """What the console and the command say about the secret instead of showing it: whether
+    it is set, its last 4 characters at most (to tell a receiver's copy apart), when it was
+    rotated and how long the previous one still signs."""
     if not tenant.callback_secret:
         return "not set (made at the first submission with a callback_url, or by rotating)"
-    text = "set; shown only when made or rotated"
+    try:
+        tail = secret_tail(secret_open(tenant.callback_secret))
+    except EncryptionKeyError:
+        tail = UNREADABLE
+    text = f"set ({tail}); shown only when made or rotated"
     if tenant.callback_secret_rotated_at:
         until = tenant.callback_secret_rotated_at + timedelta(seconds=_overlap_seconds())
         text += f"; last rotated {tenant.callback_secret_rotated_at:%Y-%m-%d %H:%M} UTC"

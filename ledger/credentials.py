@@ -17,12 +17,18 @@ to a URL of the admin's choosing):
 
 Nothing here logs or returns a credential's value except :func:`credential_value` to the
 adapter.
+
+The service's other stored secrets are sealed the same way and opened here, each by the one
+caller that needs it in clear: a tenant's callback signing secrets (ledger.callbacks, to sign)
+and an alert channel's webhook URL (alerts.services, to send). Everywhere else they are shown
+as :func:`secret_tail` / :func:`url_masked` at most (docs/secrets.md).
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from ledger.crypto import EncryptionKeyError, is_sealed, open_json, seal_json
 from ledger.provider_checks import secret_env_refusal
@@ -33,6 +39,44 @@ def sealed_credential(value: str) -> dict[str, Any] | None:
     if not value:
         return None
     return seal_json(value, always=True)
+
+
+def secret_open(sealed: Any) -> str:
+    """The clear text of a secret stored with :func:`sealed_credential` ("" when none is
+    stored). Text stored in clear (before it was sealed; rotation and the migrations seal it)
+    reads as it is. Raises ``EncryptionKeyError`` when no configured key opens it."""
+    if sealed is None or sealed == "":
+        return ""
+    value = open_json(sealed)
+    return value if isinstance(value, str) else ""
+
+
+# A secret shorter than this shows no characters at all: four of eight would be half of it.
+_TAIL_MIN_LENGTH = 12
+
+
+def secret_tail(text: str) -> str:
+    """How a stored secret is shown after it was made: its last 4 characters at most (enough
+    to tell two apart), none of a short one."""
+    return f"…{text[-4:]}" if len(text) >= _TAIL_MIN_LENGTH else "…"
+
+
+def url_masked(url: str) -> str:
+    """A URL that is itself a bearer secret (a Slack or Discord webhook's path is its token)
+    as it may be shown: scheme and host, and the last 4 characters of the rest at most —
+    ``https://hooks.slack.com/…abcd``. Never the path, the query or credentials."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        return "…"
+    if not parts.scheme or not host:
+        return "…"
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    rest = url.partition(parts.netloc)[2]
+    return f"{parts.scheme}://{netloc}/{secret_tail(rest)}"
 
 
 def credential_is_set(provider: Any) -> bool:

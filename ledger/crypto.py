@@ -213,13 +213,14 @@ def key_id_of(value: Any) -> str | None:
     return _split(value[ENVELOPE])[1]
 
 
-def reseal_json(value: Any) -> Any:
-    """Re-encrypt under the current key (rotation). Plain values get sealed."""
+def reseal_json(value: Any, *, always: bool = False) -> Any:
+    """Re-encrypt under the current key (rotation). Plain values get sealed. ``always``: as
+    for :func:`seal_json` (secrets: sealed even where payload encryption is switched off)."""
     if value is None or is_redacted(value):
         return value
     if is_sealed(value) and value[ENVELOPE].startswith(f"{VERSION}:{keyring().current_id}:"):
         return value
-    return seal_json(open_json(value))
+    return seal_json(open_json(value), always=always)
 
 
 # --- Keyed digests ---------------------------------------------------------------------------

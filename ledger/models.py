@@ -420,10 +420,13 @@ class Tenant(models.Model):
     callback_allow_list = models.JSONField(default=list, db_default=[], blank=True)
     # HMAC-SHA256 key signing callback bodies; generated on first use, shown once when made or
     # rotated (manage.py tenant_callback_secret, the console's rotate action), never again.
-    callback_secret = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # Sealed like payloads (ledger.crypto, under the payload keys, even where payload
+    # encryption is off; ledger.callbacks opens it to sign): a database dump, a replica or a
+    # column lookup never holds it in clear. NULL: not made yet.
+    callback_secret = SealedJSONField(null=True, blank=True, editable=False)
     # After a rotation the previous secret still signs (a second v1 signature) until
     # rotated_at + CALLBACK_SECRET_OVERLAP_SECONDS, so receivers can switch without a gap.
-    callback_secret_previous = models.CharField(max_length=128, blank=True, default="", db_default="")
+    callback_secret_previous = SealedJSONField(null=True, blank=True, editable=False)
     callback_secret_rotated_at = models.DateTimeField(null=True, blank=True)
     # Asked "is this still wanted?" before a retry older than its provider's recheck_after
     # (ledger.eligibility): POSTed a signed question (callback_secret), allowed by the

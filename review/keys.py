@@ -23,6 +23,14 @@ SEALED_COLUMNS: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] =
     ("dlq.FailedEvent", ("payload",), RecordType.FAILED_EVENTS, ("payload",)),
     ("dlq.Replay", ("response_body",), None, ()),
 ]
+# Secrets sealed under the same keys, always (even where payload encryption is off): a value
+# found in clear (stored before it was sealed) is sealed too. docs/secrets.md lists them.
+SECRET_COLUMNS: list[tuple[str, tuple[str, ...]]] = [
+    ("ledger.Tenant", ("callback_secret", "callback_secret_previous")),
+    ("ledger.Provider", ("auth_secret", "webhook_secret")),
+    ("dlq.N8nConnection", ("api_key_secret",)),
+    ("alerts.AlertChannel", ("url",)),
+]
 
 
 def _stale(model: Any, column: str, current: str) -> Q:
@@ -33,7 +41,10 @@ def _stale(model: Any, column: str, current: str) -> Q:
     else:
         sealed_now = Q(**{f"{column}___enc__startswith": f"{crypto.VERSION}:{current}:"})
     redacted = Q(**{f"{column}__has_key": crypto.REDACTED})
-    return Q(**{f"{column}__isnull": False}) & ~sealed_now & ~redacted
+    # A value that is not an envelope at all (stored in clear) is stale too, said outright:
+    # on SQLite the negated `sealed_under` of such a value is NULL, not true.
+    plain = ~Q(**{f"{column}__has_key": crypto.ENVELOPE})
+    return Q(**{f"{column}__isnull": False}) & (plain | ~sealed_now) & ~redacted
 
 
 def encryption_rotate(
@@ -41,42 +52,62 @@ def encryption_rotate(
 ) -> dict[str, dict[str, int]]:
     current = crypto.keyring().current_id
     report: dict[str, dict[str, int]] = {}
-    for label, columns, record_type, indexed in SEALED_COLUMNS:
+    tables = [(label, columns, record_type, indexed, False) for label, columns, record_type, indexed in SEALED_COLUMNS]
+    tables += [(label, columns, None, (), True) for label, columns in SECRET_COLUMNS]
+    for label, columns, record_type, indexed, always in tables:
         try:
             model = apps.get_model(label)
         except LookupError:
             continue
-        stale = Q()
-        for column in columns:
-            stale |= _stale(model, column, current)
-        rows = model.objects.filter(stale)
-        counts = {"stale": rows.count(), "resealed": 0, "unreadable": 0, "reindexed": 0}
-        if not dry_run:
-            # Walked by id, which every table here has and which alone names a row (attempts
-            # are keyed (id, started_at): a key is a tuple, ordered by its time too).
-            last_id = 0
-            while True:
-                batch = list(rows.filter(id__gt=last_id).order_by("id").only("id", *columns)[:batch_size])
-                if not batch:
-                    break
-                with transaction.atomic():
-                    for obj in batch:
-                        try:
-                            updates = {c: crypto.reseal_json(getattr(obj, c)) for c in columns}
-                        except crypto.EncryptionKeyError:
-                            # Sealed under a key that is no longer configured: left as it is,
-                            # counted, so the operator knows not to drop keys yet.
-                            counts["unreadable"] += 1
-                            continue
-                        model.objects.filter(pk=obj.pk).update(**updates)
-                        counts["resealed"] += 1
-                last_id = batch[-1].id
-                if out:
-                    out(f"{label}: {counts['resealed']}/{counts['stale']} resealed")
+        counts = _reseal_table(
+            model, columns, current, batch_size=batch_size, dry_run=dry_run, always=always, out=out, label=label
+        )
         if record_type is not None and not dry_run:
             counts["reindexed"] = _rekey_subject_index(model, record_type, indexed, current, batch_size)
         report[label] = counts
     return report
+
+
+def _reseal_table(
+    model: Any,
+    columns: tuple[str, ...],
+    current: str,
+    *,
+    batch_size: int,
+    dry_run: bool,
+    always: bool,
+    out: Callable[[str], Any] | None,
+    label: str,
+) -> dict[str, int]:
+    stale = Q()
+    for column in columns:
+        stale |= _stale(model, column, current)
+    rows = model.objects.filter(stale)
+    counts = {"stale": rows.count(), "resealed": 0, "unreadable": 0, "reindexed": 0}
+    if dry_run:
+        return counts
+    # Walked by id, which every table here has and which alone names a row (attempts
+    # are keyed (id, started_at): a key is a tuple, ordered by its time too).
+    last_id = 0
+    while True:
+        batch = list(rows.filter(id__gt=last_id).order_by("id").only("id", *columns)[:batch_size])
+        if not batch:
+            break
+        with transaction.atomic():
+            for obj in batch:
+                try:
+                    updates = {c: crypto.reseal_json(getattr(obj, c), always=always) for c in columns}
+                except crypto.EncryptionKeyError:
+                    # Sealed under a key that is no longer configured: left as it is,
+                    # counted, so the operator knows not to drop keys yet.
+                    counts["unreadable"] += 1
+                    continue
+                model.objects.filter(pk=obj.pk).update(**updates)
+                counts["resealed"] += 1
+        last_id = batch[-1].id
+        if out:
+            out(f"{label}: {counts['resealed']}/{counts['stale']} resealed")
+    return counts
 
 
 def _rekey_subject_index(model: Any, record_type: str, columns: tuple[str, ...], current: str, batch_size: int) -> int:

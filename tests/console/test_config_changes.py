@@ -24,6 +24,7 @@ from dlq.models import ReplayTarget
 from ledger import auth as ledger_auth
 from ledger import services
 from ledger.config_changes import SECRET_MASK, SECRET_REPLACED
+from ledger.credentials import secret_open
 from ledger.models import ApiKey, ConfigChange, Provider, Tenant
 from review.models import RetentionPolicy, StaffTenant
 from review.services import retention_policy_save
@@ -149,7 +150,7 @@ def test_tenant_creation_settings_allow_list_and_callback_secret_are_recorded_se
     assert settings_change.actor == "user:root"
     assert settings_change.before == {"max_in_flight": None} and settings_change.after == {"max_in_flight": 25}
     initech.refresh_from_db()
-    _no_secret_in_table(initech.callback_secret)
+    _no_secret_in_table(secret_open(initech.callback_secret))
 
 
 # --- Replay targets, alert channels, retention policies ------------------------------------------------

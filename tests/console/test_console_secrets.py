@@ -12,6 +12,7 @@ from django_q.models import Schedule
 
 from ledger import services
 from ledger.callbacks import tenant_callback_secret
+from ledger.credentials import secret_open
 from ledger.models import Attempt, ConfigChange, Tenant
 from tests.console.support import client_for, enforced_provider, op_in_review, page, staff, succeeded_op
 
@@ -69,9 +70,9 @@ def test_rotating_shows_the_new_secret_once_to_those_who_may_change_tenants(tena
     )
     assert response.status_code == 200 and "no-store" in response["Cache-Control"]
     tenant.refresh_from_db()
-    new = tenant.callback_secret
+    new = secret_open(tenant.callback_secret)
     assert new != old and new in response.content.decode()
-    assert tenant.callback_secret_previous == old and tenant.callback_secret_rotated_at is not None
+    assert secret_open(tenant.callback_secret_previous) == old and tenant.callback_secret_rotated_at is not None
     # Never again: not on the tenant's page, not in the trail (masked), not in the session.
     _, text = page(admin, f"/admin/ledger/tenant/{tenant.pk}/change/")
     assert new not in text and "the previous secret also signs until" in text
@@ -81,7 +82,7 @@ def test_rotating_shows_the_new_secret_once_to_those_who_may_change_tenants(tena
     # A reviewer (view only) cannot run it.
     reviewer = client_for(staff("rex", role="reviewer", tenants=[tenant]))
     reviewer.post("/admin/ledger/tenant/", {"action": "rotate_callback_secret", ACTION_CHECKBOX_NAME: [tenant.pk]})
-    assert Tenant.objects.get(pk=tenant.pk).callback_secret == new
+    assert secret_open(Tenant.objects.get(pk=tenant.pk).callback_secret) == new
 
 
 def test_the_secret_command_prints_a_secret_only_when_it_makes_one(tenant):
@@ -91,7 +92,7 @@ def test_the_secret_command_prints_a_secret_only_when_it_makes_one(tenant):
 
     out = StringIO()
     call_command("tenant_callback_secret", "--tenant", tenant.slug, stdout=out)
-    secret = Tenant.objects.get(pk=tenant.pk).callback_secret
+    secret = secret_open(Tenant.objects.get(pk=tenant.pk).callback_secret)
     assert secret in out.getvalue()
     again = StringIO()
     call_command("tenant_callback_secret", "--tenant", tenant.slug, stdout=again)

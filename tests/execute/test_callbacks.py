@@ -10,6 +10,7 @@ import pytest
 
 from ledger.adapters import SIGNATURE_HEADER, verify_signature
 from ledger.callbacks import callback_url_allowed
+from ledger.credentials import secret_open
 from ledger.errors import DestinationNotAllowed, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationStatus, Tenant
@@ -56,7 +57,7 @@ def test_outcome_is_posted_signed_under_the_callback_key(allowed, enforced, rece
     ((headers, raw),) = receiver.deliveries
     assert headers["Idempotency-Key"] == f"callback:{op.pk}"
     allowed.refresh_from_db()
-    assert verify_signature(secret=allowed.callback_secret, body=raw, header=headers[SIGNATURE_HEADER])
+    assert verify_signature(secret=secret_open(allowed.callback_secret), body=raw, header=headers[SIGNATURE_HEADER])
     assert not verify_signature(secret="wrong", body=raw, header=headers[SIGNATURE_HEADER])
     document = json.loads(raw)
     assert document["type"] == "operation.finished"
