@@ -73,6 +73,7 @@ from ledger.credentials import sealed_credential, stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit, operation_translated
+from ledger.key_rules import MAX_KEY_LENGTH, key_header_value, key_usable
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
@@ -316,8 +317,10 @@ def failed_event_ingest(
     if len(raw) > limit:
         raise EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit})
     parsed = parse_failure(raw)
+    # An entry is never refused for its key: one that breaks the key rule is "no usable key"
+    # ("" — a replay then sends the entry's identity, encoded, ledger.key_rules).
+    explicit_key = key_usable(explicit_key) if explicit_key else ""
     if explicit_key:
-        explicit_key = ledger_services.validate_key(explicit_key)
         if parsed.original_key and parsed.original_key != explicit_key:
             raise InvalidKey("The body's idempotency_key and the Idempotency-Key header disagree.")
         parsed.original_key = explicit_key
@@ -388,7 +391,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         failed_at=parsed.failed_at or now,
         last_seen_at=now,
         retry_count=parsed.retry_count,
-        original_key=parsed.original_key or parsed.identity,
+        original_key=parsed.original_key or key_usable(parsed.identity),
         replay_target_slug=parsed.replay_target_slug,
         quarantine_reason=_quarantine_reason(parsed.error_class, parsed.error_message),
         payload_fetch=PayloadFetch.PENDING if fetch else PayloadFetch.NONE,
@@ -619,7 +622,7 @@ class TargetAnswer:
 def derive_new_key(key: str, n: int) -> str:
     """ "Re-run as new": ``{key}~r{n}``, shortened from the left of the suffix to fit 255."""
     suffix = f"~r{n}"
-    return key[: ledger_services.MAX_KEY_LENGTH - len(suffix)] + suffix
+    return key[: MAX_KEY_LENGTH - len(suffix)] + suffix
 
 
 def _read_answer(response: httpx.Response) -> Any:
@@ -650,7 +653,8 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         "User-Agent": "Onceguard-replay",
         "X-Onceguard-Event": str(event_pk),
         "X-Onceguard-Replay": str(number),
-        target.idempotency_header: key,
+        # A stored key that is not printable ASCII is sent percent-encoded (ledger.key_rules).
+        target.idempotency_header: key_header_value(key),
     }
     content = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     started = time.monotonic()

@@ -39,6 +39,7 @@ from django.db.models.functions import Now
 
 from ledger import adapters, callbacks, services
 from ledger.errors import LeaseLost
+from ledger.key_rules import key_header_value
 from ledger.models import Operation, OperationEvent, OperationStatus, Tenant
 from ledger.outbound import OutboundBlocked, outbound_client, outbound_refusal
 from ledger.selectors import provider_slug, run_of
@@ -124,7 +125,7 @@ def eligibility_ask(*, op: Operation, tenant: Tenant, client: httpx.Client | Non
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "Onceguard-eligibility",
-        "Idempotency-Key": op.key,
+        "Idempotency-Key": key_header_value(op.key),
         adapters.SIGNATURE_HEADER: adapters.sign(secret=secrets_now, body=body),
     }
     timeout = float(_cfg("ELIGIBILITY_TIMEOUT_SECONDS", 5.0))
