@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from ledger.callbacks import CALLBACK_PROVIDER_SLUG, callback_provider
 from ledger.errors import InvalidKey, ReservedProvider, ValidationFailed
 from ledger.guard import run_once
 from ledger.key_rules import KEY_RULES, key_header_value, key_path_segment, key_rule_broken
-from ledger.models import IdempotencyClass, Operation, Tombstone
+from ledger.models import IdempotencyClass, Operation, Provider, Tombstone
 from ledger.reconcile import LookupOutcome, provider_lookup
 from tests.ledger.support import CLAIM_URL, assert_problem, claim_body
 
@@ -216,3 +217,17 @@ def test_a_tenant_cannot_create_a_provider_whose_slug_begins_with_an_underscore(
             tenant=tenant, slug="_mine", base_url="http://127.0.0.1:9", idempotency_class=IdempotencyClass.KEY_ENFORCED
         )
     assert json.dumps(ReservedProvider.code) == '"reserved_provider"'
+
+
+def test_a_console_form_cannot_create_or_rename_into_an_underscore_slug_but_the_service_own_one_still_saves(
+    tenant, provider
+):
+    new = Provider(tenant=tenant, slug="_mine", base_url="http://127.0.0.1:9", idempotency_class="key_enforced")
+    with pytest.raises(DjangoValidationError) as refused:
+        new.clean()
+    assert "slug" in refused.value.message_dict
+    provider.slug = "_stripe"
+    with pytest.raises(DjangoValidationError):
+        provider.clean()
+    own = callback_provider(tenant_id=tenant.pk)
+    own.clean()
