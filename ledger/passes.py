@@ -46,6 +46,9 @@ PASS_ROW_FAILURES = Counter(
     " with the rest and the row recorded the error where it has a place for it.",
     ["job"],
 )
+# Every job's series exists from the start, at 0, so a rate or increase alert sees its first failure.
+for _job in JOBS:
+    PASS_ROW_FAILURES.labels(job=_job)
 
 
 def failure_text(job: str, exc: BaseException) -> str:

@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from ledger import services, sweeper
 from ledger.models import IdempotencyClass, Operation, OperationStatus
+from ledger.passes import JOBS
 from ledger.sweeper import sweep
 from tests.ledger.support import expire_lease
 from tests.support.loopback import LoopbackServer, QuietHandler
@@ -136,3 +137,7 @@ def test_a_row_that_raises_while_its_lease_expires_does_not_stop_the_others(tena
     statuses = dict(Operation.objects.filter(pk__in=[op.pk for op in ops]).values_list("pk", "status"))
     assert statuses == {ops[0].pk: S.CLAIMED, ops[1].pk: S.UNCERTAIN, ops[2].pk: S.UNCERTAIN}
     assert failures("sweeper") == before + 1
+
+
+def test_every_job_has_its_failure_series_from_the_start():
+    assert all(REGISTRY.get_sample_value("onceguard_pass_row_failures_total", {"job": job}) is not None for job in JOBS)
