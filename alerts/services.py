@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -35,8 +36,11 @@ from ledger.crypto import EncryptionKeyError
 from ledger.masking import UNREADABLE
 from ledger.models import ConfigChangeAction, Tenant
 from ledger.outbound import OutboundBlocked, outbound_check, outbound_client
+from ledger.passes import failure_text, row_isolated
 
 log = logging.getLogger("onceguard.alerts")
+# The label of this pass's failures (ledger.passes).
+JOB = "alert_digest"
 
 MAX_SUMMARY = 300
 # A digest lists at most this many alerts by id; the counts cover all of them.
@@ -259,7 +263,9 @@ def alert_dispatch(*, tenant_id: int | None = None) -> dict[str, int]:
         channels = channels.filter(tenant_id=tenant_id)
     planned = 0
     for channel in channels:
-        with transaction.atomic():
+        # One channel whose alerts cannot be planned (its cursor stays, so they wait for the
+        # next flush) does not stop the others' (ledger.passes).
+        with row_isolated(job=JOB, ref=f"channel={channel.pk}"):
             alerts, budget = _take_alerts(channel)
             if alerts:
                 deliveries = _plan_deliveries(channel, alerts, budget)
@@ -278,12 +284,32 @@ def alert_deliver_due(*, tenant_id: int | None = None, limit: int = 200) -> dict
         due = due.filter(channel__tenant_id=tenant_id)
     counts = {"sent": 0, "failed": 0}
     for delivery_id in list(due.values_list("id", flat=True)[:limit]):
-        outcome = alert_delivery_send(delivery_id=delivery_id)
-        if outcome == AlertDeliveryStatus.SENT:
-            counts["sent"] += 1
-        elif outcome is not None:
-            counts["failed"] += 1
+        # A delivery that raises records the error and waits its retry delay; the others go
+        # out (ledger.passes). The send is an HTTP call: no transaction around it.
+        with row_isolated(
+            job=JOB, ref=f"delivery={delivery_id}", on_failure=_delivery_failed(delivery_id), atomic=False
+        ):
+            outcome = alert_delivery_send(delivery_id=delivery_id)
+            if outcome == AlertDeliveryStatus.SENT:
+                counts["sent"] += 1
+            elif outcome is not None:
+                counts["failed"] += 1
     return counts
+
+
+def _delivery_failed(delivery_id: int) -> Callable[[BaseException], None]:
+    def record(exc: BaseException) -> None:
+        delivery = AlertDelivery.objects.filter(pk=delivery_id, status__in=_DUE).first()
+        if delivery is None:
+            return
+        dead = delivery.attempts >= int(alert_setting("MAX_ATTEMPTS"))
+        AlertDelivery.objects.filter(pk=delivery_id, attempts=delivery.attempts).update(
+            status=AlertDeliveryStatus.DEAD if dead else AlertDeliveryStatus.RETRYING,
+            next_attempt_at=None if dead else timezone.now() + timedelta(seconds=_retry_delay(delivery.attempts)),
+            last_error=failure_text(JOB, exc)[:300],
+        )
+
+    return record
 
 
 def _retry_delay(attempts: int) -> float:

@@ -20,8 +20,9 @@ from django.utils.dateparse import parse_datetime
 from dlq.models import FailedEventShape
 from ledger.crypto import digest
 from ledger.errors import MalformedJson, TimestampOutOfRange, ValidationFailed
+from ledger.key_rules import key_usable
 from ledger.models import ErrorClass
-from ledger.services import sanitize_message, validate_key
+from ledger.services import sanitize_message
 from ledger.storable import MAX_COUNT, NotStorable, loads, nul_problem, timestamp_problem
 
 MAX_IDENTITY = 255
@@ -216,7 +217,8 @@ def _envelope(body: dict[str, Any], raw: bytes) -> ParsedFailure:
     if error_class not in ("", *ErrorClass.values):
         raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)} (or omitted).")
     key = body.get("idempotency_key", body.get("key"))
-    original_key = validate_key(key) if key not in (None, "") else ""
+    # Never a refusal: a key that breaks the key rule is stored as "no usable key".
+    original_key = key_usable(key) if key not in (None, "") else ""
     event_id = body.get("event_id")
     if event_id not in (None, "") and (not isinstance(event_id, (str, int)) or len(str(event_id)) > MAX_IDENTITY):
         raise ValidationFailed(f"event_id must be a string of at most {MAX_IDENTITY} characters.")

@@ -73,6 +73,7 @@ from ledger.credentials import sealed_credential, stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit, operation_translated
+from ledger.key_rules import MAX_KEY_LENGTH, key_header_value, key_usable
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
@@ -86,6 +87,7 @@ from ledger.models import (
     Tenant,
 )
 from ledger.outbound import OutboundBlocked, outbound_check, outbound_client, outbound_refusal
+from ledger.passes import failure_text, row_isolated
 from ledger.search import search_values
 from ledger.selectors import provider_slug
 from ledger.workflows import workflow_name_note
@@ -316,8 +318,10 @@ def failed_event_ingest(
     if len(raw) > limit:
         raise EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit})
     parsed = parse_failure(raw)
+    # An entry is never refused for its key: one that breaks the key rule is "no usable key"
+    # ("" — a replay then sends the entry's identity, encoded, ledger.key_rules).
+    explicit_key = key_usable(explicit_key) if explicit_key else ""
     if explicit_key:
-        explicit_key = ledger_services.validate_key(explicit_key)
         if parsed.original_key and parsed.original_key != explicit_key:
             raise InvalidKey("The body's idempotency_key and the Idempotency-Key header disagree.")
         parsed.original_key = explicit_key
@@ -388,7 +392,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         failed_at=parsed.failed_at or now,
         last_seen_at=now,
         retry_count=parsed.retry_count,
-        original_key=parsed.original_key or parsed.identity,
+        original_key=parsed.original_key or key_usable(parsed.identity),
         replay_target_slug=parsed.replay_target_slug,
         quarantine_reason=_quarantine_reason(parsed.error_class, parsed.error_message),
         payload_fetch=PayloadFetch.PENDING if fetch else PayloadFetch.NONE,
@@ -619,7 +623,7 @@ class TargetAnswer:
 def derive_new_key(key: str, n: int) -> str:
     """ "Re-run as new": ``{key}~r{n}``, shortened from the left of the suffix to fit 255."""
     suffix = f"~r{n}"
-    return key[: ledger_services.MAX_KEY_LENGTH - len(suffix)] + suffix
+    return key[: MAX_KEY_LENGTH - len(suffix)] + suffix
 
 
 def _read_answer(response: httpx.Response) -> Any:
@@ -650,7 +654,8 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         "User-Agent": "Onceguard-replay",
         "X-Onceguard-Event": str(event_pk),
         "X-Onceguard-Replay": str(number),
-        target.idempotency_header: key,
+        # A stored key that is not printable ASCII is sent percent-encoded (ledger.key_rules).
+        target.idempotency_header: key_header_value(key),
     }
     content = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     started = time.monotonic()
@@ -1470,38 +1475,59 @@ def auto_replay_due(*, limit: int | None = None) -> dict[str, int]:
     ).order_by("failed_at")[: limit or int(dlq_setting("AUTO_REPLAY_BATCH"))]
     counts = {"replayed": 0, "failed": 0, "skipped": 0}
     for event in candidates:
-        if _root_deadline(event) <= now:
-            counts["skipped"] += 1
-            continue
-        try:
-            target = selectors.replay_target_resolve(tenant_id=event.tenant_id, slug=event.replay_target_slug)
-        except DomainError:
-            counts["skipped"] += 1
-            continue
-        last = event.replays.filter(tenant_id=event.tenant_id).order_by("-number").first()
-        if not target.auto_replay or (
-            last is not None
-            and (
-                last.outcome != ReplayOutcome.FAILED
-                or last.error_class != ErrorClass.TRANSIENT
-                or (last.finished_at and now < last.finished_at + timedelta(seconds=base * 2**event.auto_replay_count))
-            )
+        # One entry that raises does not stop the others (ledger.passes): it records the error
+        # and spends one of its automatic tries, so it backs off and, at the cap, waits for a
+        # human. Replays are HTTP calls: no transaction is held across them (atomic=False).
+        with row_isolated(
+            job=AUTO_REPLAY_JOB, ref=f"event={event.pk}", on_failure=_auto_replay_failed(event), atomic=False
         ):
-            counts["skipped"] += 1
-            continue
-        try:
-            replay = failed_event_replay(
-                tenant_id=event.tenant_id,
-                event_pk=event.pk,
-                actor="auto-replay",
-                note=f"automatic replay {event.auto_replay_count + 1} of {cap}",
-                trigger=ReplayTrigger.AUTO,
-            )
-        except DomainError:
-            counts["skipped"] += 1
-            continue
-        counts["replayed" if replay.outcome == ReplayOutcome.SUCCEEDED else "failed"] += 1
+            counts[_auto_replay_one(event, now=now, cap=cap, base=base)] += 1
     return counts
+
+
+AUTO_REPLAY_JOB = "dlq_auto_replay"
+
+
+def _auto_replay_failed(event: FailedEvent) -> Callable[[BaseException], None]:
+    def record(exc: BaseException) -> None:
+        FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id).update(
+            auto_replay_count=F("auto_replay_count") + 1,
+            status_note=failure_text(AUTO_REPLAY_JOB, exc),
+            updated_at=timezone.now(),
+        )
+
+    return record
+
+
+def _auto_replay_one(event: FailedEvent, *, now: datetime, cap: int, base: float) -> str:
+    """One candidate: "replayed", "failed" or "skipped"."""
+    if _root_deadline(event) <= now:
+        return "skipped"
+    try:
+        target = selectors.replay_target_resolve(tenant_id=event.tenant_id, slug=event.replay_target_slug)
+    except DomainError:
+        return "skipped"
+    last = event.replays.filter(tenant_id=event.tenant_id).order_by("-number").first()
+    if not target.auto_replay or (
+        last is not None
+        and (
+            last.outcome != ReplayOutcome.FAILED
+            or last.error_class != ErrorClass.TRANSIENT
+            or (last.finished_at and now < last.finished_at + timedelta(seconds=base * 2**event.auto_replay_count))
+        )
+    ):
+        return "skipped"
+    try:
+        replay = failed_event_replay(
+            tenant_id=event.tenant_id,
+            event_pk=event.pk,
+            actor="auto-replay",
+            note=f"automatic replay {event.auto_replay_count + 1} of {cap}",
+            trigger=ReplayTrigger.AUTO,
+        )
+    except DomainError:
+        return "skipped"
+    return "replayed" if replay.outcome == ReplayOutcome.SUCCEEDED else "failed"
 
 
 def replays_recover(*, stale_seconds: float | None = None) -> dict[str, int]:

@@ -26,6 +26,7 @@ from django.conf import settings
 from ledger import storable
 from ledger.credentials import credential_value
 from ledger.crypto import open_json
+from ledger.key_rules import key_header_value
 from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider, ProviderKind, Tenant
 from ledger.outbound import OutboundBlocked, origin_refusal, outbound_client
 from ledger.reconcile import json_pointer
@@ -254,7 +255,8 @@ def prepare_request(
         envelope = open_json(operation.request) or {}
     headers = {str(k): str(v) for k, v in (envelope.get("headers") or {}).items()}
     headers.update(extra_headers or {})
-    headers[provider.idempotency_header] = operation.key
+    # A stored key that is not printable ASCII goes percent-encoded (ledger.key_rules).
+    headers[provider.idempotency_header] = key_header_value(operation.key)
     headers.update(credential_headers(provider))
     content: bytes | None = None
     if callback_body is not None:

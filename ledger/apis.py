@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from ledger import canary, objects, outputs, polling, prompts, ratelimit, revisions, selectors, services, sql, uploads
 from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
+from ledger.key_rules import key_lookup_shape, key_refusal
 from ledger.models import Operation, OperationOutput, OperationStatus, PromptTemplate, Provider, ProviderKind, Upload
 from ledger.pagination import KeysetCursorPagination
 from ledger.serializer_reuse import represented, validated_data
@@ -65,7 +66,10 @@ def idempotency_key_from(request: Request, body_key: str | None) -> str:
     if body_key not in (None, "") and header_key not in (None, "") and body_key != header_key:
         raise InvalidKey("The `key` field and the Idempotency-Key header disagree.")
     key = body_key if body_key not in (None, "") else header_key
-    return services.validate_key(key)
+    # The key rule is the claim's (services.claim_key_check): a stored key keeps its answer.
+    if not key_lookup_shape(key):
+        raise key_refusal(key) or InvalidKey()
+    return key
 
 
 def claim_key(request: Request, data: dict[str, Any]) -> str:

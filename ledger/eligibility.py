@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -39,14 +40,18 @@ from django.db.models.functions import Now
 
 from ledger import adapters, callbacks, services
 from ledger.errors import LeaseLost
+from ledger.key_rules import key_header_value
 from ledger.models import Operation, OperationEvent, OperationStatus, Tenant
 from ledger.outbound import OutboundBlocked, outbound_client, outbound_refusal
+from ledger.passes import failure_text, row_isolated
 from ledger.selectors import provider_slug, run_of
 
 S = OperationStatus
 log = logging.getLogger("onceguard.eligibility")
 
 ACTOR = "eligibility"
+# The label of this pass's failures (ledger.passes).
+JOB = "eligibility_recheck"
 # The most of an answer that is read: it is a yes or no and a short reason.
 MAX_ANSWER_BYTES = 16 * 1024
 
@@ -124,7 +129,7 @@ def eligibility_ask(*, op: Operation, tenant: Tenant, client: httpx.Client | Non
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "Onceguard-eligibility",
-        "Idempotency-Key": op.key,
+        "Idempotency-Key": key_header_value(op.key),
         adapters.SIGNATURE_HEADER: adapters.sign(secret=secrets_now, body=body),
     }
     timeout = float(_cfg("ELIGIBILITY_TIMEOUT_SECONDS", 5.0))
@@ -215,9 +220,23 @@ def eligibility_recheck(*, batch: int = 100, client: httpx.Client | None = None)
         tenant = tenants.get(op.tenant_id)
         if tenant is None:
             tenant = tenants[op.tenant_id] = Tenant.objects.get(pk=op.tenant_id)
-        answer = eligibility_ask(op=op, tenant=tenant, client=client)
-        outcome = eligibility_record(op=op, answer=answer)
-        counts[outcome] = counts.get(outcome, 0) + 1
-        # Ids and the outcome only: a reason is the tenant's text.
-        log.info("eligibility_checked operation=%s key=%s outcome=%s", op.pk, op.key, outcome)
+        # One HTTP call: no transaction held across it (atomic=False); a row that raises
+        # waits one ask interval, as an unanswered question does.
+        with row_isolated(job=JOB, ref=f"operation={op.pk}", on_failure=_ask_later(op), atomic=False):
+            answer = eligibility_ask(op=op, tenant=tenant, client=client)
+            outcome = eligibility_record(op=op, answer=answer)
+            counts[outcome] = counts.get(outcome, 0) + 1
+            # Ids and the outcome only: a reason is the tenant's text.
+            log.info("eligibility_checked operation=%s key=%s outcome=%s", op.pk, op.key, outcome)
     return counts
+
+
+def _ask_later(op: Operation) -> Callable[[BaseException], None]:
+    def record(exc: BaseException) -> None:
+        Operation.objects.filter(pk=op.pk, status=S.RETRY_WAIT, lease_token=op.lease_token).update(
+            next_attempt_at=Now() + timedelta(seconds=services.eligibility_ask_interval()),
+            last_error=failure_text(JOB, exc),
+            updated_at=Now(),
+        )
+
+    return record

@@ -26,6 +26,13 @@ class UnknownProvider(DomainError):
     code, title = "unknown_provider", "Unknown provider"
 
 
+class ReservedProvider(DomainError):
+    """A claim or submission naming one of the service's own providers (slugs beginning with
+    ``_``, such as each tenant's ``_callbacks``): only the service claims under them."""
+
+    code, title = "reserved_provider", "Reserved provider"
+
+
 class ValidationFailed(DomainError):
     code, title = "validation_error", "Request is not valid"
 

@@ -234,7 +234,7 @@ def operation_submit(
     succeed. Admission runs only for a key that is new: a replay is never refused.
     """
     # A submitter's key: never one of the service's own key spaces (callback:, replay:, ~r{n}).
-    key = services.reserved_key_check(services.validate_key(key))
+    key = services.reserved_key_check(services.claim_key_check(tenant_id=tenant.pk, key=key))
     provider_obj = execute_provider_for(tenant=tenant, slug=provider)
     # The revision a new row would run under (a key already stored keeps its own): its
     # adapter fields say which headers a caller may forward, and what intent it takes.

@@ -712,6 +712,12 @@ class Provider(models.Model):
         )
         for name, message in async_config_errors({name: getattr(self, name) for name in ADAPTER_FIELDS}).items():
             errors.setdefault(name, message)
+        # Slugs beginning with "_" are the service's own (the tenant's `_callbacks`, created
+        # by ledger.callbacks): none is created, nor renamed into, from a form.
+        if self.slug.startswith("_"):
+            stored = Provider.objects.filter(pk=self.pk).values_list("slug", flat=True).first() if self.pk else None
+            if stored != self.slug:
+                errors["slug"] = "Slugs beginning with _ belong to the service's own providers; choose another."
         if errors:
             raise ValidationError(errors)
 

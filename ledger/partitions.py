@@ -19,7 +19,11 @@ from datetime import UTC, datetime
 
 from django.db import connection, transaction
 
+from ledger.passes import PASS_ROW_FAILURES, row_isolated
+
 log = logging.getLogger("onceguard.partitions")
+# The label of this job's failures (ledger.passes).
+JOB = "partition_maintenance"
 
 # Table → the column it is partitioned by.
 PARTITIONED = {"ledger_attempt": "started_at", "ledger_operationevent": "at"}
@@ -108,31 +112,37 @@ def partitions_ensure(*, now: datetime | None = None, months_ahead: int = MONTHS
         return created
     now = now or datetime.now(UTC)
     for table in PARTITIONED:
-        if not is_partitioned(table):
+        # One table (or one month) that fails is retried by the next run; the others are
+        # created all the same, and a claim never waits on this (ledger.passes).
+        with row_isolated(job=JOB, ref=f"table={table}", atomic=False):
+            _ensure_table(table, now=now, months_ahead=months_ahead, created=created)
+    return created
+
+
+def _ensure_table(table: str, *, now: datetime, months_ahead: int, created: list[str]) -> None:
+    if not is_partitioned(table):
+        return
+    existing = partitions(table)
+    for plus in range(months_ahead + 1):
+        lower, upper = month_start(now, plus=plus), month_start(now, plus=plus + 1)
+        if any(
+            not p.is_default and (p.lower is None or p.lower < upper) and p.upper is not None and p.upper > lower
+            for p in existing
+        ):
             continue
-        existing = partitions(table)
-        for plus in range(months_ahead + 1):
-            lower, upper = month_start(now, plus=plus), month_start(now, plus=plus + 1)
-            if any(
-                not p.is_default and (p.lower is None or p.lower < upper) and p.upper is not None and p.upper > lower
-                for p in existing
-            ):
-                continue
-            name = partition_name(table, lower)
-            try:
-                with transaction.atomic(), connection.cursor() as cursor:
-                    cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                    # Literals, not parameters: DDL takes none (both are computed here).
-                    cursor.execute(
-                        f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ('{lower.isoformat()}')"
-                        f" TO ('{upper.isoformat()}') WITH ({STORAGE[table]})"
-                    )
-            except Exception as exc:  # logged and retried by the next run: a claim never waits on this
-                log.warning("partition_not_created table=%s name=%s error=%s", table, name, type(exc).__name__)
-                continue
+        name = partition_name(table, lower)
+        done = False
+        with row_isolated(job=JOB, ref=f"table={table} partition={name}"), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            # Literals, not parameters: DDL takes none (both are computed here).
+            cursor.execute(
+                f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ('{lower.isoformat()}')"
+                f" TO ('{upper.isoformat()}') WITH ({STORAGE[table]})"
+            )
+            done = True
+        if done:
             created.append(name)
             log.info("partition_created table=%s name=%s", table, name)
-    return created
 
 
 def partition_operation_range(partition: Partition) -> tuple[int, int] | None:
@@ -152,6 +162,7 @@ def partition_drop(partition: Partition) -> bool:
             cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             cursor.execute(f"DROP TABLE {partition.name}")
     except Exception as exc:  # retried by the next retention pass
+        PASS_ROW_FAILURES.labels(job=JOB).inc()
         log.warning("partition_not_dropped name=%s error=%s", partition.name, type(exc).__name__)
         return False
     log.info("partition_dropped table=%s name=%s", partition.table, partition.name)

@@ -51,6 +51,7 @@ from ledger import adapters, hooks, intents, objects, outputs, ratelimit, servic
 from ledger.credentials import stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
+from ledger.key_rules import key_header_value
 from ledger.logs import log_context, operation_fields
 from ledger.models import Attempt, ErrorClass, Operation, OperationStatus, Provider, ProviderKind
 from ledger.prompts import prompt_template_label
@@ -126,7 +127,7 @@ def read_status(provider: Provider, body: Any) -> StatusAnswer:
 def status_fetch(*, provider: Provider, op: Operation, client: httpx.Client) -> StatusAnswer:
     """GET the job's status (the key and the credential go along, as with the submit)."""
     try:
-        headers = {provider.idempotency_header: op.key, **adapters.credential_headers(provider)}
+        headers = {provider.idempotency_header: key_header_value(op.key), **adapters.credential_headers(provider)}
         url = status_url(provider, op)
     except adapters.CredentialUnavailable as exc:
         return StatusAnswer(Verdict.NO_ANSWER, error=f"credential refused: {exc}")

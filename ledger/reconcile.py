@@ -12,10 +12,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
+from ledger.key_rules import key_header_value, key_path_segment
 from ledger.models import Operation, Provider
 from ledger.outbound import OutboundBlocked, origin_refusal, outbound_client
 from ledger.provider_checks import path_fill
@@ -64,7 +64,7 @@ def json_pointer(document: Any, pointer: str) -> Any:
 def lookup_url(provider: Provider, op: Operation) -> str:
     path = path_fill(
         provider.lookup_path,
-        {"key": quote(op.key, safe=""), "reconciliation_handle": quote(op.reconciliation_handle or "", safe="")},
+        {"key": key_path_segment(op.key), "reconciliation_handle": key_path_segment(op.reconciliation_handle or "")},
     )
     return provider.base_url.rstrip("/") + "/" + path.lstrip("/")
 
@@ -84,7 +84,9 @@ def provider_lookup(*, provider: Provider, operation: Operation, client: httpx.C
     owns_client = client is None
     client = client or outbound_client(purpose=f"lookup of {provider.slug}", timeout=timeout)
     try:
-        response = client.get(url, headers={provider.idempotency_header: operation.key}, timeout=timeout)
+        response = client.get(
+            url, headers={provider.idempotency_header: key_header_value(operation.key)}, timeout=timeout
+        )
     except OutboundBlocked as exc:
         return LookupResult(LookupOutcome.UNKNOWN, error=str(exc))
     except httpx.HTTPError as exc:

@@ -56,10 +56,12 @@ from ledger.errors import (
     OperationRetryScheduled,
     OperationVersionSuperseded,
     ReservedKey,
+    ReservedProvider,
     UnknownProvider,
     ValidationFailed,
 )
 from ledger.intents import RequestTemplateInvalid, intent_config_errors
+from ledger.key_rules import key_check, key_lookup_shape, key_refusal
 from ledger.logs import operation_fields
 from ledger.models import (
     ADAPTER_FIELDS,
@@ -79,6 +81,7 @@ from ledger.models import (
     OperationStatus,
     Provider,
     Tenant,
+    Tombstone,
     prompt_slots_of,
     provider_caps_errors,
 )
@@ -92,7 +95,6 @@ from ledger.tombstones import tombstone_answer
 S = OperationStatus
 log = logging.getLogger("onceguard.ledger")
 
-MAX_KEY_LENGTH = 255
 MAX_MESSAGE_LENGTH = 500
 
 
@@ -100,14 +102,25 @@ MAX_MESSAGE_LENGTH = 500
 
 
 def validate_key(key: Any) -> str:
-    """1–255 printable characters; the key is logged, so it must not carry personal data."""
-    if not isinstance(key, str) or key == "":
-        raise InvalidKey("An idempotency key is required (body `key` or header `Idempotency-Key`).")
-    if len(key) > MAX_KEY_LENGTH:
-        raise InvalidKey(f"The idempotency key is longer than {MAX_KEY_LENGTH} characters.")
-    if not key.isprintable() or key.strip() != key:
-        raise InvalidKey("The idempotency key must be printable characters without leading or trailing blanks.")
-    return key
+    """A valid new key (ledger.key_rules: 1–255 printable ASCII characters without surrounding
+    blanks), else 400 ``invalid_idempotency_key`` naming the rule broken. The key is logged, so
+    it must not carry personal data."""
+    return key_check(key)
+
+
+def claim_key_check(*, tenant_id: int, key: Any) -> str:
+    """A caller's key for a claim or submission: a valid new key, or one the ledger holds (its
+    row, or its tombstone once retention deleted the row) — a key stored before the rule keeps
+    being answered. Only a key that breaks the rule costs the lookup."""
+    refusal = key_refusal(key)
+    if refusal is None:
+        return key
+    if key_lookup_shape(key) and (
+        Operation.objects.filter(tenant_id=tenant_id, key=key).exists()
+        or Tombstone.objects.filter(tenant_id=tenant_id, key=key).exists()
+    ):
+        return key
+    raise refusal
 
 
 # Versions are integers that fit the column; newer means larger.
@@ -121,7 +134,11 @@ def versioned_key(*, record: str, action: str, version: int) -> str:
         raise ValidationFailed("A versioned key needs `record`, `action` and `version` together.")
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
         raise ValidationFailed(f"`version` must be an integer from 0 to {MAX_VERSION}.")
-    return validate_key(f"{record}:{action}:v{version}")
+    # Composed only: the claim applies the key rule, after asking whether the ledger holds it.
+    key = f"{record}:{action}:v{version}"
+    if not key_lookup_shape(key):
+        raise key_refusal(key) or InvalidKey("The versioned key cannot be stored.")
+    return key
 
 
 def validate_run(run: Any) -> str:
@@ -189,9 +206,21 @@ def backoff_seconds(*, attempt: int, base: float, cap: float, rng: random.Random
 PROVIDERS: TtlCache[Provider] = TtlCache("PROVIDER_CACHE_SECONDS")
 
 
+# Slugs beginning with this belong to the service's own providers (ledger.callbacks'
+# ``_callbacks``): callers may neither claim under them nor create one.
+RESERVED_PROVIDER_PREFIX = "_"
+RESERVED_PROVIDER_DETAIL = (
+    "Provider slugs beginning with _ belong to the service (its callbacks, for one): they cannot be named"
+    " in a claim or a submission, nor created."
+)
+
+
 def provider_for(*, tenant: Tenant | int, slug: str | None) -> Provider | None:
+    """A caller's provider by slug (claims, submissions, the guard); None for no slug."""
     if slug in (None, ""):
         return None
+    if isinstance(slug, str) and slug.startswith(RESERVED_PROVIDER_PREFIX):
+        raise ReservedProvider(RESERVED_PROVIDER_DETAIL)
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
     provider = PROVIDERS.get((tenant_id, slug), lambda: Provider.objects.filter(tenant_id=tenant_id, slug=slug).first())
     if provider is None:
@@ -352,7 +381,7 @@ def operation_claim(
     ``409 operation_version_superseded``, and a new version abandons the older ones still
     ``queued`` or ``retry_wait`` and records itself as their ``replaced_by``.
     """
-    key = validate_key(key)
+    key = claim_key_check(tenant_id=tenant.pk, key=key)
     if via_claims:
         reserved_key_check(key)
     if record:
@@ -1418,6 +1447,8 @@ def provider_upsert(
     the stable one at once, or — with ``canary_percent`` — a canary taking that share of new
     operations while the provider keeps its stable revision (DESIGN §5, adapter revisions).
     ``reason`` says why, in the revision and the trail."""
+    if slug.startswith(RESERVED_PROVIDER_PREFIX):
+        raise ValidationFailed(RESERVED_PROVIDER_DETAIL)
     if auth_secret is not None:
         fields["auth_secret"] = sealed_credential(auth_secret)
     if webhook_secret is not None:

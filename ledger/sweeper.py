@@ -34,6 +34,7 @@ from ledger.models import (
     OperationMode,
     OperationStatus,
 )
+from ledger.passes import failure_text, row_isolated
 from ledger.polling import attempt_log_fields, is_asynchronous
 from ledger.reconcile import LookupOutcome, provider_lookup
 from ledger.revisions import operation_adapter_view
@@ -41,6 +42,8 @@ from ledger.services import decide_unsent_expiry, operation_transition, sanitize
 
 S = OperationStatus
 log = logging.getLogger("onceguard.sweeper")
+# The label of this pass's failures (ledger.passes).
+JOB = "sweeper"
 
 Changes = dict[str, Any]
 
@@ -122,40 +125,46 @@ def sweep_expired_leases(*, batch: int = 500, report: SweepReport | None = None)
     expired = Q(status=S.CLAIMED, lease_expires_at__lt=Now())
     ids = list(Operation.objects.filter(expired).order_by("lease_expires_at").values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.CLAIMED).select_related("provider"):
-        changes: Changes = {"lease_expires_at": None}
-        if op.polls > 0:
-            # A poll lease (ledger.polling): a poll and an output fetch are GETs that change
-            # nothing at the provider, and a publish is fenced by this token and state, so
-            # a lost poller left nothing uncertain. The job is polled again, now.
-            _move(
-                op,
-                S.WAITING,
-                f"poll lease expired; polls change nothing at the provider: poll job {op.provider_ref} again",
-                report,
-                changes={**changes, "next_attempt_at": Now()},
-                guard=Q(lease_expires_at__lt=Now()),
-            )
-            continue
-        if op.sent_at is None and sender_honours_marker(op):
-            to, delay, reason = decide_unsent_expiry(op)
-            if delay is not None:
-                changes["next_attempt_at"] = sql.db_now() + timedelta(seconds=delay)
-            outcome = AttemptOutcome.EXPIRED
-        else:
-            to = S.UNCERTAIN
-            reason = "lease expired after the sent marker" if op.sent_at else "lease expired; the sender may have sent"
-            outcome = AttemptOutcome.AMBIGUOUS
+        with row_isolated(job=JOB, ref=f"operation={op.pk}"):
+            _expire_one(op, report)
+    return report
+
+
+def _expire_one(op: Operation, report: SweepReport) -> None:
+    """One claimed row whose lease expired."""
+    changes: Changes = {"lease_expires_at": None}
+    if op.polls > 0:
+        # A poll lease (ledger.polling): a poll and an output fetch are GETs that change
+        # nothing at the provider, and a publish is fenced by this token and state, so
+        # a lost poller left nothing uncertain. The job is polled again, now.
         _move(
             op,
-            to,
-            reason,
+            S.WAITING,
+            f"poll lease expired; polls change nothing at the provider: poll job {op.provider_ref} again",
             report,
-            changes=changes,
-            attempt_changes={"outcome": outcome, "finished_at": Now()},
+            changes={**changes, "next_attempt_at": Now()},
             guard=Q(lease_expires_at__lt=Now()),
-            also=_review_alert if to == S.REVIEW else None,
         )
-    return report
+        return
+    if op.sent_at is None and sender_honours_marker(op):
+        to, delay, reason = decide_unsent_expiry(op)
+        if delay is not None:
+            changes["next_attempt_at"] = sql.db_now() + timedelta(seconds=delay)
+        outcome = AttemptOutcome.EXPIRED
+    else:
+        to = S.UNCERTAIN
+        reason = "lease expired after the sent marker" if op.sent_at else "lease expired; the sender may have sent"
+        outcome = AttemptOutcome.AMBIGUOUS
+    _move(
+        op,
+        to,
+        reason,
+        report,
+        changes=changes,
+        attempt_changes={"outcome": outcome, "finished_at": Now()},
+        guard=Q(lease_expires_at__lt=Now()),
+        also=_review_alert if to == S.REVIEW else None,
+    )
 
 
 # --- uncertain rows: reconcile with the provider ---------------------------------------------
@@ -225,9 +234,28 @@ def reconcile_uncertain(
         if op is None:
             continue
         # Every line about this row names its attempt's adapter revision and prompt version.
-        with log_context(**attempt_log_fields(op)):
-            _reconcile_one(op, report=report, client=client, clear=clear)
+        # The lookup is an HTTP call: no transaction is held across it (atomic=False).
+        with row_isolated(job=JOB, ref=f"operation={op.pk}", on_failure=_lookup_backoff(op), atomic=False):
+            with log_context(**attempt_log_fields(op)):
+                _reconcile_one(op, report=report, client=client, clear=clear)
     return report
+
+
+def _lookup_backoff(op: Operation) -> Any:
+    """What a row records when reconciling it raised: the error and one more lookup failure,
+    and its reconciliation lease is extended, doubling with its failures (up to an hour), so
+    the next passes try the other rows first."""
+
+    def record(exc: BaseException) -> None:
+        failures = op.lookup_failures + 1
+        backoff = min(3600, _cfg("RECONCILE_LEASE_SECONDS") * 2 ** min(failures, 12))
+        Operation.objects.filter(pk=op.pk, status=S.UNCERTAIN).update(
+            lookup_failures=F("lookup_failures") + 1,
+            last_error=failure_text(JOB, exc),
+            reconcile_until=sql.db_now() + timedelta(seconds=backoff),
+        )
+
+    return record
 
 
 def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client | None, clear: Changes) -> None:
@@ -372,14 +400,15 @@ def expire_abandoned_retries(*, batch: int = 500, report: SweepReport | None = N
     ended = Q(status=S.RETRY_WAIT, mode=OperationMode.GUARD, expires_at__lt=Now())
     ids = list(Operation.objects.filter(ended).values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.RETRY_WAIT):
-        _move(
-            op,
-            S.FAILED,
-            "lifetime ended while waiting for a retry",
-            report,
-            changes={"error_class": op.error_class or ErrorClass.TRANSIENT},
-            guard=Q(expires_at__lt=Now()),
-        )
+        with row_isolated(job=JOB, ref=f"operation={op.pk}"):
+            _move(
+                op,
+                S.FAILED,
+                "lifetime ended while waiting for a retry",
+                report,
+                changes={"error_class": op.error_class or ErrorClass.TRANSIENT},
+                guard=Q(expires_at__lt=Now()),
+            )
     return report
 
 
@@ -394,15 +423,16 @@ def review_unpolled_waits(*, batch: int = 500, report: SweepReport | None = None
     ended = Q(status=S.WAITING, next_attempt_at__lt=overdue, expires_at__lt=Now())
     ids = list(Operation.objects.filter(ended).order_by("next_attempt_at").values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.WAITING):
-        _move(
-            op,
-            S.REVIEW,
-            f"lifetime passed while waiting on the provider's job {op.provider_ref}, and no worker polled it;"
-            " it may still finish there: a reviewer decides",
-            report,
-            guard=Q(next_attempt_at__lt=overdue, expires_at__lt=Now()),
-            also=_review_alert,
-        )
+        with row_isolated(job=JOB, ref=f"operation={op.pk}"):
+            _move(
+                op,
+                S.REVIEW,
+                f"lifetime passed while waiting on the provider's job {op.provider_ref}, and no worker polled it;"
+                " it may still finish there: a reviewer decides",
+                report,
+                guard=Q(next_attempt_at__lt=overdue, expires_at__lt=Now()),
+                also=_review_alert,
+            )
     return report
 
 
@@ -422,13 +452,14 @@ def alert_stuck(*, batch: int = 500, report: SweepReport | None = None) -> Sweep
             Operation.objects.filter(stuck, pk__in=found).update(alerted_at=Now())
         ids += found
     for op in Operation.objects.filter(pk__in=ids).only("id", "tenant_id", "key", "status"):
-        hooks.alert_raised.send(
-            tenant_id=op.tenant_id,
-            kind="operation_stuck",
-            ref=op.key,
-            summary=f"operation {op.pk} {op.status} too long",
-        )
-        report.add("stuck_alerted")
+        with row_isolated(job=JOB, ref=f"operation={op.pk}"):
+            hooks.alert_raised.send(
+                tenant_id=op.tenant_id,
+                kind="operation_stuck",
+                ref=op.key,
+                summary=f"operation {op.pk} {op.status} too long",
+            )
+            report.add("stuck_alerted")
     return report
 
 

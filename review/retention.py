@@ -23,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,6 +41,7 @@ from ledger import partitions, sql
 from ledger.crypto import is_redacted
 from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload
 from ledger.outputs import outputs_delete_for
+from ledger.passes import PASS_ROW_FAILURES, failure_text, row_isolated
 from ledger.tombstones import tombstones_create
 from ledger.uploads import uploads_purge
 from review.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
@@ -56,6 +57,8 @@ from review.models import (
 from review.privacy import redaction_marker
 
 log = logging.getLogger("onceguard.retention")
+# The label of this pass's failures (ledger.passes).
+JOB = "retention_purge"
 
 
 def retention_setting(name: str, default: Any) -> Any:
@@ -115,6 +118,13 @@ class TenantPurge:
     budget: PurgeBudget
     counts: dict[str, TypeCounts] = field(default_factory=dict)
     exhausted: bool = False
+    # Rows (or steps) that raised and were left in place for a later run (ledger.passes).
+    failures: int = 0
+    failure: str = ""
+
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        self.failure = failure_text(JOB, exc)
 
 
 def _days(value: Any) -> timedelta | None:
@@ -189,6 +199,43 @@ def _keyset_batches(tp: TenantPurge, rows: Any, column: str) -> Iterator[list[in
             return
 
 
+def _each_batch(
+    tp: TenantPurge, rows: Any, column: str, counts: TypeCounts, batch: Callable[[list[int]], None]
+) -> None:
+    """``batch(ids)`` for each keyset batch, each in its own transaction. A batch that raises
+    is rolled back (its counts with it) and its rows tried one by one, each in its own
+    transaction: a row that still raises is left for a later run — counted, logged and
+    recorded on the run (ledger.passes) — and the others are purged all the same."""
+    for ids in _keyset_batches(tp, rows, column):
+        if _batch_done(tp, counts, batch, ids, isolated=False):
+            continue
+        for pk in ids:
+            _batch_done(tp, counts, batch, [pk], isolated=True)
+
+
+def _batch_done(
+    tp: TenantPurge, counts: TypeCounts, batch: Callable[[list[int]], None], ids: list[int], *, isolated: bool
+) -> bool:
+    before, created = dict(counts.__dict__), tp.run.tombstones_created
+    try:
+        if isolated:
+            ok = False
+            with row_isolated(job=JOB, ref=f"tenant={tp.run.tenant_id} row={ids[0]}", on_failure=tp.failed):
+                batch(ids)
+                ok = True
+        else:
+            with transaction.atomic():
+                batch(ids)
+            ok = True
+    except Exception:
+        # The whole batch: each row is tried alone next (the caller), which counts and logs.
+        ok = False
+    if not ok:
+        counts.__dict__.update(before)
+        tp.run.tombstones_created = created
+    return ok
+
+
 def _not_redacted(*columns: str) -> Q:
     q = Q()
     for column in columns:
@@ -204,27 +251,25 @@ def _redact_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
     rows = Operation.objects.filter(
         tenant_id=tp.run.tenant_id, updated_at__lt=cutoff, status__in=TERMINAL_STATES, done_at__lt=cutoff
     ).filter(_not_redacted(*columns))
-    for ids in _keyset_batches(tp, rows, "updated_at"):
-        with transaction.atomic():
-            changed: list[tuple[int, list[Any]]] = []
-            for op in (
-                Operation.objects.select_for_update()
-                .filter(pk__in=ids, status__in=TERMINAL_STATES)
-                .only("pk", *columns)
-            ):
-                values = []
-                for column in columns:
-                    value = getattr(op, column)
-                    if value is not None and not is_redacted(value):
-                        value = redaction_marker(
-                            value=value, policy_id=_policy_ref(policy), run_id=tp.run.pk, at=tp.now
-                        )
-                    values.append(value)
-                changed.append((op.pk, values))
-            # One statement per chunk; updated_at is left alone (the record's age for its TTL).
-            _update_json_columns(Operation, columns, changed)
-            Attempt.objects.filter(operation_id__in=ids, response_body__isnull=False).update(response_body=None)
-            counts.redacted += len(changed)
+
+    def batch(ids: list[int]) -> None:
+        changed: list[tuple[int, list[Any]]] = []
+        for op in (
+            Operation.objects.select_for_update().filter(pk__in=ids, status__in=TERMINAL_STATES).only("pk", *columns)
+        ):
+            values = []
+            for column in columns:
+                value = getattr(op, column)
+                if value is not None and not is_redacted(value):
+                    value = redaction_marker(value=value, policy_id=_policy_ref(policy), run_id=tp.run.pk, at=tp.now)
+                values.append(value)
+            changed.append((op.pk, values))
+        # One statement per chunk; updated_at is left alone (the record's age for its TTL).
+        _update_json_columns(Operation, columns, changed)
+        Attempt.objects.filter(operation_id__in=ids, response_body__isnull=False).update(response_body=None)
+        counts.redacted += len(changed)
+
+    _each_batch(tp, rows, "updated_at", counts, batch)
 
 
 def _delete_operation_rows(ids: list[int]) -> None:
@@ -276,35 +321,35 @@ def _delete_operations(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
     rows = Operation.objects.filter(
         tenant_id=tp.run.tenant_id, updated_at__lt=cutoff, status__in=TERMINAL_STATES, done_at__lt=cutoff
     )
-    for ids in _keyset_batches(tp, rows, "updated_at"):
-        with transaction.atomic():
-            # Lock the batch (two columns only), then drop what is still referenced (a living
-            # DLQ entry, an operation it superseded): those wait for a later run.
-            locked = dict(
-                Operation.objects.select_for_update()
-                .filter(pk__in=ids, status__in=TERMINAL_STATES)
-                .values_list("pk", "superseded_by_id")
-            )
-            referenced = set(FailedEvent.objects.filter(operation_id__in=ids).values_list("operation_id", flat=True))
-            referenced |= set(
-                Operation.objects.filter(superseded_by_id__in=ids).values_list("superseded_by_id", flat=True)
-            )
-            counts.skipped_referenced += len(referenced & set(locked))
-            op_ids = [pk for pk in locked if pk not in referenced]
-            if not op_ids:
-                continue
-            superseded = [pk for pk in op_ids if locked[pk]]
-            plain = [pk for pk in op_ids if not locked[pk]]
-            made = tombstones_create(plain_ids=plain, superseded_ids=superseded, deleted_at=tp.now)
-            # The person's trail keeps the link (keyed digest, id) to say the record was deleted.
-            SubjectIndex.objects.filter(
-                record_type=RecordType.OPERATIONS, record_id__in=op_ids, gone_at__isnull=True
-            ).update(gone_at=tp.now)
-            # Published outputs go with their operation: rows here, bytes once this commits.
-            outputs_delete_for(operation_ids=op_ids)
-            _delete_operation_rows(op_ids)
-            counts.deleted += len(op_ids)
-            tp.run.tombstones_created += made
+
+    def batch(ids: list[int]) -> None:
+        # Lock the batch (two columns only), then drop what is still referenced (a living
+        # DLQ entry, an operation it superseded): those wait for a later run.
+        locked = dict(
+            Operation.objects.select_for_update()
+            .filter(pk__in=ids, status__in=TERMINAL_STATES)
+            .values_list("pk", "superseded_by_id")
+        )
+        referenced = set(FailedEvent.objects.filter(operation_id__in=ids).values_list("operation_id", flat=True))
+        referenced |= set(Operation.objects.filter(superseded_by_id__in=ids).values_list("superseded_by_id", flat=True))
+        counts.skipped_referenced += len(referenced & set(locked))
+        op_ids = [pk for pk in locked if pk not in referenced]
+        if not op_ids:
+            return
+        superseded = [pk for pk in op_ids if locked[pk]]
+        plain = [pk for pk in op_ids if not locked[pk]]
+        made = tombstones_create(plain_ids=plain, superseded_ids=superseded, deleted_at=tp.now)
+        # The person's trail keeps the link (keyed digest, id) to say the record was deleted.
+        SubjectIndex.objects.filter(
+            record_type=RecordType.OPERATIONS, record_id__in=op_ids, gone_at__isnull=True
+        ).update(gone_at=tp.now)
+        # Published outputs go with their operation: rows here, bytes once this commits.
+        outputs_delete_for(operation_ids=op_ids)
+        _delete_operation_rows(op_ids)
+        counts.deleted += len(op_ids)
+        tp.run.tombstones_created += made
+
+    _each_batch(tp, rows, "updated_at", counts, batch)
 
 
 def _redact_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
@@ -315,18 +360,18 @@ def _redact_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: Type
         .filter(payload__isnull=False)
         .exclude(payload__has_key="_redacted")
     )
-    for ids in _keyset_batches(tp, rows, "updated_at"):
-        with transaction.atomic():
-            for event in (
-                FailedEvent.objects.select_for_update().filter(pk__in=ids, status__in=closed).only("pk", "payload")
-            ):
-                marker = redaction_marker(
-                    value=event.payload, policy_id=_policy_ref(policy), run_id=tp.run.pk, at=tp.now
-                )
-                # .update(): the row's updated_at (its age for the record TTL) stays as it was.
-                FailedEvent.objects.filter(pk=event.pk).update(payload=marker)
-                Replay.objects.filter(event_id=event.pk, response_body__isnull=False).update(response_body=None)
-                counts.redacted += 1
+
+    def batch(ids: list[int]) -> None:
+        for event in (
+            FailedEvent.objects.select_for_update().filter(pk__in=ids, status__in=closed).only("pk", "payload")
+        ):
+            marker = redaction_marker(value=event.payload, policy_id=_policy_ref(policy), run_id=tp.run.pk, at=tp.now)
+            # .update(): the row's updated_at (its age for the record TTL) stays as it was.
+            FailedEvent.objects.filter(pk=event.pk).update(payload=marker)
+            Replay.objects.filter(event_id=event.pk, response_body__isnull=False).update(response_body=None)
+            counts.redacted += 1
+
+    _each_batch(tp, rows, "updated_at", counts, batch)
 
 
 def _discard_stale_pending(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
@@ -336,7 +381,7 @@ def _discard_stale_pending(tp: TenantPurge, policy: RetentionPolicy, counts: Typ
     )
     for ids in _keyset_batches(tp, stale, "failed_at"):
         for event in FailedEvent.objects.filter(pk__in=ids, status=FailedEventStatus.PENDING).only("pk", "event_id"):
-            with transaction.atomic():
+            with row_isolated(job=JOB, ref=f"tenant={tp.run.tenant_id} event={event.pk}", on_failure=tp.failed):
                 # The alert first, in the same transaction: nobody loses an entry unannounced.
                 alert_raise(
                     tenant_id=tp.run.tenant_id,
@@ -367,14 +412,16 @@ def _delete_failed_events(tp: TenantPurge, policy: RetentionPolicy, counts: Type
         # Entries retention itself discarded stay visible for the grace period first.
         ~Q(status_note__startswith="retention:") | Q(updated_at__lt=tp.now - grace)
     )
-    for ids in _keyset_batches(tp, rows, "failed_at"):
-        with transaction.atomic():
-            gone = list(FailedEvent.objects.filter(pk__in=ids, status__in=closed).values_list("pk", flat=True))
-            SubjectIndex.objects.filter(
-                record_type=RecordType.FAILED_EVENTS, record_id__in=gone, gone_at__isnull=True
-            ).update(gone_at=tp.now)
-            FailedEvent.objects.filter(pk__in=gone, status__in=closed).delete()
-            counts.deleted += len(ids)
+
+    def batch(ids: list[int]) -> None:
+        gone = list(FailedEvent.objects.filter(pk__in=ids, status__in=closed).values_list("pk", flat=True))
+        SubjectIndex.objects.filter(
+            record_type=RecordType.FAILED_EVENTS, record_id__in=gone, gone_at__isnull=True
+        ).update(gone_at=tp.now)
+        FailedEvent.objects.filter(pk__in=gone, status__in=closed).delete()
+        counts.deleted += len(ids)
+
+    _each_batch(tp, rows, "failed_at", counts, batch)
 
 
 def _delete_access_log(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
@@ -382,19 +429,21 @@ def _delete_access_log(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
     # save, but one written straight into the table must not shorten the log either).
     cutoff = tp.now - max(policy.record_ttl, access_log_min_retention())
     rows = AccessLog.objects.filter(tenant_id=tp.run.tenant_id, at__lt=cutoff)
+
     # A prefix of the chain, oldest first: the chain stays verifiable from the anchor.
-    for ids in _keyset_batches(tp, rows, "seq"):
-        with transaction.atomic():
-            lock_chain(tp.run.tenant_id)
-            last_seq, last_hash = AccessLog.objects.filter(pk=ids[-1]).values_list("seq", "hash").get()
-            AccessLog.objects.filter(tenant_id=tp.run.tenant_id, seq__lte=last_seq).delete()
-            # The new anchor is a signed checkpoint written in the same transaction as the
-            # cut, so the chain can always be verified from what is left; the run shows it.
-            checkpoint_write(tenant_id=tp.run.tenant_id, kind=CheckpointKind.PURGE, seq=last_seq, hash=last_hash)
-            tp.run.accesslog_anchor_seq = last_seq
-            tp.run.accesslog_anchor_hash = last_hash
-            tp.run.save(update_fields=["accesslog_anchor_seq", "accesslog_anchor_hash"])
-            counts.deleted += len(ids)
+    def batch(ids: list[int]) -> None:
+        lock_chain(tp.run.tenant_id)
+        last_seq, last_hash = AccessLog.objects.filter(pk=ids[-1]).values_list("seq", "hash").get()
+        AccessLog.objects.filter(tenant_id=tp.run.tenant_id, seq__lte=last_seq).delete()
+        # The new anchor is a signed checkpoint written in the same transaction as the
+        # cut, so the chain can always be verified from what is left; the run shows it.
+        checkpoint_write(tenant_id=tp.run.tenant_id, kind=CheckpointKind.PURGE, seq=last_seq, hash=last_hash)
+        tp.run.accesslog_anchor_seq = last_seq
+        tp.run.accesslog_anchor_hash = last_hash
+        tp.run.save(update_fields=["accesslog_anchor_seq", "accesslog_anchor_hash"])
+        counts.deleted += len(ids)
+
+    _each_batch(tp, rows, "seq", counts, batch)
 
 
 def _delete_uploads(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
@@ -405,13 +454,15 @@ def _delete_uploads(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts
         return
     cutoff = tp.now - min(ttls)
     rows = Upload.objects.filter(tenant_id=tp.run.tenant_id, created_at__lt=cutoff)
-    for ids in _keyset_batches(tp, rows, "created_at"):
-        with transaction.atomic():
-            # Not one a job that can still run names (its retain_until, read under the row's
-            # lock): that one waits for a later run (ledger.uploads.uploads_purge).
-            deleted, kept = uploads_purge(tenant_id=tp.run.tenant_id, upload_ids=ids, now=tp.now)
-            counts.deleted += deleted
-            counts.skipped_referenced += kept
+
+    def batch(ids: list[int]) -> None:
+        # Not one a job that can still run names (its retain_until, read under the row's
+        # lock): that one waits for a later run (ledger.uploads.uploads_purge).
+        deleted, kept = uploads_purge(tenant_id=tp.run.tenant_id, upload_ids=ids, now=tp.now)
+        counts.deleted += deleted
+        counts.skipped_referenced += kept
+
+    _each_batch(tp, rows, "created_at", counts, batch)
 
 
 def _expire_gone_links(tp: TenantPurge) -> None:
@@ -466,29 +517,21 @@ def retention_purge_tenant(
             if policy.legal_hold:
                 counts.held = True
                 continue
-            # Deletes before redactions: a row about to go is not worth redacting first, and a
-            # row that cannot go yet (still referenced) is redacted all the same.
-            if record_type == RecordType.OPERATIONS:
-                if policy.record_ttl is not None:
-                    _delete_operations(tp, policy, counts)
-                if policy.payload_ttl is not None:
-                    _redact_operations(tp, policy, counts)
-            elif record_type == RecordType.FAILED_EVENTS:
-                if policy.record_ttl is not None:
-                    _discard_stale_pending(tp, policy, counts)
-                    _delete_failed_events(tp, policy, counts)
-                if policy.payload_ttl is not None:
-                    _redact_failed_events(tp, policy, counts)
-            elif record_type == RecordType.ACCESS_LOG and policy.record_ttl is not None:
-                _delete_access_log(tp, policy, counts)
-            elif record_type == RecordType.UPLOADS:
-                _delete_uploads(tp, policy, counts)
+            # One record type's failure (its rows are isolated in _each_batch; this covers the
+            # rest of the step) leaves the other types to be purged.
+            with row_isolated(
+                job=JOB, ref=f"tenant={tenant_id} type={record_type}", on_failure=tp.failed, atomic=False
+            ):
+                _purge_type(tp, record_type, policy, counts)
         _expire_tombstones(tp)
         _expire_gone_links(tp)
         # Every purge leaves the tenant's access-log head signed (review.accesslog).
         accesslog_checkpoint(tenant_id=tenant_id)
-        run.status = RetentionRunStatus.PARTIAL if tp.exhausted else RetentionRunStatus.DONE
+        run.status = RetentionRunStatus.PARTIAL if tp.exhausted or tp.failures else RetentionRunStatus.DONE
+        if tp.failures:
+            run.error = f"{tp.failures} rows or steps left for a later run; the last: {tp.failure}"[:500]
     except Exception as exc:
+        PASS_ROW_FAILURES.labels(job=JOB).inc()
         run.status = RetentionRunStatus.FAILED
         run.error = f"{type(exc).__name__}"[:500]
         log.exception("retention_failed tenant=%s run=%s", tenant_id, run.pk)
@@ -515,6 +558,26 @@ def retention_purge_tenant(
         (time.monotonic() - started) * 1000,
     )
     return run
+
+
+def _purge_type(tp: TenantPurge, record_type: str, policy: RetentionPolicy, counts: TypeCounts) -> None:
+    # Deletes before redactions: a row about to go is not worth redacting first, and a
+    # row that cannot go yet (still referenced) is redacted all the same.
+    if record_type == RecordType.OPERATIONS:
+        if policy.record_ttl is not None:
+            _delete_operations(tp, policy, counts)
+        if policy.payload_ttl is not None:
+            _redact_operations(tp, policy, counts)
+    elif record_type == RecordType.FAILED_EVENTS:
+        if policy.record_ttl is not None:
+            _discard_stale_pending(tp, policy, counts)
+            _delete_failed_events(tp, policy, counts)
+        if policy.payload_ttl is not None:
+            _redact_failed_events(tp, policy, counts)
+    elif record_type == RecordType.ACCESS_LOG and policy.record_ttl is not None:
+        _delete_access_log(tp, policy, counts)
+    elif record_type == RecordType.UPLOADS:
+        _delete_uploads(tp, policy, counts)
 
 
 def _operation_cutoffs(now: datetime) -> dict[int, datetime]:
@@ -585,7 +648,8 @@ def retention_drop_partitions(*, now: datetime | None = None) -> list[str]:
                 continue
             # One transaction per partition: DROP locks the partitioned table (every claim
             # writes to it) until the commit right after it, never while the next one is checked.
-            with transaction.atomic():
+            # One month that cannot be checked or dropped is left for the next pass (ledger.passes).
+            with row_isolated(job=JOB, ref=f"partition={part.name}"):
                 with connection.cursor() as cursor:
                     cursor.execute("LOCK TABLE review_retentionpolicy IN SHARE MODE")
                 if not _partition_keeps_something(part, _operation_cutoffs(now)) and partitions.partition_drop(part):
@@ -613,16 +677,19 @@ def retention_purge(
         tenant_ids |= set(Tenant.objects.values_list("pk", flat=True))
     runs = []
     for tenant_id in sorted(tenant_ids & set(Tenant.objects.values_list("pk", flat=True))):
-        run = retention_purge_tenant(
-            tenant_id=tenant_id,
-            now=now,
-            batch_size=batch_size,
-            max_batches=max_batches,
-            trigger=trigger,
-            pass_id=pass_id,
-        )
-        if run is not None:
-            runs.append(run)
+        # A tenant whose run cannot even be recorded does not stop the others. Not one
+        # transaction around the tenant's run: its batches commit one by one.
+        with row_isolated(job=JOB, ref=f"tenant={tenant_id}", atomic=False):
+            run = retention_purge_tenant(
+                tenant_id=tenant_id,
+                now=now,
+                batch_size=batch_size,
+                max_batches=max_batches,
+                trigger=trigger,
+                pass_id=pass_id,
+            )
+            if run is not None:
+                runs.append(run)
     return runs
 
 

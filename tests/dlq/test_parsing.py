@@ -9,7 +9,7 @@ import pytest
 
 from dlq.models import FailedEventShape
 from dlq.parsing import error_class_from_report, parse_failure
-from ledger.errors import InvalidKey, MalformedJson, ValidationFailed
+from ledger.errors import MalformedJson, ValidationFailed
 from ledger.search import search_values
 from tests.dlq.conftest import example, example_bytes
 
@@ -105,13 +105,19 @@ def test_envelope_without_event_id_shares_the_n8n_identity_of_its_execution():
     [
         ({"payload": {}, "error_class": "bogus"}, ValidationFailed),
         ({"payload": {}, "event_id": "x" * 300}, ValidationFailed),
-        ({"payload": {}, "idempotency_key": " padded "}, InvalidKey),
         ({"payload": {}, "event_id": "e", "retry_count": -1}, ValidationFailed),
     ],
 )
 def test_a_malformed_envelope_is_refused_with_a_named_error(body, error):
     with pytest.raises(error):
         parse_failure(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("key", [" padded ", "lead-\uff43:1", "a\x07b", "x" * 256])
+def test_an_envelope_whose_key_breaks_the_key_rule_is_kept_with_no_usable_key(key):
+    # Never refused for its key: the failure report is what matters (ledger.key_rules).
+    parsed = parse_failure(json.dumps({"payload": {}, "event_id": "e", "idempotency_key": key}).encode())
+    assert parsed.original_key == ""
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,7 @@ def test_claiming_an_execute_mode_key_through_claims_is_409_managed_by_service(a
     ("change", "code"),
     [
         ({"provider": "nope"}, "unknown_provider"),
-        ({"provider": "_callbacks"}, "unknown_provider"),
+        ({"provider": "_callbacks"}, "reserved_provider"),
         ({"request": {"method": "TRACE", "path": "/charges"}}, "validation_error"),
         ({"request": {"method": "POST", "path": "https://evil.example/x"}}, "validation_error"),
         ({"request": {"method": "POST", "path": "//evil.example/x"}}, "validation_error"),
