@@ -126,6 +126,12 @@ def failed_event_find(*, tenant_id: int, identity: str) -> FailedEvent | None:
     return alias.event if alias is not None else None
 
 
+def failed_events_of_key(*, tenant_id: int, key: str, target_slug: str) -> QuerySet[FailedEvent]:
+    """Every entry of a business key for one target (``fe_key_idx``), whatever its state and
+    whenever it was stored: the console shows them linked."""
+    return FailedEvent.objects.filter(tenant_id=tenant_id, original_key=key, replay_target_slug=target_slug)
+
+
 def n8n_connection_active(*, tenant_id: int) -> bool:
     """The tenant has an n8n connection that lead capture may use (switched on, with a key)."""
     return N8nConnection.objects.filter(tenant_id=tenant_id, active=True, api_key_secret__isnull=False).exists()

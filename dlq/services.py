@@ -41,20 +41,25 @@ from dlq.errors import (
     EventTooLarge,
     FailedEventBusy,
     FailedEventClosed,
+    KeyOpenInNewerEntry,
     NoteRequired,
     ReplayInProgress,
     ReplayNeedsForce,
 )
 from dlq.models import (
+    BUSINESS_KEY_SOURCES,
     FE_ALLOWED_TRANSITIONS,
+    FE_OPEN_STATES,
     FE_TERMINAL_STATES,
     BulkReplay,
     BulkReplayStatus,
     FailedEvent,
     FailedEventAlias,
     FailedEventChange,
+    FailedEventOccurrence,
     FailedEventShape,
     FailedEventStatus,
+    KeySource,
     N8nConnection,
     PayloadFetch,
     PayloadSource,
@@ -292,7 +297,8 @@ def quarantine_reason_of(operation: Operation) -> str:
 @dataclass(frozen=True)
 class IngestResult:
     event: FailedEvent
-    # "created"; "repost" (the same report again); "retry" (an n8n retry of a known execution).
+    # "created"; "repost" (the same report again); "retry" (an n8n retry of a known execution);
+    # "occurrence" (another failure of a business key whose entry is open).
     outcome: str
 
     @property
@@ -311,6 +317,9 @@ def failed_event_ingest(
     """Store a reported failure once, by its identity (DESIGN §4); unknown shapes are kept raw.
 
     ``explicit_key`` (an Idempotency-Key header) is the original key when the body names none.
+    A report with a business key (the envelope's, the header's, or the failed request's in an
+    n8n Error Trigger report) is one entry per key, tenant and target while that entry is open:
+    a second failure is another occurrence of it; after it closed, a new entry linked to it.
     """
     limit = int(dlq_setting("MAX_EVENT_BYTES"))
     if len(raw) > limit:
@@ -318,12 +327,16 @@ def failed_event_ingest(
     parsed = parse_failure(raw)
     if explicit_key:
         explicit_key = ledger_services.validate_key(explicit_key)
-        if parsed.original_key and parsed.original_key != explicit_key:
+        reported = parsed.key_source in (KeySource.REPORTED, KeySource.REPORTED_WITH_ID)
+        if reported and parsed.original_key != explicit_key:
             raise InvalidKey("The body's idempotency_key and the Idempotency-Key header disagree.")
-        parsed.original_key = explicit_key
+        if not reported:
+            parsed.key_source = KeySource.REPORTED_WITH_ID if parsed.explicit_identity else KeySource.REPORTED
+        parsed.original_key, parsed.key_note = explicit_key, ""
     if replay_target:
         parsed.replay_target_slug = replay_target[:63]
-    # A concurrent report of the same failure may win an insert; the next round is a repost.
+    # A concurrent report of the same failure (or of the same open key) may win an insert;
+    # the next round finds it: a repost or an occurrence.
     for round_ in range(3):
         try:
             with transaction.atomic():
@@ -333,15 +346,53 @@ def failed_event_ingest(
                 raise
             continue
         log.info(
-            "dlq_ingested tenant=%s event=%s outcome=%s shape=%s weak=%s",
+            "dlq_ingested tenant=%s event=%s outcome=%s shape=%s weak=%s key_source=%s",
             tenant.slug,
             result.event.pk,
             result.outcome,
             parsed.shape,
             parsed.weak,
+            parsed.key_source or "identity",
         )
         return result
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _occurrence_record(*, event: FailedEvent, parsed: ParsedFailure, number: int) -> None:
+    FailedEventOccurrence.objects.create(
+        tenant_id=event.tenant_id,
+        event=event,
+        number=number,
+        identity=parsed.identity,
+        source_workflow_id=parsed.source.get("workflow_id", ""),
+        source_execution_id=parsed.source.get("execution_id", ""),
+        error_message=parsed.error_message,
+        error_class=parsed.error_class,
+    )
+
+
+def _occurrence_add(*, event: FailedEvent, parsed: ParsedFailure, now: datetime, actor: str, why: str) -> FailedEvent:
+    """Another failure the (locked) entry stands for: counted, its error kept as the last one,
+    its execution kept on an occurrence row and in the history."""
+    number = event.occurrence_count + 1
+    sets: dict[str, Any] = {"last_seen_at": now, "occurrence_count": number, "updated_at": now}
+    if parsed.error_message:
+        sets["error_message"] = parsed.error_message
+    if parsed.error_class:
+        sets["error_class"] = parsed.error_class
+    FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id).update(**sets)
+    _occurrence_record(event=event, parsed=parsed, number=number)
+    execution = parsed.source.get("execution_id", "")
+    _log_change(
+        event_pk=event.pk,
+        tenant_id=event.tenant_id,
+        old=event.status,
+        new=event.status,
+        actor=actor,
+        note=f"occurrence {number} ({why})" + (f": execution {execution}" if execution else f": {parsed.identity}"),
+    )
+    event.refresh_from_db()
+    return event
 
 
 def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> IngestResult:
@@ -356,20 +407,41 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         if root is not None:
             # The same failure again: count the retry, remember the retry's own identity.
             FailedEventAlias.objects.create(tenant=tenant, identity=parsed.identity, event=root)
-            sets: dict[str, Any] = {"last_seen_at": now, "retry_count": F("retry_count") + 1}
-            if parsed.error_message:
-                sets["error_message"] = parsed.error_message
-            FailedEvent.objects.filter(pk=root.pk).update(**sets)
-            root.refresh_from_db()
+            root = FailedEvent.objects.select_for_update().get(pk=root.pk, tenant_id=tenant.pk)
+            FailedEvent.objects.filter(pk=root.pk).update(retry_count=F("retry_count") + 1)
+            root = _occurrence_add(event=root, parsed=parsed, now=now, actor=actor, why="an n8n retry")
             return IngestResult(root, "retry")
+    previous: FailedEvent | None = None
+    if parsed.key_source in BUSINESS_KEY_SOURCES:
+        same_key = selectors.failed_events_of_key(
+            tenant_id=tenant.pk, key=parsed.original_key, target_slug=parsed.replay_target_slug
+        )
+        held = (
+            same_key.filter(status__in=FE_OPEN_STATES, key_source__in=BUSINESS_KEY_SOURCES).select_for_update().first()
+        )
+        if held is not None:
+            # The same business key failing again while its entry is open (the caller re-sent
+            # the webhook, n8n retried the execution): one entry, one replay, one effect.
+            FailedEventAlias.objects.create(tenant=tenant, identity=parsed.identity, event=held)
+            return IngestResult(
+                _occurrence_add(event=held, parsed=parsed, now=now, actor=actor, why="the same key failed again"),
+                "occurrence",
+            )
+        # Closed (replayed, resolved, discarded): a new entry, linked to the latest one.
+        previous = same_key.exclude(status__in=FE_OPEN_STATES).order_by("-id").first()
     source = parsed.source
     # Lead capture (dlq.n8n): an Error Trigger report names the failed execution, not its
-    # items; with the tenant's n8n connection they are fetched after commit.
+    # items; with the tenant's n8n connection they are fetched after commit. A report that
+    # carries the failed request holds the failed item already.
     fetch = (
         parsed.shape == FailedEventShape.N8N_EXECUTION
+        and not parsed.from_request
         and bool(source.get("execution_id"))
         and selectors.n8n_connection_active(tenant_id=tenant.pk)
     )
+    key_note = parsed.key_note
+    if previous is not None:
+        key_note = (key_note + " " if key_note else "") + f"The same key failed before: entry {previous.pk}."
     event = FailedEvent.objects.create(
         tenant=tenant,
         event_id=parsed.identity,
@@ -389,10 +461,16 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         last_seen_at=now,
         retry_count=parsed.retry_count,
         original_key=parsed.original_key or parsed.identity,
+        key_source=parsed.key_source,
+        key_note=_note(key_note),
+        key_field=parsed.key_field,
+        request_headers=parsed.request_headers,
+        previous=previous,
         replay_target_slug=parsed.replay_target_slug,
         quarantine_reason=_quarantine_reason(parsed.error_class, parsed.error_message),
         payload_fetch=PayloadFetch.PENDING if fetch else PayloadFetch.NONE,
     )
+    _occurrence_record(event=event, parsed=parsed, number=1)
     if fetch:
         # In the cluster, after commit: ingestion never waits on n8n.
         transaction.on_commit(
@@ -411,7 +489,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         old="",
         new=FE.PENDING,
         actor=actor,
-        note=f"ingested ({parsed.shape})",
+        note=f"ingested ({parsed.shape})" + (f", after entry {previous.pk} of the same key" if previous else ""),
     )
     _alert_new(event)
     return IngestResult(event, "created")
@@ -767,9 +845,18 @@ def _replay_begin(
             counters["auto_replay_count"] = F("auto_replay_count") + 1
         for state in (FE.PENDING, FE.REPLAYED) if force else (FE.PENDING,):
             # Zero rows: a double click, a second operator or the schedule got here first.
-            if FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id, status=state).update(
-                status=FE.REPLAYING, **counters
-            ):
+            try:
+                with transaction.atomic():
+                    moved = FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id, status=state).update(
+                        status=FE.REPLAYING, **counters
+                    )
+            except IntegrityError:
+                # replayed → replaying would make two open entries of one business key
+                # (failedevent_one_open_per_key): a newer failure of the key is open.
+                raise KeyOpenInNewerEntry(
+                    "A newer entry of this business key is open; replay that one instead."
+                ) from None
+            if moved:
                 old = state
                 break
         if old is None:
