@@ -231,7 +231,8 @@ def failed_request_of(error: dict[str, Any]) -> FailedRequest | None:
     if not request:
         return None
     headers = {
-        str(name).lower(): _text(value, 255)
+        # As sent (not stripped): a key with blanks around it is no usable key, not another key.
+        str(name).lower(): str(value)[:1000]
         for name, value in _dict(request.get("headers")).items()
         if str(name).lower() in REQUEST_HEADERS_KEPT and isinstance(value, (str, int))
     }
@@ -239,6 +240,12 @@ def failed_request_of(error: dict[str, Any]) -> FailedRequest | None:
     if body is None and "body" not in request:
         return None
     return FailedRequest(body=body, headers=headers)
+
+
+def failed_item_index(report: Any) -> int | None:
+    """The failed item's index an Error Trigger report names (``execution.error.context``)."""
+    item = report[0] if isinstance(report, list) and len(report) == 1 else report
+    return _item_index(_dict(_dict(_dict(item).get("execution")).get("error")))
 
 
 def _item_index(error: dict[str, Any]) -> int | None:

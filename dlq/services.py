@@ -69,7 +69,7 @@ from dlq.models import (
     ReplayTrigger,
     n8n_base_url_check,
 )
-from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
+from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index, failed_request_key, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
 from ledger import adapters, polling, storable, tasks
 from ledger import services as ledger_services
@@ -595,7 +595,8 @@ def failed_event_n8n_fetch(*, event_pk: int, sleep: Callable[[float], None] = ti
         )
     except n8n.FetchFailed as exc:
         return _payload_fetch_failed(event, exc.reason)
-    payload = n8n.items_payload(found)
+    held = n8n.items_payload(found, item_index=failed_item_index(open_payload(event.payload)))
+    payload = held.payload
     if storable.nul_problem(payload) is not None:
         return _payload_fetch_failed(event, "the failed node's input items hold a NUL character, which is not stored")
     size, limit = n8n.payload_bytes(payload), int(dlq_setting("MAX_EVENT_BYTES"))
@@ -604,10 +605,36 @@ def failed_event_n8n_fetch(*, event_pk: int, sleep: Callable[[float], None] = ti
             event,
             f"the failed node's input items are {size} bytes; an entry holds at most {limit} (DLQ_MAX_EVENT_BYTES)",
         )
-    return _payload_fetched(event, found, payload)
+    return _payload_fetched(event, found, held)
 
 
-def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, payload: dict[str, Any]) -> FailedEvent:
+def _fetched_key(event: FailedEvent, held: n8n.HeldItems) -> dict[str, Any]:
+    """The key columns once the failed item is known: the declared field's value in it (an
+    entry whose report named no request had no key to look for); unchanged when none is found
+    or the key is held open by another entry of the key (the console links them)."""
+    if event.key_source != KeySource.MISSING:
+        return {}
+    if held.item is None:
+        return {"key_note": _note(held.note)}
+    if not event.key_field:
+        return {}
+    derived = failed_request_key(headers={}, body=held.item, key_field=event.key_field)
+    if not derived.key:
+        return {"key_note": _note(derived.note)}
+    held_open = (
+        selectors.failed_events_of_key(tenant_id=event.tenant_id, key=derived.key, target_slug=event.replay_target_slug)
+        .filter(status__in=FE_OPEN_STATES, key_source__in=BUSINESS_KEY_SOURCES)
+        .exclude(pk=event.pk)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if held_open is not None:
+        return {"key_note": _note(f"The fetched item's key is held open by entry {held_open}: the same failure.")}
+    return {"original_key": derived.key, "key_source": derived.source, "key_note": _note(derived.note)}
+
+
+def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, held: n8n.HeldItems) -> FailedEvent:
+    payload = held.payload
     binary = f"; {found.with_binary} carried binary data, which is not fetched" if found.with_binary else ""
     count = len(found.items)
     note = ledger_services.sanitize_message(
@@ -630,6 +657,7 @@ def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, payload: dict[s
             payload_fetch_note=note,
             payload_fetched_at=now,
             updated_at=now,
+            **_fetched_key(event, held),
         )
         if moved:
             index_payload(
