@@ -972,6 +972,8 @@ def failed_event_replay(
     event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
     if is_redacted(event.payload):
         raise FailedEventClosed("This entry's payload was redacted by retention; there is nothing to replay.")
+    if correction is None and not to_provider:
+        held_items(event)
     provider: Provider | None = None
     target: ReplayTarget | None = None
     if to_provider:
@@ -1021,7 +1023,7 @@ def failed_event_replay(
             assert target is not None
             answer = send_to_target(
                 target=target,
-                payload=correction.payload if correction is not None else open_payload(event.payload),
+                payload=correction.payload if correction is not None else replay_body(event),
                 key=replay.sent_key,
                 event_pk=event.pk,
                 number=replay.number,
@@ -1029,6 +1031,38 @@ def failed_event_replay(
     except Exception as exc:  # anything else mid-send: we cannot know whether it arrived
         answer = TargetAnswer(False, None, None, ErrorClass.AMBIGUOUS, f"send failed: {type(exc).__name__}", 0)
     return _replay_finish(replay=replay, event=event, op=op, answer=answer, actor=actor)
+
+
+def held_items(event: FailedEvent) -> int:
+    """How many fetched items an entry holds together (lead capture stored before the failed
+    item was kept alone, or several items the error named none of); 1 for any other entry.
+    Several are refused: a replay sends the failed item only, one request per item, and
+    re-sending the items that succeeded before the failure would repeat their effects."""
+    if event.payload_source != PayloadSource.N8N_EXECUTION_FETCH:
+        return 1
+    payload = open_payload(event.payload)
+    items = payload.get("items") if isinstance(payload, dict) and set(payload) == {"items"} else None
+    if isinstance(items, list) and len(items) > 1:
+        raise ValidationFailed(
+            f"This entry holds {len(items)} input items and the failed one cannot be told apart; replaying would"
+            " re-send the items that succeeded. Replay a correction holding the failed item, or resolve it."
+        )
+    return 1
+
+
+def replay_body(event: FailedEvent) -> Any:
+    """What a replay sends: the failed item's body. An entry of lead capture stored as
+    ``{"items": [item]}`` (before the failed item was kept alone) sends its one item."""
+    payload = open_payload(event.payload)
+    if (
+        event.payload_source == PayloadSource.N8N_EXECUTION_FETCH
+        and isinstance(payload, dict)
+        and set(payload) == {"items"}
+        and isinstance(payload["items"], list)
+        and len(payload["items"]) == 1
+    ):
+        return payload["items"][0]
+    return payload
 
 
 def _replay_refused(*, replay: Replay, actor: str, why: str) -> None:

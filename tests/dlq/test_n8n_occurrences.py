@@ -11,13 +11,15 @@ import threading
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from dlq import services as dlq_services
 from dlq.errors import KeyOpenInNewerEntry
 from dlq.models import FailedEvent, FailedEventOccurrence
 from dlq.parsing import failed_request_key
-from dlq.payloads import open_payload
+from dlq.payloads import open_payload, seal_payload
 from ledger import services as ledger
+from ledger.errors import ValidationFailed
 from tests.dlq.conftest import example, post_raw
 from tests.dlq.test_concurrency import run_together
 
@@ -208,3 +210,34 @@ def test_ten_concurrent_failures_of_one_key_are_one_entry_with_ten_occurrences(t
     event = FailedEvent.objects.get()
     assert event.occurrence_count == 10
     assert sorted(event.occurrences.values_list("number", flat=True)) == list(range(1, 11))
+
+
+def _fetched_entry(tenant, items: list[Any]) -> FailedEvent:
+    """An entry lead capture stored before the failed item was kept alone: ``{"items": [...]}``."""
+    now = timezone.now()
+    return FailedEvent.objects.create(
+        tenant=tenant,
+        event_id=f"n8n:17:{len(items)}",
+        shape="n8n_execution",
+        payload=seal_payload({"items": items}),
+        failed_at=now,
+        last_seen_at=now,
+        original_key=LEAD_KEY,
+        payload_source="n8n_execution_fetch",
+    )
+
+
+def test_an_entry_stored_earlier_with_one_fetched_item_replays_that_item_alone(tenant, target, sink):
+    event = _fetched_entry(tenant, [CONTACT])
+    assert dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="t").outcome == "succeeded"
+    [request] = sink.received()
+    assert request.json() == CONTACT and request.header("Idempotency-Key") == LEAD_KEY
+
+
+def test_an_entry_holding_several_items_it_cannot_tell_apart_is_not_replayed_as_is(tenant, target, sink):
+    event = _fetched_entry(tenant, [CONTACT, {**CONTACT, "firstName": "Ben"}])
+    with pytest.raises(ValidationFailed, match="holds 2 input items"):
+        dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="t")
+    assert sink.received() == []
+    event.refresh_from_db()
+    assert event.status == "pending" and event.replay_count == 0

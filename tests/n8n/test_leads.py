@@ -309,6 +309,16 @@ def test_the_same_lead_failing_twice_through_the_error_trigger_is_one_entry_and_
     assert replayed.json()["outcome"] == "succeeded", replayed.json()
     assert servers.strict_crm.refused == []
     assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
+    # The receiver forwards one contact per request: a body of several items never reaches the CRM.
+    several = httpx.post(
+        f"{n8n.url}/webhook/onceguard-replay-strict",
+        json={"items": [CONTACT, CONTACT]},
+        headers={"Idempotency-Key": LEAD_KEY},
+        timeout=30,
+        trust_env=False,
+    )
+    assert several.status_code == 422, several.text
+    assert servers.strict_crm.refused == [] and len(servers.strict_crm.contacts) == 1
     TIMINGS["error trigger: one lead, two failures, one contact"] = time.monotonic() - started
 
 
