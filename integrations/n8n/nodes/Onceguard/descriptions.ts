@@ -14,7 +14,7 @@ export const operationProperty: INodeProperties = {
 			name: 'Claim',
 			value: 'claim',
 			description:
-				'Claim the key before your workflow performs the effect; branches into Proceed, Replayed, Retry Later and Needs a Human',
+				'Claim the key before your workflow performs the effect; branches by the answer (Proceed, Already Done, Failed, Retry Later, Needs a Human)',
 			action: 'Claim an idempotency key',
 		},
 		{
@@ -241,6 +241,16 @@ const submitProperties: INodeProperties[] = [
 		default: '{}',
 	},
 	{
+		displayName: 'Wait Here Up To (Seconds)',
+		name: 'waitSeconds',
+		type: 'number',
+		typeOptions: { minValue: 0 },
+		displayOptions: { show: { operation: ['submit'], '@version': [2] } },
+		default: 0,
+		description:
+			'0: an operation in flight comes out of In Flight at once (wait for the callback with a Wait node). More: this node asks Onceguard until the operation finishes; past this many seconds it fails (use the error output). A finished one always comes out at once.',
+	},
+	{
 		displayName: 'Callback URL',
 		name: 'callbackUrl',
 		type: 'string',
@@ -306,7 +316,39 @@ const holderProperties: INodeProperties[] = [
 		displayName: 'Error Class',
 		name: 'errorClass',
 		type: 'options',
-		displayOptions: { show: { operation: ['fail'] } },
+		displayOptions: { show: { operation: ['fail'], '@version': [2] } },
+		default: 'auto',
+		hint: 'After Mark Sent the effect may have happened: only choose Transient when you know it was not sent',
+		options: [
+			{
+				name: 'Ambiguous (Sent, No Answer Seen)',
+				value: 'ambiguous',
+				description: 'Timeout or dropped connection after sending, 5xx: the outcome is unknown and gets reconciled',
+			},
+			{
+				name: 'By the Sent Marker',
+				value: 'auto',
+				description:
+					'Outcome unknown (ambiguous: reconciled or reviewed) once Mark Sent ran, else transient (retried)',
+			},
+			{
+				name: 'Invalid Input',
+				value: 'invalid_input',
+				description: 'The provider refused the request (400, 402, 404, 422): no retry',
+			},
+			{ name: 'Permission', value: 'permission', description: '401/403, expired credentials: no retry' },
+			{
+				name: 'Transient (Not Sent, or Refused Before Acting)',
+				value: 'transient',
+				description: 'Refused before sending, 408, 429, 503: a retry is scheduled',
+			},
+		],
+	},
+	{
+		displayName: 'Error Class',
+		name: 'errorClass',
+		type: 'options',
+		displayOptions: { show: { operation: ['fail'], '@version': [1] } },
 		default: 'transient',
 		options: [
 			{
