@@ -409,6 +409,19 @@ def test_submit_and_wait_continues_when_onceguard_calls_the_wait_node_back(
     callback = Operation.objects.get(key=f"callback:{op.pk}")
     assert callback.status == S.SUCCEEDED
 
+    # The same order again: its operation is finished, so Submit (v2) comes out of Succeeded at
+    # once and the execution never waits for a callback (none is sent: the Wait node would
+    # hold it "waiting" for an hour).
+    started = time.monotonic()
+    again = n8n.webhook("onceguard-submit", {"order_id": "order-2001", "amount": 1999, "currency": "eur"})
+    assert again.status_code == 200, again.text
+    assert wait_until(lambda: len(n8n.executions(SUBMIT_AND_WAIT)) == 2, timeout=60)
+    second = n8n.wait_for_executions(SUBMIT_AND_WAIT, count=2, statuses=("success",), timeout=60)
+    assert [e["status"] for e in n8n.executions(SUBMIT_AND_WAIT)] == ["success", "success"], second
+    assert Operation.objects.filter(key__startswith="callback:").count() == 1
+    assert servers.charges.effects()["count"] == 1
+    TIMINGS["submit and wait: a finished key"] = time.monotonic() - started
+
 
 def test_a_submission_whose_202_was_lost_is_retried_by_n8n_and_still_charges_once(
     n8n: N8n, onceguard: Tenant, servers: Servers

@@ -77,6 +77,7 @@ const CLAIM_ROWS = [
 	['a key whose retry is scheduled', { status: 409, body: { code: 'operation_retry_scheduled', detail: 'later' } }, 3, 'retry_later', false],
 	['a key being reconciled', { status: 409, body: { code: 'operation_needs_reconciliation', detail: 'uncertain' } }, 4, 'needs_human', false],
 	['a key reused with another request', { status: 422, body: { code: 'key_reused_with_different_request', detail: 'differs' } }, 4, 'needs_human', false],
+	['an execute-mode key', { status: 409, body: { code: 'operation_managed_by_service', detail: 'submitted' } }, 4, 'needs_human', false],
 ];
 
 for (const [row, answer, output, outcome, replayed] of CLAIM_ROWS) {

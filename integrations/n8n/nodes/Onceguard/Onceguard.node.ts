@@ -228,7 +228,13 @@ const claim: Operation = async function (index, item) {
 			}),
 		};
 	}
-	if (v2 && answer.status === 422 && code === 'key_reused_with_different_request') {
+	// The key does not tell this request apart, or it belongs to execute mode: the workflow
+	// needs a person's fix, not a retry.
+	if (
+		v2 &&
+		((answer.status === 422 && code === 'key_reused_with_different_request') ||
+			(answer.status === 409 && code === 'operation_managed_by_service'))
+	) {
 		return {
 			output: V2_NEEDS_HUMAN,
 			item: withResult(this, index, item, { outcome: 'needs_human', key, code, detail: op.detail, replayed: false }),
