@@ -241,3 +241,19 @@ def test_an_entry_holding_several_items_it_cannot_tell_apart_is_not_replayed_as_
     assert sink.received() == []
     event.refresh_from_db()
     assert event.status == "pending" and event.replay_count == 0
+
+
+def test_the_api_and_the_console_show_the_occurrences_and_the_entries_of_the_same_key(tenant, client, admin_client):
+    first = ingest(tenant, error_report("4812")).event
+    dlq_services.failed_event_discard(tenant_id=tenant.pk, event_pk=first.pk, actor="t", note="test lead")
+    ingest(tenant, error_report("4900"))
+    event = ingest(tenant, error_report("4901")).event
+
+    body = client.get(f"/api/v1/dlq/events/{event.pk}").json()
+    assert body["occurrence_count"] == 2 and body["previous_entry"] == first.pk
+    assert body["key_source"] == "request_header" and body["original_key"] == LEAD_KEY
+
+    page = admin_client.get(f"/admin/dlq/failedevent/{event.pk}/change/").content.decode()
+    assert "execution 4900" in page and "execution 4901" in page
+    assert f"entry {first.pk}</a> (discarded)" in page
+    assert "the failed request&#x27;s key header" in page or "the failed request's key header" in page
