@@ -28,7 +28,7 @@ from tests.dlq.conftest import example
 from tests.execute.support import run_due, wait_until
 from tests.n8n.conftest import API_SECRET, TIMINGS
 from tests.n8n.crm import StrictCrm
-from tests.n8n.support import N8n, node_named, template
+from tests.n8n.support import N8n, node_named, template, template_env
 from tests.support import outbound
 
 pytestmark = [pytest.mark.heavy, pytest.mark.django_db(transaction=True)]
@@ -66,6 +66,8 @@ def strict_lead_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]:
     workflow = unguarded_lead_workflow(onceguard_url, crm_url)
     workflow["id"], workflow["name"] = STRICT_LEAD, "lead to strict CRM, no error output"
     node_named(workflow, "Call analyzed")["parameters"]["path"] = "onceguard-lead-strict"
+    # Another CRM than the one the n8n's environment names for the templates.
+    node_named(workflow, "CRM: Create Contact")["parameters"]["url"] = f"{crm_url}/contacts"
     return workflow
 
 
@@ -73,6 +75,7 @@ def strict_receiver_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]
     workflow = template("replay-receiver", onceguard=onceguard_url, crm=crm_url)
     workflow["id"], workflow["name"] = STRICT_RECEIVER, "replay receiver, strict CRM"
     node_named(workflow, "Replay from Onceguard")["parameters"]["path"] = "onceguard-replay-strict"
+    node_named(workflow, "CRM: Create Contact")["parameters"]["url"] = f"{crm_url}/contacts"
     return workflow
 
 
@@ -137,16 +140,17 @@ def servers(onceguard_url: str) -> Iterator[Servers]:
 
 @pytest.fixture(scope="module")
 def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[N8n]:
-    """One started n8n with the lead, replay-receiver, error and submit-and-wait templates."""
+    """One started n8n with the lead, replay-receiver, error and submit-and-wait templates,
+    imported unedited: the n8n's environment names the servers they call."""
     instance = n8n_base.copy(tmp_path_factory.mktemp("n8n-leads"))
-    urls = {"onceguard": onceguard_url, "crm": servers.crm.url}
+    instance.extra_env = template_env(onceguard=onceguard_url, crm=servers.crm.url)
     instance.import_workflows(
         [
-            template("lead-to-crm", **urls),
-            template("lead-to-crm-http", **urls),
-            template("replay-receiver", **urls),
-            template("error-workflow", **urls),
-            template("submit-and-wait", **urls),
+            template("lead-to-crm"),
+            template("lead-to-crm-http"),
+            template("replay-receiver"),
+            template("error-workflow"),
+            template("submit-and-wait"),
             unguarded_lead_workflow(onceguard_url, servers.crm.url),
             submit_retry_workflow(),
             strict_lead_workflow(onceguard_url, servers.strict_crm.url),

@@ -5,6 +5,7 @@ briefly unreachable never loses a lead silently (the execution fails visibly in 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -28,3 +29,15 @@ def test_every_dead_letter_step_retries_then_stops_with_the_leads_key(name: str)
     stop = nodes[error_branch["node"]]
     assert stop["type"] == "n8n-nodes-base.stopAndError"
     assert "key" in stop["parameters"]["errorMessage"] and "not stored" in stop["parameters"]["errorMessage"]
+
+
+@pytest.mark.parametrize("path", sorted(WORKFLOWS_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_every_url_a_template_calls_comes_from_an_n8n_environment_variable(path) -> None:
+    # Imported as they are, the templates call what the n8n's environment names
+    # (ONCEGUARD_URL, ONCEGUARD_CRM_URL, ONCEGUARD_CHARGES_URL), `make run`'s demo ports otherwise.
+    for node in json.loads(path.read_text())["nodes"]:
+        url = node["parameters"].get("url")
+        if url is not None:
+            assert re.fullmatch(r"=\{\{ \$env\.ONCEGUARD_[A-Z_]*URL \|\| 'http://127\.0\.0\.1:80\d\d' \}\}/\S+", url), (
+                url
+            )
