@@ -194,3 +194,21 @@ test('the node offers versions 1 and 2, 2 by default, with subtitles in words', 
 	assert.match(description.subtitle, /Claim/);
 	assert.match(description.subtitle, / · /);
 });
+
+test('Get Dead-Letter Entries asks by original key and status and gives one item per entry', async () => {
+	const entries = [
+		{ id: 8, original_key: 'order-1:charge:v1', status: 'pending', occurrence_count: 2 },
+		{ id: 3, original_key: 'order-1:charge:v1', status: 'replayed', occurrence_count: 1 },
+	];
+	const ctx = context({
+		parameters: { operation: 'deadLetterGet', dlqLookupKey: 'order-1:charge:v1', dlqStatus: '', dlqLimit: 10 },
+		answers: [{ status: 200, body: { results: entries, next: null } }],
+	});
+	const [items] = await run(ctx);
+	assert.equal(ctx.sent[0].url, `${BASE}/api/v1/dlq/events`);
+	assert.deepEqual(ctx.sent[0].qs, { page_size: 10, key: 'order-1:charge:v1' });
+	assert.deepEqual(
+		items.map((item) => item.json.onceguard.id),
+		[8, 3],
+	);
+});

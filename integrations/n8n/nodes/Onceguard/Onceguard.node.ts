@@ -45,7 +45,8 @@ const AMBIGUOUS_CODES = ['ETIMEDOUT', 'ECONNRESET', 'ESOCKETTIMEDOUT', 'EPIPE', 
 
 interface Routed {
 	output: number;
-	item: INodeExecutionData;
+	// One item per input item, or (Get Dead-Letter Entries) one per entry found.
+	item: INodeExecutionData | INodeExecutionData[];
 }
 
 type Operation = (this: IExecuteFunctions, index: number, item: INodeExecutionData) => Promise<Routed>;
@@ -624,9 +625,38 @@ function outputs(names: string[]): string {
 // "Claim · charge-customer", "Submit · render", "Send to Dead-Letter Queue"…: the operation in
 // words, and the action where it has one.
 const SUBTITLE =
-	'={{ ({ claim: "Claim", complete: "Complete", fail: "Fail", get: "Get Operation", markSent: "Mark Sent", deadLetter: "Send to Dead-Letter Queue", submit: "Submit", upload: "Upload File" })[$parameter["operation"]] + ((["claim", "submit"].includes($parameter["operation"]) && $parameter["action"]) ? " · " + $parameter["action"] : "") }}';
+	'={{ ({ claim: "Claim", complete: "Complete", fail: "Fail", get: "Get Operation", markSent: "Mark Sent", deadLetter: "Send to Dead-Letter Queue", deadLetterGet: "Get Dead-Letter Entries", submit: "Submit", upload: "Upload File" })[$parameter["operation"]] + ((["claim", "submit"].includes($parameter["operation"]) && $parameter["action"]) ? " · " + $parameter["action"] : "") }}';
 
-const OPERATIONS: Record<string, Operation> = { claim, markSent, complete, fail, get, submit, upload, deadLetter };
+/** Entries of the dead-letter queue, for workflows that handle their own failures: by original
+ * key (every entry of it, newest first) or the newest ones, optionally of one status — one
+ * item per entry (its payload stays in Onceguard: masked data is read in the console). */
+const deadLetterGet: Operation = async function (index) {
+	const key = String(this.getNodeParameter('dlqLookupKey', index, '') ?? '').trim();
+	const status = String(this.getNodeParameter('dlqStatus', index, '') ?? '');
+	const limit = Math.max(1, Math.min(500, Number(this.getNodeParameter('dlqLimit', index, 50)) || 50));
+	const qs: IDataObject = { page_size: limit };
+	if (key) qs.key = key;
+	if (status) qs.status = status;
+	const answer = await onceguardRequest.call(this, { method: 'GET', path: '/api/v1/dlq/events', qs, itemIndex: index });
+	if (answer.status !== 200) throw problemError.call(this, answer, index);
+	const entries = Array.isArray(answer.body.results) ? (answer.body.results as IDataObject[]) : [];
+	return {
+		output: 0,
+		item: entries.map((entry) => ({ json: { [resultField(this, index)]: entry }, pairedItem: { item: index } })),
+	};
+};
+
+const OPERATIONS: Record<string, Operation> = {
+	claim,
+	markSent,
+	complete,
+	fail,
+	get,
+	submit,
+	upload,
+	deadLetter,
+	deadLetterGet,
+};
 
 export class Onceguard implements INodeType {
 	description: INodeTypeDescription = {
@@ -658,7 +688,7 @@ export class Onceguard implements INodeType {
 		for (let index = 0; index < items.length; index++) {
 			try {
 				const routed = await run.call(this, index, items[index]);
-				outputs[routed.output].push(routed.item);
+				outputs[routed.output].push(...(Array.isArray(routed.item) ? routed.item : [routed.item]));
 			} catch (caught) {
 				const error =
 					caught instanceof KeyProblem

@@ -30,6 +30,12 @@ export const operationProperty: INodeProperties = {
 			action: 'Fail an operation',
 		},
 		{
+			name: 'Get Dead-Letter Entries',
+			value: 'deadLetterGet',
+			description: 'Read DLQ entries by their original key, or the newest ones: one item per entry',
+			action: 'Get dead letter entries',
+		},
+		{
 			name: 'Get Operation',
 			value: 'get',
 			description: 'Read one operation (its status, outcome and attempts)',
@@ -133,7 +139,7 @@ const keyProperties: INodeProperties[] = [
 
 const claimProperties: INodeProperties[] = [
 	{
-		displayName: 'Request Fields',
+		displayName: 'Request From',
 		name: 'requestSource',
 		type: 'options',
 		noDataExpression: true,
@@ -151,13 +157,14 @@ const claimProperties: INodeProperties[] = [
 			'What defines the effect, e.g. amount and currency. The same key with a different request is refused (422), so leave out what changes between retries (timestamps, execution data).',
 	},
 	{
-		displayName: 'Fields',
+		displayName: 'Request Fields',
 		name: 'requestFields',
 		type: 'string',
 		displayOptions: { show: { operation: ['claim'], requestSource: ['fields'] } },
 		default: '',
 		placeholder: 'e.g. amount, currency, order.number',
 		description: 'Comma-separated field names (dot paths allowed) read from the incoming item',
+		hint: 'Only what defines the effect: the same key with other values here is refused as a reused key',
 	},
 	{
 		displayName: 'Request (JSON)',
@@ -446,6 +453,42 @@ const deadLetterProperties: INodeProperties[] = [
 	},
 ];
 
+const deadLetterGetProperties: INodeProperties[] = [
+	{
+		displayName: 'Original Key',
+		name: 'dlqLookupKey',
+		type: 'string',
+		displayOptions: { show: { operation: ['deadLetterGet'] } },
+		default: '',
+		placeholder: 'e.g. call_7f3c2a9e41b04d6f:crm-contact:v1',
+		description: 'Every entry of this key, newest first; empty: the newest entries',
+	},
+	{
+		displayName: 'Status',
+		name: 'dlqStatus',
+		type: 'options',
+		displayOptions: { show: { operation: ['deadLetterGet'] } },
+		default: '',
+		options: [
+			{ name: 'Any', value: '' },
+			{ name: 'Discarded', value: 'discarded' },
+			{ name: 'Pending', value: 'pending' },
+			{ name: 'Replayed', value: 'replayed' },
+			{ name: 'Replaying', value: 'replaying' },
+			{ name: 'Resolved', value: 'resolved' },
+		],
+	},
+	{
+		displayName: 'Limit',
+		name: 'dlqLimit',
+		type: 'number',
+		typeOptions: { minValue: 1, maxValue: 500 },
+		displayOptions: { show: { operation: ['deadLetterGet'] } },
+		default: 50,
+		description: 'Max number of results to return',
+	},
+];
+
 export const optionsProperty: INodeProperties = {
 	displayName: 'Options',
 	name: 'options',
@@ -540,5 +583,6 @@ export const nodeProperties: INodeProperties[] = [
 	...uploadProperties,
 	...holderProperties,
 	...deadLetterProperties,
+	...deadLetterGetProperties,
 	optionsProperty,
 ];
