@@ -643,22 +643,31 @@ def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, held: n8n.HeldI
     # The report's search values stay (workflow, execution, node); the first item's are added.
     searchable = {**search_values(found.items[0], dlq_setting("SEARCH_PATHS")), **(event.search_fields or {})}
     now = timezone.now()
+    sets: dict[str, Any] = {
+        "payload": seal_payload(payload),
+        "search_fields": searchable,
+        "payload_source": PayloadSource.N8N_EXECUTION_FETCH,
+        "payload_source_ref": found.execution_id[:255],
+        "payload_fetch": PayloadFetch.FETCHED,
+        "payload_fetch_note": note,
+        "payload_fetched_at": now,
+        "updated_at": now,
+    }
+    key = _fetched_key(event, held)
     with transaction.atomic():
         # Only an entry nobody has acted on yet: a replay or a decision was made on what the
         # entry held then, which must stay the evidence.
-        moved = FailedEvent.objects.filter(
+        pending = FailedEvent.objects.filter(
             pk=event.pk, payload_fetch=PayloadFetch.PENDING, status=FE.PENDING, replay_count=0
-        ).update(
-            payload=seal_payload(payload),
-            search_fields=searchable,
-            payload_source=PayloadSource.N8N_EXECUTION_FETCH,
-            payload_source_ref=found.execution_id[:255],
-            payload_fetch=PayloadFetch.FETCHED,
-            payload_fetch_note=note,
-            payload_fetched_at=now,
-            updated_at=now,
-            **_fetched_key(event, held),
         )
+        try:
+            with transaction.atomic():
+                moved = pending.update(**sets, **key)
+        except IntegrityError:
+            # A report of the same key opened its entry since _fetched_key looked
+            # (failedevent_one_open_per_key): this one keeps no key of its own.
+            held_by = "The fetched item's key is held open by another entry since: the same failure."
+            moved = pending.update(**sets, key_note=_note(held_by))
         if moved:
             index_payload(
                 tenant_id=event.tenant_id, event_pk=event.pk, plain=payload, source=PayloadSource.N8N_EXECUTION_FETCH

@@ -157,6 +157,28 @@ def test_of_a_batch_the_entry_holds_only_the_item_the_error_names_keyed_by_the_d
     assert event.original_key == "call_2" and event.key_source == "request_field"
 
 
+def test_a_fetched_key_another_entry_opened_meanwhile_leaves_this_entry_without_it(
+    client, tenant, connected, n8n_api, django_capture_on_commit_callbacks, monkeypatch
+):
+    report = json.loads(REPORT)
+    report["key_field"] = "customFields.call_id"
+    with django_capture_on_commit_callbacks(execute=True):
+        event = FailedEvent.objects.get(pk=post_raw(client, json.dumps(report)).json()["id"])
+    other = {
+        "idempotency_key": "call_7f3c2a9e41b04d6f",
+        "payload": CONTACT,
+        "source": {"workflow_id": "9", "execution_id": "1"},
+    }
+    post_raw(client, json.dumps(other))
+    # The race: the other entry opened after the look for an open entry of the key.
+    monkeypatch.setattr(services.selectors, "failed_events_of_key", lambda **kw: FailedEvent.objects.none())
+
+    event = run_task(event)
+
+    assert event.payload_fetch == PayloadFetch.FETCHED and open_payload(event.payload) == CONTACT
+    assert event.key_source == "missing" and "held open by another entry" in event.key_note
+
+
 def test_an_error_trigger_entry_of_a_batch_none_of_whose_items_the_error_names_holds_every_item_and_says_so(
     client, tenant, connected, n8n_api, django_capture_on_commit_callbacks
 ):
