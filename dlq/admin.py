@@ -21,7 +21,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from dlq import selectors, services
 from dlq.conf import dlq_setting
@@ -329,6 +329,9 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
             {
                 "fields": [
                     "original_key",
+                    "key_origin",
+                    "occurrences_shown",
+                    "same_key_entries",
                     "replay_target_slug",
                     "replay_count",
                     "auto_replay_count",
@@ -373,6 +376,9 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         "retry_count",
         "seen_count",
         "original_key",
+        "key_origin",
+        "occurrences_shown",
+        "same_key_entries",
         "replay_target_slug",
         "replay_count",
         "auto_replay_count",
@@ -449,6 +455,44 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
 
     def has_resolve_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("dlq.resolve_failedevent")
+
+    @admin.display(description="where the key came from")
+    def key_origin(self, obj: FailedEvent) -> str:
+        return selectors.key_origin(obj)
+
+    @admin.display(description="occurrences")
+    def occurrences_shown(self, obj: FailedEvent) -> str:
+        rows = selectors.failed_event_occurrences(obj)
+        if not rows:
+            return str(obj.occurrence_count)
+        return format_html(
+            "{}<ul>{}</ul>",
+            obj.occurrence_count,
+            format_html_join(
+                "",
+                "<li>#{} · {} · execution {} · {}</li>",
+                (
+                    (
+                        o.number,
+                        display.when(o.at),
+                        o.source_execution_id or "—",
+                        display.truncate(scrub(o.error_message), 120),
+                    )
+                    for o in rows
+                ),
+            ),
+        )
+
+    @admin.display(description="other entries of this key")
+    def same_key_entries(self, obj: FailedEvent) -> str:
+        others = selectors.failed_events_sharing_key(obj)
+        if not others:
+            return "—"
+        return format_html_join(
+            ", ",
+            '<a href="{}">entry {}</a> ({})',
+            ((reverse("admin:dlq_failedevent_change", args=[o.pk]), o.pk, o.status) for o in others),
+        )
 
     @admin.display(description="where the payload came from")
     def payload_origin(self, obj: FailedEvent) -> str:

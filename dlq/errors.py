@@ -40,6 +40,13 @@ class FailedEventClosed(DomainError):
     status, code, title = 409, "failed_event_closed", "Entry is resolved or discarded"
 
 
+class KeyOpenInNewerEntry(DomainError):
+    """A forced re-replay of a closed entry whose business key a newer entry holds open: that
+    entry (one open entry per key and target) is the one to replay."""
+
+    status, code, title = 409, "key_open_in_newer_entry", "A newer entry holds this key"
+
+
 class FailedEventBusy(DomainError):
     status, code, title = 409, "failed_event_busy", "Entry is being replayed"
 

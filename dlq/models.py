@@ -83,6 +83,33 @@ class PayloadFetch(models.TextChoices):
     FAILED = "failed", "failed"
 
 
+class KeySource(models.TextChoices):
+    """Where an entry's ``original_key`` (the key a replay is sent under) came from. An entry
+    with a business key is one entry per key, tenant and target while it is open: a second
+    failure of the key there is another occurrence of it (DESIGN §7, occurrences)."""
+
+    # no business key was looked for: the entry's identity stands in (entries stored before
+    # occurrences, and operation entries, whose key is their operation's).
+    IDENTITY = "", "the entry's identity"
+    # the report named it (the envelope's idempotency_key or the ingest's Idempotency-Key)
+    # and no event id of its own: the key identifies the failure.
+    REPORTED = "reported", "named by the report"
+    # the report named it with its own event_id: one entry per reported event, as the node's
+    # batches are (one per item), not merged by key.
+    REPORTED_WITH_ID = "reported_event", "named by the report, with its own event id"
+    # the failed request's Idempotency-Key / X-Idempotency-Key header (n8n's
+    # execution.error.context.request).
+    REQUEST_HEADER = "request_header", "the failed request's key header"
+    # the body field the workflow declared (``key_field``), in the failed request or item.
+    REQUEST_FIELD = "request_field", "the declared field of the failed request"
+    # none could be found: the identity stands in and ``key_note`` says why, in words.
+    MISSING = "missing", "none found"
+
+
+# Entries that are one per business key, tenant and target while open.
+BUSINESS_KEY_SOURCES = frozenset({KeySource.REPORTED, KeySource.REQUEST_HEADER, KeySource.REQUEST_FIELD})
+
+
 # The error classes of the ledger, plus "not known" for ingested failures that do not say.
 ERROR_CLASS_CHOICES = [("", "unclassified"), *ErrorClass.choices]
 
@@ -254,6 +281,26 @@ class FailedEvent(models.Model):
     )
     payload_fetch_note = models.CharField(max_length=500, blank=True, default="", db_default="")
     payload_fetched_at = models.DateTimeField(null=True, blank=True)
+    # Where original_key came from (KeySource) and, when no key was found or it came from a
+    # declared field, why in words (never the key's data beyond the key itself).
+    key_source = models.CharField(
+        max_length=16, choices=KeySource.choices, blank=True, default=KeySource.IDENTITY, db_default=""
+    )
+    key_note = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # The body field the reporting workflow declared as its key (a dotted path), looked for in
+    # the failed request, or in the fetched item when the report named no request.
+    key_field = models.CharField(max_length=255, blank=True, default="", db_default="")
+    # Headers of the failed request kept with the payload: an allow-list only (Content-Type and
+    # the key headers; never Authorization, cookies or credentials). A replay's credentials
+    # come from its target.
+    request_headers = models.JSONField(default=dict, db_default={}, blank=True)
+    # How many failures this entry stands for (each report of the same key while it was open).
+    occurrence_count = models.PositiveIntegerField(default=1, db_default=1)
+    # The earlier, closed entry of the same business key and target: a failure after that one
+    # was replayed, resolved or discarded opens this one, linked to it.
+    previous = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -262,6 +309,14 @@ class FailedEvent(models.Model):
             # event_id first: the same index answers the console's search by identity
             # across tenants (a superuser's search) and the per-tenant identity lookup.
             models.UniqueConstraint(fields=["event_id", "tenant"], name="failedevent_unique_identity"),
+            # One open entry per business key, tenant and target: a concurrent second failure of
+            # the key loses the insert and becomes an occurrence (dlq.services ingest retries).
+            # Entries without a business key (and those stored before) are not in it.
+            models.UniqueConstraint(
+                fields=["tenant", "original_key", "replay_target_slug"],
+                condition=Q(status__in=["pending", "replaying"], key_source__in=sorted(BUSINESS_KEY_SOURCES)),
+                name="failedevent_one_open_per_key",
+            ),
             models.CheckConstraint(condition=Q(status__in=list(FE.values)), name="failedevent_status_valid"),
             models.CheckConstraint(
                 condition=Q(payload_fetch__in=list(PayloadFetch.values)), name="failedevent_payload_fetch_valid"
@@ -320,6 +375,31 @@ class FailedEventAlias(models.Model):
 
     def __str__(self) -> str:
         return self.identity
+
+
+class FailedEventOccurrence(models.Model):
+    """Append-only: each failure an entry stands for — the first and every later report of the
+    same business key while the entry was open — with its execution, for the trail."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    event = models.ForeignKey(FailedEvent, on_delete=models.CASCADE, related_name="occurrences")
+    number = models.PositiveIntegerField()
+    # The report's identity (n8n:{workflow}:{execution}, an explicit event_id, …).
+    identity = models.CharField(max_length=255)
+    source_workflow_id = models.CharField(max_length=255, blank=True)
+    source_execution_id = models.CharField(max_length=255, blank=True)
+    # Masked like every error text (ledger.services.sanitize_message).
+    error_message = models.TextField(blank=True)
+    error_class = models.CharField(max_length=16, blank=True, choices=ERROR_CLASS_CHOICES)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "event", "number"], name="feoccurrence_unique_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_id}/{self.number}"
 
 
 class FailedEventChange(models.Model):

@@ -246,9 +246,32 @@ def fetch_failed_items(
     raise last
 
 
-def items_payload(found: FailedItems) -> dict[str, Any]:
-    """What the entry stores: ``{"items": [...]}``, every input item of the failed node."""
-    return {"items": found.items}
+@dataclass(frozen=True)
+class HeldItems:
+    # What the entry stores: the failed item itself, or ``{"items": [...]}`` when it cannot
+    # be told apart.
+    payload: Any
+    # The failed item (None when it cannot be told apart).
+    item: dict[str, Any] | None
+    # Why several items are held, in words (empty when the failed item is held).
+    note: str = ""
+
+
+def items_payload(found: FailedItems, *, item_index: int | None = None) -> HeldItems:
+    """An entry holds and replays only the failed item (DESIGN §7, occurrences): the one input
+    item, or the one the error names (``context.itemIndex``). Several items none of which the
+    error names are held together, and the entry says so: replaying them as is would re-send
+    the items that succeeded before the failure."""
+    if len(found.items) == 1:
+        return HeldItems(found.items[0], found.items[0])
+    if item_index is not None and 0 <= item_index < len(found.items):
+        return HeldItems(found.items[item_index], found.items[item_index])
+    return HeldItems(
+        {"items": found.items},
+        None,
+        f"The failed item cannot be told apart among {len(found.items)} input items (the error names none):"
+        " a person must choose it before a replay, which would re-send every item as it is.",
+    )
 
 
 def payload_bytes(payload: Any) -> int:

@@ -17,12 +17,12 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from dlq.models import FailedEventShape
+from dlq.models import FailedEventShape, KeySource
 from ledger.crypto import digest
-from ledger.errors import MalformedJson, TimestampOutOfRange, ValidationFailed
+from ledger.errors import InvalidKey, MalformedJson, TimestampOutOfRange, ValidationFailed
 from ledger.key_rules import key_usable
 from ledger.models import ErrorClass
-from ledger.services import sanitize_message
+from ledger.services import sanitize_message, validate_key
 from ledger.storable import MAX_COUNT, NotStorable, loads, nul_problem, timestamp_problem
 
 MAX_IDENTITY = 255
@@ -45,6 +45,20 @@ class ParsedFailure:
     replay_target_slug: str = ""
     retry_count: int = 0
     source: dict[str, str] = field(default_factory=dict)
+    # Where original_key came from (dlq.models.KeySource) and, where it matters, why in words.
+    key_source: str = ""
+    key_note: str = ""
+    # The failed request's headers that are kept (REQUEST_HEADERS_KEPT), lower-cased names.
+    request_headers: dict[str, str] = field(default_factory=dict)
+    # The failed item's index in the node's input, when the report names it (n8n's
+    # error.context.itemIndex): lead capture then keeps only that item.
+    item_index: int | None = None
+    # True when the payload is the failed request's body (not the report).
+    from_request: bool = False
+    # The body field the workflow declared as its key (the report's top-level ``key_field``).
+    key_field: str = ""
+    # The report named its own event_id (one entry per reported event, never merged by key).
+    explicit_identity: bool = False
 
 
 def error_class_for_status(status: int) -> str:
@@ -146,6 +160,102 @@ def _parse_time(value: Any) -> datetime | None:
     return parsed
 
 
+# The failed request's headers an entry keeps (lower-cased): the content type and the key
+# headers. Never Authorization, cookies or any other credential (`*-Key`, `*-Token`): a
+# replay's credentials come from its replay target.
+KEY_HEADERS = ("idempotency-key", "x-idempotency-key")
+REQUEST_HEADERS_KEPT = ("content-type", *KEY_HEADERS)
+
+
+@dataclass(frozen=True)
+class FailedRequest:
+    """What n8n's HTTP Request node reports of the request that failed
+    (``execution.error.context.request``, n8n 1.x): its body and headers."""
+
+    body: Any
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class DerivedKey:
+    key: str
+    source: str
+    note: str = ""
+
+
+def _field_at(value: Any, path: str) -> Any:
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def failed_request_key(*, headers: dict[str, str], body: Any, key_field: str = "") -> DerivedKey:
+    """The business key of a failed request, the one place it is derived (DESIGN §7,
+    occurrences): its ``Idempotency-Key`` or ``X-Idempotency-Key`` header, else the body field
+    the workflow declared (``key_field``, a dotted path; a string or a number). A key that is
+    not a valid idempotency key (``ledger.services.validate_key``) is no usable key; no key is
+    ``source = missing`` with the reason in words. Never raises."""
+    candidates: list[tuple[Any, str, str]] = [
+        (headers.get(name), KeySource.REQUEST_HEADER, f"the {name} header") for name in KEY_HEADERS
+    ]
+    if key_field:
+        candidates.append((_field_at(body, key_field), KeySource.REQUEST_FIELD, f"the field {key_field[:100]}"))
+    refused: list[str] = []
+    for value, source, where in candidates:
+        if value is None or value == "" or isinstance(value, (bool, dict, list)):
+            continue
+        try:
+            return DerivedKey(
+                validate_key(str(value)), source, f"from {where}" if source == KeySource.REQUEST_FIELD else ""
+            )
+        except InvalidKey as exc:
+            refused.append(f"{where} is no usable key ({exc.detail})")
+    if refused:
+        return DerivedKey("", KeySource.MISSING, "; ".join(refused)[:500])
+    looked = "an Idempotency-Key or X-Idempotency-Key header"
+    if key_field:
+        looked += f" or the field {key_field[:100]}"
+    else:
+        looked += " (no key_field was declared)"
+    return DerivedKey("", KeySource.MISSING, f"No business key: the failed request has no {looked}.")
+
+
+def failed_request_of(error: dict[str, Any]) -> FailedRequest | None:
+    """The failed request in an n8n error (``context.request``: body and headers), with only
+    the headers an entry keeps; None when the error names no request."""
+    request = _dict(_dict(error.get("context")).get("request"))
+    if not request:
+        return None
+    headers = {
+        # As sent (not stripped): a key with blanks around it is no usable key, not another key.
+        str(name).lower(): str(value)[:1000]
+        for name, value in _dict(request.get("headers")).items()
+        if str(name).lower() in REQUEST_HEADERS_KEPT and isinstance(value, (str, int))
+    }
+    body = request.get("body")
+    if body is None and "body" not in request:
+        return None
+    return FailedRequest(body=body, headers=headers)
+
+
+def failed_item_index(report: Any) -> int | None:
+    """The failed item's index an Error Trigger report names (``execution.error.context``)."""
+    item = report[0] if isinstance(report, list) and len(report) == 1 else report
+    return _item_index(_dict(_dict(_dict(item).get("execution")).get("error")))
+
+
+def _item_index(error: dict[str, Any]) -> int | None:
+    index = _dict(error.get("context")).get("itemIndex")
+    if isinstance(index, int) and not isinstance(index, bool) and 0 <= index <= MAX_COUNT:
+        return index
+    return None
+
+
 def _n8n_execution(body: dict[str, Any], raw: bytes) -> ParsedFailure:
     execution = _dict(body.get("execution"))
     workflow = _dict(body.get("workflow"))
@@ -172,6 +282,14 @@ def _n8n_execution(body: dict[str, Any], raw: bytes) -> ParsedFailure:
     )
     # An execution that is a retry shows that the source retried at least once.
     parsed.retry_count = 1 if parsed.retry_of else 0
+    parsed.item_index = _item_index(error)
+    request = failed_request_of(error)
+    if request is not None:
+        # The failed item's own request: the entry holds and replays only it, not the report
+        # (which also carries the request's other headers) nor the items that succeeded.
+        parsed.payload = request.body
+        parsed.request_headers = request.headers
+        parsed.from_request = True
     return parsed
 
 
@@ -243,6 +361,16 @@ def _envelope(body: dict[str, Any], raw: bytes) -> ParsedFailure:
         error_class=error_class or error_class_from_report(message=message),
         failed_at=_parse_time(body.get("failed_at")),
         original_key=original_key,
+        # An explicit event_id is the reporter's own identity of one failure (the node posts
+        # one per item of a batch): its entry stays its own, whatever its key.
+        key_source=(
+            KeySource.IDENTITY
+            if not original_key
+            else KeySource.REPORTED_WITH_ID
+            if event_id not in (None, "")
+            else KeySource.REPORTED
+        ),
+        explicit_identity=event_id not in (None, ""),
         replay_target_slug=_text(body.get("replay_target"), 63),
         retry_count=retry_count,
         source={
@@ -289,10 +417,25 @@ def parse_failure(raw: bytes) -> ParsedFailure:
             return _clip(_envelope(item, raw))
         else:
             parsed = ParsedFailure(shape=FailedEventShape.RAW, identity=weak_identity(raw), weak=True, payload=body)
-        parsed.payload = body
+        if not parsed.from_request:
+            parsed.payload = body
         parsed.replay_target_slug = _text(item.get("replay_target"), 63)
+        if parsed.shape == FailedEventShape.N8N_EXECUTION:
+            _derive_key(parsed, key_field=_text(item.get("key_field"), 255))
         return _clip(parsed)
     return ParsedFailure(shape=FailedEventShape.RAW, identity=weak_identity(raw), weak=True, payload=body)
+
+
+def _derive_key(parsed: ParsedFailure, *, key_field: str) -> None:
+    """An Error Trigger report's key: the failed request's (failed_request_key). Without a
+    request, the key is looked for later in the fetched item (lead capture) or stays missing."""
+    if parsed.from_request:
+        derived = failed_request_key(headers=parsed.request_headers, body=parsed.payload, key_field=key_field)
+        parsed.original_key, parsed.key_source, parsed.key_note = derived.key, derived.source, derived.note
+    else:
+        parsed.key_source = KeySource.MISSING
+        parsed.key_note = "No business key: the report names no failed request (only HTTP Request nodes report theirs)."
+    parsed.key_field = key_field
 
 
 def _clip(parsed: ParsedFailure) -> ParsedFailure:

@@ -16,7 +16,9 @@ from dlq.models import (
     BulkReplay,
     FailedEvent,
     FailedEventAlias,
+    FailedEventOccurrence,
     FailedEventStatus,
+    KeySource,
     N8nConnection,
     PayloadFetch,
     PayloadSource,
@@ -124,6 +126,38 @@ def failed_event_find(*, tenant_id: int, identity: str) -> FailedEvent | None:
         .first()
     )
     return alias.event if alias is not None else None
+
+
+def failed_events_of_key(*, tenant_id: int, key: str, target_slug: str) -> QuerySet[FailedEvent]:
+    """Every entry of a business key for one target (``fe_key_idx``), whatever its state and
+    whenever it was stored: the console shows them linked."""
+    return FailedEvent.objects.filter(tenant_id=tenant_id, original_key=key, replay_target_slug=target_slug)
+
+
+def failed_events_sharing_key(event: FailedEvent, *, limit: int = 20) -> list[FailedEvent]:
+    """Other entries of the entry's original key and target, newest first — also entries
+    stored before occurrences existed, which are left as they are and shown linked. Entries
+    whose key is their own identity share it with nobody."""
+    if event.key_source in (KeySource.IDENTITY, KeySource.MISSING) and event.original_key == event.event_id:
+        return []
+    rows = failed_events_of_key(
+        tenant_id=event.tenant_id, key=event.original_key, target_slug=event.replay_target_slug
+    ).exclude(pk=event.pk)
+    return list(rows.order_by("-id")[:limit])
+
+
+def failed_event_occurrences(event: FailedEvent) -> list[FailedEventOccurrence]:
+    return list(event.occurrences.filter(tenant_id=event.tenant_id).order_by("number")[:100])
+
+
+def key_origin(event: FailedEvent) -> str:
+    """Where the entry's original key came from, in words (shown with the key)."""
+    words = KeySource(event.key_source).label if event.key_source in KeySource.values else event.key_source
+    if event.key_source == KeySource.IDENTITY:
+        words = "not looked for (the entry's identity or its operation's key)"
+    note = f" {event.key_note}" if event.key_note else ""
+    previous = f" Follows entry {event.previous_id}, closed, of the same key." if event.previous_id else ""
+    return f"{words}.{note}{previous}"
 
 
 def n8n_connection_active(*, tenant_id: int) -> bool:

@@ -92,7 +92,18 @@ class FailedEventOutputSerializer(serializers.Serializer):
     retry_count = serializers.IntegerField()
     seen_count = serializers.IntegerField()
     replay_count = serializers.IntegerField()
-    original_key = serializers.CharField()
+    original_key = serializers.CharField(help_text="sent in the target's idempotency header on replay")
+    key_source = serializers.CharField(
+        help_text="where original_key came from: `request_header`, `request_field` (the failed request's key header"
+        " or declared field), `reported`, `reported_event`, `missing` (none found: key_note says why), `` (identity)"
+    )
+    key_note = serializers.CharField(help_text="why no key was found, or where it came from, in words")
+    occurrence_count = serializers.IntegerField(
+        help_text="failures of the same business key, tenant and target this entry stands for while open"
+    )
+    previous_entry = serializers.IntegerField(
+        allow_null=True, help_text="the earlier, closed entry of the same business key and target"
+    )
     operation_id = serializers.IntegerField(allow_null=True)
     replay_target = serializers.CharField()
     search_fields = serializers.DictField()
@@ -176,6 +187,10 @@ def failed_event_representation(event: FailedEvent) -> dict[str, Any]:
         "seen_count": event.seen_count,
         "replay_count": event.replay_count,
         "original_key": event.original_key,
+        "key_source": event.key_source,
+        "key_note": event.key_note,
+        "occurrence_count": event.occurrence_count,
+        "previous_entry": event.previous_id,
         "operation_id": event.operation_id,
         "replay_target": event.replay_target_slug,
         "search_fields": event.search_fields,

@@ -41,20 +41,25 @@ from dlq.errors import (
     EventTooLarge,
     FailedEventBusy,
     FailedEventClosed,
+    KeyOpenInNewerEntry,
     NoteRequired,
     ReplayInProgress,
     ReplayNeedsForce,
 )
 from dlq.models import (
+    BUSINESS_KEY_SOURCES,
     FE_ALLOWED_TRANSITIONS,
+    FE_OPEN_STATES,
     FE_TERMINAL_STATES,
     BulkReplay,
     BulkReplayStatus,
     FailedEvent,
     FailedEventAlias,
     FailedEventChange,
+    FailedEventOccurrence,
     FailedEventShape,
     FailedEventStatus,
+    KeySource,
     N8nConnection,
     PayloadFetch,
     PayloadSource,
@@ -64,7 +69,7 @@ from dlq.models import (
     ReplayTrigger,
     n8n_base_url_check,
 )
-from dlq.parsing import ParsedFailure, error_class_for_status, parse_failure
+from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index, failed_request_key, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
 from ledger import adapters, polling, storable, tasks
 from ledger import services as ledger_services
@@ -294,7 +299,8 @@ def quarantine_reason_of(operation: Operation) -> str:
 @dataclass(frozen=True)
 class IngestResult:
     event: FailedEvent
-    # "created"; "repost" (the same report again); "retry" (an n8n retry of a known execution).
+    # "created"; "repost" (the same report again); "retry" (an n8n retry of a known execution);
+    # "occurrence" (another failure of a business key whose entry is open).
     outcome: str
 
     @property
@@ -313,6 +319,9 @@ def failed_event_ingest(
     """Store a reported failure once, by its identity (DESIGN §4); unknown shapes are kept raw.
 
     ``explicit_key`` (an Idempotency-Key header) is the original key when the body names none.
+    A report with a business key (the envelope's, the header's, or the failed request's in an
+    n8n Error Trigger report) is one entry per key, tenant and target while that entry is open:
+    a second failure is another occurrence of it; after it closed, a new entry linked to it.
     """
     limit = int(dlq_setting("MAX_EVENT_BYTES"))
     if len(raw) > limit:
@@ -322,12 +331,16 @@ def failed_event_ingest(
     # ("" — a replay then sends the entry's identity, encoded, ledger.key_rules).
     explicit_key = key_usable(explicit_key) if explicit_key else ""
     if explicit_key:
-        if parsed.original_key and parsed.original_key != explicit_key:
+        reported = parsed.key_source in (KeySource.REPORTED, KeySource.REPORTED_WITH_ID)
+        if reported and parsed.original_key != explicit_key:
             raise InvalidKey("The body's idempotency_key and the Idempotency-Key header disagree.")
-        parsed.original_key = explicit_key
+        if not reported:
+            parsed.key_source = KeySource.REPORTED_WITH_ID if parsed.explicit_identity else KeySource.REPORTED
+        parsed.original_key, parsed.key_note = explicit_key, ""
     if replay_target:
         parsed.replay_target_slug = replay_target[:63]
-    # A concurrent report of the same failure may win an insert; the next round is a repost.
+    # A concurrent report of the same failure (or of the same open key) may win an insert;
+    # the next round finds it: a repost or an occurrence.
     for round_ in range(3):
         try:
             with transaction.atomic():
@@ -337,15 +350,53 @@ def failed_event_ingest(
                 raise
             continue
         log.info(
-            "dlq_ingested tenant=%s event=%s outcome=%s shape=%s weak=%s",
+            "dlq_ingested tenant=%s event=%s outcome=%s shape=%s weak=%s key_source=%s",
             tenant.slug,
             result.event.pk,
             result.outcome,
             parsed.shape,
             parsed.weak,
+            parsed.key_source or "identity",
         )
         return result
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _occurrence_record(*, event: FailedEvent, parsed: ParsedFailure, number: int) -> None:
+    FailedEventOccurrence.objects.create(
+        tenant_id=event.tenant_id,
+        event=event,
+        number=number,
+        identity=parsed.identity,
+        source_workflow_id=parsed.source.get("workflow_id", ""),
+        source_execution_id=parsed.source.get("execution_id", ""),
+        error_message=parsed.error_message,
+        error_class=parsed.error_class,
+    )
+
+
+def _occurrence_add(*, event: FailedEvent, parsed: ParsedFailure, now: datetime, actor: str, why: str) -> FailedEvent:
+    """Another failure the (locked) entry stands for: counted, its error kept as the last one,
+    its execution kept on an occurrence row and in the history."""
+    number = event.occurrence_count + 1
+    sets: dict[str, Any] = {"last_seen_at": now, "occurrence_count": number, "updated_at": now}
+    if parsed.error_message:
+        sets["error_message"] = parsed.error_message
+    if parsed.error_class:
+        sets["error_class"] = parsed.error_class
+    FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id).update(**sets)
+    _occurrence_record(event=event, parsed=parsed, number=number)
+    execution = parsed.source.get("execution_id", "")
+    _log_change(
+        event_pk=event.pk,
+        tenant_id=event.tenant_id,
+        old=event.status,
+        new=event.status,
+        actor=actor,
+        note=f"occurrence {number} ({why})" + (f": execution {execution}" if execution else f": {parsed.identity}"),
+    )
+    event.refresh_from_db()
+    return event
 
 
 def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> IngestResult:
@@ -360,20 +411,41 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         if root is not None:
             # The same failure again: count the retry, remember the retry's own identity.
             FailedEventAlias.objects.create(tenant=tenant, identity=parsed.identity, event=root)
-            sets: dict[str, Any] = {"last_seen_at": now, "retry_count": F("retry_count") + 1}
-            if parsed.error_message:
-                sets["error_message"] = parsed.error_message
-            FailedEvent.objects.filter(pk=root.pk).update(**sets)
-            root.refresh_from_db()
+            root = FailedEvent.objects.select_for_update().get(pk=root.pk, tenant_id=tenant.pk)
+            FailedEvent.objects.filter(pk=root.pk).update(retry_count=F("retry_count") + 1)
+            root = _occurrence_add(event=root, parsed=parsed, now=now, actor=actor, why="an n8n retry")
             return IngestResult(root, "retry")
+    previous: FailedEvent | None = None
+    if parsed.key_source in BUSINESS_KEY_SOURCES:
+        same_key = selectors.failed_events_of_key(
+            tenant_id=tenant.pk, key=parsed.original_key, target_slug=parsed.replay_target_slug
+        )
+        held = (
+            same_key.filter(status__in=FE_OPEN_STATES, key_source__in=BUSINESS_KEY_SOURCES).select_for_update().first()
+        )
+        if held is not None:
+            # The same business key failing again while its entry is open (the caller re-sent
+            # the webhook, n8n retried the execution): one entry, one replay, one effect.
+            FailedEventAlias.objects.create(tenant=tenant, identity=parsed.identity, event=held)
+            return IngestResult(
+                _occurrence_add(event=held, parsed=parsed, now=now, actor=actor, why="the same key failed again"),
+                "occurrence",
+            )
+        # Closed (replayed, resolved, discarded): a new entry, linked to the latest one.
+        previous = same_key.exclude(status__in=FE_OPEN_STATES).order_by("-id").first()
     source = parsed.source
     # Lead capture (dlq.n8n): an Error Trigger report names the failed execution, not its
-    # items; with the tenant's n8n connection they are fetched after commit.
+    # items; with the tenant's n8n connection they are fetched after commit. A report that
+    # carries the failed request holds the failed item already.
     fetch = (
         parsed.shape == FailedEventShape.N8N_EXECUTION
+        and not parsed.from_request
         and bool(source.get("execution_id"))
         and selectors.n8n_connection_active(tenant_id=tenant.pk)
     )
+    key_note = parsed.key_note
+    if previous is not None:
+        key_note = (key_note + " " if key_note else "") + f"The same key failed before: entry {previous.pk}."
     event = FailedEvent.objects.create(
         tenant=tenant,
         event_id=parsed.identity,
@@ -393,10 +465,16 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         last_seen_at=now,
         retry_count=parsed.retry_count,
         original_key=parsed.original_key or key_usable(parsed.identity),
+        key_source=parsed.key_source,
+        key_note=_note(key_note),
+        key_field=parsed.key_field,
+        request_headers=parsed.request_headers,
+        previous=previous,
         replay_target_slug=parsed.replay_target_slug,
         quarantine_reason=_quarantine_reason(parsed.error_class, parsed.error_message),
         payload_fetch=PayloadFetch.PENDING if fetch else PayloadFetch.NONE,
     )
+    _occurrence_record(event=event, parsed=parsed, number=1)
     if fetch:
         # In the cluster, after commit: ingestion never waits on n8n.
         transaction.on_commit(
@@ -415,7 +493,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         old="",
         new=FE.PENDING,
         actor=actor,
-        note=f"ingested ({parsed.shape})",
+        note=f"ingested ({parsed.shape})" + (f", after entry {previous.pk} of the same key" if previous else ""),
     )
     _alert_new(event)
     return IngestResult(event, "created")
@@ -521,7 +599,8 @@ def failed_event_n8n_fetch(*, event_pk: int, sleep: Callable[[float], None] = ti
         )
     except n8n.FetchFailed as exc:
         return _payload_fetch_failed(event, exc.reason)
-    payload = n8n.items_payload(found)
+    held = n8n.items_payload(found, item_index=failed_item_index(open_payload(event.payload)))
+    payload = held.payload
     if storable.nul_problem(payload) is not None:
         return _payload_fetch_failed(event, "the failed node's input items hold a NUL character, which is not stored")
     size, limit = n8n.payload_bytes(payload), int(dlq_setting("MAX_EVENT_BYTES"))
@@ -530,10 +609,36 @@ def failed_event_n8n_fetch(*, event_pk: int, sleep: Callable[[float], None] = ti
             event,
             f"the failed node's input items are {size} bytes; an entry holds at most {limit} (DLQ_MAX_EVENT_BYTES)",
         )
-    return _payload_fetched(event, found, payload)
+    return _payload_fetched(event, found, held)
 
 
-def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, payload: dict[str, Any]) -> FailedEvent:
+def _fetched_key(event: FailedEvent, held: n8n.HeldItems) -> dict[str, Any]:
+    """The key columns once the failed item is known: the declared field's value in it (an
+    entry whose report named no request had no key to look for); unchanged when none is found
+    or the key is held open by another entry of the key (the console links them)."""
+    if event.key_source != KeySource.MISSING:
+        return {}
+    if held.item is None:
+        return {"key_note": _note(held.note)}
+    if not event.key_field:
+        return {}
+    derived = failed_request_key(headers={}, body=held.item, key_field=event.key_field)
+    if not derived.key:
+        return {"key_note": _note(derived.note)}
+    held_open = (
+        selectors.failed_events_of_key(tenant_id=event.tenant_id, key=derived.key, target_slug=event.replay_target_slug)
+        .filter(status__in=FE_OPEN_STATES, key_source__in=BUSINESS_KEY_SOURCES)
+        .exclude(pk=event.pk)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if held_open is not None:
+        return {"key_note": _note(f"The fetched item's key is held open by entry {held_open}: the same failure.")}
+    return {"original_key": derived.key, "key_source": derived.source, "key_note": _note(derived.note)}
+
+
+def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, held: n8n.HeldItems) -> FailedEvent:
+    payload = held.payload
     binary = f"; {found.with_binary} carried binary data, which is not fetched" if found.with_binary else ""
     count = len(found.items)
     note = ledger_services.sanitize_message(
@@ -542,21 +647,31 @@ def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, payload: dict[s
     # The report's search values stay (workflow, execution, node); the first item's are added.
     searchable = {**search_values(found.items[0], dlq_setting("SEARCH_PATHS")), **(event.search_fields or {})}
     now = timezone.now()
+    sets: dict[str, Any] = {
+        "payload": seal_payload(payload),
+        "search_fields": searchable,
+        "payload_source": PayloadSource.N8N_EXECUTION_FETCH,
+        "payload_source_ref": found.execution_id[:255],
+        "payload_fetch": PayloadFetch.FETCHED,
+        "payload_fetch_note": note,
+        "payload_fetched_at": now,
+        "updated_at": now,
+    }
+    key = _fetched_key(event, held)
     with transaction.atomic():
         # Only an entry nobody has acted on yet: a replay or a decision was made on what the
         # entry held then, which must stay the evidence.
-        moved = FailedEvent.objects.filter(
+        pending = FailedEvent.objects.filter(
             pk=event.pk, payload_fetch=PayloadFetch.PENDING, status=FE.PENDING, replay_count=0
-        ).update(
-            payload=seal_payload(payload),
-            search_fields=searchable,
-            payload_source=PayloadSource.N8N_EXECUTION_FETCH,
-            payload_source_ref=found.execution_id[:255],
-            payload_fetch=PayloadFetch.FETCHED,
-            payload_fetch_note=note,
-            payload_fetched_at=now,
-            updated_at=now,
         )
+        try:
+            with transaction.atomic():
+                moved = pending.update(**sets, **key)
+        except IntegrityError:
+            # A report of the same key opened its entry since _fetched_key looked
+            # (failedevent_one_open_per_key): this one keeps no key of its own.
+            held_by = "The fetched item's key is held open by another entry since: the same failure."
+            moved = pending.update(**sets, key_note=_note(held_by))
         if moved:
             index_payload(
                 tenant_id=event.tenant_id, event_pk=event.pk, plain=payload, source=PayloadSource.N8N_EXECUTION_FETCH
@@ -772,9 +887,18 @@ def _replay_begin(
             counters["auto_replay_count"] = F("auto_replay_count") + 1
         for state in (FE.PENDING, FE.REPLAYED) if force else (FE.PENDING,):
             # Zero rows: a double click, a second operator or the schedule got here first.
-            if FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id, status=state).update(
-                status=FE.REPLAYING, **counters
-            ):
+            try:
+                with transaction.atomic():
+                    moved = FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id, status=state).update(
+                        status=FE.REPLAYING, **counters
+                    )
+            except IntegrityError:
+                # replayed → replaying would make two open entries of one business key
+                # (failedevent_one_open_per_key): a newer failure of the key is open.
+                raise KeyOpenInNewerEntry(
+                    "A newer entry of this business key is open; replay that one instead."
+                ) from None
+            if moved:
                 old = state
                 break
         if old is None:
@@ -862,6 +986,8 @@ def failed_event_replay(
     event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
     if is_redacted(event.payload):
         raise FailedEventClosed("This entry's payload was redacted by retention; there is nothing to replay.")
+    if correction is None and not to_provider:
+        held_items(event)
     provider: Provider | None = None
     target: ReplayTarget | None = None
     if to_provider:
@@ -911,7 +1037,7 @@ def failed_event_replay(
             assert target is not None
             answer = send_to_target(
                 target=target,
-                payload=correction.payload if correction is not None else open_payload(event.payload),
+                payload=correction.payload if correction is not None else replay_body(event),
                 key=replay.sent_key,
                 event_pk=event.pk,
                 number=replay.number,
@@ -919,6 +1045,38 @@ def failed_event_replay(
     except Exception as exc:  # anything else mid-send: we cannot know whether it arrived
         answer = TargetAnswer(False, None, None, ErrorClass.AMBIGUOUS, f"send failed: {type(exc).__name__}", 0)
     return _replay_finish(replay=replay, event=event, op=op, answer=answer, actor=actor)
+
+
+def held_items(event: FailedEvent) -> int:
+    """How many fetched items an entry holds together (lead capture stored before the failed
+    item was kept alone, or several items the error named none of); 1 for any other entry.
+    Several are refused: a replay sends the failed item only, one request per item, and
+    re-sending the items that succeeded before the failure would repeat their effects."""
+    if event.payload_source != PayloadSource.N8N_EXECUTION_FETCH:
+        return 1
+    payload = open_payload(event.payload)
+    items = payload.get("items") if isinstance(payload, dict) and set(payload) == {"items"} else None
+    if isinstance(items, list) and len(items) > 1:
+        raise ValidationFailed(
+            f"This entry holds {len(items)} input items and the failed one cannot be told apart; replaying would"
+            " re-send the items that succeeded. Replay a correction holding the failed item, or resolve it."
+        )
+    return 1
+
+
+def replay_body(event: FailedEvent) -> Any:
+    """What a replay sends: the failed item's body. An entry of lead capture stored as
+    ``{"items": [item]}`` (before the failed item was kept alone) sends its one item."""
+    payload = open_payload(event.payload)
+    if (
+        event.payload_source == PayloadSource.N8N_EXECUTION_FETCH
+        and isinstance(payload, dict)
+        and set(payload) == {"items"}
+        and isinstance(payload["items"], list)
+        and len(payload["items"]) == 1
+    ):
+        return payload["items"][0]
+    return payload
 
 
 def _replay_refused(*, replay: Replay, actor: str, why: str) -> None:

@@ -144,7 +144,12 @@ class CompleteInputSerializer(LeaseTokenSerializer):
 
 
 class FailInputSerializer(LeaseTokenSerializer):
-    error_class = serializers.ChoiceField(choices=[(c.value, c.label) for c in REPORTED_ERROR_CLASSES])
+    error_class = serializers.ChoiceField(
+        choices=[(c.value, c.label) for c in REPORTED_ERROR_CLASSES],
+        help_text="required. After the sent marker (`/sent`) the effect may have happened: send `ambiguous`"
+        " (reconciled or reviewed by the provider's class) unless you know it was not sent; `transient` only"
+        " when it was refused before acting (it is retried: after a send, a second effect).",
+    )
     message = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
     response_status = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=100, max_value=599

@@ -46,7 +46,7 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from dlq.errors import FailedEventBusy, FailedEventClosed
-from dlq.models import FailedEvent, FailedEventChange, FailedEventStatus, Replay
+from dlq.models import FailedEvent, FailedEventChange, FailedEventOccurrence, FailedEventStatus, Replay
 from dlq.services import failed_event_discard
 from ledger import crypto
 from ledger import services as ledger_services
@@ -316,6 +316,10 @@ def _erase_failed_event(run: ErasureRun, pk: int, now: datetime) -> bool:
     )
     cutter.rows(Replay.objects.filter(tenant_id=event.tenant_id, event_id=event.pk), "error_message", "note")
     cutter.rows(FailedEventChange.objects.filter(tenant_id=event.tenant_id, event_id=event.pk).exclude(note=""), "note")
+    cutter.rows(
+        FailedEventOccurrence.objects.filter(tenant_id=event.tenant_id, event_id=event.pk).exclude(error_message=""),
+        "error_message",
+    )
     run.texts += cutter.changed
     run.index_entries += SubjectIndex.objects.filter(record_type=RecordType.FAILED_EVENTS, record_id=event.pk).delete()[
         0

@@ -103,7 +103,8 @@ def test_an_error_trigger_entry_gets_the_failed_nodes_input_items_after_commit(
 
     assert event.payload_fetch == PayloadFetch.FETCHED, event.payload_fetch_note
     assert event.payload_source == "n8n_execution_fetch" and event.payload_source_ref == "4812"
-    assert open_payload(event.payload) == {"items": [CONTACT]}
+    # The failed item itself, as the failed request's body would be.
+    assert open_payload(event.payload) == CONTACT
     assert is_sealed(event.payload)
     assert event.payload_fetch_note == "1 input item of node “CRM: Create Contact”."
     # The report's search values stay; the item's configured ones would join them.
@@ -135,7 +136,50 @@ def test_the_api_and_the_console_say_where_the_payload_came_from_without_showing
         assert value not in page
 
 
-def test_an_error_trigger_entry_of_a_batch_holds_every_input_item(
+def test_of_a_batch_the_entry_holds_only_the_item_the_error_names_keyed_by_the_declared_field(
+    client, tenant, connected, n8n_api, django_capture_on_commit_callbacks
+):
+    second = {**CONTACT, "firstName": "Ben", "customFields": {"call_id": "call_2", "postcode": "3000"}}
+    stack = n8n_api.executions["4812"]["data"]["executionData"]["nodeExecutionStack"][0]
+    stack["data"]["main"][0].append({"json": second, "pairedItem": {"item": 1}})
+    report = json.loads(REPORT)
+    report["execution"]["error"]["context"] = {"itemIndex": 1}
+    report["key_field"] = "customFields.call_id"
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post_raw(client, json.dumps(report))
+    event = FailedEvent.objects.get(pk=response.json()["id"])
+    assert event.key_source == "missing"
+
+    event = run_task(event)
+
+    # The item that succeeded before the failure is not held, so never re-sent.
+    assert open_payload(event.payload) == second
+    assert event.original_key == "call_2" and event.key_source == "request_field"
+
+
+def test_a_fetched_key_another_entry_opened_meanwhile_leaves_this_entry_without_it(
+    client, tenant, connected, n8n_api, django_capture_on_commit_callbacks, monkeypatch
+):
+    report = json.loads(REPORT)
+    report["key_field"] = "customFields.call_id"
+    with django_capture_on_commit_callbacks(execute=True):
+        event = FailedEvent.objects.get(pk=post_raw(client, json.dumps(report)).json()["id"])
+    other = {
+        "idempotency_key": "call_7f3c2a9e41b04d6f",
+        "payload": CONTACT,
+        "source": {"workflow_id": "9", "execution_id": "1"},
+    }
+    post_raw(client, json.dumps(other))
+    # The race: the other entry opened after the look for an open entry of the key.
+    monkeypatch.setattr(services.selectors, "failed_events_of_key", lambda **kw: FailedEvent.objects.none())
+
+    event = run_task(event)
+
+    assert event.payload_fetch == PayloadFetch.FETCHED and open_payload(event.payload) == CONTACT
+    assert event.key_source == "missing" and "held open by another entry" in event.key_note
+
+
+def test_an_error_trigger_entry_of_a_batch_none_of_whose_items_the_error_names_holds_every_item_and_says_so(
     client, tenant, connected, n8n_api, django_capture_on_commit_callbacks
 ):
     second = {**CONTACT, "firstName": "Ben", "customFields": {"call_id": "call_2", "postcode": "3000"}}
@@ -146,6 +190,7 @@ def test_an_error_trigger_entry_of_a_batch_holds_every_input_item(
     assert event.payload_fetch_note == (
         "2 input items of node “CRM: Create Contact”; 1 carried binary data, which is not fetched."
     )
+    assert event.key_source == "missing" and "cannot be told apart among 2 input items" in event.key_note
 
 
 # --- when nothing is fetched --------------------------------------------------------------------

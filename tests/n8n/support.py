@@ -35,7 +35,8 @@ CLI_TIMEOUT_SECONDS = 180
 START_TIMEOUT_SECONDS = 120
 STOP_TIMEOUT_SECONDS = 20
 
-# What the templates point at (`make run`'s demo ports); tests swap in their own servers.
+# What the templates point at without their environment variables (`make run`'s demo ports);
+# tests set the variables (TEMPLATE_ENV) or, for variants, swap in their own servers.
 TEMPLATE_ONCEGUARD = "http://127.0.0.1:8000"
 TEMPLATE_CHARGES = "http://127.0.0.1:8011"
 TEMPLATE_CRM = "http://127.0.0.1:8010"
@@ -44,6 +45,9 @@ ONCEGUARD_CREDENTIAL_ID = "ogCredOnceguard1"
 HEADER_CREDENTIAL_ID = "ogCredHeaderKey1"
 PACKAGE_NODE_TYPE = "n8n-nodes-onceguard.onceguard"
 CUSTOM_NODE_TYPE = "CUSTOM.onceguard"
+# The n8n environment variables the templates read their base URLs from (README, "Use it from
+# n8n", step 4): a template imports and runs unedited once they are set.
+TEMPLATE_ENV = {"onceguard": "ONCEGUARD_URL", "crm": "ONCEGUARD_CRM_URL", "charges": "ONCEGUARD_CHARGES_URL"}
 
 
 def in_ci() -> bool:
@@ -102,8 +106,14 @@ def build_node_package(destination: Path) -> Path:
     return destination / "unpacked" / "package"
 
 
+def template_env(**urls: str) -> dict[str, str]:
+    """The n8n environment under which the templates, unedited, reach these servers."""
+    return {TEMPLATE_ENV[name]: url.rstrip("/") for name, url in urls.items()}
+
+
 def template(name: str, **urls: str) -> dict[str, Any]:
-    """A workflow template with its demo URLs replaced (onceguard=, charges=, crm=)."""
+    """A workflow template, as shipped, or with its demo URLs replaced (onceguard=, charges=,
+    crm=) where one n8n runs variants against different servers."""
     text = (WORKFLOWS_DIR / f"{name}.json").read_text()
     for key, placeholder in (("onceguard", TEMPLATE_ONCEGUARD), ("charges", TEMPLATE_CHARGES), ("crm", TEMPLATE_CRM)):
         if key in urls:
@@ -127,6 +137,8 @@ class N8n:
         self.folder = folder
         self.port = free_port()
         self.custom_extensions = custom_extensions
+        # Extra variables of the n8n process (the templates' TEMPLATE_ENV).
+        self.extra_env: dict[str, str] = {}
         self.process: subprocess.Popen[bytes] | None = None
         # A copy of this folder taken before start(), for `n8n execute` runs that must not
         # share SQLite with the running server.
@@ -178,6 +190,7 @@ class N8n:
         )
         if self.custom_extensions is not None:
             env["N8N_CUSTOM_EXTENSIONS"] = str(self.custom_extensions)
+        env.update(self.extra_env)
         return env
 
     # --- the CLI ---
@@ -254,7 +267,9 @@ class N8n:
     def copy(self, folder: Path) -> N8n:
         """Another instance with this one's database (credentials and workflows), not started."""
         shutil.copytree(self.folder / ".n8n", folder / ".n8n")
-        return N8n(self.binary, folder, custom_extensions=self.custom_extensions)
+        instance = N8n(self.binary, folder, custom_extensions=self.custom_extensions)
+        instance.extra_env = dict(self.extra_env)
+        return instance
 
     def install_package(self, package: Path) -> None:
         """What `npm install n8n-nodes-onceguard` in ~/.n8n/nodes leaves: n8n loads every

@@ -27,7 +27,7 @@ S = OperationStatus
 ENFORCED, ADVISORY = IdempotencyClass.KEY_ENFORCED, IdempotencyClass.KEY_ADVISORY
 WORKFLOW = {ENFORCED: "ogGuardedCharge1", ADVISORY: "ogGuardedChargeA"}
 KEY_AS_EXECUTION_ID = "ogKeyIsExecution"
-OTHER_AMOUNT = "ogOtherAmount001"
+OTHER_AMOUNT, OTHER_AMOUNT_V1 = "ogOtherAmount001", "ogOtherAmountV1"
 KEY = "order-1001:charge:v1"
 PROVIDER_TIMEOUT = 2.0
 RUN_TIMEOUT = 180
@@ -72,13 +72,20 @@ def key_as_execution_id_workflow(relay: RunningServer) -> dict[str, Any]:
     return workflow
 
 
-def other_amount_workflow(relay: RunningServer) -> dict[str, Any]:
-    """The template whose sample order has another amount under the same key."""
+def other_amount_workflow(relay: RunningServer, *, version: int = 2) -> dict[str, Any]:
+    """The template whose sample order has another amount under the same key; ``version`` 1
+    is the node as saved workflows have it (four Claim outputs, refusals are errors)."""
     workflow = template("guarded-charge", charges=relay.url)
-    workflow["id"], workflow["name"] = OTHER_AMOUNT, "same order, another amount"
+    workflow["id"], workflow["name"] = (OTHER_AMOUNT, OTHER_AMOUNT_V1)[version == 1], f"another amount, v{version}"
     for field in node_named(workflow, "Sample order")["parameters"]["assignments"]["assignments"]:
         if field["name"] == "amount":
             field["value"] = 9999
+    if version == 1:
+        for node in workflow["nodes"]:
+            if node["type"] == "n8n-nodes-onceguard.onceguard":
+                node["typeVersion"] = 1
+        claim = workflow["connections"]["Claim"]["main"]
+        workflow["connections"]["Claim"]["main"] = [claim[0], claim[1], claim[3], claim[4]]
     return workflow
 
 
@@ -97,6 +104,7 @@ def n8n(n8n_base: N8n, node_package: Path, charges: Charges, tmp_path_factory: p
             advisory,
             key_as_execution_id_workflow(charges.relay[ENFORCED]),
             other_amount_workflow(charges.relay[ENFORCED]),
+            other_amount_workflow(charges.relay[ENFORCED], version=1),
         ]
     )
     return instance
@@ -125,7 +133,8 @@ def onceguard(tenant: Tenant, api_key: str, charges: Charges) -> Tenant:
 
 def claim_outcome(run: Run) -> str:
     """Which of the Claim's outputs the sample order went down."""
-    names = ("proceed", "replayed", "retry_later", "needs_human")
+    # Node version 2: one named output per row of the claim-answer table.
+    names = ("proceed", "already_done", "failed", "retry_later", "needs_human")
     taken = [name for name, items in zip(names, run.outputs("Claim"), strict=False) if items]
     assert len(taken) == 1, f"the item went down {taken or 'no output'}: {run.error_message}"
     return taken[0]
@@ -144,7 +153,7 @@ def test_the_guarded_charge_run_twice_in_a_row_charges_once(n8n: N8n, onceguard:
     assert op.workflow_id == WORKFLOW[ENFORCED] and op.execution_id
 
     second = n8n.execute(WORKFLOW[ENFORCED])
-    assert claim_outcome(second) == "replayed"
+    assert claim_outcome(second) == "already_done"
     (replayed,) = second.output("Claim", 1)
     assert replayed["onceguard"]["status"] == S.SUCCEEDED
     assert replayed["onceguard"]["provider_ref"] == op.provider_ref
@@ -171,12 +180,12 @@ def test_the_guarded_charge_run_twice_at_once_in_two_n8n_processes_charges_once(
     outcomes = sorted(claim_outcome(run) for run in runs)
     # One process charged; the other was told to retry later (or, if it came after the
     # first had finished, got the recorded outcome). Never two charges.
-    assert outcomes in (["proceed", "retry_later"], ["proceed", "replayed"]), outcomes
+    assert outcomes in (["proceed", "retry_later"], ["proceed", "already_done"]), outcomes
     assert charges.effects(ENFORCED) == 1
     assert Operation.objects.get(key=KEY).status == S.SUCCEEDED
 
     # A third run, now that the first finished: the recorded outcome, no charge.
-    assert claim_outcome(n8n.execute(WORKFLOW[ENFORCED])) == "replayed"
+    assert claim_outcome(n8n.execute(WORKFLOW[ENFORCED])) == "already_done"
     assert charges.effects(ENFORCED) == 1
 
 
@@ -187,7 +196,7 @@ FAULTS: dict[str, dict[str, tuple[str, int, str]]] = {
         ADVISORY: (S.REVIEW, 0, "needs_human"),  # cannot be looked up: a human decides
     },
     "forward-then-drop-response": {
-        ENFORCED: (S.SUCCEEDED, 1, "replayed"),  # looked up: found
+        ENFORCED: (S.SUCCEEDED, 1, "already_done"),  # looked up: found
         ADVISORY: (S.REVIEW, 1, "needs_human"),
     },
 }
@@ -225,6 +234,26 @@ def test_a_fault_between_n8n_and_the_provider_never_makes_two_effects(
     assert charges.mock[cls].effects()["count"] <= 1
 
 
+def test_a_replayed_declined_charge_comes_out_of_the_failed_output_not_already_done(
+    n8n: N8n, onceguard: Tenant, charges: Charges
+) -> None:
+    charge_provider(onceguard, charges, ENFORCED)
+    charges.mock[ENFORCED].script([{"status": 402}])
+    first = n8n.execute(WORKFLOW[ENFORCED])
+    assert claim_outcome(first) == "proceed" and first.ran("Fail")
+    op = Operation.objects.get(key=KEY)
+    assert op.status == S.FAILED and op.error_class == "invalid_input"
+
+    second = n8n.execute(WORKFLOW[ENFORCED])
+
+    assert claim_outcome(second) == "failed"
+    (failed,) = second.output("Claim", 2)
+    assert failed["onceguard"]["replayed"] is True and failed["onceguard"]["status"] == S.FAILED
+    assert failed["onceguard"]["error_class"] == "invalid_input"
+    assert second.ran("Respond: charge failed") and not second.ran("Respond: already charged")
+    assert not second.ran("Charge") and charges.effects(ENFORCED) == 0
+
+
 def test_a_key_made_of_the_execution_id_is_refused_before_onceguard_is_called(
     n8n: N8n, onceguard: Tenant, charges: Charges
 ) -> None:
@@ -236,12 +265,25 @@ def test_a_key_made_of_the_execution_id_is_refused_before_onceguard_is_called(
     assert charges.effects(ENFORCED) == 0
 
 
-def test_onceguard_refusing_a_claim_fails_the_execution_with_its_title_code_and_detail(
+def test_a_key_reused_with_another_request_comes_out_of_needs_a_human_with_its_code_and_detail(
     n8n: N8n, onceguard: Tenant, charges: Charges
 ) -> None:
     charge_provider(onceguard, charges, ENFORCED)
     n8n.execute(WORKFLOW[ENFORCED])
-    run = n8n.execute(OTHER_AMOUNT, check=False)
+    run = n8n.execute(OTHER_AMOUNT)
+    assert claim_outcome(run) == "needs_human"
+    (held,) = run.output("Claim", 4)
+    assert held["onceguard"]["code"] == "key_reused_with_different_request" and held["onceguard"]["detail"]
+    assert not run.ran("Charge")
+    assert charges.effects(ENFORCED) == 1
+
+
+def test_onceguard_refusing_a_claim_fails_a_version_1_execution_with_its_title_code_and_detail(
+    n8n: N8n, onceguard: Tenant, charges: Charges
+) -> None:
+    charge_provider(onceguard, charges, ENFORCED)
+    n8n.execute(WORKFLOW[ENFORCED])
+    run = n8n.execute(OTHER_AMOUNT_V1, check=False)
     assert not run.ok
     error = run.result["error"]
     assert error["message"] == "Onceguard: Key reused with a different request (key_reused_with_different_request)"

@@ -9,6 +9,7 @@ submit-and-wait template continues when Onceguard calls the Wait node back.
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,8 +26,9 @@ from ledger.models import IdempotencyClass, Operation, OperationStatus, Tenant
 from relay.testing import RunningServer, start_mock_provider, start_relay
 from tests.dlq.conftest import example
 from tests.execute.support import run_due, wait_until
-from tests.n8n.conftest import API_SECRET
-from tests.n8n.support import N8n, node_named, template
+from tests.n8n.conftest import API_SECRET, TIMINGS
+from tests.n8n.crm import StrictCrm
+from tests.n8n.support import N8n, node_named, template, template_env
 from tests.support import outbound
 
 pytestmark = [pytest.mark.heavy, pytest.mark.django_db(transaction=True)]
@@ -36,6 +38,9 @@ LEAD_NODE, LEAD_HTTP = "ogLeadToCrmNode1", "ogLeadToCrmHttp1"
 UNGUARDED, ERROR_WORKFLOW = "ogLeadNoErrorOut", "ogErrorWorkflow1"
 SUBMIT_AND_WAIT, SUBMIT_RETRY = "ogSubmitAndWait1", "ogSubmitRetry001"
 VIA_RELAY_CREDENTIAL = "ogCredViaRelay01"
+# The lead workflow without an error output against the strict CRM, its replay receiver, and
+# one whose CRM step is a Code node (no request in the error: lead capture fetches the item).
+STRICT_LEAD, STRICT_RECEIVER, CODE_FAILS = "ogLeadStrictCrm1", "ogReplayStrict01", "ogLeadCodeFails1"
 LEAD_PATH = {LEAD_NODE: "onceguard-lead", LEAD_HTTP: "onceguard-lead-http"}
 CALL = example("voice-call-analyzed.json")
 CONTACT = example("crm-create-contact-request.json")["body"]
@@ -54,6 +59,36 @@ def unguarded_lead_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]:
     crm = node_named(workflow, "CRM: Create Contact")
     crm.pop("onError", None)
     workflow["connections"]["CRM: Create Contact"]["main"] = workflow["connections"]["CRM: Create Contact"]["main"][:1]
+    return workflow
+
+
+def strict_lead_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]:
+    workflow = unguarded_lead_workflow(onceguard_url, crm_url)
+    workflow["id"], workflow["name"] = STRICT_LEAD, "lead to strict CRM, no error output"
+    node_named(workflow, "Call analyzed")["parameters"]["path"] = "onceguard-lead-strict"
+    # Another CRM than the one the n8n's environment names for the templates.
+    node_named(workflow, "CRM: Create Contact")["parameters"]["url"] = f"{crm_url}/contacts"
+    return workflow
+
+
+def strict_receiver_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]:
+    workflow = template("replay-receiver", onceguard=onceguard_url, crm=crm_url)
+    workflow["id"], workflow["name"] = STRICT_RECEIVER, "replay receiver, strict CRM"
+    node_named(workflow, "Replay from Onceguard")["parameters"]["path"] = "onceguard-replay-strict"
+    node_named(workflow, "CRM: Create Contact")["parameters"]["url"] = f"{crm_url}/contacts"
+    return workflow
+
+
+def code_fails_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]:
+    workflow = unguarded_lead_workflow(onceguard_url, crm_url)
+    workflow["id"], workflow["name"] = CODE_FAILS, "lead to CRM, failing in a Code node"
+    node_named(workflow, "Call analyzed")["parameters"]["path"] = "onceguard-lead-code"
+    crm = node_named(workflow, "CRM: Create Contact")
+    crm.update(
+        type="n8n-nodes-base.code",
+        typeVersion=2,
+        parameters={"jsCode": "throw new Error('CRM client: too many requests [429]');"},
+    )
     return workflow
 
 
@@ -78,10 +113,13 @@ class Servers:
         self.charges: RunningServer = start_mock_provider("enforced")
         # A fault relay in front of Onceguard itself: loses the answer to a submission.
         self.onceguard_relay: RunningServer = start_relay(onceguard_url)
+        # A CRM that refuses any other shape or key, and does not dedup.
+        self.strict_crm = StrictCrm().start()
 
     def reset(self) -> None:
         for server in (self.crm, self.charges, self.onceguard_relay):
             server.reset()
+        self.strict_crm.reset()
 
     def contacts_for(self, key: str) -> dict[str, Any] | None:
         response = httpx.get(f"{self.crm.url}/contacts", params={"idempotency_key": key}, timeout=5, trust_env=False)
@@ -90,6 +128,7 @@ class Servers:
     def stop(self) -> None:
         for server in (self.onceguard_relay, self.crm, self.charges):
             server.stop()
+        self.strict_crm.stop()
 
 
 @pytest.fixture(scope="module")
@@ -101,18 +140,22 @@ def servers(onceguard_url: str) -> Iterator[Servers]:
 
 @pytest.fixture(scope="module")
 def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[N8n]:
-    """One started n8n with the lead, replay-receiver, error and submit-and-wait templates."""
+    """One started n8n with the lead, replay-receiver, error and submit-and-wait templates,
+    imported unedited: the n8n's environment names the servers they call."""
     instance = n8n_base.copy(tmp_path_factory.mktemp("n8n-leads"))
-    urls = {"onceguard": onceguard_url, "crm": servers.crm.url}
+    instance.extra_env = template_env(onceguard=onceguard_url, crm=servers.crm.url)
     instance.import_workflows(
         [
-            template("lead-to-crm", **urls),
-            template("lead-to-crm-http", **urls),
-            template("replay-receiver", **urls),
-            template("error-workflow", **urls),
-            template("submit-and-wait", **urls),
+            template("lead-to-crm"),
+            template("lead-to-crm-http"),
+            template("replay-receiver"),
+            template("error-workflow"),
+            template("submit-and-wait"),
             unguarded_lead_workflow(onceguard_url, servers.crm.url),
             submit_retry_workflow(),
+            strict_lead_workflow(onceguard_url, servers.strict_crm.url),
+            strict_receiver_workflow(onceguard_url, servers.strict_crm.url),
+            code_fails_workflow(onceguard_url, servers.crm.url),
         ]
     )
     instance.import_credentials(
@@ -125,7 +168,17 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
             }
         ]
     )
-    active = (LEAD_NODE, LEAD_HTTP, "ogReplayReceivr1", UNGUARDED, SUBMIT_AND_WAIT, SUBMIT_RETRY)
+    active = (
+        LEAD_NODE,
+        LEAD_HTTP,
+        "ogReplayReceivr1",
+        UNGUARDED,
+        SUBMIT_AND_WAIT,
+        SUBMIT_RETRY,
+        STRICT_LEAD,
+        STRICT_RECEIVER,
+        CODE_FAILS,
+    )
     instance.activate_all(except_ids=[ERROR_WORKFLOW])
     # `n8n execute` runs in its own process: give it its own copy of the database, so it never
     # shares SQLite with the running server.
@@ -149,11 +202,11 @@ def onceguard(tenant: Tenant, api_key: str, servers: Servers, n8n: N8n) -> Tenan
     return tenant
 
 
-def replay(onceguard_url: str, event: FailedEvent) -> httpx.Response:
+def replay(onceguard_url: str, event: FailedEvent, *, target: str = "") -> httpx.Response:
     """What an operator does: POST /api/v1/dlq/events/{id}/replay."""
     return httpx.post(
         f"{onceguard_url}/api/v1/dlq/events/{event.pk}/replay",
-        json={"note": "CRM is back"},
+        json={"note": "CRM is back", **({"target": target} if target else {})},
         headers={"Authorization": f"Bearer {API_SECRET}"},
         timeout=30,
         trust_env=False,
@@ -222,21 +275,55 @@ def test_a_batch_of_three_failing_leads_is_three_entries_each_with_its_own_lead(
     assert all(p["customFields"]["call_id"] in e.original_key for p, e in zip(payloads, events, strict=True))
 
 
-def test_the_error_workflow_reports_a_failure_that_has_no_error_output(
-    n8n: N8n, onceguard: Tenant, servers: Servers
+def test_the_same_lead_failing_twice_through_the_error_trigger_is_one_entry_and_its_replay_one_contact(
+    n8n: N8n, onceguard: Tenant, servers: Servers, onceguard_url: str
 ) -> None:
-    servers.crm.script([{"status": 429}])
-    n8n.webhook("onceguard-lead-unguarded", CALL)
-    (failed,) = n8n.wait_for_executions(UNGUARDED, count=1)
-    assert failed["status"] == "error"
-    assert wait_until(lambda: FailedEvent.objects.exists(), timeout=60), n8n.start_log()[-3000:]
-    event = FailedEvent.objects.get()
-    assert event.shape == "n8n_execution"
-    assert event.event_id == f"n8n:{UNGUARDED}:{failed['id']}"
-    assert event.source_node == "CRM: Create Contact"
+    # No error output: only the Error Trigger reports the failures. The caller re-sends the
+    # webhook, the CRM throttles both tries; n8n's error report carries the failed request.
+    started = time.monotonic()
+    servers.strict_crm.reset(script=[429, 429])
+    for _ in range(2):
+        n8n.webhook("onceguard-lead-strict", CALL)
+    failed = n8n.wait_for_executions(STRICT_LEAD, count=2)
+    assert [e["status"] for e in failed] == ["error", "error"]
+    assert wait_until(lambda: FailedEvent.objects.filter(occurrence_count=2).exists(), timeout=60), (
+        list(FailedEvent.objects.values_list("event_id", "key_source", "key_note", "occurrence_count")),
+        n8n.start_log()[-3000:],
+    )
+
+    (event,) = FailedEvent.objects.all()
+    assert event.shape == "n8n_execution" and event.source_node == "CRM: Create Contact"
+    assert event.original_key == LEAD_KEY and event.key_source == "request_header"
     assert event.error_class == "transient"
-    # No n8n connection: the report is the payload, nothing is fetched.
-    assert event.payload_fetch == "" and event.payload_source == "reported"
+    # The failed item's request body, not the report; its credential headers are not kept.
+    assert open_payload(event.payload) == CONTACT
+    assert set(event.request_headers) <= {"content-type", "idempotency-key", "x-idempotency-key"}
+    assert sorted(event.occurrences.values_list("source_execution_id", flat=True)) == sorted(
+        str(e["id"]) for e in failed
+    )
+
+    # One replay through the receiver template: exactly one contact, the lead's, under its key.
+    from dlq import services as dlq_services
+
+    dlq_services.replay_target_upsert(
+        tenant=onceguard, slug="strict-crm", url=f"{n8n.url}/webhook/onceguard-replay-strict", timeout_seconds=10
+    )
+    replayed = replay(onceguard_url, event, target="strict-crm")
+    assert replayed.status_code == 201, replayed.text
+    assert replayed.json()["outcome"] == "succeeded", replayed.json()
+    assert servers.strict_crm.refused == []
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
+    # The receiver forwards one contact per request: a body of several items never reaches the CRM.
+    several = httpx.post(
+        f"{n8n.url}/webhook/onceguard-replay-strict",
+        json={"items": [CONTACT, CONTACT]},
+        headers={"Idempotency-Key": LEAD_KEY},
+        timeout=30,
+        trust_env=False,
+    )
+    assert several.status_code == 422, several.text
+    assert servers.strict_crm.refused == [] and len(servers.strict_crm.contacts) == 1
+    TIMINGS["error trigger: one lead, two failures, one contact"] = time.monotonic() - started
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +331,7 @@ def n8n_api_key(n8n: N8n) -> str:
     return n8n.create_api_key()
 
 
-def test_an_error_trigger_entry_holds_the_failed_nodes_input_items(
+def test_an_error_trigger_entry_of_a_node_that_reports_no_request_holds_the_fetched_failed_item(
     n8n: N8n,
     onceguard: Tenant,
     servers: Servers,
@@ -263,22 +350,21 @@ def test_an_error_trigger_entry_holds_the_failed_nodes_input_items(
     monkeypatch.setattr("sys.stdin", stdin)
     call_command("n8n_connect", "--tenant", onceguard.slug, "--url", n8n.url, stdout=io.StringIO())
 
-    servers.crm.script([{"status": 429}])
-    # The module's n8n may have run this workflow for an earlier test: this run is the next one.
-    before = len(n8n.executions(UNGUARDED))
-    n8n.webhook("onceguard-lead-unguarded", CALL)
-    failed = n8n.wait_for_executions(UNGUARDED, count=before + 1)[-1]
+    # A Code node's error names no request: the failed item is fetched from the execution.
+    n8n.webhook("onceguard-lead-code", CALL)
+    (failed,) = n8n.wait_for_executions(CODE_FAILS, count=1)
     assert failed["status"] == "error"
     assert wait_until(lambda: FailedEvent.objects.exists(), timeout=60), n8n.start_log()[-3000:]
     event = FailedEvent.objects.get()
-    assert event.event_id == f"n8n:{UNGUARDED}:{failed['id']}"
+    assert event.event_id == f"n8n:{CODE_FAILS}:{failed['id']}"
     assert wait_until(lambda: ("dlq.tasks.n8n_payload_fetch_task", event.pk) in enqueued, timeout=10)
     n8n_payload_fetch_task(event.pk)
 
     event.refresh_from_db()
     assert event.payload_fetch == "fetched", event.payload_fetch_note
     assert event.payload_source == "n8n_execution_fetch" and event.payload_source_ref == str(failed["id"])
-    assert _payload_items(event) == [CONTACT]
+    event.refresh_from_db()
+    assert open_payload(event.payload) == CONTACT
     # Shown on the entry's page (masked) and in the API.
     page = admin_client.get(reverse("admin:dlq_failedevent_change", args=[event.pk])).content.decode()
     assert f"fetched from n8n execution {failed['id']}" in page
@@ -291,12 +377,6 @@ def test_an_error_trigger_entry_holds_the_failed_nodes_input_items(
         trust_env=False,
     )
     assert api.json()["payload_source"]["source"] == "n8n_execution_fetch"
-
-
-def _payload_items(event: FailedEvent) -> list[Any]:
-    event.refresh_from_db()
-    payload = open_payload(event.payload)
-    return payload.get("items", []) if isinstance(payload, dict) else []
 
 
 def submit_setup(tenant: Tenant, servers: Servers, n8n: N8n) -> None:
@@ -332,6 +412,19 @@ def test_submit_and_wait_continues_when_onceguard_calls_the_wait_node_back(
     assert servers.charges.effects()["count"] == 1
     callback = Operation.objects.get(key=f"callback:{op.pk}")
     assert callback.status == S.SUCCEEDED
+
+    # The same order again: its operation is finished, so Submit (v2) comes out of Succeeded at
+    # once and the execution never waits for a callback (none is sent: the Wait node would
+    # hold it "waiting" for an hour).
+    started = time.monotonic()
+    again = n8n.webhook("onceguard-submit", {"order_id": "order-2001", "amount": 1999, "currency": "eur"})
+    assert again.status_code == 200, again.text
+    assert wait_until(lambda: len(n8n.executions(SUBMIT_AND_WAIT)) == 2, timeout=60)
+    second = n8n.wait_for_executions(SUBMIT_AND_WAIT, count=2, statuses=("success",), timeout=60)
+    assert [e["status"] for e in n8n.executions(SUBMIT_AND_WAIT)] == ["success", "success"], second
+    assert Operation.objects.filter(key__startswith="callback:").count() == 1
+    assert servers.charges.effects()["count"] == 1
+    TIMINGS["submit and wait: a finished key"] = time.monotonic() - started
 
 
 def test_a_submission_whose_202_was_lost_is_retried_by_n8n_and_still_charges_once(

@@ -5,7 +5,7 @@ import type {
 	INodeType,
 	INodeTypeDescription,
 } from 'n8n-workflow';
-import { NodeOperationError } from 'n8n-workflow';
+import { NodeOperationError, sleep } from 'n8n-workflow';
 
 import { nodeProperties } from './descriptions';
 import { GOOD_KEY_HINT, KeyProblem, checkKey, keyFromParts } from './keys';
@@ -20,6 +20,24 @@ const NEEDS_HUMAN = 3;
 const RETRY_LATER_CODES = new Set(['operation_in_progress', 'operation_retry_scheduled']);
 const NEEDS_HUMAN_CODES = new Set(['operation_needs_reconciliation']);
 
+// Version 2: every row of the design's claim-answer table has exactly one named output, and a
+// replayed failure is a failure, not "already done" (v1 sent both down Replayed).
+const V2_PROCEED = 0;
+const V2_ALREADY_DONE = 1;
+const V2_FAILED = 2;
+const V2_RETRY_LATER = 3;
+const V2_NEEDS_HUMAN = 4;
+// Version 2's Submit: in flight (wire it to a Wait node for the callback), or finished.
+const V2_IN_FLIGHT = 0;
+const V2_SUCCEEDED = 1;
+const V2_SUBMIT_FAILED = 2;
+// An operation in one of these states is finished (ledger.models.TERMINAL_STATES).
+const FAILED_STATES = new Set(['failed', 'abandoned']);
+const FINISHED_STATES = new Set(['succeeded', ...FAILED_STATES]);
+// Submit's own wait (v2): how often it asks, in milliseconds (doubling up to the cap).
+const POLL_FIRST_MS = 500;
+const POLL_MAX_MS = 5000;
+
 // DESIGN §3's failure classes, for an error a node's error output carries.
 const TRANSIENT_STATUSES = new Set([408, 425, 429, 503]);
 const TRANSIENT_CODES = ['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH'];
@@ -27,10 +45,15 @@ const AMBIGUOUS_CODES = ['ETIMEDOUT', 'ECONNRESET', 'ESOCKETTIMEDOUT', 'EPIPE', 
 
 interface Routed {
 	output: number;
-	item: INodeExecutionData;
+	// One item per input item, or (Get Dead-Letter Entries) one per entry found.
+	item: INodeExecutionData | INodeExecutionData[];
 }
 
 type Operation = (this: IExecuteFunctions, index: number, item: INodeExecutionData) => Promise<Routed>;
+
+function nodeVersion(ctx: IExecuteFunctions): number {
+	return Number(ctx.getNode().typeVersion ?? 1);
+}
 
 function options(ctx: IExecuteFunctions, index: number): IDataObject {
 	return ctx.getNodeParameter('options', index, {}) as IDataObject;
@@ -157,9 +180,10 @@ const claim: Operation = async function (index, item) {
 	if (Number(opts.leaseSeconds) > 0) body.lease_seconds = Number(opts.leaseSeconds);
 	const answer = await onceguardRequest.call(this, { method: 'POST', path: '/api/v1/claims', body, itemIndex: index });
 	const op = answer.body;
+	const v2 = nodeVersion(this) >= 2;
 	if (answer.status === 201) {
 		return {
-			output: PROCEED,
+			output: v2 ? V2_PROCEED : PROCEED,
 			item: withResult(this, index, item, {
 				outcome: 'proceed',
 				operation_id: op.id,
@@ -172,26 +196,55 @@ const claim: Operation = async function (index, item) {
 		};
 	}
 	if (answer.status === 200) {
+		const failed = FAILED_STATES.has(String(op.status));
 		return {
-			output: REPLAYED,
+			output: !v2 ? REPLAYED : failed ? V2_FAILED : V2_ALREADY_DONE,
 			item: withResult(this, index, item, {
-				outcome: 'replayed',
+				outcome: !v2 ? 'replayed' : failed ? 'failed' : 'already_done',
 				operation_id: op.id,
 				key,
 				status: op.status,
 				provider_ref: op.provider_ref,
 				response: op.response,
 				error_class: op.error_class,
+				...(v2 ? { last_error: op.last_error ?? '' } : {}),
 				replayed: isReplayed(answer),
 				operation: op,
 			}),
 		};
 	}
 	const code = problemCode(answer);
+	if (v2 && answer.status === 409 && code === 'operation_version_superseded') {
+		// A newer version of the record and action took over: this one's effect is not wanted.
+		return {
+			output: V2_ALREADY_DONE,
+			item: withResult(this, index, item, {
+				outcome: 'superseded',
+				operation_id: op.operation_id ?? null,
+				key,
+				code,
+				detail: op.detail,
+				replaced_by: op.replaced_by ?? null,
+				replayed: true,
+			}),
+		};
+	}
+	// The key does not tell this request apart, or it belongs to execute mode: the workflow
+	// needs a person's fix, not a retry.
+	if (
+		v2 &&
+		((answer.status === 422 && code === 'key_reused_with_different_request') ||
+			(answer.status === 409 && code === 'operation_managed_by_service'))
+	) {
+		return {
+			output: V2_NEEDS_HUMAN,
+			item: withResult(this, index, item, { outcome: 'needs_human', key, code, detail: op.detail, replayed: false }),
+		};
+	}
 	if (answer.status === 409 && (RETRY_LATER_CODES.has(code) || NEEDS_HUMAN_CODES.has(code))) {
 		const waiting = RETRY_LATER_CODES.has(code);
 		return {
-			output: waiting ? RETRY_LATER : NEEDS_HUMAN,
+			output: waiting ? (v2 ? V2_RETRY_LATER : RETRY_LATER) : v2 ? V2_NEEDS_HUMAN : NEEDS_HUMAN,
 			item: withResult(this, index, item, {
 				outcome: waiting ? 'retry_later' : 'needs_human',
 				operation_id: op.operation_id ?? null,
@@ -200,6 +253,7 @@ const claim: Operation = async function (index, item) {
 				detail: op.detail,
 				status: op.operation_status ?? null,
 				retry_after_seconds: waiting ? (retryAfterSeconds(answer) ?? 1) : null,
+				...(v2 ? { replayed: false } : {}),
 			}),
 		};
 	}
@@ -254,10 +308,25 @@ const complete: Operation = async function (index, item) {
 	return await holderCall(this, index, item, 'complete', extra);
 };
 
+/** Version 2's default class: once the sent marker is set the effect may have happened, so
+ * the failure is "outcome unknown" (reconciled, or reviewed, by its provider's class), never
+ * a retry that could do it twice; before the marker it is transient. */
+async function defaultFailClass(ctx: IExecuteFunctions, index: number): Promise<string> {
+	const answer = await onceguardRequest.call(ctx, {
+		method: 'GET',
+		path: `/api/v1/operations/${operationId(ctx, index)}`,
+		itemIndex: index,
+	});
+	if (answer.status !== 200) throw problemError.call(ctx, answer, index);
+	return answer.body.sent_at ? 'ambiguous' : 'transient';
+}
+
 const fail: Operation = async function (index, item) {
 	const opts = options(this, index);
+	let errorClass = String(this.getNodeParameter('errorClass', index));
+	if (errorClass === 'auto') errorClass = await defaultFailClass(this, index);
 	const extra: IDataObject = {
-		error_class: String(this.getNodeParameter('errorClass', index)),
+		error_class: errorClass,
 		message: String(this.getNodeParameter('message', index, '')),
 	};
 	if (Number(opts.responseStatus) > 0) extra.response_status = Number(opts.responseStatus);
@@ -311,6 +380,9 @@ const submit: Operation = async function (index, item) {
 	const answer = await onceguardRequest.call(this, { method: 'POST', path: '/api/v1/operations', body, itemIndex: index });
 	// 202: accepted (or, replayed, the same open operation again); 200 + replayed: already
 	// finished, here is its outcome. Both mean the effect is in Onceguard's hands exactly once.
+	if (nodeVersion(this) >= 2 && (answer.status === 202 || (answer.status === 200 && isReplayed(answer)))) {
+		return await submitted.call(this, index, item, key, answer);
+	}
 	if (answer.status === 202 || (answer.status === 200 && isReplayed(answer))) {
 		const op = answer.body;
 		return {
@@ -327,6 +399,71 @@ const submit: Operation = async function (index, item) {
 	}
 	throw problemError.call(this, answer, index);
 };
+
+function submitResult(key: string, op: IDataObject, replayed: boolean): IDataObject {
+	const failed = FAILED_STATES.has(String(op.status));
+	const finished = FINISHED_STATES.has(String(op.status));
+	return {
+		outcome: !finished ? 'in_flight' : failed ? 'failed' : 'succeeded',
+		operation_id: op.id,
+		key,
+		status: op.status,
+		provider_ref: op.provider_ref ?? '',
+		error_class: op.error_class ?? '',
+		last_error: op.last_error ?? '',
+		replayed,
+		operation: op,
+	};
+}
+
+function submitOutput(op: IDataObject): number {
+	if (!FINISHED_STATES.has(String(op.status))) return V2_IN_FLIGHT;
+	return FAILED_STATES.has(String(op.status)) ? V2_SUBMIT_FAILED : V2_SUCCEEDED;
+}
+
+/** Version 2: a finished operation (a replay of a key that succeeded, failed or was cancelled)
+ * comes out at once on Succeeded or Failed; one in flight goes to In Flight (for a Wait node
+ * and the callback) or, with "Wait Here Up To", is asked after until it finishes — its
+ * expiry is an error (the node's error output, when wired), never a hang. */
+async function submitted(
+	this: IExecuteFunctions,
+	index: number,
+	item: INodeExecutionData,
+	key: string,
+	answer: OnceguardAnswer,
+): Promise<Routed> {
+	let op = answer.body;
+	const replayed = isReplayed(answer);
+	const waitSeconds = Number(this.getNodeParameter('waitSeconds', index, 0)) || 0;
+	if (waitSeconds > 0 && !FINISHED_STATES.has(String(op.status))) {
+		const deadline = Date.now() + waitSeconds * 1000;
+		let pause = POLL_FIRST_MS;
+		while (!FINISHED_STATES.has(String(op.status))) {
+			const left = deadline - Date.now();
+			if (left <= 0) {
+				throw new NodeOperationError(
+					this.getNode(),
+					`Operation ${String(op.id)} did not finish within ${waitSeconds} s (it is ${String(op.status)})`,
+					{
+						itemIndex: index,
+						description:
+							'It goes on in Onceguard: its outcome is recorded there and a callback, if set, still comes. Wire the error output to handle the wait running out.',
+					},
+				);
+			}
+			await sleep(Math.min(pause, left));
+			pause = Math.min(pause * 2, POLL_MAX_MS);
+			const polled = await onceguardRequest.call(this, {
+				method: 'GET',
+				path: `/api/v1/operations/${String(op.id)}`,
+				itemIndex: index,
+			});
+			if (polled.status !== 200) throw problemError.call(this, polled, index);
+			op = polled.body;
+		}
+	}
+	return { output: submitOutput(op), item: withResult(this, index, item, submitResult(key, op, replayed)) };
+}
 
 const upload: Operation = async function (index, item) {
 	const property = String(this.getNodeParameter('binaryPropertyName', index, 'data')).trim();
@@ -477,7 +614,49 @@ const deadLetter: Operation = async function (index, item) {
 	};
 };
 
-const OPERATIONS: Record<string, Operation> = { claim, markSent, complete, fail, get, submit, upload, deadLetter };
+const V1_CLAIM_OUTPUTS = ['Proceed', 'Replayed', 'Retry Later', 'Needs a Human'];
+const V2_CLAIM_OUTPUTS = ['Proceed', 'Already Done', 'Failed', 'Retry Later', 'Needs a Human'];
+const V2_SUBMIT_OUTPUTS = ['In Flight', 'Succeeded', 'Failed'];
+
+function outputs(names: string[]): string {
+	return JSON.stringify(names.map((displayName) => ({ type: 'main', displayName })));
+}
+
+// "Claim · charge-customer", "Submit · render", "Send to Dead-Letter Queue"…: the operation in
+// words, and the action where it has one.
+const SUBTITLE =
+	'={{ ({ claim: "Claim", complete: "Complete", fail: "Fail", get: "Get Operation", markSent: "Mark Sent", deadLetter: "Send to Dead-Letter Queue", deadLetterGet: "Get Dead-Letter Entries", submit: "Submit", upload: "Upload File" })[$parameter["operation"]] + ((["claim", "submit"].includes($parameter["operation"]) && $parameter["action"]) ? " · " + $parameter["action"] : "") }}';
+
+/** Entries of the dead-letter queue, for workflows that handle their own failures: by original
+ * key (every entry of it, newest first) or the newest ones, optionally of one status — one
+ * item per entry (its payload stays in Onceguard: masked data is read in the console). */
+const deadLetterGet: Operation = async function (index) {
+	const key = String(this.getNodeParameter('dlqLookupKey', index, '') ?? '').trim();
+	const status = String(this.getNodeParameter('dlqStatus', index, '') ?? '');
+	const limit = Math.max(1, Math.min(500, Number(this.getNodeParameter('dlqLimit', index, 50)) || 50));
+	const qs: IDataObject = { page_size: limit };
+	if (key) qs.key = key;
+	if (status) qs.status = status;
+	const answer = await onceguardRequest.call(this, { method: 'GET', path: '/api/v1/dlq/events', qs, itemIndex: index });
+	if (answer.status !== 200) throw problemError.call(this, answer, index);
+	const entries = Array.isArray(answer.body.results) ? (answer.body.results as IDataObject[]) : [];
+	return {
+		output: 0,
+		item: entries.map((entry) => ({ json: { [resultField(this, index)]: entry }, pairedItem: { item: index } })),
+	};
+};
+
+const OPERATIONS: Record<string, Operation> = {
+	claim,
+	markSent,
+	complete,
+	fail,
+	get,
+	submit,
+	upload,
+	deadLetter,
+	deadLetterGet,
+};
 
 export class Onceguard implements INodeType {
 	description: INodeTypeDescription = {
@@ -485,13 +664,15 @@ export class Onceguard implements INodeType {
 		name: 'onceguard',
 		icon: 'file:../../icons/onceguard.svg',
 		group: ['transform'],
-		version: 1,
-		subtitle: '={{$parameter["operation"]}}',
+		version: [1, 2],
+		defaultVersion: 2,
+		subtitle: SUBTITLE,
 		description: 'Make side effects happen once: claim keys, record outcomes, submit jobs, upload files, dead-letter failed items',
 		defaults: { name: 'Onceguard' },
 		inputs: ['main'],
 		// Claim branches four ways, so a workflow needs no IF node to read the answer.
-		outputs: `={{ $parameter["operation"] === "claim" ? [{ "type": "main", "displayName": "Proceed" }, { "type": "main", "displayName": "Replayed" }, { "type": "main", "displayName": "Retry Later" }, { "type": "main", "displayName": "Needs a Human" }] : [{ "type": "main" }] }}`,
+		// Version 2: one named output per row of the claim-answer table, and Submit's three.
+		outputs: `={{ $parameter["operation"] === "claim" ? ($nodeVersion >= 2 ? ${outputs(V2_CLAIM_OUTPUTS)} : ${outputs(V1_CLAIM_OUTPUTS)}) : ($parameter["operation"] === "submit" && $nodeVersion >= 2) ? ${outputs(V2_SUBMIT_OUTPUTS)} : [{ "type": "main" }] }}`,
 		credentials: [{ name: 'onceguardApi', required: true }],
 		properties: nodeProperties,
 	};
@@ -501,11 +682,13 @@ export class Onceguard implements INodeType {
 		const operation = this.getNodeParameter('operation', 0) as string;
 		const run = OPERATIONS[operation];
 		if (!run) throw new NodeOperationError(this.getNode(), `Unknown operation "${operation}".`);
-		const outputs: INodeExecutionData[][] = operation === 'claim' ? [[], [], [], []] : [[]];
+		const v2 = nodeVersion(this) >= 2;
+		const count = operation === 'claim' ? (v2 ? 5 : 4) : operation === 'submit' && v2 ? 3 : 1;
+		const outputs: INodeExecutionData[][] = Array.from({ length: count }, () => []);
 		for (let index = 0; index < items.length; index++) {
 			try {
 				const routed = await run.call(this, index, items[index]);
-				outputs[routed.output].push(routed.item);
+				outputs[routed.output].push(...(Array.isArray(routed.item) ? routed.item : [routed.item]));
 			} catch (caught) {
 				const error =
 					caught instanceof KeyProblem
@@ -514,7 +697,7 @@ export class Onceguard implements INodeType {
 				if (!this.continueOnFail()) throw error;
 				// An item that failed must never flow down Proceed: it goes where a human looks
 				// (or to the error output, which n8n takes it to when one is wired).
-				outputs[operation === 'claim' ? NEEDS_HUMAN : 0].push({
+				outputs[operation === 'claim' ? (v2 ? V2_NEEDS_HUMAN : NEEDS_HUMAN) : 0].push({
 					json: { error: (error as Error).message },
 					pairedItem: { item: index },
 				});

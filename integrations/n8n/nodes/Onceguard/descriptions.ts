@@ -14,7 +14,7 @@ export const operationProperty: INodeProperties = {
 			name: 'Claim',
 			value: 'claim',
 			description:
-				'Claim the key before your workflow performs the effect; branches into Proceed, Replayed, Retry Later and Needs a Human',
+				'Claim the key before your workflow performs the effect; branches by the answer (Proceed, Already Done, Failed, Retry Later, Needs a Human)',
 			action: 'Claim an idempotency key',
 		},
 		{
@@ -28,6 +28,12 @@ export const operationProperty: INodeProperties = {
 			value: 'fail',
 			description: 'Record a failure and its class (transient, invalid input, permission, ambiguous)',
 			action: 'Fail an operation',
+		},
+		{
+			name: 'Get Dead-Letter Entries',
+			value: 'deadLetterGet',
+			description: 'Read DLQ entries by their original key, or the newest ones: one item per entry',
+			action: 'Get dead letter entries',
 		},
 		{
 			name: 'Get Operation',
@@ -133,7 +139,7 @@ const keyProperties: INodeProperties[] = [
 
 const claimProperties: INodeProperties[] = [
 	{
-		displayName: 'Request Fields',
+		displayName: 'Request From',
 		name: 'requestSource',
 		type: 'options',
 		noDataExpression: true,
@@ -151,13 +157,14 @@ const claimProperties: INodeProperties[] = [
 			'What defines the effect, e.g. amount and currency. The same key with a different request is refused (422), so leave out what changes between retries (timestamps, execution data).',
 	},
 	{
-		displayName: 'Fields',
+		displayName: 'Request Fields',
 		name: 'requestFields',
 		type: 'string',
 		displayOptions: { show: { operation: ['claim'], requestSource: ['fields'] } },
 		default: '',
 		placeholder: 'e.g. amount, currency, order.number',
 		description: 'Comma-separated field names (dot paths allowed) read from the incoming item',
+		hint: 'Only what defines the effect: the same key with other values here is refused as a reused key',
 	},
 	{
 		displayName: 'Request (JSON)',
@@ -241,6 +248,16 @@ const submitProperties: INodeProperties[] = [
 		default: '{}',
 	},
 	{
+		displayName: 'Wait Here Up To (Seconds)',
+		name: 'waitSeconds',
+		type: 'number',
+		typeOptions: { minValue: 0 },
+		displayOptions: { show: { operation: ['submit'], '@version': [2] } },
+		default: 0,
+		description:
+			'0: an operation in flight comes out of In Flight at once (wait for the callback with a Wait node). More: this node asks Onceguard until the operation finishes; past this many seconds it fails (use the error output). A finished one always comes out at once.',
+	},
+	{
 		displayName: 'Callback URL',
 		name: 'callbackUrl',
 		type: 'string',
@@ -306,7 +323,39 @@ const holderProperties: INodeProperties[] = [
 		displayName: 'Error Class',
 		name: 'errorClass',
 		type: 'options',
-		displayOptions: { show: { operation: ['fail'] } },
+		displayOptions: { show: { operation: ['fail'], '@version': [2] } },
+		default: 'auto',
+		hint: 'After Mark Sent the effect may have happened: only choose Transient when you know it was not sent',
+		options: [
+			{
+				name: 'Ambiguous (Sent, No Answer Seen)',
+				value: 'ambiguous',
+				description: 'Timeout or dropped connection after sending, 5xx: the outcome is unknown and gets reconciled',
+			},
+			{
+				name: 'By the Sent Marker',
+				value: 'auto',
+				description:
+					'Outcome unknown (ambiguous: reconciled or reviewed) once Mark Sent ran, else transient (retried)',
+			},
+			{
+				name: 'Invalid Input',
+				value: 'invalid_input',
+				description: 'The provider refused the request (400, 402, 404, 422): no retry',
+			},
+			{ name: 'Permission', value: 'permission', description: '401/403, expired credentials: no retry' },
+			{
+				name: 'Transient (Not Sent, or Refused Before Acting)',
+				value: 'transient',
+				description: 'Refused before sending, 408, 429, 503: a retry is scheduled',
+			},
+		],
+	},
+	{
+		displayName: 'Error Class',
+		name: 'errorClass',
+		type: 'options',
+		displayOptions: { show: { operation: ['fail'], '@version': [1] } },
 		default: 'transient',
 		options: [
 			{
@@ -404,6 +453,42 @@ const deadLetterProperties: INodeProperties[] = [
 	},
 ];
 
+const deadLetterGetProperties: INodeProperties[] = [
+	{
+		displayName: 'Original Key',
+		name: 'dlqLookupKey',
+		type: 'string',
+		displayOptions: { show: { operation: ['deadLetterGet'] } },
+		default: '',
+		placeholder: 'e.g. call_7f3c2a9e41b04d6f:crm-contact:v1',
+		description: 'Every entry of this key, newest first; empty: the newest entries',
+	},
+	{
+		displayName: 'Status',
+		name: 'dlqStatus',
+		type: 'options',
+		displayOptions: { show: { operation: ['deadLetterGet'] } },
+		default: '',
+		options: [
+			{ name: 'Any', value: '' },
+			{ name: 'Discarded', value: 'discarded' },
+			{ name: 'Pending', value: 'pending' },
+			{ name: 'Replayed', value: 'replayed' },
+			{ name: 'Replaying', value: 'replaying' },
+			{ name: 'Resolved', value: 'resolved' },
+		],
+	},
+	{
+		displayName: 'Limit',
+		name: 'dlqLimit',
+		type: 'number',
+		typeOptions: { minValue: 1, maxValue: 500 },
+		displayOptions: { show: { operation: ['deadLetterGet'] } },
+		default: 50,
+		description: 'Max number of results to return',
+	},
+];
+
 export const optionsProperty: INodeProperties = {
 	displayName: 'Options',
 	name: 'options',
@@ -498,5 +583,6 @@ export const nodeProperties: INodeProperties[] = [
 	...uploadProperties,
 	...holderProperties,
 	...deadLetterProperties,
+	...deadLetterGetProperties,
 	optionsProperty,
 ];
