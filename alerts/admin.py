@@ -17,11 +17,12 @@ from django.utils.html import format_html
 from alerts.models import Alert, AlertChannel, AlertDelivery, AlertState
 from alerts.services import alert_acknowledge, alert_resolve
 from ledger import display
-from ledger.admin import HTTPS_URL_FORMS, ReadOnlyAdmin, TenantColumnMixin
+from ledger.admin import HTTPS_URL_FORMS, TenantColumnMixin
+from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin
 
 
 @admin.register(AlertChannel)
-class AlertChannelAdmin(admin.ModelAdmin):
+class AlertChannelAdmin(ConsoleAdmin):
     list_display = ["name", "tenant", "kind", "active", "digest_threshold", "max_messages_per_window"]
     list_filter = ["kind", "active"]
     exclude = ["cursor_alert_id"]
@@ -62,7 +63,7 @@ def console_path(alert: Alert) -> str | None:
 
 
 @admin.register(Alert)
-class AlertAdmin(TenantColumnMixin, ReadOnlyAdmin):
+class AlertAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
     """Alerts are raised by services; here an operator acknowledges ("I am on it") and
     resolves them (alerts.services), each recorded on the alert with who and when."""
 
@@ -175,7 +176,7 @@ def _actor(request: HttpRequest) -> str:
 
 
 @admin.register(AlertDelivery)
-class AlertDeliveryAdmin(ReadOnlyAdmin):
+class AlertDeliveryAdmin(ConsoleReadOnlyAdmin):
     list_display = ["id", "channel", "status", "digest", "alert_count", "attempts", "last_error", "sent_at"]
     list_filter = ["status", "digest"]
     ordering = ["-id"]
