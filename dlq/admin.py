@@ -46,7 +46,7 @@ from ledger.admin import (
     TenantInlineFormSet,
     https_url_formfield,
 )
-from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin
+from ledger.console_base import ConsoleAdmin, ConsoleJSONField, ConsoleReadOnlyAdmin
 from ledger.credentials import sealed_credential
 from ledger.errors import DomainError
 from ledger.masking import mask_json
@@ -236,7 +236,7 @@ class NoteForm(forms.Form):
 class CorrectForm(forms.Form):
     """A quarantined entry replayed with corrected fields as the next version (issue 13 item 3)."""
 
-    fields_json = forms.JSONField(
+    fields_json = ConsoleJSONField(
         label="Corrected fields",
         widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "placeholder": '{"body.amount": 1200}'}),
         help_text="JSON: dotted path → corrected value. Execute mode: paths into the stored request (body.…); "
@@ -387,6 +387,28 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
         "payload_fetch_note",
         "payload_fetched_at",
     ]
+
+    def export_columns(self, request: HttpRequest) -> list[str]:
+        # The stored values, in full (the list's cells are HTML); the message scrubbed as listed.
+        return [
+            "id",
+            "event_id",
+            "tenant",
+            "status",
+            "error_class",
+            "error_text",
+            "source_workflow_id",
+            "source_workflow_name",
+            "source_execution_id",
+            "source_node",
+            "retry_count",
+            "replay_count",
+            "failed_at",
+        ]
+
+    @admin.display(description="error message")
+    def error_text(self, obj: FailedEvent) -> str:
+        return scrub(obj.error_message)
 
     @admin.display(description="entry", ordering="id")
     def entry(self, obj: FailedEvent) -> str:

@@ -326,6 +326,25 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         ("Sweeper", {"fields": ["reconcile_until", "lookup_failures", "alerted_at"]}),
     ]
 
+    def export_columns(self, request: HttpRequest) -> list[str]:
+        # The stored values, in full (the list's cells are HTML: a shortened key, a badge, ages).
+        return [
+            "id",
+            "tenant",
+            "key",
+            "status",
+            "mode",
+            "provider",
+            "workflow_id",
+            "workflow_version",
+            "execution_id",
+            "attempts",
+            "max_attempts",
+            "error_class",
+            "created_at",
+            "updated_at",
+        ]
+
     # --- columns ---
 
     @admin.display(description="id", ordering="id")
@@ -986,6 +1005,14 @@ class PromptTemplateForm(forms.ModelForm):
             " markers, capped). Nothing else in braces.",
             "slots": 'Each slot with its length cap: {"description": {"max_length": 500}}.',
         }
+
+    def clean_name(self) -> str:
+        # The service's rule, as a form error (its refusal in save_model would be a 500).
+        name = self.cleaned_data["name"]
+        problem = prompts.prompt_name_problem(name)
+        if problem is not None:
+            raise forms.ValidationError(problem)
+        return name
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

@@ -24,10 +24,12 @@ ModelAdmins of other packages (auth, django-q) when it registers them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
@@ -42,12 +44,14 @@ from django.contrib.admin.views.main import (
     TO_FIELD_VAR,
     ChangeList,
 )
+from django.core.exceptions import ValidationError
 from django.core.paginator import InvalidPage
+from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from ledger.errors import LookupNotOffered
-from ledger.storable import EARLIEST, LATEST
+from ledger.storable import EARLIEST, LATEST, json_problem, nul_problem
 
 # Django's own parameters of a change list (never lookups on the model).
 LIST_PARAMETERS = frozenset(
@@ -162,8 +166,88 @@ def lookup_refused_response(request: HttpRequest, exc: LookupNotOffered, site: A
     return response
 
 
+# Deeper than any configuration a person types (headers, pointers, slots, filters); far below
+# the API's MAX_JSON_DEPTH, so a form and its error page never walk further.
+MAX_FORM_JSON_DEPTH = 32
+# What every reader of a stored number holds (PostgreSQL bigint, n8n's and JavaScript's
+# readers at most lose precision, never overflow).
+MAX_FORM_JSON_INT = 2**63 - 1
+
+
+class _NotJson(str):
+    """Text typed into a JSON box that is not a value the service can store: shown back as typed."""
+
+
+def _number_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def form_json_problem(value: Any) -> str | None:
+    """Why a JSON value typed into a console form cannot be stored, or None: non-finite numbers
+    (``NaN``, ``Infinity``, ``1e309``), integers past 64 bits, NUL, lone surrogates, nesting
+    deeper than MAX_FORM_JSON_DEPTH. Walked without recursion."""
+    problem = json_problem(value) or nul_problem(value)
+    if problem is not None:
+        return problem
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_FORM_JSON_DEPTH:
+                return f"JSON nested deeper than {MAX_FORM_JSON_DEPTH} levels."
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_FORM_JSON_INT:
+            return "JSON integers must fit in 64 bits."
+    return None
+
+
+class ConsoleJSONField(forms.JSONField):
+    """Django's JSON form field, refusing as form errors what it would pass on to fail later
+    (a 500): ``NaN``/``Infinity`` and ``1e309`` (which ``json.loads`` accepts), integers too
+    long to parse or store, nesting deep enough to exhaust the parser (form_json_problem)."""
+
+    @staticmethod
+    def _loads(text: str) -> Any:
+        try:
+            value = json.loads(text, parse_constant=_number_constant)
+        except (ValueError, RecursionError):
+            # JSONDecodeError, a constant above, the interpreter's 4,300-digit cap on integers.
+            return _NotJson(text)
+        return _NotJson(text) if form_json_problem(value) is not None else value
+
+    def to_python(self, value: Any) -> Any:
+        if self.disabled or value in self.empty_values or not isinstance(value, str):
+            return super().to_python(value)
+        try:
+            value = json.loads(value, parse_constant=_number_constant)
+        except RecursionError:
+            raise ValidationError(f"JSON nested deeper than {MAX_FORM_JSON_DEPTH} levels.", code="invalid") from None
+        except ValueError as exc:
+            message = "Enter a valid JSON (numbers finite, integers of at most 64 bits)."
+            raise ValidationError(message, code="invalid", params={"value": str(exc)[:80]}) from None
+        problem = form_json_problem(value)
+        if problem is not None:
+            raise ValidationError(problem, code="invalid")
+        return value
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # Django re-parses what was typed to render it back; a value it cannot hold is shown as typed.
+        if self.disabled:
+            return initial
+        if data is None:
+            return None
+        loaded = self._loads(data)
+        return forms.fields.InvalidJSONInput(data) if isinstance(loaded, _NotJson) else loaded
+
+
 class ConsoleAdmin(ConsoleLookupsMixin, admin.ModelAdmin):
     """The base of every console ModelAdmin (module docstring)."""
+
+    def formfield_for_dbfield(self, db_field: models.Field, request: HttpRequest, **kwargs: Any) -> Any:
+        # JSON typed into a console form is checked for what storing and showing it needs.
+        if isinstance(db_field, models.JSONField):
+            kwargs.setdefault("form_class", ConsoleJSONField)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
 
 class ConsoleReadOnlyAdmin(ReadOnlyPermissions, ConsoleAdmin):
@@ -177,6 +261,7 @@ class ConsoleReadOnlyAdmin(ReadOnlyPermissions, ConsoleAdmin):
 
 __all__ = [
     "ConsoleAdmin",
+    "ConsoleJSONField",
     "ConsoleLookupsMixin",
     "ConsoleReadOnlyAdmin",
     "LookupNotOffered",

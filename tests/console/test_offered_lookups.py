@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from ledger import callbacks
 from ledger.console_base import ConsoleAdmin, ConsoleLookupsMixin
 from ledger.models import Tenant
-from tests.console.support import client_for, failed_op, enforced_provider, staff
+from tests.console.support import client_for, enforced_provider, failed_op, staff
 
 pytestmark = pytest.mark.django_db
 
