@@ -22,7 +22,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.utils import label_for_field, lookup_field
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
 from django.db import models
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
@@ -224,6 +224,10 @@ class ConsoleAdminMixin:
             except Exception:  # a broken column must not stop the export
                 return ""
 
+        # Every row the filter and search match, whichever page of the list the link was on
+        # (a page past the end would stop the change list before its rows are read).
+        request.GET = request.GET.copy()
+        request.GET.pop(PAGE_VAR, None)
         try:
             rows = self.get_changelist_instance(request).queryset  # type: ignore[attr-defined]
         except LookupNotOffered as exc:

@@ -101,6 +101,7 @@ def test_a_page_past_the_end_or_not_a_number_is_answered_as_django_does(tenant, 
     client = client_for(root)
     for query in ("p=999999999999999999999", "p=-1", "p=0", "p=x", "o=99", "o=x.-.--3"):
         assert client.get(f"/admin/ledger/operation/?{query}").status_code in (200, 302), query
+        assert client.get(f"/admin/ledger/operation/export.csv?{query}").status_code == 200, query
 
 
 def test_a_tenant_role_is_refused_the_same_way(tenant):
