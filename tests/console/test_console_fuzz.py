@@ -9,7 +9,6 @@ databases. Each walk prints how many requests it made."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -257,12 +256,20 @@ def test_every_role_walking_every_list_and_form_with_hostile_input_gets_no_5xx(s
     walk = Walk()
     client = _client(user)
     # Which lookups a list offers does not depend on the role (only which rows it shows): the
-    # superuser tries them all, on the lists and their exports; each role a share of them.
+    # superuser tries them on the lists and their exports, each role on its lists; the odd
+    # parameters are shared between them.
     if role == "superuser":
-        walk_lists(client, walk, odd=ODD_PARAMETERS[:8], lookups=3, exports=True)
+        walk_lists(client, walk, odd=ODD_PARAMETERS[:4], lookups=3, exports=True)
     else:
-        walk_lists(client, walk, odd=ODD_PARAMETERS[:5], lookups=3, exports=False)
-    walk_forms(client, walk, values=HOSTILE_VALUES, per_field=role == "superuser")
+        walk_lists(client, walk, odd=ODD_PARAMETERS[4:], lookups=2, exports=False)
+    # Every form with each hostile value in every field at once; the superuser's (every form)
+    # also one JSON or number field at a time.
+    walk_forms(
+        client,
+        walk,
+        values=HOSTILE_VALUES[1::2] if role == "superuser" else HOSTILE_VALUES,
+        per_field=role == "superuser",
+    )
     _report(role, walk)
 
 
@@ -271,4 +278,3 @@ def test_the_fuzz_walk_finds_every_list_of_the_console():
     urls = {url for _, _, url in _changelists()}
     assert {"/admin/ledger/operation/", "/admin/ledger/attempt/", "/admin/dlq/failedevent/"} <= urls
     assert len(urls) >= 25
-    assert json.dumps(sorted(urls))
