@@ -125,3 +125,9 @@ def test_every_console_page_answers_only_its_offered_lookups():
         assert isinstance(model_admin, ConsoleLookupsMixin), model
         if type(model_admin).__module__.split(".")[0] in ("ledger", "review", "dlq", "alerts"):
             assert isinstance(model_admin, ConsoleAdmin), model
+
+
+def test_a_to_field_the_list_does_not_offer_is_the_consoles_400_page(tenant, root):
+    response = client_for(root).get("/admin/ledger/tenant/?_to_field=callback_secret&_popup=1")
+    assert response.status_code == 400
+    assert 'data-testid="bad-request"' in response.content.decode()
