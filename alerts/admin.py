@@ -18,7 +18,8 @@ from django.utils.html import format_html
 from alerts.models import Alert, AlertChannel, AlertDelivery, AlertState
 from alerts.services import alert_acknowledge, alert_resolve, channel_url_masked
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, TenantColumnMixin
+from ledger.admin import TenantColumnMixin
+from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin
 from ledger.credentials import sealed_credential
 from ledger.errors import DestinationNotAllowed
 from ledger.outbound import outbound_check
@@ -64,7 +65,7 @@ class AlertChannelForm(forms.ModelForm):
 
 
 @admin.register(AlertChannel)
-class AlertChannelAdmin(admin.ModelAdmin):
+class AlertChannelAdmin(ConsoleAdmin):
     form = AlertChannelForm
     list_display = ["name", "tenant", "kind", "webhook", "active", "digest_threshold", "max_messages_per_window"]
     list_filter = ["kind", "active"]
@@ -110,7 +111,7 @@ def console_path(alert: Alert) -> str | None:
 
 
 @admin.register(Alert)
-class AlertAdmin(TenantColumnMixin, ReadOnlyAdmin):
+class AlertAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
     """Alerts are raised by services; here an operator acknowledges ("I am on it") and
     resolves them (alerts.services), each recorded on the alert with who and when."""
 
@@ -223,7 +224,7 @@ def _actor(request: HttpRequest) -> str:
 
 
 @admin.register(AlertDelivery)
-class AlertDeliveryAdmin(ReadOnlyAdmin):
+class AlertDeliveryAdmin(ConsoleReadOnlyAdmin):
     list_display = ["id", "channel", "status", "digest", "alert_count", "attempts", "last_error", "sent_at"]
     list_filter = ["status", "digest"]
     ordering = ["-id"]

@@ -151,6 +151,18 @@ def handler403(request: HttpRequest, exception: Exception | None = None) -> Http
     return render(request, "403.html", context, status=403)
 
 
+def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """A request Django refused as suspicious (a lookup or ``_to_field`` a console list does not
+    offer, a malformed header): problem+json for the API, a page in the console's look."""
+    if request.path.startswith("/api/"):
+        return problem_response(400, "bad_request", "Bad request", "The request is not valid.", instance=request.path)
+    context: dict[str, Any] = {"title": "Bad request", "code": "bad_request"}
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.is_staff:
+        context.update(admin.site.each_context(request))
+    return render(request, "400.html", context, status=400)
+
+
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     # API clients get problem+json; the console keeps Django's HTML page.
     if not request.path.startswith("/api/"):

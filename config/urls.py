@@ -27,6 +27,7 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=static("review/favicon.svg"), permanent=True)),
 ]
 
+handler400 = "config.problems.handler400"
 handler403 = "config.problems.handler403"
 handler404 = "config.problems.handler404"
 handler500 = "config.problems.handler500"

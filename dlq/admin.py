@@ -40,13 +40,13 @@ from dlq.payloads import is_redacted, open_payload
 from ledger import display
 from ledger.admin import (
     HTTPS_URL_FORMS,
-    ReadOnlyAdmin,
     ReadOnlyInline,
     SelectorSearchMixin,
     TenantColumnMixin,
     TenantInlineFormSet,
     https_url_formfield,
 )
+from ledger.console_base import ConsoleAdmin, ConsoleJSONField, ConsoleReadOnlyAdmin
 from ledger.credentials import sealed_credential
 from ledger.errors import DomainError
 from ledger.masking import mask_json
@@ -236,7 +236,7 @@ class NoteForm(forms.Form):
 class CorrectForm(forms.Form):
     """A quarantined entry replayed with corrected fields as the next version (issue 13 item 3)."""
 
-    fields_json = forms.JSONField(
+    fields_json = ConsoleJSONField(
         label="Corrected fields",
         widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "placeholder": '{"body.amount": 1200}'}),
         help_text="JSON: dotted path → corrected value. Execute mode: paths into the stored request (body.…); "
@@ -264,7 +264,7 @@ class CorrectForm(forms.Form):
 
 
 @admin.register(FailedEvent)
-class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
+class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmin):
     """Read-only page: replay, resolve and discard below go through services."""
 
     list_display = ["entry", "status_badge", "error", "workflow", "node", "retries", "replays", "failed"]
@@ -393,6 +393,28 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         "payload_fetch_note",
         "payload_fetched_at",
     ]
+
+    def export_columns(self, request: HttpRequest) -> list[str]:
+        # The stored values, in full (the list's cells are HTML); the message scrubbed as listed.
+        return [
+            "id",
+            "event_id",
+            "tenant",
+            "status",
+            "error_class",
+            "error_text",
+            "source_workflow_id",
+            "source_workflow_name",
+            "source_execution_id",
+            "source_node",
+            "retry_count",
+            "replay_count",
+            "failed_at",
+        ]
+
+    @admin.display(description="error message")
+    def error_text(self, obj: FailedEvent) -> str:
+        return scrub(obj.error_message)
 
     @admin.display(description="entry", ordering="id")
     def entry(self, obj: FailedEvent) -> str:
@@ -781,7 +803,7 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
 
 
 @admin.register(RunResume)
-class RunResumeAdmin(ReadOnlyAdmin):
+class RunResumeAdmin(ConsoleReadOnlyAdmin):
     """The audit of run resumes (dlq.runs): who resumed which run, why, what it planned to
     re-drive and what came of each step. Written only by run_resume; read-only here."""
 
@@ -798,7 +820,7 @@ class RunResumeAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Replay)
-class ReplayAdmin(ReadOnlyAdmin):
+class ReplayAdmin(ConsoleReadOnlyAdmin):
     list_display = ["event", "number", "trigger", "outcome", "target_slug", "actor", "started_at", "response_status"]
     list_filter = ["outcome", "trigger", "as_new", "forced"]
     search_fields = ["ledger_key__exact", "sent_key__exact"]
@@ -814,7 +836,7 @@ class ReplayAdmin(ReadOnlyAdmin):
 
 
 @admin.register(BulkReplay)
-class BulkReplayAdmin(ReadOnlyAdmin):
+class BulkReplayAdmin(ConsoleReadOnlyAdmin):
     list_display = ["id", "tenant", "status", "count", "position", "succeeded", "failed", "skipped", "created_by"]
     list_filter = ["status"]
     ordering = ["-id"]
@@ -822,7 +844,7 @@ class BulkReplayAdmin(ReadOnlyAdmin):
 
 
 @admin.register(ReplayTarget)
-class ReplayTargetAdmin(admin.ModelAdmin):
+class ReplayTargetAdmin(ConsoleAdmin):
     list_display = ["slug", "tenant", "url", "idempotency_header", "is_default", "auto_replay", "active"]
     list_filter = ["is_default", "auto_replay", "active"]
     search_fields = ["slug", "url"]
@@ -875,7 +897,7 @@ class N8nConnectionForm(forms.ModelForm):
 
 
 @admin.register(N8nConnection)
-class N8nConnectionAdmin(admin.ModelAdmin):
+class N8nConnectionAdmin(ConsoleAdmin):
     """A tenant's n8n instance for lead capture (DESIGN §7): Error Trigger entries get the
     failed node's input items. Tenant admins set it; the key is never shown."""
 

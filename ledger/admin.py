@@ -29,6 +29,7 @@ from django.utils.http import urlencode
 
 from ledger import callbacks, canary, display, prompts, ratelimit, revisions, services
 from ledger.config_changes import config_change_record
+from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ReadOnlyPermissions
 from ledger.credentials import credential_is_set, sealed_credential
 from ledger.errors import DomainError, ValidationFailed
 from ledger.models import (
@@ -54,21 +55,6 @@ from ledger.story import operation_story
 S = OperationStatus
 
 
-class ReadOnlyPermissions:
-    """No add, no change, no delete — not even for a superuser: rows only services write
-    (each write leaves its event). The one declaration of it, for every app's console pages,
-    ModelAdmins and inlines alike; viewing stays with the user's view permission."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 # Forms of models with a URL: an address typed without a scheme is https (Django 6's default;
 # 5.2 assumes http and warns), for the provider, replay target, n8n connection and alert channel.
 HTTPS_URL_FORMS: dict[Any, dict[str, Any]] = {URLField: {"assume_scheme": "https"}}
@@ -82,11 +68,8 @@ def https_url_formfield(db_field: Any, **kwargs: Any) -> forms.Field | None:
     return db_field.formfield(**kwargs)
 
 
-class ReadOnlyAdmin(ReadOnlyPermissions, admin.ModelAdmin):
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
+# The console's read-only page (ledger.console_base), under the name pages written before it use.
+ReadOnlyAdmin = ConsoleReadOnlyAdmin
 
 
 class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
@@ -235,7 +218,7 @@ BULK_LIMIT = 5000
 
 
 @admin.register(Operation)
-class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
+class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmin):
     """The operations list answers "what needs me" (state, provider, workflow, attempts,
     age on one line at 1,280 px); the detail page leads with the story (ledger.story); cancel
     and retry now go through services, one row or a filtered selection after a count preview."""
@@ -342,6 +325,25 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         ("Outcome", {"fields": ["provider_ref", "response_status", "last_attempt_error"]}),
         ("Sweeper", {"fields": ["reconcile_until", "lookup_failures", "alerted_at"]}),
     ]
+
+    def export_columns(self, request: HttpRequest) -> list[str]:
+        # The stored values, in full (the list's cells are HTML: a shortened key, a badge, ages).
+        return [
+            "id",
+            "tenant",
+            "key",
+            "status",
+            "mode",
+            "provider",
+            "workflow_id",
+            "workflow_version",
+            "execution_id",
+            "attempts",
+            "max_attempts",
+            "error_class",
+            "created_at",
+            "updated_at",
+        ]
 
     # --- columns ---
 
@@ -587,7 +589,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ConsoleAdmin):
     """A tenant's settings. The callback signing secret is never displayed (whoever may view
     tenants — reviewers, auditors, operators — could otherwise sign callbacks as the service):
     the page says whether it is set and when it was made; the rotate action shows a new one
@@ -629,7 +631,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(ConsoleAdmin):
     list_display = ["prefix", "tenant", "name", "scopes", "created_at", "expires_at", "revoked_at"]
     list_filter = ["tenant", "revoked_at"]
     search_fields = ["prefix", "name"]
@@ -662,7 +664,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(ConfigChange)
-class ConfigChangeAdmin(ReadOnlyAdmin):
+class ConfigChangeAdmin(ConsoleReadOnlyAdmin):
     """Who changed which configuration, when, from what to what (secrets masked). Read-only
     for everyone; auditors filter it and export it as CSV (the console's export)."""
 
@@ -799,7 +801,7 @@ class RolloutMoveForm(forms.Form):
 
 
 @admin.register(Provider)
-class ProviderAdmin(admin.ModelAdmin):
+class ProviderAdmin(ConsoleAdmin):
     form = ProviderForm
     formfield_overrides = HTTPS_URL_FORMS
     list_display = [
@@ -1004,6 +1006,14 @@ class PromptTemplateForm(forms.ModelForm):
             "slots": 'Each slot with its length cap: {"description": {"max_length": 500}}.',
         }
 
+    def clean_name(self) -> str:
+        # The service's rule, as a form error (its refusal in save_model would be a 500).
+        name = self.cleaned_data["name"]
+        problem = prompts.prompt_name_problem(name)
+        if problem is not None:
+            raise forms.ValidationError(problem)
+        return name
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         slots = data.get("slots")
@@ -1014,7 +1024,7 @@ class PromptTemplateForm(forms.ModelForm):
 
 
 @admin.register(PromptTemplate)
-class PromptTemplateAdmin(TenantColumnMixin, admin.ModelAdmin):
+class PromptTemplateAdmin(TenantColumnMixin, ConsoleAdmin):
     """Prompt templates: read-only versions; "add" creates the name's next version through
     ``prompts.prompt_template_create`` (DESIGN §5, prompt templates)."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -324,10 +324,58 @@ def truncate(text: str, length: int = 120) -> str:
     return text if len(text) <= length else text[: length - 1] + "…"
 
 
+# A shortened id's full value (short_id) stands for the element; a block inside a cell
+# (a badge's second line) becomes a separator; every other tag goes.
+_COPIED = re.compile(r'<span\b[^>]*\bdata-copy="([^"]*)"[^>]*>.*?</span>', re.S)
+# An age (``age``) is its exact time, in UTC.
+_TIME = re.compile(r'<time\b[^>]*\bdatetime="([^"]*)"[^>]*>.*?</time>', re.S)
+_BLOCK = re.compile(r"<(?:div|br|p|li)\b[^>]*>", re.I)
+_TAG = re.compile(r"<[^>]*>")
+_SPACES = re.compile(r"\s+")
+
+
+def plain_text(markup: str) -> str:
+    """The text a person reads in a console cell's HTML (``format_html`` output), no markup."""
+    text = _COPIED.sub(lambda m: m.group(1), markup)
+    text = _TIME.sub(lambda m: _iso_utc(html.unescape(m.group(1))), text)
+    text = _BLOCK.sub(" · ", text)
+    text = html.unescape(_TAG.sub("", text))
+    return _SPACES.sub(" ", text).strip(" ·")
+
+
+def _iso_utc(text: str) -> str:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    return csv_value(moment)
+
+
+def csv_value(value: Any) -> str:
+    """``value`` as an export writes it (console exports and a person's trail export): plain
+    text, never the console's markup; times in ISO 8601, UTC; numbers as numbers."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        aware = value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
+        return aware.astimezone(UTC).isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return yes_no(value)
+    if isinstance(value, SafeString) or (isinstance(value, str) and "<" in value and _TAG.search(value)):
+        # Console markup (format_html); a stored text holding "<" is not markup and stays.
+        return plain_text(value) if isinstance(value, SafeString) else value
+    return str(value)
+
+
 def csv_cell(value: Any) -> str:
-    """``value`` as a CSV cell a spreadsheet will never run as a formula (console exports and
-    a person's trail export)."""
-    text = "" if value is None else str(value)
+    """``value`` as a CSV cell (``csv_value``) a spreadsheet will never run as a formula: a
+    cell beginning with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return is prefixed with
+    ``'`` (OWASP, *CSV Injection*). A number is left as it is: ``-5`` is not a formula."""
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        return str(value)
+    text = csv_value(value)
     if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
         return "'" + text
     return text

@@ -55,6 +55,13 @@ class InvalidQueryParameter(DomainError):
     code, title = "invalid_query_parameter", "Invalid query parameter"
 
 
+class LookupNotOffered(InvalidQueryParameter):
+    """A console list asked to filter by what it does not offer, or by a value its filter
+    cannot take (ledger.console_base): a 400 page, never a list filtered by it."""
+
+    code, title = "lookup_not_offered", "Not a filter of this list"
+
+
 class KeyReusedWithDifferentRequest(DomainError):
     status, code, title = 422, "key_reused_with_different_request", "Key reused with a different request"
 

@@ -59,6 +59,13 @@ class PromptTemplateInvalid(ValidationFailed):
     code, title = "prompt_template_invalid", "Prompt template not valid"
 
 
+def prompt_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a prompt template, or None."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        return "name is lower case letters, digits, - and _ (at most 63)."
+    return None
+
+
 def slots_problems(slots: Any) -> list[str]:
     if not isinstance(slots, dict) or len(slots) > MAX_SLOTS:
         return [f'slots must map up to {MAX_SLOTS} slot names to {{"max_length": n}}.']
@@ -180,9 +187,7 @@ def prompt_template_create(
     """Version n+1 of the tenant's prompt ``name`` (1 for a new name), checked first; recorded
     in the configuration trail. Two creations at once get consecutive versions (the unique
     (tenant, name, version) decides; the loser reads the new highest and tries once more)."""
-    problems = []
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        problems.append("name is lower case letters, digits, - and _ (at most 63).")
+    problems = [p for p in (prompt_name_problem(name),) if p]
     problems += slots_problems(slots) or text_problems(text, slots)
     if problems:
         raise PromptTemplateInvalid(" ".join(problems))

@@ -20,8 +20,9 @@ from django_q import admin as django_q_admin  # noqa: F401  (registers its pages
 from django_q.models import Schedule
 
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
+from ledger.admin import SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
 from ledger.config_changes import config_change_of, config_snapshot
+from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin
 from ledger.errors import DomainError
 from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
 from ledger.selectors import operation_search
@@ -64,7 +65,7 @@ REVIEW_MOVES = Prefetch(
 
 
 @admin.register(ReviewItem)
-class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
+class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmin):
     list_display = ["key_short", "provider_slug", "why", "attempts_used", "handle", "waiting"]
     list_display_links = ["key_short"]
     list_filter = ["tenant", "provider", "mode"]
@@ -185,7 +186,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
 
 
 @admin.register(AccessLog)
-class AccessLogAdmin(ReadOnlyAdmin):
+class AccessLogAdmin(ConsoleReadOnlyAdmin):
     """Auditors list, filter and export (CSV) who looked at what, why, when, from where."""
 
     list_display = ["at", "tenant", "actor", "action", "object_label", "field_list", "reason", "ip"]
@@ -271,7 +272,7 @@ class RetentionPolicyForm(forms.ModelForm):
 
 
 @admin.register(RetentionPolicy)
-class RetentionPolicyAdmin(admin.ModelAdmin):
+class RetentionPolicyAdmin(ConsoleAdmin):
     form = RetentionPolicyForm
     list_display = ["tenant", "record_type", "payload_kept", "record_kept", "held", "updated_at"]
     list_filter = ["tenant", "record_type", "legal_hold"]
@@ -291,7 +292,7 @@ class RetentionPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(AccessLogCheckpoint)
-class AccessLogCheckpointAdmin(ReadOnlyAdmin):
+class AccessLogCheckpointAdmin(ConsoleReadOnlyAdmin):
     """The signed anchors of the access log's chains (review.accesslog), for auditors."""
 
     list_display = ["at", "tenant", "n", "kind", "seq", "key_id"]
@@ -301,7 +302,7 @@ class AccessLogCheckpointAdmin(ReadOnlyAdmin):
 
 
 @admin.register(RetentionRun)
-class RetentionRunAdmin(ReadOnlyAdmin):
+class RetentionRunAdmin(ConsoleReadOnlyAdmin):
     list_display = ["started", "tenant", "status_badge", "trigger", "removed", "tombstones", "batches", "took"]
     list_filter = ["status", "tenant", "trigger"]
     date_hierarchy = "started_at"
@@ -350,7 +351,7 @@ class RetentionRunAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Tombstone)
-class TombstoneAdmin(ReadOnlyAdmin):
+class TombstoneAdmin(ConsoleReadOnlyAdmin):
     list_display = ["key", "tenant", "final_status", "provider_ref", "done_at", "deleted_at", "keep_until"]
     list_filter = ["tenant", "final_status"]
     search_fields = ["=key", "=provider_ref"]
@@ -358,7 +359,7 @@ class TombstoneAdmin(ReadOnlyAdmin):
 
 
 @admin.register(StaffTenant)
-class StaffTenantAdmin(admin.ModelAdmin):
+class StaffTenantAdmin(ConsoleAdmin):
     list_display = ["user", "tenant", "created_at"]
     list_filter = ["tenant"]
     search_fields = ["user__username"]
@@ -381,7 +382,7 @@ class PausedFilter(admin.SimpleListFilter):
 
 
 @admin.register(PausedProvider)
-class PausedProviderAdmin(TenantColumnMixin, ReadOnlyAdmin):
+class PausedProviderAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
     """Operators see why a provider is paused, pause one by hand (a reason required) and
     resume it — service calls, each recorded as a configuration change with its actor."""
 
@@ -465,12 +466,12 @@ class PausedProviderAdmin(TenantColumnMixin, ReadOnlyAdmin):
 
 
 @admin.register(LoginFailure)
-class LoginFailureAdmin(ReadOnlyAdmin):
+class LoginFailureAdmin(ConsoleReadOnlyAdmin):
     list_display = ["at", "username", "ip"]
     search_fields = ["username", "ip"]
 
 
-class ScheduleReadOnlyAdmin(ReadOnlyAdmin):
+class ScheduleReadOnlyAdmin(ConsoleReadOnlyAdmin):
     """django-q2's schedules, read-only: its own page lets whoever can add a Schedule name any
     importable function (``os.system`` with arguments) for the cluster to run. Schedules are
     installed by ``manage.py schedules_install`` from each app's schedules module; the console

@@ -22,7 +22,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.utils import label_for_field, lookup_field
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
 from django.db import models
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
@@ -34,7 +34,8 @@ from django.utils.text import capfirst, slugify
 
 from dlq.models import FailedEvent
 from ledger import display, sql
-from ledger.errors import DomainError
+from ledger.console_base import ConsoleLookupsMixin, lookup_refused_response
+from ledger.errors import DomainError, LookupNotOffered
 from ledger.models import Operation, Tenant
 from ledger.pagination import CappedCountPaginator
 from review import privacy, security
@@ -223,10 +224,19 @@ class ConsoleAdminMixin:
             except Exception:  # a broken column must not stop the export
                 return ""
 
+        # Every row the filter and search match, whichever page of the list the link was on
+        # (a page past the end would stop the change list before its rows are read).
+        request.GET = request.GET.copy()
+        request.GET.pop(PAGE_VAR, None)
+        try:
+            rows = self.get_changelist_instance(request).queryset  # type: ignore[attr-defined]
+        except LookupNotOffered as exc:
+            # The export refuses what its list refuses: never a file filtered by it.
+            return lookup_refused_response(request, exc, self.admin_site)  # type: ignore[attr-defined]
         return export_csv_response(
             request,
             model=self.model,  # type: ignore[attr-defined]
-            rows=self.get_changelist_instance(request).queryset,  # type: ignore[attr-defined]
+            rows=rows,
             columns=columns,
             labels=[str(label_for(c, self.model, self)) for c in columns],  # type: ignore[attr-defined]
             value=value,
@@ -488,9 +498,11 @@ class OnceguardAdminSite(admin.AdminSite):
     def register(self, model_or_iterable: Any, admin_class: Any = None, **options: Any) -> None:
         admin_class = admin_class or admin.ModelAdmin
         if not getattr(admin_class, "onceguard_console", False):
+            # Pages of other packages (auth, django-q) answer only their lists' lookups too.
+            lookups = () if issubclass(admin_class, ConsoleLookupsMixin) else (ConsoleLookupsMixin,)
             admin_class = type(
                 admin_class.__name__,
-                (ConfigChangeAdminMixin, ConsoleAdminMixin, admin_class),
+                (ConfigChangeAdminMixin, ConsoleAdminMixin, *lookups, admin_class),
                 {"__module__": admin_class.__module__, "onceguard_console": True},
             )
         super().register(model_or_iterable, scoped_admin_class(admin_class), **options)
@@ -720,7 +732,7 @@ def dashboard_context(request: HttpRequest, numbers: dict[str, Any], site: admin
         if user.has_perm("review.view_pausedprovider")
         else None,
         "purge_url": _changelist(site, "review", "retentionrun") if user.has_perm("review.view_retentionrun") else None,
-        "sweep_url": _changelist(site, "django_q", "success", "func__exact=ledger.schedules.sweep_task")
+        "sweep_url": _changelist(site, "django_q", "success", "q=ledger.schedules.sweep_task")
         if user.is_superuser
         else None,
         "subjects_url": reverse(f"{site.name}:onceguard_subjects") if user.has_perm("review.search_subjects") else None,

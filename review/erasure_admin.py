@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ledger.admin import ReadOnlyAdmin
+from ledger.console_base import ConsoleReadOnlyAdmin
 from review.models import ErasureRun
 from review.subjects import erasure_summary
 
 
-class ErasureRunAdmin(ReadOnlyAdmin):
+class ErasureRunAdmin(ConsoleReadOnlyAdmin):
     list_display = ["id", "tenant", "state", "progress", "requested_at", "actor", "finished_at", "touched"]
     list_filter = ["state", "tenant"]
     list_select_related = ["tenant"]

@@ -33,6 +33,8 @@ from django.views.decorators.http import require_safe
 
 from ledger import display, prompts, revisions, sql
 from ledger.admin import may_view
+from ledger.console_base import lookup_refused_response, unoffered_parameters
+from ledger.errors import LookupNotOffered
 from ledger.models import Attempt, AttemptOutcome, ErrorClass, OperationEvent, OperationStatus
 from ledger.pagination import CappedCountPaginator
 from review import privacy
@@ -98,7 +100,11 @@ class HistoryPage:
         raise NotImplementedError
 
     def filtered(self, request: HttpRequest) -> QuerySet[Any]:
-        """The list as the request's filters and search narrow it, newest first."""
+        """The list as the request's filters and search narrow it, newest first. Raises
+        LookupNotOffered for a parameter the page does not offer (ledger.console_base)."""
+        unoffered = unoffered_parameters(request.GET.keys(), (spec.parameter for spec in self.filters))
+        if unoffered:
+            raise LookupNotOffered(f"This list does not filter by {', '.join(unoffered)[:200]}.")
         rows = self.queryset(request)
         for spec in self.filters:
             value = request.GET.get(spec.parameter)
@@ -200,9 +206,13 @@ class HistoryPage:
             }
             for spec in self.filters
         ]
+        try:
+            rows = self.filtered(request)
+        except LookupNotOffered as exc:
+            return lookup_refused_response(request, exc, self.site)
         # Every list query planned for its filter's values, the template's too (it renders here).
         with sql.planned_per_call():
-            paginator = CappedCountPaginator(self.filtered(request), self.list_per_page)
+            paginator = CappedCountPaginator(rows, self.list_per_page)
             page = paginator.get_page(request.GET.get(PAGE_VAR))
             rows = [
                 {"url": self.detail_url(obj), "cells": [self.cell(obj, name) for name in self.list_columns]}
@@ -258,10 +268,14 @@ class HistoryPage:
         """The current list — same filters, search and tenant scope — as CSV, logged."""
         if not (self.has_view_permission(request) and can_export(request, self.model)):
             raise PermissionDenied
+        try:
+            rows = self.filtered(request)
+        except LookupNotOffered as exc:
+            return lookup_refused_response(request, exc, self.site)
         return export_csv_response(
             request,
             model=self.model,
-            rows=self.filtered(request),
+            rows=rows,
             columns=list(self.list_columns),
             labels=[self.label(name) for name in self.list_columns],
             value=self.export_value,

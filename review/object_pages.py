@@ -23,8 +23,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from ledger import display
-from ledger.admin import ReadOnlyAdmin, TenantColumnMixin
+from ledger.admin import TenantColumnMixin
 from ledger.apis import object_content_response
+from ledger.console_base import ConsoleReadOnlyAdmin
 from ledger.errors import DomainError
 from ledger.models import OperationOutput, Upload
 from review.console import actor_of, can_reveal, client_ip
@@ -52,7 +53,7 @@ def size_words(size: int | None) -> str:
     return f"{size} B"  # pragma: no cover
 
 
-class StoredObjectAdmin(TenantColumnMixin, ReadOnlyAdmin):
+class StoredObjectAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
     """A stored file's facts, never its bytes; a download page with a reason for those allowed."""
 
     list_display = ["short_key", "media_type", "size_shown", "dimensions", "created", "download_link"]
