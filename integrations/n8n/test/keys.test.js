@@ -35,6 +35,9 @@ test('shape: empty, blanks, control characters, length', () => {
 	assert.match(keyProblem('', ''), /empty/);
 	assert.match(keyProblem(' order-7:charge:v1', ''), /blanks/);
 	assert.match(keyProblem('order-7:\ncharge:v1', ''), /control/);
+	assert.match(keyProblem('order-\uff43:charge:v1', ''), /printable ASCII/);
+	assert.match(keyProblem('caf\u00e9-7', ''), /printable ASCII/);
+	assert.equal(keyProblem('order-7 charge:v1', ''), '');
 	assert.match(keyProblem('k'.repeat(256), ''), /longer than 255/);
 });
 

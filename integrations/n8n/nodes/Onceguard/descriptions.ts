@@ -113,7 +113,7 @@ const keyProperties: INodeProperties[] = [
 		displayOptions: { show: { operation: CLAIM_OR_SUBMIT, keySource: ['key'] } },
 		default: '',
 		placeholder: 'e.g. {{ $json.order_id }}:charge:v1',
-		description: 'Printable, at most 255 characters, no personal data: keys are logged',
+		description: 'Printable ASCII, at most 255 characters, no personal data: keys are logged',
 	},
 	{
 		displayName: 'Provider',

@@ -48,6 +48,11 @@ export function keyProblem(key: string, executionId: string, sources: string[] =
 	if (key.length > MAX_KEY_LENGTH) return `The idempotency key is longer than ${MAX_KEY_LENGTH} characters.`;
 	if (key.trim() !== key) return 'The idempotency key starts or ends with blanks.';
 	if (/[\u0000-\u001f\u007f]/.test(key)) return 'The idempotency key contains control characters.';
+	// The server's key rule: printable ASCII only (a Structured Field string), so a key never
+	// needs encoding in a header or a URL and looks the same in every log.
+	if (/[^\u0020-\u007e]/.test(key)) {
+		return 'The idempotency key has a character outside printable ASCII (letters, digits, punctuation and spaces only).';
+	}
 	if (EMPTY_PART.test(key) || MISSING_VALUE.test(key)) {
 		return `The idempotency key "${key}" has an empty part: an expression in it found nothing in this item.`;
 	}
