@@ -93,6 +93,7 @@ FORBIDDEN_HEADERS = frozenset(
         "expect",
     }
 )
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
 MAX_PATH_LENGTH = 2000
 
@@ -159,8 +160,12 @@ def normalize_envelope(*, request: Any, provider: Provider) -> dict[str, Any]:
                 f"Header {name!r} is not allowed for this provider.",
                 extra={"allowed_headers": sorted(allowed - FORBIDDEN_HEADERS - reserved)},
             )
-        if not isinstance(value, str) or not value.isprintable() or len(value) > 1000:
-            raise ValidationFailed(f"Header {name!r} must be a printable string of at most 1000 characters.")
+        # Printable ASCII, as a key is: the worker sends it as is, and an HTTP client encodes
+        # header values as ASCII (a non-ASCII value accepted here would fail every attempt).
+        if not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value) or len(value) > 1000:
+            raise ValidationFailed(
+                f"Header {name!r} must be a string of printable ASCII characters, at most 1000 of them."
+            )
         clean_headers[lname] = value
     envelope: dict[str, Any] = {"method": method.upper(), "path": path}
     if query:

@@ -148,3 +148,15 @@ def test_the_callback_provider_is_internal(api, enforced):
 
     provider = callback_provider(tenant_id=enforced[0].tenant_id)
     assert provider.kind == ProviderKind.CALLBACK
+
+
+def test_a_forwarded_header_outside_printable_ascii_is_refused_at_submission(api, enforced, charge_envelope):
+    provider, _ = enforced
+    provider.forward_headers = ["X-Request-Id"]
+    provider.save()
+    for value in ("req-\uff43", "caf\u00e9", "a\tb"):
+        envelope = {**charge_envelope(), "headers": {"X-Request-Id": value}}
+        response = submit(api, {"key": "k-header-ascii", "provider": "charges", "request": envelope})
+        assert response.status_code == 400, value
+        assert response.json()["code"] == "validation_error"
+    assert not Operation.objects.filter(key="k-header-ascii").exists()
