@@ -198,7 +198,9 @@ def alerts_resolve_cleared(*, now: datetime | None = None, batch: int = 500) -> 
             for alert in alerts:
                 if alert.pk not in cleared:
                     continue
-                if alert_resolve_cleared(alert_id=alert.pk, note=cleared[alert.pk], now=now):
+                if alert_resolve_cleared(
+                    alert_id=alert.pk, raised_at=alert.last_raised_at, note=cleared[alert.pk], now=now
+                ):
                     counts["resolved"] += 1
             counts["held"] += len(alerts) - len(cleared)
     if counts["resolved"]:

@@ -138,11 +138,13 @@ def alerts_resolve_for(*, tenant_id: int, kinds: list[str], ref: str, actor: str
     return alert_resolve(alert_ids=ids, actor=actor, note=note) if ids else 0
 
 
-def alert_resolve_cleared(*, alert_id: int, note: str, now: datetime) -> bool:
+def alert_resolve_cleared(*, alert_id: int, raised_at: datetime, note: str, now: datetime) -> bool:
     """The clearing evaluator's move (alerts.clearing): an open or acknowledged alert whose
     condition has passed is resolved by ``system`` with the reason, without acknowledging it
-    (nobody was on it). Guarded: a person's resolution meanwhile keeps theirs."""
-    moved = Alert.objects.filter(pk=alert_id, resolved_at__isnull=True).update(
+    (nobody was on it). Guarded: a person's resolution meanwhile keeps theirs, and an alert
+    raised again since the evaluator read it (``last_raised_at`` moved: the condition came
+    back) stays open until the next pass looks again."""
+    moved = Alert.objects.filter(pk=alert_id, resolved_at__isnull=True, last_raised_at=raised_at).update(
         resolved_at=now, resolved_by=SYSTEM_ACTOR, resolution_note=" ".join(note.split())[:500]
     )
     return bool(moved)

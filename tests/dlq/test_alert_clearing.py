@@ -281,6 +281,24 @@ def test_one_poisoned_alert_does_not_stop_the_evaluator(tenant, provider, clock,
     assert alerts_of("scheduler_stale", "django-q2")[0].state == AlertState.RESOLVED
 
 
+def test_an_alert_raised_again_while_the_evaluator_checks_it_stays_open(provider, clock, monkeypatch):
+    ledger_services.provider_pause(provider_id=provider.pk, reason="HTTP 401")
+    ledger_services.provider_resume(provider_id=provider.pk, actor="user:ops")
+    real = clearing.alerts_cleared_provider_paused
+
+    def raised_meanwhile(tenant_id: int, alerts: list[Alert], now: datetime) -> dict[int, str]:
+        # The condition comes back between the check's read and its resolution.
+        alert_raise(tenant_id=tenant_id, kind="provider_paused", ref=provider.slug, summary="paused again")
+        return real(tenant_id, alerts, now)
+
+    monkeypatch.setattr(clearing, "alerts_cleared_provider_paused", raised_meanwhile)
+    assert evaluate(clock).get("resolved", 0) == 0
+    [alert] = alerts_of("provider_paused", provider.slug)
+    assert alert.state == AlertState.OPEN and alert.repeat_count == 1
+    monkeypatch.setattr(clearing, "alerts_cleared_provider_paused", real)
+    assert evaluate(clock)["resolved"] == 1, "the next pass looks again"
+
+
 def test_a_kind_without_a_condition_keeps_manual_resolution(tenant, clock):
     alert_raise(tenant_id=tenant.pk, kind="something_new", ref="x", summary="no condition declared")
     assert evaluate(clock) == {"manual": 1}
