@@ -94,8 +94,9 @@ def _alert(*, kind: str, ref: str, summary: str) -> int:
 
 
 def scheduler_watch(*, now: datetime | None = None) -> SchedulerAges:
-    """One look: alert when the heartbeat or the sweeper is stale (the alert mechanism dedups
-    repeats within its window, so calling this every minute is fine)."""
+    """One look: alert when the heartbeat or the sweeper is stale (a raise while the alert is
+    unresolved only counts a repeat, so calling this every minute is fine; once it ran again
+    the alert resolves itself, alerts.clearing)."""
     ages = scheduler_ages(now=now)
     if ages.heartbeat_stale:
         log.warning(

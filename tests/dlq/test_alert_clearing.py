@@ -313,6 +313,17 @@ def test_a_raise_after_a_person_resolved_the_alert_opens_a_new_one(tenant, clock
     assert_recurrence_opened_episode_two("something_new", "x")
 
 
+def test_the_console_shows_a_resolved_alert_with_when_and_why(admin_client, provider, clock):
+    ledger_services.provider_pause(provider_id=provider.pk, reason="HTTP 401")
+    ledger_services.provider_resume(provider_id=provider.pk, actor="user:ops")
+    evaluate(clock)
+    [alert] = alerts_of("provider_paused", provider.slug)
+    listed = admin_client.get("/admin/alerts/alert/?state=resolved").content.decode()
+    assert "resolved by system" in listed and f"cleared: provider {provider.slug} resumed" in listed
+    detail = admin_client.get(f"/admin/alerts/alert/{alert.pk}/change/").content.decode()
+    assert "Resolved by system at" in detail and f"cleared: provider {provider.slug} resumed" in detail
+
+
 # --- The table covers every kind, and the schedule is installed ----------------------------------
 
 RAISE = re.compile(r"(?:alert_raise|alert_raised\.send|_alert)\(\s*[^()]*?kind=\"([a-z_]+)\"", re.S)
