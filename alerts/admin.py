@@ -144,7 +144,13 @@ class AlertAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
     @admin.display(description="acknowledged / resolved")
     def handled_by(self, obj: Alert) -> str:
         if obj.resolved_at:
-            return format_html("resolved by {} {}", obj.resolved_by, display.age(obj.resolved_at))
+            # Why, too: "cleared: provider stripe resumed" when it resolved itself (alerts.clearing).
+            return format_html(
+                'resolved by {} {}<div class="og-muted">{}</div>',
+                obj.resolved_by,
+                display.age(obj.resolved_at),
+                obj.resolution_note,
+            )
         if obj.acknowledged_at:
             return format_html("acknowledged by {} {}", obj.acknowledged_by, display.age(obj.acknowledged_at))
         return display.EMPTY

@@ -10,7 +10,6 @@ from django.conf import settings
 
 # Before alerts had their own app these were DLQ settings; their former names still work.
 _FORMER = {
-    "DEDUP_SECONDS": "DLQ_ALERT_DEDUP_SECONDS",
     "MAX_ATTEMPTS": "DLQ_ALERT_MAX_ATTEMPTS",
     "RETRY_BASE_SECONDS": "DLQ_ALERT_RETRY_BASE_SECONDS",
     "CONSOLE_BASE_URL": "DLQ_CONSOLE_BASE_URL",
@@ -26,9 +25,9 @@ def _env(name: str, default: Any) -> Any:
     return raw
 
 
+# (DEDUP_SECONDS, a time bucket in the dedup key, is gone: alerts dedup per episode — while
+# one is unresolved a raise counts a repeat, after it resolved a raise opens a new one.)
 DEFAULTS: dict[str, Any] = {
-    # The same (kind, ref) within this window counts as the same alert.
-    "DEDUP_SECONDS": 3600,
     # Delivery retries: attempts and the first delay (doubling).
     "MAX_ATTEMPTS": 5,
     "RETRY_BASE_SECONDS": 30,

@@ -65,19 +65,22 @@ class AlertChannel(models.Model):
 
 
 class AlertState(models.TextChoices):
-    # nobody has said they are on it. Out: an operator's acknowledge or resolve.
+    # nobody has said they are on it. Out: an operator's acknowledge or resolve; the clearing
+    # evaluator (alerts.clearing) once the kind's condition has cleared.
     OPEN = "open", "open"
-    # someone is on it. Out: resolve (an operator, or a review decision on its item).
+    # someone is on it (silenced, not dealt with). Out: resolve (an operator, a review decision
+    # on its item, or the clearing evaluator once the condition has cleared).
     ACKNOWLEDGED = "acknowledged", "acknowledged"
-    # dealt with. Terminal.
+    # dealt with or cleared. Terminal: a recurrence opens a new alert (the next episode).
     RESOLVED = "resolved", "resolved"
 
 
 class Alert(models.Model):
     """Something an operator should hear about, written in the transaction that caused it.
 
-    Deduplicated on (tenant, kind, ref) within a time bucket: raising the same alert again
-    only counts it.
+    Deduplicated on (tenant, kind, ref) per episode: while an alert is unresolved, raising
+    the same (kind, ref) again only counts it; once it is resolved (by a person, or by the
+    clearing evaluator when its condition has passed), the next raise opens episode n + 1.
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alerts")
@@ -86,6 +89,8 @@ class Alert(models.Model):
     summary = models.CharField(max_length=300)
     dedup_key = models.CharField(max_length=400)
     repeat_count = models.PositiveIntegerField(default=0)
+    # 1, 2, … per (tenant, kind, ref): the dedup key ends in it (migration alerts 0006).
+    episode = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField()
     last_raised_at = models.DateTimeField()
     # An operator says "I am on it" (acknowledged) and "it is dealt with" (resolved), each
@@ -100,7 +105,13 @@ class Alert(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "dedup_key"], name="alert_dedup")]
         permissions = [("respond_alert", "Can acknowledge and resolve alerts")]
-        indexes = [models.Index(fields=["tenant", "id"], name="alert_tenant_id_idx")]
+        indexes = [
+            models.Index(fields=["tenant", "id"], name="alert_tenant_id_idx"),
+            # A raise looks up the open alert (and the last episode) of its (kind, ref).
+            models.Index(fields=["tenant", "kind", "ref"], name="alert_tenant_kind_ref_idx"),
+            # The clearing evaluator walks the unresolved alerts only: resolved ones leave it.
+            models.Index(fields=["id"], name="alert_unresolved_idx", condition=Q(resolved_at__isnull=True)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.ref}"

@@ -10,6 +10,8 @@ from django_q.models import Schedule
 # name → (function, minutes between runs)
 SCHEDULES: dict[str, tuple[str, int]] = {
     "alerts: flush and retries": ("alerts.tasks.alerts_flush_task", 1),
+    # Open and acknowledged alerts whose condition has passed resolve themselves (alerts.clearing).
+    "alerts: resolve what has cleared": ("alerts.tasks.alerts_resolve_cleared_task", 1),
 }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -46,36 +46,58 @@ MAX_SUMMARY = 300
 # A digest lists at most this many alerts by id; the counts cover all of them.
 DIGEST_LIST = 20
 _DUE = (AlertDeliveryStatus.PENDING, AlertDeliveryStatus.RETRYING)
+# Who resolves an alert whose condition has cleared (alerts.clearing).
+SYSTEM_ACTOR = "system"
 
 
 def alert_raise(*, tenant_id: int, kind: str, ref: str, summary: str) -> None:
     """Record an alert-worthy event (kind e.g. 'dlq_new', 'provider_paused', 'review_needed',
     'operation_stuck'); ``ref`` is an id or key, ``summary`` never carries payload text.
 
-    Written in the caller's transaction; the same (kind, ref) within the dedup window only
-    counts as a repeat. Delivery is enqueued after the caller commits.
+    Written in the caller's transaction. While an alert of this (kind, ref) is unresolved
+    (open or acknowledged), raising it again only counts a repeat; after it was resolved, by
+    a person or by the clearing evaluator (alerts.clearing), the raise opens the next
+    episode: a new alert, delivered anew. Delivery is enqueued after the caller commits.
     """
     now = timezone.now()
-    window = max(1, int(alert_setting("DEDUP_SECONDS")))
-    bucket = int(now.timestamp()) // window
-    dedup_key = f"{kind}:{ref}:{bucket}"[:400]
+    kind, ref = kind[:50], str(ref)[:255]
+    same = Alert.objects.filter(tenant_id=tenant_id, kind=kind, ref=ref)
+    if _repeat(same, now):
+        return
+    episode = (same.aggregate(last=Max("episode"))["last"] or 0) + 1
     alert, created = Alert.objects.get_or_create(
         tenant_id=tenant_id,
-        dedup_key=dedup_key,
+        dedup_key=f"{kind}:{ref}:e{episode}"[:400],
         defaults={
-            "kind": kind[:50],
-            "ref": str(ref)[:255],
+            "kind": kind,
+            "ref": ref,
+            "episode": episode,
             "summary": " ".join(summary.split())[:MAX_SUMMARY],
             "created_at": now,
             "last_raised_at": now,
         },
     )
     if not created:
+        # A concurrent raise opened this episode first: ours is a repeat of it.
         Alert.objects.filter(pk=alert.pk).update(repeat_count=F("repeat_count") + 1, last_raised_at=now)
         return
-    log.info("alert_raised tenant=%s kind=%s ref=%s alert=%s", tenant_id, kind, ref, alert.pk)
+    log.info("alert_raised tenant=%s kind=%s ref=%s alert=%s episode=%s", tenant_id, kind, ref, alert.pk, episode)
     # robust: a broker hiccup after commit is logged, never raised into the caller.
     transaction.on_commit(lambda: ledger_tasks.enqueue("alerts.tasks.alert_dispatch_task", tenant_id), robust=True)
+
+
+def _repeat(same: Any, now: Any) -> bool:
+    """Count a repeat on the unresolved alert of this (kind, ref), if there is one. Guarded on
+    ``resolved_at IS NULL``: an alert resolved meanwhile is not counted on, the raise opens
+    the next episode instead."""
+    unresolved = same.filter(resolved_at__isnull=True).order_by("-pk").values_list("pk", flat=True).first()
+    if unresolved is None:
+        return False
+    return bool(
+        Alert.objects.filter(pk=unresolved, resolved_at__isnull=True).update(
+            repeat_count=F("repeat_count") + 1, last_raised_at=now
+        )
+    )
 
 
 # --- Acknowledge and resolve (console) ----------------------------------------------------------
@@ -118,6 +140,18 @@ def alerts_resolve_for(*, tenant_id: int, kinds: list[str], ref: str, actor: str
         )[:1000]
     )
     return alert_resolve(alert_ids=ids, actor=actor, note=note) if ids else 0
+
+
+def alert_resolve_cleared(*, alert_id: int, raised_at: datetime, note: str, now: datetime) -> bool:
+    """The clearing evaluator's move (alerts.clearing): an open or acknowledged alert whose
+    condition has passed is resolved by ``system`` with the reason, without acknowledging it
+    (nobody was on it). Guarded: a person's resolution meanwhile keeps theirs, and an alert
+    raised again since the evaluator read it (``last_raised_at`` moved: the condition came
+    back) stays open until the next pass looks again."""
+    moved = Alert.objects.filter(pk=alert_id, resolved_at__isnull=True, last_raised_at=raised_at).update(
+        resolved_at=now, resolved_by=SYSTEM_ACTOR, resolution_note=" ".join(note.split())[:500]
+    )
+    return bool(moved)
 
 
 # --- Messages ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from alerts import services
+from alerts import clearing, services
 
 
 def alert_dispatch_task(tenant_id: int) -> dict[str, int]:
@@ -12,3 +12,8 @@ def alert_dispatch_task(tenant_id: int) -> dict[str, int]:
 def alerts_flush_task() -> dict[str, int]:
     """Schedule: alerts that waited for a rate window, and due retries."""
     return services.alert_dispatch()
+
+
+def alerts_resolve_cleared_task() -> dict[str, int]:
+    """Schedule: resolve the alerts whose condition has cleared."""
+    return clearing.alerts_resolve_cleared()

@@ -10,9 +10,11 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from alerts.models import Alert
 from dlq.conf import dlq_setting
 from dlq.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
 from dlq.models import (
+    FE_OPEN_STATES,
     BulkReplay,
     FailedEvent,
     FailedEventAlias,
@@ -308,3 +310,37 @@ def failed_event_story(event: FailedEvent) -> EntryStory:
             "Its identity is a digest of the body (no id or execution was found): a changed report is a new entry."
         )
     return story
+
+
+# --- Alert clearing conditions (alerts.clearing names these) --------------------------------
+
+
+def alerts_cleared_dlq_new(tenant_id: int, alerts: list[Alert], now: datetime) -> dict[int, str]:
+    """``dlq_new`` (ref: the entry's id) clears once the entry is no longer pending or being
+    replayed: replayed, resolved, discarded or gone. One query for the lot."""
+    ids = {alert.pk: int(alert.ref) for alert in alerts if alert.ref.isdigit()}
+    status = dict(FailedEvent.objects.filter(tenant_id=tenant_id, pk__in=set(ids.values())).values_list("pk", "status"))
+    cleared = {}
+    for alert_pk, event_pk in ids.items():
+        if event_pk not in status:
+            cleared[alert_pk] = f"cleared: DLQ entry {event_pk} no longer exists"
+        elif status[event_pk] not in FE_OPEN_STATES:
+            cleared[alert_pk] = f"cleared: DLQ entry {event_pk} {status[event_pk]}"
+    return cleared
+
+
+def alerts_cleared_retention_discarded(tenant_id: int, alerts: list[Alert], now: datetime) -> dict[int, str]:
+    """``retention_discarded`` (ref: the entry's event id) is a notice raised in the discard's
+    own transaction: it clears once no entry with that event id is pending any more (the
+    discard is done), so it is delivered and then leaves the open list by itself."""
+    refs = {alert.ref for alert in alerts}
+    pending = set(
+        FailedEvent.objects.filter(
+            tenant_id=tenant_id, event_id__in=refs, status=FailedEventStatus.PENDING
+        ).values_list("event_id", flat=True)
+    )
+    return {
+        alert.pk: "cleared: the entry was discarded (a notice: nothing is left to do)"
+        for alert in alerts
+        if alert.ref not in pending
+    }

@@ -1097,6 +1097,15 @@ def _settle_entry(*, replay: Replay, to: str, actor: str, note: str) -> None:
         _log_change(
             event_pk=replay.event_id, tenant_id=replay.tenant_id, old=FE.REPLAYING, new=to, actor=actor, note=note
         )
+        if to == FE.PENDING:
+            # The entry waits for an operator again: a repeat of its open alert, or, once that
+            # alert was resolved (the entry had been replayed), a new one (alerts.clearing).
+            alert_raise(
+                tenant_id=replay.tenant_id,
+                kind="dlq_new",
+                ref=str(replay.event_id),
+                summary=f"DLQ entry {replay.event_id} pending again: replay #{replay.number} did not succeed",
+            )
 
 
 def _ledger_record(*, op: Operation, answer: TargetAnswer, actor: str) -> Operation:

@@ -436,15 +436,24 @@ def review_unpolled_waits(*, batch: int = 500, report: SweepReport | None = None
     return report
 
 
+# The open states a row can be stuck in, one group per partial index (see alert_stuck);
+# alerts.clearing reads the same groups to tell when an operation_stuck alert has cleared.
+STUCK_STATE_GROUPS: tuple[tuple[str, ...], ...] = ((S.CLAIMED,), (S.UNCERTAIN, S.REVIEW), (S.WAITING,))
+
+
 def alert_stuck(*, batch: int = 500, report: SweepReport | None = None) -> SweepReport:
-    """Open rows older than the threshold: one alert per row, ever (alerted_at)."""
+    """Open rows older than the threshold: one alert per stuck spell (alerted_at). A row that
+    has moved since its alert (updated_at past alerted_at) and is stuck again is alerted again:
+    its first alert has cleared meanwhile (alerts.clearing), so this one opens a new alert."""
     report = report or SweepReport()
     cutoff = sql.db_now() - timedelta(seconds=_cfg("STUCK_ALERT_SECONDS"))
     ids: list[int] = []
     # One query per partial index (claimed; uncertain+review; waiting): an IN over all the
     # states matches no index's predicate and scans the whole table.
-    for states in ([S.CLAIMED], [S.UNCERTAIN, S.REVIEW], [S.WAITING]):
-        stuck = Q(status__in=states, updated_at__lt=cutoff, alerted_at__isnull=True)
+    for states in STUCK_STATE_GROUPS:
+        stuck = Q(status__in=states, updated_at__lt=cutoff) & (
+            Q(alerted_at__isnull=True) | Q(alerted_at__lt=F("updated_at"))
+        )
         with transaction.atomic():
             found = list(
                 Operation.objects.select_for_update(skip_locked=True).filter(stuck).values_list("id", flat=True)[:batch]

@@ -29,7 +29,7 @@ from django.db.models import Max, Min
 from django.utils import timezone
 from django_q.models import Task
 
-from alerts.models import AlertChannel
+from alerts.models import Alert, AlertChannel
 from alerts.services import alert_dispatch, alert_raise
 
 log = logging.getLogger("onceguard.scheduler")
@@ -94,8 +94,9 @@ def _alert(*, kind: str, ref: str, summary: str) -> int:
 
 
 def scheduler_watch(*, now: datetime | None = None) -> SchedulerAges:
-    """One look: alert when the heartbeat or the sweeper is stale (the alert mechanism dedups
-    repeats within its window, so calling this every minute is fine)."""
+    """One look: alert when the heartbeat or the sweeper is stale (a raise while the alert is
+    unresolved only counts a repeat, so calling this every minute is fine; once it ran again
+    the alert resolves itself, alerts.clearing)."""
     ages = scheduler_ages(now=now)
     if ages.heartbeat_stale:
         log.warning(
@@ -116,3 +117,24 @@ def scheduler_watch(*, now: datetime | None = None) -> SchedulerAges:
             " and uncertain operations are not being reconciled.",
         )
     return ages
+
+
+# --- Alert clearing conditions (alerts.clearing names these) --------------------------------
+
+
+def alerts_cleared_scheduler_stale(tenant_id: int, alerts: list[Alert], now: datetime) -> dict[int, str]:
+    """``scheduler_stale`` clears once a django-q2 task has finished within the threshold."""
+    ages = scheduler_ages(now=now)
+    if ages.heartbeat_stale:
+        return {}
+    note = f"cleared: django-q2 finished a task {int(ages.heartbeat_age_seconds)} s ago"
+    return {alert.pk: note for alert in alerts}
+
+
+def alerts_cleared_sweeper_stale(tenant_id: int, alerts: list[Alert], now: datetime) -> dict[int, str]:
+    """``sweeper_stale`` clears once the sweeper has completed a pass within the threshold."""
+    ages = scheduler_ages(now=now)
+    if ages.sweeper_stale:
+        return {}
+    note = f"cleared: the sweeper completed a pass {int(ages.sweeper_age_seconds)} s ago"
+    return {alert.pk: note for alert in alerts}
