@@ -34,6 +34,7 @@ from django.utils.module_loading import import_string
 from alerts.models import Alert
 from alerts.services import alert_resolve_cleared
 from ledger.models import AdapterRevision, Operation, OperationStatus, Provider
+from ledger.passes import PASS_ROW_FAILURES
 from ledger.sweeper import STUCK_STATE_GROUPS
 
 log = logging.getLogger("onceguard.alerts")
@@ -169,6 +170,7 @@ def _cleared(kind: str, tenant_id: int, alerts: list[Alert], now: datetime, coun
             return cleared
         # Ids and the exception's class only: a message may quote a key or a payload.
         log.warning("alert_clearing_failed alert=%s kind=%s error=%s", alerts[0].pk, kind, type(exc).__name__)
+        PASS_ROW_FAILURES.labels(job="alert_clearing").inc()
         counts["failed"] += 1
         return {}
 

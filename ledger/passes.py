@@ -36,6 +36,7 @@ JOBS = frozenset(
         "retention_purge",
         "dlq_auto_replay",
         "alert_digest",
+        "alert_clearing",
         "partition_maintenance",
     }
 )

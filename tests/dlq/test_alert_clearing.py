@@ -17,6 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_q.models import Schedule, Task
+from prometheus_client import REGISTRY
 
 from alerts import clearing
 from alerts.clearing import CLEARING, alerts_resolve_cleared
@@ -259,6 +260,10 @@ def test_an_alert_whose_condition_still_holds_stays_open_and_counts_repeats(prov
     assert alert.state == AlertState.OPEN and alert.repeat_count == 3 and alert.resolution_note == ""
 
 
+def _failures() -> float:
+    return REGISTRY.get_sample_value("onceguard_pass_row_failures_total", {"job": "alert_clearing"}) or 0.0
+
+
 def test_one_poisoned_alert_does_not_stop_the_evaluator(tenant, provider, clock, monkeypatch):
     other = ledger_services.provider_upsert(tenant=tenant, slug="poisoned", base_url="http://127.0.0.1:9")
     for p in (provider, other):
@@ -274,8 +279,10 @@ def test_one_poisoned_alert_does_not_stop_the_evaluator(tenant, provider, clock,
 
     monkeypatch.setattr(clearing, "alerts_cleared_provider_paused", poisoned)
     _task("recent", "alerts.tasks.alerts_flush_task", clock())
+    before = _failures()
     counts = evaluate(clock)
     assert counts["failed"] == 1 and counts["resolved"] == 2
+    assert _failures() == before + 1
     assert alerts_of("provider_paused", "poisoned")[0].state == AlertState.OPEN
     assert alerts_of("provider_paused", provider.slug)[0].state == AlertState.RESOLVED
     assert alerts_of("scheduler_stale", "django-q2")[0].state == AlertState.RESOLVED
