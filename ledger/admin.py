@@ -453,7 +453,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
             )
             extra_context["in_review"] = op.status == S.REVIEW
             extra_context.update(self._failure_context(op, attempts))
-            extra_context.update(self._replay_context(request, op))
+            extra_context.update(self._replay_context(op))
         return super().change_view(request, object_id, form_url, extra_context)
 
     def _failure_context(self, op: Operation, attempts: list[Attempt]) -> dict[str, Any]:
@@ -464,7 +464,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         status = op.response_status if op.last_error else (failed.response_status if failed else None)
         return {"failure": failure_html(message, status=status) if message else ""}
 
-    def _replay_context(self, request: HttpRequest, op: Operation) -> dict[str, Any]:
+    def _replay_context(self, op: Operation) -> dict[str, Any]:
         """A DLQ replay's own operation (action ``dlq.replay``, correlation id ``dlq:<entry>``)
         leads back to its entry and on to what can be done next: replay again, edit the
         target, open the run. The console's DLQ pages by URL name: the ledger imports nothing
@@ -474,18 +474,13 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         entry = op.correlation_id.removeprefix("dlq:")
         if not entry.isdigit():
             return {}
-        try:
-            target = str((op.request or {}).get("target") or "")
-        except Exception:  # a request that cannot be opened (key rotated away): no target link
-            target = ""
         site = self.admin_site.name
         try:
             links = {
                 "entry_url": reverse(f"{site}:dlq_failedevent_change", args=[int(entry)]),
                 "replay_url": reverse(f"{site}:dlq_failedevent_replay", args=[int(entry)]),
-                "targets_url": reverse(f"{site}:dlq_replaytarget_changelist") + "?" + urlencode({"q": target})
-                if target
-                else "",
+                # The claim keeps only the request's hash, so the list of targets, not one.
+                "targets_url": reverse(f"{site}:dlq_replaytarget_changelist"),
             }
         except NoReverseMatch:
             return {}
@@ -493,7 +488,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ReadOnlyAdmin):
         links["run_url"] = (
             reverse(f"{site}:onceguard_run") + "?" + urlencode({"run": run, "tenant": op.tenant_id}) if run else ""
         )
-        return {"replay_of": {"entry": int(entry), "target": target, **links}}
+        return {"replay_of": {"entry": int(entry), **links}}
 
     # --- actions: one row (a page with a preview) ---
 
