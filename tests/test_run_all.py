@@ -94,6 +94,9 @@ def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
         # A README block in a second terminal: a clean environment, not make run's, reads the
         # demo's loopback allowance from var/local.env (ledger.local_env).
         base = int(service.env["DEMO_PORT_BASE"])
+        local = (tmp_path / "local.env").read_text()
+        assert f"\nDEMO_OUTBOUND_ALLOW=127.0.0.1:{base}-{base + 5}\n" in local
+        assert f"\nDEMO_PORT_BASE={base}\n" in local and "\nREQUEST_LOG_SLOW_MS=1000\n" in local
         clean = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(tmp_path),

@@ -119,7 +119,11 @@ class Command(BaseCommand):
             token_file = Path(settings.VAR_DIR) / "metrics_token"
             read_or_create_secret_file(token_file, secrets.token_urlsafe(32))
             os.environ["METRICS_TOKEN_FILE"] = local["METRICS_TOKEN_FILE"] = str(token_file)
-        local["ACCESS_LOG_SLOW_MS"] = str(slow_ms)
+        local["REQUEST_LOG_SLOW_MS"] = str(slow_ms)
+        # What an earlier run's file put into this environment and this run does not set (the
+        # demo's allowance under DEMO=0) is not passed on to the children.
+        for name in settings.LOCAL_ENV_FROM_FILE - local.keys():
+            os.environ.pop(name, None)
         # Every manage.py command of this checkout reads these (ledger.local_env), so a README
         # block in a second terminal works without this process's environment.
         (Path(settings.VAR_DIR) / local_env.FILE_NAME).write_text(local_env.render(local))
