@@ -89,10 +89,10 @@ def explain_failure(message: str, *, status: int | None = None, url: str = "") -
         sentence = (
             f"{dest_host} answered HTTP {status}, an error on its side — retry later, or look at the receiver's logs"
         )
-    elif "remoteprotocolerror" in text or "readerror" in text or "no answer" in text:
+    elif any(s in text for s in ("remoteprotocolerror", "readerror", "no answer", "connection reset")):
         sentence = (
             f"{dest_host} closed the connection without an answer — it may have acted: check there"
-            " before replaying again"
+            " before sending it again"
         )
     elif "connecterror" in text or "connecttimeout" in text:
         sentence = f"could not connect to {dest_host} — check the target's URL and that the receiver is running"

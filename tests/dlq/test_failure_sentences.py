@@ -89,6 +89,10 @@ def test_the_raw_error_is_behind_a_disclosure_and_scrubbed_like_every_stored_err
     assert html.startswith('<span class="og-failure" data-testid="failure-sentence">Hooks.example.invalid did not')
     raw = re.search(r"<details class=\"og-raw-error\"><summary>raw error</summary><code>(.*)</code></details>", html)
     assert raw and "token=[redacted]" in raw.group(1) and "s3cr3t" not in html
+    refused = "not delivered: destination refused by the outbound policy: loopback address 127.0.0.1 port 8012 …"
+    assert explain_failure(refused, url="http://127.0.0.1:8012/contacts").sentence == (
+        "the outbound policy does not allow sending to 127.0.0.1:8012 — add it to OUTBOUND_ALLOW or edit the target's URL"
+    )
     # Text that is no transport failure stays as it is (escaped), with no invented sentence.
     assert failure_html("CRM answered <429>") == "CRM answered &lt;429&gt;"
 
