@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from datetime import date, datetime
 
@@ -27,6 +29,37 @@ class DeadConnectionMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         dead_connections_discard()
         return self.get_response(request)
+
+
+request_log = logging.getLogger("onceguard.requests")
+
+
+class QuietRequestLogMiddleware:
+    """One log line per request, only for the ones worth reading: an error answer (4xx, 5xx)
+    or one that took at least ``REQUEST_LOG_SLOW_MS``. Off (0) unless set: `make run` sets it
+    (default 1000) instead of the web server's every-request access log, which scrolled the
+    demo's sign-in away within seconds. The path only: a query string can hold personal data."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+        self.slow_ms = int(getattr(settings, "REQUEST_LOG_SLOW_MS", 0) or 0)
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not self.slow_ms:
+            return self.get_response(request)
+        started = time.monotonic()
+        response = self.get_response(request)
+        took = int((time.monotonic() - started) * 1000)
+        if response.status_code >= 400 or took >= self.slow_ms:
+            request_log.log(
+                logging.WARNING if response.status_code >= 500 else logging.INFO,
+                "request method=%s path=%s status=%s duration_ms=%s",
+                request.method,
+                request.path,
+                response.status_code,
+                took,
+            )
+        return response
 
 
 UPLOADS_PATH = "/api/v1/uploads"

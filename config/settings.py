@@ -15,12 +15,19 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from ledger import local_env
 from ledger.logs import logging_config
 from ledger.secret_files import read_or_create_secret_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("ONCEGUARD_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
+# The demo's var/local.env (written by `make run`), read before any setting below and only
+# under the demo settings; real environment variables win (ledger.local_env).
+LOCAL_ENV_FROM_FILE = local_env.load(VAR_DIR)
+# The demo settings (embedded database, DEBUG not off): the sign-in page shows the demo
+# admin's login from var/credentials.txt. Never under production settings.
+DEMO_SETTINGS = local_env.applies(os.environ) and not local_env.in_test_suite()
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -73,6 +80,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Errors and slow requests only, one line each, when REQUEST_LOG_SLOW_MS is set (make run).
+    "config.middleware.QuietRequestLogMiddleware",
     # Persistent connections the database server hung up on are dropped before any query,
     # the probes' included (no round trip; a database error later in the request is a 503).
     "config.middleware.DeadConnectionMiddleware",
@@ -345,7 +354,10 @@ ONCEGUARD = {
     # link-local and the like are refused unless listed here; cloud metadata addresses only
     # when listed exactly. Public addresses are allowed unless OUTBOUND_ALLOW_PUBLIC=0.
     # Proxy variables (HTTP(S)_PROXY) are ignored by every outbound call.
-    "OUTBOUND_ALLOW": os.environ.get("OUTBOUND_ALLOW", ""),
+    # DEMO_OUTBOUND_ALLOW: the demo receivers' ports, added by `make run` (var/local.env).
+    "OUTBOUND_ALLOW": ",".join(
+        r for r in (os.environ.get("OUTBOUND_ALLOW", ""), os.environ.get("DEMO_OUTBOUND_ALLOW", "")) if r.strip()
+    ),
     "OUTBOUND_ALLOW_PUBLIC": env_bool("OUTBOUND_ALLOW_PUBLIC", True),
     # A provider's credential read from the environment must be named
     # <prefix><TENANT>_<anything> (ledger.credentials); anything else is never read.
@@ -464,6 +476,8 @@ if os.environ.get("Q_REDIS_URL"):
 # defence (ledger.logs).
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "kv")
+# `make run`'s request log: only error answers and requests of at least this many ms (0: off).
+REQUEST_LOG_SLOW_MS = env_int("REQUEST_LOG_SLOW_MS", 0)
 LOGGING = logging_config(level=LOG_LEVEL, fmt=LOG_FORMAT, q_level=Q_CLUSTER["log_level"])
 
 # --- Health and metrics -------------------------------------------------------------------

@@ -22,6 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from dlq import selectors, services
 from dlq.conf import dlq_setting
@@ -49,6 +50,7 @@ from ledger.admin import (
 from ledger.console_base import ConsoleAdmin, ConsoleJSONField, ConsoleReadOnlyAdmin
 from ledger.credentials import sealed_credential
 from ledger.errors import DomainError
+from ledger.failures import failure_html
 from ledger.masking import mask_json
 from ledger.models import Tenant
 from ledger.pagination import COUNT_CAP, CappedCountPaginator
@@ -81,6 +83,26 @@ def masked_json(value: Any) -> str:
     except Exception:  # a key that is not configured: say so, never break the page
         return "(sealed with a key that is not configured)"
     return json.dumps(mask_skeleton(plain), indent=2, ensure_ascii=False)
+
+
+def replay_failure(replay: Replay) -> SafeString | str:
+    """A failed replay's error as a sentence with its next step, the raw text behind a
+    disclosure (ledger.failures; the target's URL, if it still exists, names the destination)."""
+    if not replay.error_message:
+        return ""
+    url = (
+        ReplayTarget.objects.filter(tenant_id=replay.tenant_id, slug=replay.target_slug)
+        .values_list("url", flat=True)
+        .first()
+    )
+    return failure_html(replay.error_message, status=replay.response_status, url=url or "")
+
+
+def last_replay_failure(event: FailedEvent) -> SafeString | str:
+    last = event.replays.filter(tenant_id=event.tenant_id).order_by("-number").first()
+    if last is None or last.outcome == ReplayOutcome.SUCCEEDED:
+        return ""
+    return replay_failure(last)
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -183,7 +205,7 @@ class ReplayInline(ReadOnlyInline):
     def result(self, obj: Replay) -> str:
         # A success's answer is not an error: the HTTP status is the target's answer.
         answer = f"HTTP {obj.response_status}" if obj.response_status else ""
-        problem = "" if obj.outcome == ReplayOutcome.SUCCEEDED else obj.error_message
+        problem = "" if obj.outcome == ReplayOutcome.SUCCEEDED else replay_failure(obj)
         return format_html(
             "{} {}{}",
             display.badge(obj.outcome),
@@ -470,6 +492,7 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
             extra_context["status_badge"] = display.badge(event.status, event.get_status_display())
             extra_context["can_replay"] = self.has_replay_permission(request)
             extra_context["can_resolve"] = self.has_resolve_permission(request)
+            extra_context["last_replay_failure"] = last_replay_failure(event)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
@@ -608,8 +631,16 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
                 as_new=data["as_new"],
                 confirm=data["confirm"],
             )
-            level = messages.SUCCESS if replay.outcome == ReplayOutcome.SUCCEEDED else messages.WARNING
-            return level, f"Replay #{replay.number} to {replay.target_slug}: {replay.outcome} ({replay.error_message})."
+            if replay.outcome == ReplayOutcome.SUCCEEDED:
+                answer = f"HTTP {replay.response_status}" if replay.response_status else "delivered"
+                return messages.SUCCESS, f"Replay #{replay.number} to {replay.target_slug}: succeeded ({answer})."
+            return messages.WARNING, format_html(
+                "Replay #{} to {}: {} — {}",
+                replay.number,
+                replay.target_slug,
+                replay.outcome,
+                replay_failure(replay) or "no error recorded",
+            )
 
         return self._entry_action(
             request,

@@ -295,11 +295,8 @@ def failed_event_story(event: FailedEvent) -> EntryStory:
             answer = f" (HTTP {last.response_status})" if last.response_status else ""
             story.notes.append(f"Replay {last.number} to {last.target_slug} succeeded{answer}.")
         else:
-            story.notes.append(
-                f"Replay {last.number} to {last.target_slug}: {last.outcome}"
-                + (f" — {truncate(last.error_message, 200)}" if last.error_message else "")
-                + "."
-            )
+            # Its error follows as a sentence with the raw text behind a disclosure (dlq.admin).
+            story.notes.append(f"Replay {last.number} to {last.target_slug}: {last.outcome}.")
     if event.payload_fetch:
         story.notes.append(payload_origin(event))
     outlook = auto_replay_outlook(event)

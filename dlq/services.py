@@ -78,6 +78,7 @@ from ledger.credentials import sealed_credential, stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit, operation_translated
+from ledger.failures import transport_error_text
 from ledger.key_rules import MAX_KEY_LENGTH, key_header_value, key_usable
 from ledger.models import (
     TERMINAL_STATES,
@@ -93,6 +94,7 @@ from ledger.models import (
 )
 from ledger.outbound import OutboundBlocked, outbound_check, outbound_client, outbound_refusal
 from ledger.passes import failure_text, row_isolated
+from ledger.redaction import scrub
 from ledger.search import search_values
 from ledger.selectors import provider_slug
 from ledger.workflows import workflow_name_note
@@ -792,12 +794,13 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         # Refused before any connection: nothing can have happened, and a retry would be too.
         return TargetAnswer(False, None, None, ErrorClass.INVALID_INPUT, f"not delivered: {exc}", elapsed())
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-        # Never reached the target: nothing can have happened.
-        return TargetAnswer(False, None, None, ErrorClass.TRANSIENT, f"not delivered: {type(exc).__name__}", elapsed())
+        # Never reached the target: nothing can have happened. The error's own words are kept
+        # (scrubbed where stored): the console makes its sentence from them (ledger.failures).
+        message = f"not delivered: {transport_error_text(exc, target.url)}"
+        return TargetAnswer(False, None, None, ErrorClass.TRANSIENT, message, elapsed())
     except httpx.HTTPError as exc:
-        return TargetAnswer(
-            False, None, None, ErrorClass.AMBIGUOUS, f"sent, no answer: {type(exc).__name__}", elapsed()
-        )
+        message = f"sent, no answer: {transport_error_text(exc, target.url)}"
+        return TargetAnswer(False, None, None, ErrorClass.AMBIGUOUS, message, elapsed())
     if 200 <= status < 300:
         ref = body.get("id") if isinstance(body, dict) else None
         return TargetAnswer(True, status, body, "", f"HTTP {status}", elapsed(), str(ref)[:255] if ref else "")
@@ -1160,7 +1163,8 @@ def _replay_finish(*, replay: Replay, event: FailedEvent, op: Operation, answer:
             outcome=outcome,
             error_class=answer.error_class,
             # A success's "HTTP 201" is the target's answer, not an error.
-            error_message="" if answer.ok else answer.message[:500],
+            # Scrubbed as every stored error text is (the operation's is, by operation_fail).
+            error_message="" if answer.ok else scrub(answer.message)[:500],
             response_status=answer.status,
             response_body=seal_payload(answer.body),
             duration_ms=answer.duration_ms,

@@ -22,7 +22,7 @@ from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
@@ -32,6 +32,7 @@ from ledger.config_changes import config_change_record
 from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ReadOnlyPermissions
 from ledger.credentials import credential_is_set, sealed_credential
 from ledger.errors import DomainError, ValidationFailed
+from ledger.failures import failure_html
 from ledger.models import (
     ADAPTER_FIELDS,
     PROVIDER_CAP_FIELDS,
@@ -453,7 +454,43 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
                 getattr(getattr(op, "failed_event", None), "pk", None) if op.status == S.FAILED else None
             )
             extra_context["in_review"] = op.status == S.REVIEW
+            extra_context.update(self._failure_context(op, attempts))
+            extra_context.update(self._replay_context(op))
         return super().change_view(request, object_id, form_url, extra_context)
+
+    def _failure_context(self, op: Operation, attempts: list[Attempt]) -> dict[str, Any]:
+        """The last failure as a sentence with its next step, the raw text behind a
+        disclosure (ledger.failures: the same words on the DLQ entry and the replay result)."""
+        failed = next((a for a in reversed(attempts) if a.error_class or a.message), None)
+        message = op.last_error or (failed.message if failed else "")
+        status = op.response_status if op.last_error else (failed.response_status if failed else None)
+        return {"failure": failure_html(message, status=status) if message else ""}
+
+    def _replay_context(self, op: Operation) -> dict[str, Any]:
+        """A DLQ replay's own operation (action ``dlq.replay``, correlation id ``dlq:<entry>``)
+        leads back to its entry and on to what can be done next: replay again, edit the
+        target, open the run. The console's DLQ pages by URL name: the ledger imports nothing
+        above it."""
+        if op.action != "dlq.replay" or not op.correlation_id.startswith("dlq:"):
+            return {}
+        entry = op.correlation_id.removeprefix("dlq:")
+        if not entry.isdigit():
+            return {}
+        site = self.admin_site.name
+        try:
+            links = {
+                "entry_url": reverse(f"{site}:dlq_failedevent_change", args=[int(entry)]),
+                "replay_url": reverse(f"{site}:dlq_failedevent_replay", args=[int(entry)]),
+                # The claim keeps only the request's hash, so the list of targets, not one.
+                "targets_url": reverse(f"{site}:dlq_replaytarget_changelist"),
+            }
+        except NoReverseMatch:
+            return {}
+        run = run_of(run=op.run, correlation_id=op.correlation_id)
+        links["run_url"] = (
+            reverse(f"{site}:onceguard_run") + "?" + urlencode({"run": run, "tenant": op.tenant_id}) if run else ""
+        )
+        return {"replay_of": {"entry": int(entry), **links}}
 
     # --- actions: one row (a page with a preview) ---
 

@@ -16,9 +16,11 @@ import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.utils import label_for_field, lookup_field
@@ -457,11 +459,30 @@ class ThrottledAuthenticationForm(AdminAuthenticationForm):
 _APPS_WHEN_READ = "_onceguard_app_list_when_read"
 
 
+def demo_sign_in() -> tuple[str, str] | None:
+    """The demo admin's username and password (``bootstrap_demo`` writes them to
+    var/credentials.txt), only under the demo settings (settings.DEMO_SETTINGS) — never under
+    production settings, whatever files lie under var/."""
+    if not settings.DEMO_SETTINGS:
+        return None
+    try:
+        text = (Path(settings.VAR_DIR) / "credentials.txt").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        label, _, value = line.partition(":")
+        if label.strip() == "console login" and " / " in value:
+            username, password = value.strip().split(" / ", 1)
+            return username.strip(), password.strip()
+    return None
+
+
 class OnceguardAdminSite(admin.AdminSite):
     site_header = "Onceguard console"
     site_title = "Onceguard"
     index_title = "Overview"
     login_form = ThrottledAuthenticationForm
+    login_template = "admin/onceguard/login.html"
     index_template = "admin/onceguard/index.html"
     # Lists need the width (ids, keys, reasons); the app index is one click away.
     enable_nav_sidebar = False
@@ -544,6 +565,11 @@ class OnceguardAdminSite(admin.AdminSite):
         for page in self._history_pages.values():
             extra += page.get_urls()
         return extra + super().get_urls()
+
+    def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # While the demo runs, its sign-in is on the page itself (make run's terminal scrolls).
+        extra_context = {**(extra_context or {}), "onceguard_demo_sign_in": demo_sign_in()}
+        return super().login(request, extra_context)
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = dict(extra_context or {})

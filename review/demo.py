@@ -3,7 +3,8 @@
 Built from the example payloads (invented people, ``.invalid`` domains, test phone ranges)
 in tenant ``demo``; every key starts with ``demo:`` and every note says ``[demo]``:
 
-* a voice-call lead whose CRM write hit a 429 and now sits in the DLQ;
+* a voice-call lead whose CRM write hit a 429 and now sits in the DLQ (its replay target is
+  `make run`'s mock CRM, so replaying it from the console creates the contact there);
 * a card charge whose outcome is unknown, waiting for a reviewer;
 * an earlier lead's DLQ entry replayed successfully, with its lineage;
 * an access-log entry: a support person revealed the stuck lead's payload, with a reason;
@@ -15,6 +16,7 @@ Seeds only an empty database (no operations, no DLQ entries), so it never mixes 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 from collections.abc import Iterator
@@ -31,6 +33,7 @@ from django.db import transaction
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
 from ledger import outbound, services
+from ledger.management.commands.bootstrap_demo import demo_outbound_rules
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
 from ledger.secret_files import write_secret_file
 from review import privacy
@@ -73,6 +76,16 @@ def _local_crm() -> Iterator[str]:
         server.server_close()
 
 
+def demo_port_base() -> int:
+    """Where `make run` starts the demo receivers (run_all sets DEMO_PORT_BASE for the seed)."""
+    return int(os.environ.get("DEMO_PORT_BASE") or 8010)
+
+
+def demo_crm_url() -> str:
+    """The mock CRM: `make run`'s key-enforced mock provider, which creates contacts."""
+    return f"http://127.0.0.1:{demo_port_base()}"
+
+
 def database_is_empty() -> bool:
     return not Operation.objects.exists() and not FailedEvent.objects.exists()
 
@@ -97,14 +110,18 @@ def demo_seed() -> dict[str, Any]:
     tenant = Tenant.objects.filter(slug=TENANT).first() or services.tenant_create(
         slug=TENANT, name="Demo tenant (sample data)"
     )
-    # Guard mode: the workflow sends, never the service. `.invalid` names resolve nowhere.
-    crm = services.provider_upsert(
-        tenant=tenant,
-        slug="demo-crm",
-        base_url="https://demo-crm.invalid",
-        idempotency_class=IdempotencyClass.KEY_ENFORCED,
-        key_ttl_seconds=86400,
-    )
+    # The demo's CRM is `make run`'s key-enforced mock provider (DEMO_PORT_BASE, `/contacts`):
+    # its own loopback receiver, so the demo lead replays from the console out of the box.
+    crm_url = demo_crm_url()
+    with outbound.allowing(*demo_outbound_rules(demo_port_base())):
+        # Guard mode: the workflow sends, never the service.
+        crm = services.provider_upsert(
+            tenant=tenant,
+            slug="demo-crm",
+            base_url=crm_url,
+            idempotency_class=IdempotencyClass.KEY_ENFORCED,
+            key_ttl_seconds=86400,
+        )
     # `bootstrap_demo` points demo-charges at the demo relay `make run` starts: keep that.
     charges = Provider.objects.filter(tenant=tenant, slug="demo-charges").first() or services.provider_upsert(
         tenant=tenant,
@@ -232,10 +249,12 @@ def demo_seed() -> dict[str, Any]:
             actor="user:demo-operator",
             note=f"{NOTE} CRM rate limit lifted; replaying with the original key",
         )
-    # The seeding-only receiver is gone; point the target somewhere that says so.
-    dlq_services.replay_target_upsert(
-        tenant=tenant, slug="demo-crm-webhook", url="https://demo-crm.invalid/demo-crm-webhook", is_default=True
-    )
+    # The seeding-only receiver is gone: from now on the demo's replays go to the mock CRM
+    # `make run` starts (which is not up yet while this seeds).
+    with outbound.allowing(*demo_outbound_rules(demo_port_base())):
+        dlq_services.replay_target_upsert(
+            tenant=tenant, slug="demo-crm-webhook", url=f"{crm_url}/contacts", is_default=True
+        )
     made["dlq_replayed"] = earlier.pk
     made["replay_outcome"] = replay.outcome
 

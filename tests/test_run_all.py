@@ -3,6 +3,9 @@ cleanly on Ctrl-C; `schedules_install` installs every app's schedules."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,4 +88,40 @@ def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
         while time.monotonic() < deadline and "Metrics: curl" not in service.output():
             time.sleep(0.3)
         assert f'Bearer $(cat {token_file})" {metrics}' in service.output()
+        # The sign-in page shows the demo's admin login (make run's scrollback is no longer needed).
+        login = httpx.get(f"http://127.0.0.1:{port}/admin/login/", timeout=10).text
+        assert 'data-testid="demo-sign-in"' in login and "<code>admin</code>" in login
+        # A README block in a second terminal: a clean environment, not make run's, reads the
+        # demo's loopback allowance from var/local.env (ledger.local_env).
+        base = int(service.env["DEMO_PORT_BASE"])
+        local = (tmp_path / "local.env").read_text()
+        assert f"\nDEMO_OUTBOUND_ALLOW=127.0.0.1:{base}-{base + 5}\n" in local
+        assert f"\nDEMO_PORT_BASE={base}\n" in local and "\nREQUEST_LOG_SLOW_MS=1000\n" in local
+        clean = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(tmp_path),
+            "ONCEGUARD_VAR_DIR": str(tmp_path),
+        }
+        upsert = subprocess.run(
+            [sys.executable, "manage.py", "replaytarget_upsert", "--tenant", "demo", "--slug", "n8n-retry"]
+            + ["--url", f"http://127.0.0.1:{base + 2}/contacts"],
+            cwd=ROOT,
+            env=clean,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert upsert.returncode == 0, upsert.stderr[-2000:]
+        # The demo lead replays to the demo's own mock CRM (its default target) out of the box.
+        stuck = httpx.get(
+            f"http://127.0.0.1:{port}/api/v1/dlq/events?status=pending&workflow=17", headers=auth, timeout=10
+        ).json()["results"][0]["id"]
+        replayed = httpx.post(
+            f"http://127.0.0.1:{port}/api/v1/dlq/events/{stuck}/replay", json={}, headers=auth, timeout=30
+        ).json()
+        assert replayed["outcome"] == "succeeded", replayed
+        effects = httpx.get(f"http://127.0.0.1:{base}/_effects", timeout=10).json()
+        assert effects["by_key"].get("demo:call_7f3c2a9e41b04d6f:crm-contact:v1") == 1, effects
+        # A quiet console: no line for the requests that answered quickly and well.
+        assert "path=/api/v1/operations/" not in service.output() and "GET /admin/login/" not in service.output()
     assert proc.returncode == 0, (tmp_path / "run.log").read_text(errors="replace")[-3000:]

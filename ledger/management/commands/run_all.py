@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ledger import local_env
 from ledger.management.commands.bootstrap_demo import demo_outbound_rules
 from ledger.secret_files import read_or_create_secret_file
 
@@ -33,8 +34,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        demo = os.environ.get("DEMO", "1") != "0"
+        # The demo's settings come from this start's environment, never from the previous
+        # run's var/local.env (ledger.local_env): this run writes that file afresh below.
+        base = int(_from_environment("DEMO_PORT_BASE") or "8010")
+        os.environ["DEMO_PORT_BASE"] = str(base)
         call_command("bootstrap_demo")
-        if os.environ.get("DEMO", "1") != "0":
+        if demo:
             call_command("demo_seed")
         call_command("schedules_install")
         host, port = options["host"], options["port"]
@@ -57,9 +63,6 @@ class Command(BaseCommand):
                 str(options["web_workers"]),
                 "--blocking-threads",
                 "4",
-                "--access-log",
-                "--access-log-fmt",
-                '%(addr)s "%(method)s %(path)s" %(status)d %(dt_ms).0fms',
             ],
             "schedules": [python, "manage.py", "qcluster"],
             # Alerts when the schedules (django-q2) or the sweeper go stale: watched from outside.
@@ -68,15 +71,19 @@ class Command(BaseCommand):
         # Execute mode: workers take due operations from the operations table.
         for n in range(options["exec_workers"]):
             commands[f"worker-{n + 1}"] = [python, "manage.py", "worker"]
-        if os.environ.get("DEMO", "1") != "0":
+        # No access log line per request (it scrolled the sign-in away): the web app logs only
+        # error answers and slow requests (config.middleware.QuietRequestLogMiddleware).
+        slow_ms = int(_from_environment("REQUEST_LOG_SLOW_MS") or "1000")
+        os.environ["REQUEST_LOG_SLOW_MS"] = str(slow_ms)
+        local: dict[str, str] = {}
+        if demo:
             # Demo receivers on loopback: a key-enforced and a key-advisory mock provider and the
             # mock image API, each behind a fault relay, so the crash window can be reproduced
             # with curl.
-            base = int(os.environ.get("DEMO_PORT_BASE", "8010"))
+            local["DEMO_PORT_BASE"] = str(base)
             # The workers may reach exactly these loopback ports, besides what the
             # deployment's own OUTBOUND_ALLOW says (ledger.outbound refuses loopback otherwise).
-            rules = [r for r in os.environ.get("OUTBOUND_ALLOW", "").split(",") if r.strip()]
-            os.environ["OUTBOUND_ALLOW"] = ",".join([*rules, *demo_outbound_rules(base)])
+            os.environ["DEMO_OUTBOUND_ALLOW"] = local["DEMO_OUTBOUND_ALLOW"] = ",".join(demo_outbound_rules(base))
             for name, mode, port_ in (("enforced", "enforced", base), ("advisory", "advisory", base + 2)):
                 commands[f"mock-{name}"] = [python, "manage.py", "mockprovider", "--port", str(port_), "--mode", mode]
                 commands[f"relay-{name}"] = [
@@ -108,10 +115,18 @@ class Command(BaseCommand):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         # /metrics answers only a scraper with the token (observability.metrics): unless the
         # deployment set one, the demo gets its own, made once under var/ with mode 600.
-        if not (os.environ.get("METRICS_TOKEN") or os.environ.get("METRICS_TOKEN_FILE")):
+        if not (os.environ.get("METRICS_TOKEN") or _from_environment("METRICS_TOKEN_FILE")):
             token_file = Path(settings.VAR_DIR) / "metrics_token"
             read_or_create_secret_file(token_file, secrets.token_urlsafe(32))
-            os.environ["METRICS_TOKEN_FILE"] = str(token_file)
+            os.environ["METRICS_TOKEN_FILE"] = local["METRICS_TOKEN_FILE"] = str(token_file)
+        local["REQUEST_LOG_SLOW_MS"] = str(slow_ms)
+        # What an earlier run's file put into this environment and this run does not set (the
+        # demo's allowance under DEMO=0) is not passed on to the children.
+        for name in settings.LOCAL_ENV_FROM_FILE - local.keys():
+            os.environ.pop(name, None)
+        # Every manage.py command of this checkout reads these (ledger.local_env), so a README
+        # block in a second terminal works without this process's environment.
+        (Path(settings.VAR_DIR) / local_env.FILE_NAME).write_text(local_env.render(local))
         # Where the token is, never the token itself (the terminal's scrollback is kept).
         bearer = (
             "$METRICS_TOKEN"
@@ -247,3 +262,9 @@ class Command(BaseCommand):
         if stopping():
             return ""
         return f"{url} did not answer 200 within {timeout:.0f} s (last: {last}); stopping everything."
+
+
+def _from_environment(name: str) -> str:
+    """``name`` as this start's own environment says, ignoring what settings took from an
+    earlier run's var/local.env."""
+    return "" if name in settings.LOCAL_ENV_FROM_FILE else os.environ.get(name, "")
