@@ -81,6 +81,8 @@ DISTRIBUTED = frozenset(
         "dlq_failedevent",
         "dlq_failedeventalias",
         "dlq_failedeventchange",
+        # Each failure of an entry's key (an n8n execution): written with its entry, by tenant.
+        "dlq_failedeventoccurrence",
         "dlq_bulkreplay",
         "dlq_replay",
         "dlq_runresume",
