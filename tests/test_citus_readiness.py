@@ -581,6 +581,8 @@ FOREIGN_KEYS_TO_WIDEN = {
     ("dlq_failedevent", "corrected_operation_id"),
     ("dlq_failedeventalias", "event_id"),
     ("dlq_failedeventchange", "event_id"),
+    ("dlq_failedeventoccurrence", "event_id"),
+    ("dlq_failedevent", "previous_id"),
     ("dlq_replay", "event_id"),
     ("dlq_replay", "operation_id"),
     ("dlq_replay", "bulk_id"),
