@@ -1,4 +1,4 @@
-""""Hash this field into the key" (ledger.key_derivation, ``POST /api/v1/keys/derive``): the same
+""" "Hash this field into the key" (ledger.key_derivation, ``POST /api/v1/keys/derive``): the same
 value always gives the same key, a key the key rule accepts; two tenants get different keys;
 the key id of the dedicated derivation key is part of the key; the value is never logged nor
 echoed; bad input is a 400."""
