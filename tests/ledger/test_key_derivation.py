@@ -127,3 +127,14 @@ def test_a_malformed_configured_key_is_refused_at_use(monkeypatch):
     monkeypatch.setenv(key_derivation.KEY_ENV, "h1:short")
     with pytest.raises(key_derivation.KeyDerivationKeyError):
         key_derivation.derivation_key()
+
+
+def test_the_derivation_key_file_is_made_once_with_mode_600_and_kept(api, settings):
+    first = _derive(api, value="jane@example.com")
+    path = key_derivation.key_file_path()
+    assert path.parent == settings.VAR_DIR
+    assert path.stat().st_mode & 0o777 == 0o600
+    text = path.read_text()
+    key_derivation._cache.clear()
+    assert _derive(api, value="jane@example.com") == first
+    assert path.read_text() == text
