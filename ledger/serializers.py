@@ -574,14 +574,19 @@ class AttemptOutputSerializer(serializers.Serializer):
 class KeyDeriveInputSerializer(serializers.Serializer):
     """What to hash into a key (ledger.key_derivation): one value, or named fields."""
 
-    value = serializers.JSONField(
+    value = serializers.CharField(
         required=False,
+        allow_null=True,
         default=None,
+        trim_whitespace=False,
+        max_length=10_000,
         help_text="The value to hash as is (an e-mail address, a phone number): 1 to 10000 characters. Normalise it"
         " first if the same lead may arrive spelt differently (lowercase an address).",
     )
-    parts = serializers.JSONField(
+    parts = serializers.DictField(
+        child=serializers.JSONField(),
         required=False,
+        allow_null=True,
         default=None,
         help_text="Instead of `value`: named fields to hash together (1 to 20; strings or integers), order-free.",
     )

@@ -107,7 +107,6 @@ def test_the_value_is_never_logged_nor_echoed_even_in_a_refusal(api, caplog):
     [
         {},
         {"value": ""},
-        {"value": 12},
         {"value": "x" * 10_001},
         {"value": "a", "parts": {"b": "c"}},
         {"parts": {}},
