@@ -638,6 +638,14 @@ class TenantAdmin(ConsoleAdmin):
     exclude = ["callback_secret", "callback_secret_previous", "callback_secret_rotated_at"]
     readonly_fields = ["callback_secret_state"]
     actions = ["rotate_callback_secret"]
+    # Set by the platform, not by a tenant's own staff: shown to them, changed by a superuser.
+    platform_fields = ["personal_data_in_keys_allowed"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        fields = list(super().get_readonly_fields(request, obj))
+        if not request.user.is_superuser:
+            fields += self.platform_fields
+        return fields
 
     @admin.display(description="callback signing secret")
     def callback_secret_state(self, obj: Tenant) -> str:

@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from ledger import canary, objects, outputs, polling, prompts, ratelimit, revisions, selectors, services, sql, uploads
 from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
+from ledger.key_derivation import derivation_key, key_derive
 from ledger.key_rules import key_lookup_shape, key_refusal
 from ledger.models import Operation, OperationOutput, OperationStatus, PromptTemplate, Provider, ProviderKind, Upload
 from ledger.pagination import KeysetCursorPagination
@@ -32,6 +33,8 @@ from ledger.serializers import (
     CompleteInputSerializer,
     FailInputSerializer,
     HeartbeatInputSerializer,
+    KeyDeriveInputSerializer,
+    KeyDeriveOutputSerializer,
     OperationOutputSerializer,
     OutputObjectSerializer,
     PromptTemplateInputSerializer,
@@ -140,6 +143,26 @@ class ClaimCreateApi(APIView):
             return replay_answer(request, op)
         location = {"Location": f"/api/v1/operations/{op.pk}"}
         return Response(represented(ClaimOutputSerializer, op), status=201, headers=location)
+
+
+class KeyDeriveApi(APIView):
+    """ "Hash this field into the key": a key for a lead known only by personal data, which a key
+    may not carry (ledger.key_rules). Writes nothing, so the read scope is enough; the value is
+    neither logged nor stored nor echoed (ledger.key_derivation)."""
+
+    required_scope = "read"
+
+    @extend_schema(
+        request=KeyDeriveInputSerializer,
+        responses={200: KeyDeriveOutputSerializer},
+        summary="Derive an idempotency key from a value that must not appear in clear (e-mail, phone)",
+    )
+    def post(self, request: Request) -> Response:
+        data = validated_input(KeyDeriveInputSerializer, request)
+        key = key_derive(
+            tenant_id=request.user.tenant.pk, prefix=data["prefix"], value=data["value"], parts=data["parts"]
+        )
+        return Response({"key": key, "key_id": derivation_key().key_id})
 
 
 class OperationSentApi(APIView):

@@ -3,14 +3,21 @@
 A new key is 1–255 characters of printable ASCII (0x20–0x7E, what a Structured Field string
 — the IETF draft's ``Idempotency-Key`` — may hold) without surrounding blanks. The rule is a
 list of named rules (:data:`KEY_RULES`): a refusal names the one broken in its problem's
-``rule`` member, and a rule added later (personal data in keys, …) is one more entry.
+``rule`` member, and a rule added later is one more entry.
+
+Keys are logged and shown in clear wherever keys are shown (console lists, exports), while
+payloads are masked: a new key holding an e-mail address or an international phone number
+(the shapes ledger.redaction masks in free text, the same patterns) breaks the
+``personal_data`` rule, unless the tenant allows such keys (``Tenant.personal_data_in_keys_allowed``,
+set by the platform). Record ids — long digit runs, a ``+`` inside a token — are not phone
+numbers and stay valid; a value that must not be in clear is hashed into the key instead.
 
 The rule is for keys the ledger does not hold yet. A key stored before the rule existed (or
 written past it) keeps being answered, so the claim paths look the key up first and apply
 the rule only to a fresh one; and whatever puts a stored key on the wire goes through
 :func:`key_header_value` or :func:`key_path_segment`, which never raise.
 
-This module imports no app.
+This module imports no app (ledger.redaction imports none either).
 """
 
 from __future__ import annotations
@@ -22,10 +29,18 @@ from typing import Any
 from urllib.parse import quote
 
 from ledger.errors import InvalidKey
+from ledger.redaction import EMAIL_ADDRESS, PHONE_INTERNATIONAL
 
 MAX_KEY_LENGTH = 255
 
 _PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
+
+# The rule a tenant may waive (Tenant.personal_data_in_keys_allowed).
+PERSONAL_DATA = "personal_data"
+
+
+def _no_personal_data(key: str) -> bool:
+    return EMAIL_ADDRESS.search(key) is None and PHONE_INTERNATIONAL.search(key) is None
 
 
 @dataclass(frozen=True)
@@ -61,28 +76,44 @@ KEY_RULES: list[KeyRule] = [
         lambda key: key.strip() == key,
         "The idempotency key must not begin or end with a blank.",
     ),
+    # Last: a key it refuses breaks no other rule, so a tenant's waiver lets it through whole.
+    KeyRule(
+        PERSONAL_DATA,
+        _no_personal_data,
+        "The idempotency key contains an e-mail address or an international phone number: keys are"
+        " logged and shown in clear. Use a record id, or hash the value into the key"
+        " (POST /api/v1/keys/derive).",
+    ),
 ]
 
 
-def key_rule_broken(key: Any) -> KeyRule | None:
-    """The first rule ``key`` breaks, or None when it is a valid new key."""
+def key_rule_broken(key: Any, *, personal_data_allowed: bool = False) -> KeyRule | None:
+    """The first rule ``key`` breaks, or None when it is a valid new key (with
+    ``personal_data_allowed``, the tenant's waiver: the ``personal_data`` rule is skipped)."""
     if not isinstance(key, str):
         return KEY_RULES[0]
-    return next((rule for rule in KEY_RULES if not rule.holds(key)), None)
+    return next(
+        (
+            rule
+            for rule in KEY_RULES
+            if not (personal_data_allowed and rule.name == PERSONAL_DATA) and not rule.holds(key)
+        ),
+        None,
+    )
 
 
-def key_refusal(key: Any) -> InvalidKey | None:
+def key_refusal(key: Any, *, personal_data_allowed: bool = False) -> InvalidKey | None:
     """The 400 ``invalid_idempotency_key`` a new ``key`` gets (its ``rule`` member names the
     rule broken), or None when the key is valid."""
-    rule = key_rule_broken(key)
+    rule = key_rule_broken(key, personal_data_allowed=personal_data_allowed)
     if rule is None:
         return None
     return InvalidKey(rule.message, extra={"rule": rule.name})
 
 
-def key_check(key: Any) -> str:
+def key_check(key: Any, *, personal_data_allowed: bool = False) -> str:
     """``key`` when it is a valid new key; raises the refusal otherwise."""
-    refusal = key_refusal(key)
+    refusal = key_refusal(key, personal_data_allowed=personal_data_allowed)
     if refusal is not None:
         raise refusal
     return key

@@ -432,6 +432,15 @@ class Tenant(models.Model):
     # (ledger.eligibility): POSTed a signed question (callback_secret), allowed by the
     # outbound policy, stored in canonical form. Empty: no recheck, retries go ahead.
     eligibility_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    # Whether new keys may hold an e-mail address or an international phone number (the
+    # key rule's `personal_data`, ledger.key_rules): keys are logged and shown in clear.
+    # Platform-owned: only a superuser changes it (ledger.admin.TenantAdmin).
+    personal_data_in_keys_allowed = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Accept new idempotency keys that contain an e-mail address or an international phone"
+        " number. Keys are logged and shown in clear: prefer hashing the value into the key.",
+    )
 
     def __str__(self) -> str:
         return self.slug

@@ -22,6 +22,11 @@ from django.conf import settings
 
 REDACTED = "[redacted]"
 
+# An e-mail address (RFC 5322's common shape) and an international phone number (E.164, with
+# its `+`): masked in free text below, and refused in new idempotency keys (ledger.key_rules).
+EMAIL_ADDRESS = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+PHONE_INTERNATIONAL = re.compile(r"(?<![\w+])\+\d[\d ().-]{6,}\d")
+
 PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # Authorization: Bearer <anything>
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]+"), "Bearer " + REDACTED),
@@ -33,10 +38,10 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(r"(?i)\b(api[_-]?key|apikey|secret|password|passwd|token|authorization)(\s*[=:]\s*)[^\s,;&]+"),
         r"\1\2" + REDACTED,
     ),
-    (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), REDACTED),
+    (EMAIL_ADDRESS, REDACTED),
     # Phone numbers: international (+61 412 345 678), national with a leading 0
     # (0412 345 678) and E.164 digits without the plus (11-15 digits standing alone).
-    (re.compile(r"(?<![\w+])\+\d[\d ().-]{6,}\d"), REDACTED),
+    (PHONE_INTERNATIONAL, REDACTED),
     (re.compile(r"(?<![\w.:/-])0\d(?:[ -]?\d){7,10}(?![\w.:/-])"), REDACTED),
     (re.compile(r"(?<![\w.:/-])\d{11,15}(?![\w.:/-])"), REDACTED),
 )

@@ -569,3 +569,36 @@ class AttemptOutputSerializer(serializers.Serializer):
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_prompt_template(self, attempt: Any) -> str | None:
         return prompts.prompt_template_label(attempt.prompt_template_id)
+
+
+class KeyDeriveInputSerializer(serializers.Serializer):
+    """What to hash into a key (ledger.key_derivation): one value, or named fields."""
+
+    value = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        trim_whitespace=False,
+        max_length=10_000,
+        help_text="The value to hash as is (an e-mail address, a phone number): 1 to 10000 characters. Normalise it"
+        " first if the same lead may arrive spelt differently (lowercase an address).",
+    )
+    parts = serializers.DictField(
+        child=serializers.JSONField(),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Instead of `value`: named fields to hash together (1 to 20; strings or integers), order-free.",
+    )
+    prefix = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=64,
+        help_text="Put in front of the derived key, in clear (`lead` gives `lead:h1:…`): letters, digits, . _ -.",
+    )
+
+
+class KeyDeriveOutputSerializer(serializers.Serializer):
+    key = serializers.CharField(help_text="`<prefix>:<key id>:<digest>`: the same input always gives the same key.")
+    key_id = serializers.CharField(help_text="The derivation key's id (it never rotates).")

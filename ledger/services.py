@@ -61,7 +61,7 @@ from ledger.errors import (
     ValidationFailed,
 )
 from ledger.intents import RequestTemplateInvalid, intent_config_errors
-from ledger.key_rules import key_check, key_lookup_shape, key_refusal
+from ledger.key_rules import PERSONAL_DATA, key_check, key_lookup_shape, key_refusal
 from ledger.logs import operation_fields
 from ledger.models import (
     ADAPTER_FIELDS,
@@ -111,9 +111,15 @@ def validate_key(key: Any) -> str:
 def claim_key_check(*, tenant_id: int, key: Any) -> str:
     """A caller's key for a claim or submission: a valid new key, or one the ledger holds (its
     row, or its tombstone once retention deleted the row) — a key stored before the rule keeps
-    being answered. Only a key that breaks the rule costs the lookup."""
+    being answered. Only a key that breaks the rule costs the lookup. A key with personal data
+    is valid where the tenant allows it (``Tenant.personal_data_in_keys_allowed``)."""
     refusal = key_refusal(key)
     if refusal is None:
+        return key
+    if (
+        refusal.extra["rule"] == PERSONAL_DATA
+        and Tenant.objects.filter(pk=tenant_id, personal_data_in_keys_allowed=True).exists()
+    ):
         return key
     if key_lookup_shape(key) and (
         Operation.objects.filter(tenant_id=tenant_id, key=key).exists()

@@ -4,6 +4,7 @@ from ledger import apis
 
 urlpatterns = [
     path("claims", apis.ClaimCreateApi.as_view(), name="claim-create"),
+    path("keys/derive", apis.KeyDeriveApi.as_view(), name="key-derive"),
     path("operations", apis.OperationListApi.as_view(), name="operation-list"),
     path("operations/<int:operation_id>", apis.OperationDetailApi.as_view(), name="operation-detail"),
     path("operations/<int:operation_id>/attempts", apis.OperationAttemptsApi.as_view(), name="operation-attempts"),

@@ -625,7 +625,7 @@ function outputs(names: string[]): string {
 // "Claim · charge-customer", "Submit · render", "Send to Dead-Letter Queue"…: the operation in
 // words, and the action where it has one.
 const SUBTITLE =
-	'={{ ({ claim: "Claim", complete: "Complete", fail: "Fail", get: "Get Operation", markSent: "Mark Sent", deadLetter: "Send to Dead-Letter Queue", deadLetterGet: "Get Dead-Letter Entries", submit: "Submit", upload: "Upload File" })[$parameter["operation"]] + ((["claim", "submit"].includes($parameter["operation"]) && $parameter["action"]) ? " · " + $parameter["action"] : "") }}';
+	'={{ ({ claim: "Claim", complete: "Complete", fail: "Fail", deriveKey: "Derive Key", get: "Get Operation", markSent: "Mark Sent", deadLetter: "Send to Dead-Letter Queue", deadLetterGet: "Get Dead-Letter Entries", submit: "Submit", upload: "Upload File" })[$parameter["operation"]] + ((["claim", "submit"].includes($parameter["operation"]) && $parameter["action"]) ? " · " + $parameter["action"] : "") }}';
 
 /** Entries of the dead-letter queue, for workflows that handle their own failures: by original
  * key (every entry of it, newest first) or the newest ones, optionally of one status — one
@@ -646,7 +646,39 @@ const deadLetterGet: Operation = async function (index) {
 	};
 };
 
+/** A key for a lead known only by personal data, which a key may not carry: Onceguard hashes
+ * the value (or the named fields) with its own never-rotating key, so the node holds no secret
+ * and the same lead always gets the same key. The item goes on with `{key, key_id}`. */
+const deriveKey: Operation = async function (index, item) {
+	const body: IDataObject = {};
+	const prefix = String(this.getNodeParameter('derivePrefix', index, '') ?? '').trim();
+	if (prefix) body.prefix = prefix;
+	if (this.getNodeParameter('deriveSource', index, 'value') === 'fields') {
+		const names = String(this.getNodeParameter('deriveFields', index, ''))
+			.split(',')
+			.map((name) => name.trim())
+			.filter(Boolean);
+		const parts: IDataObject = {};
+		for (const name of names) {
+			const value = readPath(item.json, name);
+			if (value === undefined || value === null || value === '') {
+				throw new NodeOperationError(this.getNode(), `The item has no value in the field "${name}" (named in Fields).`, {
+					itemIndex: index,
+				});
+			}
+			parts[name] = value as IDataObject[keyof IDataObject];
+		}
+		body.parts = parts;
+	} else {
+		body.value = String(this.getNodeParameter('deriveValue', index, '') ?? '');
+	}
+	const answer = await onceguardRequest.call(this, { method: 'POST', path: '/api/v1/keys/derive', body, itemIndex: index });
+	if (answer.status !== 200) throw problemError.call(this, answer, index);
+	return { output: 0, item: withResult(this, index, item, { key: answer.body.key, key_id: answer.body.key_id }) };
+};
+
 const OPERATIONS: Record<string, Operation> = {
+	deriveKey,
 	claim,
 	markSent,
 	complete,

@@ -24,6 +24,13 @@ export const operationProperty: INodeProperties = {
 			action: 'Complete an operation',
 		},
 		{
+			name: 'Derive Key',
+			value: 'deriveKey',
+			description:
+				'Hash personal data (an e-mail address, a phone number) into a key Onceguard accepts: the same lead always gets the same key',
+			action: 'Derive a key from personal data',
+		},
+		{
 			name: 'Fail',
 			value: 'fail',
 			description: 'Record a failure and its class (transient, invalid input, permission, ambiguous)',
@@ -489,6 +496,53 @@ const deadLetterGetProperties: INodeProperties[] = [
 	},
 ];
 
+// Keys may not carry personal data (the server refuses them): Onceguard hashes it into one. The
+// node holds no secret; the server's derivation key never rotates, so the key is stable.
+const deriveKeyProperties: INodeProperties[] = [
+	{
+		displayName: 'Hash',
+		name: 'deriveSource',
+		type: 'options',
+		noDataExpression: true,
+		displayOptions: { show: { operation: ['deriveKey'] } },
+		default: 'value',
+		options: [
+			{ name: 'One Value', value: 'value', description: 'An e-mail address or a phone number, written as an expression' },
+			{ name: 'Fields of the Item', value: 'fields', description: 'Several fields of the item, hashed together' },
+		],
+	},
+	{
+		displayName: 'Value',
+		name: 'deriveValue',
+		type: 'string',
+		required: true,
+		displayOptions: { show: { operation: ['deriveKey'], deriveSource: ['value'] } },
+		default: '',
+		placeholder: 'e.g. {{ $json.email.trim().toLowerCase() }}',
+		hint: 'Normalise it (trim, lowercase an address): the same lead must give the same value',
+		description: 'Sent to Onceguard to be hashed; never stored or logged there',
+	},
+	{
+		displayName: 'Fields',
+		name: 'deriveFields',
+		type: 'string',
+		required: true,
+		displayOptions: { show: { operation: ['deriveKey'], deriveSource: ['fields'] } },
+		default: '',
+		placeholder: 'e.g. email, list_id',
+		description: 'Comma-separated names (dotted paths) of the item fields to hash together; strings or whole numbers',
+	},
+	{
+		displayName: 'Key Prefix',
+		name: 'derivePrefix',
+		type: 'string',
+		displayOptions: { show: { operation: ['deriveKey'] } },
+		default: '',
+		placeholder: 'e.g. lead',
+		description: 'Put in front of the key in clear (lead gives lead:h1:…); letters, digits, dot, underscore and hyphen',
+	},
+];
+
 export const optionsProperty: INodeProperties = {
 	displayName: 'Options',
 	name: 'options',
@@ -584,5 +638,6 @@ export const nodeProperties: INodeProperties[] = [
 	...holderProperties,
 	...deadLetterProperties,
 	...deadLetterGetProperties,
+	...deriveKeyProperties,
 	optionsProperty,
 ];
