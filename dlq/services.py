@@ -882,41 +882,6 @@ def replay_target_lookup(*, target: ReplayTarget, key: str) -> LookupAnswer:
     return answer("no_answer", f"the target's lookup answered HTTP {status}", status)
 
 
-def replay_outcome_unknown(event: FailedEvent) -> str:
-    """Why the entry's effect may already have happened at its receiver, in words; "" when
-    it cannot have: the first try, or the latest replay, was sent and its answer lost
-    (``ambiguous``: a 5xx, a timeout after sending, a reset after the request was written).
-    Entries that never reached the receiver (refused connection, a 4xx, a 429) are not."""
-    last = (
-        Replay.objects.filter(tenant_id=event.tenant_id, event_id=event.pk, to_provider=False)
-        .exclude(outcome=ReplayOutcome.REFUSED)
-        .order_by("-number")
-        .values_list("number", "outcome")
-        .first()
-    )
-    if last is not None and last[1] == ReplayOutcome.AMBIGUOUS:
-        return f"replay #{last[0]} was sent and its answer was lost (ambiguous)"
-    if event.error_class == ErrorClass.AMBIGUOUS:
-        return "its first try was sent and its answer was lost (ambiguous)"
-    return ""
-
-
-def replay_wait_reason(*, event: FailedEvent, target: ReplayTarget) -> str:
-    """Why a replay of ``event`` to ``target`` waits for a person, in words; "" when it may be
-    sent. Only a key-enforced target refuses a second effect of the key: to a key-advisory
-    one an entry whose first try may have acted goes only after the decision "safe to
-    resend" (ADR 0031), which the next replay sent uses up."""
-    if target.idempotency_class == IdempotencyClass.KEY_ENFORCED or event.resend_decided_at is not None:
-        return ""
-    unknown = replay_outcome_unknown(event)
-    if not unknown:
-        return ""
-    return (
-        f"This entry waits for a decision: {unknown}, and the target {target.slug} is key-advisory (it may not"
-        ' refuse a second effect). Record the decision "safe to resend" with a reason, or resolve the entry.'
-    )
-
-
 def failed_event_resend_decide(*, tenant_id: int, event_pk: int, actor: str, note: str) -> FailedEvent:
     """A person's decision that a pending entry whose first try may have acted may be re-sent
     to a key-advisory target: who, when and why, in the entry's trail, in one transaction."""
@@ -1147,8 +1112,8 @@ def failed_event_replay(
         original, provider = _provider_of(event)
     else:
         target = selectors.replay_target_resolve(tenant_id=tenant_id, slug=target_slug or event.replay_target_slug)
-        wait = replay_wait_reason(event=event, target=target)
-        if target.idempotency_class != IdempotencyClass.KEY_ENFORCED and replay_outcome_unknown(event):
+        wait = selectors.replay_wait_reason(event=event, target=target)
+        if target.idempotency_class != IdempotencyClass.KEY_ENFORCED and selectors.replay_outcome_unknown(event):
             decision = event.resend_decided_at
         if target.lookup_url and not as_new and correction is None:
             # Asked first (DESIGN §4): found → settled without sending; not found → the first
