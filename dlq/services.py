@@ -79,11 +79,12 @@ from ledger import adapters, polling, storable, tasks
 from ledger import services as ledger_services
 from ledger.adapters import SIGNATURE_HEADER, sign, verify_signature
 from ledger.config_changes import config_change_of, config_change_record, config_snapshot
-from ledger.credentials import sealed_credential, secret_open, stored_credential_value
-from ledger.crypto import open_json
+from ledger.credentials import sealed_credential, secret_open, secret_tail, stored_credential_value
+from ledger.crypto import EncryptionKeyError, open_json
 from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit, operation_translated
 from ledger.key_rules import MAX_KEY_LENGTH, key_header_value, key_usable
+from ledger.masking import UNREADABLE
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
@@ -1898,8 +1899,8 @@ def replay_target_upsert(
     ``idempotency_class``: declaring it confirms it; a target created without one is
     key-advisory and unconfirmed, as migrated ones are (the console and the command require
     it for new targets). ``credential_value``: None keeps the stored one, "" removes it; it is
-    stored sealed. A new target gets its signing secret (:func:`replay_target_signing_secret`
-    shows it once)."""
+    stored sealed. A new target gets its signing secret, returned in clear once as the
+    instance's ``new_signing_secret`` ("" for an update)."""
     # Checked and stored in canonical form (ledger.outbound, https unless loopback): the URL
     # replays will be sent to.
     fields: dict[str, Any] = {"url": replay_target_url_check(url)}
@@ -1942,9 +1943,15 @@ def replay_target_upsert(
                 config_change_of(other, actor=actor, action=ConfigChangeAction.UPDATE, before=before)
         existing = ReplayTarget.objects.select_for_update().filter(tenant=tenant, slug=slug).first()
         before = config_snapshot(existing) if existing is not None else None
-        if existing is None and idempotency_class is None:
-            fields.update(idempotency_class=IdempotencyClass.KEY_ADVISORY, class_confirmed=False)
+        fresh = ""
+        if existing is None:
+            fresh = secrets.token_urlsafe(32)
+            fields["signing_secret"] = sealed_credential(fresh)
+            if idempotency_class is None:
+                fields.update(idempotency_class=IdempotencyClass.KEY_ADVISORY, class_confirmed=False)
         target, created = ReplayTarget.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+        # The only clear copy, for the caller to show once (the command, the console).
+        target.new_signing_secret = fresh
         config_change_of(
             target,
             actor=actor,
@@ -2002,6 +2009,25 @@ def replay_target_signing_secrets(*, target_id: int) -> list[str]:
     if previous and rotated_at and timezone.now() < rotated_at + overlap:
         return [current, secret_open(previous)]
     return [current]
+
+
+def replay_target_secret_summary(target: ReplayTarget) -> str:
+    """What the console says about a target's signing secret instead of showing it."""
+    if not target.signing_secret:
+        return "not made yet (made at the first replay; rotate to get one you can copy)"
+    try:
+        tail = secret_tail(secret_open(target.signing_secret))
+    except EncryptionKeyError:
+        tail = UNREADABLE
+    text = f"set ({tail}); shown only when made or rotated"
+    if target.signing_secret_rotated_at:
+        until = target.signing_secret_rotated_at + timedelta(
+            seconds=float(dlq_setting("REPLAY_SECRET_OVERLAP_SECONDS"))
+        )
+        text += f"; last rotated {target.signing_secret_rotated_at:%Y-%m-%d %H:%M} UTC"
+        if target.signing_secret_previous and timezone.now() < until:
+            text += f"; the previous secret also signs until {until:%Y-%m-%d %H:%M} UTC"
+    return text
 
 
 def replay_signature_verify(*, keys: list[str], body: bytes, header: str, tolerance_seconds: int = 300) -> bool:
