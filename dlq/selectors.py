@@ -30,7 +30,7 @@ from dlq.models import (
 )
 from ledger import search
 from ledger.display import age_words, truncate
-from ledger.models import ErrorClass, IdempotencyClass
+from ledger.models import Attempt, AttemptOutcome, ErrorClass, IdempotencyClass
 from ledger.redaction import scrub
 
 # Newest first; (failed_at, id) is the tail of every list index, so filter + order + limit
@@ -223,6 +223,16 @@ def replay_outcome_unknown(event: FailedEvent) -> str:
     )
     if last is not None and last[1] == ReplayOutcome.AMBIGUOUS:
         return f"replay #{last[0]} was sent and its answer was lost (ambiguous)"
+    if event.operation_id and (
+        Attempt.objects.filter(tenant_id=event.tenant_id, operation_id=event.operation_id)
+        .order_by("-number")
+        .values_list("outcome", flat=True)
+        .first()
+        == AttemptOutcome.NOT_FOUND
+    ):
+        # The ledger's review settled it: a reviewer's "safe to retry" (review.services) or
+        # the sweeper's lookup found the first try had no effect.
+        return ""
     if event.error_class == ErrorClass.AMBIGUOUS:
         return "its first try was sent and its answer was lost (ambiguous)"
     return ""
