@@ -11,6 +11,7 @@ import pytest
 from django.urls import reverse
 
 from dlq import services as dlq_services
+from dlq.errors import ReplayNeedsDecision
 from dlq.models import BulkReplay, FailedEvent, FailedEventChange, Replay, ReplayTarget
 from ledger.adapters import sign
 from ledger.errors import DestinationNotAllowed
@@ -147,7 +148,7 @@ def test_an_automatic_replay_sends_nothing_to_a_key_advisory_target(client, advi
     event_id = ambiguous(client)
     ReplayTarget.objects.filter(pk=advisory.pk).update(auto_replay=True)
     dlq_services.auto_replay_due()
-    with pytest.raises(Exception, match="waits for a decision"):
+    with pytest.raises(ReplayNeedsDecision, match="waits for a decision"):
         dlq_services.failed_event_replay(
             tenant_id=advisory.tenant_id, event_pk=event_id, actor="schedule", trigger="auto"
         )
