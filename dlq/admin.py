@@ -9,6 +9,7 @@ table), counts are capped, and the default order (-failed_at, -id) is an index's
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -48,11 +49,11 @@ from ledger.admin import (
     https_url_formfield,
 )
 from ledger.console_base import ConsoleAdmin, ConsoleJSONField, ConsoleReadOnlyAdmin
-from ledger.credentials import sealed_credential
+from ledger.credentials import sealed_credential, url_masked
 from ledger.errors import DomainError
 from ledger.failures import failure_html
 from ledger.masking import mask_json
-from ledger.models import Tenant
+from ledger.models import IdempotencyClass, Tenant
 from ledger.pagination import COUNT_CAP, CappedCountPaginator
 from ledger.redaction import scrub
 
@@ -565,6 +566,7 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
         own = [
             path("<int:pk>/replay/", wrap(self.replay_view), name="dlq_failedevent_replay"),
             path("<int:pk>/correct/", wrap(self.correct_view), name="dlq_failedevent_correct"),
+            path("<int:pk>/resend-decision/", wrap(self.resend_decision_view), name="dlq_failedevent_resend_decision"),
             path(
                 "<int:pk>/resolve/",
                 wrap(self.close_view),
@@ -665,7 +667,15 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
         except DomainError as exc:
             preview["problem"] = exc.detail
         else:
-            preview.update(url=target.url, header=target.idempotency_header, target=target.slug)
+            preview.update(
+                url=url_masked(target.url),
+                header=target.idempotency_header,
+                target=target.slug,
+                target_class=target.get_idempotency_class_display(),
+                # Why it would wait for a person, in words, with the button to decide.
+                waits=selectors.replay_wait_reason(event=event, target=target),
+                decide_url=reverse("admin:dlq_failedevent_resend_decision", args=[event.pk]),
+            )
         if is_redacted(event.payload):
             preview["body"] = "(redacted by retention: nothing to replay)"
         else:
@@ -704,6 +714,30 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
             refused="Not corrected",
             title=f"Correct entry {pk} and replay it as the next version",
             button="Correct and replay",
+        )
+
+    def resend_decision_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """Record the decision "safe to resend" (a reason required) for an entry whose first
+        try may have acted and whose target is key-advisory: the next replay is sent once."""
+
+        def decide(event: FailedEvent, data: dict[str, Any]) -> tuple[int, str]:
+            services.failed_event_resend_decide(
+                tenant_id=event.tenant_id, event_pk=event.pk, actor=actor_of(request), note=data["note"]
+            )
+            return (
+                messages.SUCCESS,
+                f'Decision "safe to resend" recorded for entry {event.pk}: the next replay is sent.',
+            )
+
+        return self._entry_action(
+            request,
+            pk,
+            allowed=self.has_replay_permission(request),
+            form=lambda event: NoteForm(request.POST or None),
+            act=decide,
+            refused="Not recorded",
+            title=f'Entry {pk}: record the decision "safe to resend"',
+            button="Safe to resend",
         )
 
     def close_view(self, request: HttpRequest, pk: int, to: str) -> HttpResponse:
@@ -792,6 +826,7 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
             "target_field": _TargetChoice(tenant.pk).widget.render("target", ""),
             "action": "replay_selected",
             "rate": dlq_setting("BULK_REPLAY_PER_SECOND"),
+            "waiting": selectors.replay_waiting(tenant_id=tenant.pk, event_ids=bulk.event_ids),
         }
         return TemplateResponse(request, "admin/dlq/failedevent/bulk_confirm.html", context)
 
@@ -874,12 +909,176 @@ class BulkReplayAdmin(ConsoleReadOnlyAdmin):
     exclude = ["event_ids"]
 
 
+class ReplayTargetForm(forms.ModelForm):
+    """A new target must declare its class (the blank choice is refused); saving a class
+    confirms it. The credential's value is write-only: typed to set or replace it, never
+    rendered back, blank keeps the stored one. ReplayTarget.clean checks the URLs (outbound
+    policy, https unless on this machine)."""
+
+    idempotency_class = forms.ChoiceField(
+        choices=[("", "— choose —"), *IdempotencyClass.choices],
+        label="Idempotency class",
+        help_text=ReplayTarget._meta.get_field("idempotency_class").help_text,
+    )
+    new_credential = forms.CharField(
+        required=False,
+        label="Credential value",
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Sent in the credential header on every replay. Write-only: type a value to set or replace the"
+        " stored one (stored encrypted, never shown again); leave blank to keep it.",
+    )
+    clear_credential = forms.BooleanField(required=False, label="Remove the stored credential")
+
+    class Meta:
+        model = ReplayTarget
+        fields = [
+            "tenant",
+            "slug",
+            "url",
+            "idempotency_class",
+            "idempotency_header",
+            "lookup_url",
+            "credential_header",
+            "timeout_seconds",
+            "is_default",
+            "auto_replay",
+            "active",
+        ]
+        formfield_callback = https_url_formfield
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None and not self.instance.class_confirmed:
+            # A migrated target: its key-advisory default is not a declaration; ask again.
+            self.initial["idempotency_class"] = ""
+
+    def clean_new_credential(self) -> str:
+        value = self.cleaned_data.get("new_credential") or ""
+        if value and not value.isprintable():
+            raise forms.ValidationError("The credential must be printable text.")
+        return value
+
+    def save(self, commit: bool = True) -> ReplayTarget:
+        target = super().save(commit=False)
+        target.class_confirmed = True
+        if self.cleaned_data.get("clear_credential"):
+            target.credential_secret = None
+        elif self.cleaned_data.get("new_credential"):
+            target.credential_secret = sealed_credential(self.cleaned_data["new_credential"])
+        if target.pk is None:
+            target.new_signing_secret = secrets.token_urlsafe(32)
+            target.signing_secret = sealed_credential(target.new_signing_secret)
+        if commit:
+            target.save()
+        return target
+
+
+class ClassConfirmedFilter(admin.SimpleListFilter):
+    title = "class"
+    parameter_name = "class_state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("unconfirmed", "not confirmed (migrated as key-advisory)"), *IdempotencyClass.choices]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ReplayTarget]) -> QuerySet[ReplayTarget]:
+        if self.value() == "unconfirmed":
+            return queryset.filter(class_confirmed=False)
+        if self.value() in IdempotencyClass.values:
+            return queryset.filter(idempotency_class=self.value())
+        return queryset
+
+
 @admin.register(ReplayTarget)
 class ReplayTargetAdmin(ConsoleAdmin):
-    list_display = ["slug", "tenant", "url", "idempotency_header", "is_default", "auto_replay", "active"]
-    list_filter = ["is_default", "auto_replay", "active"]
-    search_fields = ["slug", "url"]
+    """Where replays go. The URL is shown masked past its host (a webhook path can be a
+    token) and is not searchable; the signing secret is shown once, when made or rotated;
+    the credential is write-only."""
+
+    form = ReplayTargetForm
+    list_display = [
+        "slug",
+        "tenant",
+        "url_shown",
+        "class_shown",
+        "idempotency_header",
+        "is_default",
+        "auto_replay",
+        "active",
+    ]
+    list_filter = [ClassConfirmedFilter, "is_default", "auto_replay", "active"]
+    search_fields = ["slug"]
     formfield_overrides = HTTPS_URL_FORMS
+    readonly_fields = ["signing_state", "credential_state"]
+    actions = ["rotate_signing_secret"]
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
+        unconfirmed = self.get_queryset(request).filter(class_confirmed=False).count()
+        if unconfirmed:
+            # The dashboard hint: migrated targets whose class nobody declared yet.
+            messages.warning(
+                request,
+                f"{unconfirmed} replay target(s) were migrated as key-advisory and wait for their class to be"
+                " confirmed: open each and choose key-enforced or key-advisory.",
+                fail_silently=True,
+            )
+        return super().get_changelist(request, **kwargs)
+
+    @admin.display(description="URL")
+    def url_shown(self, obj: ReplayTarget) -> str:
+        return url_masked(obj.url)
+
+    @admin.display(description="class")
+    def class_shown(self, obj: ReplayTarget) -> str:
+        shown = obj.get_idempotency_class_display()
+        return shown if obj.class_confirmed else f"{shown} (not confirmed)"
+
+    @admin.display(description="signing secret")
+    def signing_state(self, obj: ReplayTarget) -> str:
+        return services.replay_target_secret_summary(obj)
+
+    @admin.display(description="credential")
+    def credential_state(self, obj: ReplayTarget) -> str:
+        if not obj.credential_secret:
+            return "not set"
+        return f"set, sent in {obj.credential_header or '(no header named)'} (stored encrypted; never shown)"
+
+    def save_model(self, request: HttpRequest, obj: ReplayTarget, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        self._new_secret = getattr(obj, "new_signing_secret", "")
+
+    def response_add(self, request: HttpRequest, obj: ReplayTarget, post_url_continue: str | None = None) -> Any:
+        secret = getattr(self, "_new_secret", "")
+        if secret:
+            return self._secret_once(request, obj, secret, made="made")
+        return super().response_add(request, obj, post_url_continue)
+
+    @admin.action(description="Rotate the signing secret (shown once)", permissions=["change"])
+    def rotate_signing_secret(self, request: HttpRequest, queryset: QuerySet[ReplayTarget]) -> HttpResponse | None:
+        if queryset.count() != 1:
+            messages.error(request, "Rotate one target's secret at a time: each new secret is shown once.")
+            return None
+        target = queryset.get()
+        secret, _made = services.replay_target_signing_secret(
+            target_id=target.pk, rotate=True, actor=f"user:{request.user.get_username()}"
+        )
+        target.refresh_from_db()
+        return self._secret_once(request, target, secret, made="rotated")
+
+    def _secret_once(self, request: HttpRequest, target: ReplayTarget, secret: str, *, made: str) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Signing secret of replay target {target.slug}",
+            "opts": self.opts,
+            "target": target,
+            "secret": secret,
+            "made": made,
+            "summary": services.replay_target_secret_summary(target),
+        }
+        response = TemplateResponse(request, "admin/dlq/replaytarget/secret_once.html", context)
+        # Shown once: never cached, never kept in the session or a message cookie.
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 class N8nConnectionForm(forms.ModelForm):

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from dlq import runs, selectors, services
 from dlq.conf import dlq_setting
 from dlq.errors import EventTooLarge
+from dlq.models import BulkReplay, BulkReplayStatus
 from dlq.serializers import (
     BulkReplayInputSerializer,
     BulkReplayOutputSerializer,
@@ -171,7 +172,9 @@ class FailedEventReplayApi(APIView):
         description=(
             "409 replay_in_progress when another replay holds the entry; 409 replay_needs_force for an entry "
             "replayed already (send force=true and a note). as_new=true re-runs with a derived key {key}~r{n} "
-            "and needs confirm=true and a note. The answer's `outcome` says what the target answered."
+            "and needs confirm=true and a note. The answer's `outcome` says what the target answered. "
+            "409 replay_needs_decision: the entry's first try (or last replay) may have acted and its target is "
+            'key-advisory; nothing was sent until the decision "safe to resend" is recorded (resend-decision).'
         ),
     )
     def post(self, request: Request, event_id: int) -> Response:
@@ -187,6 +190,24 @@ class FailedEventReplayApi(APIView):
             confirm=data["confirm"],
         )
         return Response(replay_representation(replay), status=201)
+
+
+class FailedEventResendDecisionApi(APIView):
+    @extend_schema(
+        request=CloseInputSerializer,
+        responses={200: FailedEventOutputSerializer},
+        summary='Record the decision "safe to resend" (reason required)',
+        description=(
+            "For a pending entry whose first try may have acted (ambiguous) and whose target is key-advisory: the "
+            "next replay is sent once. The decision, its actor and reason are in the entry's trail."
+        ),
+    )
+    def post(self, request: Request, event_id: int) -> Response:
+        data = validated_input(CloseInputSerializer, request)
+        event = services.failed_event_resend_decide(
+            tenant_id=request.user.tenant.pk, event_pk=event_id, actor=request.user.actor, note=data["note"]
+        )
+        return Response(failed_event_representation(event))
 
 
 class FailedEventResolveApi(APIView):
@@ -213,6 +234,15 @@ class FailedEventDiscardApi(APIView):
         return Response(failed_event_representation(event))
 
 
+def _waiting(bulk: BulkReplay) -> dict[str, Any] | None:
+    """What of the selection will wait for a decision — while any of it can still be sent."""
+    if bulk.status not in (BulkReplayStatus.DRAFT, BulkReplayStatus.RUNNING):
+        return None
+    return selectors.replay_waiting(
+        tenant_id=bulk.tenant_id, event_ids=bulk.event_ids[bulk.position :], target_slug=bulk.target_slug
+    )
+
+
 class BulkReplayApi(APIView):
     @extend_schema(
         request=BulkReplayInputSerializer,
@@ -234,7 +264,7 @@ class BulkReplayApi(APIView):
             bulk = services.bulk_replay_confirm(
                 tenant=tenant, bulk_id=data["id"], actor=request.user.actor, count=data.get("count")
             )
-            return Response(bulk_replay_representation(bulk), status=202)
+            return Response(bulk_replay_representation(bulk, waiting=_waiting(bulk)), status=202)
         if not data["dry_run"]:
             raise ValidationFailed("A bulk replay starts with a dry run: send dry_run=true with the filters.")
         match = selectors.parse_match(data.get("match") or [])
@@ -247,7 +277,9 @@ class BulkReplayApi(APIView):
             note=data["note"],
         )
         return Response(
-            bulk_replay_representation(bulk), status=201, headers={"Location": f"/api/v1/dlq/replays/{bulk.pk}"}
+            bulk_replay_representation(bulk, waiting=_waiting(bulk)),
+            status=201,
+            headers={"Location": f"/api/v1/dlq/replays/{bulk.pk}"},
         )
 
 
@@ -255,7 +287,7 @@ class BulkReplayDetailApi(APIView):
     @extend_schema(responses={200: BulkReplayOutputSerializer}, summary="A bulk replay's selection and progress")
     def get(self, request: Request, bulk_id: int) -> Response:
         bulk = selectors.bulk_replay_get(tenant_id=request.user.tenant.pk, bulk_id=bulk_id)
-        return Response(bulk_replay_representation(bulk))
+        return Response(bulk_replay_representation(bulk, waiting=_waiting(bulk)))
 
 
 class FailedEventCorrectApi(APIView):

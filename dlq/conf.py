@@ -58,6 +58,13 @@ DEFAULTS: dict[str, Any] = {
     "REPLAYING_STALE_SECONDS": 300,
     # Response bodies of replay targets are kept up to this many bytes.
     "RESPONSE_KEEP_BYTES": 16 * 1024,
+    # 1: replay targets (and their lookups) may be plain http on other hosts than this
+    # machine. Off by default: a replay carries the target's credential and the entry's data.
+    "REPLAY_ALLOW_HTTP": 0,
+    # After a target's signing secret is rotated, the previous one also signs this long.
+    "REPLAY_SECRET_OVERLAP_SECONDS": 86400,
+    # A target's lookup (a search by the business key before a replay) may take this long.
+    "REPLAY_LOOKUP_TIMEOUT_SECONDS": 5,
     # (Alert settings live in alerts.conf.)
 }
 

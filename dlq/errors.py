@@ -82,3 +82,10 @@ class RunChangedSincePreview(DomainError):
     """The steps a resume would re-drive are not the ones the caller previewed."""
 
     status, code, title = 409, "run_changed_since_preview", "The run changed since the preview"
+
+
+class ReplayNeedsDecision(DomainError):
+    """The entry's first try may have acted and its target is key-advisory: nothing is sent
+    until a person records the decision "safe to resend" with a reason (DESIGN §4)."""
+
+    status, code, title = 409, "replay_needs_decision", "Replay waits for a decision"

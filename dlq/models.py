@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ipaddress
+from urllib.parse import urlsplit
+
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from dlq.conf import dlq_setting
 from ledger.errors import DestinationNotAllowed
-from ledger.models import AdapterRevision, ErrorClass, Operation, Tenant
+from ledger.models import AdapterRevision, ErrorClass, IdempotencyClass, Operation, Tenant
 from ledger.outbound import outbound_check
 
 
@@ -172,11 +176,46 @@ class N8nConnection(models.Model):
             raise ValidationError({"timeout_seconds": "Between 0.5 and 30 seconds."})
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# Stands in for {key} while a lookup URL is normalised (braces would be percent-encoded).
+_KEY_MARK = "onceguardkeymark7f3a"
+
+
+def replay_target_url_check(url: str, *, lookup: bool = False) -> str:
+    """A replay target's URL (or lookup URL, which must hold ``{key}``) as stored: allowed by
+    the outbound policy, canonical, and ``https`` unless it is a loopback address or the
+    deployment allows plain http (DLQ ``REPLAY_ALLOW_HTTP``): a replay carries a credential
+    and personal data. Raises DestinationNotAllowed."""
+    purpose = "replay target lookup URL" if lookup else "replay target URL"
+    if lookup and "{key}" not in url:
+        raise DestinationNotAllowed(f"{purpose}: it must hold {{key}}, where the business key is put.")
+    checked = outbound_check(url.replace("{key}", _KEY_MARK) if lookup else url, purpose=purpose)
+    host = (urlsplit(checked.url).hostname or "").lower()
+    if urlsplit(checked.url).scheme != "https" and not _is_loopback(host) and not dlq_setting("REPLAY_ALLOW_HTTP"):
+        raise DestinationNotAllowed(
+            f"{purpose}: https is required for a target that is not on this machine (a replay carries the"
+            " target's credential and the entry's data)."
+        )
+    return checked.url.replace(_KEY_MARK, "{key}") if lookup else checked.url
+
+
 class ReplayTarget(models.Model):
     """An HTTP endpoint replays are sent to (e.g. an n8n Webhook node URL).
 
     The original idempotency key travels in ``idempotency_header`` so a key-enforced
-    receiver dedups the replay against the first try.
+    receiver dedups the replay against the first try. Like a provider, a target declares
+    its class (ADR replay-by-target-class): only a key-enforced one is re-sent an entry whose first try may
+    have acted; to a key-advisory one such an entry waits for a person's decision. Each
+    replay is signed (``Onceguard-Signature``, the callback scheme) with the target's own
+    secret, and may carry the target's credential header; both are sealed at rest.
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="replay_targets")
@@ -189,6 +228,29 @@ class ReplayTarget(models.Model):
     active = models.BooleanField(default=True)
     # Opt-in: the schedule may replay transient failures to this target on its own.
     auto_replay = models.BooleanField(default=False)
+    # Whether the receiver dedups on the key (ledger.models.IdempotencyClass). Targets stored
+    # before classes existed were migrated to key-advisory, the safe default, unconfirmed.
+    idempotency_class = models.CharField(
+        max_length=16,
+        choices=IdempotencyClass.choices,
+        default=IdempotencyClass.KEY_ADVISORY,
+        db_default=IdempotencyClass.KEY_ADVISORY,
+        help_text="Key-enforced: the receiver refuses a second effect for the same key, so an entry whose first"
+        " try may have acted is re-sent. Key-advisory: it may not, so such an entry waits for a person's decision.",
+    )
+    # False for targets migrated to key-advisory: the console lists them for the operator to confirm.
+    class_confirmed = models.BooleanField(default=True, db_default=True)
+    # A search by the business key, asked before a replay: a URL with {key} (GET; 2xx found,
+    # 404 not found, anything else: no answer). Empty: no lookup.
+    lookup_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    # {"_enc": …}: the HMAC secret replays are signed with, and the previous one while a
+    # rotation's overlap lasts (DLQ REPLAY_SECRET_OVERLAP_SECONDS). Never shown after it was made.
+    signing_secret = models.JSONField(null=True, blank=True)
+    signing_secret_previous = models.JSONField(null=True, blank=True)
+    signing_secret_rotated_at = models.DateTimeField(null=True, blank=True)
+    # An optional credential the receiver checks: a header name and its sealed value (write-only).
+    credential_header = models.CharField(max_length=100, blank=True, default="", db_default="")
+    credential_secret = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -205,11 +267,14 @@ class ReplayTarget(models.Model):
     def clean(self) -> None:
         # Console saves: the URL passes the outbound policy and is stored in canonical form
         # (dlq.services.replay_target_upsert does the same; the send checks again after DNS).
-        if self.url:
+        for field in ("url", "lookup_url"):
+            value = getattr(self, field)
+            if not value:
+                continue
             try:
-                self.url = outbound_check(self.url, purpose="replay target URL").url
+                setattr(self, field, replay_target_url_check(value, lookup=field == "lookup_url"))
             except DestinationNotAllowed as exc:
-                raise ValidationError({"url": exc.detail}) from None
+                raise ValidationError({field: exc.detail}) from None
 
 
 class FailedEvent(models.Model):
@@ -294,6 +359,11 @@ class FailedEvent(models.Model):
     # the key headers; never Authorization, cookies or credentials). A replay's credentials
     # come from its target.
     request_headers = models.JSONField(default=dict, db_default={}, blank=True)
+    # "Safe to resend": a person's decision that this entry, whose first try may have acted,
+    # may be re-sent to a key-advisory target (DESIGN §4, replay by target class). Who and
+    # when; the reason is in the change trail. The next replay that is sent uses it up.
+    resend_decided_by = models.CharField(max_length=150, blank=True, default="", db_default="")
+    resend_decided_at = models.DateTimeField(null=True, blank=True)
     # How many failures this entry stands for (each report of the same key while it was open).
     occurrence_count = models.PositiveIntegerField(default=1, db_default=1)
     # The earlier, closed entry of the same business key and target: a failure after that one

@@ -30,7 +30,7 @@ from dlq.models import (
 )
 from ledger import search
 from ledger.display import age_words, truncate
-from ledger.models import ErrorClass
+from ledger.models import Attempt, AttemptOutcome, ErrorClass, IdempotencyClass
 from ledger.redaction import scrub
 
 # Newest first; (failed_at, id) is the tail of every list index, so filter + order + limit
@@ -207,6 +207,84 @@ def replay_target_resolve(*, tenant_id: int, slug: str = "") -> ReplayTarget:
     if not target.active:
         raise ReplayTargetMissing(f"The replay target {target.slug!r} is inactive.")
     return target
+
+
+def replay_outcome_unknown(event: FailedEvent) -> str:
+    """Why the entry's effect may already have happened at its receiver, in words; "" when
+    it cannot have: the first try, or the latest replay, was sent and its answer lost
+    (``ambiguous``: a 5xx, a timeout after sending, a reset after the request was written).
+    Entries that never reached the receiver (refused connection, a 4xx, a 429) are not."""
+    last = (
+        Replay.objects.filter(tenant_id=event.tenant_id, event_id=event.pk, to_provider=False)
+        .exclude(outcome=ReplayOutcome.REFUSED)
+        .order_by("-number")
+        .values_list("number", "outcome")
+        .first()
+    )
+    if last is not None and last[1] == ReplayOutcome.AMBIGUOUS:
+        return f"replay #{last[0]} was sent and its answer was lost (ambiguous)"
+    if event.operation_id and (
+        Attempt.objects.filter(tenant_id=event.tenant_id, operation_id=event.operation_id)
+        .order_by("-number")
+        .values_list("outcome", flat=True)
+        .first()
+        == AttemptOutcome.NOT_FOUND
+    ):
+        # The ledger's review settled it: a reviewer's "safe to retry" (review.services) or
+        # the sweeper's lookup found the first try had no effect.
+        return ""
+    if event.error_class == ErrorClass.AMBIGUOUS:
+        return "its first try was sent and its answer was lost (ambiguous)"
+    return ""
+
+
+def replay_wait_reason(*, event: FailedEvent, target: ReplayTarget) -> str:
+    """Why a replay of ``event`` to ``target`` waits for a person, in words; "" when it may be
+    sent. Only a key-enforced target refuses a second effect of the key: to a key-advisory
+    one an entry whose first try may have acted goes only after the decision "safe to
+    resend" (ADR replay-by-target-class), which the next replay sent uses up."""
+    if target.idempotency_class == IdempotencyClass.KEY_ENFORCED or event.resend_decided_at is not None:
+        return ""
+    unknown = replay_outcome_unknown(event)
+    if not unknown:
+        return ""
+    return (
+        f"This entry waits for a decision: {unknown}, and the target {target.slug} is key-advisory (it may not"
+        ' refuse a second effect). Record the decision "safe to resend" with a reason, or resolve the entry.'
+    )
+
+
+def replay_waiting(*, tenant_id: int, event_ids: list[int], target_slug: str = "") -> dict[str, Any]:
+    """How many entries of a bulk selection a replay would leave waiting for the decision
+    "safe to resend" (their first try may have acted and their target is key-advisory), and
+    why, in words — shown with the dry run's count. A target's lookup may still settle some."""
+    candidates = (
+        FailedEvent.objects.filter(tenant_id=tenant_id, pk__in=event_ids, resend_decided_at__isnull=True)
+        .filter(Q(error_class=ErrorClass.AMBIGUOUS) | Q(replays__outcome=ReplayOutcome.AMBIGUOUS))
+        .distinct()
+    )
+    targets: dict[str, ReplayTarget | None] = {}
+    waiting: dict[str, int] = {}
+    for event in candidates.iterator():
+        slug = target_slug or event.replay_target_slug
+        if slug not in targets:
+            try:
+                targets[slug] = replay_target_resolve(tenant_id=tenant_id, slug=slug)
+            except ReplayTargetMissing:
+                targets[slug] = None
+        target = targets[slug]
+        if target is None or not replay_wait_reason(event=event, target=target):
+            continue
+        waiting[target.slug] = waiting.get(target.slug, 0) + 1
+    count = sum(waiting.values())
+    why = "; ".join(
+        f"{n} to {slug}, which is key-advisory, after a first try or replay whose answer was lost"
+        for slug, n in sorted(waiting.items())
+    )
+    return {
+        "count": count,
+        "reason": f'{why}: each waits for the decision "safe to resend" and is not sent' if count else "",
+    }
 
 
 def filters_as_json(filters: dict[str, Any]) -> dict[str, Any]:

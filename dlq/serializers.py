@@ -162,6 +162,8 @@ class BulkReplayOutputSerializer(serializers.Serializer):
     succeeded = serializers.IntegerField()
     failed = serializers.IntegerField()
     skipped = serializers.IntegerField()
+    # {"count", "reason"}: entries a replay leaves waiting for the decision "safe to resend".
+    waiting_for_decision = serializers.DictField(required=False)
 
 
 def failed_event_representation(event: FailedEvent) -> dict[str, Any]:
@@ -234,8 +236,11 @@ def replay_representation(replay: Replay) -> dict[str, Any]:
     }
 
 
-def bulk_replay_representation(bulk: BulkReplay) -> dict[str, Any]:
+def bulk_replay_representation(bulk: BulkReplay, *, waiting: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``waiting``: dlq.selectors.replay_waiting of the selection (while it can still be sent)."""
+    extra = {"waiting_for_decision": waiting} if waiting is not None else {}
     return {
+        **extra,
         "id": bulk.pk,
         "status": bulk.status,
         "count": bulk.count,

@@ -17,11 +17,13 @@ import hashlib
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from django.db import IntegrityError, transaction
@@ -44,6 +46,7 @@ from dlq.errors import (
     KeyOpenInNewerEntry,
     NoteRequired,
     ReplayInProgress,
+    ReplayNeedsDecision,
     ReplayNeedsForce,
 )
 from dlq.models import (
@@ -68,22 +71,26 @@ from dlq.models import (
     ReplayTarget,
     ReplayTrigger,
     n8n_base_url_check,
+    replay_target_url_check,
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index, failed_request_key, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
 from ledger import adapters, polling, storable, tasks
 from ledger import services as ledger_services
-from ledger.config_changes import config_change_of, config_snapshot
-from ledger.credentials import sealed_credential, stored_credential_value
-from ledger.crypto import open_json
+from ledger.adapters import SIGNATURE_HEADER, sign, verify_signature
+from ledger.config_changes import config_change_of, config_change_record, config_snapshot
+from ledger.credentials import sealed_credential, secret_open, secret_tail, stored_credential_value
+from ledger.crypto import EncryptionKeyError, open_json
 from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit, operation_translated
 from ledger.failures import transport_error_text
 from ledger.key_rules import MAX_KEY_LENGTH, key_header_value, key_usable
+from ledger.masking import UNREADABLE
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
     ErrorClass,
+    IdempotencyClass,
     Operation,
     OperationEvent,
     OperationMode,
@@ -92,7 +99,7 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
-from ledger.outbound import OutboundBlocked, outbound_check, outbound_client, outbound_refusal
+from ledger.outbound import OutboundBlocked, outbound_client, outbound_refusal
 from ledger.passes import failure_text, row_isolated
 from ledger.redaction import scrub
 from ledger.search import search_values
@@ -781,10 +788,14 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         return int((time.monotonic() - started) * 1000)
 
     purpose = f"replay target {target.slug}"
-    refused = outbound_refusal(target.url, purpose=purpose)
+    refused = outbound_refusal(target.url, purpose=purpose) or _target_url_refusal(target.url)
     if refused:
         message = f"not delivered: destination refused by the outbound policy: {refused}"
         return TargetAnswer(False, None, None, ErrorClass.INVALID_INPUT, message, elapsed())
+    auth, why = _target_auth_headers(target, content)
+    if why:
+        return TargetAnswer(False, None, None, ErrorClass.PERMISSION, f"not delivered: {why}", elapsed())
+    headers.update(auth)
     try:
         with outbound_client(purpose=purpose, timeout=target.timeout_seconds) as client:
             with client.stream("POST", target.url, content=content, headers=headers) as response:
@@ -806,6 +817,98 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         return TargetAnswer(True, status, body, "", f"HTTP {status}", elapsed(), str(ref)[:255] if ref else "")
     error_class = ErrorClass.TRANSIENT if status == 409 else error_class_for_status(status)
     return TargetAnswer(False, status, body, error_class, f"HTTP {status}", elapsed())
+
+
+def _target_url_refusal(url: str) -> str | None:
+    """The https rule, checked again at send time (a target stored before it, or the
+    deployment's REPLAY_ALLOW_HTTP turned off since)."""
+    try:
+        replay_target_url_check(url)
+    except DomainError as exc:
+        return exc.detail
+    return None
+
+
+def _target_auth_headers(target: ReplayTarget, body: bytes) -> tuple[dict[str, str], str]:
+    """The signature (``Onceguard-Signature: t=…,v1=…``, the callback scheme, one ``v1`` per
+    secret that signs now) and the target's credential header; or why it cannot be sent."""
+    headers = {SIGNATURE_HEADER: sign(secret=replay_target_signing_secrets(target_id=target.pk), body=body)}
+    if target.credential_header:
+        value, why = stored_credential_value(target.credential_secret)
+        if value is None:
+            return {}, f"the target's credential ({target.credential_header}) is not usable: {why}"
+        headers[target.credential_header] = value
+    return headers, ""
+
+
+@dataclass(frozen=True)
+class LookupAnswer:
+    """What a target's lookup said: ``found`` (2xx), ``not_found`` (404), or ``no_answer``
+    (anything else: an error, a timeout, another status) — only the first two decide."""
+
+    state: str
+    status: int | None
+    body: Any
+    message: str
+    duration_ms: int
+
+
+def replay_target_lookup(*, target: ReplayTarget, key: str) -> LookupAnswer:
+    """Ask the target's lookup whether the business key already had its effect: GET the
+    lookup URL with ``{key}`` filled in (percent-encoded), signed over an empty body and with
+    the target's credential, like the sweeper's provider lookup (DESIGN §4)."""
+    started = time.monotonic()
+
+    def answer(state: str, message: str, status: int | None = None, body: Any = None) -> LookupAnswer:
+        return LookupAnswer(state, status, body, message, int((time.monotonic() - started) * 1000))
+
+    url = target.lookup_url.replace("{key}", quote(key, safe=""))
+    purpose = f"replay target {target.slug} lookup"
+    refused = outbound_refusal(url, purpose=purpose) or _target_url_refusal(url)
+    if refused:
+        return answer("no_answer", f"lookup not asked: {refused}")
+    headers, why = _target_auth_headers(target, b"")
+    if why:
+        return answer("no_answer", f"lookup not asked: {why}")
+    headers.update({"User-Agent": "Onceguard-replay", target.idempotency_header: key_header_value(key)})
+    timeout = min(target.timeout_seconds, float(dlq_setting("REPLAY_LOOKUP_TIMEOUT_SECONDS")))
+    try:
+        with outbound_client(purpose=purpose, timeout=timeout) as client:
+            with client.stream("GET", url, headers=headers) as response:
+                status = response.status_code
+                body = _read_answer(response)
+    except Exception as exc:  # any failure: the lookup did not answer; it decides nothing
+        return answer("no_answer", f"lookup gave no answer: {type(exc).__name__}")
+    if 200 <= status < 300:
+        return answer("found", f"found by the target's lookup (HTTP {status}); not sent", status, body)
+    if status == 404:
+        return answer("not_found", "the target's lookup did not find the key (HTTP 404)", status)
+    return answer("no_answer", f"the target's lookup answered HTTP {status}", status)
+
+
+def failed_event_resend_decide(*, tenant_id: int, event_pk: int, actor: str, note: str) -> FailedEvent:
+    """A person's decision that a pending entry whose first try may have acted may be re-sent
+    to a key-advisory target: who, when and why, in the entry's trail, in one transaction."""
+    note = _note(note)
+    if not note:
+        raise NoteRequired('The decision "safe to resend" needs a reason.')
+    event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
+    with transaction.atomic():
+        moved = FailedEvent.objects.filter(pk=event.pk, tenant_id=tenant_id, status=FE.PENDING).update(
+            resend_decided_by=actor[:150], resend_decided_at=timezone.now(), updated_at=timezone.now()
+        )
+        if not moved:
+            raise _not_replayable(event.pk, force=False)
+        _log_change(
+            event_pk=event.pk,
+            tenant_id=tenant_id,
+            old=FE.PENDING,
+            new=FE.PENDING,
+            actor=actor,
+            note=f'decision "safe to resend": {note}',
+        )
+    event.refresh_from_db()
+    return event
 
 
 def _provider_of(event: FailedEvent) -> tuple[Operation, Provider]:
@@ -881,20 +984,28 @@ def _replay_begin(
     bulk_id: int | None,
     provider: Provider | None = None,
     correction: Correction | None = None,
+    decision: datetime | None = None,
 ) -> Replay:
-    """Allocate n with the guarded pending→replaying UPDATE and write the lineage row."""
+    """Allocate n with the guarded pending→replaying UPDATE and write the lineage row.
+    ``decision``: the "safe to resend" this replay relies on; the UPDATE requires it still
+    there (a replay that raced us used it up) and uses it up — one decision, one send."""
     with transaction.atomic():
         old = None
         counters: dict[str, Any] = {"replay_count": F("replay_count") + 1, "updated_at": timezone.now()}
         if trigger == ReplayTrigger.AUTO:
             counters["auto_replay_count"] = F("auto_replay_count") + 1
+        guard: dict[str, Any] = {}
+        if target is not None:
+            counters.update(resend_decided_by="", resend_decided_at=None)
+        if decision is not None:
+            guard["resend_decided_at"] = decision
         for state in (FE.PENDING, FE.REPLAYED) if force else (FE.PENDING,):
             # Zero rows: a double click, a second operator or the schedule got here first.
             try:
                 with transaction.atomic():
-                    moved = FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id, status=state).update(
-                        status=FE.REPLAYING, **counters
-                    )
+                    moved = FailedEvent.objects.filter(
+                        pk=event.pk, tenant_id=event.tenant_id, status=state, **guard
+                    ).update(status=FE.REPLAYING, **counters)
             except IntegrityError:
                 # replayed → replaying would make two open entries of one business key
                 # (failedevent_one_open_per_key): a newer failure of the key is open.
@@ -905,6 +1016,12 @@ def _replay_begin(
                 old = state
                 break
         if old is None:
+            if decision is not None and FailedEvent.objects.filter(
+                pk=event.pk, tenant_id=event.tenant_id, status=FE.PENDING, resend_decided_at__isnull=True
+            ):
+                raise ReplayNeedsDecision(
+                    'The decision "safe to resend" was used by another replay of this entry; record a new one.'
+                )
             raise _not_replayable(event.pk, force=force)
         number = (
             FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id)
@@ -993,10 +1110,27 @@ def failed_event_replay(
         held_items(event)
     provider: Provider | None = None
     target: ReplayTarget | None = None
+    looked: LookupAnswer | None = None
+    decision: datetime | None = None
     if to_provider:
         original, provider = _provider_of(event)
     else:
         target = selectors.replay_target_resolve(tenant_id=tenant_id, slug=target_slug or event.replay_target_slug)
+        wait = selectors.replay_wait_reason(event=event, target=target)
+        if target.idempotency_class != IdempotencyClass.KEY_ENFORCED and selectors.replay_outcome_unknown(event):
+            decision = event.resend_decided_at
+        if target.lookup_url and not as_new and correction is None:
+            # Asked first (DESIGN §4): found → settled without sending; not found → the first
+            # try had no effect there, so it is sent even to a key-advisory target.
+            looked = replay_target_lookup(target=target, key=event.original_key or event.event_id)
+            if looked.state == "not_found":
+                wait, decision = "", None
+        if wait and (looked is None or looked.state != "found"):
+            if looked is not None:
+                wait += f" (The target's lookup decided nothing: {looked.message}.)"
+            raise ReplayNeedsDecision(
+                wait, extra={"waits_for": "resend_decision", "target_class": target.idempotency_class}
+            )
     replay = _replay_begin(
         event=event,
         target=target,
@@ -1008,6 +1142,7 @@ def failed_event_replay(
         bulk_id=bulk_id,
         provider=provider,
         correction=correction,
+        decision=decision,
     )
     tenant = Tenant.objects.get(pk=tenant_id)
     try:
@@ -1036,6 +1171,11 @@ def failed_event_replay(
     try:
         if provider is not None:
             answer = send_to_provider(provider=provider, operation=original)
+        elif looked is not None and looked.state == "found":
+            ref = looked.body.get("id") if isinstance(looked.body, dict) else None
+            answer = TargetAnswer(
+                True, looked.status, looked.body, "", looked.message, looked.duration_ms, str(ref)[:255] if ref else ""
+            )
         else:
             assert target is not None
             answer = send_to_target(
@@ -1751,12 +1891,42 @@ def replay_target_upsert(
     is_default: bool | None = None,
     auto_replay: bool | None = None,
     active: bool | None = None,
+    idempotency_class: str | None = None,
+    lookup_url: str | None = None,
+    credential_header: str | None = None,
+    credential_value: str | None = None,
     actor: str = "system",
 ) -> ReplayTarget:
     """Create or update a tenant's replay target; ``is_default`` moves the default to it.
-    Each target changed is recorded (ledger.config_changes)."""
-    # Checked and stored in canonical form (ledger.outbound): the URL replays will be sent to.
-    fields: dict[str, Any] = {"url": outbound_check(url, purpose="replay target URL").url}
+    Each target changed is recorded (ledger.config_changes, secrets masked).
+
+    ``idempotency_class``: declaring it confirms it; a target created without one is
+    key-advisory and unconfirmed, as migrated ones are (the console and the command require
+    it for new targets). ``credential_value``: None keeps the stored one, "" removes it; it is
+    stored sealed. A new target gets its signing secret, returned in clear once as the
+    instance's ``new_signing_secret`` ("" for an update)."""
+    # Checked and stored in canonical form (ledger.outbound, https unless loopback): the URL
+    # replays will be sent to.
+    fields: dict[str, Any] = {"url": replay_target_url_check(url)}
+    if idempotency_class is not None:
+        if idempotency_class not in IdempotencyClass.values:
+            raise ValidationFailed(
+                f"idempotency_class must be one of {', '.join(IdempotencyClass.values)}.",
+                extra={"field": "idempotency_class"},
+            )
+        fields.update(idempotency_class=idempotency_class, class_confirmed=True)
+    if lookup_url is not None:
+        fields["lookup_url"] = replay_target_url_check(lookup_url, lookup=True) if lookup_url else ""
+    if credential_header is not None:
+        if credential_header and not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}", credential_header):
+            raise ValidationFailed(
+                "credential_header must be an HTTP header name.", extra={"field": "credential_header"}
+            )
+        fields["credential_header"] = credential_header
+    if credential_value is not None:
+        if credential_value and not credential_value.isprintable():
+            raise ValidationFailed("The credential must be printable text.", extra={"field": "credential"})
+        fields["credential_secret"] = sealed_credential(credential_value) if credential_value else None
     for name, value in (
         ("idempotency_header", idempotency_header),
         ("timeout_seconds", timeout_seconds),
@@ -1777,7 +1947,15 @@ def replay_target_upsert(
                 config_change_of(other, actor=actor, action=ConfigChangeAction.UPDATE, before=before)
         existing = ReplayTarget.objects.select_for_update().filter(tenant=tenant, slug=slug).first()
         before = config_snapshot(existing) if existing is not None else None
+        fresh = ""
+        if existing is None:
+            fresh = secrets.token_urlsafe(32)
+            fields["signing_secret"] = sealed_credential(fresh)
+            if idempotency_class is None:
+                fields.update(idempotency_class=IdempotencyClass.KEY_ADVISORY, class_confirmed=False)
         target, created = ReplayTarget.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
+        # The only clear copy, for the caller to show once (the command, the console).
+        target.new_signing_secret = fresh
         config_change_of(
             target,
             actor=actor,
@@ -1785,6 +1963,86 @@ def replay_target_upsert(
             before=before,
         )
     return target
+
+
+def replay_target_signing_secret(*, target_id: int, rotate: bool = False, actor: str = "system") -> tuple[str, bool]:
+    """(the target's current signing secret, whether it was just made). Made on first use
+    (a guarded update: two racing first uses agree on one). ``rotate`` makes a new one and
+    keeps the old one signing for DLQ ``REPLAY_SECRET_OVERLAP_SECONDS`` — the scheme of
+    ``ledger.callbacks.tenant_callback_secret``. Callers show it only when it was just made."""
+    fresh = secrets.token_urlsafe(32)
+    sealed = sealed_credential(fresh)
+    with transaction.atomic():
+        if rotate:
+            # The sealed value moves as it is: the previous secret is never opened here.
+            changed = ReplayTarget.objects.filter(pk=target_id).update(
+                signing_secret_previous=F("signing_secret"),
+                signing_secret=sealed,
+                signing_secret_rotated_at=timezone.now(),
+            )
+        else:
+            changed = ReplayTarget.objects.filter(pk=target_id, signing_secret__isnull=True).update(
+                signing_secret=sealed
+            )
+        if changed:
+            target = ReplayTarget.objects.get(pk=target_id)
+            config_change_record(
+                tenant_id=target.tenant_id,
+                actor=actor,
+                action=ConfigChangeAction.UPDATE,
+                object_type=target._meta.label_lower,
+                object_id=target_id,
+                object_repr=str(target),
+                before={"signing_secret": (target.signing_secret_previous if rotate else None) or ""},
+                after={"signing_secret": sealed},
+                secret_fields=("signing_secret",),
+            )
+    if changed:
+        return fresh, True
+    return secret_open(ReplayTarget.objects.values_list("signing_secret", flat=True).get(pk=target_id)), False
+
+
+def replay_target_signing_secrets(*, target_id: int) -> list[str]:
+    """The secrets a replay is signed with now: the current one, and the previous one while
+    the rotation's overlap lasts (one ``v1=`` each, current first)."""
+    current, _made = replay_target_signing_secret(target_id=target_id)
+    previous, rotated_at = ReplayTarget.objects.values_list("signing_secret_previous", "signing_secret_rotated_at").get(
+        pk=target_id
+    )
+    overlap = timedelta(seconds=float(dlq_setting("REPLAY_SECRET_OVERLAP_SECONDS")))
+    if previous and rotated_at and timezone.now() < rotated_at + overlap:
+        return [current, secret_open(previous)]
+    return [current]
+
+
+def replay_target_secret_summary(target: ReplayTarget) -> str:
+    """What the console says about a target's signing secret instead of showing it."""
+    if not target.signing_secret:
+        return "not made yet (made at the first replay; rotate to get one you can copy)"
+    try:
+        tail = secret_tail(secret_open(target.signing_secret))
+    except EncryptionKeyError:
+        tail = UNREADABLE
+    text = f"set ({tail}); shown only when made or rotated"
+    if target.signing_secret_rotated_at:
+        until = target.signing_secret_rotated_at + timedelta(
+            seconds=float(dlq_setting("REPLAY_SECRET_OVERLAP_SECONDS"))
+        )
+        text += f"; last rotated {target.signing_secret_rotated_at:%Y-%m-%d %H:%M} UTC"
+        if target.signing_secret_previous and timezone.now() < until:
+            text += f"; the previous secret also signs until {until:%Y-%m-%d %H:%M} UTC"
+    return text
+
+
+def replay_signature_verify(*, keys: list[str], body: bytes, header: str, tolerance_seconds: int = 300) -> bool:
+    """What a replay receiver does with ``Onceguard-Signature`` (docs/secrets.md): the ``t=``
+    timestamp is at most ``tolerance_seconds`` away from now and one ``v1=`` is
+    HMAC-SHA256(secret, "<t>." + body) under one of the secrets it holds (during a rotation:
+    the new and the old one). A tampered body, a stale timestamp or an unknown secret fail."""
+    return any(
+        verify_signature(secret=secret, body=body, header=header, tolerance_seconds=tolerance_seconds)
+        for secret in keys
+    )
 
 
 def event_too_large(length: int) -> EventTooLarge | None:

@@ -29,6 +29,7 @@ SECRET_COLUMNS: list[tuple[str, tuple[str, ...]]] = [
     ("ledger.Tenant", ("callback_secret", "callback_secret_previous")),
     ("ledger.Provider", ("auth_secret", "webhook_secret")),
     ("dlq.N8nConnection", ("api_key_secret",)),
+    ("dlq.ReplayTarget", ("signing_secret", "signing_secret_previous", "credential_secret")),
     ("alerts.AlertChannel", ("url",)),
 ]
 

@@ -40,8 +40,15 @@ def configure(
     tenant = services.tenant_create(slug="soak", name="Soak")
     for p in providers.values():
         if p.name == "sink":
+            # The sink's mock dedups on the key (an "enforced" mock): replays of ambiguous
+            # entries go to it without a decision, as the soak's replayers expect.
             replay_target_upsert(
-                tenant=tenant, slug=p.slug, url=p.relay.url + p.path, timeout_seconds=sink_timeout, is_default=True
+                tenant=tenant,
+                slug=p.slug,
+                url=p.relay.url + p.path,
+                timeout_seconds=sink_timeout,
+                is_default=True,
+                idempotency_class=IdempotencyClass.KEY_ENFORCED,
             )
             continue
         services.provider_upsert(

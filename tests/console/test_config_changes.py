@@ -162,6 +162,7 @@ def test_replay_targets_by_command_and_console_are_recorded(tenant, ada):
         "--tenant=acme",
         "--slug=n8n",
         "--url=http://127.0.0.1:9/hook?token=abc",
+        "--idempotency-class=key_enforced",
         "--default",
         stdout=io.StringIO(),
     )

@@ -37,6 +37,10 @@ class Sink(LoopbackServer):
         # Extra headers on every answer (e.g. a Retry-After), and a body instead of the usual.
         self.answer_headers: dict[str, str] = {}
         self.answer_body: bytes | None = None
+        # A replay target's lookup (GET): what it answers, and the lookups it received (kept
+        # apart from the POSTs, so `received()` stays the deliveries).
+        self.lookup_status = 404
+        self.lookups: list[Received] = []
         sink = self
 
         class Handler(QuietHandler):
@@ -57,6 +61,12 @@ class Sink(LoopbackServer):
                 if body_override is not None:
                     answer = body_override
                 self.answer(code, answer, headers=extra)
+
+            def do_GET(self) -> None:
+                with sink.lock:
+                    sink.lookups.append(Received("GET", self.path, dict(self.headers.items()), b""))
+                    status = sink.lookup_status
+                self.answer(status, json.dumps({"id": "found-1"} if status < 300 else {}).encode())
 
         super().__init__(Handler)
 

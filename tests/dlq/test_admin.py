@@ -171,6 +171,8 @@ def test_replaytarget_upsert_command(tenant):
         "n8n",
         "--url",
         "https://n8n.example.invalid/webhook/r",
+        "--idempotency-class",
+        "key_advisory",
         "--default",
         stdout=out,
     )
@@ -184,6 +186,8 @@ def test_replaytarget_upsert_command(tenant):
         "https://crm.example.invalid/in",
         "--idempotency-header",
         "X-Request-Id",
+        "--idempotency-class",
+        "key_enforced",
         "--default",
         stdout=out,
     )
@@ -191,6 +195,12 @@ def test_replaytarget_upsert_command(tenant):
     assert crm.idempotency_header == "X-Request-Id" and crm.is_default
     assert not ReplayTarget.objects.get(slug="n8n").is_default
     assert "replay target acme/crm" in out.getvalue()
+    assert crm.idempotency_class == "key_enforced" and crm.class_confirmed
+    # Each new target's signing secret was printed once, when it was made.
+    assert out.getvalue().count("signing secret (shown once") == 2
+    # A new target must say whether its receiver refuses a second effect of a key.
+    with pytest.raises(Exception, match="needs --idempotency-class"):
+        call_command("replaytarget_upsert", "--tenant", "acme", "--slug", "new", "--url", "https://x.invalid")
     with pytest.raises(Exception, match="No tenant"):
         call_command("replaytarget_upsert", "--tenant", "nope", "--slug", "x", "--url", "https://x.invalid")
 

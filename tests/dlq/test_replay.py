@@ -129,7 +129,11 @@ def test_a_target_that_times_out_after_the_send_is_ambiguous(client, tenant, sin
 
 
 def _ambiguous_replay(client, tenant, sink) -> tuple[int, Operation]:
-    dlq_services.replay_target_upsert(tenant=tenant, slug="slow", url=sink.url, timeout_seconds=0.3, is_default=True)
+    # Key-enforced: the point here is lineage; the class rule (a key-advisory target waits for a
+    # decision after an ambiguous replay) has its own tests (test_replay_classes.py).
+    dlq_services.replay_target_upsert(
+        tenant=tenant, slug="slow", url=sink.url, timeout_seconds=0.3, is_default=True, idempotency_class="key_enforced"
+    )
     sink.mode = "hang"
     event_id = ingest(client)
     assert replay(client, event_id).json()["outcome"] == "ambiguous"

@@ -1,23 +1,40 @@
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dlq import services
+from dlq.models import ReplayTarget
 from ledger.config_changes import cli_actor
 from ledger.errors import DomainError
-from ledger.models import Tenant
+from ledger.models import IdempotencyClass, Tenant
 
 
 class Command(BaseCommand):
-    help = "Create or update a replay target (where DLQ replays are sent) for a tenant."
+    help = (
+        "Create or update a replay target (where DLQ replays are sent) for a tenant. A new target needs its"
+        " --idempotency-class; its signing secret is printed once, when it is made or rotated."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True)
         parser.add_argument("--slug", required=True)
         parser.add_argument("--url", required=True)
+        parser.add_argument(
+            "--idempotency-class",
+            choices=IdempotencyClass.values,
+            help="key_enforced: the receiver refuses a second effect of a key (an ambiguous entry is re-sent);"
+            " key_advisory: it may not (an ambiguous entry waits for a person's decision). Required for a new target.",
+        )
         parser.add_argument("--idempotency-header", help="header carrying the original key (default Idempotency-Key)")
+        parser.add_argument("--lookup-url", help="a search by the business key, with {key}, asked before a replay")
+        parser.add_argument("--credential-header", help="header the target's credential is sent in ('' removes it)")
+        parser.add_argument(
+            "--credential-stdin", action="store_true", help="read the credential's value from stdin (stored sealed)"
+        )
+        parser.add_argument("--rotate-signing-secret", action="store_true", help="make a new signing secret")
         parser.add_argument("--timeout-seconds", type=float)
         parser.add_argument("--default", action="store_true", help="make it the tenant's default target")
         parser.add_argument(
@@ -30,23 +47,43 @@ class Command(BaseCommand):
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
         if tenant is None:
             raise CommandError(f"No tenant {options['tenant']!r}.")
-        # The URL must pass the outbound policy (ledger.outbound): refused with the reason.
+        exists = ReplayTarget.objects.filter(tenant=tenant, slug=options["slug"]).exists()
+        if not exists and not options.get("idempotency_class"):
+            raise CommandError(
+                "A new replay target needs --idempotency-class key_enforced or key_advisory: does the receiver"
+                " refuse a second effect of the same key?"
+            )
+        credential = sys.stdin.readline().strip() if options["credential_stdin"] else None
+        # The URLs must pass the outbound policy (ledger.outbound) and be https unless on this
+        # machine: refused with the reason.
         try:
             target = services.replay_target_upsert(
                 tenant=tenant,
                 slug=options["slug"],
                 url=options["url"],
+                idempotency_class=options.get("idempotency_class"),
                 idempotency_header=options.get("idempotency_header"),
+                lookup_url=options.get("lookup_url"),
+                credential_header=options.get("credential_header"),
+                credential_value=credential,
                 timeout_seconds=options.get("timeout_seconds"),
                 is_default=True if options["default"] else None,
                 auto_replay=options.get("auto_replay"),
                 active=False if options["inactive"] else None,
                 actor=cli_actor(),
             )
+            secret = target.new_signing_secret
+            if options["rotate_signing_secret"]:
+                secret, _made = services.replay_target_signing_secret(
+                    target_id=target.pk, rotate=True, actor=cli_actor()
+                )
         except DomainError as exc:
             raise CommandError(exc.detail) from None
         flags = [f for f, on in (("default", target.is_default), ("auto-replay", target.auto_replay)) if on]
         self.stdout.write(
             f"replay target {tenant.slug}/{target.slug} -> {target.url}"
-            f" (header {target.idempotency_header}{', ' + ', '.join(flags) if flags else ''})"
+            f" ({target.get_idempotency_class_display()}, header {target.idempotency_header}"
+            f"{', ' + ', '.join(flags) if flags else ''})"
         )
+        if secret:
+            self.stdout.write(f"signing secret (shown once; receivers verify Onceguard-Signature with it): {secret}")
