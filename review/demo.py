@@ -240,8 +240,14 @@ def demo_seed() -> dict[str, Any]:
     )
     # The throwaway receiver is allowed for this replay only, in this thread (ledger.outbound).
     with _local_crm() as url, outbound.allowing(url.removeprefix("http://")):
+        # The demo CRMs dedup on the key (key-enforced): a replay with an unknown outcome may go
+        # again without a person's decision.
         dlq_services.replay_target_upsert(
-            tenant=tenant, slug="demo-crm-webhook", url=f"{url}/contacts", is_default=True
+            tenant=tenant,
+            slug="demo-crm-webhook",
+            url=f"{url}/contacts",
+            is_default=True,
+            idempotency_class=IdempotencyClass.KEY_ENFORCED,
         )
         replay = dlq_services.failed_event_replay(
             tenant_id=tenant.pk,
@@ -253,7 +259,11 @@ def demo_seed() -> dict[str, Any]:
     # `make run` starts (which is not up yet while this seeds).
     with outbound.allowing(*demo_outbound_rules(demo_port_base())):
         dlq_services.replay_target_upsert(
-            tenant=tenant, slug="demo-crm-webhook", url=f"{crm_url}/contacts", is_default=True
+            tenant=tenant,
+            slug="demo-crm-webhook",
+            url=f"{crm_url}/contacts",
+            is_default=True,
+            idempotency_class=IdempotencyClass.KEY_ENFORCED,
         )
     made["dlq_replayed"] = earlier.pk
     made["replay_outcome"] = replay.outcome
