@@ -104,7 +104,7 @@ def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
         }
         upsert = subprocess.run(
             [sys.executable, "manage.py", "replaytarget_upsert", "--tenant", "demo", "--slug", "n8n-retry"]
-            + ["--url", f"http://127.0.0.1:{base + 2}/contacts"],
+            + ["--url", f"http://127.0.0.1:{base + 2}/contacts", "--idempotency-class", "key_advisory"],
             cwd=ROOT,
             env=clean,
             capture_output=True,
