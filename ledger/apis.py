@@ -22,6 +22,7 @@ from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import Operation, OperationOutput, OperationStatus, PromptTemplate, Provider, ProviderKind, Upload
 from ledger.pagination import KeysetCursorPagination
+from ledger.provider_checks import secret_env_names
 from ledger.serializer_reuse import represented, validated_data
 from ledger.serializers import (
     AttemptOutputSerializer,
@@ -476,6 +477,8 @@ class ProviderDetailApi(APIView):
             "paused_reason": provider.paused_reason,
             "throttled_until": provider.throttled_until,
             "caps": ratelimit.provider_caps(provider).as_dict(),
+            "auth_secret_env": provider.auth_secret_env,
+            "secret_env_names": secret_env_names(request.user.tenant.secret_namespace),
         }
         return Response(represented(ProviderOutputSerializer, body))
 
