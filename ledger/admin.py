@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
 from django.utils.http import urlencode
 
 from ledger import callbacks, canary, display, prompts, ratelimit, revisions, services
@@ -854,7 +854,8 @@ class ProviderAdmin(admin.ModelAdmin):
                 tenants = form.base_fields["tenant"].queryset if "tenant" in form.base_fields else Tenant.objects.none()
                 shown = [f"{slug}: {secret_env_names(ns)}" for slug, ns in tenants.values_list("slug", "secret_namespace")[:10]]
                 allowed = "each tenant may read only its own: " + ("; ".join(shown) or "—")
-            field.help_text = (
+            # Escaped: the admin renders help texts as HTML, and <NAME> would vanish as a tag.
+            field.help_text = escape(
                 f"Read the credential from this environment variable of the workers' nodes — {allowed}."
                 " Empty: no variable (or store the credential above)."
             )

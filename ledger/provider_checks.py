@@ -20,6 +20,7 @@ from ledger.outbound import outbound_check
 
 DEFAULT_SECRET_PREFIX = "ONCEGUARD_SECRET_"
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+_NAME_PART = re.compile(r"[A-Z0-9]+")
 
 # A tenant's secret namespace (ADR 0001): stored on the tenant, assigned once at creation,
 # letters and digits only — no "_", so the "_" after it ends it and no slug's "-" or "_" can
@@ -81,8 +82,12 @@ def tenant_env_prefix(namespace: str) -> str:
 
 
 def secret_env_names(namespace: str) -> str:
-    """The names a tenant may use, as told to its users: ``ONCEGUARD_SECRET_ACME_<NAME>``."""
+    """The names a tenant may use, as told to its users: ``ONCEGUARD_SECRET_ACME_<NAME>``
+    (``<NAME>``: capital letters and digits, no ``_``)."""
     return f"{tenant_env_prefix(namespace)}<NAME>"
+
+
+NAME_RULE = "NAME: A-Z and 0-9, no _"
 
 
 def secret_env_refusal(*, namespace: str, name: str) -> str | None:
@@ -92,20 +97,21 @@ def secret_env_refusal(*, namespace: str, name: str) -> str | None:
     if not name:
         return None
     wanted = tenant_env_prefix(namespace)
+    # The name after "<NAMESPACE>_" has no "_" either: a variable's name then splits one way
+    # only, so it belongs to one namespace. ACME may not read ONCEGUARD_SECRET_ACME_X_KEY,
+    # the name the slug "acme-x" gave its tenant's variables before namespaces were stored.
     if (
         not namespace_valid(namespace)
         or not _ENV_NAME.fullmatch(name)
         or not name.startswith(wanted)
-        or len(name) == len(wanted)
+        or not _NAME_PART.fullmatch(name[len(wanted) :])
     ):
         allowed = (
-            f"this tenant may read {secret_env_names(namespace)}"
-            if namespace_valid(namespace)
-            else "this tenant has no secret namespace and may read none"
+            f"{secret_env_names(namespace)} ({NAME_RULE})" if namespace_valid(namespace) else "none (no namespace)"
         )
         return (
-            f"credential variable {name[:100]!r} is not one of this tenant's declared variables:"
-            f" {allowed}; or store the credential on the provider"
+            f"credential variable {name[:60]!r} is not one of this tenant's declared variables, {allowed};"
+            " or store the credential on the provider"
         )
     return None
 
