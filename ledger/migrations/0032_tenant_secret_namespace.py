@@ -52,7 +52,7 @@ def namespaces_assign(apps, schema_editor):
 
 def providers_outside_their_namespace_pause(apps, schema_editor):
     """Pauses each provider whose reference its tenant may no longer read; returns their ids."""
-    from ledger.provider_checks import secret_env_names, secret_env_refusal
+    from ledger.provider_checks import NAME_RULE, secret_env_names, secret_env_refusal
 
     Provider = apps.get_model("ledger", "Provider")
     paused = []
@@ -63,8 +63,8 @@ def providers_outside_their_namespace_pause(apps, schema_editor):
         if secret_env_refusal(namespace=namespace, name=name) is None:
             continue
         reason = (
-            f"credential variable {name[:60]} is outside tenant {slug[:30]}'s secret namespace: it may read only"
-            f" {secret_env_names(namespace)}. Rename the variable or store the credential, then resume."
+            f"credential variable {name[:60]} is not one of tenant {slug[:30]}'s: it may read only"
+            f" {secret_env_names(namespace)} ({NAME_RULE}). Rename it or store the credential, then resume."
         )[:200]
         # A provider paused already (a 401, an operator) keeps its time; this reason replaces
         # its first, so whoever resumes it reads what must be fixed first.

@@ -9,18 +9,21 @@ and the secret must never arrive."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from io import StringIO
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from ledger import services
 from ledger.errors import ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import ConfigChange, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from tests.conftest import on_postgres
 from tests.console.support import client_for, page, staff, submit_form
 from tests.execute.support import run_due
 from tests.support.listener import Listener
@@ -140,6 +143,58 @@ def test_the_database_refuses_a_duplicate_a_prefix_and_a_malformed_namespace(ten
     assert Tenant.objects.get(pk=other.pk).secret_namespace == "GLOBEX"
     # A free one is fine.
     Tenant.objects.create(slug="zed", secret_namespace="ZED")
+
+
+@pytest.mark.skipif(not on_postgres(), reason="two concurrent transactions: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_creations_of_overlapping_namespaces_do_not_both_commit():
+    """Under READ COMMITTED neither insert sees the other's uncommitted row: without the
+    trigger's lock, ACME and ACMEX would both commit. The second waits, then is refused."""
+    inserted, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                Tenant.objects.create(slug="race-a", secret_namespace="RACE")
+                inserted.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    def second() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                outcome["pid"] = cursor.fetchone()[0]
+            with transaction.atomic():
+                Tenant.objects.create(slug="race-b", secret_namespace="RACEX")
+            outcome["committed"] = True
+        except IntegrityError as error:
+            outcome["error"] = error
+        finally:
+            connection.close()
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert inserted.wait(timeout=30)
+    b = threading.Thread(target=second)
+    b.start()
+    # Let the first commit only once the second waits for the lock (or has finished: then it
+    # did not wait, and the assertion below says so).
+    for _ in range(300):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", [outcome.get("pid", 0)]
+            )
+            if cursor.fetchone() or not b.is_alive():
+                break
+        time.sleep(0.05)
+    release.set()
+    a.join(timeout=30)
+    b.join(timeout=30)
+    assert "committed" not in outcome and "error" in outcome
+    assert list(Tenant.objects.filter(slug__startswith="race-").values_list("secret_namespace", flat=True)) == ["RACE"]
 
 
 # --- Save time and send time use the stored namespace --------------------------------------------
@@ -299,7 +354,6 @@ BEFORE_NAMESPACES = [("ledger", "0031_sealed_values_as_bytes")]
 
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_keeps_valid_namespaces_and_pauses_every_reference_outside_its_tenants():
-    from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 
     executor = MigrationExecutor(connection)
