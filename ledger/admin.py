@@ -852,7 +852,10 @@ class ProviderAdmin(admin.ModelAdmin):
                 allowed = f"this tenant may read {secret_env_names(obj.tenant.secret_namespace)}"
             else:
                 tenants = form.base_fields["tenant"].queryset if "tenant" in form.base_fields else Tenant.objects.none()
-                shown = [f"{slug}: {secret_env_names(ns)}" for slug, ns in tenants.values_list("slug", "secret_namespace")[:10]]
+                shown = [
+                    f"{slug}: {secret_env_names(ns)}"
+                    for slug, ns in tenants.values_list("slug", "secret_namespace")[:10]
+                ]
                 allowed = "each tenant may read only its own: " + ("; ".join(shown) or "—")
             # Escaped: the admin renders help texts as HTML, and <NAME> would vanish as a tag.
             field.help_text = escape(

@@ -316,6 +316,12 @@ def test_a_superusers_slug_change_is_audited_and_no_form_sets_the_namespace(tena
     assert (
         change.actor == "user:root" and change.before == {"slug": "acme"} and change.after == {"slug": "acme-renamed"}
     )
+    # A new "acme", added by the superuser in the console, gets a namespace of its own on its
+    # first save: ACME stays the renamed tenant's.
+    response = submit_form(root, "/admin/ledger/tenant/add/", slug="acme", name="Acme again", secret_namespace="X")
+    assert response.status_code == 302
+    again = Tenant.objects.get(slug="acme").secret_namespace
+    assert again != "X" and not again.startswith("ACME") and again.isalnum()
 
 
 # --- Users are told which names they may use -----------------------------------------------------

@@ -194,4 +194,6 @@ class Command(BaseCommand):
             f"provider {tenant.slug}/{provider.slug} ({provider.idempotency_class}) -> {provider.base_url}"
         )
         if provider.auth_secret_env:
-            self.stdout.write(f"credential from {provider.auth_secret_env} (tenant's variables: {secret_env_names(tenant.secret_namespace)})")
+            self.stdout.write(
+                f"credential from {provider.auth_secret_env} (tenant's variables: {secret_env_names(tenant.secret_namespace)})"
+            )
