@@ -99,5 +99,14 @@ def namespace_triggers_ensure(sender: Any, using: str = "default", **kwargs: Any
         if "ledger_tenant" not in connection.introspection.table_names(cursor):
             return
         columns = {c.name for c in connection.introspection.get_table_description(cursor, "ledger_tenant")}
-    if "secret_namespace" in columns:
-        namespace_triggers_install(connection)
+        if "secret_namespace" not in columns:
+            return
+        if connection.vendor == "postgresql":
+            # PostgreSQL keeps triggers through ALTER TABLE: only a missing one is made (no
+            # lock on the tenant table at every deploy).
+            cursor.execute(
+                "SELECT 1 FROM pg_trigger WHERE tgname = %s AND tgrelid = 'ledger_tenant'::regclass", [TRIGGER]
+            )
+            if cursor.fetchone():
+                return
+    namespace_triggers_install(connection)

@@ -197,6 +197,20 @@ def test_two_concurrent_creations_of_overlapping_namespaces_do_not_both_commit()
     assert list(Tenant.objects.filter(slug__startswith="race-").values_list("secret_namespace", flat=True)) == ["RACE"]
 
 
+def test_the_prefix_trigger_is_put_back_after_a_migrate_that_lost_it(tenant):
+    """SQLite drops a table's triggers when a migration rebuilds the table: post_migrate
+    installs it again (inside the test's transaction: its rollback restores the original)."""
+    from ledger.tenant_namespaces import namespace_triggers_drop, namespace_triggers_ensure
+
+    namespace_triggers_drop(connection)
+    with transaction.atomic():
+        lost = Tenant.objects.create(slug="lost", secret_namespace="ACMEZ")  # nothing refuses it now
+        lost.delete()
+    namespace_triggers_ensure(sender=None)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Tenant.objects.create(slug="back", secret_namespace="ACMEZ")
+
+
 # --- Save time and send time use the stored namespace --------------------------------------------
 
 
