@@ -592,8 +592,8 @@ class TenantAdmin(admin.ModelAdmin):
     """A tenant's settings. The callback signing secret is never displayed (whoever may view
     tenants — reviewers, auditors, operators — could otherwise sign callbacks as the service):
     the page says whether it is set and when it was made; the rotate action shows a new one
-    once, to those who may change tenants, and the previous one keeps signing for
-    CALLBACK_SECRET_OVERLAP_SECONDS."""
+    once, to those who may rotate it (ledger.rotate_callback_secret), and the previous one
+    keeps signing for CALLBACK_SECRET_OVERLAP_SECONDS."""
 
     list_display = ["slug", "name", "secret_namespace", "created_at"]
     search_fields = ["slug", "name"]
