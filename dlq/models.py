@@ -212,7 +212,7 @@ class ReplayTarget(models.Model):
 
     The original idempotency key travels in ``idempotency_header`` so a key-enforced
     receiver dedups the replay against the first try. Like a provider, a target declares
-    its class (ADR replay-by-target-class): only a key-enforced one is re-sent an entry whose first try may
+    its class (ADR 0003): only a key-enforced one is re-sent an entry whose first try may
     have acted; to a key-advisory one such an entry waits for a person's decision. Each
     replay is signed (``Onceguard-Signature``, the callback scheme) with the target's own
     secret, and may carry the target's credential header; both are sealed at rest.

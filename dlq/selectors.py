@@ -242,7 +242,7 @@ def replay_wait_reason(*, event: FailedEvent, target: ReplayTarget) -> str:
     """Why a replay of ``event`` to ``target`` waits for a person, in words; "" when it may be
     sent. Only a key-enforced target refuses a second effect of the key: to a key-advisory
     one an entry whose first try may have acted goes only after the decision "safe to
-    resend" (ADR replay-by-target-class), which the next replay sent uses up."""
+    resend" (ADR 0003), which the next replay sent uses up."""
     if target.idempotency_class == IdempotencyClass.KEY_ENFORCED or event.resend_decided_at is not None:
         return ""
     unknown = replay_outcome_unknown(event)

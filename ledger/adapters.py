@@ -215,13 +215,14 @@ def credential_headers(provider: Provider) -> dict[str, str]:
         return {}
     # Only the provider's own sealed credential or a variable of the tenant's declared set
     # (ledger.credentials): never an arbitrary environment variable.
-    # The tenant's slug names its declared variables; a stored credential needs no query.
-    tenant_slug = (
+    # The tenant's stored secret namespace names its declared variables — never its slug,
+    # which can change (ADR 0001); a stored credential needs no query.
+    namespace = (
         ""
         if provider.auth_secret
-        else Tenant.objects.filter(pk=provider.tenant_id).values_list("slug", flat=True).first() or ""
+        else Tenant.objects.filter(pk=provider.tenant_id).values_list("secret_namespace", flat=True).first() or ""
     )
-    secret, problem = credential_value(provider=provider, tenant_slug=tenant_slug)
+    secret, problem = credential_value(provider=provider, namespace=namespace)
     if problem:
         raise CredentialUnavailable(problem)
     return {provider.auth_header: secret} if secret else {}

@@ -24,7 +24,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
 from django.utils.http import urlencode
 
 from ledger import callbacks, canary, display, prompts, ratelimit, revisions, services
@@ -50,6 +50,7 @@ from ledger.models import (
     Tenant,
     WorkflowName,
 )
+from ledger.provider_checks import secret_env_names
 from ledger.selectors import operation_search, run_of
 from ledger.story import operation_story
 
@@ -630,13 +631,13 @@ class TenantAdmin(ConsoleAdmin):
     """A tenant's settings. The callback signing secret is never displayed (whoever may view
     tenants — reviewers, auditors, operators — could otherwise sign callbacks as the service):
     the page says whether it is set and when it was made; the rotate action shows a new one
-    once, to those who may change tenants, and the previous one keeps signing for
-    CALLBACK_SECRET_OVERLAP_SECONDS."""
+    once, to those who may rotate it (ledger.rotate_callback_secret), and the previous one
+    keeps signing for CALLBACK_SECRET_OVERLAP_SECONDS."""
 
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "secret_namespace", "created_at"]
     search_fields = ["slug", "name"]
     exclude = ["callback_secret", "callback_secret_previous", "callback_secret_rotated_at"]
-    readonly_fields = ["callback_secret_state"]
+    readonly_fields = ["secret_namespace_state", "callback_secret_state"]
     actions = ["rotate_callback_secret"]
     # Set by the platform, not by a tenant's own staff: shown to them, changed by a superuser.
     platform_fields = ["personal_data_in_keys_allowed"]
@@ -647,11 +648,37 @@ class TenantAdmin(ConsoleAdmin):
             fields += self.platform_fields
         return fields
 
+    # Every field of a tenant is the platform's — its slug, limits, budgets, allow-list,
+    # eligibility URL (review.roles: tenants are a superuser's). A tenant-scoped user sees
+    # the page read-only, whatever permission a role or a person was granted, so a tampered
+    # form changes nothing. The secret namespace is on no form at all (ADR 0001).
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_superuser and super().has_add_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser and super().has_delete_permission(request, obj)
+
+    def has_rotate_callback_secret_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ledger.rotate_callback_secret")
+
+    @admin.display(description="secret namespace")
+    def secret_namespace_state(self, obj: Tenant) -> str:
+        # Fixed when the tenant was made; a slug change keeps it (ADR 0001).
+        if not obj.secret_namespace:
+            return "assigned when the tenant is saved (from its slug where free); fixed from then on"
+        return (
+            f"{obj.secret_namespace} — its providers may read credentials only from"
+            f" {secret_env_names(obj.secret_namespace)}; fixed when the tenant was made"
+        )
+
     @admin.display(description="callback signing secret")
     def callback_secret_state(self, obj: Tenant) -> str:
         return callbacks.callback_secret_summary(obj)
 
-    @admin.action(description="Rotate the callback signing secret (shown once)", permissions=["change"])
+    @admin.action(description="Rotate the callback signing secret (shown once)", permissions=["rotate_callback_secret"])
     def rotate_callback_secret(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> HttpResponse | None:
         if queryset.count() != 1:
             messages.error(request, "Rotate one tenant's secret at a time: each new secret is shown once.")
@@ -862,6 +889,27 @@ class ProviderAdmin(ConsoleAdmin):
     ]
     list_filter = ["tenant", "idempotency_class"]
     search_fields = ["slug", "base_url"]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        field = form.base_fields.get("auth_secret_env")
+        if field is not None:
+            # Exactly which names the tenant may use (its stored secret namespace, ADR 0001).
+            if obj is not None:
+                allowed = f"this tenant may read {secret_env_names(obj.tenant.secret_namespace)}"
+            else:
+                tenants = form.base_fields["tenant"].queryset if "tenant" in form.base_fields else Tenant.objects.none()
+                shown = [
+                    f"{slug}: {secret_env_names(ns)}"
+                    for slug, ns in tenants.values_list("slug", "secret_namespace")[:10]
+                ]
+                allowed = "each tenant may read only its own: " + ("; ".join(shown) or "—")
+            # Escaped: the admin renders help texts as HTML, and <NAME> would vanish as a tag.
+            field.help_text = escape(
+                f"Read the credential from this environment variable of the workers' nodes — {allowed}."
+                " Empty: no variable (or store the credential above)."
+            )
+        return form
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # Slugs are how operations, claims and caches name a provider: fixed once created.

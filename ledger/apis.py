@@ -24,6 +24,7 @@ from ledger.key_derivation import derivation_key, key_derive
 from ledger.key_rules import key_lookup_shape, key_refusal
 from ledger.models import Operation, OperationOutput, OperationStatus, PromptTemplate, Provider, ProviderKind, Upload
 from ledger.pagination import KeysetCursorPagination
+from ledger.provider_checks import secret_env_names
 from ledger.serializer_reuse import represented, validated_data
 from ledger.serializers import (
     AttemptOutputSerializer,
@@ -503,6 +504,8 @@ class ProviderDetailApi(APIView):
             "paused_reason": provider.paused_reason,
             "throttled_until": provider.throttled_until,
             "caps": ratelimit.provider_caps(provider).as_dict(),
+            "auth_secret_env": provider.auth_secret_env,
+            "secret_env_names": secret_env_names(request.user.tenant.secret_namespace),
         }
         return Response(represented(ProviderOutputSerializer, body))
 

@@ -1,6 +1,14 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+from ledger.tenant_namespaces import namespace_triggers_ensure
 
 
 class LedgerConfig(AppConfig):
     name = "ledger"
     verbose_name = "Ledger"
+
+    def ready(self) -> None:
+        # After every migrate: SQLite drops a table's triggers when a later migration
+        # rebuilds it (ledger.tenant_namespaces).
+        post_migrate.connect(namespace_triggers_ensure, sender=self, dispatch_uid="ledger.namespace_triggers")

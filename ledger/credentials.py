@@ -10,8 +10,9 @@ to a URL of the admin's choosing):
   "set" or "not set"; the configuration trail says "‹secret›");
 * **a platform-declared environment variable** (``Provider.auth_secret_env``): only a name
   starting with ``ONCEGUARD_PROVIDER_SECRET_PREFIX`` (``ONCEGUARD_SECRET_``) followed by the
-  tenant's own part (its slug in upper case, ``-`` as ``_``) and ``_`` — for tenant
-  ``acme``, ``ONCEGUARD_SECRET_ACME_STRIPE``. Checked on save and again at send time: a
+  tenant's secret namespace (``Tenant.secret_namespace``: letters and digits, fixed when the
+  tenant was made, never its slug — ADR 0001) and ``_`` — for tenant ``acme``, namespace
+  ``ACME``, ``ONCEGUARD_SECRET_ACME_STRIPE``. Checked on save and again at send time: a
   reference outside the set (one stored before this rule) is never read; the attempt fails
   with that reason and the provider is paused with it (ledger.execute).
 
@@ -95,15 +96,15 @@ def stored_credential_value(sealed: Any) -> tuple[str | None, str | None]:
     return value, None
 
 
-def credential_value(*, provider: Any, tenant_slug: str) -> tuple[str | None, str | None]:
+def credential_value(*, provider: Any, namespace: str) -> tuple[str | None, str | None]:
     """(the credential, None) or (None, why it cannot be used). (None, None): the provider
-    has no credential."""
+    has no credential. ``namespace``: the provider's tenant's stored secret namespace."""
     if provider.auth_secret:
         return stored_credential_value(provider.auth_secret)
     name = provider.auth_secret_env
     if not name:
         return None, None
-    refusal = secret_env_refusal(tenant_slug=tenant_slug, name=name)
+    refusal = secret_env_refusal(namespace=namespace, name=name)
     if refusal:
         return None, refusal
     value = os.environ.get(name, "")

@@ -17,7 +17,13 @@ from django.db.models.fields.json import HasKey, KeyTransform, KeyTransformStart
 from ledger.errors import DestinationNotAllowed
 from ledger.intents import intent_config_errors
 from ledger.outbound import outbound_check, outbound_prefixes_check
-from ledger.provider_checks import async_config_errors, provider_config_errors
+from ledger.provider_checks import (
+    NAMESPACE_MAX_LENGTH,
+    NAMESPACE_PATTERN,
+    async_config_errors,
+    provider_config_errors,
+    secret_namespace_choose,
+)
 from ledger.storable import MAX_DURATION_SECONDS
 
 
@@ -402,7 +408,29 @@ class SealedUnder(Lookup):
         return f"substring({lhs} FROM 1 FOR {len(prefix)}) = %s", [*params, prefix]
 
 
+def secret_namespace_for(slug: str, *, also_taken: tuple[str, ...] = ()) -> str:
+    """The namespace a tenant created now with ``slug`` gets (ledger.provider_checks)."""
+    taken = list(Tenant.objects.values_list("secret_namespace", flat=True)) + list(also_taken)
+    return secret_namespace_choose(slug, taken)
+
+
+class TenantManager(models.Manager["Tenant"]):
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Tenant]:
+        # Tenant.save is not called here: each new tenant still gets its namespace, free of
+        # the stored ones and of those given earlier in the batch.
+        objs = list(objs)
+        given: list[str] = []
+        for tenant in objs:
+            if not tenant.secret_namespace:
+                tenant.secret_namespace = secret_namespace_for(tenant.slug, also_taken=tuple(given))
+            given.append(tenant.secret_namespace)
+        return super().bulk_create(objs, *args, **kwargs)
+
+
 class Tenant(models.Model):
+    """A customer of the service. Every field here is the platform's: only a superuser changes
+    a tenant (the console's ADMIN role sees it, and may only rotate its callback secret)."""
+
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -441,9 +469,33 @@ class Tenant(models.Model):
         help_text="Accept new idempotency keys that contain an e-mail address or an international phone"
         " number. Keys are logged and shown in clear: prefer hashing the value into the key.",
     )
+    # Which environment variables its providers may read credentials from:
+    # <PROVIDER_SECRET_PREFIX><secret_namespace>_<NAME> (ledger.credentials). Assigned once
+    # when the tenant is made (derived from the slug where free), never changed with the slug,
+    # never on any form (ADR 0001). The database refuses a duplicate, a character outside
+    # [A-Z0-9], and one namespace a prefix of another's (triggers of ledger.0032).
+    secret_namespace = models.CharField(max_length=NAMESPACE_MAX_LENGTH, unique=True, editable=False)
+
+    objects = TenantManager()
+
+    class Meta:
+        # A tenant's callback signing secret is its receivers' business: its admins may rotate
+        # it without being allowed to change the tenant (whose fields are the platform's).
+        permissions = [("rotate_callback_secret", "Can rotate a tenant's callback signing secret")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(secret_namespace__regex=NAMESPACE_PATTERN), name="tenant_secret_namespace_valid"
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.slug
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Assigned once, on the first save; a later slug change keeps it.
+        if not self.secret_namespace:
+            self.secret_namespace = secret_namespace_for(self.slug)
+        super().save(*args, **kwargs)
 
     def clean(self) -> None:
         # Every allow-list entry passes the outbound policy and is kept in canonical form, so
@@ -552,7 +604,8 @@ class Provider(models.Model):
     # from the caller: the adapter sets `auth_header` to the provider's credential
     # (ledger.credentials) — `auth_secret`, stored sealed and never shown, or else the
     # environment variable `auth_secret_env` names, which must be one of the platform's
-    # declared variables for this tenant (ONCEGUARD_PROVIDER_SECRET_PREFIX + tenant + "_").
+    # declared variables for this tenant (ONCEGUARD_PROVIDER_SECRET_PREFIX + the tenant's
+    # secret namespace + "_").
     forward_headers = models.JSONField(default=list, db_default=[], blank=True)
     auth_header = models.CharField(max_length=100, blank=True, default="", db_default="")
     auth_secret_env = models.CharField(max_length=100, blank=True, default="", db_default="")
@@ -689,9 +742,9 @@ class Provider(models.Model):
     def clean(self) -> None:
         # Checked on every save path (console forms call this; services.provider_upsert too):
         # where it sends, and which credential it may read. Checked again at send time.
-        tenant_slug = Tenant.objects.filter(pk=self.tenant_id).values_list("slug", flat=True).first() or ""
+        namespace = Tenant.objects.filter(pk=self.tenant_id).values_list("secret_namespace", flat=True).first() or ""
         errors, self.base_url = provider_config_errors(
-            tenant_slug=tenant_slug,
+            namespace=namespace,
             base_url=self.base_url,
             lookup_path=self.lookup_path,
             auth_secret_env=self.auth_secret_env,

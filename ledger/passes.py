@@ -1,4 +1,4 @@
-"""One bad row never stops a periodic pass (docs/adr/per-row-isolation.md).
+"""One bad row never stops a periodic pass (docs/adr/0002-per-row-isolation.md).
 
 The sweeper, the eligibility recheck, retention's purge, automatic replay, the alert digest
 and partition maintenance each handle many rows (or tenants, or partitions) per pass. Each

@@ -6,7 +6,11 @@ module can use it."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import itertools
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -16,26 +20,98 @@ from ledger.outbound import outbound_check
 
 DEFAULT_SECRET_PREFIX = "ONCEGUARD_SECRET_"
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+_NAME_PART = re.compile(r"[A-Z0-9]+")
+
+# A tenant's secret namespace (ADR 0001): stored on the tenant, assigned once at creation,
+# letters and digits only — no "_", so the "_" after it ends it and no slug's "-" or "_" can
+# spell another tenant's prefix. The database holds the same rule (a CHECK, UNIQUE, and no
+# namespace a prefix of another's: triggers, ledger.0032).
+NAMESPACE_MAX_LENGTH = 32
+NAMESPACE_PATTERN = r"\A[A-Z0-9]{1,32}\Z"
+_NAMESPACE = re.compile(NAMESPACE_PATTERN)
 
 
 def secret_env_prefix() -> str:
     return str(settings.ONCEGUARD.get("PROVIDER_SECRET_PREFIX") or DEFAULT_SECRET_PREFIX)
 
 
-def tenant_env_prefix(tenant_slug: str) -> str:
-    """The names a tenant's providers may reference: ``<prefix><TENANT>_``."""
-    return f"{secret_env_prefix()}{re.sub(r'[^A-Z0-9]', '_', tenant_slug.upper())}_"
+def namespace_valid(namespace: str) -> bool:
+    return bool(_NAMESPACE.fullmatch(namespace))
 
 
-def secret_env_refusal(*, tenant_slug: str, name: str) -> str | None:
-    """Why ``name`` may not be read as a credential of ``tenant_slug``'s providers (None: it may)."""
+def namespaces_overlap(a: str, b: str) -> bool:
+    """Whether one namespace is a prefix of the other (equal ones included)."""
+    return a.startswith(b) or b.startswith(a)
+
+
+def namespace_from_slug(slug: str) -> str:
+    """The readable namespace a slug suggests: its letters and digits in upper case
+    (``acme-x`` → ``ACMEX``), cut to the longest namespace; may be empty."""
+    return re.sub(r"[^A-Z0-9]", "", slug.upper())[:NAMESPACE_MAX_LENGTH]
+
+
+def secret_namespace_choose(slug: str, taken: Iterable[str]) -> str:
+    """A namespace for a new tenant: free of ``taken`` (neither equal to nor a prefix of any,
+    nor any a prefix of it), the same answer for the same slug and ``taken``. The slug's own
+    (``ACME``) when free, else it with a number (``ACME2`` … ``ACME99``, free when only a
+    longer one such as ``ACMEX`` was in the way), else ten letters and digits of a hash of the
+    slug and an attempt number."""
+    taken = [t for t in taken if t]
+    base = namespace_from_slug(slug) or "T"
+
+    def free(candidate: str) -> bool:
+        return not any(namespaces_overlap(candidate, other) for other in taken)
+
+    for number in range(1, 100):
+        suffix = "" if number == 1 else str(number)
+        candidate = base[: NAMESPACE_MAX_LENGTH - len(suffix)] + suffix
+        if free(candidate):
+            return candidate
+    for attempt in itertools.count():
+        digest = hashlib.sha256(f"{slug}:{attempt}".encode()).digest()
+        # base32: A-Z and 2-7, inside the namespace's alphabet.
+        candidate = base64.b32encode(digest).decode()[:10]
+        if free(candidate):
+            return candidate
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def tenant_env_prefix(namespace: str) -> str:
+    """The start of every name a tenant's providers may reference: ``<prefix><NAMESPACE>_``."""
+    return f"{secret_env_prefix()}{namespace}_"
+
+
+def secret_env_names(namespace: str) -> str:
+    """The names a tenant may use, as told to its users: ``ONCEGUARD_SECRET_ACME_<NAME>``
+    (``<NAME>``: capital letters and digits, no ``_``)."""
+    return f"{tenant_env_prefix(namespace)}<NAME>"
+
+
+NAME_RULE = "NAME: A-Z and 0-9, no _"
+
+
+def secret_env_refusal(*, namespace: str, name: str) -> str | None:
+    """Why ``name`` may not be read as a credential of the providers of the tenant whose
+    secret namespace is ``namespace`` (None: it may). A tenant without a valid namespace may
+    read none."""
     if not name:
         return None
-    wanted = tenant_env_prefix(tenant_slug)
-    if not _ENV_NAME.fullmatch(name) or not name.startswith(wanted) or len(name) == len(wanted):
+    wanted = tenant_env_prefix(namespace)
+    # The name after "<NAMESPACE>_" has no "_" either: a variable's name then splits one way
+    # only, so it belongs to one namespace. ACME may not read ONCEGUARD_SECRET_ACME_X_KEY,
+    # the name the slug "acme-x" gave its tenant's variables before namespaces were stored.
+    if (
+        not namespace_valid(namespace)
+        or not _ENV_NAME.fullmatch(name)
+        or not name.startswith(wanted)
+        or not _NAME_PART.fullmatch(name[len(wanted) :])
+    ):
+        allowed = (
+            f"{secret_env_names(namespace)} ({NAME_RULE})" if namespace_valid(namespace) else "none (no namespace)"
+        )
         return (
-            f"credential variable {name[:100]!r} is not one of this tenant's declared variables"
-            f" ({wanted}…); store the credential on the provider instead"
+            f"credential variable {name[:60]!r} is not one of this tenant's declared variables, {allowed};"
+            " or store the credential on the provider"
         )
     return None
 
@@ -71,7 +147,7 @@ def lookup_path_problem(path: str) -> str | None:
 
 
 def provider_config_errors(
-    *, tenant_slug: str, base_url: str, lookup_path: str, auth_secret_env: str
+    *, namespace: str, base_url: str, lookup_path: str, auth_secret_env: str
 ) -> tuple[dict[str, str], str]:
     """(field → message, the base URL in canonical form)."""
     errors: dict[str, str] = {}
@@ -90,7 +166,7 @@ def provider_config_errors(
                 outbound_check(base_url.rstrip("/") + "/" + example.lstrip("/"), purpose="provider lookup URL")
             except DestinationNotAllowed as exc:
                 errors["lookup_path"] = exc.detail
-    problem = secret_env_refusal(tenant_slug=tenant_slug, name=auth_secret_env)
+    problem = secret_env_refusal(namespace=namespace, name=auth_secret_env)
     if problem:
         errors["auth_secret_env"] = problem
     return errors, base_url

@@ -470,6 +470,13 @@ class ProviderOutputSerializer(serializers.Serializer):
     paused_reason = serializers.CharField()
     throttled_until = serializers.DateTimeField(allow_null=True)
     caps = ProviderCapsSerializer()
+    auth_secret_env = serializers.CharField(
+        help_text="The environment variable the credential is read from (its name, never its value); empty: none."
+    )
+    secret_env_names = serializers.CharField(
+        help_text="The only variable names this tenant's providers may read, e.g. ONCEGUARD_SECRET_ACME_<NAME>:"
+        " the platform's prefix, the tenant's secret namespace (fixed when the tenant was made), _ and a name."
+    )
 
 
 class RolloutOutputSerializer(serializers.Serializer):

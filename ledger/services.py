@@ -85,7 +85,12 @@ from ledger.models import (
     prompt_slots_of,
     provider_caps_errors,
 )
-from ledger.provider_checks import async_config_errors, provider_config_errors
+from ledger.provider_checks import (
+    NAMESPACE_MAX_LENGTH,
+    async_config_errors,
+    namespace_valid,
+    provider_config_errors,
+)
 from ledger.redaction import scrub
 from ledger.search import search_values
 from ledger.selectors import operation_newest_in_lineage
@@ -1349,18 +1354,39 @@ def operation_supersede(
 # --- Tenants, keys, providers ----------------------------------------------------------
 
 
-def tenant_create(*, slug: str, name: str = "", actor: str = "system") -> Tenant:
+def tenant_create(*, slug: str, name: str = "", secret_namespace: str = "", actor: str = "system") -> Tenant:
+    """A new tenant with its secret namespace, fixed from now on (ADR 0001): ``secret_namespace``
+    when the platform names one, else derived from the slug (``acme`` → ``ACME``) or, where
+    that is taken or overlaps another's, the next free one (ledger.provider_checks)."""
+    if secret_namespace and not namespace_valid(secret_namespace):
+        raise ValidationFailed(
+            f"A secret namespace is 1–{NAMESPACE_MAX_LENGTH} capital letters and digits (no _): {secret_namespace[:40]!r}."
+        )
     try:
         with transaction.atomic():
-            tenant = Tenant.objects.create(slug=slug, name=name or slug)
+            tenant = Tenant.objects.create(slug=slug, name=name or slug, secret_namespace=secret_namespace)
             config_change_of(tenant, actor=actor, action=ConfigChangeAction.CREATE)
             return tenant
     except IntegrityError as exc:
-        raise ValidationFailed(f"A tenant named {slug!r} exists already.") from exc
+        if Tenant.objects.filter(slug=slug).exists():
+            raise ValidationFailed(f"A tenant named {slug!r} exists already.") from exc
+        raise ValidationFailed(
+            f"The secret namespace {secret_namespace or 'derived from the slug'!s} is taken or overlaps another"
+            " tenant's (one a prefix of the other); name a free one or try again."
+        ) from exc
+
+
+# Fixed when the tenant is made: its providers' variable names depend on it (ADR 0001).
+TENANT_FIXED_FIELDS = ("secret_namespace",)
 
 
 def tenant_update(*, tenant_id: int, actor: str, **fields: Any) -> Tenant:
-    """Change a tenant's settings (limits, callback allow-list, …), recorded as a change."""
+    """Change a tenant's settings (limits, callback allow-list, …), recorded as a change. A
+    platform action (CLI, a superuser): no tenant API calls it. A slug change keeps the
+    secret namespace."""
+    fixed = set(fields) & set(TENANT_FIXED_FIELDS)
+    if fixed:
+        raise ValidationFailed(f"Fixed when the tenant was made: {', '.join(sorted(fixed))}.")
     with transaction.atomic():
         tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
         before = config_snapshot(tenant)
@@ -1469,7 +1495,10 @@ def provider_upsert(
             name: fields.get(name, getattr(existing, name) if existing is not None else "") or ""
             for name in _CHECKED_FIELDS
         }
-        errors, base_url = provider_config_errors(tenant_slug=tenant.slug, **wanted)
+        # The stored namespace, never the slug (ADR 0001); read, not taken from ``tenant``,
+        # which a caller may have built with only its id.
+        namespace = Tenant.objects.filter(pk=tenant.pk).values_list("secret_namespace", flat=True).first() or ""
+        errors, base_url = provider_config_errors(namespace=namespace, **wanted)
         if errors:
             text = " ".join(errors.values())
             raise DestinationNotAllowed(text) if "base_url" in errors else ValidationFailed(text)

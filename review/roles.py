@@ -72,7 +72,10 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.search_subjects",
     ],
     # Everything a tenant's administrator configures; history stays service-only, and tenants,
-    # users and their tenant memberships are a superuser's (users are not tenant-scoped).
+    # users and their tenant memberships are a superuser's (users are not tenant-scoped): a
+    # tenant's slug, limits, budgets, allow-list and eligibility URL are the platform's, and
+    # its secret namespace is on no form (ADR 0001). Its admins see it and may rotate its
+    # callback signing secret (their receivers' key), nothing else.
     ADMIN: [
         "ledger.view_*",
         "alerts.view_*",
@@ -83,7 +86,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         # A new version of a prompt template (versions are never changed or deleted).
         "ledger.add_prompttemplate",
         "ledger.change_apikey",
-        "ledger.change_tenant",
+        "ledger.rotate_callback_secret",
         "dlq.replay_failedevent",
         "dlq.resolve_failedevent",
         "dlq.*_replaytarget",

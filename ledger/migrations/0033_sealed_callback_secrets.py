@@ -54,7 +54,7 @@ class Migration(migrations.Migration):
     # Depends on 0031: ledger 0032 (the tenant's secret namespace) is made alongside; the two
     # touch different columns of the tenant.
     dependencies = [
-        ("ledger", "0031_sealed_values_as_bytes"),
+        ("ledger", "0032_tenant_secret_namespace"),
     ]
 
     operations = [

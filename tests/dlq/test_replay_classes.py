@@ -1,4 +1,4 @@
-"""Replays by target class (DESIGN §4, ADR replay-by-target-class): an entry whose first try may have acted goes
+"""Replays by target class (DESIGN §4, ADR 0003): an entry whose first try may have acted goes
 to a key-advisory target only after a person's recorded decision; replays are signed with the
 target's own secret and carry its sealed credential; plain http only on this machine."""
 

@@ -149,12 +149,12 @@ def test_the_console_form_sets_replaces_and_clears_the_credential_without_showin
     url = f"/admin/ledger/provider/{provider.pk}/change/"
     assert submit_form(admin, url, new_credential="Bearer first").status_code == 302
     provider.refresh_from_db()
-    assert credentials.credential_value(provider=provider, tenant_slug="acme") == ("Bearer first", None)
+    assert credentials.credential_value(provider=provider, namespace="ACME") == ("Bearer first", None)
     page = admin.get(url).content.decode()
     assert "Bearer first" not in page
     assert submit_form(admin, url, new_credential="Bearer second").status_code == 302
     provider.refresh_from_db()
-    assert credentials.credential_value(provider=provider, tenant_slug="acme") == ("Bearer second", None)
+    assert credentials.credential_value(provider=provider, namespace="ACME") == ("Bearer second", None)
     # Saving without typing keeps it; the box clears it.
     assert submit_form(admin, url).status_code == 302
     provider.refresh_from_db()

@@ -10,6 +10,7 @@ from ledger import services
 from ledger.config_changes import cli_actor
 from ledger.errors import DomainError
 from ledger.models import ASYNC_ADAPTER_FIELDS, IdempotencyClass, Tenant
+from ledger.provider_checks import secret_env_names
 
 
 def json_file(path: str) -> Any:
@@ -79,7 +80,9 @@ class Command(BaseCommand):
         parser.add_argument("--auth-header", help="the header the credential is sent in, e.g. Authorization")
         parser.add_argument(
             "--auth-secret-env",
-            help="read the credential from this environment variable (one of ONCEGUARD_SECRET_<TENANT>_…)",
+            help="read the credential from this environment variable: one of the tenant's declared variables,"
+            " ONCEGUARD_SECRET_<the tenant's secret namespace>_<NAME> (tenant_create prints the namespace; an"
+            " error names the tenant's)",
         )
         parser.add_argument(
             "--auth-secret-stdin",
@@ -190,3 +193,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"provider {tenant.slug}/{provider.slug} ({provider.idempotency_class}) -> {provider.base_url}"
         )
+        if provider.auth_secret_env:
+            self.stdout.write(
+                f"credential from {provider.auth_secret_env} (tenant's variables: {secret_env_names(tenant.secret_namespace)})"
+            )

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ledger import services
 from ledger.config_changes import cli_actor
 from ledger.errors import DomainError
+from ledger.provider_checks import secret_env_names
 
 
 class Command(BaseCommand):
@@ -15,10 +16,25 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("slug")
         parser.add_argument("--name", default="")
+        parser.add_argument(
+            "--secret-namespace",
+            default="",
+            help="the tenant's secret namespace, fixed from now on: its providers may read credentials only from"
+            " ONCEGUARD_SECRET_<NAMESPACE>_<NAME>. Capital letters and digits, no prefix of another tenant's."
+            " Default: from the slug (acme → ACME) where free, else the next free one",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            tenant = services.tenant_create(slug=options["slug"], name=options["name"], actor=cli_actor())
+            tenant = services.tenant_create(
+                slug=options["slug"],
+                name=options["name"],
+                secret_namespace=options["secret_namespace"],
+                actor=cli_actor(),
+            )
         except DomainError as exc:
             raise CommandError(exc.detail) from exc
         self.stdout.write(f"created tenant {tenant.slug}")
+        self.stdout.write(
+            f"secret namespace {tenant.secret_namespace}: its providers may read {secret_env_names(tenant.secret_namespace)}"
+        )
