@@ -36,6 +36,8 @@ FE_TERMINAL_STATES = frozenset({FE.RESOLVED, FE.DISCARDED})
 FE_OPEN_STATES = frozenset({FE.PENDING, FE.REPLAYING})
 
 # The only moves there are; services raise IllegalTransition for anything else.
+# A change row whose from and to are the same status records a note, not a move (an occurrence
+# of the entry's key, an n8n retry, a rolled-back adapter revision, a payload fetch that failed).
 FE_ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     # replayed: a replay that came back ambiguous was later settled as succeeded (a
     # reviewer's decision or the sweeper's lookup on its ledger operation).
