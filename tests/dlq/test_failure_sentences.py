@@ -57,7 +57,7 @@ def test_a_closed_loopback_port_says_the_connection_was_refused_and_asks_if_the_
 
 
 def test_a_name_that_never_resolves_says_so_and_to_edit_the_target_s_url(client, tenant):
-    url = "http://demo-crm.invalid/contacts"
+    url = "https://demo-crm.invalid/contacts"  # a target off this machine must be https
     replay = replay_to(client, tenant, url)
     assert replay.outcome == "failed"
     assert sentence_of(replay, url) == "could not resolve demo-crm.invalid — edit the target's URL"
