@@ -93,7 +93,7 @@ def seed(mock_url: str) -> Any:
     from ledger.models import IdempotencyClass, Tenant
 
     tenant = Tenant.objects.filter(slug=TENANT).first() or services.tenant_create(slug=TENANT)
-    services.provider_upsert(
+    provider = services.provider_upsert(
         tenant=tenant,
         slug=PROVIDER,
         base_url=mock_url,
@@ -102,9 +102,9 @@ def seed(mock_url: str) -> Any:
         status_pointer="/status",
         success_values=["succeeded"],
         timeout_seconds=5.0,
-        paused_at=None,
-        throttled_until=None,
     )
+    # A pause left by an earlier run is an operator's to lift, not configuration.
+    services.provider_resume(provider_id=provider.pk, actor="bench")
     return tenant
 
 

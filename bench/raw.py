@@ -104,9 +104,16 @@ def statements(conn: psycopg.Connection, table: str) -> dict[str, str]:
             " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING id"
         )
     lease_clear = ", lease_expires_at = NULL"
+    # The ledger's response_body is bytea since its sealed columns are stored as bytes
+    # (ledger 0031); the narrow table keeps jsonb. The same JSON text, cast to the column's type.
+    body_type = conn.execute(
+        "SELECT data_type FROM information_schema.columns WHERE table_name = %s AND column_name = 'response_body'",
+        [table],
+    ).fetchone()[0]
+    body_cast = "convert_to(%s, 'UTF8')" if body_type == "bytea" else "%s::jsonb"
     update = (
         f"UPDATE {table} SET status = 'succeeded', provider_ref = %s, response_status = 200,"
-        f" response_body = %s::jsonb, done_at = now(), updated_at = now(){lease_clear}"
+        f" response_body = {body_cast}, done_at = now(), updated_at = now(){lease_clear}"
         " WHERE id = %s AND lease_token = %s"
     )
     select = (
