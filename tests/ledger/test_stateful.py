@@ -265,8 +265,14 @@ class LedgerMachine(RuleBasedStateMachine):
                 base_delay_seconds=1.0,
                 max_delay_seconds=4.0,
             )
+        # The model target dedups on the key (enforced=True above): declared key-enforced. A
+        # target off this machine must be https.
         dlq_services.replay_target_upsert(
-            tenant=self.tenant, slug="target", url="http://target.test/in", is_default=True
+            tenant=self.tenant,
+            slug="target",
+            url="https://target.test/in",
+            is_default=True,
+            idempotency_class=IdempotencyClass.KEY_ENFORCED,
         )
         self.client = httpx.Client(transport=httpx.MockTransport(self._transport))
         self.ready = True
