@@ -79,13 +79,18 @@ from ledger import adapters, polling, storable, tasks
 from ledger import services as ledger_services
 from ledger.adapters import SIGNATURE_HEADER, sign, verify_signature
 from ledger.config_changes import config_change_of, config_change_record, config_snapshot
-from ledger.credentials import sealed_credential, secret_open, secret_tail, stored_credential_value
-from ledger.crypto import EncryptionKeyError, open_json
+from ledger.credentials import (
+    sealed_credential,
+    secret_open,
+    signing_secret_summary,
+    signing_secrets_now,
+    stored_credential_value,
+)
+from ledger.crypto import open_json
 from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit, operation_translated
 from ledger.failures import transport_error_text
 from ledger.key_rules import MAX_KEY_LENGTH, key_header_value, key_usable
-from ledger.masking import UNREADABLE
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
@@ -2009,29 +2014,24 @@ def replay_target_signing_secrets(*, target_id: int) -> list[str]:
     previous, rotated_at = ReplayTarget.objects.values_list("signing_secret_previous", "signing_secret_rotated_at").get(
         pk=target_id
     )
-    overlap = timedelta(seconds=float(dlq_setting("REPLAY_SECRET_OVERLAP_SECONDS")))
-    if previous and rotated_at and timezone.now() < rotated_at + overlap:
-        return [current, secret_open(previous)]
-    return [current]
+    return signing_secrets_now(
+        current=current, previous=previous, rotated_at=rotated_at, overlap_seconds=_replay_overlap_seconds()
+    )
+
+
+def _replay_overlap_seconds() -> float:
+    return float(dlq_setting("REPLAY_SECRET_OVERLAP_SECONDS"))
 
 
 def replay_target_secret_summary(target: ReplayTarget) -> str:
     """What the console says about a target's signing secret instead of showing it."""
-    if not target.signing_secret:
-        return "not made yet (made at the first replay; rotate to get one you can copy)"
-    try:
-        tail = secret_tail(secret_open(target.signing_secret))
-    except EncryptionKeyError:
-        tail = UNREADABLE
-    text = f"set ({tail}); shown only when made or rotated"
-    if target.signing_secret_rotated_at:
-        until = target.signing_secret_rotated_at + timedelta(
-            seconds=float(dlq_setting("REPLAY_SECRET_OVERLAP_SECONDS"))
-        )
-        text += f"; last rotated {target.signing_secret_rotated_at:%Y-%m-%d %H:%M} UTC"
-        if target.signing_secret_previous and timezone.now() < until:
-            text += f"; the previous secret also signs until {until:%Y-%m-%d %H:%M} UTC"
-    return text
+    return signing_secret_summary(
+        current=target.signing_secret,
+        previous=target.signing_secret_previous,
+        rotated_at=target.signing_secret_rotated_at,
+        overlap_seconds=_replay_overlap_seconds(),
+        unset="not made yet (made at the first replay; rotate to get one you can copy)",
+    )
 
 
 def replay_signature_verify(*, keys: list[str], body: bytes, header: str, tolerance_seconds: int = 300) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -22,10 +21,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from ledger.config_changes import config_change_record
-from ledger.credentials import sealed_credential, secret_open, secret_tail
-from ledger.crypto import EncryptionKeyError, open_json
+from ledger.credentials import sealed_credential, secret_open, signing_secret_summary, signing_secrets_now
+from ledger.crypto import open_json
 from ledger.errors import ValidationFailed
-from ledger.masking import UNREADABLE
 from ledger.models import (
     ConfigChangeAction,
     IdempotencyClass,
@@ -131,28 +129,22 @@ def callback_signing_secrets(*, tenant_id: int) -> list[str]:
     previous, rotated_at = Tenant.objects.values_list("callback_secret_previous", "callback_secret_rotated_at").get(
         pk=tenant_id
     )
-    if previous and rotated_at and timezone.now() < rotated_at + timedelta(seconds=_overlap_seconds()):
-        return [current, secret_open(previous)]
-    return [current]
+    return signing_secrets_now(
+        current=current, previous=previous, rotated_at=rotated_at, overlap_seconds=_overlap_seconds()
+    )
 
 
 def callback_secret_summary(tenant: Tenant) -> str:
     """What the console and the command say about the secret instead of showing it: whether
     it is set, its last 4 characters at most (to tell a receiver's copy apart), when it was
     rotated and how long the previous one still signs."""
-    if not tenant.callback_secret:
-        return "not set (made at the first submission with a callback_url, or by rotating)"
-    try:
-        tail = secret_tail(secret_open(tenant.callback_secret))
-    except EncryptionKeyError:
-        tail = UNREADABLE
-    text = f"set ({tail}); shown only when made or rotated"
-    if tenant.callback_secret_rotated_at:
-        until = tenant.callback_secret_rotated_at + timedelta(seconds=_overlap_seconds())
-        text += f"; last rotated {tenant.callback_secret_rotated_at:%Y-%m-%d %H:%M} UTC"
-        if tenant.callback_secret_previous and timezone.now() < until:
-            text += f"; the previous secret also signs until {until:%Y-%m-%d %H:%M} UTC"
-    return text
+    return signing_secret_summary(
+        current=tenant.callback_secret,
+        previous=tenant.callback_secret_previous,
+        rotated_at=tenant.callback_secret_rotated_at,
+        overlap_seconds=_overlap_seconds(),
+        unset="not set (made at the first submission with a callback_url, or by rotating)",
+    )
 
 
 def callback_provider(*, tenant_id: int) -> Provider:

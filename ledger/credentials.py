@@ -28,10 +28,14 @@ as :func:`secret_tail` / :func:`url_masked` at most (docs/secrets.md).
 from __future__ import annotations
 
 import os
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.utils import timezone
+
 from ledger.crypto import EncryptionKeyError, is_sealed, open_json, seal_json
+from ledger.masking import UNREADABLE
 from ledger.provider_checks import secret_env_refusal
 
 
@@ -60,6 +64,42 @@ def secret_tail(text: str) -> str:
     """How a stored secret is shown after it was made: its last 4 characters at most (enough
     to tell two apart), none of a short one."""
     return f"…{text[-4:]}" if len(text) >= _TAIL_MIN_LENGTH else "…"
+
+
+# A signing secret rotated with overlap (tenant callback secrets, replay targets' signing
+# secrets): the previous one keeps signing, beside the new one, for ``overlap_seconds`` after
+# the rotation, so receivers switch without a gap.
+
+
+def signing_secrets_now(
+    *, current: str, previous: Any, rotated_at: datetime | None, overlap_seconds: float
+) -> list[str]:
+    """The secrets a message is signed with now: ``current``, and the sealed ``previous``
+    opened while the overlap lasts (one ``v1=`` signature each, current first)."""
+    if previous and rotated_at and timezone.now() < rotated_at + timedelta(seconds=overlap_seconds):
+        return [current, secret_open(previous)]
+    return [current]
+
+
+def signing_secret_summary(
+    *, current: Any, previous: Any, rotated_at: datetime | None, overlap_seconds: float, unset: str
+) -> str:
+    """What a page or command says instead of showing a rotated signing secret: whether it is
+    set (``unset`` when not), its last 4 characters at most, when it was rotated and until
+    when the previous one still signs."""
+    if not current:
+        return unset
+    try:
+        tail = secret_tail(secret_open(current))
+    except EncryptionKeyError:
+        tail = UNREADABLE
+    text = f"set ({tail}); shown only when made or rotated"
+    if rotated_at:
+        until = rotated_at + timedelta(seconds=overlap_seconds)
+        text += f"; last rotated {rotated_at:%Y-%m-%d %H:%M} UTC"
+        if previous and timezone.now() < until:
+            text += f"; the previous secret also signs until {until:%Y-%m-%d %H:%M} UTC"
+    return text
 
 
 def url_masked(url: str) -> str:
