@@ -639,15 +639,6 @@ class TenantAdmin(ConsoleAdmin):
     exclude = ["callback_secret", "callback_secret_previous", "callback_secret_rotated_at"]
     readonly_fields = ["secret_namespace_state", "callback_secret_state"]
     actions = ["rotate_callback_secret"]
-    # Set by the platform, not by a tenant's own staff: shown to them, changed by a superuser.
-    platform_fields = ["personal_data_in_keys_allowed"]
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        fields = list(super().get_readonly_fields(request, obj))
-        if not request.user.is_superuser:
-            fields += self.platform_fields
-        return fields
-
     # Every field of a tenant is the platform's — its slug, limits, budgets, allow-list,
     # eligibility URL (review.roles: tenants are a superuser's). A tenant-scoped user sees
     # the page read-only, whatever permission a role or a person was granted, so a tampered
