@@ -639,6 +639,7 @@ class TenantAdmin(ConsoleAdmin):
     exclude = ["callback_secret", "callback_secret_previous", "callback_secret_rotated_at"]
     readonly_fields = ["secret_namespace_state", "callback_secret_state"]
     actions = ["rotate_callback_secret"]
+
     # Every field of a tenant is the platform's — its slug, limits, budgets, allow-list,
     # eligibility URL (review.roles: tenants are a superuser's). A tenant-scoped user sees
     # the page read-only, whatever permission a role or a person was granted, so a tampered
