@@ -63,7 +63,7 @@ class Faults:
         rng: random.Random,
         seconds: float,
         web_ready: Callable[[], bool],
-        resume_paused: Callable[[], int],
+        resume_paused: Callable[..., int],
         workers: list[str],
     ) -> None:
         self.supervisor = supervisor
@@ -210,7 +210,9 @@ class Faults:
                     action()
                 except httpx.HTTPError:
                     pass
-        self.resume_paused()
+        # A 403 scripted just before the calm may pause its provider a moment later; the
+        # drain resumes again every round (soak/run.py), so nothing waits on a paused provider.
+        self.resume_paused(after_seconds=0)
 
     def close(self) -> None:
         self._control.close()

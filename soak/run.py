@@ -375,6 +375,10 @@ class Soak:
             remaining = counts
             if not remaining:
                 return True, {}, time.monotonic() - started
+            # The operator keeps answering provider_paused alerts through the drain: a worker
+            # holding a scripted 403 from the last seconds of load pauses its provider after
+            # the calm, and execute-mode retries would otherwise wait on it forever.
+            self.service.resume_paused(after_seconds=0)
             callers = [
                 threading.Thread(
                     target=load.guard_flow,
