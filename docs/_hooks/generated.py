@@ -2,6 +2,8 @@
 
 - ``reference/openapi.md`` (and ``reference/openapi.json``): the API reference rendered from
   drf-spectacular's schema (``manage.py spectacular``), so the page cannot drift from the code.
+- ``reference/command-line.md``: every ``manage.py`` command of the project's own apps with its
+  ``--help``, read from the commands' parsers.
 - ``adr/index.md``: every decision record under ``docs/adr/``, by number, with its title — a
   new ADR appears in the site without anyone editing a list.
 """
@@ -40,6 +42,48 @@ def openapi_schema() -> dict[str, Any]:
             timeout=300,
         )
         return json.loads(out.read_text())
+
+
+# Run in a child process: Django is set up there, never in the process that builds the site.
+COMMANDS_HELP = r"""
+import json, sys
+from pathlib import Path
+import django
+django.setup()
+from django.core.management import get_commands, load_command_class
+root = Path.cwd()
+found = {}
+for name, app in sorted(get_commands().items()):
+    if not (root / app.split(".")[0]).is_dir() or name.startswith("_"):
+        continue
+    command = load_command_class(app, name)
+    parser = command.create_parser("manage.py", name)
+    found[name] = {"app": app, "help": parser.format_help()}
+json.dump(found, sys.stdout)
+"""
+
+
+def commands_help() -> dict[str, dict[str, str]]:
+    with tempfile.TemporaryDirectory(prefix="onceguard-docs-") as tmp:
+        env = {**os.environ, "ONCEGUARD_VAR_DIR": tmp, "DJANGO_SETTINGS_MODULE": "config.settings", "COLUMNS": "100"}
+        env.pop("DATABASE_URL", None)
+        done = subprocess.run(
+            [sys.executable, "-c", COMMANDS_HELP], cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=300
+        )
+        return json.loads(done.stdout)
+
+
+def render_commands(commands: dict[str, dict[str, str]]) -> str:
+    out = [
+        "# Command line (every command)",
+        "",
+        "Every `manage.py` command of Onceguard's own apps, with its `--help` as the code declares it "
+        "(generated at build time). Worked examples are in [Commands](commands.md).",
+        "",
+    ]
+    for name, command in commands.items():
+        out += [f"## `{name}`", "", f"From `{command['app']}`.", "", "```text", command["help"].rstrip(), "```", ""]
+    return "\n".join(out) + "\n"
 
 
 def cell(text: Any) -> str:
@@ -154,6 +198,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     schema = openapi_schema()
     files.append(File.generated(config, "reference/openapi.md", content=render_openapi(schema)))
     files.append(File.generated(config, "reference/openapi.json", content=json.dumps(schema, indent=2)))
+    files.append(File.generated(config, "reference/command-line.md", content=render_commands(commands_help())))
     adr_dir = Path(config["docs_dir"]) / "adr"
     files.append(File.generated(config, "adr/index.md", content=render_adr_index(adr_dir)))
     return files
