@@ -8,34 +8,50 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 
 .PHONY: run test lint fmt soak bench bench-compare setup clean
 
+## make help: list every target of this Makefile with what it does (these `## make` comments).
+.PHONY: help
+help:
+	@awk '/^## make /{sub(/^## make /, "make "); print; next} /^## /{sub(/^## /, "    "); print}' $(firstword $(MAKEFILE_LIST))
+
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	@touch $@
 
+## make setup: create .venv (python3.11) and install the pinned requirements-dev.txt; again only when a requirements file changed.
 setup: $(VENV)/.installed
 
-## make run: migrate the embedded SQLite database, seed the demo, start web + workers + schedules.
+## make run: make setup, migrate the embedded SQLite database, seed the demo on first run, then start web + workers +
+## schedules + the demo receivers until Ctrl-C (PORT, default 8000; DEMO_PORT_BASE, default 8010; DEMO=0: no demo).
 run: setup
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py accesslog_key
 	PORT=$(PORT) $(PY) manage.py run_all --port $(PORT)
 
+## make lint: ruff check, ruff format --check, lint-imports (the import contracts), make lint-n8n, then make docs.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(MAKE) --no-print-directory lint-n8n
+	$(MAKE) --no-print-directory docs
 
 ## make lint-n8n: the n8n node package's own lint (tsc --noEmit, then ESLint with the n8n community-node rules) and build.
 .PHONY: lint-n8n
 lint-n8n:
 	cd integrations/n8n && { test -d node_modules/n8n-workflow || npm ci --loglevel=error; } && npm run lint && npm run build
 
+## make fmt: ruff check --fix and ruff format: rewrite the code in the house format.
 fmt: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+## make docs: build the docs site (mkdocs.yml, Material theme) into var/site/ with --strict: any warning,
+## a broken link or anchor, fails. `.venv/bin/mkdocs serve` serves it with live reload on 127.0.0.1:8001.
+.PHONY: docs
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 ## make test: lint, the whole suite on SQLite, then on PostgreSQL when reachable (or DATABASE_URL says so).
 test: lint
@@ -71,5 +87,6 @@ bench-compare: setup
 	fi; \
 	DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} $(PY) -m bench.compare $$trees --servers $(BENCH_SERVERS)
 
+## make clean: remove .venv, var/ (the SQLite database, keys, credentials, the built site) and staticfiles/.
 clean:
 	rm -rf $(VENV) var staticfiles

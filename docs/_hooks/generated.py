@@ -68,7 +68,13 @@ def commands_help() -> dict[str, dict[str, str]]:
         env = {**os.environ, "ONCEGUARD_VAR_DIR": tmp, "DJANGO_SETTINGS_MODULE": "config.settings", "COLUMNS": "100"}
         env.pop("DATABASE_URL", None)
         done = subprocess.run(
-            [sys.executable, "-c", COMMANDS_HELP], cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=300
+            [sys.executable, "-c", COMMANDS_HELP],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         return json.loads(done.stdout)
 
