@@ -96,7 +96,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     base = free_port_block(7)
     service = Service(checkout, home, port=base + 6, demo_port_base=base, log=checkout / "run.log")
     # `PORT=… DEMO_PORT_BASE=… make run`, without make's set-up (the virtualenv is the shared one).
-    env = service.shell_env()
+    # Unbuffered as on a terminal: its "Onceguard is up" line reaches the log when it is printed.
+    env = {**service.shell_env(), "PYTHONUNBUFFERED": "1"}
     python = str(checkout / ".venv" / "bin" / "python")
     for command in (["migrate", "--noinput", "-v0"], ["accesslog_key"]):
         subprocess.run([python, "manage.py", *command], cwd=checkout, env=env, check=True, timeout=600)
