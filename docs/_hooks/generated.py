@@ -124,6 +124,11 @@ def render_openapi(schema: dict[str, Any]) -> str:
         "`/api/schema/` and browsable at `/api/docs/`. Download it: [openapi.json](openapi.json). "
         "The guide to using these endpoints is the [API guide](api.md).",
         "",
+        "Every endpoint takes a tenant's API key as `Authorization: Bearer <key>` (its scopes — `read`, "
+        "`write`, `admin`, `audit`, `payload` — decide what it may do). Every refusal, whatever the status, "
+        "is an RFC 9457 `application/problem+json` body with a stable `code`; the answers below list the "
+        "successful shapes.",
+        "",
     ]
     groups: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
     for path, item in schema.get("paths", {}).items():
