@@ -29,7 +29,7 @@ writes out what the fill and the VACUUM dirtied (gigabytes at 10M) so the measur
 queue behind that write-back. One thing of a bulk load remains: the fill leaves room on
 nearly every page of operations (fillfactor 90) that its VACUUM publishes, and a fresh row
 that fits in it goes to the next old page instead of the table's end — a page read and a
-full-page image in the WAL per fresh claim, in both databases (docs/scale-10M.md, *Claims at
+full-page image in the WAL per fresh claim, in both databases (bench/results/scale-10M.md, *Claims at
 scale*).
 
 The plans of every list query (custom and generic) go to var/bench-scale-plans.md, the
@@ -248,7 +248,7 @@ def settle(cursor: Any) -> None:
     """Write out what the fill dirtied before anything is measured. At 10M the VACUUM after
     the fill dirties every heap page (hint bits, all-visible), gigabytes the kernel writes back
     for minutes afterwards; measured then, the big database's side queued behind that I/O and
-    a checkpoint the fill's WAL had started (docs/scale-10M.md, *Claims at scale*). CHECKPOINT
+    a checkpoint the fill's WAL had started (bench/results/scale-10M.md, *Claims at scale*). CHECKPOINT
     writes and syncs it all now; it needs superuser or pg_checkpoint, and without either the
     fill goes on (and says so)."""
     try:

@@ -20,7 +20,7 @@ deleted at the end.
 SCALE_FRESH_PAYLOAD=1: fresh claims carry the filled rows' payload (``bench.scale.PAYLOAD``).
 Whether a fresh row fits in the room the fill leaves on each page of operations (fillfactor
 90), and so goes to an old page instead of the table's end, depends on its size
-(docs/scale-10M.md, *Claims at scale*).
+(bench/results/scale-10M.md, *Claims at scale*).
 """
 
 from __future__ import annotations
