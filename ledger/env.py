@@ -1149,7 +1149,10 @@ def reference_markdown() -> str:
                 meaning += " **Secret.**"
             if s.former_names:
                 meaning += " Former name: " + ", ".join(f"`{n}`" for n in s.former_names) + "."
-            cells = [f"`{s.name}`", s.accepts(), f"`{s.default_shown()}`", meaning, s.read_as]
+            default = s.default_shown()
+            if not s.default_text and default not in ("(unset)", "(empty)"):
+                default = f"`{default}`"
+            cells = [f"`{s.name}`", s.accepts(), default, meaning, s.read_as]
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
     return "\n".join(out)
