@@ -1099,17 +1099,19 @@ def raw(name: str, environ: Mapping[str, str] | None = None) -> str:
 def read(name: str, environ: Mapping[str, str] | None = None) -> Any:
     """The declared setting ``name`` from ``environ`` (the process's environment by default):
     its default when unset or empty, else its value parsed and checked; SettingError
-    (ImproperlyConfigured) with a message naming the variable when it is not valid."""
+    (ImproperlyConfigured) with a message naming the variable when it is not valid. Cheap
+    enough to call per use (the key rings call it on every seal)."""
     setting = BY_NAME[name]
     environ = os.environ if environ is None else environ
     value = environ.get(name)
-    if value is None and not setting.former_names:
-        return setting.default
-    if value == "" and setting.blank_is_value:
-        return [] if setting.kind in (LIST, CIDRS, REGEX_LINES) else ""
-    value = raw(name, environ)
-    if value == "":
-        return setting.default
+    if not value:
+        if value == "" and setting.blank_is_value:
+            return [] if setting.kind in (LIST, CIDRS, REGEX_LINES) else ""
+        if not setting.former_names:
+            return setting.default
+        value = next((environ[f] for f in setting.former_names if environ.get(f)), "")
+        if not value:
+            return setting.default
     return setting.parse(value)
 
 

@@ -107,23 +107,6 @@ def test_the_check_finds_what_it_looks_for() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_django_atomic_blocks_stack_is_one_block_per_open_atomic() -> None:
-    assert django_private.atomic_depth() == 0
-    with transaction.atomic():
-        assert django_private.atomic_depth() == 1
-        outer = django_private.innermost_atomic_block()
-        with transaction.atomic():
-            assert django_private.atomic_depth() == 2
-            inner = django_private.innermost_atomic_block()
-            assert inner is not outer
-            assert django_private.atomic_block_open(inner) and django_private.atomic_block_open(outer)
-        assert not django_private.atomic_block_open(inner)
-        assert django_private.atomic_block_open(outer)
-    assert django_private.atomic_depth() == 0
-    assert not django_private.atomic_block_open(outer)
-
-
-@pytest.mark.django_db(transaction=True)
 def test_django_database_errors_become_djangos_exception_classes() -> None:
     driver = connection.Database  # the backend's DB-API module (psycopg or sqlite3)
     with pytest.raises(IntegrityError) as raised:
@@ -145,6 +128,30 @@ def test_an_error_at_a_pipelines_sync_is_djangos() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('enable_seqscan')")
         assert cursor.fetchone() == ("on",)
+
+
+@pytest.mark.skipif(not on_postgres(), reason="the planner setting is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_index_plans_without_the_atomic_stack_sets_for_its_block_and_puts_back() -> None:
+    def seqscan(cursor: Any) -> str:
+        cursor.execute("SELECT current_setting('enable_seqscan')")
+        return cursor.fetchone()[0]
+
+    with connection.cursor() as cursor:
+        # Outermost and nested alike: off inside, on again for what the transaction runs after.
+        with transaction.atomic():
+            with sql.index_plans():
+                assert seqscan(cursor) == "off"
+                with transaction.atomic(), sql.index_plans():
+                    assert seqscan(cursor) == "off"
+                assert seqscan(cursor) == "off"
+            assert seqscan(cursor) == "on"
+        with transaction.atomic(), sql.index_plans():
+            assert seqscan(cursor) == "off"
+            # A statement alone inside it runs as it is: the setting is in force.
+            sql.execute_with_index_plans(cursor, "SELECT current_setting('enable_seqscan')", [])
+            assert cursor.fetchone() == ("off",)
+        assert seqscan(cursor) == "on"
 
 
 # --- psycopg: each internal psycopg_private uses ---------------------------------------------
