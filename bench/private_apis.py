@@ -16,7 +16,8 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bench.dbsetup import database_ready, setup_django
@@ -55,7 +56,9 @@ def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.private_apis", description=__doc__)
     p.add_argument("--n", type=int, default=2000, help="calls per side per round")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--only", default="", help="run the pairs whose name contains this")
     args = p.parse_args(argv)
+    only = args.__dict__.pop("only")
     url = os.environ["DATABASE_URL"]
     database_ready(url)
     setup_django(url)
@@ -63,6 +66,7 @@ def main(argv: list[str]) -> None:
     from django.db import connection, transaction
 
     from ledger import fast_rows, services, sql, statements
+    from ledger._adapters import django_private
     from ledger.models import Operation, Tenant
 
     tenant = Tenant.objects.filter(slug="bench-private-apis").first() or services.tenant_create(
@@ -118,17 +122,42 @@ def main(argv: list[str]) -> None:
         finally:
             fast_rows.result_columns = by_pgresult
 
+    stack_index_plans = sql.index_plans
+
+    @contextmanager
+    def restoring_index_plans() -> Iterator[None]:
+        # index_plans without Django's private stack of atomic blocks: it cannot tell the
+        # outermost block from a nested one, so it always saves and puts the setting back.
+        if sql._index_plans_set():
+            yield
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(sql._INDEX_PLANS_SAVED, [])
+        sql._plans.block = django_private.innermost_atomic_block()  # the bench's marker only
+        try:
+            yield
+        finally:
+            sql._plans.block = None
+        with connection.cursor() as cursor:
+            cursor.execute(sql._RESTORE_SAVED, [])
+
     def plans_set_only() -> None:
-        # What index_plans did when Django's private atomic stack said its block was the
-        # outermost: set, and let the COMMIT take the setting back.
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql.INDEX_PLANS, [])
+        with transaction.atomic(), stack_index_plans(), connection.cursor() as cursor:
             cursor.execute("SELECT 1")
 
     def plans_set_and_restored() -> None:
-        # What it does now, on public API only: save, set, and put back.
-        with transaction.atomic(), sql.index_plans(), connection.cursor() as cursor:
+        with transaction.atomic(), restoring_index_plans(), connection.cursor() as cursor:
             cursor.execute("SELECT 1")
+
+    def always_restoring(op: Call) -> Call:
+        def call() -> None:
+            sql.index_plans = restoring_index_plans
+            try:
+                op()
+            finally:
+                sql.index_plans = stack_index_plans
+
+        return call
 
     def alone_pipelined() -> None:
         with connection.cursor() as cursor:
@@ -177,15 +206,53 @@ def main(argv: list[str]) -> None:
         return call
 
     e2e = dict(n=max(50, args.n // 10), rounds=args.rounds)
-    results = [
-        _pair("operation row columns: pgresult vs cursor.description", rows_pgresult, rows_description, **vars(args)),
-        _pair("index_plans: set only vs set and restored", plans_set_only, plans_set_and_restored, **vars(args)),
-        _pair("a statement alone: pipeline vs BEGIN/COMMIT", alone_pipelined, alone_in_a_transaction, **vars(args)),
-        _pair("fresh op: pgresult vs cursor.description", fresh_op, swapped(fresh_op, description=True), **e2e),
-        _pair("replay op: pgresult vs cursor.description", replay_op, swapped(replay_op, description=True), **e2e),
-        _pair("fresh op: pipeline vs BEGIN/COMMIT", fresh_op, swapped(fresh_op, no_pipeline=True), **e2e),
-        _pair("replay op: pipeline vs BEGIN/COMMIT", replay_op, swapped(replay_op, no_pipeline=True), **e2e),
+    pairs = [
+        (
+            "operation row columns: pgresult vs cursor.description",
+            lambda: _pair(
+                "operation row columns: pgresult vs cursor.description", rows_pgresult, rows_description, **vars(args)
+            ),
+        ),
+        (
+            "index_plans: atomic stack vs always restore",
+            lambda: _pair(
+                "index_plans: atomic stack vs always restore", plans_set_only, plans_set_and_restored, **vars(args)
+            ),
+        ),
+        (
+            "fresh op: atomic stack vs always restore",
+            lambda: _pair("fresh op: atomic stack vs always restore", fresh_op, always_restoring(fresh_op), **e2e),
+        ),
+        (
+            "a statement alone: pipeline vs BEGIN/COMMIT",
+            lambda: _pair(
+                "a statement alone: pipeline vs BEGIN/COMMIT", alone_pipelined, alone_in_a_transaction, **vars(args)
+            ),
+        ),
+        (
+            "fresh op: pgresult vs cursor.description",
+            lambda: _pair(
+                "fresh op: pgresult vs cursor.description", fresh_op, swapped(fresh_op, description=True), **e2e
+            ),
+        ),
+        (
+            "replay op: pgresult vs cursor.description",
+            lambda: _pair(
+                "replay op: pgresult vs cursor.description", replay_op, swapped(replay_op, description=True), **e2e
+            ),
+        ),
+        (
+            "fresh op: pipeline vs BEGIN/COMMIT",
+            lambda: _pair("fresh op: pipeline vs BEGIN/COMMIT", fresh_op, swapped(fresh_op, no_pipeline=True), **e2e),
+        ),
+        (
+            "replay op: pipeline vs BEGIN/COMMIT",
+            lambda: _pair(
+                "replay op: pipeline vs BEGIN/COMMIT", replay_op, swapped(replay_op, no_pipeline=True), **e2e
+            ),
+        ),
     ]
+    results = [run_pair() for name, run_pair in pairs if only in name]
     print(
         f"{'pair':52} {'wall µs private/public':>22} {'saved':>6} {'CPU µs private/public':>21} {'saved':>6} {'wins':>5}"
     )

@@ -130,8 +130,8 @@ _RESTORE_SAVED = "SELECT set_config('enable_seqscan', current_setting('onceguard
 def index_plans() -> Iterator[None]:
     """Plan the statements inside (a transaction's) as if the ledger's tables were large: a
     sequential scan is taken only where no index can answer (``enable_seqscan = off``,
-    transaction-local: one statement, about 40 µs, and a second one to put the value back
-    for whatever the transaction runs after the block).
+    transaction-local: one statement, about 40 µs; a second one to put the caller's value
+    back when the block runs inside a caller's transaction).
 
     The claim path's statements read one row by key or id. On statistics taken while the
     tables were empty (a fresh deployment, a restore analyzed before its data) PostgreSQL
@@ -146,28 +146,31 @@ def index_plans() -> Iterator[None]:
         yield
         return
     assert connection.in_atomic_block, "index_plans() is for a transaction: enter it inside one"
-    # Saved and put back whether or not this block began the transaction: only Django's
-    # private stack of atomic blocks could tell, and the statement it would save costs
-    # nothing measurable (docs/adr/0004-private-framework-apis.md).
+    # Only the stack of atomic blocks tells the outermost block from a nested one (a Django
+    # internal: ledger/_adapters/django_private.py has the measurement).
+    nested = django_private.atomic_depth() > 1
     with connection.cursor() as cursor:
-        cursor.execute(_INDEX_PLANS_SAVED, [])
-    outer = getattr(_plans, "active", False)
-    # In force until this block ends (a rollback of the block takes the setting back too).
-    _plans.active = True
+        # Alone in its transaction the setting ends with the COMMIT; nested, it is put back.
+        cursor.execute(_INDEX_PLANS_SAVED if nested else INDEX_PLANS, [])
+    outer = getattr(_plans, "block", None)
+    # Valid while this atomic block lasts (a rollback to it takes the setting back too).
+    _plans.block = django_private.innermost_atomic_block()
     try:
         yield
     finally:
-        _plans.active = outer
-    with connection.cursor() as cursor:
-        cursor.execute(_RESTORE_SAVED, [])
+        _plans.block = outer
+    if nested:
+        with connection.cursor() as cursor:
+            cursor.execute(_RESTORE_SAVED, [])
 
 
-# Whether this thread's connection (Django's are per thread) runs inside index_plans.
+# The atomic block whose transaction has the setting, per thread (as Django's connections are).
 _plans = threading.local()
 
 
 def _index_plans_set() -> bool:
-    return getattr(_plans, "active", False) and connection.in_atomic_block
+    block = getattr(_plans, "block", None)
+    return block is not None and django_private.atomic_block_open(block)
 
 
 def execute_with_index_plans(cursor: Any, statement: str, params: Any) -> None:

@@ -130,28 +130,49 @@ def test_an_error_at_a_pipelines_sync_is_djangos() -> None:
         assert cursor.fetchone() == ("on",)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_django_atomic_blocks_stack_is_one_block_per_open_atomic() -> None:
+    assert django_private.atomic_depth() == 0
+    with transaction.atomic():
+        assert django_private.atomic_depth() == 1
+        outer = django_private.innermost_atomic_block()
+        with transaction.atomic():
+            assert django_private.atomic_depth() == 2
+            inner = django_private.innermost_atomic_block()
+            assert inner is not outer
+            assert django_private.atomic_block_open(inner) and django_private.atomic_block_open(outer)
+        assert not django_private.atomic_block_open(inner)
+        assert django_private.atomic_block_open(outer)
+    assert django_private.atomic_depth() == 0
+    assert not django_private.atomic_block_open(outer)
+
+
 @pytest.mark.skipif(not on_postgres(), reason="the planner setting is PostgreSQL's")
 @pytest.mark.django_db(transaction=True)
-def test_index_plans_without_the_atomic_stack_sets_for_its_block_and_puts_back() -> None:
+def test_index_plans_sets_for_its_transaction_and_puts_back_when_nested() -> None:
     def seqscan(cursor: Any) -> str:
         cursor.execute("SELECT current_setting('enable_seqscan')")
         return cursor.fetchone()[0]
 
     with connection.cursor() as cursor:
-        # Outermost and nested alike: off inside, on again for what the transaction runs after.
-        with transaction.atomic():
-            with sql.index_plans():
-                assert seqscan(cursor) == "off"
-                with transaction.atomic(), sql.index_plans():
-                    assert seqscan(cursor) == "off"
-                assert seqscan(cursor) == "off"
-            assert seqscan(cursor) == "on"
+        # Outermost: the COMMIT takes the setting back.
         with transaction.atomic(), sql.index_plans():
             assert seqscan(cursor) == "off"
-            # A statement alone inside it runs as it is: the setting is in force.
+            # Inside it, a nested block and a statement alone run as they are.
+            with transaction.atomic(), sql.index_plans():
+                assert seqscan(cursor) == "off"
             sql.execute_with_index_plans(cursor, "SELECT current_setting('enable_seqscan')", [])
             assert cursor.fetchone() == ("off",)
         assert seqscan(cursor) == "on"
+        # Nested in a caller's transaction: put back for what the caller runs after it.
+        with transaction.atomic():
+            with transaction.atomic(), sql.index_plans():
+                assert seqscan(cursor) == "off"
+            assert seqscan(cursor) == "on"
+            # A statement alone in the caller's transaction: set and put back around it.
+            sql.execute_with_index_plans(cursor, "SELECT current_setting('enable_seqscan')", [])
+            assert cursor.fetchone() == ("off",)
+            assert seqscan(cursor) == "on"
 
 
 # --- psycopg: each internal psycopg_private uses ---------------------------------------------
@@ -180,3 +201,17 @@ def test_the_console_column_class_is_djangos() -> None:
     for name, index in (("status", 0), (shown, 3), (lambda obj: obj, 7)):
         # Django's own helper is private: compared here, used nowhere else.
         assert listing._column_name(name, index) == admin_list._coerce_field_name(name, index)
+
+
+@pytest.mark.django_db
+def test_a_missing_review_item_redirects_to_the_index_with_djangos_message(client: Any) -> None:
+    from django.contrib.auth.models import User
+    from django.contrib.messages import get_messages
+    from django.urls import reverse
+
+    client.force_login(User.objects.create_superuser("root", password="correct horse battery"))
+    answer = client.get(reverse("admin:review_reviewitem_change", args=[987654]))
+    assert answer.status_code == 302 and answer["Location"] == reverse("admin:index")
+    assert [str(m) for m in get_messages(answer.wsgi_request)] == [
+        "review item with ID “987654” doesn’t exist. Perhaps it was deleted?"
+    ]
