@@ -431,7 +431,9 @@ SETTINGS: tuple[Setting, ...] = tuple(
                 "ONCEGUARD_KEY_DERIVATION_KEY",
                 STR,
                 "",
-                "<id>:<secret> deriving the data-subject index's keys. Unset: one generated once into var/.",
+                """<id>:<secret> (secret at least 32 characters) of POST /api/v1/keys/derive. Unset: one
+                generated once into var/key-derivation.key. Never rotate it: every derived key
+                would change (docs/secrets.md).""",
                 secret=True,
                 read_as="ledger.key_derivation (per call)",
             ),
@@ -439,7 +441,9 @@ SETTINGS: tuple[Setting, ...] = tuple(
                 "ONCEGUARD_ACCESSLOG_KEYS",
                 STR,
                 "",
-                "Keys of the access log's chain: <id>:<secret>,… (first = current).",
+                """HMAC keys of the access log's chain: <id>:<secret>,… (secrets at least 32
+                characters; first = current, the others still verify). Keep them outside the
+                database and its backups.""",
                 secret=True,
                 read_as="review.accesslog (per call)",
             ),
