@@ -1029,7 +1029,7 @@ SETTINGS: tuple[Setting, ...] = tuple(
             ),
         ),
         *_group(
-            "make run and the demo",
+            "make run, the web server and the demo",
             "",
             _s(
                 "DEMO",
@@ -1046,8 +1046,37 @@ SETTINGS: tuple[Setting, ...] = tuple(
                 minimum=1,
                 read_as="run_all, bootstrap_demo, review.demo",
             ),
-            _s("PORT", INT, 8000, "make run's web port.", minimum=0, read_as="run_all"),
-            _s("HOST", STR, "127.0.0.1", "make run's web address.", read_as="run_all"),
+            _s(
+                "PORT",
+                INT,
+                8000,
+                "The web port of make run and scripts/web.sh.",
+                minimum=0,
+                read_as="run_all, scripts/web.sh",
+            ),
+            _s(
+                "HOST",
+                STR,
+                "127.0.0.1",
+                "make run's web address (scripts/web.sh's default: 0.0.0.0).",
+                read_as="run_all, scripts/web.sh",
+            ),
+            _s(
+                "WEB_WORKERS",
+                INT,
+                4,
+                "granian worker processes of scripts/web.sh (the production web server).",
+                minimum=1,
+                read_as="scripts/web.sh",
+            ),
+            _s(
+                "WEB_THREADS",
+                INT,
+                4,
+                "granian blocking threads per worker process of scripts/web.sh.",
+                minimum=1,
+                read_as="scripts/web.sh",
+            ),
             _s("EXEC_WORKERS", INT, 1, "make run's execute-mode workers.", minimum=0, read_as="run_all"),
             _s(
                 "QCLUSTER_STOP_SECONDS",
