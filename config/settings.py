@@ -6,21 +6,19 @@ Defaults are safe for the embedded mode (SQLite file under ``var/``); production
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import secrets
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger import local_env
+from ledger import env, local_env
 from ledger.logs import logging_config
 from ledger.secret_files import read_or_create_secret_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("ONCEGUARD_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR = Path(env.read("ONCEGUARD_VAR_DIR") or BASE_DIR / "var")
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 # The demo's var/local.env (written by `make run`), read before any setting below and only
 # under the demo settings; real environment variables win (ledger.local_env).
@@ -28,34 +26,24 @@ LOCAL_ENV_FROM_FILE = local_env.load(VAR_DIR)
 # The demo settings (embedded database, DEBUG not off): the sign-in page shows the demo
 # admin's login from var/credentials.txt. Never under production settings.
 DEMO_SETTINGS = local_env.applies(os.environ) and not local_env.in_test_suite()
-
-
-def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
+# Every variable below is declared, typed and explained once in ledger.env (and in
+# docs/reference/settings.md, generated from it): a bad value stops the start here, with a
+# message naming each bad variable and what it accepts.
+env.validate()
 
 
 def _secret_key() -> str:
     """SECRET_KEY from the environment, else a local one generated once under var/."""
-    if os.environ.get("SECRET_KEY"):
-        return os.environ["SECRET_KEY"]
+    if env.read("SECRET_KEY"):
+        return env.read("SECRET_KEY")
     # Mode 600 from birth, never half-written; two processes starting at once agree on one.
     return read_or_create_secret_file(VAR_DIR / "secret_key", secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()
-DEBUG = env_bool("DEBUG", False)
-ALLOWED_HOSTS = [
-    h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()
-]
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+DEBUG = env.read("DEBUG")
+ALLOWED_HOSTS = env.read("ALLOWED_HOSTS")
+CSRF_TRUSTED_ORIGINS = env.read("CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
     # The stock admin with the console's site (tenant scoping, masking, dashboard).
@@ -123,8 +111,8 @@ TEMPLATES = [
 # SQLite is the embedded default: WAL so readers never block the writer, a busy timeout
 # and BEGIN IMMEDIATE so web and worker processes queue for the write lock instead of
 # failing with "database is locked" half-way through a transaction.
-SQLITE_PATH = os.environ.get("SQLITE_PATH", str(VAR_DIR / "onceguard.sqlite3"))
-DATABASE_URL = os.environ.get("DATABASE_URL", "")
+SQLITE_PATH = env.read("SQLITE_PATH") or str(VAR_DIR / "onceguard.sqlite3")
+DATABASE_URL = env.read("DATABASE_URL")
 if DATABASE_URL:
     # Persistent connections without a per-request `SELECT 1`: a connection the server hung
     # up on is dropped before use by config.middleware.DeadConnectionMiddleware (no round
@@ -136,20 +124,18 @@ if DATABASE_URL:
     # (protocol-level prepared statements) or set PG_PREPARE_THRESHOLD=0 to disable.
     DATABASES = {
         "default": dj_database_url.parse(
-            DATABASE_URL, conn_max_age=600, conn_health_checks=env_bool("DB_HEALTH_CHECKS", False)
+            DATABASE_URL, conn_max_age=600, conn_health_checks=env.read("DB_HEALTH_CHECKS")
         )
     }
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-        "connect_timeout", env_int("DB_CONNECT_TIMEOUT_SECONDS", 5)
-    )
-    _prepare = env_int("PG_PREPARE_THRESHOLD", 5)
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", env.read("DB_CONNECT_TIMEOUT_SECONDS"))
+    _prepare = env.read("PG_PREPARE_THRESHOLD")
     if _prepare > 0:
         DATABASES["default"].setdefault("OPTIONS", {}).update(
             {"server_side_binding": True, "prepare_threshold": _prepare}
         )
-    if os.environ.get("PG_TEST_DB_NAME"):
+    if env.read("PG_TEST_DB_NAME"):
         # Lets parallel test runs on one server use separate test databases.
-        DATABASES["default"]["TEST"] = {"NAME": os.environ["PG_TEST_DB_NAME"]}
+        DATABASES["default"]["TEST"] = {"NAME": env.read("PG_TEST_DB_NAME")}
 else:
     DATABASES = {
         "default": {
@@ -161,7 +147,7 @@ else:
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
             },
             # A file, not :memory:, so threads and child processes in tests share it.
-            "TEST": {"NAME": os.environ.get("SQLITE_TEST_PATH", str(VAR_DIR / "test.sqlite3"))},
+            "TEST": {"NAME": env.read("SQLITE_TEST_PATH") or str(VAR_DIR / "test.sqlite3")},
         }
     }
 
@@ -181,7 +167,7 @@ FORMAT_MODULE_PATH = ["config.formats"]
 # Phone numbers typed without a country code ("0412 345 678") are read as numbers of this
 # region (ISO 3166 code, e.g. AU) by the data-subject index and search (ledger.crypto);
 # empty: such numbers keep their digits as they are.
-DEFAULT_PHONE_REGION = os.environ.get("DEFAULT_PHONE_REGION", "").strip().upper()
+DEFAULT_PHONE_REGION = env.read("DEFAULT_PHONE_REGION").strip().upper()
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
@@ -196,7 +182,7 @@ def _object_storage(*, backend_env: str, options_env: str, location: Path) -> di
     read them) unless ``backend_env`` names another Django
     storage backend — e.g. django-storages' ``storages.backends.s3.S3Storage`` — configured
     by the JSON object in ``options_env``."""
-    backend = os.environ.get(backend_env) or "django.core.files.storage.FileSystemStorage"
+    backend = env.read(backend_env) or "django.core.files.storage.FileSystemStorage"
     if backend == "django.core.files.storage.FileSystemStorage":
         options: dict[str, object] = {
             "location": str(location),
@@ -205,7 +191,7 @@ def _object_storage(*, backend_env: str, options_env: str, location: Path) -> di
         }
     else:
         options = {}
-    options.update(json.loads(os.environ.get(options_env) or "{}"))
+    options.update(env.read(options_env))
     return {"BACKEND": backend, "OPTIONS": options}
 
 
@@ -216,53 +202,55 @@ STORAGES = {
     "onceguard_objects": _object_storage(
         backend_env="OBJECT_STORAGE_BACKEND",
         options_env="OBJECT_STORAGE_OPTIONS",
-        location=Path(os.environ.get("OBJECT_STORAGE_DIR") or VAR_DIR / "objects"),
+        location=Path(env.read("OBJECT_STORAGE_DIR") or VAR_DIR / "objects"),
     ),
     # Fetched outputs before their checks pass: never readable, deleted after the verdict.
     "onceguard_quarantine": _object_storage(
         backend_env="QUARANTINE_STORAGE_BACKEND",
         options_env="QUARANTINE_STORAGE_OPTIONS",
-        location=Path(os.environ.get("QUARANTINE_STORAGE_DIR") or VAR_DIR / "quarantine"),
+        location=Path(env.read("QUARANTINE_STORAGE_DIR") or VAR_DIR / "quarantine"),
     ),
 }
 
 LOGIN_URL = "/admin/login/"
 
 # --- Security -------------------------------------------------------------------------
-SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
+SESSION_COOKIE_AGE = env.read("SESSION_COOKIE_AGE")
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 # Console sessions end when the browser closes and at most SESSION_COOKIE_AGE after sign-in.
-SESSION_EXPIRE_AT_BROWSER_CLOSE = env_bool("SESSION_EXPIRE_AT_BROWSER_CLOSE", True)
+SESSION_EXPIRE_AT_BROWSER_CLOSE = env.read("SESSION_EXPIRE_AT_BROWSER_CLOSE")
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
 # Secure cookies + HSTS whenever DEBUG is off and the service answers to a non-loopback host
 # (so it sits behind TLS). The embedded default on plain-http loopback keeps them off, or
 # the browser would never send the session cookie back; SECURE_COOKIES=1/0 decides explicitly.
 _LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
-SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG and any(h not in _LOOPBACK_HOSTS for h in ALLOWED_HOSTS))
+SECURE_COOKIES = env.read("SECURE_COOKIES")
+if SECURE_COOKIES is None:
+    SECURE_COOKIES = not DEBUG and any(h not in _LOOPBACK_HOSTS for h in ALLOWED_HOSTS)
 if not DEBUG and SECURE_COOKIES:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_SECONDS = env.read("SECURE_HSTS_SECONDS")
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     # Plain-http requests are redirected to https (the TLS proxy sets X-Forwarded-Proto);
     # the load balancer's /healthz and /readyz are answered before this redirect.
-    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_SSL_REDIRECT = env.read("SECURE_SSL_REDIRECT")
     # HSTS sent by the service's own host covers only that host's subdomains, and preload
     # takes effect only when the registrable domain itself is submitted: safe defaults.
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
-    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.read("SECURE_HSTS_INCLUDE_SUBDOMAINS")
+    SECURE_HSTS_PRELOAD = env.read("SECURE_HSTS_PRELOAD")
 
 # The deployment's own reverse proxies (comma-separated CIDRs): only a request from one of
 # them has its X-Forwarded-For read for the client's address (login throttling, access log).
-TRUSTED_PROXIES = [c.strip() for c in os.environ.get("TRUSTED_PROXIES", "").split(",") if c.strip()]
+TRUSTED_PROXIES = env.read("TRUSTED_PROXIES")
 
 # Bodies larger than this are refused with 413 before anything is parsed or stored.
-MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 1024 * 1024)
+MAX_REQUEST_BYTES = env.read("MAX_REQUEST_BYTES")
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
 # --- API ------------------------------------------------------------------------------
@@ -297,86 +285,80 @@ ONCEGUARD = {
     # changed provider takes effect within this long on every node.
     # Payload/request paths copied in plain text into Operation.search_fields for filtering
     # (`?match=path:value`). Only non-personal paths belong here.
-    "OPERATION_SEARCH_PATHS": [
-        p.strip()
-        for p in os.environ.get(
-            "OPERATION_SEARCH_PATHS",
-            "event_type,action,method,path,source,body.source,workflow.id,call.agent_id,order_id,body.order_id",
-        ).split(",")
-        if p.strip()
-    ],
-    "API_KEY_CACHE_SECONDS": env_int("API_KEY_CACHE_SECONDS", 5),
-    "PROVIDER_CACHE_SECONDS": env_int("PROVIDER_CACHE_SECONDS", 5),
+    "OPERATION_SEARCH_PATHS": env.read("OPERATION_SEARCH_PATHS"),
+    "API_KEY_CACHE_SECONDS": env.read("API_KEY_CACHE_SECONDS"),
+    "PROVIDER_CACHE_SECONDS": env.read("PROVIDER_CACHE_SECONDS"),
     # Adapter revisions never change once written: a process keeps the ones it used this long.
-    "ADAPTER_REVISION_CACHE_SECONDS": env_int("ADAPTER_REVISION_CACHE_SECONDS", 3600),
+    "ADAPTER_REVISION_CACHE_SECONDS": env.read("ADAPTER_REVISION_CACHE_SECONDS"),
     # Prompt template versions are immutable too (ledger.prompts); "the newest" is never cached.
-    "PROMPT_TEMPLATE_CACHE_SECONDS": env_int("PROMPT_TEMPLATE_CACHE_SECONDS", 3600),
+    "PROMPT_TEMPLATE_CACHE_SECONDS": env.read("PROMPT_TEMPLATE_CACHE_SECONDS"),
     # A workflow name this process has noted is not written again for this long (ledger.workflows).
-    "WORKFLOW_NAME_CACHE_SECONDS": env_int("WORKFLOW_NAME_CACHE_SECONDS", 600),
+    "WORKFLOW_NAME_CACHE_SECONDS": env.read("WORKFLOW_NAME_CACHE_SECONDS"),
     # A caller's lease wish is clamped into this range (seconds).
-    "LEASE_MIN_SECONDS": env_int("LEASE_MIN_SECONDS", 5),
-    "LEASE_MAX_SECONDS": env_int("LEASE_MAX_SECONDS", 15 * 60),
-    "LEASE_DEFAULT_SECONDS": env_int("LEASE_DEFAULT_SECONDS", 60),
+    "LEASE_MIN_SECONDS": env.read("LEASE_MIN_SECONDS"),
+    "LEASE_MAX_SECONDS": env.read("LEASE_MAX_SECONDS"),
+    "LEASE_DEFAULT_SECONDS": env.read("LEASE_DEFAULT_SECONDS"),
     # Sweeper: how long a pass holds a row it reconciles, how many failed lookups before a
     # human is asked, and when an open row counts as stuck (one alert per row).
-    "RECONCILE_LEASE_SECONDS": env_int("RECONCILE_LEASE_SECONDS", 60),
-    "LOOKUP_FAILURE_LIMIT": env_int("LOOKUP_FAILURE_LIMIT", 5),
-    "STUCK_ALERT_SECONDS": env_int("STUCK_ALERT_SECONDS", 3600),
-    "SWEEP_INTERVAL_SECONDS": env_int("SWEEP_INTERVAL_SECONDS", 30),
+    "RECONCILE_LEASE_SECONDS": env.read("RECONCILE_LEASE_SECONDS"),
+    "LOOKUP_FAILURE_LIMIT": env.read("LOOKUP_FAILURE_LIMIT"),
+    "STUCK_ALERT_SECONDS": env.read("STUCK_ALERT_SECONDS"),
+    "SWEEP_INTERVAL_SECONDS": env.read("SWEEP_INTERVAL_SECONDS"),
     # A row waiting on an asynchronous provider past its lifetime whose poll is this overdue
     # (no worker took it) goes to review (ledger.sweeper.review_unpolled_waits).
-    "POLL_OVERDUE_SECONDS": env_int("POLL_OVERDUE_SECONDS", 60),
+    "POLL_OVERDUE_SECONDS": env.read("POLL_OVERDUE_SECONDS"),
     # Execute mode. A worker's lease is 2 × the provider's timeout + RECORD_RETRY_SECONDS +
     # this margin, so attempt timeout < lease < django-q2 timeout (Q_TIMEOUT) < django-q2
     # retry (Q_RETRY). A poll of an asynchronous provider's job holds a shorter lease: the
     # provider's timeout + OUTPUT_FETCH_TIMEOUT_SECONDS + this margin (adapters.poll_lease_seconds).
-    "WORKER_LEASE_MARGIN_SECONDS": float(os.environ.get("WORKER_LEASE_MARGIN_SECONDS") or 5),
+    "WORKER_LEASE_MARGIN_SECONDS": env.read("WORKER_LEASE_MARGIN_SECONDS"),
     # How long a worker holding a provider's answer retries recording it while the database
     # is unreachable (fresh connection, same token, backing off) before leaving the row to the
     # sweeper. Part of the lease, so a longer budget delays the recovery of a crashed worker.
-    "RECORD_RETRY_SECONDS": float(os.environ.get("RECORD_RETRY_SECONDS") or 30),
+    "RECORD_RETRY_SECONDS": env.read("RECORD_RETRY_SECONDS"),
+    # A provider's Retry-After is honoured up to this, or up to the provider's own
+    # max_delay_seconds when that is longer (ledger.adapters.retry_after_cap).
+    "RETRY_AFTER_MAX_SECONDS": env.read("RETRY_AFTER_MAX_SECONDS"),
     # Provider rate caps (ledger.ratelimit): a 429 (or a 503 with Retry-After) multiplies a
     # rate-capped provider's effective rate by PROVIDER_RATE_DECREASE, never below
     # PROVIDER_RATE_FLOOR_FRACTION of its declared rate; after PROVIDER_RATE_RECOVERY_SECONDS
     # without one it climbs back by PROVIDER_RATE_STEP_FRACTION of the declared rate, one step
     # per quiet period (from half to full in five steps: 150 s by default).
-    "PROVIDER_RATE_DECREASE": float(os.environ.get("PROVIDER_RATE_DECREASE") or 0.5),
-    "PROVIDER_RATE_FLOOR_FRACTION": float(os.environ.get("PROVIDER_RATE_FLOOR_FRACTION") or 0.0625),
-    "PROVIDER_RATE_RECOVERY_SECONDS": float(os.environ.get("PROVIDER_RATE_RECOVERY_SECONDS") or 30),
-    "PROVIDER_RATE_STEP_FRACTION": float(os.environ.get("PROVIDER_RATE_STEP_FRACTION") or 0.1),
+    "PROVIDER_RATE_DECREASE": env.read("PROVIDER_RATE_DECREASE"),
+    "PROVIDER_RATE_FLOOR_FRACTION": env.read("PROVIDER_RATE_FLOOR_FRACTION"),
+    "PROVIDER_RATE_RECOVERY_SECONDS": env.read("PROVIDER_RATE_RECOVERY_SECONDS"),
+    "PROVIDER_RATE_STEP_FRACTION": env.read("PROVIDER_RATE_STEP_FRACTION"),
     # Retry-After of the API's 503 `database_unavailable` answer.
-    "DATABASE_RETRY_AFTER_SECONDS": env_int("DATABASE_RETRY_AFTER_SECONDS", 5),
+    "DATABASE_RETRY_AFTER_SECONDS": env.read("DATABASE_RETRY_AFTER_SECONDS"),
     # Largest stored request envelope (method/path/query/headers/body as canonical JSON).
-    "EXECUTE_MAX_REQUEST_BYTES": env_int("EXECUTE_MAX_REQUEST_BYTES", 256 * 1024),
-    "WORKER_MAX_RESPONSE_BYTES": env_int("WORKER_MAX_RESPONSE_BYTES", 256 * 1024),
+    "EXECUTE_MAX_REQUEST_BYTES": env.read("EXECUTE_MAX_REQUEST_BYTES"),
+    "WORKER_MAX_RESPONSE_BYTES": env.read("WORKER_MAX_RESPONSE_BYTES"),
     # Where the service may send (ledger.outbound): comma-separated host names, *.suffixes,
     # addresses or CIDRs, each with an optional :port or :first-last. Loopback, private,
     # link-local and the like are refused unless listed here; cloud metadata addresses only
     # when listed exactly. Public addresses are allowed unless OUTBOUND_ALLOW_PUBLIC=0.
     # Proxy variables (HTTP(S)_PROXY) are ignored by every outbound call.
     # DEMO_OUTBOUND_ALLOW: the demo receivers' ports, added by `make run` (var/local.env).
-    "OUTBOUND_ALLOW": ",".join(
-        r for r in (os.environ.get("OUTBOUND_ALLOW", ""), os.environ.get("DEMO_OUTBOUND_ALLOW", "")) if r.strip()
-    ),
-    "OUTBOUND_ALLOW_PUBLIC": env_bool("OUTBOUND_ALLOW_PUBLIC", True),
+    "OUTBOUND_ALLOW": ",".join(r for r in (env.read("OUTBOUND_ALLOW"), env.read("DEMO_OUTBOUND_ALLOW")) if r.strip()),
+    "OUTBOUND_ALLOW_PUBLIC": env.read("OUTBOUND_ALLOW_PUBLIC"),
     # A provider's credential read from the environment must be named
     # <prefix><TENANT>_<anything> (ledger.credentials); anything else is never read.
-    "PROVIDER_SECRET_PREFIX": os.environ.get("ONCEGUARD_PROVIDER_SECRET_PREFIX") or "ONCEGUARD_SECRET_",
+    "PROVIDER_SECRET_PREFIX": env.read("ONCEGUARD_PROVIDER_SECRET_PREFIX"),
     # After a callback secret is rotated the previous one still signs for this long.
-    "CALLBACK_SECRET_OVERLAP_SECONDS": env_int("CALLBACK_SECRET_OVERLAP_SECONDS", 86400),
-    "CALLBACK_TIMEOUT_SECONDS": env_int("CALLBACK_TIMEOUT_SECONDS", 5),
-    "CALLBACK_MAX_ATTEMPTS": env_int("CALLBACK_MAX_ATTEMPTS", 8),
+    "CALLBACK_SECRET_OVERLAP_SECONDS": env.read("CALLBACK_SECRET_OVERLAP_SECONDS"),
+    "CALLBACK_TIMEOUT_SECONDS": env.read("CALLBACK_TIMEOUT_SECONDS"),
+    "CALLBACK_MAX_ATTEMPTS": env.read("CALLBACK_MAX_ATTEMPTS"),
     # Eligibility rechecks (ledger.eligibility): how long the tenant's webhook may take to
     # answer "still wanted?", and how long a retry that got no answer waits before it is asked again.
-    "ELIGIBILITY_TIMEOUT_SECONDS": env_int("ELIGIBILITY_TIMEOUT_SECONDS", 5),
-    "ELIGIBILITY_ASK_INTERVAL_SECONDS": env_int("ELIGIBILITY_ASK_INTERVAL_SECONDS", 30),
+    "ELIGIBILITY_TIMEOUT_SECONDS": env.read("ELIGIBILITY_TIMEOUT_SECONDS"),
+    "ELIGIBILITY_ASK_INTERVAL_SECONDS": env.read("ELIGIBILITY_ASK_INTERVAL_SECONDS"),
     # The canary watch (ledger.canary): a running canary revision is rolled back on its own
     # once it has CANARY_MIN_SAMPLE counted attempts within the last CANARY_WINDOW_SECONDS and
     # its failure rate exceeds the stable revision's by more than CANARY_MAX_EXCESS_PERCENT
     # points (provider-side failures only: not throttling, not the caller's invalid input).
-    "CANARY_WINDOW_SECONDS": env_int("CANARY_WINDOW_SECONDS", 900),
-    "CANARY_MIN_SAMPLE": env_int("CANARY_MIN_SAMPLE", 20),
-    "CANARY_MAX_EXCESS_PERCENT": float(os.environ.get("CANARY_MAX_EXCESS_PERCENT") or 10),
+    "CANARY_WINDOW_SECONDS": env.read("CANARY_WINDOW_SECONDS"),
+    "CANARY_MIN_SAMPLE": env.read("CANARY_MIN_SAMPLE"),
+    "CANARY_MAX_EXCESS_PERCENT": env.read("CANARY_MAX_EXCESS_PERCENT"),
     # Identifier shapes of this deployment masked in stored error text besides e-mail
     # addresses, phone numbers, tokens and keys (ledger.redaction): regular expressions, one
     # per line, e.g. ERROR_SCRUB_PATTERNS='\bCUST-\d{8}\b'. Compiled here so a bad one
@@ -384,21 +366,15 @@ ONCEGUARD = {
     # Uploads (POST /api/v1/uploads, ledger.uploads): the largest file taken, counted while
     # it streams in (refused as soon as it is passed), and the media types taken, recognised
     # by their content (magic bytes, then decoded by Pillow), never by the client's header.
-    "UPLOAD_MAX_BYTES": env_int("UPLOAD_MAX_BYTES", 10 * 1024 * 1024),
-    "UPLOAD_MEDIA_TYPES": [
-        t.strip()
-        for t in os.environ.get("UPLOAD_MEDIA_TYPES", "image/png,image/jpeg,image/webp,image/gif").split(",")
-        if t.strip()
-    ],
+    "UPLOAD_MAX_BYTES": env.read("UPLOAD_MAX_BYTES"),
+    "UPLOAD_MEDIA_TYPES": env.read("UPLOAD_MEDIA_TYPES"),
     # Images with more pixels than this are refused before they are decoded (a small file
     # can declare a huge canvas: a decompression bomb).
-    "IMAGE_MAX_PIXELS": env_int("IMAGE_MAX_PIXELS", 16_777_216),
+    "IMAGE_MAX_PIXELS": env.read("IMAGE_MAX_PIXELS"),
     # Validated outputs (ledger.outputs): the largest output fetched, and how long a fetch may take.
-    "OUTPUT_MAX_BYTES": env_int("OUTPUT_MAX_BYTES", 20 * 1024 * 1024),
-    "OUTPUT_FETCH_TIMEOUT_SECONDS": float(os.environ.get("OUTPUT_FETCH_TIMEOUT_SECONDS") or 30),
-    "ERROR_SCRUB_PATTERNS": [
-        re.compile(p.strip()).pattern for p in os.environ.get("ERROR_SCRUB_PATTERNS", "").splitlines() if p.strip()
-    ],
+    "OUTPUT_MAX_BYTES": env.read("OUTPUT_MAX_BYTES"),
+    "OUTPUT_FETCH_TIMEOUT_SECONDS": env.read("OUTPUT_FETCH_TIMEOUT_SECONDS"),
+    "ERROR_SCRUB_PATTERNS": env.read("ERROR_SCRUB_PATTERNS"),
 }
 
 # --- Access log (review.accesslog) ------------------------------------------------------
@@ -407,15 +383,15 @@ ONCEGUARD = {
 # never in the database.
 ONCEGUARD_ACCESS_LOG = {
     # The platform's floor: no tenant's policy, and no purge, removes a younger row.
-    "MIN_RETENTION_DAYS": env_int("ACCESS_LOG_MIN_RETENTION_DAYS", 365),
+    "MIN_RETENTION_DAYS": env.read("ACCESS_LOG_MIN_RETENTION_DAYS"),
     # Signed checkpoints of every chain's head: this often (django-q2), and at least every
     # HEARTBEAT_HOURS even when nothing happened; `accesslog_verify` reports rows left
     # uncovered longer than CHECKPOINT_MINUTES + GRACE_MINUTES and a newest checkpoint
     # older than HEARTBEAT_HOURS + that. Rows newer than the last checkpoint are covered by
     # their accesslog_witness log lines (`accesslog_verify --log FILE`, review.accesslog_witness).
-    "CHECKPOINT_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_MINUTES", 15),
-    "CHECKPOINT_HEARTBEAT_HOURS": env_int("ACCESS_LOG_CHECKPOINT_HEARTBEAT_HOURS", 24),
-    "GRACE_MINUTES": env_int("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES", 60),
+    "CHECKPOINT_MINUTES": env.read("ACCESS_LOG_CHECKPOINT_MINUTES"),
+    "CHECKPOINT_HEARTBEAT_HOURS": env.read("ACCESS_LOG_CHECKPOINT_HEARTBEAT_HOURS"),
+    "GRACE_MINUTES": env.read("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES"),
 }
 
 # --- Retention (review.retention): the Australian defaults and the platform's floors ----
@@ -425,28 +401,28 @@ ONCEGUARD_ACCESS_LOG = {
 # an effect may be retried, replayed or reviewed, the de-identified record (key, states,
 # times, digests) as evidence. Where each number comes from: docs/design.md §8, "Retention".
 ONCEGUARD_RETENTION = {
-    "APPLY_DEFAULTS": env_bool("RETENTION_APPLY_DEFAULTS", True),
+    "APPLY_DEFAULTS": env.read("RETENTION_APPLY_DEFAULTS"),
     "DEFAULTS": {
         "operations": {
-            "payload_days": env_int("RETENTION_OPERATIONS_PAYLOAD_DAYS", 30),
-            "record_days": env_int("RETENTION_OPERATIONS_RECORD_DAYS", 365),
+            "payload_days": env.read("RETENTION_OPERATIONS_PAYLOAD_DAYS"),
+            "record_days": env.read("RETENTION_OPERATIONS_RECORD_DAYS"),
         },
         "failed_events": {
-            "payload_days": env_int("RETENTION_DLQ_PAYLOAD_DAYS", 30),
-            "record_days": env_int("RETENTION_DLQ_RECORD_DAYS", 90),
+            "payload_days": env.read("RETENTION_DLQ_PAYLOAD_DAYS"),
+            "record_days": env.read("RETENTION_DLQ_RECORD_DAYS"),
         },
-        "access_log": {"payload_days": None, "record_days": env_int("RETENTION_ACCESS_LOG_RECORD_DAYS", 2555)},
+        "access_log": {"payload_days": None, "record_days": env.read("RETENTION_ACCESS_LOG_RECORD_DAYS")},
     },
     # No tenant's policy may be shorter (the console form and retention_policy_save refuse
     # it); the access log's floor is ACCESS_LOG_MIN_RETENTION_DAYS, and the purge holds it too.
     "FLOORS": {
         "operations": {
-            "payload_days": env_int("RETENTION_FLOOR_OPERATIONS_PAYLOAD_DAYS", 1),
-            "record_days": env_int("RETENTION_FLOOR_OPERATIONS_RECORD_DAYS", 30),
+            "payload_days": env.read("RETENTION_FLOOR_OPERATIONS_PAYLOAD_DAYS"),
+            "record_days": env.read("RETENTION_FLOOR_OPERATIONS_RECORD_DAYS"),
         },
         "failed_events": {
-            "payload_days": env_int("RETENTION_FLOOR_DLQ_PAYLOAD_DAYS", 1),
-            "record_days": env_int("RETENTION_FLOOR_DLQ_RECORD_DAYS", 7),
+            "payload_days": env.read("RETENTION_FLOOR_DLQ_PAYLOAD_DAYS"),
+            "record_days": env.read("RETENTION_FLOOR_DLQ_RECORD_DAYS"),
         },
     },
 }
@@ -456,9 +432,9 @@ ONCEGUARD_RETENTION = {
 Q_CLUSTER = {
     "name": "onceguard",
     "orm": "default",
-    "workers": env_int("Q_WORKERS", 2),
-    "timeout": env_int("Q_TIMEOUT", 120),
-    "retry": env_int("Q_RETRY", 180),
+    "workers": env.read("Q_WORKERS"),
+    "timeout": env.read("Q_TIMEOUT"),
+    "retry": env.read("Q_RETRY"),
     "max_attempts": 3,
     "catch_up": False,
     "save_limit": 500,
@@ -466,18 +442,18 @@ Q_CLUSTER = {
     "poll": 0.5,
     "log_level": "WARNING",
 }
-if os.environ.get("Q_REDIS_URL"):
+if env.read("Q_REDIS_URL"):
     Q_CLUSTER.pop("orm")
-    Q_CLUSTER["redis"] = os.environ["Q_REDIS_URL"]
+    Q_CLUSTER["redis"] = env.read("Q_REDIS_URL")
 
 # --- Logging: one structlog pipeline for ours, Django's and django-q2's lines -------------
 # LOG_FORMAT=json: one JSON object per line; anything else: `<time> <LEVEL> <logger> <event>
 # key=value …`. Payloads are never logged; a redaction processor is the second line of
 # defence (ledger.logs).
-LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
-LOG_FORMAT = os.environ.get("LOG_FORMAT", "kv")
+LOG_LEVEL = env.read("LOG_LEVEL")
+LOG_FORMAT = env.read("LOG_FORMAT")
 # `make run`'s request log: only error answers and requests of at least this many ms (0: off).
-REQUEST_LOG_SLOW_MS = env_int("REQUEST_LOG_SLOW_MS", 0)
+REQUEST_LOG_SLOW_MS = env.read("REQUEST_LOG_SLOW_MS")
 LOGGING = logging_config(level=LOG_LEVEL, fmt=LOG_FORMAT, q_level=Q_CLUSTER["log_level"])
 
 # --- Health and metrics -------------------------------------------------------------------
@@ -485,7 +461,7 @@ LOGGING = logging_config(level=LOG_LEVEL, fmt=LOG_FORMAT, q_level=Q_CLUSTER["log
 # files in this folder (prometheus-client's multi-process mode): `make run` sets it to
 # var/prometheus and empties it at start. It must be set before prometheus_client is
 # imported, i.e. in the environment of every process.
-PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+PROMETHEUS_MULTIPROC_DIR = env.read("PROMETHEUS_MULTIPROC_DIR")
 if PROMETHEUS_MULTIPROC_DIR:
     Path(PROMETHEUS_MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
 # /metrics (every port it is served on: the web app and `metrics_serve`) answers only a
@@ -497,10 +473,10 @@ METRICS_TOKEN_MIN_LENGTH = 16
 
 
 def _metrics_token() -> str:
-    token = os.environ.get("METRICS_TOKEN", "").strip()
-    if not token and os.environ.get("METRICS_TOKEN_FILE"):
+    token = env.read("METRICS_TOKEN").strip()
+    if not token and env.read("METRICS_TOKEN_FILE"):
         # A missing or unreadable file stops the start: a scraper would fail silently otherwise.
-        token = Path(os.environ["METRICS_TOKEN_FILE"]).read_text().strip()
+        token = Path(env.read("METRICS_TOKEN_FILE")).read_text().strip()
     if token and len(token) < METRICS_TOKEN_MIN_LENGTH:
         raise ImproperlyConfigured(f"METRICS_TOKEN must be at least {METRICS_TOKEN_MIN_LENGTH} characters")
     return token
@@ -508,8 +484,8 @@ def _metrics_token() -> str:
 
 METRICS_TOKEN = _metrics_token()
 # Per-tenant metric series cover at most this many tenants (the largest); the rest are summed.
-METRICS_TENANT_LABELS = env_int("METRICS_TENANT_LABELS", 20)
+METRICS_TENANT_LABELS = env.read("METRICS_TENANT_LABELS")
 # No django-q2 task finished for this long → metric onceguard_scheduler_stale=1 and an alert;
 # the sweeper's default is five sweep intervals (at least 300 s).
-SCHEDULER_STALE_SECONDS = env_int("SCHEDULER_STALE_SECONDS", 300)
-SWEEPER_STALE_SECONDS = env_int("SWEEPER_STALE_SECONDS", 0) or None
+SCHEDULER_STALE_SECONDS = env.read("SCHEDULER_STALE_SECONDS")
+SWEEPER_STALE_SECONDS = env.read("SWEEPER_STALE_SECONDS") or None

@@ -63,13 +63,9 @@ class Outcome:
         return self.error_class is None
 
 
-def _cfg(name: str, default: Any) -> Any:
-    return settings.ONCEGUARD.get(name, default)
-
-
 def record_retry_seconds() -> float:
     """How long a worker holding an outcome retries recording it through a database blip."""
-    return max(0.0, float(_cfg("RECORD_RETRY_SECONDS", 30.0)))
+    return max(0.0, float(settings.ONCEGUARD["RECORD_RETRY_SECONDS"]))
 
 
 def worker_lease_seconds(timeout_seconds: float) -> float:
@@ -80,7 +76,9 @@ def worker_lease_seconds(timeout_seconds: float) -> float:
     slow connect followed by a slow answer. The record step's retries then run for at most
     ``RECORD_RETRY_SECONDS``, and the margin covers the last try itself: the sweeper never
     moves a row whose outcome a live worker still holds (DESIGN §5)."""
-    return 2 * float(timeout_seconds) + record_retry_seconds() + float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
+    return (
+        2 * float(timeout_seconds) + record_retry_seconds() + float(settings.ONCEGUARD["WORKER_LEASE_MARGIN_SECONDS"])
+    )
 
 
 def poll_lease_seconds(timeout_seconds: float) -> float:
@@ -90,8 +88,8 @@ def poll_lease_seconds(timeout_seconds: float) -> float:
     No record-retry budget: a poll's answer that cannot be recorded is asked again, since a
     poll changes nothing at the provider. Shorter than a send's, and like it below the
     django-q2 timeout."""
-    fetch = float(_cfg("OUTPUT_FETCH_TIMEOUT_SECONDS", 30.0))
-    return float(timeout_seconds) + fetch + float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
+    fetch = float(settings.ONCEGUARD["OUTPUT_FETCH_TIMEOUT_SECONDS"])
+    return float(timeout_seconds) + fetch + float(settings.ONCEGUARD["WORKER_LEASE_MARGIN_SECONDS"])
 
 
 def lease_seconds_for(provider: Provider) -> float:
@@ -103,7 +101,7 @@ def send_window_seconds() -> float:
     that starts later could outlive the lease (two timeouts plus the record retries), and the
     sweeper may already have moved the row to review, where a reviewer can abandon it — so a
     holder stalled past this window records the attempt as not sent instead of sending."""
-    return float(_cfg("WORKER_LEASE_MARGIN_SECONDS", 5.0))
+    return float(settings.ONCEGUARD["WORKER_LEASE_MARGIN_SECONDS"])
 
 
 def parse_retry_after(value: str | None, *, cap: float) -> float | None:
@@ -130,7 +128,7 @@ def parse_retry_after(value: str | None, *, cap: float) -> float | None:
 
 def retry_after_cap(provider: Provider) -> float:
     """The longest Retry-After honoured: beyond our backoff cap, within reason."""
-    return max(float(provider.max_delay_seconds), float(_cfg("RETRY_AFTER_MAX_SECONDS", 3600)))
+    return max(float(provider.max_delay_seconds), float(settings.ONCEGUARD["RETRY_AFTER_MAX_SECONDS"]))
 
 
 def throttle_of(
@@ -333,7 +331,7 @@ def get_json(
     refused = origin_refusal(url, purpose="provider status")
     if refused:
         return None, None, f"destination refused by the outbound policy: {refused}", None
-    limit = int(_cfg("WORKER_MAX_RESPONSE_BYTES", 256 * 1024))
+    limit = int(settings.ONCEGUARD["WORKER_MAX_RESPONSE_BYTES"])
     try:
         request = client.build_request("GET", url, headers=headers, timeout=httpx.Timeout(timeout))
         response = client.send(request, stream=True)
@@ -428,7 +426,7 @@ def send(
             Outcome(ErrorClass.INVALID_INPUT, message=f"request not buildable ({type(exc).__name__})", sent=False)
         )
 
-    limit = int(_cfg("WORKER_MAX_RESPONSE_BYTES", 256 * 1024))
+    limit = int(settings.ONCEGUARD["WORKER_MAX_RESPONSE_BYTES"])
     try:
         response = client.send(request, stream=True)
         try:

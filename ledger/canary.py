@@ -81,10 +81,6 @@ REQUEUE_BATCH = 500
 REQUEUE_MAX_ROWS = 100_000
 
 
-def _cfg(name: str, default: Any) -> Any:
-    return settings.ONCEGUARD.get(name, default)
-
-
 # --- Reading -----------------------------------------------------------------------------------
 
 
@@ -211,7 +207,7 @@ def canary_figures(provider: Provider) -> WatchFigures | None:
     """The watch's figures for ``provider``'s running canary (None without one)."""
     if provider.canary_revision_id is None or provider.canary_started_at is None:
         return None
-    window = int(_cfg("CANARY_WINDOW_SECONDS", 900))
+    window = int(settings.ONCEGUARD["CANARY_WINDOW_SECONDS"])
     since = max(sql.db_now() - timedelta(seconds=window), provider.canary_started_at)
     ids = [provider.canary_revision_id] + ([provider.revision_id] if provider.revision_id else [])
     counts = revision_counts(revision_ids=ids, since=since)
@@ -226,8 +222,8 @@ def canary_figures(provider: Provider) -> WatchFigures | None:
         canary_failures=canary_f,
         stable_attempts=stable_n,
         stable_failures=stable_f,
-        min_sample=max(1, int(_cfg("CANARY_MIN_SAMPLE", 20))),
-        max_excess_percent=float(_cfg("CANARY_MAX_EXCESS_PERCENT", 10)),
+        min_sample=max(1, int(settings.ONCEGUARD["CANARY_MIN_SAMPLE"])),
+        max_excess_percent=float(settings.ONCEGUARD["CANARY_MAX_EXCESS_PERCENT"]),
     )
 
 

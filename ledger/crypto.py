@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.db import transaction
 
-from ledger import hooks
+from ledger import env, hooks
 from ledger.secret_files import write_secret_file
 
 log = logging.getLogger("onceguard.crypto")
@@ -132,7 +132,7 @@ def _embedded_spec() -> tuple[str, str]:
 
 def keyring() -> Keyring:
     """The configured keys (cached per process and per configuration)."""
-    spec = os.environ.get(KEYS_ENV, "").strip()
+    spec = env.read(KEYS_ENV).strip()
     # Every seal and open asks for the ring: the key is kept cheap (no Path per call).
     cache_key = spec or f"file:{settings.VAR_DIR}"
     cached = _cache.get(cache_key)
@@ -269,7 +269,7 @@ def normalize_phone(value: str, *, default_country_code: str | None = None, regi
     if cc is None:
         cc = str(
             getattr(settings, "ONCEGUARD_PRIVACY", {}).get("DEFAULT_COUNTRY_CODE")
-            or os.environ.get("ONCEGUARD_DEFAULT_COUNTRY_CODE", "")
+            or env.read("ONCEGUARD_DEFAULT_COUNTRY_CODE")
         )
     if cc and digits.startswith("0") and not digits.startswith("00"):
         return "+" + cc + digits[1:]

@@ -30,7 +30,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import httpx
 from django.conf import settings
@@ -74,10 +73,6 @@ class Answer:
     # True: still wanted; False: not wanted; None: no answer.
     wanted: bool | None
     reason: str
-
-
-def _cfg(name: str, default: Any) -> Any:
-    return settings.ONCEGUARD.get(name, default)
 
 
 def question_body(op: Operation) -> bytes:
@@ -132,7 +127,7 @@ def eligibility_ask(*, op: Operation, tenant: Tenant, client: httpx.Client | Non
         "Idempotency-Key": key_header_value(op.key),
         adapters.SIGNATURE_HEADER: adapters.sign(secret=secrets_now, body=body),
     }
-    timeout = float(_cfg("ELIGIBILITY_TIMEOUT_SECONDS", 5.0))
+    timeout = float(settings.ONCEGUARD["ELIGIBILITY_TIMEOUT_SECONDS"])
     own = client is None
     http = client or outbound_client(purpose=purpose, timeout=timeout)
     try:

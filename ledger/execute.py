@@ -98,10 +98,6 @@ _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
 MAX_PATH_LENGTH = 2000
 
 
-def _cfg(name: str, default: Any) -> Any:
-    return settings.ONCEGUARD.get(name, default)
-
-
 class RequestTooLarge(ValidationFailed):
     code, title = "request_too_large", "Request envelope too large"
 
@@ -275,7 +271,7 @@ def operation_submit(
     else:
         envelope = normalize_envelope(request=request, provider=view)
     size = len(services.canonical_json(envelope).encode())
-    limit = int(_cfg("EXECUTE_MAX_REQUEST_BYTES", 256 * 1024))
+    limit = int(settings.ONCEGUARD["EXECUTE_MAX_REQUEST_BYTES"])
     if size > limit:
         raise RequestTooLarge(f"The request envelope is {size} bytes; the limit is {limit}.", extra={"limit": limit})
     # Admission's queued bytes: the envelope and the uploads it makes a worker send (DESIGN §11).

@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import connection
 
+from ledger._adapters.psycopg_private import result_columns
 from ledger.models import Operation
 
 Converter = Callable[[Any, Any, Any], Any]
@@ -53,11 +54,7 @@ def operations_from(cursor: Any) -> list[Operation]:
     rows = cursor.fetchall()
     if not rows:
         return []
-    # The column names from psycopg's result (``Cursor.pgresult``, psycopg's documented
-    # access to libpq's result), not ``cursor.description``: that builds a Column object per
-    # column on every call, half of what this module saves.
-    result = cursor.pgresult
-    columns = tuple(result.fname(i).decode() for i in range(result.nfields))
+    columns = result_columns(cursor)
     layout = _LAYOUTS.get(columns)
     if layout is None:
         layout = _LAYOUTS.setdefault(columns, Layout(columns))

@@ -25,7 +25,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import re
 import secrets
 import threading
@@ -35,6 +34,7 @@ from typing import Any
 
 from django.conf import settings
 
+from ledger import env
 from ledger.errors import ValidationFailed
 from ledger.secret_files import write_secret_file
 
@@ -91,7 +91,7 @@ def _parse(spec: str, source: str) -> DerivationKey:
 def derivation_key() -> DerivationKey:
     """The configured derivation key (cached per process and per configuration); the file is
     made on first use where the environment names none."""
-    spec = os.environ.get(KEY_ENV, "").strip()
+    spec = env.read(KEY_ENV).strip()
     cache_key = spec or f"file:{settings.VAR_DIR}"
     cached = _cache.get(cache_key)
     if cached is not None:

@@ -78,8 +78,14 @@ class CappedCountPaginator(Paginator):
     bounded subquery) and says when there are more (``capped``, shown by the console's
     pagination template); pages beyond the cap need narrower filters."""
 
+    # Set by a list that read all its rows on page one (review.listing): nothing to count.
+    known_count: int | None = None
+
     @cached_property
     def count(self) -> int:
+        if self.known_count is not None:
+            self.capped = False
+            return self.known_count
         # Without ORDER BY: counting needs no order, and any index may serve the filter. Only
         # the primary key: a list's annotations (the operations list's workflow name, a
         # subquery per row) are not computed for rows that are only counted.

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
-from django.db import transaction
+from django.db import connection, transaction
 from prometheus_client import Counter
 
 log = logging.getLogger("onceguard.passes")
@@ -73,7 +73,7 @@ def row_isolated(
     savepoint, and a failure there is logged, never raised."""
     assert job in JOBS, job
     failed: BaseException | None = None
-    savepoint = atomic or transaction.get_connection().in_atomic_block
+    savepoint = atomic or connection.in_atomic_block
     try:
         with transaction.atomic() if savepoint else nullcontext():
             yield

@@ -61,24 +61,20 @@ CAP_COLUMNS = (
 )
 
 
-def _cfg(name: str, default: float) -> float:
-    return float(settings.ONCEGUARD.get(name, default))
-
-
 def decrease_factor() -> float:
-    return min(1.0, max(0.01, _cfg("PROVIDER_RATE_DECREASE", 0.5)))
+    return min(1.0, max(0.01, float(settings.ONCEGUARD["PROVIDER_RATE_DECREASE"])))
 
 
 def floor_fraction() -> float:
-    return min(1.0, max(0.001, _cfg("PROVIDER_RATE_FLOOR_FRACTION", 1 / 16)))
+    return min(1.0, max(0.001, float(settings.ONCEGUARD["PROVIDER_RATE_FLOOR_FRACTION"])))
 
 
 def recovery_seconds() -> float:
-    return max(0.0, _cfg("PROVIDER_RATE_RECOVERY_SECONDS", 30.0))
+    return max(0.0, float(settings.ONCEGUARD["PROVIDER_RATE_RECOVERY_SECONDS"]))
 
 
 def step_fraction() -> float:
-    return min(1.0, max(0.001, _cfg("PROVIDER_RATE_STEP_FRACTION", 0.1)))
+    return min(1.0, max(0.001, float(settings.ONCEGUARD["PROVIDER_RATE_STEP_FRACTION"])))
 
 
 def declared_rate(rate_limit: int | None, rate_period_seconds: int | None) -> float | None:

@@ -214,7 +214,8 @@ _SKIP = object()
 
 def _plan(child: serializers.Serializer) -> list[tuple[str, Any]]:
     plan = []
-    for field in child._readable_fields:
+    # DRF's readable fields (its private ``_readable_fields``), from its public ``fields``.
+    for field in (f for f in child.fields.values() if not f.write_only):
         plan.append((field.field_name, _renderer(child, field)))
     return plan
 

@@ -8,6 +8,7 @@ written ``%%`` because every statement runs with a parameter list.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
+from ledger._adapters import django_private
 from ledger.models import OperationStatus
 
 _STATUS_VALUES = frozenset(OperationStatus.values)
@@ -144,25 +146,31 @@ def index_plans() -> Iterator[None]:
         yield
         return
     assert connection.in_atomic_block, "index_plans() is for a transaction: enter it inside one"
-    nested = len(connection.atomic_blocks) > 1
+    # Only the stack of atomic blocks tells the outermost block from a nested one (a Django
+    # internal: ledger/_adapters/django_private.py has the measurement).
+    nested = django_private.atomic_depth() > 1
     with connection.cursor() as cursor:
         # Alone in its transaction the setting ends with the COMMIT; nested, it is put back.
         cursor.execute(_INDEX_PLANS_SAVED if nested else INDEX_PLANS, [])
-    outer = getattr(connection, "onceguard_index_plans", None)
+    outer = getattr(_plans, "block", None)
     # Valid while this atomic block lasts (a rollback to it takes the setting back too).
-    connection.onceguard_index_plans = connection.atomic_blocks[-1]
+    _plans.block = django_private.innermost_atomic_block()
     try:
         yield
     finally:
-        connection.onceguard_index_plans = outer
+        _plans.block = outer
     if nested:
         with connection.cursor() as cursor:
             cursor.execute(_RESTORE_SAVED, [])
 
 
+# The atomic block whose transaction has the setting, per thread (as Django's connections are).
+_plans = threading.local()
+
+
 def _index_plans_set() -> bool:
-    marker = getattr(connection, "onceguard_index_plans", None)
-    return marker is not None and any(block is marker for block in connection.atomic_blocks)
+    block = getattr(_plans, "block", None)
+    return block is not None and django_private.atomic_block_open(block)
 
 
 def execute_with_index_plans(cursor: Any, statement: str, params: Any) -> None:
@@ -176,8 +184,9 @@ def execute_with_index_plans(cursor: Any, statement: str, params: Any) -> None:
         cursor.execute(statement, params)
         return
     raw = connection.connection
-    # Errors surface when the pipeline syncs, outside the cursor's own error wrapping.
-    with connection.wrap_database_errors, raw.pipeline():
+    # Errors surface when the pipeline syncs, outside the cursor's own error wrapping: raised
+    # as Django's all the same (ledger/_adapters/django_private.py).
+    with django_private.database_errors(), raw.pipeline():
         if not connection.in_atomic_block:
             cursor.execute(INDEX_PLANS, [])
             cursor.execute(statement, params)

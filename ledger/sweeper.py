@@ -56,10 +56,6 @@ class SweepReport:
         self.counts[name] = self.counts.get(name, 0) + n
 
 
-def _cfg(name: str) -> int:
-    return int(settings.ONCEGUARD[name])
-
-
 def _move(
     op: Operation,
     to: str,
@@ -191,7 +187,7 @@ def _take_uncertain(batch: int) -> list[int]:
     """Take uncertain rows under a short reconciliation lease, so a second sweeper (another
     node, a manual run) passes them over: read with SKIP LOCKED, set in the same transaction."""
     free = Q(status=S.UNCERTAIN) & (Q(reconcile_until__isnull=True) | Q(reconcile_until__lt=Now()))
-    until = sql.db_now() + timedelta(seconds=_cfg("RECONCILE_LEASE_SECONDS"))
+    until = sql.db_now() + timedelta(seconds=int(settings.ONCEGUARD["RECONCILE_LEASE_SECONDS"]))
     with transaction.atomic():
         ids = list(
             Operation.objects.select_for_update(skip_locked=True)
@@ -248,7 +244,7 @@ def _lookup_backoff(op: Operation) -> Any:
 
     def record(exc: BaseException) -> None:
         failures = op.lookup_failures + 1
-        backoff = min(3600, _cfg("RECONCILE_LEASE_SECONDS") * 2 ** min(failures, 12))
+        backoff = min(3600, int(settings.ONCEGUARD["RECONCILE_LEASE_SECONDS"]) * 2 ** min(failures, 12))
         Operation.objects.filter(pk=op.pk, status=S.UNCERTAIN).update(
             lookup_failures=F("lookup_failures") + 1,
             last_error=failure_text(JOB, exc),
@@ -304,7 +300,7 @@ def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client |
     result = provider_lookup(provider=provider, operation=op, client=client)
     if result.outcome == LookupOutcome.UNKNOWN:
         report.add("lookup_unknown")
-        if op.lookup_failures + 1 >= _cfg("LOOKUP_FAILURE_LIMIT"):
+        if op.lookup_failures + 1 >= int(settings.ONCEGUARD["LOOKUP_FAILURE_LIMIT"]):
             _release(op.pk, lookup_failed=True)
             op.refresh_from_db()
             _move(op, S.REVIEW, f"lookups keep failing ({result.error})", report, changes=clear, also=_review_alert)
@@ -419,7 +415,7 @@ def review_unpolled_waits(*, batch: int = 500, report: SweepReport | None = None
     poll is overdue within its lifetime holds no lease and loses nothing by waiting: the next
     worker polls it, and ``alert_stuck`` reports it if that takes too long."""
     report = report or SweepReport()
-    overdue = sql.db_now() - timedelta(seconds=_cfg("POLL_OVERDUE_SECONDS"))
+    overdue = sql.db_now() - timedelta(seconds=int(settings.ONCEGUARD["POLL_OVERDUE_SECONDS"]))
     ended = Q(status=S.WAITING, next_attempt_at__lt=overdue, expires_at__lt=Now())
     ids = list(Operation.objects.filter(ended).order_by("next_attempt_at").values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.WAITING):
@@ -446,7 +442,7 @@ def alert_stuck(*, batch: int = 500, report: SweepReport | None = None) -> Sweep
     has moved since its alert (updated_at past alerted_at) and is stuck again is alerted again:
     its first alert has cleared meanwhile (alerts.clearing), so this one opens a new alert."""
     report = report or SweepReport()
-    cutoff = sql.db_now() - timedelta(seconds=_cfg("STUCK_ALERT_SECONDS"))
+    cutoff = sql.db_now() - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
     ids: list[int] = []
     # One query per partial index (claimed; uncertain+review; waiting): an IN over all the
     # states matches no index's predicate and scans the whole table.

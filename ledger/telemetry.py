@@ -14,13 +14,14 @@ without end.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from prometheus_client import Histogram
+
+from ledger import env
 
 OTHER = "_other"
 
@@ -58,10 +59,10 @@ class BoundedLabel:
         return OTHER
 
 
-_provider_label = BoundedLabel(int(os.environ.get("METRICS_PROVIDER_LABELS") or 50))
+_provider_label = BoundedLabel(env.read("METRICS_PROVIDER_LABELS"))
 _outcome_label = BoundedLabel(40)
 # Revision numbers grow with every adapter change: the series stay bounded like the slugs'.
-_revision_label = BoundedLabel(int(os.environ.get("METRICS_REVISION_LABELS") or 200))
+_revision_label = BoundedLabel(env.read("METRICS_REVISION_LABELS"))
 
 
 def observe_claim(*, seconds: float, outcome: str) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from dlq.models import FailedEvent, FailedEventStatus
-from ledger import selectors, sql
+from ledger import env, selectors, sql
 from ledger.errors import DomainError
 from ledger.models import OPEN_STATES, Operation, OperationStatus, Provider, Tenant
 from observability.scheduler import scheduler_ages
@@ -206,7 +205,7 @@ def metrics_registry() -> CollectorRegistry:
     """A registry for one scrape: the database's figures and the processes' histograms."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector())
-    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    folder = env.read("PROMETHEUS_MULTIPROC_DIR")
     if folder:
         MultiProcessCollector(registry, path=folder)
     else:

@@ -31,7 +31,8 @@ from typing import IO, Any
 
 import httpx
 
-from relay.fault_relay import FORWARD_AND_RESPOND, make_relay
+from ledger import env
+from relay.fault_relay import make_relay
 from relay.mock_images import make_mock_image_provider
 from relay.mock_providers import make_mock_provider
 from relay.server import LoopbackServer
@@ -317,7 +318,7 @@ def start_relay(
         return _start_process("relay", argv, "/_relay/health")
     server = make_relay(
         upstream_url,
-        mode=mode or os.environ.get("RELAY_MODE") or FORWARD_AND_RESPOND,
+        mode=mode or env.read("RELAY_MODE"),
         delay=delay,
         host=LOOPBACK,
         port=0,

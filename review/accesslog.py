@@ -37,7 +37,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import re
 import secrets
 import threading
@@ -51,6 +50,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from ledger import env
 from ledger.logs import get_logger
 from ledger.redaction import scrub
 from ledger.secret_files import write_secret_file
@@ -104,13 +104,13 @@ _cache: dict[str, AccessLogKeys] = {}
 
 
 def key_file_path() -> Path:
-    return Path(os.environ.get(KEY_FILE_ENV) or Path(settings.VAR_DIR) / "accesslog.key")
+    return Path(env.read(KEY_FILE_ENV) or Path(settings.VAR_DIR) / "accesslog.key")
 
 
 def accesslog_key_ensure() -> Path | None:
     """Create the key file when no key is configured and none exists yet; its path (None
     when the key comes from the environment). Never prints or logs the key."""
-    if os.environ.get(KEYS_ENV, "").strip():
+    if env.read(KEYS_ENV).strip():
         return None
     path = key_file_path()
     if not path.exists() and write_secret_file(path, f"al1:{secrets.token_urlsafe(48)}\n"):
@@ -138,7 +138,7 @@ def _parse_keys(spec: str, source: str) -> AccessLogKeys:
 
 def accesslog_keys() -> AccessLogKeys:
     """The configured access-log keys (cached per process and per configuration)."""
-    spec = os.environ.get(KEYS_ENV, "").strip()
+    spec = env.read(KEYS_ENV).strip()
     cache_key = spec or f"file:{key_file_path()}"
     cached = _cache.get(cache_key)
     if cached is not None:

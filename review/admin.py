@@ -10,12 +10,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.translation import gettext
 from django_q import admin as django_q_admin  # noqa: F401  (registers its pages first: replaced below)
 from django_q.models import Schedule
 
@@ -136,7 +138,14 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
     ) -> HttpResponse:
         item = self.get_object(request, object_id)
         if item is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            # The admin's own answer to a missing object, through its public API rather than
+            # its private helper (docs/adr/0004-private-framework-apis.md).
+            missing = gettext("%(name)s with ID “%(key)s” doesn’t exist. Perhaps it was deleted?") % {
+                "name": self.opts.verbose_name,
+                "key": unquote(object_id),
+            }
+            self.message_user(request, missing, messages.WARNING)
+            return HttpResponseRedirect(reverse("admin:index", current_app=self.admin_site.name))
         can_decide = request.user.has_perm("review.decide_reviewitem")
         form = DecisionForm(request.POST or None)
         if request.method == "POST":

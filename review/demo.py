@@ -16,7 +16,6 @@ Seeds only an empty database (no operations, no DLQ entries), so it never mixes 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import threading
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ from django.db import transaction
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import outbound, services
+from ledger import env, outbound, services
 from ledger.management.commands.bootstrap_demo import demo_outbound_rules
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
 from ledger.secret_files import write_secret_file
@@ -78,7 +77,7 @@ def _local_crm() -> Iterator[str]:
 
 def demo_port_base() -> int:
     """Where `make run` starts the demo receivers (run_all sets DEMO_PORT_BASE for the seed)."""
-    return int(os.environ.get("DEMO_PORT_BASE") or 8010)
+    return env.read("DEMO_PORT_BASE")
 
 
 def demo_crm_url() -> str:

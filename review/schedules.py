@@ -4,10 +4,9 @@ module)."""
 
 from __future__ import annotations
 
-import os
-
 from django_q.models import Schedule
 
+from ledger import env
 from review.accesslog import accesslog_checkpoint_all, accesslog_setting
 from review.erasure import erasures_resume_stalled
 from review.retention import retention_purge
@@ -37,7 +36,7 @@ def activity_rollup_task() -> dict[str, int]:
 
 def install_schedules() -> list[str]:
     """Create or update the console's schedules; returns their names."""
-    minutes = max(1, int(os.environ.get("RETENTION_INTERVAL_MINUTES", "60")))
+    minutes = max(1, env.read("RETENTION_INTERVAL_MINUTES"))
     Schedule.objects.update_or_create(
         name="review.retention_purge",
         defaults={

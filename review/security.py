@@ -18,7 +18,6 @@ is ignored: a client cannot pick the address it is throttled (or logged) under.
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -26,15 +25,14 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
+from ledger import env
 from review.models import LoginFailure
 
 
-def _setting(name: str, default: int) -> int:
+def _setting(name: str) -> int:
+    """``settings.ONCEGUARD_SECURITY[name]`` when set, else the environment (``ledger.env``)."""
     value = getattr(settings, "ONCEGUARD_SECURITY", {}).get(name)
-    if value is None:
-        raw = os.environ.get(name)
-        return int(raw) if raw else default
-    return int(value)
+    return int(env.read(name) if value is None else value)
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -83,11 +81,11 @@ def _username(username: str) -> str:
 
 
 def login_locked(*, username: str, ip: str | None) -> bool:
-    since = timezone.now() - timedelta(seconds=_setting("LOGIN_WINDOW_SECONDS", 900))
+    since = timezone.now() - timedelta(seconds=_setting("LOGIN_WINDOW_SECONDS"))
     recent = LoginFailure.objects.filter(at__gte=since)
-    if username and recent.filter(username=_username(username), ip=ip).count() >= _setting("LOGIN_MAX_FAILURES", 5):
+    if username and recent.filter(username=_username(username), ip=ip).count() >= _setting("LOGIN_MAX_FAILURES"):
         return True
-    if ip and recent.filter(ip=ip).count() >= _setting("LOGIN_MAX_FAILURES_PER_IP", 30):
+    if ip and recent.filter(ip=ip).count() >= _setting("LOGIN_MAX_FAILURES_PER_IP"):
         return True
     return False
 

@@ -6,8 +6,10 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.template.loader import select_template
 
 from ledger import display
+from review.listing import result_list
 
 register = template.Library()
 
@@ -39,13 +41,17 @@ def og_badge(state: str, label: str | None = None) -> Any:
     return display.badge(state, label)
 
 
-@register.tag(name="console_result_list")
-def console_result_list_tag(parser: Any, token: Any) -> Any:
-    """Django's ``{% result_list cl %}``, its rows rendered by review.listing (same HTML)."""
-    from django.contrib.admin.templatetags.base import InclusionAdminNode
-
-    from review.listing import result_list
-
-    return InclusionAdminNode(
-        parser, token, func=result_list, template_name="change_list_results.html", takes_context=False
+@register.simple_tag(name="console_result_list")
+def console_result_list(cl: Any) -> Any:
+    """Django's ``{% result_list cl %}``, its rows rendered by review.listing (same HTML), from
+    the template Django's tag would pick (a model's or an app's own first). Public template
+    API, not the admin's private InclusionAdminNode (docs/adr/0004-private-framework-apis.md)."""
+    app_label, model_name = cl.opts.app_label.lower(), cl.opts.model_name
+    template = select_template(
+        [
+            f"admin/{app_label}/{model_name}/change_list_results.html",
+            f"admin/{app_label}/change_list_results.html",
+            "admin/change_list_results.html",
+        ]
     )
+    return template.render(result_list(cl))

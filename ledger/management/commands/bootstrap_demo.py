@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -9,7 +8,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
-from ledger import outbound, prompts, services
+from ledger import env, outbound, prompts, services
 from ledger.models import IdempotencyClass, Tenant
 from ledger.secret_files import write_secret_file
 
@@ -74,7 +73,7 @@ class Command(BaseCommand):
     help = "First-run set-up for the embedded mode: a demo tenant, provider, API key and admin login."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--port-base", type=int, default=int(os.environ.get("DEMO_PORT_BASE", "8010")))
+        parser.add_argument("--port-base", type=int, default=env.read("DEMO_PORT_BASE"))
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug="demo").first() or services.tenant_create(slug="demo", name="Demo tenant")

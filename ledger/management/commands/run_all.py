@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import local_env
+from ledger import env, local_env
 from ledger.management.commands.bootstrap_demo import demo_outbound_rules
 from ledger.secret_files import read_or_create_secret_file
 
@@ -26,15 +26,13 @@ class Command(BaseCommand):
     help = "Run the whole service: web (granian) + django-q2 cluster (schedules). Ctrl-C stops all."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=env.read("PORT"))
+        parser.add_argument("--host", default=env.read("HOST"))
         parser.add_argument("--web-workers", type=int, default=2)
-        parser.add_argument(
-            "--exec-workers", type=int, default=int(os.environ.get("EXEC_WORKERS", "1")), help="execute-mode workers"
-        )
+        parser.add_argument("--exec-workers", type=int, default=env.read("EXEC_WORKERS"), help="execute-mode workers")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        demo = os.environ.get("DEMO", "1") != "0"
+        demo = env.read("DEMO")
         # The demo's settings come from this start's environment, never from the previous
         # run's var/local.env (ledger.local_env): this run writes that file afresh below.
         base = int(_from_environment("DEMO_PORT_BASE") or "8010")
@@ -108,14 +106,14 @@ class Command(BaseCommand):
             ]
         # Web and worker processes add up their metrics through one folder, emptied first
         # (files of processes from an earlier run would be counted again).
-        metrics_dir = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or Path(settings.VAR_DIR) / "prometheus")
+        metrics_dir = Path(env.read("PROMETHEUS_MULTIPROC_DIR") or Path(settings.VAR_DIR) / "prometheus")
         metrics_dir.mkdir(parents=True, exist_ok=True)
         for stale in metrics_dir.glob("*.db"):
             stale.unlink()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         # /metrics answers only a scraper with the token (observability.metrics): unless the
         # deployment set one, the demo gets its own, made once under var/ with mode 600.
-        if not (os.environ.get("METRICS_TOKEN") or _from_environment("METRICS_TOKEN_FILE")):
+        if not (env.read("METRICS_TOKEN") or _from_environment("METRICS_TOKEN_FILE")):
             token_file = Path(settings.VAR_DIR) / "metrics_token"
             read_or_create_secret_file(token_file, secrets.token_urlsafe(32))
             os.environ["METRICS_TOKEN_FILE"] = local["METRICS_TOKEN_FILE"] = str(token_file)
@@ -129,9 +127,7 @@ class Command(BaseCommand):
         (Path(settings.VAR_DIR) / local_env.FILE_NAME).write_text(local_env.render(local))
         # Where the token is, never the token itself (the terminal's scrollback is kept).
         bearer = (
-            "$METRICS_TOKEN"
-            if os.environ.get("METRICS_TOKEN")
-            else f"$(cat {shlex.quote(os.environ['METRICS_TOKEN_FILE'])})"
+            "$METRICS_TOKEN" if env.read("METRICS_TOKEN") else f"$(cat {shlex.quote(env.read('METRICS_TOKEN_FILE'))})"
         )
 
         stopping = False
@@ -192,8 +188,8 @@ class Command(BaseCommand):
           the workers are gone.
         """
         started = time.monotonic()
-        qcluster_grace = float(os.environ.get("QCLUSTER_STOP_SECONDS") or 2)
-        worker_grace = float(os.environ.get("WORKER_STOP_SECONDS") or 120)
+        qcluster_grace = env.read("QCLUSTER_STOP_SECONDS")
+        worker_grace = env.read("WORKER_STOP_SECONDS")
         # The demo receivers stay up until the workers are gone: an attempt in flight to them
         # must get its answer, not a reset from a receiver stopped under it.
         receivers = {name for name in children if name.startswith(("mock-", "relay-"))}
@@ -244,7 +240,7 @@ class Command(BaseCommand):
         Returns "" when ready (or asked to stop), else what went wrong."""
         probe_host = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)
         url = f"http://{probe_host}:{port}/readyz"
-        timeout = float(os.environ.get("READY_TIMEOUT_SECONDS") or 60)
+        timeout = env.read("READY_TIMEOUT_SECONDS")
         deadline = time.monotonic() + timeout
         last = "no answer"
         while time.monotonic() < deadline and not stopping():
@@ -266,5 +262,5 @@ class Command(BaseCommand):
 
 def _from_environment(name: str) -> str:
     """``name`` as this start's own environment says, ignoring what settings took from an
-    earlier run's var/local.env."""
-    return "" if name in settings.LOCAL_ENV_FROM_FILE else os.environ.get(name, "")
+    earlier run's var/local.env (its text as set: settings checked it at start)."""
+    return "" if name in settings.LOCAL_ENV_FROM_FILE else env.raw(name)

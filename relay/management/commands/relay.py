@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from relay.fault_relay import FORWARD_AND_RESPOND, MODES, RelayConfigError, make_relay
+from ledger import env
+from relay.fault_relay import MODES, RelayConfigError, make_relay
 from relay.management.commands._serve import check_host, serve_until_stopped
 
 
@@ -19,8 +19,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=8020, help="0 picks a free port (printed on start)")
         parser.add_argument("--upstream", required=True, help="the provider's base URL")
-        parser.add_argument("--mode", choices=MODES, default=os.environ.get("RELAY_MODE") or FORWARD_AND_RESPOND)
-        parser.add_argument("--delay", type=float, default=float(os.environ.get("RELAY_DELAY") or 0))
+        parser.add_argument("--mode", choices=MODES, default=env.read("RELAY_MODE"))
+        parser.add_argument("--delay", type=float, default=env.read("RELAY_DELAY"))
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--header", default="Idempotency-Key", help="the idempotency header to journal")
         parser.add_argument("--upstream-timeout", type=float, default=30.0)

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from ledger import env
 from review.demo import database_is_empty, demo_seed
 
 
@@ -12,7 +12,7 @@ class Command(BaseCommand):
     help = "Seed a small, clearly labelled demo scenario (tenant `demo`) on an empty database. DEMO=0 skips."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if os.environ.get("DEMO", "1") == "0":
+        if not env.read("DEMO"):
             self.stdout.write("demo_seed: DEMO=0, skipped")
             return
         if not database_is_empty():

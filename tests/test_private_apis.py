@@ -1,0 +1,217 @@
+"""Framework internals live only in ledger/_adapters/ (docs/adr/0004-private-framework-apis.md):
+each one used there still exists and behaves as used — so an upgrade of Django or psycopg that
+changes one fails here, by name — and nothing else in the service reaches past a public API."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, connection, transaction
+
+from ledger import sql
+from ledger._adapters import django_private, psycopg_private
+from tests.conftest import on_postgres
+
+ROOT = Path(settings.BASE_DIR)
+ADAPTERS = "ledger/_adapters/"
+SERVICE_PACKAGES = ("config", "ledger", "dlq", "review", "alerts", "observability", "relay")
+FRAMEWORKS = ("django", "rest_framework", "psycopg", "django_q", "drf_spectacular")
+# Public despite the underscore: Django's documented Model._meta API and default managers,
+# and os._exit (a forked worker's exit without cleanup).
+PUBLIC_UNDERSCORED = {"_meta", "_default_manager", "_base_manager", "_exit"}
+# (Attributes this project puts on objects are named _onceguard_….)
+# Internals without an underscore, each known to be one (the adapters hold them).
+NAMED_INTERNALS = {"atomic_blocks", "wrap_database_errors", "pgresult", "pgconn", "get_connection"}
+
+
+def _service_modules() -> list[Path]:
+    return [
+        p
+        for package in SERVICE_PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+        if "migrations" not in p.parts and not p.relative_to(ROOT).as_posix().startswith(ADAPTERS)
+    ]
+
+
+def _own_module_names(tree: ast.Module) -> set[str]:
+    """Names bound to this project's own modules (their underscored helpers are ours)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in SERVICE_PACKAGES:
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def _framework_internals(tree: ast.Module) -> list[tuple[int, str]]:
+    own = _own_module_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in FRAMEWORKS:
+            found += [(node.lineno, f"import {a.name}") for a in node.names if a.name.startswith("_")]
+            if node.module.endswith("templatetags.base"):
+                found.append((node.lineno, f"from {node.module}"))
+        elif isinstance(node, ast.Attribute):
+            base = node.value
+            if isinstance(base, ast.Name) and (base.id in {"self", "cls"} or base.id in own):
+                continue
+            if node.attr in NAMED_INTERNALS:
+                found.append((node.lineno, node.attr))
+            elif (
+                node.attr.startswith("_")
+                and not node.attr.startswith(("__", "_onceguard"))
+                and node.attr not in PUBLIC_UNDERSCORED
+            ):
+                found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute):
+            if node.value.attr == "__dict__" and isinstance(node.ctx, ast.Store):
+                found.append((node.lineno, "__dict__[...] ="))
+    return found
+
+
+def test_no_module_outside_the_adapters_reaches_a_framework_internal() -> None:
+    found = []
+    for path in _service_modules():
+        tree = ast.parse(path.read_text())
+        found += [f"{path.relative_to(ROOT)}:{line} {what}" for line, what in _framework_internals(tree)]
+    assert found == [], f"use the public API, or move the use into {ADAPTERS} with its measurement: {found}"
+
+
+def test_the_check_finds_what_it_looks_for() -> None:
+    # A test that cannot fail is a defect: each kind of internal is caught.
+    source = (
+        "from django.contrib.admin.templatetags.admin_list import _coerce_field_name\n"
+        "from django.contrib.admin.templatetags.base import InclusionAdminNode\n"
+        "from django.db import connection\n"
+        "depth = len(connection.atomic_blocks)\n"
+        "columns = cursor.pgresult\n"
+        "fields = child._readable_fields\n"
+        "paginator.__dict__['count'] = 1\n"
+        "ok = (model._meta, self._own, os._exit)\n"
+    )
+    found = {what for _, what in _framework_internals(ast.parse(source))}
+    assert found == {
+        "import _coerce_field_name",
+        "from django.contrib.admin.templatetags.base",
+        "atomic_blocks",
+        "pgresult",
+        "_readable_fields",
+        "__dict__[...] =",
+    }
+
+
+# --- Django: each internal django_private uses, as it uses it --------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_django_database_errors_become_djangos_exception_classes() -> None:
+    driver = connection.Database  # the backend's DB-API module (psycopg or sqlite3)
+    with pytest.raises(IntegrityError) as raised:
+        with django_private.database_errors():
+            raise driver.IntegrityError("duplicate key")
+    assert isinstance(raised.value.__cause__, driver.IntegrityError)
+    with pytest.raises(DatabaseError):
+        with django_private.database_errors():
+            raise driver.OperationalError("server closed the connection")
+
+
+@pytest.mark.skipif(not on_postgres(), reason="the pipeline is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_an_error_at_a_pipelines_sync_is_djangos() -> None:
+    with connection.cursor() as cursor:
+        with pytest.raises(DatabaseError):
+            sql.execute_with_index_plans(cursor, "SELECT 1 / 0", [])
+    # The connection is usable afterwards: the pipeline's implicit transaction ended.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('enable_seqscan')")
+        assert cursor.fetchone() == ("on",)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_django_atomic_blocks_stack_is_one_block_per_open_atomic() -> None:
+    assert django_private.atomic_depth() == 0
+    with transaction.atomic():
+        assert django_private.atomic_depth() == 1
+        outer = django_private.innermost_atomic_block()
+        with transaction.atomic():
+            assert django_private.atomic_depth() == 2
+            inner = django_private.innermost_atomic_block()
+            assert inner is not outer
+            assert django_private.atomic_block_open(inner) and django_private.atomic_block_open(outer)
+        assert not django_private.atomic_block_open(inner)
+        assert django_private.atomic_block_open(outer)
+    assert django_private.atomic_depth() == 0
+    assert not django_private.atomic_block_open(outer)
+
+
+@pytest.mark.skipif(not on_postgres(), reason="the planner setting is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_index_plans_sets_for_its_transaction_and_puts_back_when_nested() -> None:
+    def seqscan(cursor: Any) -> str:
+        cursor.execute("SELECT current_setting('enable_seqscan')")
+        return cursor.fetchone()[0]
+
+    with connection.cursor() as cursor:
+        # Outermost: the COMMIT takes the setting back.
+        with transaction.atomic(), sql.index_plans():
+            assert seqscan(cursor) == "off"
+            # Inside it, a nested block and a statement alone run as they are.
+            with transaction.atomic(), sql.index_plans():
+                assert seqscan(cursor) == "off"
+            sql.execute_with_index_plans(cursor, "SELECT current_setting('enable_seqscan')", [])
+            assert cursor.fetchone() == ("off",)
+        assert seqscan(cursor) == "on"
+        # Nested in a caller's transaction: put back for what the caller runs after it.
+        with transaction.atomic():
+            with transaction.atomic(), sql.index_plans():
+                assert seqscan(cursor) == "off"
+            assert seqscan(cursor) == "on"
+            # A statement alone in the caller's transaction: set and put back around it.
+            sql.execute_with_index_plans(cursor, "SELECT current_setting('enable_seqscan')", [])
+            assert cursor.fetchone() == ("off",)
+            assert seqscan(cursor) == "on"
+
+
+# --- psycopg: each internal psycopg_private uses ---------------------------------------------
+
+
+@pytest.mark.skipif(not on_postgres(), reason="psycopg's result is PostgreSQL's")
+@pytest.mark.django_db
+def test_psycopg_result_columns_are_the_statements_in_order() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 AS id, 'x' AS key, now() AS \"updatedAt\"")
+        assert psycopg_private.result_columns(cursor) == ("id", "key", "updatedAt")
+        assert psycopg_private.result_columns(cursor) == tuple(c.name for c in cursor.description)
+
+
+# --- What the public replacements must keep equal -------------------------------------------
+
+
+def test_the_console_column_class_is_djangos() -> None:
+    from django.contrib.admin.templatetags import admin_list
+
+    from review import listing
+
+    def shown(obj: Any) -> str:
+        return ""
+
+    for name, index in (("status", 0), (shown, 3), (lambda obj: obj, 7)):
+        # Django's own helper is private: compared here, used nowhere else.
+        assert listing._column_name(name, index) == admin_list._coerce_field_name(name, index)
+
+
+@pytest.mark.django_db
+def test_a_missing_review_item_redirects_to_the_index_with_djangos_message(client: Any) -> None:
+    from django.contrib.auth.models import User
+    from django.contrib.messages import get_messages
+    from django.urls import reverse
+
+    client.force_login(User.objects.create_superuser("root", password="correct horse battery"))
+    answer = client.get(reverse("admin:review_reviewitem_change", args=[987654]))
+    assert answer.status_code == 302 and answer["Location"] == reverse("admin:index")
+    assert [str(m) for m in get_messages(answer.wsgi_request)] == [
+        "review item with ID “987654” doesn’t exist. Perhaps it was deleted?"
+    ]
