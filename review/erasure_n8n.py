@@ -3,8 +3,9 @@ tenant's n8n connection (``DELETE /api/v1/executions/{id}``, dlq.n8n_api), each 
 recorded in the access log in the same transaction that moves the run on.
 
 Which executions: the ones Onceguard knows for the person's records — a DLQ entry's execution
-and every occurrence's (each report of the same failure, n8n retries included), an
-operation's execution and each attempt's. They are snapshotted with the records when the
+and every occurrence's (each report of the same failure, n8n retries included) and the
+executions those retried (``retryOf``, its aliases), an operation's execution and each
+attempt's. They are snapshotted with the records when the
 erasure is requested (``ErasureRun.n8n_executions``) and worked through after the records,
 from ``n8n_cursor``, one execution at a time: the HTTP call outside any transaction (bounded
 by the connection's timeout), then one transaction that locks the run, checks the cursor is
@@ -34,7 +35,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from dlq.models import FailedEvent, FailedEventOccurrence, N8nConnection
+from dlq.models import FailedEvent, FailedEventAlias, FailedEventOccurrence, N8nConnection
 from dlq.n8n_api import Deleted, Deletion, execution_delete
 from dlq.selectors import n8n_connection_active
 from ledger.credentials import stored_credential_value
@@ -106,6 +107,15 @@ def n8n_executions_of(*, tenant_id: int, targets: Iterable[Any]) -> list[list[st
                 .values_list("source_workflow_id", "source_execution_id")
             ):
                 add(workflow_id, execution_id)
+        # The executions an n8n retry (``retryOf``) retried: the same item, an earlier copy.
+        for identity in (
+            FailedEventAlias.objects.filter(tenant_id=tenant_id, event_id__in=chunk, identity__startswith="n8n:")
+            .order_by("pk")
+            .values_list("identity", flat=True)
+        ):
+            parts = identity.split(":")
+            if len(parts) == 3:
+                add(parts[1], parts[2])
     return [[workflow_id, execution_id] for execution_id, workflow_id in found.items()]
 
 
@@ -163,7 +173,12 @@ class _Connection:
 def _connection(run: ErasureRun) -> tuple[_Connection | None, str, str]:
     """The connection to delete with, or (None, outcome, why) when the executions are listed."""
     if not run.n8n_delete:
-        return None, NOT_ASKED, "this erasure was not asked to delete n8n executions"
+        return (
+            None,
+            NOT_ASKED,
+            "this erasure did not delete n8n executions (the request said no, or the tenant had no active"
+            " n8n connection then)",
+        )
     connection = N8nConnection.objects.filter(tenant_id=run.tenant_id).first()
     if connection is None or not connection.active:
         return None, NO_CONNECTION, "the tenant has no active n8n connection"
