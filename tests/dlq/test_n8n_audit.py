@@ -3,11 +3,14 @@ what it flags, what it leaves alone, and that every finding names its fix."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from dlq.n8n_audit import FIXES, WorkflowReport, workflow_audit
 
@@ -267,3 +270,121 @@ def test_the_shipped_templates_are_audited_and_the_guarded_charge_has_its_claim(
     assert ("no_error_path", "Charge") not in codes(charge)
     # The error workflow reports to Onceguard over HTTP: not a side effect.
     assert reports["error-workflow"].side_effects == 0
+
+
+# --- Read from n8n: the command and the console page (a loopback n8n API) ----------------------------
+
+KEY = "n8n-api-key.eyJhbGciOiJIUzI1NiJ9.audit-test-only"
+BAD = {
+    "id": "wfBad",
+    "name": "Lead to CRM (unguarded)",
+    "active": True,
+    "nodes": [
+        WEBHOOK,
+        node("Claim", "n8n-nodes-onceguard.onceguard", parameters={"keySource": "key", "key": "={{ $execution.id }}"}),
+        node("CRM", "n8n-nodes-base.httpRequest", parameters={"url": "https://crm.example.invalid/contacts"}),
+    ],
+    "connections": wire(("Lead", "CRM"), ("Lead", "Claim")),
+    "settings": {"saveDataSuccessExecution": "all"},
+}
+GOOD = workflow(
+    [WEBHOOK, CLAIM, {**CRM, "onError": "continueErrorOutput"}, DLQ],
+    wire(("Lead", "Claim"), ("Claim", "CRM"), ("CRM", "Dead-letter", 1)),
+    saveDataSuccessExecution="none",
+) | {"id": "wfGood", "name": "Lead to CRM (guarded)"}
+PLAIN = workflow([WEBHOOK], {}, saveDataSuccessExecution="none") | {"id": "wfPlain", "name": "Just a webhook"}
+
+
+@pytest.fixture
+def n8n_api() -> Any:
+    from tests.dlq.n8n_api import FakeN8nApi
+
+    api = FakeN8nApi().start()
+    api.workflows = [BAD, GOOD, PLAIN]
+    yield api
+    api.stop()
+
+
+@pytest.fixture
+def connected(tenant: Any, n8n_api: Any) -> Any:
+    from dlq import services
+
+    return services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
+
+
+def audit_json(*args: str) -> dict[str, Any]:
+    out = io.StringIO()
+    call_command("n8n_audit", "--json", *args, stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_the_command_reads_every_page_of_workflows_and_lists_the_findings(tenant, connected, n8n_api):
+    document = audit_json("--tenant", tenant.slug)
+
+    (report,) = document["tenants"]
+    by_id = {w["id"]: w for w in report["workflows"]}
+    assert set(by_id) == {"wfBad", "wfGood", "wfPlain"}
+    assert sorted((f["code"], f["node"]) for f in by_id["wfBad"]["findings"]) == [
+        ("no_error_path", "CRM"),
+        ("success_executions_saved", ""),
+        ("unguarded_side_effect", "CRM"),
+        ("volatile_key", "Claim"),
+    ]
+    assert by_id["wfGood"]["findings"] == [] and by_id["wfPlain"]["findings"] == []
+    # Worst first; every finding names its fix.
+    assert report["workflows"][0]["id"] == "wfBad" and report["findings"] == 4
+    assert all(f["fix"] and f["fix_path"] for f in by_id["wfBad"]["findings"])
+    # Two pages (two per page), the second by n8n's cursor, each with the connection's key.
+    assert [path for _, path in n8n_api.calls] == [
+        "/api/v1/workflows?limit=100",
+        "/api/v1/workflows?limit=100&cursor=2",
+    ]
+    assert {a.header("X-N8N-API-KEY") for a in n8n_api.asked} == {KEY}
+
+
+def test_the_command_in_words_names_each_finding_and_its_fix(tenant, connected, n8n_api):
+    out = io.StringIO()
+    call_command("n8n_audit", stdout=out)
+
+    text = out.getvalue()
+    assert "acme: " in text and "3 workflow(s), 1 with findings, 4 finding(s)" in text
+    assert "unguarded_side_effect: CRM: HTTP request node with no Onceguard claim" in text
+    assert "fix: " in text and "integrations/n8n/workflows/guarded-charge.json" in text
+
+
+def test_the_command_says_why_the_workflows_cannot_be_read(tenant, connected, n8n_api, other_tenant):
+    n8n_api.script = [403]
+    err = io.StringIO()
+    with pytest.raises(CommandError, match="could not be read"):
+        call_command("n8n_audit", "--tenant", tenant.slug, stderr=err)
+    assert "workflow:list" in err.getvalue()
+    with pytest.raises(CommandError, match="No tenant"):
+        call_command("n8n_audit", "--tenant", "nobody")
+    err = io.StringIO()
+    with pytest.raises(CommandError, match="could not be read"):
+        call_command("n8n_audit", "--tenant", other_tenant.slug, stderr=err)
+    assert "globex: The tenant has no n8n connection" in err.getvalue()
+
+
+def test_the_console_page_shows_the_findings_to_those_who_may_see_the_n8n_connection(
+    tenant, other_tenant, connected, n8n_api
+):
+    from tests.console.support import client_for, staff
+
+    operator = client_for(staff("olga", role="operator", tenants=[tenant]))
+    page = operator.get("/admin/onceguard/n8n-audit/")
+    html = page.content.decode()
+    assert page.status_code == 200 and page["Cache-Control"].startswith("no-store")
+    assert 'data-workflow="wfBad"' in html and 'data-finding="unguarded_side_effect"' in html
+    assert "guarded-charge.json" in html
+    # A reviewer may not see n8n's configuration; another tenant's user sees no connection.
+    reviewer = client_for(staff("rita", role="reviewer", tenants=[tenant]))
+    assert reviewer.get("/admin/onceguard/n8n-audit/").status_code == 403
+    stranger = client_for(staff("sam", role="admin", tenants=[other_tenant]))
+    calls = len(n8n_api.calls)
+    html = stranger.get(f"/admin/onceguard/n8n-audit/?tenant={tenant.pk}").content.decode()
+    assert 'data-testid="audit-none"' in html and len(n8n_api.calls) == calls
+    # n8n refusing shows why, not a server error.
+    n8n_api.script = [403]
+    html = operator.get(f"/admin/onceguard/n8n-audit/?tenant={tenant.pk}").content.decode()
+    assert 'data-testid="audit-problem"' in html and "workflow:list" in html
