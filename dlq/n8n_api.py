@@ -110,11 +110,13 @@ def workflows_list(
     base_url: str,
     api_key: str,
     timeout: float,
-    page_size: int = WORKFLOWS_PAGE_SIZE,
-    max_pages: int = WORKFLOWS_MAX_PAGES,
+    page_size: int | None = None,
+    max_pages: int | None = None,
 ) -> Workflows:
     """Every workflow of the instance the key's user can see, page by page (n8n's cursor).
     FetchFailed, in words safe to show, when a page cannot be had."""
+    page_size = page_size or WORKFLOWS_PAGE_SIZE
+    max_pages = max_pages or WORKFLOWS_MAX_PAGES
     items: list[dict[str, Any]] = []
     cursor: str | None = None
     for _ in range(max_pages):
