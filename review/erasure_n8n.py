@@ -22,7 +22,7 @@ lists them for a person to remove by hand.
 
 The default (``n8n_delete`` when the request does not say): on when the tenant has an active
 n8n connection with a key — an erasure exists to remove the person's data, and n8n's
-execution history is a full copy of it (docs: review/README.md, "n8n's own data").
+execution history is a full copy of it (docs/adr/0004-erasure-reaches-n8n.md).
 """
 
 from __future__ import annotations

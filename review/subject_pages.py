@@ -58,8 +58,8 @@ class SubjectTrailForm(forms.Form):
         label="I confirm: erase this person's payloads everywhere in this tenant",
         help_text="Payloads become redaction markers; the records, their history and the access log stay.",
     )
-    # Ticked by default, like the API's default with an n8n connection (review.erasure_n8n):
-    # n8n's execution history is a full copy of the person's data.
+    # Ticked by default, like the API's default with an n8n connection: n8n's execution
+    # history is a full copy of the person's data (docs/adr/0004-erasure-reaches-n8n.md).
     delete_n8n_executions = forms.BooleanField(
         required=False,
         initial=True,
