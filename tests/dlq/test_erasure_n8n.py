@@ -237,6 +237,9 @@ def test_the_console_ticks_the_n8n_deletion_by_default_and_lists_what_is_left(te
     erasure.erasure_continue(run_id=run.pk)
     page = admin.post("/admin/onceguard/subjects/trail/", form).content.decode()
     assert 'data-testid="n8n-left"' in page and "4901" in page and "to remove by hand" in page
+    # The run's own page lists it too.
+    run_page = admin.get(f"/admin/review/erasurerun/{run.pk}/change/").content.decode()
+    assert "execution 4901 of workflow 17: to remove by hand" in run_page
 
     # Unticked: not asked.
     ErasureRun.objects.all().delete()
