@@ -82,7 +82,7 @@ SIDE_EFFECT_KINDS: dict[str, frozenset[str]] = {
 }
 # An HTTP Request to Onceguard itself is not a side effect (the templates' plain-HTTP
 # variant reports to the DLQ that way); one to its claims endpoint is a claim.
-ONCEGUARD_URL_MARKS = ("onceguard_url",)
+ONCEGUARD_URL_MARKS = ("onceguard_url", "/api/v1/dlq/events", "/api/v1/claims")
 CLAIMS_PATH = "/api/v1/claims"
 # The key parameters of our node (integrations/n8n/nodes/Onceguard/descriptions.ts).
 KEY_PARAMETERS = ("key", "record", "version")

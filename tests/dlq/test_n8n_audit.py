@@ -166,6 +166,9 @@ def test_http_request_to_onceguard_itself_is_not_a_side_effect_and_one_to_claims
         "n8n-nodes-base.httpRequest",
         parameters={"method": "POST", "url": "={{ $env.ONCEGUARD_URL }}/api/v1/dlq/events"},
     )
+    hardcoded = node(
+        "Report too", "n8n-nodes-base.httpRequest", parameters={"url": "http://127.0.0.1:8000/api/v1/dlq/events"}
+    )
     http_claim = node(
         "HTTP claim",
         "n8n-nodes-base.httpRequest",
@@ -177,14 +180,14 @@ def test_http_request_to_onceguard_itself_is_not_a_side_effect_and_one_to_claims
     crm = node("CRM", "n8n-nodes-base.httpRequest", parameters={"url": "={{ $env.ONCEGUARD_CRM_URL }}/contacts"})
     report = workflow_audit(
         workflow(
-            [WEBHOOK, report_to_dlq, http_claim, crm],
-            wire(("Lead", "Report"), ("Lead", "HTTP claim"), ("HTTP claim", "CRM")),
+            [WEBHOOK, report_to_dlq, hardcoded, http_claim, crm],
+            wire(("Lead", "Report"), ("Lead", "Report too"), ("Lead", "HTTP claim"), ("HTTP claim", "CRM")),
             errorWorkflow="x",
             saveDataSuccessExecution="none",
         )
     )
 
-    # Two HTTP Requests to Onceguard, one effect (the CRM), guarded by the claim over HTTP.
+    # Three HTTP Requests to Onceguard, one effect (the CRM), guarded by the claim over HTTP.
     assert report.side_effects == 1
     assert report.findings == []
 
