@@ -79,29 +79,59 @@ def _read_bounded(response: httpx.Response, *, deadline: float, limit: int) -> b
     return bytes(data)
 
 
-def fetch_execution(
-    *, base_url: str, api_key: str, execution_id: str, timeout: float, limit: int = MAX_ANSWER_BYTES
-) -> Any:
-    """One GET of the execution with its data: the parsed JSON, or FetchFailed."""
-    url = execution_url(base_url, execution_id)
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    # The body, read only for the statuses the caller asked to read (bounded by ``limit``).
+    body: bytes = b""
+
+
+def n8n_call(
+    *,
+    method: str,
+    url: str,
+    api_key: str,
+    timeout: float,
+    read_statuses: frozenset[int] = frozenset({200}),
+    limit: int = MAX_ANSWER_BYTES,
+    verb: str = "fetched",
+    user_agent: str = "Onceguard-lead-capture",
+) -> Answer:
+    """One request to n8n's public API through the outbound policy, bounded by ``timeout``
+    (reading included): n8n's status, and its body for ``read_statuses`` (an answer not read
+    is never held: a DELETE answers with the execution it deleted, personal data included).
+    FetchFailed (``retry``) for what may pass: n8n unreachable or too slow. Shared by lead
+    capture, the erasure's deletions and the workflow audit (dlq.n8n_api)."""
     refused = outbound_refusal(url, purpose=N8N_PURPOSE)
     if refused:
-        raise FetchFailed(f"not fetched: {refused}")
+        raise FetchFailed(f"not {verb}: {refused}")
     deadline = time.monotonic() + timeout
-    headers = {API_KEY_HEADER: api_key, "Accept": "application/json", "User-Agent": "Onceguard-lead-capture"}
+    headers = {API_KEY_HEADER: api_key, "Accept": "application/json", "User-Agent": user_agent}
+    body = b""
     try:
         with outbound_client(purpose=N8N_PURPOSE, timeout=timeout, max_connections=1) as client:
-            with client.stream("GET", url, headers=headers) as response:
+            with client.stream(method, url, headers=headers) as response:
                 status = response.status_code
-                if status == 200:
-                    raw = _read_bounded(response, deadline=deadline, limit=limit)
+                if status in read_statuses:
+                    body = _read_bounded(response, deadline=deadline, limit=limit)
     except OutboundBlocked as exc:
-        raise FetchFailed(f"not fetched: {exc.reason}") from None
+        raise FetchFailed(f"not {verb}: {exc.reason}") from None
     except httpx.TimeoutException:
         raise FetchFailed(f"n8n did not answer within {timeout:g} s", retry=True) from None
     except httpx.HTTPError as exc:
         # The class only: a transport error's text can hold addresses and names.
         raise FetchFailed(f"n8n could not be reached ({type(exc).__name__})", retry=True) from None
+    return Answer(status, body)
+
+
+def fetch_execution(
+    *, base_url: str, api_key: str, execution_id: str, timeout: float, limit: int = MAX_ANSWER_BYTES
+) -> Any:
+    """One GET of the execution with its data: the parsed JSON, or FetchFailed."""
+    answer = n8n_call(
+        method="GET", url=execution_url(base_url, execution_id), api_key=api_key, timeout=timeout, limit=limit
+    )
+    status = answer.status
     if status in (401, 403):
         raise FetchFailed(
             f"n8n refused the API key (HTTP {status}): set a key that may read executions (scope execution:read)"
@@ -117,7 +147,7 @@ def fetch_execution(
     if status != 200:
         raise FetchFailed(f"n8n answered HTTP {status} (expected 200 with the execution)")
     try:
-        return storable.loads(raw)
+        return storable.loads(answer.body)
     except storable.NotStorable:
         raise FetchFailed("n8n's answer is not JSON that can be stored") from None
 

@@ -44,6 +44,7 @@ from review import privacy, security
 from review.changes import ConfigChangeAdminMixin
 from review.listing import ConsoleChangeList
 from review.models import AccessAction
+from review.n8n_audit_pages import n8n_audit_page
 from review.run_pages import run_page
 from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
 from review.subject_pages import subject_trail_page
@@ -560,6 +561,7 @@ class OnceguardAdminSite(admin.AdminSite):
             ),
             path("onceguard/subjects/", self.admin_view(self.subject_search_view), name="onceguard_subjects"),
             path("onceguard/runs/", self.admin_view(self.run_view), name="onceguard_run"),
+            path("onceguard/n8n-audit/", self.admin_view(self.n8n_audit_view), name="onceguard_n8n_audit"),
             path("onceguard/subjects/trail/", self.admin_view(self.subject_trail_view), name="onceguard_subject_trail"),
         ]
         for page in self._history_pages.values():
@@ -666,6 +668,11 @@ class OnceguardAdminSite(admin.AdminSite):
 
     def run_view(self, request: HttpRequest) -> HttpResponse:
         return run_page(self, request)
+
+    # --- the n8n workflow audit (review.n8n_audit_pages) --------------------------------------------
+
+    def n8n_audit_view(self, request: HttpRequest) -> HttpResponse:
+        return n8n_audit_page(self, request)
 
     # --- a person's data trail (review.subject_pages) ----------------------------------------------
 

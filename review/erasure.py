@@ -56,6 +56,7 @@ from ledger.outputs import outputs_delete_for
 from ledger.redaction import scrub
 from ledger.uploads import upload_keys_in, uploads_delete_named
 from review.accesslog import accesslog_append
+from review.erasure_n8n import erasure_n8n_pass, n8n_delete_default, n8n_executions_of
 from review.models import (
     ERASURE_OPEN_STATES,
     AccessAction,
@@ -98,9 +99,12 @@ def erasure_request(
     ip: str | None = None,
     user_id: int | None = None,
     enqueue: bool = True,
+    delete_n8n_executions: bool | None = None,
 ) -> tuple[ErasureRun, bool]:
     """Record an erasure of ``subject``'s data in the tenant and enqueue its task: (run,
-    created). An open run for the same person is returned instead of a second one."""
+    created). An open run for the same person is returned instead of a second one.
+    ``delete_n8n_executions``: also delete the n8n executions that carried their data
+    (review.erasure_n8n); None: when the tenant has an active n8n connection."""
     reason = " ".join((reason or "").split())
     if len(reason) < MIN_REASON_LENGTH:
         raise ValidationFailed(
@@ -115,7 +119,14 @@ def erasure_request(
         return existing, False
     try:
         run, targets = _erasure_create(
-            tenant_id=tenant_id, subject=subject, actor=actor, reason=reason, ip=ip, user_id=user_id, enqueue=enqueue
+            tenant_id=tenant_id,
+            subject=subject,
+            actor=actor,
+            reason=reason,
+            ip=ip,
+            user_id=user_id,
+            enqueue=enqueue,
+            delete_n8n_executions=delete_n8n_executions,
         )
     except IntegrityError:
         # A concurrent request for the same person won (one open run per person).
@@ -125,8 +136,18 @@ def erasure_request(
 
 
 def _erasure_create(
-    *, tenant_id: int, subject: Subject, actor: str, reason: str, ip: str | None, user_id: int | None, enqueue: bool
+    *,
+    tenant_id: int,
+    subject: Subject,
+    actor: str,
+    reason: str,
+    ip: str | None,
+    user_id: int | None,
+    enqueue: bool,
+    delete_n8n_executions: bool | None,
 ) -> tuple[ErasureRun, list[Any]]:
+    if delete_n8n_executions is None:
+        delete_n8n_executions = n8n_delete_default(tenant_id=tenant_id)
     with transaction.atomic():
         targets = subject_record_ids(tenant_id=tenant_id, subject=subject)
         now = timezone.now()
@@ -137,6 +158,8 @@ def _erasure_create(
             reason=scrub(reason)[:500],
             targets=[[t.record_type, t.record_id] for t in targets],
             digests=sorted(set(subject.digests)),
+            n8n_executions=n8n_executions_of(tenant_id=tenant_id, targets=targets),
+            n8n_delete=delete_n8n_executions,
             requested_at=now,
             updated_at=now,
         )
@@ -148,7 +171,7 @@ def _erasure_create(
             object_type="subject",
             object_id=str(run.pk),
             object_ref=subject.ref_text,
-            fields=list(subject.kinds),
+            fields=[*subject.kinds, *(["n8n executions"] if delete_n8n_executions else [])],
             reason=reason,
             ip=ip,
         )
@@ -346,7 +369,8 @@ def _batch(run_id: int, batch_size: int) -> ErasureRun:
             if not ERASERS[record_type](run, int(pk), now):
                 run.missing += 1
         run.cursor += len(batch)
-        if run.cursor >= len(run.targets):
+        # Done once the records are, and n8n's copies after them (review.erasure_n8n).
+        if run.cursor >= len(run.targets) and run.n8n_cursor >= len(run.n8n_executions):
             # Whatever the index still holds under the person's digests: links of records
             # retention deleted, records that arrived since the request.
             run.index_entries += SubjectIndex.objects.filter(tenant_id=run.tenant_id, digest__in=run.digests).delete()[
@@ -376,6 +400,11 @@ def erasure_continue(
             break
         try:
             run = _batch(run_id, batch_size)
+            if run.state != ErasureState.DONE and run.cursor >= len(run.targets):
+                # The records are erased; n8n's executions next, a few per turn (each a
+                # bounded HTTP call outside any transaction), then a batch that finishes.
+                erasure_n8n_pass(run_id=run_id)
+                run = _batch(run_id, batch_size)
         except Exception as exc:
             # The batch rolled back whole; the cursor is where the last good batch left it.
             ErasureRun.objects.filter(pk=run_id).update(error=type(exc).__name__[:200], updated_at=timezone.now())

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from ledger.console_base import ConsoleReadOnlyAdmin
+from review.erasure_n8n import n8n_report
 from review.models import ErasureRun
 from review.subjects import erasure_summary
 
@@ -15,7 +16,7 @@ class ErasureRunAdmin(ConsoleReadOnlyAdmin):
     list_filter = ["state", "tenant"]
     list_select_related = ["tenant"]
     # The person appears only as keyed references; targets are ids; digests are gone when done.
-    exclude = ["targets", "digests"]
+    exclude = ["targets", "digests", "n8n_left"]
     readonly_fields = [
         "tenant",
         "subject_ref",
@@ -29,6 +30,7 @@ class ErasureRunAdmin(ConsoleReadOnlyAdmin):
         "finished_at",
         "passes",
         "touched",
+        "n8n_not_deleted",
         "error",
     ]
 
@@ -39,6 +41,18 @@ class ErasureRunAdmin(ConsoleReadOnlyAdmin):
     @admin.display(description="what it touched")
     def touched(self, obj: ErasureRun) -> str:
         return erasure_summary(obj)
+
+    @admin.display(description="n8n executions not deleted")
+    def n8n_not_deleted(self, obj: ErasureRun) -> str:
+        # The report's list for a person to act on (review.erasure_n8n): never silently dropped.
+        items = n8n_report(obj)["left"]
+        return (
+            "; ".join(
+                f"execution {i.get('execution')} of workflow {i.get('workflow') or '?'}: {i['action']} — {i.get('reason')}"
+                for i in items
+            )
+            or "none"
+        )
 
 
 def register() -> None:

@@ -65,6 +65,9 @@ class AccessAction(models.TextChoices):
     SUBJECT_SEARCH = "subject_search", "data-subject search"
     # a person's data was asked to be erased (review.erasure); the run itself says what it did.
     ERASE = "erase", "erasure requested"
+    # an erasure deleted an n8n execution that carried the person's data, through the
+    # tenant's n8n connection (review.erasure_n8n); object_id is the erasure run.
+    N8N_DELETE = "n8n_delete", "n8n execution deleted"
 
 
 class AccessLog(models.Model):
@@ -338,6 +341,19 @@ class ErasureRun(models.Model):
     cancelled = models.PositiveIntegerField(default=0, help_text="queued or waiting operations cancelled first")
     discarded = models.PositiveIntegerField(default=0, help_text="open DLQ entries discarded")
     missing = models.PositiveIntegerField(default=0, help_text="records already deleted when their turn came")
+    # n8n's copies of the person's data (review.erasure_n8n): the executions Onceguard knows
+    # carried it (its operations' and DLQ entries' execution ids), snapshotted with the
+    # records as [[workflow_id, execution_id], …], worked through from ``n8n_cursor`` once
+    # the records are done.
+    n8n_executions = models.JSONField(default=list, blank=True)
+    n8n_delete = models.BooleanField(
+        default=False, help_text="asked with the request: delete them through the tenant's n8n connection"
+    )
+    n8n_cursor = models.PositiveIntegerField(default=0)
+    n8n_deleted = models.PositiveIntegerField(default=0, help_text="n8n executions deleted through n8n's API")
+    # The executions not deleted, for a person to remove by hand (or not found in n8n):
+    # [{"workflow", "execution", "outcome", "reason"}, …]. Never silently dropped.
+    n8n_left = models.JSONField(default=list, blank=True)
     requested_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()

@@ -29,6 +29,7 @@ from ledger.errors import ValidationFailed
 from ledger.serializer_reuse import validated_data
 from review.accesslog import accesslog_append
 from review.erasure import ErasureNotFound, erasure_request
+from review.erasure_n8n import n8n_report
 from review.models import AccessAction, ErasureRun
 from review.privacy import MIN_REASON_LENGTH
 from review.privacy_apis import PAYLOAD_SCOPE
@@ -55,6 +56,16 @@ class SubjectInputSerializer(serializers.Serializer):
     )
     reason = serializers.CharField(
         min_length=MIN_REASON_LENGTH, max_length=500, help_text="why (logged; e.g. the access request's reference)"
+    )
+
+
+class ErasureInputSerializer(SubjectInputSerializer):
+    n8n_executions = serializers.BooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="also delete the n8n executions that carried their data, through the tenant's n8n connection"
+        " (default: when the tenant has an active one); those not deleted are listed in `n8n.left`",
     )
 
 
@@ -85,6 +96,10 @@ class ErasureOutputSerializer(serializers.Serializer):
     cursor = serializers.IntegerField()
     counts = serializers.DictField()
     summary = serializers.CharField()
+    n8n = serializers.DictField(
+        help_text="n8n's copies: delete (asked), executions, cursor, deleted, and left — each execution not deleted"
+        " with its workflow, outcome, reason and action (to remove by hand, or not found in n8n)"
+    )
     requested_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
 
@@ -140,6 +155,7 @@ def erasure_representation(run: ErasureRun) -> dict[str, Any]:
             )
         },
         "summary": erasure_summary(run),
+        "n8n": n8n_report(run),
         "passes": run.passes,
         "requested_at": run.requested_at.isoformat(),
         "started_at": run.started_at.isoformat() if run.started_at else None,
@@ -202,12 +218,12 @@ class SubjectErasureCreateApi(APIView):
     required_scope = "admin"
 
     @extend_schema(
-        request=SubjectInputSerializer,
+        request=ErasureInputSerializer,
         responses={202: ErasureOutputSerializer, 200: ErasureOutputSerializer},
         summary="Erase a person's data on request: a recorded, resumable run (scope `admin`)",
     )
     def post(self, request: Request) -> Response:
-        data = _body(request, SubjectInputSerializer)
+        data = _body(request, ErasureInputSerializer)
         subject = subject_resolve(data["identifiers"])
         run, created = erasure_request(
             tenant_id=request.user.tenant.pk,
@@ -215,6 +231,7 @@ class SubjectErasureCreateApi(APIView):
             actor=request.user.actor,
             reason=data["reason"],
             ip=client_ip(request),
+            delete_n8n_executions=data.get("n8n_executions"),
         )
         return _no_store(Response(erasure_representation(run), status=202 if created else 200))
 

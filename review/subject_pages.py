@@ -26,6 +26,7 @@ from ledger.errors import DomainError
 from ledger.models import Tenant
 from review.accesslog import accesslog_append
 from review.erasure import erasure_request
+from review.erasure_n8n import n8n_report
 from review.models import AccessAction, RecordType
 from review.privacy import MIN_REASON_LENGTH
 from review.run_pages import run_page_url
@@ -56,6 +57,15 @@ class SubjectTrailForm(forms.Form):
         required=False,
         label="I confirm: erase this person's payloads everywhere in this tenant",
         help_text="Payloads become redaction markers; the records, their history and the access log stay.",
+    )
+    # Ticked by default, like the API's default with an n8n connection: n8n's execution
+    # history is a full copy of the person's data (docs/adr/0005-erasure-reaches-n8n.md).
+    delete_n8n_executions = forms.BooleanField(
+        required=False,
+        initial=True,
+        label="Also delete the n8n executions that carried their data (through the tenant's n8n connection)",
+        help_text="Executions that cannot be deleted (no connection, refused, unreachable) are listed on the run"
+        " for removal by hand.",
     )
 
     def __init__(self, *args: Any, tenants: list[Tenant], extra_kinds: list[str], **kwargs: Any) -> None:
@@ -103,7 +113,9 @@ def _trail_context(site: admin.AdminSite, trail: Trail) -> dict[str, Any]:
         "trail": trail,
         "records": records,
         "events": trail.events,
-        "erasures": [{"run": run, "summary": erasure_summary(run)} for run in trail.erasures],
+        "erasures": [
+            {"run": run, "summary": erasure_summary(run), "n8n_left": n8n_report(run)["left"]} for run in trail.erasures
+        ],
         "counts": {
             "records": len(trail.records),
             "events": len(trail.events),
@@ -212,6 +224,7 @@ def _act(
                     reason=reason,
                     ip=client_ip(request),
                     user_id=request.user.pk,
+                    delete_n8n_executions=bool(form.cleaned_data.get("delete_n8n_executions")),
                 )
             except DomainError as exc:
                 messages.error(request, exc.detail)

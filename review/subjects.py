@@ -37,6 +37,7 @@ from ledger.errors import ValidationFailed
 from ledger.masking import stored_value_masked
 from ledger.models import Operation, OperationEvent, OperationStatus, Tombstone
 from ledger.selectors import run_of
+from review.erasure_n8n import n8n_summary
 from review.models import AccessAction, AccessLog, ErasureRun, RecordType, SubjectIndex
 from review.privacy import DEFAULT_SUBJECT_KEYS, privacy_setting
 
@@ -359,6 +360,7 @@ def subject_trail(*, tenant_id: int, subject: Subject) -> Trail:
             kind = {
                 AccessAction.EXPORT: "exported",
                 AccessAction.ERASE: "erasure requested",
+                AccessAction.N8N_DELETE: "n8n execution deleted",
                 AccessAction.SUBJECT_SEARCH: "looked up",
             }.get(row.action, row.action)
             detail = f"{row.reason} (access log #{row.seq})"
@@ -451,7 +453,10 @@ def erasure_summary(run: ErasureRun) -> str:
         (run.discarded, "entry discarded", "entries discarded"),
         (run.missing, "record already gone", "records already gone"),
     ]
-    return ", ".join(f"{n} {one if n == 1 else many}" for n, one, many in parts if n) or "nothing held their data"
+    done = [f"{n} {one if n == 1 else many}" for n, one, many in parts if n]
+    # n8n's copies (review.erasure_n8n): deleted, and every one not deleted, listed.
+    n8n = n8n_summary(run)
+    return ", ".join([*done, *([n8n] if n8n else [])]) or "nothing held their data"
 
 
 # --- Export ---------------------------------------------------------------------------------------
