@@ -1458,6 +1458,13 @@ PROVIDER_STATE_FIELDS = (
 _CHECKED_FIELDS = ("base_url", "lookup_path", "auth_secret_env")
 
 
+def provider_slug_check(slug: str) -> str:
+    """A slug a provider may be made under: none of the service's own (``_callbacks``…)."""
+    if slug.startswith(RESERVED_PROVIDER_PREFIX):
+        raise ValidationFailed(RESERVED_PROVIDER_DETAIL, extra={"field": "slug"})
+    return slug
+
+
 def provider_upsert(
     *,
     tenant: Tenant,
@@ -1479,8 +1486,7 @@ def provider_upsert(
     the stable one at once, or — with ``canary_percent`` — a canary taking that share of new
     operations while the provider keeps its stable revision (DESIGN §5, adapter revisions).
     ``reason`` says why, in the revision and the trail."""
-    if slug.startswith(RESERVED_PROVIDER_PREFIX):
-        raise ValidationFailed(RESERVED_PROVIDER_DETAIL)
+    provider_slug_check(slug)
     if auth_secret is not None:
         fields["auth_secret"] = sealed_credential(auth_secret)
     if webhook_secret is not None:
