@@ -623,7 +623,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
 
 
 @admin.register(Tenant)
-class TenantAdmin(ConsoleAdmin):
+class TenantAdmin(ServiceSaveAdmin):
     """A tenant's settings. The callback signing secret is never displayed (whoever may view
     tenants — reviewers, auditors, operators — could otherwise sign callbacks as the service):
     the page says whether it is set and when it was made; the rotate action shows a new one
@@ -651,6 +651,28 @@ class TenantAdmin(ConsoleAdmin):
 
     def has_rotate_callback_secret_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("ledger.rotate_callback_secret")
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        # One write path (ADR 0004): `manage.py tenant_create`'s and the CLI's services check
+        # (Tenant.clean: the allow-list and eligibility URL against the outbound policy),
+        # assign the secret namespace once and record the change.
+        actor = f"user:{request.user.get_username()}"
+        names = [name for name in form.cleaned_data if name in {f.name for f in Tenant._meta.concrete_fields}]
+        if change:
+            saved = services.tenant_update(
+                tenant_id=obj.pk,
+                actor=actor,
+                **{name: getattr(obj, name) for name in names if name in form.changed_data},
+            )
+        else:
+            saved = services.tenant_create(
+                slug=obj.slug,
+                name=obj.name,
+                actor=actor,
+                **{name: getattr(obj, name) for name in names if name not in ("slug", "name")},
+            )
+        obj.pk = saved.pk
+        obj.refresh_from_db()
 
     @admin.display(description="secret namespace")
     def secret_namespace_state(self, obj: Tenant) -> str:
@@ -815,9 +837,7 @@ class ProviderForm(forms.ModelForm):
 
     class Meta:
         model = Provider
-        # Throttling and pausing are operational state, moved by the workers and the paused
-        # providers' page, never configuration (services.PROVIDER_STATE_FIELDS).
-        exclude = ["throttled_until", "paused_at", "paused_reason"]
+        fields = "__all__"
         formfield_callback = https_url_formfield
 
     def clean(self) -> dict[str, Any]:
@@ -868,6 +888,9 @@ class RolloutMoveForm(forms.Form):
 @admin.register(Provider)
 class ProviderAdmin(ServiceSaveAdmin):
     form = ProviderForm
+    # Throttling and pausing are operational state, moved by the workers and the paused
+    # providers' page, never configuration (services.PROVIDER_STATE_FIELDS).
+    exclude = ["throttled_until", "paused_at", "paused_reason"]
     formfield_overrides = HTTPS_URL_FORMS
     list_display = [
         "slug",
@@ -1069,6 +1092,9 @@ class PromptTemplateForm(forms.ModelForm):
     reason = forms.CharField(
         required=False, max_length=500, help_text="Recorded with the version in the configuration trail."
     )
+    # Without the model field's own length and shape rules: the service's check says what a
+    # name may be, in the words the command and the API use.
+    name = forms.CharField(help_text="Lower case letters, digits, - and _ (at most 63).")
 
     class Meta:
         model = PromptTemplate
@@ -1079,20 +1105,13 @@ class PromptTemplateForm(forms.ModelForm):
             "slots": 'Each slot with its length cap: {"description": {"max_length": 500}}.',
         }
 
-    def clean_name(self) -> str:
-        # The service's rule, as a form error (its refusal in save_model would be a 500).
-        name = self.cleaned_data["name"]
-        problem = prompts.prompt_name_problem(name)
-        if problem is not None:
-            raise forms.ValidationError(problem)
-        return name
-
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        slots = data.get("slots")
-        problems = prompts.slots_problems(slots) or prompts.text_problems(data.get("text"), slots or {})
-        if problems:
-            raise forms.ValidationError(problems)
+        try:
+            # The service's own check (ADR 0004): the same message as the command's and the API's.
+            prompts.prompt_template_check(name=data.get("name"), text=data.get("text"), slots=data.get("slots"))
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from None
         return data
 
 

@@ -1354,17 +1354,31 @@ def operation_supersede(
 # --- Tenants, keys, providers ----------------------------------------------------------
 
 
-def tenant_create(*, slug: str, name: str = "", secret_namespace: str = "", actor: str = "system") -> Tenant:
+def tenant_create(
+    *, slug: str, name: str = "", secret_namespace: str = "", actor: str = "system", **settings: Any
+) -> Tenant:
     """A new tenant with its secret namespace, fixed from now on (ADR 0001): ``secret_namespace``
     when the platform names one, else derived from the slug (``acme`` → ``ACME``) or, where
-    that is taken or overlaps another's, the next free one (ledger.provider_checks)."""
+    that is taken or overlaps another's, the next free one (ledger.provider_checks).
+    ``settings``: its other fields (limits, budget, allow-list …), checked by the model's rules
+    as the console's form checks them — the one write path of both (ADR 0004)."""
     if secret_namespace and not namespace_valid(secret_namespace):
         raise ValidationFailed(
             f"A secret namespace is 1–{NAMESPACE_MAX_LENGTH} capital letters and digits (no _): {secret_namespace[:40]!r}."
         )
+    fixed = set(settings) & {*TENANT_FIXED_FIELDS, "slug", "name"}
+    if fixed:
+        raise ValidationFailed(f"Not a setting: {', '.join(sorted(fixed))}.")
+    tenant = Tenant(slug=slug, name=name or slug, secret_namespace=secret_namespace, **settings)
+    try:
+        # The slug's and name's shape and length, the allow-list and eligibility URL against the
+        # outbound policy (Tenant.clean); uniqueness is the insert's to decide.
+        tenant.full_clean(exclude=["secret_namespace"], validate_unique=False, validate_constraints=False)
+    except DjangoValidationError as exc:
+        raise ValidationFailed("; ".join(exc.messages)) from exc
     try:
         with transaction.atomic():
-            tenant = Tenant.objects.create(slug=slug, name=name or slug, secret_namespace=secret_namespace)
+            tenant.save(force_insert=True)
             config_change_of(tenant, actor=actor, action=ConfigChangeAction.CREATE)
             return tenant
     except IntegrityError as exc:
@@ -1459,9 +1473,14 @@ _CHECKED_FIELDS = ("base_url", "lookup_path", "auth_secret_env")
 
 
 def provider_slug_check(slug: str) -> str:
-    """A slug a provider may be made under: none of the service's own (``_callbacks``…)."""
+    """A slug a provider may be made under: the model field's shape and length (the console's
+    form says the same), and none of the service's own (``_callbacks``…)."""
     if slug.startswith(RESERVED_PROVIDER_PREFIX):
         raise ValidationFailed(RESERVED_PROVIDER_DETAIL, extra={"field": "slug"})
+    try:
+        Provider._meta.get_field("slug").clean(slug, None)
+    except DjangoValidationError as exc:
+        raise ValidationFailed("; ".join(exc.messages), extra={"field": "slug"}) from None
     return slug
 
 

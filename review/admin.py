@@ -22,7 +22,7 @@ from django_q.models import Schedule
 from ledger import display
 from ledger.admin import SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
 from ledger.config_changes import config_change_of, config_snapshot
-from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin
+from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ServiceSaveAdmin
 from ledger.errors import DomainError
 from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
 from ledger.selectors import operation_search
@@ -39,7 +39,7 @@ from review.models import (
     ReviewItem,
     StaffTenant,
 )
-from review.services import retention_policy_check, review_decision_record
+from review.services import retention_policy_check, retention_policy_save, review_decision_record
 
 
 class DecisionForm(forms.Form):
@@ -272,11 +272,30 @@ class RetentionPolicyForm(forms.ModelForm):
 
 
 @admin.register(RetentionPolicy)
-class RetentionPolicyAdmin(ConsoleAdmin):
+class RetentionPolicyAdmin(ServiceSaveAdmin):
     form = RetentionPolicyForm
     list_display = ["tenant", "record_type", "payload_kept", "record_kept", "held", "updated_at"]
     list_filter = ["tenant", "record_type", "legal_hold"]
     fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # The service finds a policy by tenant and record type: both fixed once it exists.
+        return ["tenant", "record_type"] if obj is not None else []
+
+    def save_model(self, request: HttpRequest, obj: RetentionPolicy, form: Any, change: bool) -> None:
+        # One write path (ADR 0004): review.services.retention_policy_save checks the floors
+        # and records the change, for the console as for every other caller.
+        saved = retention_policy_save(
+            tenant_id=obj.tenant_id,
+            record_type=obj.record_type,
+            payload_ttl=obj.payload_ttl,
+            record_ttl=obj.record_ttl,
+            legal_hold=obj.legal_hold,
+            legal_hold_note=obj.legal_hold_note,
+            actor=f"user:{request.user.get_username()}",
+        )
+        obj.pk = saved.pk
+        obj.refresh_from_db()
 
     @admin.display(description="payload kept", ordering="payload_ttl")
     def payload_kept(self, obj: RetentionPolicy) -> str:
