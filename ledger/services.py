@@ -1575,6 +1575,9 @@ def provider_upsert(
                 canary_percent=canary_percent,
             )
             provider.save()
+        # The trail records what is stored, however the caller typed it (a price of "0" from
+        # the command, Decimal("0") from the console): every path writes the same row.
+        provider.refresh_from_db()
         config_change_record(
             tenant_id=tenant.pk,
             actor=actor,

@@ -163,9 +163,14 @@ def same_as(reference: Outcome, outcome: Outcome, path: str) -> None:
             assert outcome.code == reference.code, path
     else:
         assert not outcome.refused, f"{path} refused what the service accepts: {outcome.messages}"
-        mine = {**outcome.row, "actor_kind": None}
-        theirs = {**reference.row, "actor_kind": None}
-        assert mine == theirs, path
+        mine, theirs = outcome.row or {}, reference.row or {}
+        differing = {
+            k: (mine["after"].get(k), theirs["after"].get(k))
+            for k in set(mine["after"]) | set(theirs["after"])
+            if mine["after"].get(k) != theirs["after"].get(k)
+        }
+        assert not differing, f"{path} wrote {differing} (path, service)"
+        assert {**mine, "actor_kind": None} == {**theirs, "actor_kind": None}, path
 
 
 @pytest.fixture
