@@ -70,15 +70,11 @@ class AlertChannelAdmin(ServiceSaveAdmin):
     list_filter = ["kind", "active"]
     exclude = ["cursor_alert_id"]
     readonly_fields = ["webhook"]
+    service_keys = ("tenant", "name")
 
     @admin.display(description="webhook URL")
     def webhook(self, obj: AlertChannel) -> str:
         return channel_url_masked(obj) if obj.url else display.EMPTY
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        # The service finds a channel by tenant and name: both fixed once it exists.
-        fixed = ["tenant", "name"] if obj is not None else []
-        return [*fixed, *self.readonly_fields]
 
     def save_model(self, request: HttpRequest, obj: AlertChannel, form: Any, change: bool) -> None:
         # One write path (ADR 0004): `manage.py alertchannel_upsert`'s service checks, seals
@@ -94,10 +90,9 @@ class AlertChannelAdmin(ServiceSaveAdmin):
             digest_threshold=obj.digest_threshold,
             max_messages_per_window=obj.max_messages_per_window,
             window_seconds=obj.window_seconds,
-            actor=f"user:{request.user.get_username()}",
+            actor=self.actor_of(request),
         )
-        obj.pk = channel.pk
-        obj.refresh_from_db()
+        self.adopt(obj, channel)
 
 
 class AlertStateFilter(admin.SimpleListFilter):

@@ -1001,6 +1001,7 @@ class ReplayTargetAdmin(ServiceSaveAdmin):
     search_fields = ["slug"]
     formfield_overrides = HTTPS_URL_FORMS
     readonly_fields = ["signing_state", "credential_state"]
+    service_keys = ("tenant", "slug")
     actions = ["rotate_signing_secret"]
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
@@ -1034,11 +1035,6 @@ class ReplayTargetAdmin(ServiceSaveAdmin):
             return "not set"
         return f"set, sent in {obj.credential_header or '(no header named)'} (stored encrypted; never shown)"
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        # The service finds a target by tenant and slug: both fixed once it exists.
-        fixed = ["tenant", "slug"] if obj is not None else []
-        return [*fixed, *self.readonly_fields]
-
     def save_model(self, request: HttpRequest, obj: ReplayTarget, form: Any, change: bool) -> None:
         # One write path (ADR 0004): the command's service checks the URLs, seals the
         # credential, makes a new target's signing secret, moves the default and records
@@ -1056,11 +1052,10 @@ class ReplayTargetAdmin(ServiceSaveAdmin):
             is_default=obj.is_default,
             auto_replay=obj.auto_replay,
             active=obj.active,
-            actor=f"user:{request.user.get_username()}",
+            actor=self.actor_of(request),
         )
         self._new_secret = target.new_signing_secret
-        obj.pk = target.pk
-        obj.refresh_from_db()
+        self.adopt(obj, target)
 
     def response_add(self, request: HttpRequest, obj: ReplayTarget, post_url_continue: str | None = None) -> Any:
         secret = getattr(self, "_new_secret", "")
@@ -1162,7 +1157,6 @@ class N8nConnectionAdmin(ServiceSaveAdmin):
             api_key=form.cleaned_data.get("new_api_key") or None,
             timeout_seconds=obj.timeout_seconds,
             active=obj.active,
-            actor=f"user:{request.user.get_username()}",
+            actor=self.actor_of(request),
         )
-        obj.pk = connection.pk
-        obj.refresh_from_db()
+        self.adopt(obj, connection)

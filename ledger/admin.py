@@ -656,7 +656,7 @@ class TenantAdmin(ServiceSaveAdmin):
         # One write path (ADR 0004): `manage.py tenant_create`'s and the CLI's services check
         # (Tenant.clean: the allow-list and eligibility URL against the outbound policy),
         # assign the secret namespace once and record the change.
-        actor = f"user:{request.user.get_username()}"
+        actor = self.actor_of(request)
         names = [name for name in form.cleaned_data if name in {f.name for f in Tenant._meta.concrete_fields}]
         if change:
             saved = services.tenant_update(
@@ -671,8 +671,7 @@ class TenantAdmin(ServiceSaveAdmin):
                 actor=actor,
                 **{name: getattr(obj, name) for name in names if name not in ("slug", "name")},
             )
-        obj.pk = saved.pk
-        obj.refresh_from_db()
+        self.adopt(obj, saved)
 
     @admin.display(description="secret namespace")
     def secret_namespace_state(self, obj: Tenant) -> str:
@@ -991,16 +990,14 @@ class ProviderAdmin(ServiceSaveAdmin):
         saved = services.provider_upsert(
             tenant=obj.tenant,
             slug=obj.slug,
-            actor=f"user:{request.user.get_username()}",
+            actor=self.actor_of(request),
             reason=form.cleaned_data.get("change_reason") or "",
             canary_percent=form.cleaned_data.get("rollout_percent"),
             auth_secret=secrets_typed["auth_secret"],
             webhook_secret=secrets_typed["webhook_secret"],
             **{name: getattr(obj, name) for name in names},
         )
-        # The admin's log entry, message and redirect name the row the service wrote.
-        obj.pk = saved.pk
-        obj.refresh_from_db()
+        self.adopt(obj, saved)
 
     # --- the adapter rollout page: revisions, the watch, promote / roll back / canary ---
 

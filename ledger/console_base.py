@@ -272,6 +272,26 @@ class ServiceSaveAdmin(ConsoleAdmin):
     the page's message — never a 500."""
 
     config_change_by_service = True
+    # The fields the service finds a row by (tenant and slug or name): read-only once the row
+    # exists, since a rename through the service would make a second object.
+    service_keys: tuple[str, ...] = ()
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))
+        if obj is None:
+            return fields
+        return [*(key for key in self.service_keys if key not in fields), *fields]
+
+    @staticmethod
+    def actor_of(request: HttpRequest) -> str:
+        return f"user:{request.user.get_username()}"
+
+    @staticmethod
+    def adopt(obj: models.Model, saved: models.Model) -> None:
+        """After ``save_model`` called the service: the admin's log entry, message and
+        redirect name the row the service wrote."""
+        obj.pk = saved.pk
+        obj.refresh_from_db()
 
     def changeform_view(
         self,

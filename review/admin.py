@@ -277,10 +277,7 @@ class RetentionPolicyAdmin(ServiceSaveAdmin):
     list_display = ["tenant", "record_type", "payload_kept", "record_kept", "held", "updated_at"]
     list_filter = ["tenant", "record_type", "legal_hold"]
     fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        # The service finds a policy by tenant and record type: both fixed once it exists.
-        return ["tenant", "record_type"] if obj is not None else []
+    service_keys = ("tenant", "record_type")
 
     def save_model(self, request: HttpRequest, obj: RetentionPolicy, form: Any, change: bool) -> None:
         # One write path (ADR 0004): review.services.retention_policy_save checks the floors
@@ -292,10 +289,9 @@ class RetentionPolicyAdmin(ServiceSaveAdmin):
             record_ttl=obj.record_ttl,
             legal_hold=obj.legal_hold,
             legal_hold_note=obj.legal_hold_note,
-            actor=f"user:{request.user.get_username()}",
+            actor=self.actor_of(request),
         )
-        obj.pk = saved.pk
-        obj.refresh_from_db()
+        self.adopt(obj, saved)
 
     @admin.display(description="payload kept", ordering="payload_ttl")
     def payload_kept(self, obj: RetentionPolicy) -> str:

@@ -30,7 +30,7 @@ from ledger import prompts, services
 from ledger.errors import DomainError
 from ledger.models import ConfigChange, Tenant
 from review.services import retention_policy_save
-from tests.console.support import FormValues, client_for
+from tests.console.support import client_for, submit_form
 
 pytestmark = pytest.mark.django_db
 
@@ -110,18 +110,7 @@ def by_command(object_type: str, *args: str, stdin: str = "") -> Outcome:
 def by_console(client: Client, object_type: str, form_url: str, **changes: Any) -> Outcome:
     def run() -> Outcome:
         since = _last_change_id()
-        page = client.get(form_url)
-        assert page.status_code == 200, (form_url, page.status_code)
-        parser = FormValues()
-        parser.feed(page.content.decode())
-        data = {k: v for k, v in parser.values.items() if k not in ("_addanother", "_continue", "_save")}
-        for name, value in changes.items():
-            if value is None:
-                data.pop(name, None)
-            else:
-                data[name] = value
-        data["_save"] = "Save"
-        response = client.post(form_url, data)
+        response = submit_form(client, form_url, **changes)
         # Bad input is never a server error in the console.
         assert response.status_code < 500, response.content.decode()[:2000]
         row = _row(object_type, since)
@@ -540,13 +529,8 @@ def test_the_console_trail_row_is_the_services_and_written_once(tenant, root):
     services.provider_upsert(tenant=tenant, slug="crm", base_url="http://127.0.0.1:9", idempotency_class="key_enforced")
     since = _last_change_id()
     provider_id = services.provider_for(tenant=tenant, slug="crm").pk
-    client = root
-    page = client.get(f"/admin/ledger/provider/{provider_id}/change/")
-    parser = FormValues()
-    parser.feed(page.content.decode())
-    data = {k: v for k, v in parser.values.items() if k not in ("_addanother", "_continue", "_save")}
-    data.update(max_attempts="9", _save="Save")
-    assert client.post(f"/admin/ledger/provider/{provider_id}/change/", data).status_code == 302
+    response = submit_form(root, f"/admin/ledger/provider/{provider_id}/change/", max_attempts="9")
+    assert response.status_code == 302
     rows = list(ConfigChange.objects.filter(pk__gt=since))
     assert [(r.object_type, r.actor, r.after) for r in rows] == [("ledger.provider", "user:root", {"max_attempts": 9})]
     assert Tenant.objects.count() == 1
