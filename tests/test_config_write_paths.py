@@ -59,7 +59,8 @@ def _row(object_type: str, since: int) -> dict[str, Any] | None:
         return None
     after = {k: v for k, v in (change.after or {}).items() if k not in VOLATILE}
     return {
-        "tenant_id": change.tenant_id,
+        # A new tenant's row belongs to it: its id comes from a sequence no savepoint rewinds.
+        "tenant_id": "itself" if object_type == "ledger.tenant" else change.tenant_id,
         "action": change.action,
         "object_type": change.object_type,
         "object_repr": change.object_repr,
