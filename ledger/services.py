@@ -1639,10 +1639,18 @@ def provider_pause(*, provider_id: int, reason: str, actor: str = "worker") -> b
 
 
 def provider_resume(*, provider_id: int, actor: str) -> bool:
-    """An operator's decision: the provider's queued work flows again."""
-    resumed = Provider.objects.filter(pk=provider_id, paused_at__isnull=False).update(
-        paused_at=None, paused_reason="", throttled_until=None, updated_at=timezone.now()
-    )
+    """An operator's decision: the provider's queued work flows again. Recorded in the
+    configuration trail in the same transaction, for the console's action and
+    ``manage.py provider_resume`` alike (ADR 0004)."""
+    with transaction.atomic():
+        stored = Provider.objects.filter(pk=provider_id).first()
+        before = config_snapshot(stored) if stored is not None else None
+        resumed = Provider.objects.filter(pk=provider_id, paused_at__isnull=False).update(
+            paused_at=None, paused_reason="", throttled_until=None, updated_at=timezone.now()
+        )
+        if resumed and stored is not None:
+            stored.refresh_from_db()
+            config_change_of(stored, actor=actor, action=ConfigChangeAction.UPDATE, before=before)
     if resumed:
         log.info("provider_resumed provider=%s actor=%s", provider_id, actor)
     return bool(resumed)

@@ -473,8 +473,9 @@ class PausedProviderAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
 
     @admin.action(description="Resume selected providers", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[PausedProvider]) -> None:
+        # The service records each resume in the trail, as for `manage.py provider_resume`.
         done = sum(
-            self._recorded(request, p, lambda p=p: provider_resume(provider_id=p.pk, actor=actor_of(request)))
+            provider_resume(provider_id=p.pk, actor=actor_of(request))
             for p in queryset.filter(paused_at__isnull=False)[:200]
         )
         messages.success(request, f"Resumed {done} provider(s).")

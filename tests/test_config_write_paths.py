@@ -535,3 +535,23 @@ def test_the_console_trail_row_is_the_services_and_written_once(tenant, root):
     rows = list(ConfigChange.objects.filter(pk__gt=since))
     assert [(r.object_type, r.actor, r.after) for r in rows] == [("ledger.provider", "user:root", {"max_attempts": 9})]
     assert Tenant.objects.count() == 1
+
+
+def test_a_provider_resume_writes_the_same_trail_row_from_the_console_and_the_command(tenant, root):
+    provider = services.provider_upsert(
+        tenant=tenant, slug="crm", base_url="http://127.0.0.1:9", idempotency_class="key_enforced"
+    )
+    services.provider_pause(provider_id=provider.pk, reason="401 from the provider", actor="worker")
+    reference = by_service("ledger.provider", lambda: services.provider_resume(provider_id=provider.pk, actor="user:x"))
+    assert reference.row is not None and reference.row["after"]["paused_at"] is None
+    same_as(reference, by_command("ledger.provider", "provider_resume", "--tenant=acme", "--slug=crm"), "command")
+
+    def console() -> Outcome:
+        since = _last_change_id()
+        response = root.post(
+            "/admin/review/pausedprovider/", {"action": "resume", "_selected_action": [provider.pk], "index": 0}
+        )
+        assert response.status_code == 302
+        return Outcome(row=_row("ledger.provider", since))
+
+    same_as(reference, _isolated(console), "console")
