@@ -26,7 +26,7 @@ from django.test import Client
 
 from alerts.services import alert_channel_upsert
 from dlq.services import n8n_connection_save, replay_target_upsert
-from ledger import prompts, services
+from ledger import callbacks, prompts, services
 from ledger.errors import DomainError
 from ledger.models import ConfigChange, Tenant
 from review.services import retention_policy_save
@@ -429,6 +429,32 @@ def test_a_tenant_is_refused_and_accepted_alike_by_the_console_the_command_and_t
     assert reference.refused is not accepted, reference.messages
     same_as(reference, by_command("ledger.tenant", "tenant_create", given["slug"], f"--name={name}"), "command")
     console = by_console(root, "ledger.tenant", "/admin/ledger/tenant/add/", slug=given["slug"], name=name)
+    same_as(reference, console, "console")
+
+
+ALLOW_CASES = [
+    pytest.param("http://127.0.0.1:9/cb", True, id="good"),
+    pytest.param("ftp://127.0.0.1:9/cb", False, id="bad-url-scheme"),
+    pytest.param("http://127.0.0.1:8/cb", False, id="disallowed-destination"),
+]
+
+
+@pytest.mark.parametrize(("prefix", "accepted"), ALLOW_CASES)
+def test_a_tenants_callback_allow_list_is_refused_and_accepted_alike_by_the_console_the_command_and_the_service(
+    tenant, root, prefix, accepted
+):
+    # Made beforehand: the command would otherwise make it too (a second row of its own).
+    callbacks.tenant_callback_secret(tenant_id=tenant.pk, actor="user:x")
+    reference = by_service(
+        "ledger.tenant",
+        lambda: services.tenant_update(tenant_id=tenant.pk, actor="user:x", callback_allow_list=[prefix]),
+    )
+    assert reference.refused is not accepted, reference.messages
+    command = by_command("ledger.tenant", "tenant_callback_secret", "--tenant=acme", f"--allow={prefix}")
+    same_as(reference, command, "command")
+    console = by_console(
+        root, "ledger.tenant", f"/admin/ledger/tenant/{tenant.pk}/change/", callback_allow_list=json.dumps([prefix])
+    )
     same_as(reference, console, "console")
 
 
