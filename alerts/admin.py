@@ -16,19 +16,25 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from alerts.models import Alert, AlertChannel, AlertDelivery, AlertState
-from alerts.services import alert_acknowledge, alert_resolve, channel_url_masked
+from alerts.services import (
+    NEW_CHANNEL_NEEDS_URL,
+    alert_acknowledge,
+    alert_channel_upsert,
+    alert_channel_url_check,
+    alert_resolve,
+    channel_url_masked,
+)
 from ledger import display
 from ledger.admin import TenantColumnMixin
-from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin
-from ledger.credentials import sealed_credential
+from ledger.console_base import ConsoleReadOnlyAdmin, ServiceSaveAdmin
 from ledger.errors import DestinationNotAllowed
-from ledger.outbound import outbound_check
 
 
 class AlertChannelForm(forms.ModelForm):
     """The webhook URL is write-only (a Slack or Discord webhook URL is a bearer secret): typed
-    to set or replace it, never rendered back; blank on a change keeps the stored one. A new
-    URL passes the outbound policy and is stored sealed, in canonical form."""
+    to set or replace it, never rendered back; blank on a change keeps the stored one. The
+    save is ``alerts.services.alert_channel_upsert``'s (ADR 0004), which checks the URL
+    against the outbound policy and stores it sealed, in canonical form."""
 
     webhook_url = forms.CharField(
         required=False,
@@ -48,33 +54,45 @@ class AlertChannelForm(forms.ModelForm):
         url = self.cleaned_data.get("webhook_url", "")
         if not url:
             if self.instance.pk is None:
-                raise forms.ValidationError("A new channel needs its webhook URL.")
+                raise forms.ValidationError(NEW_CHANNEL_NEEDS_URL)
             return ""
         try:
-            # The refusal names the purpose and the host at most, never the URL's path.
-            return outbound_check(url, purpose="alert webhook URL").url
+            # The service's check: the refusal names the purpose and the host at most.
+            return alert_channel_url_check(url)
         except DestinationNotAllowed as exc:
             raise forms.ValidationError(exc.detail) from None
 
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        # Before the model's own clean (ModelForm._post_clean), which then sees it sealed.
-        if data.get("webhook_url"):
-            self.instance.url = sealed_credential(data["webhook_url"])
-        return data
-
 
 @admin.register(AlertChannel)
-class AlertChannelAdmin(ConsoleAdmin):
+class AlertChannelAdmin(ServiceSaveAdmin):
     form = AlertChannelForm
     list_display = ["name", "tenant", "kind", "webhook", "active", "digest_threshold", "max_messages_per_window"]
     list_filter = ["kind", "active"]
     exclude = ["cursor_alert_id"]
     readonly_fields = ["webhook"]
+    service_keys = ("tenant", "name")
 
     @admin.display(description="webhook URL")
     def webhook(self, obj: AlertChannel) -> str:
         return channel_url_masked(obj) if obj.url else display.EMPTY
+
+    def save_model(self, request: HttpRequest, obj: AlertChannel, form: Any, change: bool) -> None:
+        # One write path (ADR 0004): `manage.py alertchannel_upsert`'s service checks, seals
+        # the URL and records the change with it masked.
+        channel = alert_channel_upsert(
+            tenant=obj.tenant,
+            name=obj.name,
+            kind=obj.kind,
+            url=form.cleaned_data.get("webhook_url") or None,
+            kinds=obj.kinds,
+            active=obj.active,
+            timeout_seconds=obj.timeout_seconds,
+            digest_threshold=obj.digest_threshold,
+            max_messages_per_window=obj.max_messages_per_window,
+            window_seconds=obj.window_seconds,
+            actor=self.actor_of(request),
+        )
+        self.adopt(obj, channel)
 
 
 class AlertStateFilter(admin.SimpleListFilter):

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
@@ -33,6 +34,7 @@ from ledger import tasks as ledger_tasks
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.credentials import sealed_credential, secret_open, url_masked
 from ledger.crypto import EncryptionKeyError
+from ledger.errors import ValidationFailed
 from ledger.masking import UNREADABLE
 from ledger.models import ConfigChangeAction, Tenant
 from ledger.outbound import OutboundBlocked, outbound_check, outbound_client
@@ -431,22 +433,62 @@ def channel_url_masked(channel: AlertChannel) -> str:
         return UNREADABLE
 
 
+NEW_CHANNEL_NEEDS_URL = "A new channel needs its webhook URL."
+
+
 def alert_channel_upsert(
-    *, tenant: Tenant, name: str, kind: str, url: str, kinds: list[str] | None = None, actor: str = "system"
+    *,
+    tenant: Tenant,
+    name: str,
+    kind: str | None = None,
+    url: str | None = None,
+    kinds: list[str] | None = None,
+    active: bool | None = None,
+    timeout_seconds: float | None = None,
+    digest_threshold: int | None = None,
+    max_messages_per_window: int | None = None,
+    window_seconds: int | None = None,
+    actor: str = "system",
 ) -> AlertChannel:
     """Create or update a tenant's alert channel (Slack, Discord or generic webhook); the
-    change is recorded (the webhook URL is a bearer secret: masked)."""
+    change is recorded (the webhook URL is a bearer secret: masked). The one write path of
+    the console's form and ``manage.py alertchannel_upsert`` (ADR 0004): None keeps a stored
+    value (a new channel needs its kind and URL; the rest take the model's defaults)."""
     # Checked and stored in canonical form (ledger.outbound): where deliveries will go.
-    checked = outbound_check(url, purpose="alert webhook URL").url
-    defaults: dict[str, Any] = {"kind": kind}
-    if kinds is not None:
-        defaults["kinds"] = kinds
+    checked = alert_channel_url_check(url) if url else None
+    defaults: dict[str, Any] = {
+        name_: value
+        for name_, value in (
+            ("kind", kind),
+            ("kinds", kinds),
+            ("active", active),
+            ("timeout_seconds", timeout_seconds),
+            ("digest_threshold", digest_threshold),
+            ("max_messages_per_window", max_messages_per_window),
+            ("window_seconds", window_seconds),
+        )
+        if value is not None
+    }
     with transaction.atomic():
         existing = AlertChannel.objects.select_for_update().filter(tenant=tenant, name=name).first()
         before = config_snapshot(existing, exclude=CHANNEL_STATE_FIELDS) if existing is not None else None
-        # Sealed afresh only when it changed: the same URL again is no change in the trail.
-        unchanged = existing is not None and _same_url(existing, checked)
-        defaults["url"] = existing.url if unchanged else sealed_credential(checked)
+        if existing is None and checked is None:
+            raise ValidationFailed(NEW_CHANNEL_NEEDS_URL, extra={"field": "url"})
+        if existing is None and kind is None:
+            raise ValidationFailed("A new channel needs its kind.", extra={"field": "kind"})
+        if checked is not None:
+            # Sealed afresh only when it changed: the same URL again is no change in the trail.
+            unchanged = existing is not None and _same_url(existing, checked)
+            defaults["url"] = existing.url if unchanged else sealed_credential(checked)
+        candidate = existing or AlertChannel(tenant=tenant, name=name)
+        for field, value in defaults.items():
+            setattr(candidate, field, value)
+        try:
+            # The model's own rules (a name is a short slug, a kind one of the kinds, counts
+            # not negative), as the console's form checks them.
+            candidate.full_clean(exclude=["tenant", "url", "cursor_alert_id"], validate_unique=False)
+        except DjangoValidationError as exc:
+            raise ValidationFailed("; ".join(exc.messages)) from None
         channel, created = AlertChannel.objects.update_or_create(tenant=tenant, name=name, defaults=defaults)
         config_change_of(
             channel,
@@ -457,6 +499,12 @@ def alert_channel_upsert(
             exclude=CHANNEL_STATE_FIELDS,
         )
     return channel
+
+
+def alert_channel_url_check(url: str) -> str:
+    """A channel's webhook URL as stored: allowed by the outbound policy, canonical. The
+    refusal names the purpose and the host at most, never the URL's path (a token)."""
+    return outbound_check(url, purpose="alert webhook URL").url
 
 
 def _same_url(channel: AlertChannel, url: str) -> bool:

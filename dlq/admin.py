@@ -9,7 +9,6 @@ table), counts are capped, and the default order (-failed_at, -id) is an index's
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -48,8 +46,8 @@ from ledger.admin import (
     TenantInlineFormSet,
     https_url_formfield,
 )
-from ledger.console_base import ConsoleAdmin, ConsoleJSONField, ConsoleReadOnlyAdmin
-from ledger.credentials import sealed_credential, url_masked
+from ledger.console_base import ConsoleJSONField, ConsoleReadOnlyAdmin, ServiceSaveAdmin
+from ledger.credentials import url_masked
 from ledger.errors import DomainError
 from ledger.failures import failure_html
 from ledger.masking import mask_json
@@ -959,19 +957,12 @@ class ReplayTargetForm(forms.ModelForm):
             raise forms.ValidationError("The credential must be printable text.")
         return value
 
-    def save(self, commit: bool = True) -> ReplayTarget:
-        target = super().save(commit=False)
-        target.class_confirmed = True
+    def credential_change(self) -> str | None:
+        """The credential as ``services.replay_target_upsert`` takes it: a new value, "" to
+        remove it, None to keep it (the service seals it)."""
         if self.cleaned_data.get("clear_credential"):
-            target.credential_secret = None
-        elif self.cleaned_data.get("new_credential"):
-            target.credential_secret = sealed_credential(self.cleaned_data["new_credential"])
-        if target.pk is None:
-            target.new_signing_secret = secrets.token_urlsafe(32)
-            target.signing_secret = sealed_credential(target.new_signing_secret)
-        if commit:
-            target.save()
-        return target
+            return ""
+        return self.cleaned_data.get("new_credential") or None
 
 
 class ClassConfirmedFilter(admin.SimpleListFilter):
@@ -990,7 +981,7 @@ class ClassConfirmedFilter(admin.SimpleListFilter):
 
 
 @admin.register(ReplayTarget)
-class ReplayTargetAdmin(ConsoleAdmin):
+class ReplayTargetAdmin(ServiceSaveAdmin):
     """Where replays go. The URL is shown masked past its host (a webhook path can be a
     token) and is not searchable; the signing secret is shown once, when made or rotated;
     the credential is write-only."""
@@ -1010,6 +1001,7 @@ class ReplayTargetAdmin(ConsoleAdmin):
     search_fields = ["slug"]
     formfield_overrides = HTTPS_URL_FORMS
     readonly_fields = ["signing_state", "credential_state"]
+    service_keys = ("tenant", "slug")
     actions = ["rotate_signing_secret"]
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
@@ -1044,8 +1036,26 @@ class ReplayTargetAdmin(ConsoleAdmin):
         return f"set, sent in {obj.credential_header or '(no header named)'} (stored encrypted; never shown)"
 
     def save_model(self, request: HttpRequest, obj: ReplayTarget, form: Any, change: bool) -> None:
-        super().save_model(request, obj, form, change)
-        self._new_secret = getattr(obj, "new_signing_secret", "")
+        # One write path (ADR 0004): the command's service checks the URLs, seals the
+        # credential, makes a new target's signing secret, moves the default and records
+        # every target it changed.
+        target = services.replay_target_upsert(
+            tenant=obj.tenant,
+            slug=obj.slug,
+            url=obj.url,
+            idempotency_class=obj.idempotency_class,
+            idempotency_header=obj.idempotency_header,
+            lookup_url=obj.lookup_url,
+            credential_header=obj.credential_header,
+            credential_value=form.credential_change(),
+            timeout_seconds=obj.timeout_seconds,
+            is_default=obj.is_default,
+            auto_replay=obj.auto_replay,
+            active=obj.active,
+            actor=self.actor_of(request),
+        )
+        self._new_secret = target.new_signing_secret
+        self.adopt(obj, target)
 
     def response_add(self, request: HttpRequest, obj: ReplayTarget, post_url_continue: str | None = None) -> Any:
         secret = getattr(self, "_new_secret", "")
@@ -1084,8 +1094,8 @@ class ReplayTargetAdmin(ConsoleAdmin):
 class N8nConnectionForm(forms.ModelForm):
     """The n8n API key is write-only: typed to set or replace it, never rendered back (the
     page says when it was set). N8nConnection.clean checks the URL against the outbound
-    policy and stores it canonical; the console's mixin records the change with the key
-    masked (review.changes)."""
+    policy and stores it canonical; the save is dlq.services.n8n_connection_save's, which
+    records the change with the key masked (ADR 0004)."""
 
     new_api_key = forms.CharField(
         required=False,
@@ -1116,18 +1126,9 @@ class N8nConnectionForm(forms.ModelForm):
             self.add_error("new_api_key", "A new connection needs the n8n API key.")
         return data
 
-    def save(self, commit: bool = True) -> N8nConnection:
-        connection = super().save(commit=False)
-        if self.cleaned_data.get("new_api_key"):
-            connection.api_key_secret = sealed_credential(self.cleaned_data["new_api_key"])
-            connection.api_key_set_at = timezone.now()
-        if commit:
-            connection.save()
-        return connection
-
 
 @admin.register(N8nConnection)
-class N8nConnectionAdmin(ConsoleAdmin):
+class N8nConnectionAdmin(ServiceSaveAdmin):
     """A tenant's n8n instance for lead capture (DESIGN §7): Error Trigger entries get the
     failed node's input items. Tenant admins set it; the key is never shown."""
 
@@ -1146,3 +1147,16 @@ class N8nConnectionAdmin(ConsoleAdmin):
             return "not set"
         when = f", set {display.age(obj.api_key_set_at)}" if obj.api_key_set_at else ""
         return f"set (stored encrypted; never shown){when}"
+
+    def save_model(self, request: HttpRequest, obj: N8nConnection, form: Any, change: bool) -> None:
+        # One write path (ADR 0004): `manage.py n8n_connect`'s service checks the URL and the
+        # key, seals the key and records the change with it masked.
+        connection = services.n8n_connection_save(
+            tenant=obj.tenant,
+            base_url=obj.base_url,
+            api_key=form.cleaned_data.get("new_api_key") or None,
+            timeout_seconds=obj.timeout_seconds,
+            active=obj.active,
+            actor=self.actor_of(request),
+        )
+        self.adopt(obj, connection)

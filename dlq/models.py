@@ -10,7 +10,7 @@ from django.db import models
 from django.db.models import Q
 
 from dlq.conf import dlq_setting
-from ledger.errors import DestinationNotAllowed
+from ledger.errors import DestinationNotAllowed, ValidationFailed
 from ledger.models import AdapterRevision, ErrorClass, IdempotencyClass, Operation, Tenant
 from ledger.outbound import outbound_check
 
@@ -132,6 +132,16 @@ def n8n_base_url_check(url: str) -> str:
     return normalised.url.rstrip("/")
 
 
+def n8n_timeout_check(seconds: float) -> float:
+    """One request to n8n waits this long at most: from half a second to 30. Raises
+    ValidationFailed (the console's form, ``manage.py n8n_connect`` and the service say the same)."""
+    if not 0.5 <= float(seconds or 0) <= 30:
+        raise ValidationFailed(
+            "The n8n timeout must be between 0.5 and 30 seconds.", extra={"field": "timeout_seconds"}
+        )
+    return float(seconds)
+
+
 class N8nConnection(models.Model):
     """A tenant's n8n instance, for lead capture (DESIGN §7): when an n8n Error Trigger report
     arrives, the failed execution is fetched through n8n's public REST API and the failed
@@ -174,8 +184,10 @@ class N8nConnection(models.Model):
                 self.base_url = n8n_base_url_check(self.base_url)
             except DestinationNotAllowed as exc:
                 raise ValidationError({"base_url": exc.detail}) from None
-        if not 0.5 <= float(self.timeout_seconds or 0) <= 30:
-            raise ValidationError({"timeout_seconds": "Between 0.5 and 30 seconds."})
+        try:
+            n8n_timeout_check(self.timeout_seconds)
+        except ValidationFailed as exc:
+            raise ValidationError({"timeout_seconds": exc.detail}) from None
 
 
 def _is_loopback(host: str) -> bool:

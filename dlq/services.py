@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 from django.db.models.functions import Now
@@ -71,6 +72,7 @@ from dlq.models import (
     ReplayTarget,
     ReplayTrigger,
     n8n_base_url_check,
+    n8n_timeout_check,
     replay_target_url_check,
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index, failed_request_key, parse_failure
@@ -545,8 +547,8 @@ def n8n_connection_save(
     url = n8n_base_url_check(base_url)
     if api_key is not None:
         api_key = n8n_api_key_check(api_key)
-    if timeout_seconds is not None and not 0.5 <= float(timeout_seconds) <= 30:
-        raise ValidationFailed("The n8n timeout must be between 0.5 and 30 seconds.")
+    if timeout_seconds is not None:
+        timeout_seconds = n8n_timeout_check(timeout_seconds)
     with transaction.atomic():
         connection = N8nConnection.objects.select_for_update().filter(tenant_id=tenant.pk).first()
         before = config_snapshot(connection) if connection is not None else None
@@ -1910,6 +1912,14 @@ def replay_target_upsert(
     it for new targets). ``credential_value``: None keeps the stored one, "" removes it; it is
     stored sealed. A new target gets its signing secret, returned in clear once as the
     instance's ``new_signing_secret`` ("" for an update)."""
+    # The model fields' own rules (a slug's shape, lengths): what the console's form says,
+    # said the same way to the command (ADR 0004), and never a database error.
+    for name, value in (("slug", slug), ("idempotency_header", idempotency_header)):
+        if value is not None:
+            try:
+                ReplayTarget._meta.get_field(name).clean(value, None)
+            except DjangoValidationError as exc:
+                raise ValidationFailed("; ".join(exc.messages), extra={"field": name}) from None
     # Checked and stored in canonical form (ledger.outbound, https unless loopback): the URL
     # replays will be sent to.
     fields: dict[str, Any] = {"url": replay_target_url_check(url)}

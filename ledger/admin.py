@@ -15,7 +15,6 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery, URLField
 from django.db.models.lookups import In
 from django.forms.models import BaseInlineFormSet
@@ -28,19 +27,16 @@ from django.utils.html import escape, format_html
 from django.utils.http import urlencode
 
 from ledger import callbacks, canary, display, prompts, ratelimit, revisions, services
-from ledger.config_changes import config_change_record
-from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ReadOnlyPermissions
-from ledger.credentials import credential_is_set, sealed_credential
+from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ReadOnlyPermissions, ServiceSaveAdmin
+from ledger.credentials import credential_is_set
 from ledger.errors import DomainError, ValidationFailed
 from ledger.failures import failure_html
 from ledger.models import (
     ADAPTER_FIELDS,
-    PROVIDER_CAP_FIELDS,
     TERMINAL_STATES,
     ApiKey,
     Attempt,
     ConfigChange,
-    ConfigChangeAction,
     Operation,
     OperationEvent,
     OperationMode,
@@ -627,7 +623,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
 
 
 @admin.register(Tenant)
-class TenantAdmin(ConsoleAdmin):
+class TenantAdmin(ServiceSaveAdmin):
     """A tenant's settings. The callback signing secret is never displayed (whoever may view
     tenants — reviewers, auditors, operators — could otherwise sign callbacks as the service):
     the page says whether it is set and when it was made; the rotate action shows a new one
@@ -655,6 +651,27 @@ class TenantAdmin(ConsoleAdmin):
 
     def has_rotate_callback_secret_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("ledger.rotate_callback_secret")
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        # One write path (ADR 0004): `manage.py tenant_create`'s and the CLI's services check
+        # (Tenant.clean: the allow-list and eligibility URL against the outbound policy),
+        # assign the secret namespace once and record the change.
+        actor = self.actor_of(request)
+        names = [name for name in form.cleaned_data if name in {f.name for f in Tenant._meta.concrete_fields}]
+        if change:
+            saved = services.tenant_update(
+                tenant_id=obj.pk,
+                actor=actor,
+                **{name: getattr(obj, name) for name in names if name in form.changed_data},
+            )
+        else:
+            saved = services.tenant_create(
+                slug=obj.slug,
+                name=obj.name,
+                actor=actor,
+                **{name: getattr(obj, name) for name in names if name not in ("slug", "name")},
+            )
+        self.adopt(obj, saved)
 
     @admin.display(description="secret namespace")
     def secret_namespace_state(self, obj: Tenant) -> str:
@@ -824,6 +841,12 @@ class ProviderForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        slug = data.get("slug")
+        if self.instance.pk is None and slug:
+            try:
+                services.provider_slug_check(slug)
+            except DomainError as exc:
+                self.add_error("slug", exc.detail)
         if data.get("new_credential") and data.get("clear_credential"):
             raise forms.ValidationError("Set a new credential or clear it, not both.")
         if data.get("new_webhook_secret") and data.get("clear_webhook_secret"):
@@ -842,20 +865,17 @@ class ProviderForm(forms.ModelForm):
             )
         return data
 
-    def save(self, commit: bool = True) -> Provider:
-        provider = super().save(commit=False)
-        if self.cleaned_data.get("clear_credential"):
-            provider.auth_secret = None
-        elif self.cleaned_data.get("new_credential"):
-            provider.auth_secret = sealed_credential(self.cleaned_data["new_credential"])
-        if self.cleaned_data.get("clear_webhook_secret"):
-            provider.webhook_secret = None
-        elif self.cleaned_data.get("new_webhook_secret"):
-            provider.webhook_secret = sealed_credential(self.cleaned_data["new_webhook_secret"])
-        if commit:
-            provider.save()
-            self.save_m2m()
-        return provider
+    def secret_changes(self) -> dict[str, str | None]:
+        """The credential and webhook secret as ``services.provider_upsert`` takes them: a new
+        value, "" to clear, None to keep (the service seals them)."""
+        data = self.cleaned_data
+        changes: dict[str, str | None] = {}
+        for name, typed, cleared in (
+            ("auth_secret", "new_credential", "clear_credential"),
+            ("webhook_secret", "new_webhook_secret", "clear_webhook_secret"),
+        ):
+            changes[name] = "" if data.get(cleared) else (data.get(typed) or None)
+        return changes
 
 
 class RolloutMoveForm(forms.Form):
@@ -865,8 +885,11 @@ class RolloutMoveForm(forms.Form):
 
 
 @admin.register(Provider)
-class ProviderAdmin(ConsoleAdmin):
+class ProviderAdmin(ServiceSaveAdmin):
     form = ProviderForm
+    # Throttling and pausing are operational state, moved by the workers and the paused
+    # providers' page, never configuration (services.PROVIDER_STATE_FIELDS).
+    exclude = ["throttled_until", "paused_at", "paused_reason"]
     formfield_overrides = HTTPS_URL_FORMS
     list_display = [
         "slug",
@@ -953,43 +976,28 @@ class ProviderAdmin(ConsoleAdmin):
         )
 
     def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
-        actor = f"user:{request.user.get_username()}"
-        reason = form.cleaned_data.get("change_reason") or ""
-        with transaction.atomic():
-            if change:
-                stored = Provider.objects.select_for_update().get(pk=obj.pk)
-                caps_changed = any(getattr(obj, name) != getattr(stored, name) for name in PROVIDER_CAP_FIELDS)
-                before = revisions.rollout_state(stored)
-                revisions.revision_for_save(
-                    candidate=obj,
-                    stored=stored,
-                    actor=actor,
-                    reason=reason,
-                    canary_percent=form.cleaned_data.get("rollout_percent"),
-                )
-                super().save_model(request, obj, form, change)
-                # A canary started: a rollout move, with its reason. (A direct change is told by
-                # the new revision's own row and the provider's field changes.)
-                if obj.canary_revision_id != stored.canary_revision_id:
-                    config_change_record(
-                        tenant_id=obj.tenant_id,
-                        actor=actor,
-                        action=ConfigChangeAction.UPDATE,
-                        object_type=obj._meta.label_lower,
-                        object_id=obj.pk,
-                        object_repr=str(obj),
-                        before=before,
-                        after=revisions.rollout_state(obj),
-                        reason=revisions.clean_reason(reason),
-                    )
-                if caps_changed:
-                    # New caps: the bucket starts again, full, at the declared rate.
-                    ratelimit.provider_rate_reset(provider=obj)
-            else:
-                super().save_model(request, obj, form, change)
-                revisions.revision_first(provider=obj, actor=actor, reason=reason)
-        # Workers and the API read providers through a per-process cache: forget this one here.
-        services.provider_cache_forget(obj)
+        # One write path (ADR 0004): the command's service checks, seals the secrets, records
+        # the adapter revision and the ConfigChange row, resets the rate bucket and forgets the
+        # cached copy — for the console as for `manage.py provider_upsert`.
+        names = [
+            field.name
+            for field in Provider._meta.concrete_fields
+            if field.name in form.cleaned_data and field.name not in ("tenant", "slug")
+        ]
+        if change:
+            names = [name for name in names if name in form.changed_data]
+        secrets_typed = form.secret_changes()
+        saved = services.provider_upsert(
+            tenant=obj.tenant,
+            slug=obj.slug,
+            actor=self.actor_of(request),
+            reason=form.cleaned_data.get("change_reason") or "",
+            canary_percent=form.cleaned_data.get("rollout_percent"),
+            auth_secret=secrets_typed["auth_secret"],
+            webhook_secret=secrets_typed["webhook_secret"],
+            **{name: getattr(obj, name) for name in names},
+        )
+        self.adopt(obj, saved)
 
     # --- the adapter rollout page: revisions, the watch, promote / roll back / canary ---
 
@@ -1081,6 +1089,9 @@ class PromptTemplateForm(forms.ModelForm):
     reason = forms.CharField(
         required=False, max_length=500, help_text="Recorded with the version in the configuration trail."
     )
+    # Without the model field's own length and shape rules: the service's check says what a
+    # name may be, in the words the command and the API use.
+    name = forms.CharField(help_text="Lower case letters, digits, - and _ (at most 63).")
 
     class Meta:
         model = PromptTemplate
@@ -1091,20 +1102,13 @@ class PromptTemplateForm(forms.ModelForm):
             "slots": 'Each slot with its length cap: {"description": {"max_length": 500}}.',
         }
 
-    def clean_name(self) -> str:
-        # The service's rule, as a form error (its refusal in save_model would be a 500).
-        name = self.cleaned_data["name"]
-        problem = prompts.prompt_name_problem(name)
-        if problem is not None:
-            raise forms.ValidationError(problem)
-        return name
-
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        slots = data.get("slots")
-        problems = prompts.slots_problems(slots) or prompts.text_problems(data.get("text"), slots or {})
-        if problems:
-            raise forms.ValidationError(problems)
+        try:
+            # The service's own check (ADR 0004): the same message as the command's and the API's.
+            prompts.prompt_template_check(name=data.get("name"), text=data.get("text"), slots=data.get("slots"))
+        except DomainError as exc:
+            raise forms.ValidationError(exc.detail) from None
         return data
 
 

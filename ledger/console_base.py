@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import (
@@ -47,10 +47,10 @@ from django.contrib.admin.views.main import (
 from django.core.exceptions import ValidationError
 from django.core.paginator import InvalidPage
 from django.db import models
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
-from ledger.errors import LookupNotOffered
+from ledger.errors import DomainError, LookupNotOffered
 from ledger.storable import EARLIEST, LATEST, json_problem, nul_problem
 
 # Django's own parameters of a change list (never lookups on the model).
@@ -259,6 +259,55 @@ class ConsoleReadOnlyAdmin(ReadOnlyPermissions, ConsoleAdmin):
         return actions
 
 
+class ServiceSaveAdmin(ConsoleAdmin):
+    """A console page whose saves go through the object's configuration service (ADR 0004):
+    ``save_model`` calls the same function the management command and the API call, which
+    checks, seals, writes and records the ConfigChange row in one transaction. The console's
+    own trail mixin (review.changes) therefore records nothing for these saves; deletes it
+    still records.
+
+    The form shows the service's refusals as field errors before anything is written (its
+    ``clean`` runs the same checks); a refusal the service raises only at save time (a row
+    changed between the form's check and the save) rolls the whole save back and is shown as
+    the page's message — never a 500."""
+
+    config_change_by_service = True
+    # The fields the service finds a row by (tenant and slug or name): read-only once the row
+    # exists, since a rename through the service would make a second object.
+    service_keys: tuple[str, ...] = ()
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))
+        if obj is None:
+            return fields
+        return [*(key for key in self.service_keys if key not in fields), *fields]
+
+    @staticmethod
+    def actor_of(request: HttpRequest) -> str:
+        return f"user:{request.user.get_username()}"
+
+    @staticmethod
+    def adopt(obj: models.Model, saved: models.Model) -> None:
+        """After ``save_model`` called the service: the admin's log entry, message and
+        redirect name the row the service wrote."""
+        obj.pk = saved.pk
+        obj.refresh_from_db()
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except DomainError as exc:
+            # The admin's own atomic block has rolled the save back by now.
+            messages.error(request, f"Nothing changed: {exc.detail}")
+            return HttpResponseRedirect(request.get_full_path())
+
+
 __all__ = [
     "ConsoleAdmin",
     "ConsoleJSONField",
@@ -267,6 +316,7 @@ __all__ = [
     "LookupNotOffered",
     "OfferedLookupsChangeList",
     "ReadOnlyPermissions",
+    "ServiceSaveAdmin",
     "drill_down_problem",
     "lookup_refused_response",
     "unoffered_parameters",

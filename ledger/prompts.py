@@ -181,16 +181,22 @@ def prompt_template_get(*, tenant_id: int, name: str, version: int | None = None
 # --- Writing --------------------------------------------------------------------------------
 
 
+def prompt_template_check(*, name: Any, text: Any, slots: Any) -> None:
+    """PromptTemplateInvalid, saying every problem, unless ``name``, ``text`` and ``slots``
+    make a prompt template: the check of the service, the console's form and the API alike."""
+    problems = [p for p in (prompt_name_problem(name),) if p]
+    problems += slots_problems(slots) or text_problems(text, slots)
+    if problems:
+        raise PromptTemplateInvalid(" ".join(problems))
+
+
 def prompt_template_create(
     *, tenant: Tenant, name: str, text: str, slots: dict[str, Any], actor: str, reason: str = ""
 ) -> PromptTemplate:
     """Version n+1 of the tenant's prompt ``name`` (1 for a new name), checked first; recorded
     in the configuration trail. Two creations at once get consecutive versions (the unique
     (tenant, name, version) decides; the loser reads the new highest and tries once more)."""
-    problems = [p for p in (prompt_name_problem(name),) if p]
-    problems += slots_problems(slots) or text_problems(text, slots)
-    if problems:
-        raise PromptTemplateInvalid(" ".join(problems))
+    prompt_template_check(name=name, text=text, slots=slots)
     for _ in range(2):
         try:
             with transaction.atomic():

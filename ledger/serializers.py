@@ -530,7 +530,8 @@ class ProviderIntentOutputSerializer(serializers.Serializer):
 
 
 class PromptTemplateInputSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=63, help_text="Lower case letters, digits, - and _.")
+    # No length of its own: the service's check says what a name may be (ADR 0004).
+    name = serializers.CharField(help_text="Lower case letters, digits, - and _ (at most 63).")
     text = serializers.CharField(
         max_length=50_000,
         trim_whitespace=False,

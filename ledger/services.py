@@ -1354,17 +1354,31 @@ def operation_supersede(
 # --- Tenants, keys, providers ----------------------------------------------------------
 
 
-def tenant_create(*, slug: str, name: str = "", secret_namespace: str = "", actor: str = "system") -> Tenant:
+def tenant_create(
+    *, slug: str, name: str = "", secret_namespace: str = "", actor: str = "system", **settings: Any
+) -> Tenant:
     """A new tenant with its secret namespace, fixed from now on (ADR 0001): ``secret_namespace``
     when the platform names one, else derived from the slug (``acme`` → ``ACME``) or, where
-    that is taken or overlaps another's, the next free one (ledger.provider_checks)."""
+    that is taken or overlaps another's, the next free one (ledger.provider_checks).
+    ``settings``: its other fields (limits, budget, allow-list …), checked by the model's rules
+    as the console's form checks them — the one write path of both (ADR 0004)."""
     if secret_namespace and not namespace_valid(secret_namespace):
         raise ValidationFailed(
             f"A secret namespace is 1–{NAMESPACE_MAX_LENGTH} capital letters and digits (no _): {secret_namespace[:40]!r}."
         )
+    fixed = set(settings) & {*TENANT_FIXED_FIELDS, "slug", "name"}
+    if fixed:
+        raise ValidationFailed(f"Not a setting: {', '.join(sorted(fixed))}.")
+    tenant = Tenant(slug=slug, name=name or slug, secret_namespace=secret_namespace, **settings)
+    try:
+        # The slug's and name's shape and length, the allow-list and eligibility URL against the
+        # outbound policy (Tenant.clean); uniqueness is the insert's to decide.
+        tenant.full_clean(exclude=["secret_namespace"], validate_unique=False, validate_constraints=False)
+    except DjangoValidationError as exc:
+        raise ValidationFailed("; ".join(exc.messages)) from exc
     try:
         with transaction.atomic():
-            tenant = Tenant.objects.create(slug=slug, name=name or slug, secret_namespace=secret_namespace)
+            tenant.save(force_insert=True)
             config_change_of(tenant, actor=actor, action=ConfigChangeAction.CREATE)
             return tenant
     except IntegrityError as exc:
@@ -1458,6 +1472,18 @@ PROVIDER_STATE_FIELDS = (
 _CHECKED_FIELDS = ("base_url", "lookup_path", "auth_secret_env")
 
 
+def provider_slug_check(slug: str) -> str:
+    """A slug a provider may be made under: the model field's shape and length (the console's
+    form says the same), and none of the service's own (``_callbacks``…)."""
+    if slug.startswith(RESERVED_PROVIDER_PREFIX):
+        raise ValidationFailed(RESERVED_PROVIDER_DETAIL, extra={"field": "slug"})
+    try:
+        Provider._meta.get_field("slug").clean(slug, None)
+    except DjangoValidationError as exc:
+        raise ValidationFailed("; ".join(exc.messages), extra={"field": "slug"}) from None
+    return slug
+
+
 def provider_upsert(
     *,
     tenant: Tenant,
@@ -1479,8 +1505,7 @@ def provider_upsert(
     the stable one at once, or — with ``canary_percent`` — a canary taking that share of new
     operations while the provider keeps its stable revision (DESIGN §5, adapter revisions).
     ``reason`` says why, in the revision and the trail."""
-    if slug.startswith(RESERVED_PROVIDER_PREFIX):
-        raise ValidationFailed(RESERVED_PROVIDER_DETAIL)
+    provider_slug_check(slug)
     if auth_secret is not None:
         fields["auth_secret"] = sealed_credential(auth_secret)
     if webhook_secret is not None:
@@ -1550,6 +1575,9 @@ def provider_upsert(
                 canary_percent=canary_percent,
             )
             provider.save()
+        # The trail records what is stored, however the caller typed it (a price of "0" from
+        # the command, Decimal("0") from the console): every path writes the same row.
+        provider.refresh_from_db()
         config_change_record(
             tenant_id=tenant.pk,
             actor=actor,
@@ -1611,10 +1639,18 @@ def provider_pause(*, provider_id: int, reason: str, actor: str = "worker") -> b
 
 
 def provider_resume(*, provider_id: int, actor: str) -> bool:
-    """An operator's decision: the provider's queued work flows again."""
-    resumed = Provider.objects.filter(pk=provider_id, paused_at__isnull=False).update(
-        paused_at=None, paused_reason="", throttled_until=None, updated_at=timezone.now()
-    )
+    """An operator's decision: the provider's queued work flows again. Recorded in the
+    configuration trail in the same transaction, for the console's action and
+    ``manage.py provider_resume`` alike (ADR 0004)."""
+    with transaction.atomic():
+        stored = Provider.objects.filter(pk=provider_id).first()
+        before = config_snapshot(stored) if stored is not None else None
+        resumed = Provider.objects.filter(pk=provider_id, paused_at__isnull=False).update(
+            paused_at=None, paused_reason="", throttled_until=None, updated_at=timezone.now()
+        )
+        if resumed and stored is not None:
+            stored.refresh_from_db()
+            config_change_of(stored, actor=actor, action=ConfigChangeAction.UPDATE, before=before)
     if resumed:
         log.info("provider_resumed provider=%s actor=%s", provider_id, actor)
     return bool(resumed)

@@ -24,7 +24,7 @@ from django_q.models import Schedule
 from ledger import display
 from ledger.admin import SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
 from ledger.config_changes import config_change_of, config_snapshot
-from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin
+from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ServiceSaveAdmin
 from ledger.errors import DomainError
 from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
 from ledger.selectors import operation_search
@@ -41,7 +41,7 @@ from review.models import (
     ReviewItem,
     StaffTenant,
 )
-from review.services import retention_policy_check, review_decision_record
+from review.services import retention_policy_check, retention_policy_save, review_decision_record
 
 
 class DecisionForm(forms.Form):
@@ -281,11 +281,26 @@ class RetentionPolicyForm(forms.ModelForm):
 
 
 @admin.register(RetentionPolicy)
-class RetentionPolicyAdmin(ConsoleAdmin):
+class RetentionPolicyAdmin(ServiceSaveAdmin):
     form = RetentionPolicyForm
     list_display = ["tenant", "record_type", "payload_kept", "record_kept", "held", "updated_at"]
     list_filter = ["tenant", "record_type", "legal_hold"]
     fields = ["tenant", "record_type", "payload_ttl", "record_ttl", "legal_hold", "legal_hold_note"]
+    service_keys = ("tenant", "record_type")
+
+    def save_model(self, request: HttpRequest, obj: RetentionPolicy, form: Any, change: bool) -> None:
+        # One write path (ADR 0004): review.services.retention_policy_save checks the floors
+        # and records the change, for the console as for every other caller.
+        saved = retention_policy_save(
+            tenant_id=obj.tenant_id,
+            record_type=obj.record_type,
+            payload_ttl=obj.payload_ttl,
+            record_ttl=obj.record_ttl,
+            legal_hold=obj.legal_hold,
+            legal_hold_note=obj.legal_hold_note,
+            actor=self.actor_of(request),
+        )
+        self.adopt(obj, saved)
 
     @admin.display(description="payload kept", ordering="payload_ttl")
     def payload_kept(self, obj: RetentionPolicy) -> str:
@@ -467,8 +482,9 @@ class PausedProviderAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
 
     @admin.action(description="Resume selected providers", permissions=["resume"])
     def resume(self, request: HttpRequest, queryset: QuerySet[PausedProvider]) -> None:
+        # The service records each resume in the trail, as for `manage.py provider_resume`.
         done = sum(
-            self._recorded(request, p, lambda p=p: provider_resume(provider_id=p.pk, actor=actor_of(request)))
+            provider_resume(provider_id=p.pk, actor=actor_of(request))
             for p in queryset.filter(paused_at__isnull=False)[:200]
         )
         messages.success(request, f"Resumed {done} provider(s).")

@@ -83,9 +83,14 @@ class ConfigChangeAdminMixin:
     def _audited(self) -> Audited | None:
         return AUDITED.get(self.model._meta.label_lower)  # type: ignore[attr-defined]
 
+    def _saved_by_service(self) -> bool:
+        # Pages whose saves call the object's service (ledger.console_base.ServiceSaveAdmin,
+        # ADR 0004): the service writes the row, the same one as the command's and the API's.
+        return bool(getattr(self, "config_change_by_service", False))
+
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         spec = self._audited()
-        if spec is not None:
+        if spec is not None and not self._saved_by_service():
             before = None
             if change and obj.pk is not None:
                 stored = type(obj)._default_manager.filter(pk=obj.pk).first()
@@ -97,7 +102,7 @@ class ConfigChangeAdminMixin:
         # After the many-to-many fields are saved: a user's groups (roles) are part of it.
         super().save_related(request, form, formsets, change)  # type: ignore[misc]
         spec = self._audited()
-        if spec is not None:
+        if spec is not None and not self._saved_by_service():
             before = getattr(request, _BEFORE, None)
             action = ConfigChangeAction.UPDATE if change and before is not None else ConfigChangeAction.CREATE
             _record(request, form.instance, spec, action=action, before=before)
