@@ -33,7 +33,7 @@ from ledger.errors import DestinationNotAllowed
 class AlertChannelForm(forms.ModelForm):
     """The webhook URL is write-only (a Slack or Discord webhook URL is a bearer secret): typed
     to set or replace it, never rendered back; blank on a change keeps the stored one. The
-    save is ``alerts.services.alert_channel_upsert``'s (ADR 0004), which checks the URL
+    save is ``alerts.services.alert_channel_upsert``'s (ADR 0006), which checks the URL
     against the outbound policy and stores it sealed, in canonical form."""
 
     webhook_url = forms.CharField(
@@ -77,7 +77,7 @@ class AlertChannelAdmin(ServiceSaveAdmin):
         return channel_url_masked(obj) if obj.url else display.EMPTY
 
     def save_model(self, request: HttpRequest, obj: AlertChannel, form: Any, change: bool) -> None:
-        # One write path (ADR 0004): `manage.py alertchannel_upsert`'s service checks, seals
+        # One write path (ADR 0006): `manage.py alertchannel_upsert`'s service checks, seals
         # the URL and records the change with it masked.
         channel = alert_channel_upsert(
             tenant=obj.tenant,

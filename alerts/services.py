@@ -452,7 +452,7 @@ def alert_channel_upsert(
 ) -> AlertChannel:
     """Create or update a tenant's alert channel (Slack, Discord or generic webhook); the
     change is recorded (the webhook URL is a bearer secret: masked). The one write path of
-    the console's form and ``manage.py alertchannel_upsert`` (ADR 0004): None keeps a stored
+    the console's form and ``manage.py alertchannel_upsert`` (ADR 0006): None keeps a stored
     value (a new channel needs its kind and URL; the rest take the model's defaults)."""
     # Checked and stored in canonical form (ledger.outbound): where deliveries will go.
     checked = alert_channel_url_check(url) if url else None

@@ -1036,7 +1036,7 @@ class ReplayTargetAdmin(ServiceSaveAdmin):
         return f"set, sent in {obj.credential_header or '(no header named)'} (stored encrypted; never shown)"
 
     def save_model(self, request: HttpRequest, obj: ReplayTarget, form: Any, change: bool) -> None:
-        # One write path (ADR 0004): the command's service checks the URLs, seals the
+        # One write path (ADR 0006): the command's service checks the URLs, seals the
         # credential, makes a new target's signing secret, moves the default and records
         # every target it changed.
         target = services.replay_target_upsert(
@@ -1095,7 +1095,7 @@ class N8nConnectionForm(forms.ModelForm):
     """The n8n API key is write-only: typed to set or replace it, never rendered back (the
     page says when it was set). N8nConnection.clean checks the URL against the outbound
     policy and stores it canonical; the save is dlq.services.n8n_connection_save's, which
-    records the change with the key masked (ADR 0004)."""
+    records the change with the key masked (ADR 0006)."""
 
     new_api_key = forms.CharField(
         required=False,
@@ -1149,7 +1149,7 @@ class N8nConnectionAdmin(ServiceSaveAdmin):
         return f"set (stored encrypted; never shown){when}"
 
     def save_model(self, request: HttpRequest, obj: N8nConnection, form: Any, change: bool) -> None:
-        # One write path (ADR 0004): `manage.py n8n_connect`'s service checks the URL and the
+        # One write path (ADR 0006): `manage.py n8n_connect`'s service checks the URL and the
         # key, seals the key and records the change with it masked.
         connection = services.n8n_connection_save(
             tenant=obj.tenant,

@@ -1913,7 +1913,7 @@ def replay_target_upsert(
     stored sealed. A new target gets its signing secret, returned in clear once as the
     instance's ``new_signing_secret`` ("" for an update)."""
     # The model fields' own rules (a slug's shape, lengths): what the console's form says,
-    # said the same way to the command (ADR 0004), and never a database error.
+    # said the same way to the command (ADR 0006), and never a database error.
     for name, value in (("slug", slug), ("idempotency_header", idempotency_header)):
         if value is not None:
             try:

@@ -653,7 +653,7 @@ class TenantAdmin(ServiceSaveAdmin):
         return request.user.has_perm("ledger.rotate_callback_secret")
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
-        # One write path (ADR 0004): `manage.py tenant_create`'s and the CLI's services check
+        # One write path (ADR 0006): `manage.py tenant_create`'s and the CLI's services check
         # (Tenant.clean: the allow-list and eligibility URL against the outbound policy),
         # assign the secret namespace once and record the change.
         actor = self.actor_of(request)
@@ -976,7 +976,7 @@ class ProviderAdmin(ServiceSaveAdmin):
         )
 
     def save_model(self, request: HttpRequest, obj: Provider, form: Any, change: bool) -> None:
-        # One write path (ADR 0004): the command's service checks, seals the secrets, records
+        # One write path (ADR 0006): the command's service checks, seals the secrets, records
         # the adapter revision and the ConfigChange row, resets the rate bucket and forgets the
         # cached copy — for the console as for `manage.py provider_upsert`.
         names = [
@@ -1105,7 +1105,7 @@ class PromptTemplateForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         try:
-            # The service's own check (ADR 0004): the same message as the command's and the API's.
+            # The service's own check (ADR 0006): the same message as the command's and the API's.
             prompts.prompt_template_check(name=data.get("name"), text=data.get("text"), slots=data.get("slots"))
         except DomainError as exc:
             raise forms.ValidationError(exc.detail) from None

@@ -260,7 +260,7 @@ class ConsoleReadOnlyAdmin(ReadOnlyPermissions, ConsoleAdmin):
 
 
 class ServiceSaveAdmin(ConsoleAdmin):
-    """A console page whose saves go through the object's configuration service (ADR 0004):
+    """A console page whose saves go through the object's configuration service (ADR 0006):
     ``save_model`` calls the same function the management command and the API call, which
     checks, seals, writes and records the ConfigChange row in one transaction. The console's
     own trail mixin (review.changes) therefore records nothing for these saves; deletes it

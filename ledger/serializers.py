@@ -530,7 +530,7 @@ class ProviderIntentOutputSerializer(serializers.Serializer):
 
 
 class PromptTemplateInputSerializer(serializers.Serializer):
-    # No length of its own: the service's check says what a name may be (ADR 0004).
+    # No length of its own: the service's check says what a name may be (ADR 0006).
     name = serializers.CharField(help_text="Lower case letters, digits, - and _ (at most 63).")
     text = serializers.CharField(
         max_length=50_000,

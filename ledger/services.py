@@ -1361,7 +1361,7 @@ def tenant_create(
     when the platform names one, else derived from the slug (``acme`` → ``ACME``) or, where
     that is taken or overlaps another's, the next free one (ledger.provider_checks).
     ``settings``: its other fields (limits, budget, allow-list …), checked by the model's rules
-    as the console's form checks them — the one write path of both (ADR 0004)."""
+    as the console's form checks them — the one write path of both (ADR 0006)."""
     if secret_namespace and not namespace_valid(secret_namespace):
         raise ValidationFailed(
             f"A secret namespace is 1–{NAMESPACE_MAX_LENGTH} capital letters and digits (no _): {secret_namespace[:40]!r}."
@@ -1641,7 +1641,7 @@ def provider_pause(*, provider_id: int, reason: str, actor: str = "worker") -> b
 def provider_resume(*, provider_id: int, actor: str) -> bool:
     """An operator's decision: the provider's queued work flows again. Recorded in the
     configuration trail in the same transaction, for the console's action and
-    ``manage.py provider_resume`` alike (ADR 0004)."""
+    ``manage.py provider_resume`` alike (ADR 0006)."""
     with transaction.atomic():
         stored = Provider.objects.filter(pk=provider_id).first()
         before = config_snapshot(stored) if stored is not None else None

@@ -289,7 +289,7 @@ class RetentionPolicyAdmin(ServiceSaveAdmin):
     service_keys = ("tenant", "record_type")
 
     def save_model(self, request: HttpRequest, obj: RetentionPolicy, form: Any, change: bool) -> None:
-        # One write path (ADR 0004): review.services.retention_policy_save checks the floors
+        # One write path (ADR 0006): review.services.retention_policy_save checks the floors
         # and records the change, for the console as for every other caller.
         saved = retention_policy_save(
             tenant_id=obj.tenant_id,

@@ -85,7 +85,7 @@ class ConfigChangeAdminMixin:
 
     def _saved_by_service(self) -> bool:
         # Pages whose saves call the object's service (ledger.console_base.ServiceSaveAdmin,
-        # ADR 0004): the service writes the row, the same one as the command's and the API's.
+        # ADR 0006): the service writes the row, the same one as the command's and the API's.
         return bool(getattr(self, "config_change_by_service", False))
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:

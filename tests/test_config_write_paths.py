@@ -1,4 +1,4 @@
-"""One write path per configuration object (ADR 0004): the console's form, the management
+"""One write path per configuration object (ADR 0006): the console's form, the management
 command and the API call the same service, so they refuse and accept the same inputs with the
 same message (and, on the API, the same problem code) and write the same ConfigChange row.
 

@@ -75,7 +75,7 @@ def test_a_provider_made_by_command_and_changed_in_the_console_is_recorded(tenan
     assert response.status_code == 302, response.content.decode()[:2000]
     [_, changed] = _changes(object_type="ledger.provider")
     assert changed.action == "update" and changed.actor == "user:ada" and changed.object_repr == "acme/crm"
-    # The row the command's service writes (one write path, ADR 0004): a change of the
+    # The row the command's service writes (one write path, ADR 0006): a change of the
     # adapter's timeout names the revision it made, as `manage.py provider_upsert` does.
     assert changed.before == {"max_attempts": 4, "revision": 1, "timeout_seconds": 10.0}
     assert changed.after == {"max_attempts": 9, "revision": 2, "timeout_seconds": 3.5}
