@@ -46,6 +46,8 @@ LEAD_NODE, LEAD_HTTP = "ogLeadToCrmNode1", "ogLeadToCrmHttp1"
 UNGUARDED, ERROR_WORKFLOW = "ogLeadNoErrorOut", "ogErrorWorkflow1"
 SUBMIT_AND_WAIT, SUBMIT_RETRY = "ogSubmitAndWait1", "ogSubmitRetry001"
 VIA_RELAY_CREDENTIAL = "ogCredViaRelay01"
+# The guarded charge whose Onceguard nodes talk through the relay (n8n's Retry test).
+RETRIED_CHARGE = "ogChargeRetried1"
 # The lead workflow without an error output against the strict CRM, its replay receiver, and
 # one whose CRM step is a Code node (no request in the error: lead capture fetches the item).
 STRICT_LEAD, STRICT_RECEIVER, CODE_FAILS = "ogLeadStrictCrm1", "ogReplayStrict01", "ogLeadCodeFails1"
@@ -118,6 +120,23 @@ def submit_retry_workflow() -> dict[str, Any]:
     return workflow
 
 
+def retried_charge_workflow() -> dict[str, Any]:
+    """The guarded-charge template with its Onceguard nodes on the credential through the fault
+    relay in front of Onceguard (the test loses Complete's request, so the execution fails after
+    the charge and its sent marker), keeping its successful executions (the retry's outcome is
+    read from n8n)."""
+    workflow = template("guarded-charge")
+    workflow["id"], workflow["name"] = RETRIED_CHARGE, "guarded charge, Complete lost on the way"
+    workflow["settings"]["saveDataSuccessExecution"] = "all"
+    node_named(workflow, "Order webhook")["parameters"]["path"] = "onceguard-charge-retried"
+    for node in workflow["nodes"]:
+        if node["type"] == "n8n-nodes-onceguard.onceguard":
+            node["credentials"] = {
+                "onceguardApi": {"id": VIA_RELAY_CREDENTIAL, "name": "Onceguard API (through a fault relay)"}
+            }
+    return workflow
+
+
 class Servers:
     def __init__(self, onceguard_url: str) -> None:
         # A CRM that dedups on Idempotency-Key (key-enforced), and a charges provider.
@@ -158,7 +177,10 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
     receiver's signing secret."""
     instance = n8n_base.copy(tmp_path_factory.mktemp("n8n-leads"))
     instance.extra_env = template_env(
-        onceguard=onceguard_url, crm=servers.strict_crm.url, replay_secret=REPLAY_SIGNING_SECRET
+        onceguard=onceguard_url,
+        crm=servers.strict_crm.url,
+        charges=servers.charges.url,
+        replay_secret=REPLAY_SIGNING_SECRET,
     )
     instance.import_workflows(
         [
@@ -169,6 +191,7 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
             template("submit-and-wait"),
             unguarded_lead_workflow(onceguard_url, servers.crm.url),
             submit_retry_workflow(),
+            retried_charge_workflow(),
             strict_lead_workflow(onceguard_url, servers.strict_crm.url),
             strict_receiver_workflow(onceguard_url, servers.strict_crm.url),
             code_fails_workflow(onceguard_url, servers.crm.url),
@@ -191,6 +214,7 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
         UNGUARDED,
         SUBMIT_AND_WAIT,
         SUBMIT_RETRY,
+        RETRIED_CHARGE,
         STRICT_LEAD,
         STRICT_RECEIVER,
         CODE_FAILS,
@@ -431,7 +455,8 @@ def test_the_same_lead_failing_twice_through_the_error_trigger_is_one_entry_and_
 
 @pytest.fixture(scope="module")
 def n8n_api_key(n8n: N8n) -> str:
-    return n8n.create_api_key()
+    # Read (lead capture) and retry (n8n's Retry button, through n8n 1.123's public API).
+    return n8n.create_api_key(scopes=("execution:read", "execution:retry"))
 
 
 def test_an_error_trigger_entry_of_a_node_that_reports_no_request_holds_the_fetched_failed_item(
@@ -551,3 +576,47 @@ def _finished(n8n: N8n, workflow_id: str) -> bool:
     templates (saveDataSuccessExecution "none"), so a finished one is gone or "success"."""
     run_due()
     return all(e["status"] == "success" for e in n8n.executions(workflow_id))
+
+
+def test_n8n_retry_of_an_execution_that_failed_after_the_sent_marker_completes_the_charge_without_a_second(
+    n8n: N8n, onceguard: Tenant, servers: Servers, n8n_api_key: str
+) -> None:
+    # Claim and Mark sent reach Onceguard, the provider charges, and Complete's request is lost
+    # before Onceguard sees it: the execution fails after the sent marker, the charge made.
+    submit_setup(onceguard, servers, n8n)
+    servers.onceguard_relay.script(["forward-and-respond", "forward-and-respond", "fail-before-forward"])
+    n8n.webhook("onceguard-charge-retried", {"order_id": "order-3001", "amount": 700, "currency": "eur"})
+    (failed,) = n8n.wait_for_executions(RETRIED_CHARGE, count=1, statuses=("error",), timeout=60)
+    op = Operation.objects.get(key="order-3001:charge:v1")
+    assert op.status == S.CLAIMED and op.sent_at is not None
+    assert servers.charges.effects()["count"] == 1
+
+    # What n8n's Retry button does (Executions → Retry), through its public API: a new
+    # execution (retryOf) that starts again at the failed node — Complete, with the lease the
+    # claim took — never at the charge.
+    retried = httpx.post(
+        f"{n8n.url}/api/v1/executions/{failed['id']}/retry",
+        json={"loadWorkflow": False},
+        headers={"X-N8N-API-KEY": n8n_api_key},
+        timeout=60,
+        trust_env=False,
+    )
+    assert retried.status_code == 200, retried.text
+    assert wait_until(
+        lambda: any(str(e["retryOf"]) == str(failed["id"]) for e in n8n.executions(RETRIED_CHARGE)), timeout=60
+    ), n8n.executions(RETRIED_CHARGE)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert servers.charges.effects()["count"] == 1
+
+    # Retried again (a second click): the operation is finished, nothing is charged again.
+    again = httpx.post(
+        f"{n8n.url}/api/v1/executions/{failed['id']}/retry",
+        json={"loadWorkflow": False},
+        headers={"X-N8N-API-KEY": n8n_api_key},
+        timeout=60,
+        trust_env=False,
+    )
+    assert again.status_code in (200, 409), again.text
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and servers.charges.effects()["count"] == 1
