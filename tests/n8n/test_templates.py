@@ -71,10 +71,14 @@ def test_every_webhook_of_a_template_authenticates_its_caller(path) -> None:
         if hook["parameters"].get("authentication") == "headerAuth":
             assert hook["credentials"]["httpHeaderAuth"]["id"] == "ogCredWebhookIn1"
             continue
-        # The replay receiver checks Onceguard's signature over the raw body instead.
+        # The replay receiver checks Onceguard's signature over the raw body instead: the body
+        # as text (Extract from File, whatever n8n's binary data mode), then its HMAC.
         assert hook["parameters"]["options"].get("rawBody") is True, hook["name"]
+        nodes = {n["name"]: n for n in workflow["nodes"]}
         (after,) = workflow["connections"][hook["name"]]["main"][0]
-        crypto = next(n for n in workflow["nodes"] if n["name"] == after["node"])
+        assert nodes[after["node"]]["type"] == "n8n-nodes-base.extractFromFile"
+        (after,) = workflow["connections"][after["node"]]["main"][0]
+        crypto = nodes[after["node"]]
         assert crypto["type"] == "n8n-nodes-base.crypto" and crypto["parameters"]["action"] == "hmac"
         assert "ONCEGUARD_REPLAY_SIGNING_SECRET" in crypto["parameters"]["secret"]
 
