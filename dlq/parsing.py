@@ -20,9 +20,9 @@ from django.utils.dateparse import parse_datetime
 from dlq.models import FailedEventShape, KeySource
 from ledger.crypto import digest
 from ledger.errors import InvalidKey, MalformedJson, TimestampOutOfRange, ValidationFailed
-from ledger.key_rules import key_usable
+from ledger.key_rules import key_check, key_usable
 from ledger.models import ErrorClass
-from ledger.services import sanitize_message, validate_key
+from ledger.services import sanitize_message
 from ledger.storable import MAX_COUNT, NotStorable, loads, nul_problem, timestamp_problem
 
 MAX_IDENTITY = 255
@@ -194,12 +194,15 @@ def _field_at(value: Any, path: str) -> Any:
     return value
 
 
-def failed_request_key(*, headers: dict[str, str], body: Any, key_field: str = "") -> DerivedKey:
+def failed_request_key(
+    *, headers: dict[str, str], body: Any, key_field: str = "", personal_data_allowed: bool = False
+) -> DerivedKey:
     """The business key of a failed request, the one place it is derived (DESIGN §7,
     occurrences): its ``Idempotency-Key`` or ``X-Idempotency-Key`` header, else the body field
     the workflow declared (``key_field``, a dotted path; a string or a number). A key that is
-    not a valid idempotency key (``ledger.services.validate_key``) is no usable key; no key is
-    ``source = missing`` with the reason in words. Never raises."""
+    not a valid new key (ledger.key_rules, with the tenant's ``personal_data_allowed`` waiver, as
+    the API applies it) is no usable key; no key is ``source = missing`` with the reason in words.
+    Never raises."""
     candidates: list[tuple[Any, str, str]] = [
         (headers.get(name), KeySource.REQUEST_HEADER, f"the {name} header") for name in KEY_HEADERS
     ]
@@ -211,7 +214,9 @@ def failed_request_key(*, headers: dict[str, str], body: Any, key_field: str = "
             continue
         try:
             return DerivedKey(
-                validate_key(str(value)), source, f"from {where}" if source == KeySource.REQUEST_FIELD else ""
+                key_check(str(value), personal_data_allowed=personal_data_allowed),
+                source,
+                f"from {where}" if source == KeySource.REQUEST_FIELD else "",
             )
         except InvalidKey as exc:
             refused.append(f"{where} is no usable key ({exc.detail})")
@@ -324,7 +329,7 @@ def _n8n_trigger(body: dict[str, Any], raw: bytes) -> ParsedFailure:
     )
 
 
-def _envelope(body: dict[str, Any], raw: bytes) -> ParsedFailure:
+def _envelope(body: dict[str, Any], raw: bytes, *, personal_data_allowed: bool) -> ParsedFailure:
     source = _dict(body.get("source"))
     error = body.get("error")
     if isinstance(error, dict):
@@ -336,7 +341,7 @@ def _envelope(body: dict[str, Any], raw: bytes) -> ParsedFailure:
         raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)} (or omitted).")
     key = body.get("idempotency_key", body.get("key"))
     # Never a refusal: a key that breaks the key rule is stored as "no usable key".
-    original_key = key_usable(key) if key not in (None, "") else ""
+    original_key = key_usable(key, personal_data_allowed=personal_data_allowed) if key not in (None, "") else ""
     event_id = body.get("event_id")
     if event_id not in (None, "") and (not isinstance(event_id, (str, int)) or len(str(event_id)) > MAX_IDENTITY):
         raise ValidationFailed(f"event_id must be a string of at most {MAX_IDENTITY} characters.")
@@ -390,7 +395,7 @@ def _is_envelope(body: dict[str, Any]) -> bool:
     return "payload" in body and bool(_ENVELOPE_MARKERS & body.keys())
 
 
-def parse_failure(raw: bytes) -> ParsedFailure:
+def parse_failure(raw: bytes, *, personal_data_allowed: bool = False) -> ParsedFailure:
     """Recognise the shape of a reported failure; JSON of an unknown shape is kept raw.
 
     Refused (400), so that whatever is stored stays readable (ledger.storable): a body that
@@ -398,6 +403,10 @@ def parse_failure(raw: bytes) -> ParsedFailure:
     numbers, integers over 4300 digits, lone surrogates) — ``malformed_json``; U+0000
     anywhere — ``validation_error``; a failure time out of range — ``timestamp_out_of_range``;
     and fields of our own envelope with the wrong type — ``validation_error``.
+
+    ``personal_data_allowed`` is the tenant's waiver of the key rule's ``personal_data`` part
+    (``Tenant.personal_data_in_keys_allowed``): a reported key the API would accept from this
+    tenant is its entry's key, not "no usable key".
     """
     try:
         body: Any = loads(raw)
@@ -414,23 +423,30 @@ def parse_failure(raw: bytes) -> ParsedFailure:
         elif isinstance(item.get("trigger"), dict) and isinstance(item.get("workflow"), dict):
             parsed = _n8n_trigger(item, raw)
         elif _is_envelope(item):
-            return _clip(_envelope(item, raw))
+            return _clip(_envelope(item, raw, personal_data_allowed=personal_data_allowed))
         else:
             parsed = ParsedFailure(shape=FailedEventShape.RAW, identity=weak_identity(raw), weak=True, payload=body)
         if not parsed.from_request:
             parsed.payload = body
         parsed.replay_target_slug = _text(item.get("replay_target"), 63)
         if parsed.shape == FailedEventShape.N8N_EXECUTION:
-            _derive_key(parsed, key_field=_text(item.get("key_field"), 255))
+            _derive_key(
+                parsed, key_field=_text(item.get("key_field"), 255), personal_data_allowed=personal_data_allowed
+            )
         return _clip(parsed)
     return ParsedFailure(shape=FailedEventShape.RAW, identity=weak_identity(raw), weak=True, payload=body)
 
 
-def _derive_key(parsed: ParsedFailure, *, key_field: str) -> None:
+def _derive_key(parsed: ParsedFailure, *, key_field: str, personal_data_allowed: bool) -> None:
     """An Error Trigger report's key: the failed request's (failed_request_key). Without a
     request, the key is looked for later in the fetched item (lead capture) or stays missing."""
     if parsed.from_request:
-        derived = failed_request_key(headers=parsed.request_headers, body=parsed.payload, key_field=key_field)
+        derived = failed_request_key(
+            headers=parsed.request_headers,
+            body=parsed.payload,
+            key_field=key_field,
+            personal_data_allowed=personal_data_allowed,
+        )
         parsed.original_key, parsed.key_source, parsed.key_note = derived.key, derived.source, derived.note
     else:
         parsed.key_source = KeySource.MISSING

@@ -342,10 +342,12 @@ def failed_event_ingest(
     limit = int(dlq_setting("MAX_EVENT_BYTES"))
     if len(raw) > limit:
         raise EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit})
-    parsed = parse_failure(raw)
+    # The tenant's waiver of the personal-data key rule holds here as for a claim (ledger.key_rules).
+    allowed = tenant.personal_data_in_keys_allowed
+    parsed = parse_failure(raw, personal_data_allowed=allowed)
     # An entry is never refused for its key: one that breaks the key rule is "no usable key"
     # ("" — a replay then sends the entry's identity, encoded, ledger.key_rules).
-    explicit_key = key_usable(explicit_key) if explicit_key else ""
+    explicit_key = key_usable(explicit_key, personal_data_allowed=allowed) if explicit_key else ""
     if explicit_key:
         reported = parsed.key_source in (KeySource.REPORTED, KeySource.REPORTED_WITH_ID)
         if reported and parsed.original_key != explicit_key:
@@ -638,7 +640,12 @@ def _fetched_key(event: FailedEvent, held: n8n.HeldItems) -> dict[str, Any]:
         return {"key_note": _note(held.note)}
     if not event.key_field:
         return {}
-    derived = failed_request_key(headers={}, body=held.item, key_field=event.key_field)
+    derived = failed_request_key(
+        headers={},
+        body=held.item,
+        key_field=event.key_field,
+        personal_data_allowed=event.tenant.personal_data_in_keys_allowed,
+    )
     if not derived.key:
         return {"key_note": _note(derived.note)}
     held_open = (

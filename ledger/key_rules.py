@@ -125,10 +125,11 @@ def key_lookup_shape(key: Any) -> bool:
     return isinstance(key, str) and 0 < len(key) <= MAX_KEY_LENGTH
 
 
-def key_usable(key: Any) -> str:
+def key_usable(key: Any, *, personal_data_allowed: bool = False) -> str:
     """``key`` when it is a valid new key, else "" (no usable key): for the DLQ's ingest, which
-    never refuses an entry because of the key it reports."""
-    return key if key_rule_broken(key) is None else ""
+    never refuses an entry because of the key it reports (``personal_data_allowed``: the
+    tenant's waiver, as for a claim)."""
+    return key if key_rule_broken(key, personal_data_allowed=personal_data_allowed) is None else ""
 
 
 # What a header value may hold as is: printable ASCII without surrounding blanks (HTTP strips

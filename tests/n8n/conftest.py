@@ -17,6 +17,9 @@ import pytest
 from ledger.auth import hash_api_key
 from ledger.models import ApiKey, Tenant
 from tests.n8n.support import (
+    CALLER_CREDENTIAL_ID,
+    CALLER_HEADER,
+    CALLER_TOKEN,
     HEADER_CREDENTIAL_ID,
     ONCEGUARD_CREDENTIAL_ID,
     N8n,
@@ -70,6 +73,12 @@ def credentials(onceguard_url: str) -> list[dict[str, Any]]:
             "name": "Onceguard API key (header)",
             "type": "httpHeaderAuth",
             "data": {"name": "Authorization", "value": f"Bearer {API_SECRET}"},
+        },
+        {
+            "id": CALLER_CREDENTIAL_ID,
+            "name": "Webhook callers (header)",
+            "type": "httpHeaderAuth",
+            "data": {"name": CALLER_HEADER, "value": CALLER_TOKEN},
         },
     ]
 

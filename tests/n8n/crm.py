@@ -2,12 +2,15 @@
 contact's fields under the key the lead's workflow sends (``{call_id}:crm-contact:v1``) and
 refuses (422) any other shape — a replay body ``{"items": [...]}``, a report — or any other key.
 It does not dedup: every accepted request is a new contact, so a duplicate shows as two.
-Scripted answers (e.g. 429) come first, before anything is created."""
+Scripted answers (e.g. 429) come first, before anything is created. ``delay`` makes it slow:
+each accepted contact is created at once but answered that many seconds later (a CRM whose
+answer outlasts the caller's patience)."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 from tests.support.loopback import LoopbackServer, QuietHandler
@@ -38,6 +41,7 @@ class StrictCrm(LoopbackServer):
         self.contacts: list[tuple[str, dict[str, Any]]] = []
         self.refused: list[str] = []
         self.script: list[int] = []
+        self.delay = 0.0
         crm = self
 
         class Handler(QuietHandler):
@@ -69,10 +73,11 @@ class StrictCrm(LoopbackServer):
                 if why:
                     self.answer(422, json.dumps({"error": why}).encode())
                 else:
+                    time.sleep(crm.delay)
                     self.answer(201, json.dumps({"id": f"contact-{number}"}).encode())
 
         super().__init__(Handler)
 
-    def reset(self, *, script: list[int] | None = None) -> None:
+    def reset(self, *, script: list[int] | None = None, delay: float = 0.0) -> None:
         with self.lock:
-            self.contacts, self.refused, self.script = [], [], list(script or [])
+            self.contacts, self.refused, self.script, self.delay = [], [], list(script or []), delay

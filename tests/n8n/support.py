@@ -35,19 +35,26 @@ CLI_TIMEOUT_SECONDS = 180
 START_TIMEOUT_SECONDS = 120
 STOP_TIMEOUT_SECONDS = 20
 
-# What the templates point at without their environment variables (`make run`'s demo ports);
-# tests set the variables (TEMPLATE_ENV) or, for variants, swap in their own servers.
-TEMPLATE_ONCEGUARD = "http://127.0.0.1:8000"
-TEMPLATE_CHARGES = "http://127.0.0.1:8011"
-TEMPLATE_CRM = "http://127.0.0.1:8010"
 # The credential ids the templates name.
 ONCEGUARD_CREDENTIAL_ID = "ogCredOnceguard1"
 HEADER_CREDENTIAL_ID = "ogCredHeaderKey1"
+# The Header Auth credential the templates' Webhook nodes check callers against, and what the
+# tests' callers send.
+CALLER_CREDENTIAL_ID = "ogCredWebhookIn1"
+CALLER_HEADER, CALLER_TOKEN = "X-Webhook-Token", "og-n8n-tests-webhook-caller"
+# The secret the replay receiver verifies Onceguard-Signature with (its n8n environment) and
+# the tests give their replay targets.
+REPLAY_SIGNING_SECRET = "og-n8n-tests-replay-signing-secret"
 PACKAGE_NODE_TYPE = "n8n-nodes-onceguard.onceguard"
 CUSTOM_NODE_TYPE = "CUSTOM.onceguard"
 # The n8n environment variables the templates read their base URLs from (README, "Use it from
 # n8n", step 4): a template imports and runs unedited once they are set.
-TEMPLATE_ENV = {"onceguard": "ONCEGUARD_URL", "crm": "ONCEGUARD_CRM_URL", "charges": "ONCEGUARD_CHARGES_URL"}
+TEMPLATE_ENV = {
+    "onceguard": "ONCEGUARD_URL",
+    "crm": "ONCEGUARD_CRM_URL",
+    "charges": "ONCEGUARD_CHARGES_URL",
+    "replay_secret": "ONCEGUARD_REPLAY_SIGNING_SECRET",
+}
 
 
 def in_ci() -> bool:
@@ -106,19 +113,15 @@ def build_node_package(destination: Path) -> Path:
     return destination / "unpacked" / "package"
 
 
-def template_env(**urls: str) -> dict[str, str]:
-    """The n8n environment under which the templates, unedited, reach these servers."""
-    return {TEMPLATE_ENV[name]: url.rstrip("/") for name, url in urls.items()}
+def template_env(**values: str) -> dict[str, str]:
+    """The n8n environment under which the templates, unedited, reach these servers (onceguard=,
+    crm=, charges= URLs) and verify replays (replay_secret=)."""
+    return {TEMPLATE_ENV[name]: value.rstrip("/") for name, value in values.items()}
 
 
-def template(name: str, **urls: str) -> dict[str, Any]:
-    """A workflow template, as shipped, or with its demo URLs replaced (onceguard=, charges=,
-    crm=) where one n8n runs variants against different servers."""
-    text = (WORKFLOWS_DIR / f"{name}.json").read_text()
-    for key, placeholder in (("onceguard", TEMPLATE_ONCEGUARD), ("charges", TEMPLATE_CHARGES), ("crm", TEMPLATE_CRM)):
-        if key in urls:
-            text = text.replace(placeholder, urls[key].rstrip("/"))
-    return json.loads(text)
+def template(name: str) -> dict[str, Any]:
+    """A workflow template as shipped: what it calls comes from the n8n's environment."""
+    return json.loads((WORKFLOWS_DIR / f"{name}.json").read_text())
 
 
 def node_named(workflow: dict[str, Any], name: str) -> dict[str, Any]:
@@ -245,18 +248,24 @@ class N8n:
         for workflow_id in except_ids:
             self.cli("update:workflow", f"--id={workflow_id}", "--active=false")
 
-    def execute(self, workflow_id: str, *, check: bool = True) -> Run:
-        """`n8n execute --id`: a fresh n8n process runs the workflow from its Manual Trigger."""
-        result = self.cli("execute", f"--id={workflow_id}", "--rawOutput", check=False)
+    def execute(self, workflow_id: str, *, check: bool = True, env: dict[str, str] | None = None) -> Run:
+        """`n8n execute --id`: a fresh n8n process runs the workflow from its Manual Trigger
+        (``env``: variables of that process only, e.g. another server for the same template)."""
+        saved = dict(self.extra_env)
+        self.extra_env.update(env or {})
+        try:
+            result = self.cli("execute", f"--id={workflow_id}", "--rawOutput", check=False)
+        finally:
+            self.extra_env = saved
         run = Run.parse(result.stdout, result.stderr, result.returncode)
         if check and not run.ok:
             raise CliError(f"n8n execute --id={workflow_id} failed (exit {result.returncode}): {run.error_message}")
         return run
 
-    def execute_async(self, workflow_id: str) -> subprocess.Popen[str]:
+    def execute_async(self, workflow_id: str, *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [str(self.binary), "execute", f"--id={workflow_id}", "--rawOutput"],
-            env=self.env(),
+            env={**self.env(), **(env or {})},
             cwd=self.folder,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -349,10 +358,15 @@ class N8n:
                 raise CliError(f"n8n API key creation answered {key.status_code}: {key.text[:500]}")
             return str(key.json()["data"]["rawApiKey"])
 
-    def webhook(self, path: str, body: Any, *, timeout: float = 30.0) -> httpx.Response:
-        """A production webhook call (the workflow must be active and n8n started)."""
+    def webhook(
+        self, path: str, body: Any, *, timeout: float = 30.0, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        """A production webhook call (the workflow must be active and n8n started), from a caller
+        the templates' Webhook nodes accept (their Header Auth credential)."""
         with httpx.Client(timeout=timeout, trust_env=False) as client:
-            return client.post(f"{self.url}/webhook/{path}", json=body)
+            return client.post(
+                f"{self.url}/webhook/{path}", json=body, headers={CALLER_HEADER: CALLER_TOKEN, **(headers or {})}
+            )
 
     # --- what n8n recorded ---
 

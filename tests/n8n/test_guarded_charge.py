@@ -1,12 +1,11 @@
-"""The guarded-charge template in a real n8n, run with `n8n execute --id` (each run a fresh
-n8n process): twice in a row and twice at once charge once, and the relay between n8n and
-the provider, in each fault mode, never makes two — key-enforced ends with one effect,
-key-advisory ends in review.
+"""The guarded-charge template in a real n8n, imported unedited and run with `n8n execute --id`
+(each run a fresh n8n process, whose environment names the provider: ONCEGUARD_CHARGES_URL):
+twice in a row and twice at once charge once, and the relay between n8n and the provider, in
+each fault mode, never makes two — key-enforced ends with one effect, key-advisory ends in review.
 """
 
 from __future__ import annotations
 
-import copy
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,15 +16,16 @@ import pytest
 from ledger import services
 from ledger.models import IdempotencyClass, Operation, OperationStatus, Provider, Tenant
 from ledger.sweeper import sweep
-from relay.testing import RunningServer, start_mock_provider, start_relay
+from relay.testing import start_mock_provider, start_relay
 from tests.e2e.support import settle
-from tests.n8n.support import CUSTOM_NODE_TYPE, N8n, Run, node_named, template
+from tests.n8n.support import CUSTOM_NODE_TYPE, N8n, Run, node_named, template, template_env
 
 pytestmark = [pytest.mark.heavy, pytest.mark.django_db(transaction=True)]
 
 S = OperationStatus
 ENFORCED, ADVISORY = IdempotencyClass.KEY_ENFORCED, IdempotencyClass.KEY_ADVISORY
-WORKFLOW = {ENFORCED: "ogGuardedCharge1", ADVISORY: "ogGuardedChargeA"}
+# The template as shipped, run against either provider by the environment of its n8n process.
+TEMPLATE = "ogGuardedCharge1"
 KEY_AS_EXECUTION_ID = "ogKeyIsExecution"
 OTHER_AMOUNT, OTHER_AMOUNT_V1 = "ogOtherAmount001", "ogOtherAmountV1"
 KEY = "order-1001:charge:v1"
@@ -44,6 +44,10 @@ class Charges:
         for server in (*self.mock.values(), *self.relay.values()):
             server.reset()
 
+    def env(self, cls: str) -> dict[str, str]:
+        """The n8n environment under which the template charges through this class's relay."""
+        return template_env(charges=self.relay[cls].url)
+
     def effects(self, cls: str) -> int:
         return self.mock[cls].effects()["count"]
 
@@ -59,10 +63,10 @@ def charges() -> Iterator[Charges]:
     servers.stop()
 
 
-def key_as_execution_id_workflow(relay: RunningServer) -> dict[str, Any]:
+def key_as_execution_id_workflow() -> dict[str, Any]:
     """The template with the key written as `{{ $execution.id }}`, a key that never repeats,
     loaded through N8N_CUSTOM_EXTENSIONS (node type CUSTOM.onceguard)."""
-    workflow = template("guarded-charge", charges=relay.url)
+    workflow = template("guarded-charge")
     workflow["id"], workflow["name"] = KEY_AS_EXECUTION_ID, "key is an execution id"
     for node in workflow["nodes"]:
         if node["type"] == "n8n-nodes-onceguard.onceguard":
@@ -72,10 +76,10 @@ def key_as_execution_id_workflow(relay: RunningServer) -> dict[str, Any]:
     return workflow
 
 
-def other_amount_workflow(relay: RunningServer, *, version: int = 2) -> dict[str, Any]:
+def other_amount_workflow(*, version: int = 2) -> dict[str, Any]:
     """The template whose sample order has another amount under the same key; ``version`` 1
     is the node as saved workflows have it (four Claim outputs, refusals are errors)."""
-    workflow = template("guarded-charge", charges=relay.url)
+    workflow = template("guarded-charge")
     workflow["id"], workflow["name"] = (OTHER_AMOUNT, OTHER_AMOUNT_V1)[version == 1], f"another amount, v{version}"
     for field in node_named(workflow, "Sample order")["parameters"]["assignments"]["assignments"]:
         if field["name"] == "amount":
@@ -91,20 +95,18 @@ def other_amount_workflow(relay: RunningServer, *, version: int = 2) -> dict[str
 
 @pytest.fixture(scope="module")
 def n8n(n8n_base: N8n, node_package: Path, charges: Charges, tmp_path_factory: pytest.TempPathFactory) -> N8n:
-    """One user folder with the template twice (enforced and advisory relay); n8n itself
-    runs only inside each `n8n execute`. The node is also on N8N_CUSTOM_EXTENSIONS."""
+    """One user folder with the template as shipped (and variants of it); n8n itself runs only
+    inside each `n8n execute`, whose environment names the provider (the key-enforced one
+    unless a test says otherwise). The node is also on N8N_CUSTOM_EXTENSIONS."""
     instance = n8n_base.copy(tmp_path_factory.mktemp("n8n-charge"))
     instance.custom_extensions = node_package
-    enforced = template("guarded-charge", charges=charges.relay[ENFORCED].url)
-    advisory = copy.deepcopy(template("guarded-charge", charges=charges.relay[ADVISORY].url))
-    advisory["id"], advisory["name"] = WORKFLOW[ADVISORY], "Onceguard: guarded charge (key-advisory provider)"
+    instance.extra_env = charges.env(ENFORCED)
     instance.import_workflows(
         [
-            enforced,
-            advisory,
-            key_as_execution_id_workflow(charges.relay[ENFORCED]),
-            other_amount_workflow(charges.relay[ENFORCED]),
-            other_amount_workflow(charges.relay[ENFORCED], version=1),
+            template("guarded-charge"),
+            key_as_execution_id_workflow(),
+            other_amount_workflow(),
+            other_amount_workflow(version=1),
         ]
     )
     return instance
@@ -143,16 +145,16 @@ def claim_outcome(run: Run) -> str:
 def test_the_guarded_charge_run_twice_in_a_row_charges_once(n8n: N8n, onceguard: Tenant, charges: Charges) -> None:
     charge_provider(onceguard, charges, ENFORCED)
 
-    first = n8n.execute(WORKFLOW[ENFORCED])
+    first = n8n.execute(TEMPLATE)
     assert claim_outcome(first) == "proceed"
     (completed,) = first.output("Complete")
     assert completed["onceguard"]["status"] == S.SUCCEEDED
     op = Operation.objects.get(key=KEY)
     assert op.status == S.SUCCEEDED and op.provider_ref == completed["id"]
     # The node told Onceguard where the claim came from.
-    assert op.workflow_id == WORKFLOW[ENFORCED] and op.execution_id
+    assert op.workflow_id == TEMPLATE and op.execution_id
 
-    second = n8n.execute(WORKFLOW[ENFORCED])
+    second = n8n.execute(TEMPLATE)
     assert claim_outcome(second) == "already_done"
     (replayed,) = second.output("Claim", 1)
     assert replayed["onceguard"]["status"] == S.SUCCEEDED
@@ -168,7 +170,7 @@ def test_the_guarded_charge_run_twice_at_once_in_two_n8n_processes_charges_once(
     # The provider holds the first charge 4 s, so the second process claims while it is held.
     charges.mock[ENFORCED].script([{"delay": 4.0}])
     other = n8n.copy(tmp_path / "second")
-    processes = [n8n.execute_async(WORKFLOW[ENFORCED]), other.execute_async(WORKFLOW[ENFORCED])]
+    processes = [n8n.execute_async(TEMPLATE), other.execute_async(TEMPLATE)]
     runs = []
     for process in processes:
         try:
@@ -185,7 +187,7 @@ def test_the_guarded_charge_run_twice_at_once_in_two_n8n_processes_charges_once(
     assert Operation.objects.get(key=KEY).status == S.SUCCEEDED
 
     # A third run, now that the first finished: the recorded outcome, no charge.
-    assert claim_outcome(n8n.execute(WORKFLOW[ENFORCED])) == "already_done"
+    assert claim_outcome(n8n.execute(TEMPLATE)) == "already_done"
     assert charges.effects(ENFORCED) == 1
 
 
@@ -211,7 +213,7 @@ def test_a_fault_between_n8n_and_the_provider_never_makes_two_effects(
     swept_status, effects, rerun = FAULTS[mode][cls]
     charges.relay[cls].set_mode(mode)
 
-    first = n8n.execute(WORKFLOW[cls])
+    first = n8n.execute(TEMPLATE, env=charges.env(cls))
     assert claim_outcome(first) == "proceed"
     # The Charge node saw an error (a 502 or a dropped connection): the Fail node recorded
     # the outcome as unknown, so the operation is reconciled, never retried blindly.
@@ -225,7 +227,7 @@ def test_a_fault_between_n8n_and_the_provider_never_makes_two_effects(
     op.refresh_from_db()
     assert op.status == swept_status
 
-    second = n8n.execute(WORKFLOW[cls])
+    second = n8n.execute(TEMPLATE, env=charges.env(cls))
     assert claim_outcome(second) == rerun
     op.refresh_from_db()
     if rerun == "proceed":
@@ -239,12 +241,12 @@ def test_a_replayed_declined_charge_comes_out_of_the_failed_output_not_already_d
 ) -> None:
     charge_provider(onceguard, charges, ENFORCED)
     charges.mock[ENFORCED].script([{"status": 402}])
-    first = n8n.execute(WORKFLOW[ENFORCED])
+    first = n8n.execute(TEMPLATE)
     assert claim_outcome(first) == "proceed" and first.ran("Fail")
     op = Operation.objects.get(key=KEY)
     assert op.status == S.FAILED and op.error_class == "invalid_input"
 
-    second = n8n.execute(WORKFLOW[ENFORCED])
+    second = n8n.execute(TEMPLATE)
 
     assert claim_outcome(second) == "failed"
     (failed,) = second.output("Claim", 2)
@@ -269,7 +271,7 @@ def test_a_key_reused_with_another_request_comes_out_of_needs_a_human_with_its_c
     n8n: N8n, onceguard: Tenant, charges: Charges
 ) -> None:
     charge_provider(onceguard, charges, ENFORCED)
-    n8n.execute(WORKFLOW[ENFORCED])
+    n8n.execute(TEMPLATE)
     run = n8n.execute(OTHER_AMOUNT)
     assert claim_outcome(run) == "needs_human"
     (held,) = run.output("Claim", 4)
@@ -282,7 +284,7 @@ def test_onceguard_refusing_a_claim_fails_a_version_1_execution_with_its_title_c
     n8n: N8n, onceguard: Tenant, charges: Charges
 ) -> None:
     charge_provider(onceguard, charges, ENFORCED)
-    n8n.execute(WORKFLOW[ENFORCED])
+    n8n.execute(TEMPLATE)
     run = n8n.execute(OTHER_AMOUNT_V1, check=False)
     assert not run.ok
     error = run.result["error"]

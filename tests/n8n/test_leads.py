@@ -1,14 +1,21 @@
 """Leads, dead-lettering, replay and execute mode in a real, started n8n (production
-executions through webhooks): a voice-AI lead whose CRM write hits a 429 lands in the DLQ
-with its fields (masked in the console) and an operator's replay through the replay-receiver
-template creates exactly one contact with the original data; a batch of three failing leads
-is three entries; an Error Trigger workflow reports failures nobody wired; and the
+executions through webhooks), the templates imported unedited: a voice-AI lead is answered at
+once, claimed before the CRM call and completed after, so a lead re-sent while the first
+execution still waits on a slow CRM that ignores keys makes one contact; a lead whose CRM
+write hits a 429 lands in the DLQ with its fields (masked in the console) and an operator's
+signed replay through the replay-receiver template creates exactly one contact with the
+original data, while a tampered or stale replay is refused; a batch of three failing leads is
+three entries; an Error Trigger workflow reports failures nobody wired; and the
 submit-and-wait template continues when Onceguard calls the Wait node back.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
+import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,17 +25,18 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from dlq.models import FailedEvent
+from dlq.models import FailedEvent, ReplayTarget
 from dlq.payloads import open_payload
 from dlq.tasks import n8n_payload_fetch_task
 from ledger import services
+from ledger.credentials import sealed_credential
 from ledger.models import IdempotencyClass, Operation, OperationStatus, Tenant
 from relay.testing import RunningServer, start_mock_provider, start_relay
 from tests.dlq.conftest import example
 from tests.execute.support import run_due, wait_until
 from tests.n8n.conftest import API_SECRET, TIMINGS
 from tests.n8n.crm import StrictCrm
-from tests.n8n.support import N8n, node_named, template, template_env
+from tests.n8n.support import REPLAY_SIGNING_SECRET, N8n, node_named, template, template_env
 from tests.support import outbound
 
 pytestmark = [pytest.mark.heavy, pytest.mark.django_db(transaction=True)]
@@ -38,6 +46,8 @@ LEAD_NODE, LEAD_HTTP = "ogLeadToCrmNode1", "ogLeadToCrmHttp1"
 UNGUARDED, ERROR_WORKFLOW = "ogLeadNoErrorOut", "ogErrorWorkflow1"
 SUBMIT_AND_WAIT, SUBMIT_RETRY = "ogSubmitAndWait1", "ogSubmitRetry001"
 VIA_RELAY_CREDENTIAL = "ogCredViaRelay01"
+# The guarded charge whose Onceguard nodes talk through the relay (n8n's Retry test).
+RETRIED_CHARGE = "ogChargeRetried1"
 # The lead workflow without an error output against the strict CRM, its replay receiver, and
 # one whose CRM step is a Code node (no request in the error: lead capture fetches the item).
 STRICT_LEAD, STRICT_RECEIVER, CODE_FAILS = "ogLeadStrictCrm1", "ogReplayStrict01", "ogLeadCodeFails1"
@@ -50,15 +60,21 @@ N8N_CALLBACK_WAIT = 60
 
 
 def unguarded_lead_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]:
-    """The plain-HTTP lead workflow without its error output, with the error workflow set:
-    a failure nobody wired, which only the Error Trigger reports."""
-    workflow = template("lead-to-crm-http", onceguard=onceguard_url, crm=crm_url)
-    workflow["id"], workflow["name"] = UNGUARDED, "lead to CRM, no error output"
+    """The plain-HTTP lead workflow without its claim and its error output, with the error
+    workflow set: a failure nobody wired, which only the Error Trigger reports (and a re-sent
+    lead reaches the CRM again: the Error Trigger path's own guarantee is under test)."""
+    workflow = template("lead-to-crm-http")
+    workflow["id"], workflow["name"] = UNGUARDED, "lead to CRM, no claim, no error output"
     workflow["settings"]["errorWorkflow"] = ERROR_WORKFLOW
     node_named(workflow, "Call analyzed")["parameters"]["path"] = "onceguard-lead-unguarded"
     crm = node_named(workflow, "CRM: Create Contact")
     crm.pop("onError", None)
-    workflow["connections"]["CRM: Create Contact"]["main"] = workflow["connections"]["CRM: Create Contact"]["main"][:1]
+    crm["parameters"]["url"] = f"{crm_url}/contacts"
+    crm["parameters"]["headerParameters"]["parameters"][0]["value"] = "={{ $json.customFields.call_id }}:crm-contact:v1"
+    crm["parameters"]["jsonBody"] = "={{ $json }}"
+    connections = workflow["connections"]
+    connections["Contact"]["main"] = [[{"node": "CRM: Create Contact", "type": "main", "index": 0}]]
+    connections["CRM: Create Contact"]["main"] = [[]]
     return workflow
 
 
@@ -66,13 +82,11 @@ def strict_lead_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]:
     workflow = unguarded_lead_workflow(onceguard_url, crm_url)
     workflow["id"], workflow["name"] = STRICT_LEAD, "lead to strict CRM, no error output"
     node_named(workflow, "Call analyzed")["parameters"]["path"] = "onceguard-lead-strict"
-    # Another CRM than the one the n8n's environment names for the templates.
-    node_named(workflow, "CRM: Create Contact")["parameters"]["url"] = f"{crm_url}/contacts"
     return workflow
 
 
 def strict_receiver_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]:
-    workflow = template("replay-receiver", onceguard=onceguard_url, crm=crm_url)
+    workflow = template("replay-receiver")
     workflow["id"], workflow["name"] = STRICT_RECEIVER, "replay receiver, strict CRM"
     node_named(workflow, "Replay from Onceguard")["parameters"]["path"] = "onceguard-replay-strict"
     node_named(workflow, "CRM: Create Contact")["parameters"]["url"] = f"{crm_url}/contacts"
@@ -106,6 +120,23 @@ def submit_retry_workflow() -> dict[str, Any]:
     return workflow
 
 
+def retried_charge_workflow() -> dict[str, Any]:
+    """The guarded-charge template with its Onceguard nodes on the credential through the fault
+    relay in front of Onceguard (the test loses Complete's request, so the execution fails after
+    the charge and its sent marker), keeping its successful executions (the retry's outcome is
+    read from n8n)."""
+    workflow = template("guarded-charge")
+    workflow["id"], workflow["name"] = RETRIED_CHARGE, "guarded charge, Complete lost on the way"
+    workflow["settings"]["saveDataSuccessExecution"] = "all"
+    node_named(workflow, "Order webhook")["parameters"]["path"] = "onceguard-charge-retried"
+    for node in workflow["nodes"]:
+        if node["type"] == "n8n-nodes-onceguard.onceguard":
+            node["credentials"] = {
+                "onceguardApi": {"id": VIA_RELAY_CREDENTIAL, "name": "Onceguard API (through a fault relay)"}
+            }
+    return workflow
+
+
 class Servers:
     def __init__(self, onceguard_url: str) -> None:
         # A CRM that dedups on Idempotency-Key (key-enforced), and a charges provider.
@@ -113,7 +144,8 @@ class Servers:
         self.charges: RunningServer = start_mock_provider("enforced")
         # A fault relay in front of Onceguard itself: loses the answer to a submission.
         self.onceguard_relay: RunningServer = start_relay(onceguard_url)
-        # A CRM that refuses any other shape or key, and does not dedup.
+        # A CRM that refuses any other shape or key, and does not dedup: the CRM the n8n's
+        # environment names for the lead templates.
         self.strict_crm = StrictCrm().start()
 
     def reset(self) -> None:
@@ -141,9 +173,15 @@ def servers(onceguard_url: str) -> Iterator[Servers]:
 @pytest.fixture(scope="module")
 def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[N8n]:
     """One started n8n with the lead, replay-receiver, error and submit-and-wait templates,
-    imported unedited: the n8n's environment names the servers they call."""
+    imported unedited: the n8n's environment names the servers they call and the replay
+    receiver's signing secret."""
     instance = n8n_base.copy(tmp_path_factory.mktemp("n8n-leads"))
-    instance.extra_env = template_env(onceguard=onceguard_url, crm=servers.crm.url)
+    instance.extra_env = template_env(
+        onceguard=onceguard_url,
+        crm=servers.strict_crm.url,
+        charges=servers.charges.url,
+        replay_secret=REPLAY_SIGNING_SECRET,
+    )
     instance.import_workflows(
         [
             template("lead-to-crm"),
@@ -153,6 +191,7 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
             template("submit-and-wait"),
             unguarded_lead_workflow(onceguard_url, servers.crm.url),
             submit_retry_workflow(),
+            retried_charge_workflow(),
             strict_lead_workflow(onceguard_url, servers.strict_crm.url),
             strict_receiver_workflow(onceguard_url, servers.strict_crm.url),
             code_fails_workflow(onceguard_url, servers.crm.url),
@@ -175,6 +214,7 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
         UNGUARDED,
         SUBMIT_AND_WAIT,
         SUBMIT_RETRY,
+        RETRIED_CHARGE,
         STRICT_LEAD,
         STRICT_RECEIVER,
         CODE_FAILS,
@@ -196,10 +236,33 @@ def onceguard(tenant: Tenant, api_key: str, servers: Servers, n8n: N8n) -> Tenan
     from dlq import services as dlq_services
 
     servers.reset()
-    dlq_services.replay_target_upsert(
+    # The lead templates claim each lead for the CRM before they write it: a CRM that ignores
+    # keys, so an unknown outcome goes to a person, never to a second contact.
+    services.provider_upsert(
+        tenant=tenant,
+        slug="demo-crm",
+        base_url=servers.strict_crm.url,
+        idempotency_class=IdempotencyClass.KEY_ADVISORY,
+        timeout_seconds=10,
+    )
+    target = dlq_services.replay_target_upsert(
         tenant=tenant, slug="n8n-replay", url=f"{n8n.url}/webhook/onceguard-replay", timeout_seconds=10, is_default=True
     )
+    signed_with_the_receivers_secret(target)
     return tenant
+
+
+def signed_with_the_receivers_secret(target: ReplayTarget) -> None:
+    """The target signs with the secret the receiver's n8n holds (ONCEGUARD_REPLAY_SIGNING_SECRET),
+    as an operator copies a new target's secret into n8n."""
+    ReplayTarget.objects.filter(pk=target.pk).update(signing_secret=sealed_credential(REPLAY_SIGNING_SECRET))
+
+
+def signature(body: bytes, *, at: int | None = None, secret: str = REPLAY_SIGNING_SECRET) -> str:
+    """Onceguard-Signature as a replay carries it: t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>."""
+    stamp = int(time.time()) if at is None else at
+    digest = hmac.new(secret.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={stamp},v1={digest}"
 
 
 def replay(onceguard_url: str, event: FailedEvent, *, target: str = "") -> httpx.Response:
@@ -217,23 +280,29 @@ def replay(onceguard_url: str, event: FailedEvent, *, target: str = "") -> httpx
 def test_a_lead_the_crm_throttled_lands_in_the_dlq_with_its_fields_and_one_replay_creates_one_contact(
     n8n: N8n, onceguard: Tenant, servers: Servers, onceguard_url: str, admin_client: Any, workflow: str
 ) -> None:
-    servers.crm.script([{"status": 429, "retry_after": 1}])
+    servers.strict_crm.reset(script=[429])
 
+    # The sender is answered at once, before the CRM is called.
     answer = n8n.webhook(LEAD_PATH[workflow], CALL)
     assert answer.status_code == 202, answer.text
-    assert answer.json() == {"outcome": "dead_lettered"}
-    assert servers.crm.effects()["count"] == 0
+    assert answer.json() == {"outcome": "received"}
+    assert wait_until(lambda: Operation.objects.filter(key=LEAD_KEY, status=S.RETRY_WAIT).exists(), timeout=60), (
+        n8n.start_log()[-3000:]
+    )
+    assert servers.strict_crm.contacts == []
 
     entries = list(FailedEvent.objects.values_list("event_id", "shape", "source_node", "error_message"))
     assert len(entries) == 1, entries
     event = FailedEvent.objects.get()
-    (execution,) = n8n.executions(workflow)
-    assert event.event_id == f"n8n:{workflow}:{execution['id']}:CRM_ Create Contact:0"
+    assert re.fullmatch(rf"n8n:{workflow}:\d+:CRM_ Create Contact:0", event.event_id), event.event_id
     assert event.original_key == LEAD_KEY
     assert event.error_class == "transient" and "429" in event.error_message
     assert event.source_workflow_id == workflow and event.source_node == "CRM: Create Contact"
     # The whole lead, not "workflow 17 failed".
     assert open_payload(event.payload) == CONTACT
+    # The claim recorded the CRM's refusal: nothing was created, the lead may be tried again.
+    op = Operation.objects.get(key=LEAD_KEY)
+    assert op.error_class == "transient" and op.workflow_id == workflow
 
     # Masked in the console: the keys say what is there, no value shows.
     page = admin_client.get(reverse("admin:dlq_failedevent_change", args=[event.pk])).content.decode()
@@ -241,28 +310,79 @@ def test_a_lead_the_crm_throttled_lands_in_the_dlq_with_its_fields_and_one_repla
     for secret in PERSONAL:
         assert secret not in page
 
-    # The operator replays it: Onceguard → the replay-receiver workflow → the CRM, with the
-    # original key.
+    # The operator replays it: Onceguard → the replay-receiver workflow (which checks the
+    # replay's signature) → the CRM, with the original key.
     replayed = replay(onceguard_url, event)
     assert replayed.status_code == 201, replayed.text
-    assert replayed.json()["outcome"] == "succeeded"
+    assert replayed.json()["outcome"] == "succeeded", replayed.json()
     event.refresh_from_db()
     assert event.status == "replayed"
-    assert servers.crm.effects()["count"] == 1
-    contact = servers.contacts_for(LEAD_KEY)
-    assert contact is not None
-    assert {name: contact[name] for name in CONTACT} == CONTACT
+    assert servers.strict_crm.refused == []
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
 
     # A second click is refused without force: still one contact.
     again = replay(onceguard_url, event)
     assert again.status_code == 409 and again.json()["code"] == "replay_needs_force"
-    assert servers.crm.effects()["count"] == 1
+    assert len(servers.strict_crm.contacts) == 1
+
+
+@pytest.mark.parametrize("workflow", [LEAD_NODE, LEAD_HTTP], ids=["onceguard-node", "plain-http"])
+def test_a_lead_re_sent_while_the_first_execution_waits_on_a_slow_crm_makes_one_contact(
+    n8n: N8n, onceguard: Tenant, servers: Servers, workflow: str
+) -> None:
+    # A CRM that ignores keys and takes 6 s to answer; the voice platform re-sends the lead
+    # meanwhile (its own timeout is far shorter). Both deliveries are answered at once.
+    started = time.monotonic()
+    servers.strict_crm.reset(delay=6.0)
+    first = n8n.webhook(LEAD_PATH[workflow], CALL)
+    assert wait_until(lambda: Operation.objects.filter(key=LEAD_KEY, sent_at__isnull=False).exists(), timeout=60)
+    second = n8n.webhook(LEAD_PATH[workflow], CALL)
+    assert (first.status_code, second.status_code) == (202, 202), (first.text, second.text)
+    assert first.json() == second.json() == {"outcome": "received"}
+
+    # The second execution's claim found the lead in flight and went no further.
+    assert wait_until(lambda: Operation.objects.filter(key=LEAD_KEY, status=S.SUCCEEDED).exists(), timeout=60), (
+        list(Operation.objects.values_list("key", "status")),
+        n8n.start_log()[-3000:],
+    )
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
+    # A third delivery, now that it is done: the recorded outcome, still one contact.
+    assert n8n.webhook(LEAD_PATH[workflow], CALL).status_code == 202
+    assert wait_until(lambda: _finished(n8n, workflow), timeout=30), n8n.executions(workflow)
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
+    assert not FailedEvent.objects.exists()
+    TIMINGS[f"lead re-sent during a slow CRM ({workflow})"] = time.monotonic() - started
+
+
+def test_the_replay_receiver_refuses_a_tampered_a_stale_and_an_unsigned_replay(
+    n8n: N8n, onceguard: Tenant, servers: Servers
+) -> None:
+    url = f"{n8n.url}/webhook/onceguard-replay"
+    body = json.dumps(CONTACT).encode()
+
+    def post(content: bytes, sig: str | None) -> httpx.Response:
+        headers = {"Content-Type": "application/json", "Idempotency-Key": LEAD_KEY}
+        if sig is not None:
+            headers["Onceguard-Signature"] = sig
+        return httpx.post(url, content=content, headers=headers, timeout=30, trust_env=False)
+
+    tampered = json.dumps({**CONTACT, "email": "attacker@example.invalid"}).encode()
+    assert post(tampered, signature(body)).status_code == 401
+    assert post(body, signature(body, at=int(time.time()) - 600)).status_code == 401
+    assert post(body, signature(body, secret="another-secret")).status_code == 401
+    assert post(body, None).status_code == 401
+    assert servers.strict_crm.contacts == [] and servers.strict_crm.refused == []
+
+    # Signed as Onceguard signs, the same body is taken: one contact.
+    accepted = post(body, signature(body))
+    assert accepted.status_code == 200, accepted.text
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
 
 
 def test_a_batch_of_three_failing_leads_is_three_entries_each_with_its_own_lead(
     n8n: N8n, onceguard: Tenant, servers: Servers
 ) -> None:
-    servers.crm.script([{"status": 429}] * 3)
+    servers.strict_crm.reset(script=[429] * 3)
     assert n8n.spare is not None
     run = n8n.spare.execute(LEAD_NODE)
     assert len(run.output("Dead-letter the lead")) == 3
@@ -305,8 +425,10 @@ def test_the_same_lead_failing_twice_through_the_error_trigger_is_one_entry_and_
     # One replay through the receiver template: exactly one contact, the lead's, under its key.
     from dlq import services as dlq_services
 
-    dlq_services.replay_target_upsert(
-        tenant=onceguard, slug="strict-crm", url=f"{n8n.url}/webhook/onceguard-replay-strict", timeout_seconds=10
+    signed_with_the_receivers_secret(
+        dlq_services.replay_target_upsert(
+            tenant=onceguard, slug="strict-crm", url=f"{n8n.url}/webhook/onceguard-replay-strict", timeout_seconds=10
+        )
     )
     replayed = replay(onceguard_url, event, target="strict-crm")
     assert replayed.status_code == 201, replayed.text
@@ -314,10 +436,15 @@ def test_the_same_lead_failing_twice_through_the_error_trigger_is_one_entry_and_
     assert servers.strict_crm.refused == []
     assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
     # The receiver forwards one contact per request: a body of several items never reaches the CRM.
+    items = json.dumps({"items": [CONTACT, CONTACT]}).encode()
     several = httpx.post(
         f"{n8n.url}/webhook/onceguard-replay-strict",
-        json={"items": [CONTACT, CONTACT]},
-        headers={"Idempotency-Key": LEAD_KEY},
+        content=items,
+        headers={
+            "Content-Type": "application/json",
+            "Idempotency-Key": LEAD_KEY,
+            "Onceguard-Signature": signature(items),
+        },
         timeout=30,
         trust_env=False,
     )
@@ -328,7 +455,8 @@ def test_the_same_lead_failing_twice_through_the_error_trigger_is_one_entry_and_
 
 @pytest.fixture(scope="module")
 def n8n_api_key(n8n: N8n) -> str:
-    return n8n.create_api_key()
+    # Read (lead capture) and retry (n8n's Retry button, through n8n 1.123's public API).
+    return n8n.create_api_key(scopes=("execution:read", "execution:retry"))
 
 
 def test_an_error_trigger_entry_of_a_node_that_reports_no_request_holds_the_fetched_failed_item(
@@ -419,9 +547,9 @@ def test_submit_and_wait_continues_when_onceguard_calls_the_wait_node_back(
     started = time.monotonic()
     again = n8n.webhook("onceguard-submit", {"order_id": "order-2001", "amount": 1999, "currency": "eur"})
     assert again.status_code == 200, again.text
-    assert wait_until(lambda: len(n8n.executions(SUBMIT_AND_WAIT)) == 2, timeout=60)
-    second = n8n.wait_for_executions(SUBMIT_AND_WAIT, count=2, statuses=("success",), timeout=60)
-    assert [e["status"] for e in n8n.executions(SUBMIT_AND_WAIT)] == ["success", "success"], second
+    # The template keeps no successful execution (saveDataSuccessExecution "none"): once the
+    # answer came, none of its executions is waiting, running or failed.
+    assert wait_until(lambda: _finished(n8n, SUBMIT_AND_WAIT), timeout=60), n8n.executions(SUBMIT_AND_WAIT)
     assert Operation.objects.filter(key__startswith="callback:").count() == 1
     assert servers.charges.effects()["count"] == 1
     TIMINGS["submit and wait: a finished key"] = time.monotonic() - started
@@ -444,5 +572,51 @@ def test_a_submission_whose_202_was_lost_is_retried_by_n8n_and_still_charges_onc
 
 
 def _finished(n8n: N8n, workflow_id: str) -> bool:
+    """Every execution of the workflow ended well: successful ones are not kept by the
+    templates (saveDataSuccessExecution "none"), so a finished one is gone or "success"."""
     run_due()
-    return [e["status"] for e in n8n.executions(workflow_id)] == ["success"]
+    return all(e["status"] == "success" for e in n8n.executions(workflow_id))
+
+
+def test_n8n_retry_of_an_execution_that_failed_after_the_sent_marker_completes_the_charge_without_a_second(
+    n8n: N8n, onceguard: Tenant, servers: Servers, n8n_api_key: str
+) -> None:
+    # Claim and Mark sent reach Onceguard, the provider charges, and Complete's request is lost
+    # before Onceguard sees it: the execution fails after the sent marker, the charge made.
+    submit_setup(onceguard, servers, n8n)
+    servers.onceguard_relay.script(["forward-and-respond", "forward-and-respond", "fail-before-forward"])
+    n8n.webhook("onceguard-charge-retried", {"order_id": "order-3001", "amount": 700, "currency": "eur"})
+    (failed,) = n8n.wait_for_executions(RETRIED_CHARGE, count=1, statuses=("error",), timeout=60)
+    op = Operation.objects.get(key="order-3001:charge:v1")
+    assert op.status == S.CLAIMED and op.sent_at is not None
+    assert servers.charges.effects()["count"] == 1
+
+    # What n8n's Retry button does (Executions → Retry), through its public API: a new
+    # execution (retryOf) that starts again at the failed node — Complete, with the lease the
+    # claim took — never at the charge.
+    retried = httpx.post(
+        f"{n8n.url}/api/v1/executions/{failed['id']}/retry",
+        json={"loadWorkflow": False},
+        headers={"X-N8N-API-KEY": n8n_api_key},
+        timeout=60,
+        trust_env=False,
+    )
+    assert retried.status_code == 200, retried.text
+    assert wait_until(
+        lambda: any(str(e["retryOf"]) == str(failed["id"]) for e in n8n.executions(RETRIED_CHARGE)), timeout=60
+    ), n8n.executions(RETRIED_CHARGE)
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED
+    assert servers.charges.effects()["count"] == 1
+
+    # Retried again (a second click): the operation is finished, nothing is charged again.
+    again = httpx.post(
+        f"{n8n.url}/api/v1/executions/{failed['id']}/retry",
+        json={"loadWorkflow": False},
+        headers={"X-N8N-API-KEY": n8n_api_key},
+        timeout=60,
+        trust_env=False,
+    )
+    assert again.status_code in (200, 409), again.text
+    op.refresh_from_db()
+    assert op.status == S.SUCCEEDED and servers.charges.effects()["count"] == 1

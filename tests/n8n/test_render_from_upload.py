@@ -107,8 +107,9 @@ def test_the_workflow_uploads_its_image_submits_an_intent_naming_it_and_a_second
     assert uploaded["upload"]["created"] is True
     upload = Upload.objects.get(tenant=renders)
     assert (upload.sha256, upload.size, upload.width, upload.height) == (digest, len(png), 64, 48)
-    (submitted,) = first.output("Submit render")
-    assert submitted["onceguard"]["outcome"] == "accepted" and submitted["onceguard"]["replayed"] is False
+    # Node version 2: an operation in flight comes out of In Flight (output 0).
+    (submitted,) = first.output("Submit render", 0)
+    assert submitted["onceguard"]["outcome"] == "in_flight" and submitted["onceguard"]["replayed"] is False
     op = Operation.objects.get(key=KEY)
     assert submitted["onceguard"]["operation_id"] == op.pk and op.status == S.QUEUED
     assert op.workflow_id == WORKFLOW
@@ -136,8 +137,10 @@ def test_the_workflow_uploads_its_image_submits_an_intent_naming_it_and_a_second
 
     (again,) = second.output("Upload source")
     assert again["upload"]["key"] == f"up_{digest}" and again["upload"]["created"] is False
-    (replayed,) = second.output("Submit render")
-    assert replayed["onceguard"]["outcome"] == "finished" and replayed["onceguard"]["replayed"] is True
+    # The same key again, finished: it comes out of Succeeded (output 1) at once.
+    assert second.output("Submit render", 0) == []
+    (replayed,) = second.output("Submit render", 1)
+    assert replayed["onceguard"]["outcome"] == "succeeded" and replayed["onceguard"]["replayed"] is True
     assert replayed["onceguard"]["operation_id"] == op.pk and replayed["onceguard"]["status"] == S.SUCCEEDED
     run_due()
     assert len(images.received) == 1

@@ -607,6 +607,8 @@ const deadLetter: Operation = async function (index, item) {
 					status: entry.status,
 					created: answer.status === 201,
 					original_key: entry.original_key,
+					// What the entry recorded, so a Fail after this node can pass the same class on.
+					error_class: entry.error_class,
 				},
 			},
 			pairedItem: { item: index },
