@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
-DB = "onceguard_bench_dlq"
+DB = common.suite_db("onceguard_bench_dlq")
 TARGET_MS = 300.0
 
 # i % 100 → status; i % 20 → error class; i % 10 → tenant (0–6 the measured one).
@@ -310,7 +310,12 @@ def report(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dlq", description=__doc__)
     parser.add_argument("--rows", type=int, default=int(os.environ.get("BENCH_DLQ_ROWS", 1_000_000)))
-    parser.add_argument("--repeat", type=int, default=20, help="timed requests per case (after one warm-up)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=int(os.environ.get("BENCH_DLQ_REPEAT", 20)),
+        help="timed requests per case (after one warm-up)",
+    )
     parser.add_argument("--json", default=str(ROOT / "var" / "bench-dlq.json"))
     args = parser.parse_args(argv)
     url = _url()
@@ -320,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report(results))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0 if all(r["ok"] for s in ("api", "console") for r in results[s]) else 1
+    # Errors (an answer other than 200) end the run above with SystemExit; a missed
+    # target fails it too, except in a smoke run (common.SMOKE: tiny tables).
+    return 0 if common.SMOKE or all(r["ok"] for s in ("api", "console") for r in results[s]) else 1
 
 
 if __name__ == "__main__":
