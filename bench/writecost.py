@@ -26,9 +26,8 @@ Figures per op:
   HOT updates / updates on the operation table (``bench_raw_op`` for (a)).
 - **Statements** through the app's cursors (``connection.execute_wrapper``; for (a) a
   counting psycopg cursor) with transaction control (BEGIN, COMMIT, SAVEPOINT …) left out.
-  Statements the app sends past Django's cursor wrapper (a psycopg pipeline) are not seen
-  there: the wire count from libpq's trace (``bench.trace``, the timed scenarios' ``RT``
-  sample) is printed beside it.
+  Beside it, the round trips from libpq's trace (``bench.trace``, the timed scenarios'
+  ``RT`` sample): everything on the wire, BEGIN/COMMIT included.
 """
 
 from __future__ import annotations
@@ -158,9 +157,10 @@ def _settled_stats(conn: psycopg.Connection, limit: int = 20) -> dict[str, tuple
 
 
 def _flushed_lsn(conn: psycopg.Connection) -> str:
-    """A WAL position up to which everything written so far is flushed: a transaction with
-    an id commits (a synchronous commit waits for the flush of all WAL before it)."""
-    conn.execute("SELECT pg_current_xact_id()")
+    """A WAL position up to which everything written so far is flushed: a transaction that
+    wrote WAL commits synchronously, which flushes all WAL before it (a transaction with only
+    an id would commit asynchronously). Its message touches no block of any database."""
+    conn.execute("SELECT pg_logical_emit_message(true, 'onceguard-bench', '')")
     return str(conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0])
 
 
@@ -197,7 +197,9 @@ def measure(
     stats1 = _settled_stats(monitor)
     cost = Cost(scenario, kind, len(items), errors, first, statements=round(statements / n, 2))
     walled = None
-    if wal is not None:
+    if wal is not None and start == end:
+        walled = {"records": 0, "bytes": 0, "fpi_bytes": 0, "commits": 0, "index_entries": {}}
+    elif wal is not None:
         try:
             walled = wal(start, end)
         except psycopg.Error as exc:  # e.g. a segment recycled by a checkpoint meanwhile
@@ -260,12 +262,12 @@ class CountingCursor(psycopg.Cursor):  # type: ignore[type-arg]
         return super().execute(query, params, **kw)
 
 
-def wire_statements(stats_extra: dict[str, Any]) -> float | None:
-    """Statements per op on the wire (libpq's trace, ``bench.trace``), control left out."""
-    shapes = stats_extra.get("statements_per_op")
-    if not shapes:
-        return None
-    return round(sum(v for k, v in shapes.items() if not _CONTROL.match(k)), 2)
+def round_trips(stats_extra: dict[str, Any]) -> float | None:
+    """Round trips per op from libpq's trace (``bench.trace``): everything the app sends,
+    pipelines and BEGIN/COMMIT included (its statement shapes count only parsed statements,
+    not prepared ones re-executed, so they cannot give a statement count)."""
+    value = stats_extra.get("round_trips_per_op")
+    return None if value is None else float(value)
 
 
 # --- The table ------------------------------------------------------------------------------
@@ -276,7 +278,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 
 def _ratio(value: float | None, base: float | None) -> str:
-    if value is None or not base:
+    if value is None or base is None or base <= 0 or value < 0:
         return ""
     return f"{value / base:.2f}×"
 
@@ -289,8 +291,8 @@ def fmt_table(
     by = {(c.scenario, c.kind): c for c in costs}
     base = scenarios[0]
     width = 13
-    head = f"{'per op':<44}" + "".join(
-        f"{s[:width]:>{width}}" + ("" if s == base else f"{'×(a)':>7}") for s in scenarios
+    head = f"{'per op':<52}" + "".join(
+        f"{s[:width]:>{width}}" + ("" if s == base else f"{'×(a)':>9}") for s in scenarios
     )
     lines = [head, "-" * len(head)]
 
@@ -298,9 +300,9 @@ def fmt_table(
         values = [get(s, kind) for s in scenarios]
         if all(v is None for v in values):
             return
-        text = f"{kind + ': ' + label:<44}"
+        text = f"{kind + ': ' + label:<52}"
         for s, v in zip(scenarios, values, strict=True):
-            text += f"{_fmt(v, digits):>{width}}" + ("" if s == base else f"{_ratio(v, values[0]):>7}")
+            text += f"{_fmt(v, digits):>{width}}" + ("" if s == base else f" {_ratio(v, values[0]):>8}")
         lines.append(text)
 
     def wal_field(name: str) -> Callable[[str, str], float | None]:
@@ -313,7 +315,7 @@ def fmt_table(
         row("WAL records", wal_field("records"), kind, 2)
         row("commits", wal_field("commits"), kind, 2)
         row("statements (app's cursors, no BEGIN/COMMIT)", lambda s, k: by[(s, k)].statements, kind, 2)
-        row("statements on the wire (libpq trace)", lambda s, k: wire.get((s, k)), kind, 2)
+        row("round trips (libpq trace, with BEGIN/COMMIT)", lambda s, k: wire.get((s, k)), kind, 2)
         for t in tables:
             row(
                 f"{t}: index entries",
