@@ -60,7 +60,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="ops per HTTP scenario (an HTTP fresh op is two requests; kept lower to stay within ~3 minutes)",
     )
     p.add_argument("--http-trial-ops", type=int, default=250, help="fresh ops per configuration trial")
-    p.add_argument("--no-http", action="store_true", help="skip (c)")
+    p.add_argument(
+        "--no-http", action="store_true", default=os.environ.get("BENCH_NO_HTTP") == "1", help="skip (c) and (f)"
+    )
     p.add_argument(
         "--cost-ops",
         type=int,
@@ -69,7 +71,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 5)), help="interleaved rounds")
     p.add_argument("--profile", action="store_true", help="profile (b) and (c) in-process instead of measuring")
-    p.add_argument("--json", default=str(VAR / "bench-latest.json"), help="where to write the results")
+    p.add_argument(
+        "--json",
+        default=os.environ.get("BENCH_JSON", str(VAR / "bench-latest.json")),
+        help="where to write the results",
+    )
     return p.parse_args(argv)
 
 
