@@ -95,12 +95,26 @@ def fill(rows: int) -> tuple[list[int], float]:
         tenants.append((Tenant.objects.filter(slug=slug).first() or services.tenant_create(slug=slug)).pk)
     if FailedEvent.objects.count() == rows:
         return tenants, 0.0
-    columns = [f.column for f in FailedEvent._meta.concrete_fields if not f.primary_key]
-    missing = set(columns) - set(_FILL)
-    if missing:
-        raise SystemExit(f"bench.dlq does not know how to fill {sorted(missing)}")
-    values = ", ".join(_FILL[c].replace("%", "%%").replace("%%(", "%(") for c in columns)
+    fields = [f for f in FailedEvent._meta.concrete_fields if not f.primary_key]
+    columns = [f.column for f in fields]
     params = {"t0": tenants[0], "t1": tenants[1], "t2": tenants[2], "t3": tenants[3], "rows": rows}
+    values = []
+    for f in fields:
+        if f.column in _FILL:
+            values.append(_FILL[f.column].replace("%", "%%").replace("%%(", "%("))
+        elif f.null:
+            values.append("NULL")
+        else:
+            # A column added since the fill was written: its model default, so the bench
+            # follows the schema instead of stopping at every new field.
+            json_field = f.get_internal_type() == "JSONField"
+            default = f.get_default()
+            params[f"d_{f.column}"] = json.dumps(default) if json_field else default
+            values.append(f"%(d_{f.column})s::jsonb" if json_field else f"%(d_{f.column})s")
+    defaulted = [f.column for f in fields if f.column not in _FILL]
+    if defaulted:
+        print(f"bench.dlq: filled with their defaults: {', '.join(defaulted)}", flush=True)
+    values = ", ".join(values)
     started = time.perf_counter()
     with connection.cursor() as cursor:
         assert connection.settings_dict["NAME"] == DB
