@@ -113,7 +113,8 @@ def run(rows: int, batch: int, redact_rows: int) -> dict[str, Any]:
     from django.conf import settings
     from django.db import connection
 
-    from review.models import RetentionPolicy, Tombstone
+    from ledger.models import Tombstone
+    from review.models import RetentionPolicy
 
     started = time.monotonic()
     tenant_id = _seed(rows, redact_rows)

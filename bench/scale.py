@@ -66,6 +66,8 @@ REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
 # table growth are averaged (default 2,000).
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
+# Single fresh claims whose WAL is read one by one (the least is the operation's own).
+WAL_SAMPLES = int(os.environ.get("SCALE_WAL_SAMPLES", 60))
 # Bump when the generated shape changes: a database filled by another version is refilled.
 FILL_VERSION = 6
 SMALL_TENANTS = 9
@@ -603,7 +605,7 @@ def transaction_savepoint(connection: Any) -> Any:
     return transaction.atomic(using=connection.alias)
 
 
-def wal_and_hot(call: Callable[[], None], samples: int = 60, marginal: int = MARGINAL) -> dict[str, Any]:
+def wal_and_hot(call: Callable[[], None], samples: int = WAL_SAMPLES, marginal: int = MARGINAL) -> dict[str, Any]:
     """WAL bytes of one fresh claim → complete, how many of its operation and attempt updates
     were HOT, and the bytes the three tables grew by per such operation (``marginal`` more).
 
