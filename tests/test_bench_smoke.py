@@ -122,7 +122,9 @@ def smoke_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         each = ", ".join(f"{name} {wall:.0f} s ({cpu:.0f} s CPU)" for name, (wall, cpu) in durations.items())
         wall = sum(w for w, _ in durations.values())
         cpu = sum(c for _, c in durations.values())
-        reporter.write_line(f"\nbench smoke tests: {wall:.0f} s in all, {cpu:.0f} s of CPU; {each}")
+        # Past the capture, so it is printed whether the tests passed or not.
+        with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+            reporter.write_line(f"\nbench smoke tests: {wall:.0f} s in all, {cpu:.0f} s of CPU; {each}")
 
 
 def _children_cpu() -> float:
