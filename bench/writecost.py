@@ -52,6 +52,8 @@ _INDEX_INSERTS = {
     "Gin": ("INSERT", "UPDATE_META_PAGE"),
 }
 
+# Ops per WAL read (see measure).
+WAL_CHUNK = 100
 # pg_walinspect is unavailable, or may not be created by this user.
 WalReader = Callable[[str, str], dict[str, Any]] | None
 
@@ -182,35 +184,46 @@ def measure(
     an idle backend otherwise reports its table counts up to seconds later."""
     n = max(1, len(items))
     stats0 = _table_stats(monitor)
-    start = _flushed_lsn(monitor)
     statements0 = counted()
-    errors, first = 0, ""
-    for item in items:
+    errors, first, wal_error = 0, "", ""
+    walled: dict[str, Any] | None = None
+    wal_ops = 0
+    # The WAL is read a chunk at a time: on a busy cluster a checkpoint recycles the segments
+    # of a long window before it could be read.
+    for at in range(0, len(items), WAL_CHUNK):
+        chunk = items[at : at + WAL_CHUNK]
+        start = _flushed_lsn(monitor)
+        for item in chunk:
+            try:
+                run_one(item)
+            except Exception as exc:  # counted and reported, never hidden
+                errors += 1
+                first = first or f"{type(exc).__name__}: {exc}"[:300]
+        if wal is None:
+            continue
+        end = _flushed_lsn(monitor)
         try:
-            run_one(item)
-        except Exception as exc:  # counted and reported, never hidden
-            errors += 1
-            first = first or f"{type(exc).__name__}: {exc}"[:300]
+            part = wal(start, end) if start != end else None
+        except psycopg.Error as exc:  # this chunk's segments recycled all the same: left out
+            wal_error = wal_error or f"WAL of some ops unreadable: {exc}"[:300]
+            continue
+        wal_ops += len(chunk)
+        walled = walled or {"records": 0, "bytes": 0, "fpi_bytes": 0, "commits": 0, "index_entries": {}}
+        for key in ("records", "bytes", "fpi_bytes", "commits"):
+            walled[key] += part[key] if part else 0
+        for table, entries in (part or {}).get("index_entries", {}).items():
+            walled["index_entries"][table] = walled["index_entries"].get(table, 0) + entries
     statements = counted() - statements0
     flush_stats()
-    end = _flushed_lsn(monitor)
     stats1 = _settled_stats(monitor)
-    cost = Cost(scenario, kind, len(items), errors, first, statements=round(statements / n, 2))
-    walled = None
-    if wal is not None and start == end:
-        walled = {"records": 0, "bytes": 0, "fpi_bytes": 0, "commits": 0, "index_entries": {}}
-    elif wal is not None:
-        try:
-            walled = wal(start, end)
-        except psycopg.Error as exc:  # e.g. a segment recycled by a checkpoint meanwhile
-            cost.first_error = cost.first_error or f"WAL unreadable: {exc}"[:300]
+    cost = Cost(scenario, kind, len(items), errors, first or wal_error, statements=round(statements / n, 2))
     index_counts = dict(monitor.execute(_INDEX_COUNTS).fetchall())
     for table, after in stats1.items():
         ins, upd, hot, dele = (a - b for a, b in zip(after, stats0.get(table, (0, 0, 0, 0)), strict=True))
         if not (ins or upd or dele):
             continue
         if walled is not None:
-            entries = walled["index_entries"].get(table, 0)
+            entries = walled["index_entries"].get(table, 0) * n / wal_ops
         else:
             entries = (ins + upd - hot) * index_counts.get(table, 0)
         cost.tables[table] = {
@@ -224,10 +237,11 @@ def measure(
             cost.hot_share = round(hot / upd, 3)
     if walled is not None:
         cost.wal = {
-            "bytes": round(walled["bytes"] / n, 1),
-            "bytes_no_fpi": round((walled["bytes"] - walled["fpi_bytes"]) / n, 1),
-            "records": round(walled["records"] / n, 2),
-            "commits": round(walled["commits"] / n, 2),
+            "bytes": round(walled["bytes"] / wal_ops, 1),
+            "bytes_no_fpi": round((walled["bytes"] - walled["fpi_bytes"]) / wal_ops, 1),
+            "records": round(walled["records"] / wal_ops, 2),
+            "commits": round(walled["commits"] / wal_ops, 2),
+            "ops_read": wal_ops,
         }
     else:
         cost.index_source = "estimate"
