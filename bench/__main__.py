@@ -60,10 +60,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="ops per HTTP scenario (an HTTP fresh op is two requests; kept lower to stay within ~3 minutes)",
     )
     p.add_argument("--http-trial-ops", type=int, default=250, help="fresh ops per configuration trial")
-    p.add_argument("--no-http", action="store_true", help="skip (c)")
+    p.add_argument(
+        "--no-http", action="store_true", default=os.environ.get("BENCH_NO_HTTP") == "1", help="skip (c) and (f)"
+    )
+    p.add_argument(
+        "--cost-ops",
+        type=int,
+        default=int(os.environ.get("BENCH_COST_OPS", 200)),
+        help="fresh pairs (and as many replays) per scenario for the write-cost figures (bench.writecost)",
+    )
     p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 5)), help="interleaved rounds")
     p.add_argument("--profile", action="store_true", help="profile (b) and (c) in-process instead of measuring")
-    p.add_argument("--json", default=str(VAR / "bench-latest.json"), help="where to write the results")
+    p.add_argument(
+        "--json",
+        default=os.environ.get("BENCH_JSON", str(VAR / "bench-latest.json")),
+        help="where to write the results",
+    )
     return p.parse_args(argv)
 
 
@@ -124,11 +136,12 @@ def run_interleaved(specs: list[Spec], keys: Keys, args: argparse.Namespace) -> 
             common.analyze(args.dsn)
             order = kind_specs[r % len(kind_specs) :] + kind_specs[: r % len(kind_specs)]
             for spec in order:
+                factory_for = _planted(spec)
                 chunk = keys.make(spec.slug, spec.ops)[r::rounds]
                 lanes = max(1, spec.lane_kw.get("procs", 0)) * spec.lane_kw.get("threads", 1)
                 warm_n = args.warmup if r == 0 else spec.rewarm * lanes
                 warm = keys.make(spec.slug, warm_n, f"w{r}")
-                runs[spec.label].append(run_lanes(spec.factory_for(kind), chunk, warmup=warm, **spec.lane_kw))
+                runs[spec.label].append(run_lanes(factory_for(kind), chunk, warmup=warm, **spec.lane_kw))
         for spec in kind_specs:
             stats = summarize(spec.label, kind, merge_runs(runs[spec.label]), **spec.extra)
             say(
@@ -137,6 +150,25 @@ def run_interleaved(specs: list[Spec], keys: Keys, args: argparse.Namespace) -> 
             )
             out.append(stats)
     return out
+
+
+def _planted(spec: Spec) -> Callable[[str], Any]:
+    """The scenario's lane factories, or, for the scenario BENCH_PLANT_ERROR names by its slug,
+    lanes whose every op fails: tests/test_bench_smoke.py proves with it that a scenario's
+    errors make ``make bench`` exit non-zero."""
+    if os.environ.get("BENCH_PLANT_ERROR") != spec.slug:
+        return spec.factory_for
+
+    def factory_for(kind: str) -> Any:
+        def factory(_lane: int) -> Any:
+            def op(_item: Any) -> None:
+                raise RuntimeError("planted error (BENCH_PLANT_ERROR)")
+
+            return op
+
+        return factory
+
+    return factory_for
 
 
 def single_connection_group(
@@ -272,6 +304,73 @@ def concurrent_group(seeded: dict[str, Any], bench_url: str, keys: Keys, args: a
         if stats.scenario == "c http":
             stats.extra.update(count_round_trips(ops[stats.kind], sample))
     return trials + results
+
+
+def write_cost_group(seeded: dict[str, Any], bench_dsn: str, keys: Keys, args: argparse.Namespace) -> list[Any]:
+    """WAL, index entries, HOT share and statements per op of (a), (b) and (c) (bench.writecost)."""
+    import psycopg
+    from django.db import connection
+
+    from bench import writecost
+    from bench.profiling import Wsgi, new_handler, wsgi_ops
+
+    n = max(1, args.cost_ops)
+    tenant = seeded["tenant"]
+    monitor = psycopg.connect(bench_dsn, autocommit=True)
+    wal = writecost.wal_reader(monitor)
+    if wal is None:
+        say("  pg_walinspect unavailable (CREATE EXTENSION pg_walinspect needs a superuser): no WAL figures")
+    costs = []
+
+    def django_flush() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+
+    # (a) the baseline: raw SQL through a counting cursor.
+    for kind in ("fresh", "replay"):
+        op = raw.lane_factory(bench_dsn, raw.NARROW, kind, tenant.pk, cursor_factory=writecost.CountingCursor)(0)
+        costs.append(
+            writecost.measure(
+                monitor,
+                wal,
+                "(a) raw SQL",
+                kind,
+                op,
+                keys.make("costraw", n),
+                counted=lambda: writecost.CountingCursor.count,
+                operation_table=raw.NARROW,
+                flush_stats=lambda op=op: op.conn.execute("SELECT pg_stat_force_next_flush()"),  # type: ignore[misc]
+            )
+        )
+        op.conn.close()  # type: ignore[attr-defined]
+    # (b) the in-process guard, (c) the HTTP API through the WSGI handler in-process.
+    client = Wsgi(new_handler(), seeded["api_key"])
+    dbsetup.quiet_logging()
+    http_ops = wsgi_ops(client)
+    with writecost.django_statement_counter() as counted:
+        for label, slug, ops_for in (
+            ("(b) guard", "costguard", lambda kind: inproc.guard_factory(tenant, kind)(0)),
+            ("(c) HTTP", "costhttp", lambda kind: http_ops[kind]),
+        ):
+            for kind in ("fresh", "replay"):
+                costs.append(
+                    writecost.measure(
+                        monitor,
+                        wal,
+                        label,
+                        kind,
+                        ops_for(kind),
+                        keys.make(slug, n),
+                        counted=counted,
+                        operation_table="ledger_operation",
+                        flush_stats=django_flush,
+                    )
+                )
+    monitor.close()
+    return costs
+
+
+COST_CPU_FROM = {"(a) raw SQL": "a raw 1 conn", "(b) guard": "b guard run_once", "(c) HTTP": "c http"}
 
 
 def scenario_explain(seeded: dict[str, Any], bench_dsn: str, keys: Keys, results: list[Stats]) -> list[dict[str, Any]]:
@@ -410,12 +509,18 @@ def main(argv: list[str]) -> int:
         f" {args.http_ops} HTTP ops, interleaved"
     )
     results += concurrent_group(seeded, bench_url, keys, args)
+    section(f"write cost: {args.cost_ops} fresh pairs and replays each of (a), (b), (c), one at a time, untimed")
+    from bench import writecost
+
+    costs = write_cost_group(seeded, bench_dsn, keys, args)
     section("plans")
     common.analyze(bench_dsn)
+    plans_error = ""
     try:
         plans = scenario_explain(seeded, bench_dsn, keys, results)
     except Exception as exc:  # the plans explain the figures; they must never lose them
-        say(f"  plans skipped: {type(exc).__name__}: {str(exc)[:200]}")
+        plans_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        say(f"  plans skipped: {plans_error}")
         plans = []
 
     say("")
@@ -425,6 +530,31 @@ def main(argv: list[str]) -> int:
     for r in rs:
         mark = "" if "target" not in r else f"  target ≥ {r['target']:.1f}  {'PASS' if r['pass'] else 'MISS'}"
         say(f"{r['ratio']:<30}{r['kind']:<7}{r['value']:6.2f}{mark}")
+    say("")
+    by_stats = {(s.scenario, s.kind): s for s in results}
+    cpu = {
+        (label, kind): by_stats[(timed, kind)].extra.get("cpu_ms_per_op", {})
+        for label, timed in COST_CPU_FROM.items()
+        for kind in ("fresh", "replay")
+        if (timed, kind) in by_stats
+    }
+    wire = {
+        (label, kind): v
+        for label, timed in COST_CPU_FROM.items()
+        for kind in ("fresh", "replay")
+        if (timed, kind) in by_stats and (v := writecost.round_trips(by_stats[(timed, kind)].extra)) is not None
+    }
+    say("Write cost per op, beside (a) raw SQL measured in this run:")
+    say(writecost.fmt_table(costs, cpu, wire))
+    floor = by_stats.get(("f framework floor", "fresh"))
+    http = by_stats.get(("c http", "fresh"))
+    if floor and http:
+        f_app = floor.extra.get("cpu_ms_per_op", {}).get("app")
+        c_app = http.extra.get("cpu_ms_per_op", {}).get("app")
+        if f_app and c_app:
+            say(
+                f"server CPU per fresh HTTP op / the framework floor's: {c_app:.3f} / {f_app:.3f} ms = {c_app / f_app:.2f}×"
+            )
     say("")
     say("Plans (EXPLAIN ANALYZE, BUFFERS, WAL):")
     say(explain.format_plans(plans))
@@ -443,10 +573,20 @@ def main(argv: list[str]) -> int:
         "results": [s.as_dict() for s in results],
         "ratios": rs,
         "plans": plans,
+        "write_cost": [c.as_dict() for c in costs],
     }
     Path(args.json).write_text(json.dumps(doc, indent=2, default=str))
     say(f"\nwrote {args.json} in {elapsed:.0f} s")
-    return 0
+    # Any scenario's errors fail the run (the Makefile's loop stops on them): a bench that
+    # counts errors and exits 0 rots unnoticed.
+    failed = [f"{s.scenario} {s.kind}: {s.errors} errors ({s.first_error[:100]})" for s in results if s.errors]
+    failed += [
+        f"write cost {c.scenario} {c.kind}: {c.errors} errors ({c.first_error[:100]})" for c in costs if c.errors
+    ]
+    failed += [f"plans: {plans_error}"] if plans_error else []
+    for line in failed:
+        say(f"ERROR {line}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

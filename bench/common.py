@@ -12,7 +12,20 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-BENCH_DB = os.environ.get("BENCH_DB", "onceguard_bench")
+# Appended to every suite's database name: the smoke tests (tests/test_bench_smoke.py) run
+# the suites beside a developer's `make bench` without touching its databases.
+DB_SUFFIX = os.environ.get("BENCH_DB_SUFFIX", "")
+# A smoke run (tiny counts): errors fail it, targets do not — a few hundred rows make other
+# plans and timings than a million, so only the code paths are under test.
+SMOKE = os.environ.get("BENCH_SMOKE", "") == "1"
+
+
+def suite_db(name: str) -> str:
+    """The database a suite runs in: ``name`` plus ``BENCH_DB_SUFFIX``."""
+    return name + DB_SUFFIX
+
+
+BENCH_DB = os.environ.get("BENCH_DB", suite_db("onceguard_bench"))
 TENANT_SLUG = "bench"
 PROVIDER_SLUG = "bench-sink"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

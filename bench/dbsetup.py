@@ -21,7 +21,11 @@ def ensure_database(base_url: str, name: str = BENCH_DB) -> None:
     with psycopg.connect(libpq_dsn(base_url), autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
         if not exists:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            # A migrated template (BENCH_DB_TEMPLATE) makes a new suite database a file copy
+            # instead of a full migrate: the smoke tests create six of them.
+            template = os.environ.get("BENCH_DB_TEMPLATE", "")
+            known = template and conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [template]).fetchone()
+            conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if known else ""))
 
 
 def migrate(bench_url: str) -> None:

@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
-DB = "onceguard_bench_dlq"
+DB = common.suite_db("onceguard_bench_dlq")
 TARGET_MS = 300.0
 
 # i % 100 → status; i % 20 → error class; i % 10 → tenant (0–6 the measured one).
@@ -95,12 +95,26 @@ def fill(rows: int) -> tuple[list[int], float]:
         tenants.append((Tenant.objects.filter(slug=slug).first() or services.tenant_create(slug=slug)).pk)
     if FailedEvent.objects.count() == rows:
         return tenants, 0.0
-    columns = [f.column for f in FailedEvent._meta.concrete_fields if not f.primary_key]
-    missing = set(columns) - set(_FILL)
-    if missing:
-        raise SystemExit(f"bench.dlq does not know how to fill {sorted(missing)}")
-    values = ", ".join(_FILL[c].replace("%", "%%").replace("%%(", "%(") for c in columns)
+    fields = [f for f in FailedEvent._meta.concrete_fields if not f.primary_key]
+    columns = [f.column for f in fields]
     params = {"t0": tenants[0], "t1": tenants[1], "t2": tenants[2], "t3": tenants[3], "rows": rows}
+    values = []
+    for f in fields:
+        if f.column in _FILL:
+            values.append(_FILL[f.column].replace("%", "%%").replace("%%(", "%("))
+        elif f.null:
+            values.append("NULL")
+        else:
+            # A column added since the fill was written: its model default, so the bench
+            # follows the schema instead of stopping at every new field.
+            json_field = f.get_internal_type() == "JSONField"
+            default = f.get_default()
+            params[f"d_{f.column}"] = json.dumps(default) if json_field else default
+            values.append(f"%(d_{f.column})s::jsonb" if json_field else f"%(d_{f.column})s")
+    defaulted = [f.column for f in fields if f.column not in _FILL]
+    if defaulted:
+        print(f"bench.dlq: filled with their defaults: {', '.join(defaulted)}", flush=True)
+    values = ", ".join(values)
     started = time.perf_counter()
     with connection.cursor() as cursor:
         assert connection.settings_dict["NAME"] == DB
@@ -310,7 +324,12 @@ def report(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dlq", description=__doc__)
     parser.add_argument("--rows", type=int, default=int(os.environ.get("BENCH_DLQ_ROWS", 1_000_000)))
-    parser.add_argument("--repeat", type=int, default=20, help="timed requests per case (after one warm-up)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=int(os.environ.get("BENCH_DLQ_REPEAT", 20)),
+        help="timed requests per case (after one warm-up)",
+    )
     parser.add_argument("--json", default=str(ROOT / "var" / "bench-dlq.json"))
     args = parser.parse_args(argv)
     url = _url()
@@ -320,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report(results))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0 if all(r["ok"] for s in ("api", "console") for r in results[s]) else 1
+    # Errors (an answer other than 200) end the run above with SystemExit; a missed
+    # target fails it too, except in a smoke run (common.SMOKE: tiny tables).
+    return 0 if common.SMOKE or all(r["ok"] for s in ("api", "console") for r in results[s]) else 1
 
 
 if __name__ == "__main__":

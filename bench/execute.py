@@ -37,7 +37,7 @@ from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
-BENCH_DB = "onceguard_bench_execute"
+BENCH_DB = common.suite_db("onceguard_bench_execute")
 TENANT = "bench-exec"
 PROVIDER = "bench-mock"
 
@@ -333,14 +333,23 @@ def run_django_q(url: str, mock_url: str, args: argparse.Namespace, run: str, q_
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.execute", description=__doc__.split("\n")[0])
     p.add_argument("--ops", type=int, default=int(os.environ.get("BENCH_EXEC_OPS", 2000)), help="burst size")
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--paced-ops", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=int(os.environ.get("BENCH_EXEC_WARMUP", 100)))
+    p.add_argument("--paced-ops", type=int, default=int(os.environ.get("BENCH_EXEC_PACED_OPS", 300)))
     p.add_argument("--rate", type=float, default=100.0, help="paced submissions per second")
     p.add_argument("--workers", type=int, default=2, help="execute-mode worker processes")
     p.add_argument("--concurrency", type=int, default=8, help="threads per worker process")
-    p.add_argument("--q-workers", default="2,4,8", help="django-q2 cluster sizes to measure (best is reported)")
+    p.add_argument(
+        "--q-workers",
+        default=os.environ.get("BENCH_EXEC_Q_WORKERS", "2,4,8"),
+        help="django-q2 cluster sizes to measure (best is reported)",
+    )
     p.add_argument("--poll", type=float, default=0.05, help="idle poll interval of both queues, seconds")
-    p.add_argument("--rounds", type=int, default=2, help="alternate the two sides this many times")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=int(os.environ.get("BENCH_EXEC_ROUNDS", 2)),
+        help="alternate the two sides this many times",
+    )
     p.add_argument("--json", default=str(VAR / "bench-execute.json"))
     return p.parse_args(argv)
 

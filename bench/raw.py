@@ -123,11 +123,12 @@ def statements(conn: psycopg.Connection, table: str) -> dict[str, str]:
     return {"insert": insert, "update": update, "select": select}
 
 
-def lane_factory(dsn: str, table: str, kind: str, tenant_id: int) -> Any:
-    """One psycopg connection per lane (autocommit; psycopg prepares repeated statements)."""
+def lane_factory(dsn: str, table: str, kind: str, tenant_id: int, cursor_factory: Any = None) -> Any:
+    """One psycopg connection per lane (autocommit; psycopg prepares repeated statements).
+    ``cursor_factory``: bench.writecost counts the statements through its own."""
 
     def factory(_lane: int) -> Op:
-        conn = psycopg.connect(dsn, autocommit=True)
+        conn = psycopg.connect(dsn, autocommit=True, **({"cursor_factory": cursor_factory} if cursor_factory else {}))
         sql = statements(conn, table)
         cur = conn.cursor()
 
@@ -152,6 +153,7 @@ def lane_factory(dsn: str, table: str, kind: str, tenant_id: int) -> Any:
 
         op = fresh if kind == "fresh" else replay
         op.backend_pid = conn.info.backend_pid  # type: ignore[attr-defined]
+        op.conn = conn  # type: ignore[attr-defined]
         return op
 
     return factory

@@ -20,7 +20,7 @@ from typing import Any
 from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "onceguard_bench_ret"
+BENCH_DB = common.suite_db("onceguard_bench_ret")
 TENANT = "bench-ret"
 
 
@@ -113,7 +113,8 @@ def run(rows: int, batch: int, redact_rows: int) -> dict[str, Any]:
     from django.conf import settings
     from django.db import connection
 
-    from review.models import RetentionPolicy, Tombstone
+    from ledger.models import Tombstone
+    from review.models import RetentionPolicy
 
     started = time.monotonic()
     tenant_id = _seed(rows, redact_rows)
@@ -149,7 +150,7 @@ def run(rows: int, batch: int, redact_rows: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.retention", description=__doc__)
     parser.add_argument("--rows", type=int, default=int(os.environ.get("BENCH_RET_ROWS", 1_000_000)))
     parser.add_argument("--batch", type=int, default=int(os.environ.get("BENCH_RET_BATCH", 2000)))
@@ -164,7 +165,16 @@ def main(argv: list[str] | None = None) -> None:
     out = ROOT / "var" / "bench-retention.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"written to {out}")
+    # An error, not a slow run: a run that did not finish, or rows it should have removed.
+    errors = []
+    if result["status"] != "done/done":
+        errors.append(f"runs ended {result['status']}")
+    if result["deleted_rows"] != args.rows or result["operations_left"] != args.redact_rows:
+        errors.append(f"deleted {result['deleted_rows']} of {args.rows}, {result['operations_left']} left")
+    if errors:
+        print("bench.retention errors: " + "; ".join(errors))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -35,7 +35,7 @@ from typing import Any
 
 from bench import common
 
-BIG_DB = os.environ.get("SCALE_DB", "bench_scale")
+BIG_DB = os.environ.get("SCALE_DB", common.suite_db("bench_scale"))
 SMALL_DB = os.environ.get("SCALE_SMALL_DB", BIG_DB + "_small")
 PAIRS = int(os.environ.get("SCALE_PAIRED_BLOCKS", 20))
 OPS = int(os.environ.get("SCALE_PAIRED_OPS", 50))

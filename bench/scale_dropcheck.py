@@ -26,7 +26,7 @@ from datetime import timedelta
 
 from bench import common
 
-BIG_DB = os.environ.get("SCALE_DB", "bench_scale")
+BIG_DB = os.environ.get("SCALE_DB", common.suite_db("bench_scale"))
 ROUNDS = int(os.environ.get("SCALE_DROPCHECK_ROUNDS", 3))
 
 

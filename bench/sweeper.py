@@ -19,7 +19,7 @@ from typing import Any
 from bench import common, dbsetup
 
 ROOT = Path(__file__).resolve().parent.parent
-DB = "onceguard_bench_sweep"
+DB = common.suite_db("onceguard_bench_sweep")
 ROWS = int(os.environ.get("BENCH_SWEEP_ROWS", 1_000_000))
 
 
@@ -179,7 +179,9 @@ def main() -> int:
         )
     out = ROOT / "var" / "bench-sweeper.json"
     out.write_text(json.dumps({"rows": ROWS, **head, "plans": plans}, indent=2, default=str))
-    return 1 if any(p["seq_scan_on_operations"] for p in plans) else 0
+    # A sequential scan at 1M rows is a failure; at a smoke run's few rows it is the
+    # planner's right choice (common.SMOKE), and errors end the run with an exception.
+    return 1 if not common.SMOKE and any(p["seq_scan_on_operations"] for p in plans) else 0
 
 
 if __name__ == "__main__":
