@@ -61,7 +61,7 @@ SMALL_ROWS = int(os.environ.get("SCALE_SMALL_ROWS", 20_000))
 REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
 # Claims: SCALE_PAIRED_BLOCKS pairs of blocks of SCALE_PAIRED_OPS each (bench.scale_claims).
 # SCALE_ONLY=growth: fill, claims, WAL/HOT and the byte breakdown only (no list, console,
-# sweeper or purge measure) — the quick run of issue 16 item 3's figures; SCALE_ONLY=bytes:
+# sweeper or purge measure) — the quick run of the 10M figures; SCALE_ONLY=bytes:
 # the fill and the byte breakdown only. SCALE_MARGINAL: fresh operations whose WAL and
 # table growth are averaged (default 2,000).
 ONLY = os.environ.get("SCALE_ONLY", "")
@@ -76,7 +76,7 @@ BIG = "scale-big"
 QUIET = "scale-quiet"
 PROVIDER = "pay"
 ACTION = "charge"
-# Targets of issue 16 at 10M: every list p95 under this; claims within 15 % of small tables.
+# Targets at 10M (docs/explanation/scale.md): every list p95 under this; claims within 15 % of small tables.
 LIST_P95_MS = 300.0
 CLAIM_RATIO = 1.15
 # The small tenant whose fresh claims are measured (in both databases).

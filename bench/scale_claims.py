@@ -1,4 +1,4 @@
-"""Claims on big tables beside small ones, interleaved in one process (issue 16's "within 15 %").
+"""Claims on big tables beside small ones, interleaved in one process (the scale target: "within 15 %").
 
     SCALE_DB=bench_scale .venv/bin/python -m bench.scale_claims
 

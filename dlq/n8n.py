@@ -1,4 +1,4 @@
-"""Lead capture for n8n Error Trigger entries (issue 12, DESIGN §7): n8n's public REST API
+"""Lead capture for n8n Error Trigger entries (design §7): n8n's public REST API
 and how a failed execution is read. No database writes here — the services
 (``dlq.services.failed_event_n8n_fetch``) decide what is stored.
 

@@ -1,6 +1,6 @@
 """A provider's credential: what the adapter puts in the provider's ``auth_header``.
 
-Two sources, and a tenant can aim neither at a secret that is not its own (issue 11: a
+Two sources, and a tenant can aim neither at a secret that is not its own (ADR 0001: a
 tenant admin naming ``DATABASE_URL`` or another tenant's variable made the worker send it
 to a URL of the admin's choosing):
 

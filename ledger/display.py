@@ -68,7 +68,7 @@ STATUS_TONES: dict[str, str] = {
 
 def escape(value: Any) -> str:
     """django.utils.html.conditional_escape, without its lazy-argument wrapper per call: a
-    value with ``__html__`` as it is, anything else escaped (issue 16: a console list calls
+    value with ``__html__`` as it is, anything else escaped (a console list calls
     this some thousand times a page)."""
     if isinstance(value, Promise):
         value = str(value)

@@ -1,8 +1,8 @@
 """Operations from a cursor on PostgreSQL, without ``RawQuerySet``'s set-up per statement.
 
-A speed-up off the framework's usual path, kept under issue 10's rule: it is isolated here,
+A speed-up off the framework's usual path, kept under ADR 0004's rule: it is isolated here,
 ``tests/ledger/test_statements.py`` holds that it loads exactly what ``Manager.raw`` loads,
-and the README's benchmark section gives the rounds that show what it buys.
+and docs/explanation/benchmarks.md gives the rounds that show what it buys.
 
 ``Operation.objects.raw()`` resolves the statement's columns against the model's fields and
 builds the converters of every column again for each statement it runs — about 0.2 ms of

@@ -4,7 +4,7 @@ DRF's usual path builds a serializer per request, and building one deep-copies e
 declared field: ~85 % of the CPU a serializer costs. A claim's input serializer costs
 ~250 µs that way and ~35 µs reused; an operation's output serializer ~335 µs and ~45 µs.
 Over HTTP that was worth +30–40 % fresh claim→complete ops/s (median of 7 interleaved
-rounds, `python -m bench.compare`; README "Benchmarks"), above the 10 % bar a shortcut must
+rounds, `python -m bench.compare`; docs/explanation/benchmarks.md), above the 10 % bar a shortcut must
 clear to stay.
 
 Nothing is re-implemented: ``validated_data`` runs the serializer's own

@@ -188,7 +188,7 @@ class UtcDateTimeField(serializers.DateTimeField):
 
 class PlannedListSerializer(serializers.ListSerializer):
     """DRF's ListSerializer, each row rendered by a plan made once per list instead of DRF's
-    per-field steps per row (issue 16: a 500-row page of operations is 17,000 fields). The
+    per-field steps per row (a 500-row page of operations is 17,000 fields). The
     plan does what ``Serializer.to_representation`` does for each readable field: for a method
     field, call its method with the row; for a Char, Integer or UTC time field reading one
     attribute, read it and render ``None`` as None, else ``str``, ``int`` or the field's own
@@ -277,7 +277,7 @@ class OperationOutputSerializer(serializers.Serializer):
     updated_at = UtcDateTimeField()
     done_at = UtcDateTimeField(allow_null=True)
     superseded_by = serializers.IntegerField(source="superseded_by_id", allow_null=True)
-    # Runs and versioned keys (issue 13): the run is the explicit one, else the correlation id.
+    # Runs and versioned keys: the run is the explicit one, else the correlation id.
     run = serializers.SerializerMethodField()
     step = serializers.IntegerField(allow_null=True)
     record = serializers.CharField()

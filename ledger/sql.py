@@ -82,7 +82,7 @@ def estimated_rows(queryset: Any) -> int | None:
 def capped_counts(querysets: list[Any], cap: int) -> list[int]:
     """How many rows each of ``querysets`` has, counted up to ``cap + 1`` (the first
     ``cap + 1`` of its rows: a count past ``cap`` is only "more than"), in one statement: the
-    dashboard's counts per state were one round trip each (fourteen a view, issue 16). Each
+    dashboard's counts per state were one round trip each (fourteen a view). Each
     queryset is compiled by the ORM and counted in a sub-select of its own, read as it would
     be alone (``SELECT COUNT(*) FROM (… LIMIT cap + 1)``)."""
     if not querysets:
@@ -137,7 +137,7 @@ def index_plans() -> Iterator[None]:
     tables were empty (a fresh deployment, a restore analyzed before its data) PostgreSQL
     prices a one-page table's sequential scan below its index, and a prepared statement keeps
     that plan while the table grows: a fresh deployment ran claims at a third of their speed
-    until autovacuum's statistics and a re-plan caught up (issue 16). Only here, not on the
+    until autovacuum's statistics and a re-plan caught up (docs/explanation/scale.md). Only here, not on the
     connection: for lists and joins the same setting made plans worse. Claim-path services
     enter it first inside their ``transaction.atomic()`` block; a claim-path statement that
     runs alone goes through ``execute_with_index_plans``.
@@ -210,7 +210,7 @@ def planned_per_call(*, indexed: bool = False) -> Iterator[None]:
     settle on a generic plan, one that cannot see the parameters: right for the ledger's hot
     statements, whose best plan is the same for every key, wrong for a list whose filter may
     match nothing for one tenant and millions for another — there a generic plan can walk the
-    whole table (issue 16). Lists and console pages run inside this; planning one costs about
+    whole table (docs/explanation/scale.md). Lists and console pages run inside this; planning one costs about
     a millisecond, a wrong generic plan seconds.
     """
     with transaction.atomic():

@@ -1,4 +1,4 @@
-"""What an input value must be so that, once accepted, it is readable forever (issue 11 §4).
+"""What an input value must be so that, once accepted, it is readable forever (design: bad input loses nothing).
 
 Every value the service stores is later rendered by lists, detail pages, CSV exports,
 replays, callbacks and metrics, in any display time zone, from SQLite or PostgreSQL. A

@@ -1,4 +1,4 @@
-"""Uploads by digest (issue 15 item 3): a tenant's file stored outside the queue.
+"""Uploads by digest: a tenant's file stored outside the queue.
 
 ``upload_store`` takes the request body as a stream and, in this order:
 

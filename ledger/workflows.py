@@ -1,4 +1,4 @@
-"""Workflow names (issue 14: find operations by their workflow's name). An operation carries
+"""Workflow names (find operations by their workflow's name). An operation carries
 its workflow's id only; the names a workflow was seen with are kept once each in
 ``WorkflowName`` — noted by the claim and submission APIs for a new key and by the DLQ for a
 new entry — and a search by name (ledger.selectors.workflows_named) finds the ids, then the

@@ -1,4 +1,4 @@
-"""A mock image API with an asynchronous shape (issue 15 item 7): submit → job id → poll → output.
+"""A mock image API with an asynchronous shape: submit → job id → poll → output.
 
 A real HTTP server on loopback, like the other mock providers, standing in for an image
 generation API that answers *later*. It is key-enforced: the ``Idempotency-Key`` header is

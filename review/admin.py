@@ -97,7 +97,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
     ordering = ["updated_at"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ReviewItem]:
-        # The "why" column's events in one query for the page, not one per row (issue 16).
+        # The "why" column's events in one query for the page, not one per row.
         return super().get_queryset(request).prefetch_related(REVIEW_MOVES)
 
     @admin.display(description="key", ordering="key")

@@ -1,5 +1,5 @@
 """The console lists' rows, rendered as Django's admin renders them, with the work that is the
-same for every row done once per page (issue 16).
+same for every row done once per page (docs/explanation/scale.md).
 
 Django's ``items_for_result`` works per cell: for each row it reverses the change page's URL
 and merges the list's filters into it (``add_preserved_filters`` parses the query string and

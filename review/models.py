@@ -408,7 +408,7 @@ class LoginFailure(models.Model):
 
 
 class ActivityHour(models.Model):
-    """A finished hour of the dashboard's activity chart, one tenant's (issue 16): how many of
+    """A finished hour of the dashboard's activity chart, one tenant's: how many of
     its operations per provider succeeded or failed in it, its DLQ entries, its review
     decisions. An hour is over once and its counts stay, so each is read from the ledger once
     — by the hourly schedule (``review.schedules.activity_rollup_task``) or by the first

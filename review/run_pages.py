@@ -1,4 +1,4 @@
-"""The console's run page (issue 13 item 1): a run's steps in their checkpoint states, what is
+"""The console's run page: a run's steps in their checkpoint states, what is
 safe to repeat, and the audited resume — the same reads and service as the API
 (``dlq.runs``), scoped to the user's tenants. The page itself is the preview: the steps it
 marks are the ones the resume button re-drives, and the form carries their ids, so a run that

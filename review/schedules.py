@@ -30,7 +30,7 @@ def accesslog_checkpoint_task() -> dict[str, int]:
 
 
 def activity_rollup_task() -> dict[str, int]:
-    """The dashboard's activity chart: the hours just over read into the rollup (issue 16)."""
+    """The dashboard's activity chart: the hours just over read into the rollup."""
     return {"tenants": activity_rollup()}
 
 

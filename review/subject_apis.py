@@ -1,4 +1,4 @@
-"""A person's data trail over the API (issue 13 item 5): look it up, export it for an access
+"""A person's data trail over the API: look it up, export it for an access
 request, erase on request.
 
 Identifiers travel in the JSON body, never in a URL: query strings and paths end up in proxy

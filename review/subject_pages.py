@@ -1,4 +1,4 @@
-"""The console's page of a person's data trail (issue 13 item 5): the same reads and services
+"""The console's page of a person's data trail: the same reads and services
 as the API (``review.subjects``, ``review.erasure``), scoped to the user's tenants.
 
 Identifiers are typed into a POST form and never put in a URL (proxies, server logs and

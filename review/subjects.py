@@ -1,4 +1,4 @@
-"""A person's data trail (issue 13 item 5): every record that holds their data and every
+"""A person's data trail: every record that holds their data and every
 event on it, in time order, found through the keyed subject index — never by decrypting.
 
 A *subject* is the set of identifiers someone asked about (an e-mail address, a phone number,

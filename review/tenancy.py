@@ -123,7 +123,7 @@ class ScopedRelatedFieldListFilter(RelatedFieldListFilter):
     def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
         qs = scope_queryset(field.related_model._default_manager.all(), scope_of(request))
         # A row that names itself by its tenant (a provider is "tenant/slug") reads it in the
-        # same query: one query for the choices, not one more per choice (issue 16).
+        # same query: one query for the choices, not one more per choice.
         path = tenant_path(field.related_model)
         if path and path != "id" and "__" not in path:
             qs = qs.select_related(path.removesuffix("_id"))

@@ -22,7 +22,7 @@ def demo_outbound_rules(base: int) -> list[str]:
     return [f"127.0.0.1:{base}-{base + 5}"]
 
 
-# The render demo (issue 15): an asynchronous image API taking intent — a preset, an aspect
+# The render demo: an asynchronous image API taking intent — a preset, an aspect
 # class, an uploaded source, a described product — through a server-side prompt template.
 RENDER_PROMPT = "demo-product-shot"
 RENDER_PROMPT_TEXT = (
