@@ -243,7 +243,7 @@ class _Checker(ast.NodeVisitor):
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and sql_writes_status(node.value):
-                self._flag(node, "SQL that writes a governed status")
+            self._flag(node, "SQL that writes a governed status")
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         text = _text(node)
@@ -307,7 +307,9 @@ def test_every_exception_names_a_function_that_still_writes_a_status():
     statements = status_statements((ROOT / "ledger" / "queries.sql").read_text(encoding="utf-8"))
     for path, function in OTHER_STATE_MACHINES:
         source = (ROOT / path).read_text(encoding="utf-8")
-        hits = [v for v in check_source(source, path=path, statements=statements) if v.function.split(".")[0] == function]
+        hits = [
+            v for v in check_source(source, path=path, statements=statements) if v.function.split(".")[0] == function
+        ]
         assert hits, f"{path}:{function} is listed in OTHER_STATE_MACHINES but writes no status"
 
 
