@@ -1053,7 +1053,7 @@ class Operation(models.Model):
 
     class Meta:
         db_table = "ledger_operation"
-        # The console's operator actions (services.operation_cancel / operation_retry_now).
+        # The console's operator actions (ledger.transitions: operation_cancel / operation_retry_now).
         permissions = [("cancel_operation", "Can cancel operations and retry them now")]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "key"], name="operation_unique_key_per_tenant"),
