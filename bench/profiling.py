@@ -108,6 +108,8 @@ def _common_layers(layers: Layers) -> None:
     from django.db.backends.postgresql.base import DatabaseWrapper
 
     from ledger import guard, services, sql
+    from ledger.transitions import claim as transitions_claim
+    from ledger.transitions import trace as transitions_trace
 
     layers.patch(psycopg.Connection, "wait", "pg: wait for server (network + PostgreSQL)")
     layers.patch(db_utils.CursorWrapper, "_execute", "db: Django cursor + psycopg client-side binding")
@@ -117,12 +119,12 @@ def _common_layers(layers: Layers) -> None:
     layers.patch(services, "operation_complete", "ledger: operation_complete")
     layers.patch(services, "guarded_transition", "ledger: guarded_transition (SQL text, params)")
     layers.patch(services, "request_fingerprint", "ledger: request_fingerprint (sha256 of JSON)")
-    layers.patch(services, "_answer_existing", "ledger: _answer_existing (replay decision)")
+    layers.patch(transitions_claim, "_answer_existing", "ledger: _answer_existing (replay decision)")
     layers.patch(sql, "operation_from_row", "ledger: sql.operation_from_row (model build)")
     layers.patch(services.log, "info", "ledger: log.info per completion")
     layers.patch(guard, "run_once", "guard: run_once")
-    layers.patch(services, "seal_json", "ledger: crypto.seal_json (encrypt at rest)")
-    layers.patch(services, "payload_written", "ledger: crypto.payload_written (subject index)")
+    layers.patch(transitions_trace, "seal_json", "ledger: crypto.seal_json (encrypt at rest)")
+    layers.patch(transitions_claim, "payload_written", "ledger: crypto.payload_written (subject index)")
     from ledger import apis, serializers
 
     for module in (guard, services, sql, apis, serializers):

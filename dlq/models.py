@@ -1,4 +1,5 @@
-"""Dead-letter queue tables (DESIGN §4). No business logic: every write lives in services."""
+"""Dead-letter queue tables (DESIGN §4). No business logic: every move of an entry between
+states lives in dlq.transitions, every other write in dlq.services."""
 
 from __future__ import annotations
 
@@ -16,13 +17,20 @@ from ledger.outbound import outbound_check
 
 
 class FailedEventStatus(models.TextChoices):
-    # waiting for an operator (or the auto-replay schedule): replay, resolve or discard.
+    # Every move out of a state is a named function in dlq.transitions; nothing else writes
+    # an entry's status (tests/test_state_writes.py).
+
+    # waiting for an operator (or the auto-replay schedule). Out: a replay
+    # (failed_event_replay_take), resolve or discard (failed_event_close), a correction
+    # (failed_event_correct), an ambiguous replay later found succeeded
+    # (failed_event_replay_settled_late).
     PENDING = "pending", "pending"
     # a replay is being sent (the guarded pending→replaying update allocated its number).
-    # Out: the replay's own outcome (replayed / back to pending); dlq.tasks.replays_recover
-    # when the sender died mid-way.
+    # Out: the replay's own outcome (replayed / back to pending: failed_event_replay_settle);
+    # dlq.tasks.replays_recover when the sender died mid-way (the same settle).
     REPLAYING = "replaying", "replaying"
-    # the last replay succeeded. Out: a forced re-replay (needs a note), resolve, discard.
+    # the last replay succeeded. Out: a forced re-replay (needs a note:
+    # failed_event_replay_take), resolve, discard (failed_event_close).
     REPLAYED = "replayed", "replayed"
     # an operator fixed it another way. Terminal.
     RESOLVED = "resolved", "resolved"

@@ -37,13 +37,13 @@ from dlq.errors import RunChangedSincePreview, RunNotFound, RunNothingToResume
 from dlq.models import FailedEvent, FailedEventStatus, RunResume
 from dlq.services import failed_event_replay
 from ledger import services as ledger_services
+from ledger import transitions as ledger_transitions
 from ledger.errors import DomainError, ValidationFailed
 from ledger.models import (
     CHECKPOINT_OF,
     Attempt,
     AttemptOutcome,
     Checkpoint,
-    ErrorClass,
     IdempotencyClass,
     Operation,
     OperationMode,
@@ -243,12 +243,8 @@ def _redrive(*, step: RunStep, run: str, actor: str, note: str, target_slug: str
             # replay target does, and the row becomes failed first (its DLQ entry is written in
             # the same transaction by the ledger's hook) — the replay is the new attempt.
             with transaction.atomic():
-                failed = ledger_services.operation_transition(
-                    operation=op,
-                    to=S.FAILED,
-                    actor=actor,
-                    reason=f"resume of run {run}: re-driven through the replay target",
-                    changes={"error_class": op.error_class or ErrorClass.TRANSIENT, "next_attempt_at": None},
+                failed = ledger_transitions.operation_redrive(
+                    operation=op, actor=actor, reason=f"resume of run {run}: re-driven through the replay target"
                 )
             entry = FailedEvent.objects.get(operation_id=failed.pk)
         assert entry is not None

@@ -33,7 +33,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from alerts.services import alert_raise
-from dlq import n8n, selectors
+from dlq import n8n, selectors, transitions
 from dlq.conf import dlq_setting
 from dlq.errors import (
     BulkReplayNotConfirmable,
@@ -44,7 +44,6 @@ from dlq.errors import (
     EventTooLarge,
     FailedEventBusy,
     FailedEventClosed,
-    KeyOpenInNewerEntry,
     NoteRequired,
     ReplayInProgress,
     ReplayNeedsDecision,
@@ -52,14 +51,12 @@ from dlq.errors import (
 )
 from dlq.models import (
     BUSINESS_KEY_SOURCES,
-    FE_ALLOWED_TRANSITIONS,
     FE_OPEN_STATES,
     FE_TERMINAL_STATES,
     BulkReplay,
     BulkReplayStatus,
     FailedEvent,
     FailedEventAlias,
-    FailedEventChange,
     FailedEventOccurrence,
     FailedEventShape,
     FailedEventStatus,
@@ -79,6 +76,7 @@ from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
 from ledger import adapters, polling, storable, tasks
 from ledger import services as ledger_services
+from ledger import transitions as ledger_transitions
 from ledger.adapters import SIGNATURE_HEADER, sign, verify_signature
 from ledger.config_changes import config_change_of, config_change_record, config_snapshot
 from ledger.credentials import (
@@ -89,7 +87,7 @@ from ledger.credentials import (
     stored_credential_value,
 )
 from ledger.crypto import open_json
-from ledger.errors import DomainError, IllegalTransition, InvalidKey, ValidationFailed
+from ledger.errors import DomainError, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit, operation_translated
 from ledger.failures import transport_error_text
 from ledger.key_rules import MAX_KEY_LENGTH, key_header_value, key_usable
@@ -129,32 +127,6 @@ MAX_NOTE = 500
 
 def _note(note: str | None) -> str:
     return ledger_services.sanitize_message(note)[:MAX_NOTE]
-
-
-def _log_change(*, event_pk: int, tenant_id: int, old: str, new: str, actor: str, note: str) -> None:
-    # Notes quote operators and targets' answers: masked and cut to the column (a prefix
-    # such as "replay #3 to crm: " plus a 500-character note would overflow it).
-    note = ledger_services.sanitize_message(note)
-    FailedEventChange.objects.create(
-        tenant_id=tenant_id, event_id=event_pk, from_status=old, to_status=new, actor=actor[:150], note=note
-    )
-
-
-def _check_move(old: str, new: str) -> None:
-    if new not in FE_ALLOWED_TRANSITIONS.get(old, frozenset()):
-        raise IllegalTransition(f"{old} → {new} is not an allowed move for a dead-letter entry.")
-
-
-def _move(*, event_pk: int, tenant_id: int, old: str, new: str, actor: str, note: str, **sets: Any) -> bool:
-    """One guarded UPDATE old→new plus its change row; False when the entry was not in ``old``."""
-    _check_move(old, new)
-    with transaction.atomic():
-        moved = FailedEvent.objects.filter(pk=event_pk, tenant_id=tenant_id, status=old).update(
-            status=new, updated_at=timezone.now(), **sets
-        )
-        if moved:
-            _log_change(event_pk=event_pk, tenant_id=tenant_id, old=old, new=new, actor=actor, note=note)
-    return bool(moved)
 
 
 def _alert_new(event: FailedEvent) -> None:
@@ -215,7 +187,7 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
     )
     if created:
         index_payload(tenant_id=event.tenant_id, event_pk=event.pk, plain=plain, source=operation.action)
-        _log_change(
+        transitions.change_row(
             event_pk=event.pk,
             tenant_id=event.tenant_id,
             old="",
@@ -240,7 +212,9 @@ def failed_events_note_rollback(
     ).values_list("pk", flat=True)
     note = f"adapter revision {number} was rolled back by {actor}: not re-sent automatically ({reason})"
     for event_pk in pending[:10_000]:
-        _log_change(event_pk=event_pk, tenant_id=tenant_id, old=FE.PENDING, new=FE.PENDING, actor=actor, note=note)
+        transitions.change_row(
+            event_pk=event_pk, tenant_id=tenant_id, old=FE.PENDING, new=FE.PENDING, actor=actor, note=note
+        )
 
 
 # --- Quarantine: invalid input, with its reason in words ---------------------------------------
@@ -405,7 +379,7 @@ def _occurrence_add(*, event: FailedEvent, parsed: ParsedFailure, now: datetime,
     FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id).update(**sets)
     _occurrence_record(event=event, parsed=parsed, number=number)
     execution = parsed.source.get("execution_id", "")
-    _log_change(
+    transitions.change_row(
         event_pk=event.pk,
         tenant_id=event.tenant_id,
         old=event.status,
@@ -505,7 +479,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
     index_payload(tenant_id=tenant.pk, event_pk=event.pk, plain=parsed.payload, source=parsed.shape)
     # The workflow's name, so its operations are found by it too (n8n reports it; claims may not).
     workflow_name_note(tenant_id=tenant.pk, workflow_id=event.source_workflow_id, name=event.source_workflow_name)
-    _log_change(
+    transitions.change_row(
         event_pk=event.pk,
         tenant_id=event.tenant_id,
         old="",
@@ -699,7 +673,7 @@ def _payload_fetched(event: FailedEvent, found: n8n.FailedItems, held: n8n.HeldI
             index_payload(
                 tenant_id=event.tenant_id, event_pk=event.pk, plain=payload, source=PayloadSource.N8N_EXECUTION_FETCH
             )
-            _log_change(
+            transitions.change_row(
                 event_pk=event.pk,
                 tenant_id=event.tenant_id,
                 old=FE.PENDING,
@@ -731,7 +705,7 @@ def _payload_fetch_failed(event: FailedEvent, reason: str) -> FailedEvent:
                 .values_list("status", flat=True)
                 .get()
             )
-            _log_change(
+            transitions.change_row(
                 event_pk=event.pk,
                 tenant_id=event.tenant_id,
                 old=status,
@@ -913,7 +887,7 @@ def failed_event_resend_decide(*, tenant_id: int, event_pk: int, actor: str, not
         )
         if not moved:
             raise _not_replayable(event.pk, force=False)
-        _log_change(
+        transitions.change_row(
             event_pk=event.pk,
             tenant_id=tenant_id,
             old=FE.PENDING,
@@ -1003,33 +977,25 @@ def _replay_begin(
     """Allocate n with the guarded pending→replaying UPDATE and write the lineage row.
     ``decision``: the "safe to resend" this replay relies on; the UPDATE requires it still
     there (a replay that raced us used it up) and uses it up — one decision, one send."""
+    # A replay goes to a replay target, or (an execute-mode step resumed) to the provider.
+    slug, url = (provider.slug, provider.base_url) if provider is not None else (target.slug, target.url)  # type: ignore[union-attr]
+    what = "re-run as new" if as_new else "replay"
+    if correction is not None:
+        what = f"corrected replay ({', '.join(correction.fields)}) as {correction.sent_key}"
+    where = f"provider {slug}" if provider is not None else slug
     with transaction.atomic():
-        old = None
-        counters: dict[str, Any] = {"replay_count": F("replay_count") + 1, "updated_at": timezone.now()}
-        if trigger == ReplayTrigger.AUTO:
-            counters["auto_replay_count"] = F("auto_replay_count") + 1
-        guard: dict[str, Any] = {}
-        if target is not None:
-            counters.update(resend_decided_by="", resend_decided_at=None)
-        if decision is not None:
-            guard["resend_decided_at"] = decision
-        for state in (FE.PENDING, FE.REPLAYED) if force else (FE.PENDING,):
-            # Zero rows: a double click, a second operator or the schedule got here first.
-            try:
-                with transaction.atomic():
-                    moved = FailedEvent.objects.filter(
-                        pk=event.pk, tenant_id=event.tenant_id, status=state, **guard
-                    ).update(status=FE.REPLAYING, **counters)
-            except IntegrityError:
-                # replayed → replaying would make two open entries of one business key
-                # (failedevent_one_open_per_key): a newer failure of the key is open.
-                raise KeyOpenInNewerEntry(
-                    "A newer entry of this business key is open; replay that one instead."
-                ) from None
-            if moved:
-                old = state
-                break
-        if old is None:
+        taken = transitions.failed_event_replay_take(
+            event=event,
+            force=force,
+            auto=trigger == ReplayTrigger.AUTO,
+            clears_decision=target is not None,
+            decision=decision,
+            actor=actor,
+            what=what,
+            where=where,
+            note=note,
+        )
+        if taken is None:
             if decision is not None and FailedEvent.objects.filter(
                 pk=event.pk, tenant_id=event.tenant_id, status=FE.PENDING, resend_decided_at__isnull=True
             ):
@@ -1037,17 +1003,11 @@ def _replay_begin(
                     'The decision "safe to resend" was used by another replay of this entry; record a new one.'
                 )
             raise _not_replayable(event.pk, force=force)
-        number = (
-            FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id)
-            .values_list("replay_count", flat=True)
-            .get()
-        )
+        old, number = taken
         key = event.original_key or event.event_id
         sent_key = derive_new_key(key, number) if as_new else key
         if correction is not None:
             sent_key = correction.sent_key
-        # A replay goes to a replay target, or (an execute-mode step resumed) to the provider.
-        slug, url = (provider.slug, provider.base_url) if provider is not None else (target.slug, target.url)  # type: ignore[union-attr]
         replay = Replay.objects.create(
             tenant_id=event.tenant_id,
             event=event,
@@ -1066,18 +1026,6 @@ def _replay_begin(
             actor=actor[:150],
             note=note,
             started_at=timezone.now(),
-        )
-        what = "re-run as new" if as_new else "replay"
-        if correction is not None:
-            what = f"corrected replay ({', '.join(correction.fields)}) as {sent_key}"
-        where = f"provider {slug}" if provider is not None else slug
-        _log_change(
-            event_pk=event.pk,
-            tenant_id=event.tenant_id,
-            old=old,
-            new=FE.REPLAYING,
-            actor=actor,
-            note=f"{what} #{number} to {where}" + (f": {note}" if note else ""),
         )
     return replay
 
@@ -1160,7 +1108,7 @@ def failed_event_replay(
     )
     tenant = Tenant.objects.get(pk=tenant_id)
     try:
-        claim = ledger_services.operation_claim(
+        claim = ledger_transitions.operation_claim(
             tenant=tenant,
             key=replay.ledger_key,
             provider=None,
@@ -1246,14 +1194,7 @@ def _replay_refused(*, replay: Replay, actor: str, why: str) -> None:
 
 def _settle_entry(*, replay: Replay, to: str, actor: str, note: str) -> None:
     """replaying → replayed|pending, only for the replay that holds the entry."""
-    _check_move(FE.REPLAYING, to)
-    moved = FailedEvent.objects.filter(
-        pk=replay.event_id, tenant_id=replay.tenant_id, status=FE.REPLAYING, replay_count=replay.number
-    ).update(status=to, updated_at=timezone.now())
-    if moved:
-        _log_change(
-            event_pk=replay.event_id, tenant_id=replay.tenant_id, old=FE.REPLAYING, new=to, actor=actor, note=note
-        )
+    if transitions.failed_event_replay_settle(replay=replay, to=to, actor=actor, note=note):
         if to == FE.PENDING:
             # The entry waits for an operator again: a repeat of its open alert, or, once that
             # alert was resolved (the entry had been replayed), a new one (alerts.clearing).
@@ -1268,7 +1209,7 @@ def _settle_entry(*, replay: Replay, to: str, actor: str, note: str) -> None:
 def _ledger_record(*, op: Operation, answer: TargetAnswer, actor: str) -> Operation:
     """Record the target's answer on the replay's ledger operation and return the row."""
     if answer.ok:
-        return ledger_services.operation_complete(
+        return ledger_transitions.operation_complete(
             operation_id=op.pk,
             tenant_id=op.tenant_id,
             lease_token=op.lease_token,
@@ -1278,7 +1219,7 @@ def _ledger_record(*, op: Operation, answer: TargetAnswer, actor: str) -> Operat
             actor=actor,
             reason="replay delivered",
         )
-    op = ledger_services.operation_fail(
+    op = ledger_transitions.operation_fail(
         operation_id=op.pk,
         tenant_id=op.tenant_id,
         lease_token=op.lease_token,
@@ -1289,12 +1230,7 @@ def _ledger_record(*, op: Operation, answer: TargetAnswer, actor: str) -> Operat
     )
     if op.status == OperationStatus.RETRY_WAIT:
         # Nobody comes back for a replay's key: the next replay is a new n, a new key.
-        op = ledger_services.operation_transition(
-            operation=op,
-            to=OperationStatus.FAILED,
-            actor=actor,
-            reason="replays are not retried in place; the next replay is a new attempt",
-        )
+        op = ledger_transitions.operation_replay_not_retried(operation=op, actor=actor)
     return op
 
 
@@ -1347,7 +1283,7 @@ def _supersede_original(*, event: FailedEvent, op: Operation, number: int, actor
         return
     try:
         with transaction.atomic():
-            ledger_services.operation_supersede(
+            ledger_transitions.operation_supersede(
                 operation_id=event.operation_id,
                 tenant_id=event.tenant_id,
                 by_operation_id=op.pk,
@@ -1391,19 +1327,7 @@ def replay_settle_for_operation(*, operation: Operation, actor: str) -> None:
         ):
             return
         if succeeded:
-            _check_move(FE.PENDING, FE.REPLAYED)
-            moved = FailedEvent.objects.filter(
-                pk=replay.event_id, tenant_id=replay.tenant_id, status=FE.PENDING, replay_count=replay.number
-            ).update(status=FE.REPLAYED, updated_at=timezone.now())
-            if moved:
-                _log_change(
-                    event_pk=replay.event_id,
-                    tenant_id=replay.tenant_id,
-                    old=FE.PENDING,
-                    new=FE.REPLAYED,
-                    actor=actor,
-                    note=note,
-                )
+            transitions.failed_event_replay_settled_late(replay=replay, actor=actor, note=note)
         _supersede_original(event=replay.event, op=operation, number=replay.number, actor=actor)
     log.info("dlq_replay_settled event=%s replay=%s outcome=%s", replay.event_id, replay.number, outcome)
 
@@ -1417,8 +1341,8 @@ def _close(*, tenant_id: int, event_pk: int, to: str, actor: str, note: str) -> 
         raise NoteRequired(f"Marking an entry {to} needs a note saying why.")
     event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
     for old in (FE.PENDING, FE.REPLAYED):
-        if _move(
-            event_pk=event.pk, tenant_id=event.tenant_id, old=old, new=to, actor=actor, note=note, status_note=note
+        if transitions.failed_event_close(
+            event_pk=event.pk, tenant_id=event.tenant_id, old=old, to=to, actor=actor, note=note
         ):
             event.refresh_from_db()
             log.info("dlq_closed event=%s to=%s actor=%s", event.pk, to, actor)
@@ -1561,11 +1485,9 @@ def failed_event_correct(
                 version=version,
                 actor=actor,
             ).operation
-            if not _move(
+            if not transitions.failed_event_correct(
                 event_pk=event.pk,
                 tenant_id=event.tenant_id,
-                old=FE.PENDING,
-                new=FE.RESOLVED,
                 actor=actor,
                 note=f"{what} (operation {submitted.pk}): {note}",
                 status_note=f"{what}: {note}",

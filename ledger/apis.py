@@ -17,7 +17,20 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import canary, objects, outputs, polling, prompts, ratelimit, revisions, selectors, services, sql, uploads
+from ledger import (
+    canary,
+    objects,
+    outputs,
+    polling,
+    prompts,
+    ratelimit,
+    revisions,
+    selectors,
+    services,
+    sql,
+    transitions,
+    uploads,
+)
 from ledger.errors import InvalidKey, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.key_derivation import derivation_key, key_derive
@@ -133,7 +146,7 @@ class ClaimCreateApi(APIView):
         provider = services.provider_for(tenant=tenant, slug=data.pop("provider"))
         workflow_name = data.pop("workflow_name")
         with claim_timer() as timer:
-            result = services.operation_claim(
+            result = transitions.operation_claim(
                 tenant=tenant, key=key, provider=provider, actor=request.user.actor, via_claims=True, **data
             )
             timer.outcome = "replayed" if result.replayed else "created"
@@ -174,7 +187,7 @@ class OperationSentApi(APIView):
     )
     def post(self, request: Request, operation_id: int) -> Response:
         data = validated_input(SentInputSerializer, request)
-        op = services.operation_mark_sent(
+        op = transitions.operation_mark_sent(
             operation_id=operation_id,
             lease_token=data["lease_token"],
             reconciliation_handle=data["reconciliation_handle"],
@@ -192,7 +205,7 @@ class OperationCompleteApi(APIView):
     )
     def post(self, request: Request, operation_id: int) -> Response:
         data = validated_input(CompleteInputSerializer, request)
-        op = services.operation_complete(
+        op = transitions.operation_complete(
             operation_id=operation_id,
             lease_token=data["lease_token"],
             provider_ref=data["provider_ref"],
@@ -212,7 +225,7 @@ class OperationFailApi(APIView):
     )
     def post(self, request: Request, operation_id: int) -> Response:
         data = validated_input(FailInputSerializer, request)
-        op = services.operation_fail(
+        op = transitions.operation_fail(
             operation_id=operation_id,
             lease_token=data["lease_token"],
             error_class=data["error_class"],
@@ -231,7 +244,7 @@ class OperationHeartbeatApi(APIView):
     )
     def post(self, request: Request, operation_id: int) -> Response:
         data = validated_input(HeartbeatInputSerializer, request)
-        op = services.operation_heartbeat(
+        op = transitions.operation_heartbeat(
             operation_id=operation_id,
             lease_token=data["lease_token"],
             lease_seconds=data["lease_seconds"],

@@ -33,14 +33,13 @@ from datetime import timedelta
 
 import httpx
 from django.conf import settings
-from django.db import transaction
 from django.db.models import DurationField, ExpressionWrapper, F, IntegerField, Q, Value
 from django.db.models.functions import Now
 
-from ledger import adapters, callbacks, services
+from ledger import adapters, callbacks, services, transitions
 from ledger.errors import LeaseLost
 from ledger.key_rules import key_header_value
-from ledger.models import Operation, OperationEvent, OperationStatus, Tenant
+from ledger.models import Operation, OperationStatus, Tenant
 from ledger.outbound import OutboundBlocked, outbound_client, outbound_refusal
 from ledger.passes import failure_text, row_isolated
 from ledger.selectors import provider_slug, run_of
@@ -60,7 +59,7 @@ _RECHECK_AFTER = ExpressionWrapper(
     * Value(timedelta(seconds=1), output_field=DurationField()),
     output_field=DurationField(),
 )
-# The rows whose retry must ask first: the same rule as services.eligibility_recheck_due, in
+# The rows whose retry must ask first: the same rule as transitions.eligibility_recheck_due, in
 # SQL (database clock). Rows of providers without recheck_after never match.
 RECHECK_PENDING = Q(status=S.RETRY_WAIT, provider__recheck_after__isnull=False) & (
     Q(eligibility_confirmed_at__isnull=True, created_at__lte=Now() - _RECHECK_AFTER)
@@ -154,53 +153,24 @@ def eligibility_ask(*, op: Operation, tenant: Tenant, client: httpx.Client | Non
     return Answer(wanted, services.sanitize_message(reason))
 
 
-def _event(*, op: Operation, reason: str) -> None:
-    OperationEvent.objects.create(
-        tenant_id=op.tenant_id,
-        operation_id=op.pk,
-        from_status=S.RETRY_WAIT,
-        to_status=S.RETRY_WAIT,
-        actor=ACTOR,
-        reason=services.sanitize_message(reason),
-        attempt=op.attempts,
-        at=Now(),
-    )
-
-
 def eligibility_record(*, op: Operation, answer: Answer) -> str:
     """Apply an answer to a row still waiting as it was read (status and lease token); a row
     that moved meanwhile (a claim took it, a cancel) is left alone. Returns what happened:
     ``confirmed``, ``abandoned``, ``unanswered`` or ``moved``."""
-    as_read = Operation.objects.filter(pk=op.pk, status=S.RETRY_WAIT, lease_token=op.lease_token)
     if answer.wanted is False:
         why = answer.reason or "no reason given"
         try:
-            services.operation_transition(
-                operation=op,
-                to=S.ABANDONED,
-                actor=ACTOR,
-                reason=f"not wanted any more (eligibility webhook): {why}",
-                changes={"next_attempt_at": None, "last_error": services.sanitize_message(f"not wanted: {why}")},
-            )
+            transitions.operation_not_wanted(operation=op, actor=ACTOR, why=why)
         except LeaseLost:
             return "moved"
         return "abandoned"
-    with transaction.atomic():
-        if answer.wanted:
-            if not as_read.update(eligibility_confirmed_at=Now(), updated_at=Now()):
-                return "moved"
-            _event(op=op, reason="still wanted (eligibility webhook); the retry goes ahead")
-            return "confirmed"
-        interval = services.eligibility_ask_interval()
-        text = f"eligibility unanswered: {answer.reason}"
-        if not as_read.update(
-            next_attempt_at=Now() + timedelta(seconds=interval),
-            last_error=services.sanitize_message(text),
-            updated_at=Now(),
-        ):
+    if answer.wanted:
+        if not transitions.operation_still_wanted(operation=op, actor=ACTOR):
             return "moved"
-        _event(op=op, reason=f"{text}; waits, asked again in {interval} s")
-        return "unanswered"
+        return "confirmed"
+    if not transitions.operation_eligibility_unanswered(operation=op, actor=ACTOR, why=answer.reason):
+        return "moved"
+    return "unanswered"
 
 
 def eligibility_recheck(*, batch: int = 100, client: httpx.Client | None = None) -> dict[str, int]:
@@ -229,7 +199,7 @@ def eligibility_recheck(*, batch: int = 100, client: httpx.Client | None = None)
 def _ask_later(op: Operation) -> Callable[[BaseException], None]:
     def record(exc: BaseException) -> None:
         Operation.objects.filter(pk=op.pk, status=S.RETRY_WAIT, lease_token=op.lease_token).update(
-            next_attempt_at=Now() + timedelta(seconds=services.eligibility_ask_interval()),
+            next_attempt_at=Now() + timedelta(seconds=transitions.eligibility_ask_interval()),
             last_error=failure_text(JOB, exc),
             updated_at=Now(),
         )

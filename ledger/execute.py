@@ -44,6 +44,7 @@ from ledger import (
     ratelimit,
     revisions,
     services,
+    transitions,
     translation,
 )
 from ledger.crypto import open_json
@@ -304,7 +305,7 @@ def operation_submit(
         actor=actor,
         via_claims=False,
         fingerprint=fingerprint,
-        execute=services.ExecuteTerms(request_bytes=size, cost=str(cost), callback_url=callback_url),
+        execute=transitions.ExecuteTerms(request_bytes=size, cost=str(cost), callback_url=callback_url),
         adapter_revision_id=revision_id,
     )
     if callback_url and not tenant.callback_secret:
@@ -340,17 +341,19 @@ def upload_retain_seconds(provider: Provider, view: Provider) -> float:
     )
 
 
-def _claim_admitted(*, tenant: Tenant, claim_kwargs: dict[str, Any], size: int, cost: Decimal) -> services.ClaimResult:
+def _claim_admitted(
+    *, tenant: Tenant, claim_kwargs: dict[str, Any], size: int, cost: Decimal
+) -> transitions.ClaimResult:
     """The claim of a submission, with admission checked first for a key that is new."""
     if not admission.tenant_has_limits(tenant):
-        return services.operation_claim(tenant=tenant, **claim_kwargs)
+        return transitions.operation_claim(tenant=tenant, **claim_kwargs)
     try:
         with transaction.atomic():
             locked = admission.lock_tenant(tenant)
             # Under the tenant lock: a key inserted by a racing submission is visible now.
             if not Operation.objects.filter(tenant_id=tenant.pk, key=claim_kwargs["key"]).exists():
                 admission.admission_check(tenant=locked, request_bytes=size, cost=cost)
-            return services.operation_claim(tenant=tenant, **claim_kwargs)
+            return transitions.operation_claim(tenant=tenant, **claim_kwargs)
     except AdmissionRefused as refusal:
         admission.admission_refusal_record(tenant_id=tenant.pk, reason=refusal.code)
         raise
@@ -420,7 +423,7 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
                 )
             if revision_id is not None and revision_id != stable_id:
                 timeout = revisions.revision_get(revision_id).config.get("timeout_seconds", timeout)
-            op = services.operation_take(
+            op = transitions.operation_take(
                 operation_id=op_id,
                 tenant_id=tenant_id,
                 from_status=status,
@@ -486,7 +489,7 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
         # The provider accepted a job (its id is the ref): the row waits on the provider,
         # holding no lease, until a poll or its webhook finds the job done (ledger.polling).
         delay = polling.poll_delay_seconds(provider, 0)
-        return services.operation_wait(
+        return transitions.operation_wait(
             operation_id=op.pk,
             tenant_id=op.tenant_id,
             lease_token=op.lease_token,
@@ -499,7 +502,7 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
     if outcome.succeeded:
         # With a callback the terminal move and the callback row share one transaction.
         with transaction.atomic() if op.callback_url else contextlib.nullcontext():
-            return services.operation_complete(
+            return transitions.operation_complete(
                 operation_id=op.pk,
                 tenant_id=op.tenant_id,
                 lease_token=op.lease_token,
@@ -523,7 +526,7 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
             ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk)
     if outcome.error_class == ErrorClass.PERMISSION and shared:
         services.provider_pause(provider_id=provider.pk, reason=outcome.message or "permission denied", actor=actor)
-    return services.operation_fail(
+    return transitions.operation_fail(
         operation_id=op.pk,
         tenant_id=op.tenant_id,
         lease_token=op.lease_token,

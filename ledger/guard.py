@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ledger import services
+from ledger import services, transitions
 from ledger.crypto import open_json
 from ledger.errors import DomainError
 from ledger.models import ErrorClass, Operation, OperationStatus, Tenant
@@ -96,7 +96,7 @@ def run_once(
     """Call ``fn`` once for ``key``; replay its recorded result on every later call."""
     tenant_obj = _tenant(tenant)
     provider_obj = services.provider_for(tenant=tenant_obj, slug=provider)
-    result = services.operation_claim(
+    result = transitions.operation_claim(
         tenant=tenant_obj,
         key=key,
         provider=provider_obj,
@@ -116,7 +116,7 @@ def run_once(
     try:
         value = fn(*args, **(kwargs or {}))
     except BaseException as exc:
-        services.operation_fail(
+        transitions.operation_fail(
             operation_id=op.pk,
             tenant_id=op.tenant_id,
             lease_token=op.lease_token,
@@ -133,7 +133,7 @@ def run_once(
     except (TypeError, ValueError):
         log.warning("guard_result_not_json key=%s type=%s", key, type(value).__name__)
         recorded = {"_not_json": type(value).__name__}
-    services.operation_complete(
+    transitions.operation_complete(
         operation_id=op.pk,
         tenant_id=op.tenant_id,
         lease_token=op.lease_token,

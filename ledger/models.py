@@ -28,28 +28,43 @@ from ledger.storable import MAX_DURATION_SECONDS
 
 
 class OperationStatus(models.TextChoices):
-    # execute mode: accepted, waiting for a worker. Out: a worker taking the lease.
+    # Every move out of a state is a named function in ledger.transitions (its __init__ lists
+    # where each state is entered); nothing else writes a status (tests/test_state_writes.py).
+
+    # execute mode: accepted, waiting for a worker. Out: a worker taking the lease
+    # (operation_take); an operator's cancel (operation_cancel).
     QUEUED = "queued", "queued"
-    # a lease is held; the effect may be under way. Out: the holder (complete/fail);
-    # the sweeper once the lease has expired.
+    # a lease is held; the effect may be under way. Out: the holder (operation_complete,
+    # operation_fail, operation_wait); the sweeper once the lease has expired
+    # (operation_lease_expire, operation_poll_lease_expire for a poll's lease); for a poll,
+    # the poller past the lifetime (operation_poll_review) or the output check
+    # (operation_output_reject).
     CLAIMED = "claimed", "claimed"
     # failed before the effect could have happened; next_attempt_at set. Out: the next
-    # claim once due (guard), a worker once due (execute), the sweeper at end of life.
+    # claim once due (guard: operation_reclaim), a worker once due (execute: operation_take),
+    # the sweeper or a late claim at end of life (operation_expire_retry), an operator's
+    # cancel (operation_cancel), the eligibility webhook's "not wanted" (operation_not_wanted),
+    # a replay not retried in place or a run's resume (operation_replay_not_retried,
+    # operation_redrive).
     RETRY_WAIT = "retry_wait", "retry wait"
     # sent to an asynchronous provider, which accepted it as a job (provider_ref holds its job
     # id); no lease is held; next_attempt_at is the next poll. Out: a worker's poll or the
-    # provider's signed webhook (→ claimed under a short poll lease); the sweeper when the
-    # lifetime passed and no worker polled it (→ review). DESIGN §5, asynchronous providers.
+    # provider's signed webhook (→ claimed under a short poll lease: operation_poll_take); the
+    # sweeper when the lifetime passed and no worker polled it (→ review:
+    # operation_unpolled_review). DESIGN §5, asynchronous providers.
     WAITING = "waiting", "waiting on provider"
     # outcome unknown (timeout/reset after send, lease expired after `sent`). Out: the
-    # sweeper (reconcile); the last holder's late complete/fail.
+    # sweeper's reconciliation (operation_found_succeeded, operation_found_failed,
+    # operation_found_waiting, operation_reissue, operation_not_found_failed,
+    # operation_hand_to_review); the last holder's late operation_complete/operation_fail.
     UNCERTAIN = "uncertain", "uncertain"
-    # a human must decide. Out: a reviewer's decision; the last holder's late complete/fail.
+    # a human must decide. Out: a reviewer's decision (operation_review_resolve); the last
+    # holder's late operation_complete/operation_fail.
     REVIEW = "review", "review"
     # effect confirmed, provider_ref and response recorded. Terminal.
     SUCCEEDED = "succeeded", "succeeded"
     # the effect definitely did not happen and won't be retried; a DLQ entry exists.
-    # Terminal (a replay creates lineage, never edits).
+    # Terminal (a replay creates lineage, never edits: operation_supersede records it).
     FAILED = "failed", "failed"
     # a reviewer decided not to do it, or an operator cancelled it while queued or waiting
     # for a retry. Terminal.
@@ -1038,7 +1053,7 @@ class Operation(models.Model):
 
     class Meta:
         db_table = "ledger_operation"
-        # The console's operator actions (services.operation_cancel / operation_retry_now).
+        # The console's operator actions (ledger.transitions: operation_cancel / operation_retry_now).
         permissions = [("cancel_operation", "Can cancel operations and retry them now")]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "key"], name="operation_unique_key_per_tenant"),

@@ -38,22 +38,19 @@ from typing import IO
 
 import httpx
 from django.db import transaction
-from django.db.models.functions import Now
 
 from ledger import adapters, crypto, objects
 from ledger.errors import DestinationNotAllowed, DomainError, LeaseLost
 from ledger.models import (
     REPORTABLE_STATES,
-    AttemptOutcome,
-    ErrorClass,
     Operation,
     OperationOutput,
-    OperationStatus,
     Provider,
     Tenant,
 )
 from ledger.outbound import outbound_check, outbound_client
-from ledger.services import operation_transition, provider_by_id, sanitize_message
+from ledger.services import provider_by_id, sanitize_message
+from ledger.transitions import operation_output_reject
 
 log = logging.getLogger("onceguard.outputs")
 
@@ -328,19 +325,7 @@ def output_reject(*, operation: Operation, actor: str, reason: str) -> Operation
     ).first()
     if current is None:
         raise LeaseLost("The operation moved before its output could be judged.")
-    failed = operation_transition(
-        operation=current,
-        to=OperationStatus.FAILED,
-        actor=actor,
-        reason=f"invalid_output: {reason}",
-        changes={"error_class": ErrorClass.INVALID_OUTPUT, "last_error": reason, "next_attempt_at": None},
-        attempt_changes={
-            "outcome": AttemptOutcome.FAILED,
-            "error_class": ErrorClass.INVALID_OUTPUT,
-            "message": reason,
-            "finished_at": Now(),
-        },
-    )
+    failed = operation_output_reject(operation=current, actor=actor, reason=reason)
     log.warning("output_invalid key=%s operation=%s reason=%s", operation.key, operation.pk, reason)
     raise InvalidOutput(reason, failed)
 

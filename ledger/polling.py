@@ -2,7 +2,7 @@
 
 A provider with a status path (``Provider.poll_path``) answers a submission with a job id,
 not a result. The worker that sent it records the job id as the operation's
-``provider_ref`` and moves the row ``claimed → waiting`` (``services.operation_wait``): the
+``provider_ref`` and moves the row ``claimed → waiting`` (``transitions.operation_wait``): the
 provider has it, and the row holds no lease. From then on:
 
 - **Polls.** A worker's take also takes due ``waiting`` rows (:func:`operations_poll_take`:
@@ -47,7 +47,19 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from ledger import adapters, hooks, intents, objects, outputs, ratelimit, services, sql, storable, translation
+from ledger import (
+    adapters,
+    hooks,
+    intents,
+    objects,
+    outputs,
+    ratelimit,
+    services,
+    sql,
+    storable,
+    transitions,
+    translation,
+)
 from ledger.credentials import stored_credential_value
 from ledger.crypto import open_json
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
@@ -195,7 +207,7 @@ def answer_apply(*, op: Operation, provider: Provider, answer: StatusAnswer, act
         if answer.verdict == Verdict.SUCCEEDED:
             return _finish(op=op, provider=provider, answer=answer, actor=actor)
         if answer.verdict == Verdict.FAILED:
-            return services.operation_fail(
+            return transitions.operation_fail(
                 operation_id=op.pk,
                 tenant_id=op.tenant_id,
                 lease_token=op.lease_token,
@@ -250,7 +262,7 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
             return _wait_again(op=op, provider=provider, why=why, actor=actor, not_before=not_before)
         except outputs.OutputErased as erased:
             # The job is done at the provider; of this person's data nothing more is kept here.
-            return services.operation_complete(
+            return transitions.operation_complete(
                 operation_id=op.pk,
                 tenant_id=op.tenant_id,
                 lease_token=op.lease_token,
@@ -261,7 +273,7 @@ def _finish(*, op: Operation, provider: Provider, answer: StatusAnswer, actor: s
                 reason=f"job {op.provider_ref} {answer.said()}; {erased}",
             )
         note = f"output {published.key} published"
-    return services.operation_complete(
+    return transitions.operation_complete(
         operation_id=op.pk,
         tenant_id=op.tenant_id,
         lease_token=op.lease_token,
@@ -314,9 +326,7 @@ def _wait_again(
             " finish there: a reviewer decides (retry re-submits under the same key)"
         )
         with transaction.atomic():
-            moved = services.operation_transition(
-                operation=op, to=S.REVIEW, actor=actor, reason=reason, changes={"lease_expires_at": None}
-            )
+            moved = transitions.operation_poll_review(operation=op, actor=actor, reason=reason)
             review_alert(moved)
         return moved
     delay = poll_delay_seconds(provider, op.polls)
@@ -325,7 +335,7 @@ def _wait_again(
         delay = min(delay, max(0.0, (op.expires_at - now).total_seconds()))
     if not_before is not None:
         delay = max(delay, not_before)
-    return services.operation_wait(
+    return transitions.operation_wait(
         operation_id=op.pk,
         tenant_id=op.tenant_id,
         lease_token=op.lease_token,
@@ -416,7 +426,7 @@ def operations_poll_take(*, limit: int, actor: str = "worker") -> list[Operation
         for op_id, tenant_id, timeout, revision_id, stable_id, provider_id, *_ in rows:
             if not budget.admit(provider_id):
                 continue
-            op = services.operation_poll_take(
+            op = transitions.operation_poll_take(
                 operation_id=op_id,
                 tenant_id=tenant_id,
                 lease_seconds=_poll_lease_for(timeout=timeout, revision_id=revision_id, stable_id=stable_id),
@@ -473,7 +483,7 @@ def _webhook_take(*, op: Operation, provider: Provider, lease_seconds: float, ac
                 ]
             )
             if budget.admit(provider.pk):
-                taken = services.operation_poll_take(
+                taken = transitions.operation_poll_take(
                     operation_id=op.pk,
                     tenant_id=op.tenant_id,
                     lease_seconds=lease_seconds,

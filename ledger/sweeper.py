@@ -9,6 +9,7 @@ slow step (a provider lookup) are first taken under a short reconciliation lease
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,16 +20,14 @@ from django.db import transaction
 from django.db.models import F, Min, Q
 from django.db.models.functions import Coalesce, Now
 
-from ledger import hooks, sql
+from ledger import hooks, sql, transitions
 from ledger.canary import canary_watch_all
-from ledger.crypto import seal_json
 from ledger.eligibility import eligibility_recheck
 from ledger.errors import LeaseLost
 from ledger.logs import log_context
 from ledger.models import (
     Attempt,
     AttemptOutcome,
-    ErrorClass,
     IdempotencyClass,
     Operation,
     OperationMode,
@@ -38,7 +37,7 @@ from ledger.passes import failure_text, row_isolated
 from ledger.polling import attempt_log_fields, is_asynchronous
 from ledger.reconcile import LookupOutcome, provider_lookup
 from ledger.revisions import operation_adapter_view
-from ledger.services import decide_unsent_expiry, operation_transition, sanitize_message
+from ledger.transitions import decide_unsent_expiry
 
 S = OperationStatus
 log = logging.getLogger("onceguard.sweeper")
@@ -57,46 +56,21 @@ class SweepReport:
 
 
 def _move(
-    op: Operation,
-    to: str,
-    reason: str,
-    report: SweepReport,
-    *,
-    changes: Changes | None = None,
-    attempt_changes: Changes | None = None,
-    guard: Q | None = None,
-    also: Any = None,
+    op: Operation, to: str, report: SweepReport, move: Callable[[], Operation], *, also: Any = None
 ) -> Operation | None:
-    """One guarded move; a row someone else moved first is counted, not overwritten. Its lines
-    name the attempt's adapter revision and prompt template version, as the worker's did."""
+    """One named move (``move``, a ledger.transitions function, to ``to``); a row someone else
+    moved first is counted, not overwritten. Its lines name the attempt's adapter revision and
+    prompt template version, as the worker's did."""
     with log_context(**attempt_log_fields(op)):
-        return _move_logged(
-            op, to, reason, report, changes=changes, attempt_changes=attempt_changes, guard=guard, also=also
-        )
+        return _move_logged(op, to, report, move, also=also)
 
 
 def _move_logged(
-    op: Operation,
-    to: str,
-    reason: str,
-    report: SweepReport,
-    *,
-    changes: Changes | None,
-    attempt_changes: Changes | None,
-    guard: Q | None,
-    also: Any,
+    op: Operation, to: str, report: SweepReport, move: Callable[[], Operation], *, also: Any
 ) -> Operation | None:
     try:
         with transaction.atomic():
-            moved = operation_transition(
-                operation=op,
-                to=to,
-                actor="sweeper",
-                reason=reason,
-                changes=changes,
-                attempt_changes=attempt_changes,
-                guard=guard,
-            )
+            moved = move()
             if also is not None:
                 also(moved)
     except LeaseLost:
@@ -128,24 +102,16 @@ def sweep_expired_leases(*, batch: int = 500, report: SweepReport | None = None)
 
 def _expire_one(op: Operation, report: SweepReport) -> None:
     """One claimed row whose lease expired."""
-    changes: Changes = {"lease_expires_at": None}
     if op.polls > 0:
         # A poll lease (ledger.polling): a poll and an output fetch are GETs that change
         # nothing at the provider, and a publish is fenced by this token and state, so
         # a lost poller left nothing uncertain. The job is polled again, now.
-        _move(
-            op,
-            S.WAITING,
-            f"poll lease expired; polls change nothing at the provider: poll job {op.provider_ref} again",
-            report,
-            changes={**changes, "next_attempt_at": Now()},
-            guard=Q(lease_expires_at__lt=Now()),
-        )
+        why = f"poll lease expired; polls change nothing at the provider: poll job {op.provider_ref} again"
+        _move(op, S.WAITING, report, lambda: transitions.operation_poll_lease_expire(operation=op, reason=why))
         return
+    delay: float | None = None
     if op.sent_at is None and sender_honours_marker(op):
         to, delay, reason = decide_unsent_expiry(op)
-        if delay is not None:
-            changes["next_attempt_at"] = sql.db_now() + timedelta(seconds=delay)
         outcome = AttemptOutcome.EXPIRED
     else:
         to = S.UNCERTAIN
@@ -154,11 +120,10 @@ def _expire_one(op: Operation, report: SweepReport) -> None:
     _move(
         op,
         to,
-        reason,
         report,
-        changes=changes,
-        attempt_changes={"outcome": outcome, "finished_at": Now()},
-        guard=Q(lease_expires_at__lt=Now()),
+        lambda: transitions.operation_lease_expire(
+            operation=op, to=to, reason=reason, next_attempt_in=delay, attempt_outcome=outcome
+        ),
         also=_review_alert if to == S.REVIEW else None,
     )
 
@@ -213,18 +178,21 @@ def _review_alert(op: Operation) -> None:
     )
 
 
-def _mark_ambiguous_attempts(outcome: str) -> Any:
-    def apply(op: Operation) -> None:
-        op.attempt_set.filter(outcome__in=[AttemptOutcome.AMBIGUOUS, AttemptOutcome.PENDING]).update(outcome=outcome)
-
-    return apply
+def _review(op: Operation, reason: str, report: SweepReport) -> None:
+    """uncertain → review, with an alert: nothing settles it without a human."""
+    _move(
+        op,
+        S.REVIEW,
+        report,
+        lambda: transitions.operation_hand_to_review(operation=op, reason=reason),
+        also=_review_alert,
+    )
 
 
 def reconcile_uncertain(
     *, batch: int = 100, report: SweepReport | None = None, client: httpx.Client | None = None
 ) -> SweepReport:
     report = report or SweepReport()
-    clear: Changes = {"reconcile_until": None}
     for op_id in _take_uncertain(batch):
         op = Operation.objects.select_related("provider").filter(pk=op_id, status=S.UNCERTAIN).first()
         if op is None:
@@ -233,7 +201,7 @@ def reconcile_uncertain(
         # The lookup is an HTTP call: no transaction is held across it (atomic=False).
         with row_isolated(job=JOB, ref=f"operation={op.pk}", on_failure=_lookup_backoff(op), atomic=False):
             with log_context(**attempt_log_fields(op)):
-                _reconcile_one(op, report=report, client=client, clear=clear)
+                _reconcile_one(op, report=report, client=client)
     return report
 
 
@@ -254,23 +222,16 @@ def _lookup_backoff(op: Operation) -> Any:
     return record
 
 
-def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client | None, clear: Changes) -> None:
+def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client | None) -> None:
     """One uncertain row: review, a re-issue, or what the provider's lookup says."""
     if op.provider is None:
-        _move(op, S.REVIEW, "no provider to reconcile with", report, changes=clear, also=_review_alert)
+        _review(op, "no provider to reconcile with", report)
         return
     # Looked up where it was sent: the adapter revision its last attempt ran under.
     provider = operation_adapter_view(op, op.provider)
     if provider.idempotency_class == IdempotencyClass.KEY_ADVISORY:
         # Nothing at the receiver stops a second effect: a human decides, never a re-send.
-        _move(
-            op,
-            S.REVIEW,
-            "key-advisory provider: outcome unknown, not re-sent",
-            report,
-            changes=clear,
-            also=_review_alert,
-        )
+        _review(op, "key-advisory provider: outcome unknown, not re-sent", report)
         return
     now = sql.db_now()
     sent_at = op.sent_at or op.claimed_at or op.created_at
@@ -280,22 +241,22 @@ def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client |
     ttl_reason = "past the provider's key TTL: a re-issue could act twice"
     if not provider.lookup_path:
         if ttl_passed:
-            _move(op, S.REVIEW, ttl_reason, report, changes=clear, also=_review_alert)
+            _review(op, ttl_reason, report)
         elif op.mode == OperationMode.EXECUTE:
             # Key-enforced: re-issuing with the same key is safe while the provider
             # remembers the key; the worker does it. The row's lifetime ends there, so a
             # re-issue held back (a paused or throttled provider) is failed by the worker
             # instead of sent, and with this attempt unresolved that means review.
             ends = min(op.expires_at, forgotten_at) if op.expires_at else forgotten_at
+            why = "key-enforced, no lookup: re-issue with the same key"
             _move(
                 op,
                 S.RETRY_WAIT,
-                "key-enforced, no lookup: re-issue with the same key",
                 report,
-                changes={**clear, "next_attempt_at": Now(), "expires_at": ends},
+                lambda: transitions.operation_reissue(operation=op, reason=why, expires_at=ends),
             )
         else:
-            _move(op, S.REVIEW, "guard mode, provider has no lookup", report, changes=clear, also=_review_alert)
+            _review(op, "guard mode, provider has no lookup", report)
         return
     result = provider_lookup(provider=provider, operation=op, client=client)
     if result.outcome == LookupOutcome.UNKNOWN:
@@ -303,7 +264,7 @@ def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client |
         if op.lookup_failures + 1 >= int(settings.ONCEGUARD["LOOKUP_FAILURE_LIMIT"]):
             _release(op.pk, lookup_failed=True)
             op.refresh_from_db()
-            _move(op, S.REVIEW, f"lookups keep failing ({result.error})", report, changes=clear, also=_review_alert)
+            _review(op, f"lookups keep failing ({result.error})", report)
         else:
             _release(op.pk, lookup_failed=True)
         log.info("sweeper_lookup_unknown key=%s error=%s", op.key, result.error)
@@ -312,45 +273,38 @@ def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client |
         # The asynchronous provider has the job (a crash between its answer and our
         # record): follow it by polls like any accepted job — its state and output come
         # from its status answer, never from the lookup's.
+        why = f"found at provider as job {result.provider_ref}: waiting on it"
         _move(
             op,
             S.WAITING,
-            f"found at provider as job {result.provider_ref}: waiting on it",
             report,
-            changes={**clear, "provider_ref": result.provider_ref[:255], "next_attempt_at": Now(), "polls": 0},
-            attempt_changes={"outcome": AttemptOutcome.PENDING, "provider_ref": result.provider_ref[:255]},
+            lambda: transitions.operation_found_waiting(operation=op, provider_ref=result.provider_ref, reason=why),
         )
         return
     if result.outcome == LookupOutcome.FOUND:
         if result.succeeded:
+            why = f"found at provider ({result.status_value or 'ok'})"
             _move(
                 op,
                 S.SUCCEEDED,
-                f"found at provider ({result.status_value or 'ok'})",
                 report,
-                changes={
-                    **clear,
-                    "provider_ref": result.provider_ref[:255],
-                    "response_status": 200,
-                    "response_body": seal_json(result.body),
-                    "lease_expires_at": None,
-                },
-                attempt_changes={"outcome": AttemptOutcome.SUCCEEDED, "provider_ref": result.provider_ref[:255]},
+                lambda: transitions.operation_found_succeeded(
+                    operation=op, provider_ref=result.provider_ref, body=result.body, reason=why
+                ),
             )
         else:
+            why = f"provider reports status {result.status_value!r}"
             _move(
                 op,
                 S.FAILED,
-                f"provider reports status {result.status_value!r}",
                 report,
-                changes={
-                    **clear,
-                    "provider_ref": result.provider_ref[:255],
-                    "error_class": ErrorClass.INVALID_INPUT,
-                    "last_error": sanitize_message(f"provider reports status {result.status_value}"),
-                    "response_body": seal_json(result.body),
-                },
-                also=_mark_ambiguous_attempts(AttemptOutcome.FAILED),
+                lambda: transitions.operation_found_failed(
+                    operation=op,
+                    provider_ref=result.provider_ref,
+                    status_value=result.status_value,
+                    body=result.body,
+                    reason=why,
+                ),
             )
         return
     # Not found: trusted only once the provider has had time to settle.
@@ -360,30 +314,19 @@ def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client |
         report.add("not_found_settling")
         return
     if ttl_passed:
-        _move(op, S.REVIEW, ttl_reason, report, changes=clear, also=_review_alert)
+        _review(op, ttl_reason, report)
         return
     counted = op.attempts - op.throttled_attempts
     if counted >= op.max_attempts or (op.expires_at and now > op.expires_at):
-        _move(
-            op,
-            S.FAILED,
-            "not found at provider; attempts or lifetime exhausted",
-            report,
-            changes={
-                **clear,
-                "error_class": ErrorClass.TRANSIENT,
-                "last_error": "not found at provider after the last attempt",
-            },
-            also=_mark_ambiguous_attempts(AttemptOutcome.NOT_FOUND),
-        )
+        why = "not found at provider; attempts or lifetime exhausted"
+        _move(op, S.FAILED, report, lambda: transitions.operation_not_found_failed(operation=op, reason=why))
     else:
+        why = "not found at provider: re-issue with the same key"
         _move(
             op,
             S.RETRY_WAIT,
-            "not found at provider: re-issue with the same key",
             report,
-            changes={**clear, "next_attempt_at": Now()},
-            also=_mark_ambiguous_attempts(AttemptOutcome.NOT_FOUND),
+            lambda: transitions.operation_reissue(operation=op, reason=why, not_found=True),
         )
 
 
@@ -400,10 +343,8 @@ def expire_abandoned_retries(*, batch: int = 500, report: SweepReport | None = N
             _move(
                 op,
                 S.FAILED,
-                "lifetime ended while waiting for a retry",
                 report,
-                changes={"error_class": op.error_class or ErrorClass.TRANSIENT},
-                guard=Q(expires_at__lt=Now()),
+                lambda op=op: transitions.operation_expire_retry(operation=op, actor="sweeper"),
             )
     return report
 
@@ -420,13 +361,15 @@ def review_unpolled_waits(*, batch: int = 500, report: SweepReport | None = None
     ids = list(Operation.objects.filter(ended).order_by("next_attempt_at").values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.WAITING):
         with row_isolated(job=JOB, ref=f"operation={op.pk}"):
+            why = (
+                f"lifetime passed while waiting on the provider's job {op.provider_ref}, and no worker polled it;"
+                " it may still finish there: a reviewer decides"
+            )
             _move(
                 op,
                 S.REVIEW,
-                f"lifetime passed while waiting on the provider's job {op.provider_ref}, and no worker polled it;"
-                " it may still finish there: a reviewer decides",
                 report,
-                guard=Q(next_attempt_at__lt=overdue, expires_at__lt=Now()),
+                lambda op=op, why=why: transitions.operation_unpolled_review(operation=op, overdue=overdue, reason=why),
                 also=_review_alert,
             )
     return report

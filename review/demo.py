@@ -31,9 +31,9 @@ from django.db import transaction
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import env, outbound, services
+from ledger import env, outbound, services, transitions
 from ledger.management.commands.bootstrap_demo import demo_outbound_rules
-from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider, Tenant
 from ledger.secret_files import write_secret_file
 from review import privacy
 from review.models import RetentionPolicy, StaffTenant
@@ -134,7 +134,7 @@ def demo_seed() -> dict[str, Any]:
     made: dict[str, Any] = {"tenant": tenant.slug}
 
     # 1. The call was analysed (the webhook is recorded with its payload, sealed at rest) …
-    analysed = services.operation_claim(
+    analysed = transitions.operation_claim(
         tenant=tenant,
         key=f"demo:{call_id}:analysed:v1",
         provider=crm,
@@ -145,7 +145,7 @@ def demo_seed() -> dict[str, Any]:
         execution_id="4790",
         actor="demo_seed",
     ).operation
-    services.operation_complete(
+    transitions.operation_complete(
         operation_id=analysed.pk,
         tenant_id=analysed.tenant_id,
         lease_token=analysed.lease_token,
@@ -179,7 +179,7 @@ def demo_seed() -> dict[str, Any]:
 
     # 2. A charge sent, then the connection reset: outcome unknown, waiting for a human.
     with transaction.atomic():
-        charge = services.operation_claim(
+        charge = transitions.operation_claim(
             tenant=tenant,
             key="demo:order-1001:charge:v1",
             provider=charges,
@@ -192,7 +192,7 @@ def demo_seed() -> dict[str, Any]:
             execution_id="5120",
             actor="demo_seed",
         ).operation
-        charge = services.operation_fail(
+        charge = transitions.operation_fail(
             operation_id=charge.pk,
             tenant_id=charge.tenant_id,
             lease_token=charge.lease_token,
@@ -200,11 +200,8 @@ def demo_seed() -> dict[str, Any]:
             message="[demo] connection reset after the request was sent",
             actor="demo_seed",
         )
-        charge = services.operation_transition(
-            operation=charge,
-            to=OperationStatus.REVIEW,
-            actor="demo_seed",
-            reason=f"{NOTE} provider lookup unavailable; a reviewer must decide",
+        charge = transitions.operation_hand_to_review(
+            operation=charge, actor="demo_seed", reason=f"{NOTE} provider lookup unavailable; a reviewer must decide"
         )
     made["review_item"] = charge.pk
 

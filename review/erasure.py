@@ -49,7 +49,7 @@ from dlq.errors import FailedEventBusy, FailedEventClosed
 from dlq.models import FailedEvent, FailedEventChange, FailedEventOccurrence, FailedEventStatus, Replay
 from dlq.services import failed_event_discard
 from ledger import crypto
-from ledger import services as ledger_services
+from ledger import transitions as ledger_transitions
 from ledger.errors import DomainError, ValidationFailed
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
 from ledger.outputs import outputs_delete_for
@@ -255,7 +255,7 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
         return False
     if op.status in CANCELLABLE:
         try:
-            ledger_services.operation_cancel(
+            ledger_transitions.operation_cancel(
                 operation_id=op.pk, actor=ACTOR, reason=f"erased on request (erasure #{run.pk})"
             )
             run.cancelled += 1

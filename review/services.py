@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any
 
 from django.db import transaction
-from django.db.models.functions import Now
 
 from alerts.services import alerts_resolve_for
 from ledger import display
 from ledger.config_changes import config_change_of, config_snapshot
 from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
-from ledger.models import AttemptOutcome, ConfigChangeAction, Operation, OperationStatus
-from ledger.services import operation_transition
+from ledger.models import ConfigChangeAction, Operation, OperationStatus
+from ledger.transitions import operation_review_resolve
 from review.accesslog import access_log_min_retention
 from review.models import RecordType, RetentionPolicy, ReviewDecision
 from review.retention import retention_floor
@@ -61,25 +59,13 @@ def review_decision_record(
         raise OperationNotFound("No such operation.")
     if op.status != S.REVIEW:
         raise ReviewNotOpen(f"The operation is {op.status}, not waiting for review.", extra={"status": op.status})
-    changes: dict[str, Any] = {"reconcile_until": None, "lease_expires_at": None}
-    attempt_outcome: str | None = None
-    if decision == ReviewDecision.CONFIRM_SUCCEEDED:
-        changes["provider_ref"] = provider_ref[:255]
-        attempt_outcome = AttemptOutcome.SUCCEEDED
-    elif decision == ReviewDecision.SAFE_TO_RETRY:
-        changes.update(next_attempt_at=Now(), lookup_failures=0)
-        attempt_outcome = AttemptOutcome.NOT_FOUND
     reason = f"{decision}: {note}"
     try:
         with transaction.atomic():
-            moved = operation_transition(
-                operation=op, to=_TARGET[decision], actor=actor, reason=reason, changes=changes
+            # The reviewer's decision resolves every attempt that was left unknown.
+            moved = operation_review_resolve(
+                operation=op, to=_TARGET[decision], actor=actor, reason=reason, provider_ref=provider_ref
             )
-            if attempt_outcome is not None:
-                # The reviewer's decision resolves every attempt that was left unknown.
-                moved.attempt_set.filter(
-                    tenant_id=moved.tenant_id, outcome__in=[AttemptOutcome.AMBIGUOUS, AttemptOutcome.PENDING]
-                ).update(outcome=attempt_outcome)
             # The item's alerts (raised by the sweeper with the key as ref) are dealt with.
             alerts_resolve_for(
                 tenant_id=op.tenant_id,

@@ -17,7 +17,7 @@ from django.db import InterfaceError, OperationalError, connection, connections
 from django.test import Client
 
 from config import problems
-from ledger import auth, services
+from ledger import auth, transitions
 from ledger.outage import database_unavailable, dead_connections_discard
 from observability import health
 from tests.ledger.support import CLAIM_URL, claim_body
@@ -48,7 +48,7 @@ def test_a_claim_while_the_database_is_unreachable_answers_503_with_retry_after(
     def fail(**kwargs: Any) -> Any:
         raise error
 
-    monkeypatch.setattr(services, "operation_claim", fail)
+    monkeypatch.setattr(transitions, "operation_claim", fail)
     assert_database_unavailable(api.post(CLAIM_URL, claim_body(key="blip:1"), format="json"))
 
 
@@ -64,7 +64,7 @@ def test_an_error_raised_from_a_database_error_is_503_too(api, monkeypatch):
         except OperationalError as exc:
             raise RuntimeError("while recording") from exc
 
-    monkeypatch.setattr(services, "operation_claim", wrapped)
+    monkeypatch.setattr(transitions, "operation_claim", wrapped)
     assert_database_unavailable(api.post(CLAIM_URL, claim_body(key="blip:2"), format="json"))
 
 
@@ -72,7 +72,7 @@ def test_other_errors_stay_500_internal_error(api, monkeypatch):
     def bug(**kwargs: Any) -> Any:
         raise ValueError("a bug")
 
-    monkeypatch.setattr(services, "operation_claim", bug)
+    monkeypatch.setattr(transitions, "operation_claim", bug)
     response = api.post(CLAIM_URL, claim_body(key="blip:3"), format="json")
     assert response.status_code == 500 and response.json()["code"] == "internal_error"
     assert "Retry-After" not in response

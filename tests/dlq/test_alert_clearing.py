@@ -29,6 +29,7 @@ from ledger import hooks, polling, revisions
 from ledger import services as ledger_services
 from ledger.models import Operation, OperationStatus, Provider
 from ledger.sweeper import alert_stuck
+from ledger.transitions.claim import guarded_move
 from observability.scheduler import SWEEP_FUNC, scheduler_watch
 from tests.dlq.conftest import example
 from tests.observability.support import allow_outbound
@@ -91,7 +92,7 @@ def _claim(tenant: Any, provider: Provider, key: str) -> Operation:
 
 
 def _move(op: Operation, to: str) -> Operation:
-    return ledger_services.operation_transition(operation=op, to=to, actor="test", reason=f"to {to}")
+    return guarded_move(operation=op, to=to, actor="test", reason=f"to {to}")
 
 
 # --- Each kind, from the code path that raises it ------------------------------------------------

@@ -13,6 +13,7 @@ from dlq.models import FailedEvent, Replay
 from dlq.tasks import auto_replay_task, replays_recover_task
 from ledger import services as ledger
 from ledger.models import Operation
+from ledger.transitions.claim import guarded_move
 
 pytestmark = pytest.mark.django_db
 
@@ -88,7 +89,7 @@ def test_an_operation_root_lives_as_long_as_its_operation(tenant, provider, auto
         operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient"
     )
     waiting = Operation.objects.get(pk=op.pk)
-    ledger.operation_transition(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
+    guarded_move(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
     # The operation's lifetime is over: replaying now would act after its context changed.
     Operation.objects.filter(pk=op.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     assert auto_replay_task()["replayed"] == 0

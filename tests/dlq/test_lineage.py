@@ -14,6 +14,7 @@ from dlq.models import FailedEvent, FailedEventChange
 from ledger import hooks
 from ledger import services as ledger
 from ledger.models import IdempotencyClass, Operation, OperationEvent
+from ledger.transitions.claim import guarded_move
 from relay.testing import start_mock_provider
 
 
@@ -71,7 +72,7 @@ def test_the_end_of_a_retry_lifetime_writes_its_entry(tenant, provider):
     waiting = ledger.operation_fail(
         operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient"
     )
-    ledger.operation_transition(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
+    guarded_move(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
     assert FailedEvent.objects.filter(operation_id=op.pk).count() == 1
 
 
@@ -111,7 +112,7 @@ def test_an_error_after_the_status_write_of_an_exhausted_retry_rolls_back_both(t
         operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="transient"
     )
     with _crash_after_dlq_write(), pytest.raises(RuntimeError):
-        ledger.operation_transition(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
+        guarded_move(operation=waiting, to="failed", actor="sweeper", reason="lifetime exhausted")
     assert Operation.objects.get(pk=op.pk).status == "retry_wait"
     assert not FailedEvent.objects.exists()
 

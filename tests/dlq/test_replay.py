@@ -10,8 +10,8 @@ import pytest
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventChange, Replay
-from ledger import services as ledger_services
 from ledger.models import Operation
+from ledger.transitions.claim import guarded_move
 from review.services import review_decision_record
 from tests.dlq.conftest import example, example_bytes, post_raw
 
@@ -140,7 +140,7 @@ def _ambiguous_replay(client, tenant, sink) -> tuple[int, Operation]:
     sink.release.set()
     op = Operation.objects.get(key=f"replay:{event_id}:1")
     # The sweeper could not tell (a webhook target has no lookup): a human decides.
-    op = ledger_services.operation_transition(operation=op, to="review", actor="sweeper", reason="no lookup")
+    op = guarded_move(operation=op, to="review", actor="sweeper", reason="no lookup")
     return event_id, op
 
 

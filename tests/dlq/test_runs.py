@@ -14,6 +14,7 @@ from dlq.models import FailedEvent, Replay, RunResume
 from ledger import caching, selectors
 from ledger import services as ledger_services
 from ledger.models import Operation, OperationStatus
+from ledger.transitions.claim import guarded_move
 from review.models import ReviewDecision
 from review.services import review_decision_record
 from tests.execute.conftest import configure_provider
@@ -180,7 +181,7 @@ def test_uncertain_steps_are_never_re_driven_and_a_resolved_one_is(client, tenan
 
     # A reviewer resolves it as not done: its caller may never come back, so a resume sends it.
     op = Operation.objects.get(pk=created["id"])
-    op = ledger_services.operation_transition(operation=op, to=S.REVIEW, actor="test", reason="to review")
+    op = guarded_move(operation=op, to=S.REVIEW, actor="test", reason="to review")
     review_decision_record(
         operation_id=op.pk, decision=ReviewDecision.SAFE_TO_RETRY, note="provider log shows nothing", actor="user:rita"
     )

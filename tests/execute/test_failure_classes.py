@@ -218,7 +218,7 @@ def test_backoff_is_exponential_with_full_jitter_and_recorded_on_the_row(tenant,
     provider.max_delay_seconds = 1.5
     provider.save()
     # Full jitter draws uniform(0, ceiling): pin the draw to the ceiling to read the ceiling.
-    monkeypatch.setattr("ledger.services.random.uniform", lambda low, high: high)
+    monkeypatch.setattr("ledger.inputs.random.uniform", lambda low, high: high)
     mock.script([{"status": 408}] * 3)
     op = submit(tenant, "k-backoff")
     delays = []

@@ -16,7 +16,7 @@ import pytest
 from django.db import OperationalError, transaction
 
 from dlq.models import FailedEvent
-from ledger import adapters, execute, services
+from ledger import adapters, execute, transitions
 from ledger.execute import operation_execute, operation_submit, operations_take
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationStatus
 
@@ -65,9 +65,9 @@ def discards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def outage(
     monkeypatch: pytest.MonkeyPatch, name: str, *, failures: int, landed: bool = False, raw: bool = False
 ) -> list[int]:
-    """``services.<name>`` fails ``failures`` times as on a dropped connection. ``landed``:
+    """``transitions.<name>`` fails ``failures`` times as on a dropped connection. ``landed``:
     the statement commits and only the answer is lost. ``raw``: psycopg's own error."""
-    real: Callable[..., Any] = getattr(services, name)
+    real: Callable[..., Any] = getattr(transitions, name)
     calls: list[int] = []
 
     def flaky(**kwargs: Any) -> Any:
@@ -79,7 +79,7 @@ def outage(
             raise error("server closed the connection unexpectedly")
         return real(**kwargs)
 
-    monkeypatch.setattr(services, name, flaky)
+    monkeypatch.setattr(transitions, name, flaky)
     return calls
 
 
@@ -207,7 +207,7 @@ def test_other_errors_are_not_retried(tenant, advisory, monkeypatch, clock, disc
         calls.append(1)
         raise ValueError("a bug, not a blip")
 
-    monkeypatch.setattr(services, "operation_complete", broken)
+    monkeypatch.setattr(transitions, "operation_complete", broken)
     with pytest.raises(ValueError):
         execute_one(op)
     assert len(calls) == 1 and clock.sleeps == [] and discards == []

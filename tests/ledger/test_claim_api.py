@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from ledger import services
 from ledger.models import Attempt, ErrorClass, Operation, OperationMode, OperationStatus
+from ledger.transitions.claim import guarded_move
 from tests.ledger.support import (
     CLAIM_URL,
     PROBLEM_JSON,
@@ -170,7 +171,7 @@ def test_review_operation_gets_409_needs_reconciliation(api):
     first = claim(api).json()
     fail(api, first, ErrorClass.AMBIGUOUS)
     op = Operation.objects.get(pk=first["id"])
-    services.operation_transition(operation=op, to=S.REVIEW, actor="sweeper", reason="advisory provider")
+    guarded_move(operation=op, to=S.REVIEW, actor="sweeper", reason="advisory provider")
 
     response = claim(api)
 
@@ -224,10 +225,8 @@ def test_replayed_terminal_failure_is_byte_identical_to_the_first_replay(api):
 def test_abandoned_key_replays_200(api):
     first = claim(api).json()
     fail(api, first, ErrorClass.AMBIGUOUS)
-    op = services.operation_transition(
-        operation=Operation.objects.get(pk=first["id"]), to=S.REVIEW, actor="sweeper", reason="advisory"
-    )
-    services.operation_transition(operation=op, to=S.ABANDONED, actor="reviewer:ann", reason="not needed")
+    op = guarded_move(operation=Operation.objects.get(pk=first["id"]), to=S.REVIEW, actor="sweeper", reason="advisory")
+    guarded_move(operation=op, to=S.ABANDONED, actor="reviewer:ann", reason="not needed")
 
     response = claim(api)
 

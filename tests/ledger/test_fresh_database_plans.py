@@ -19,6 +19,7 @@ import pytest
 from django.db import connection
 
 from ledger import services
+from ledger.models import Operation
 from tests.conftest import on_postgres
 from tests.support.plans import captured_statements, explain, sequential_scans
 
@@ -32,7 +33,7 @@ LEDGER_TABLES = ("ledger_operation", "ledger_attempt", "ledger_operationevent", 
 
 def test_on_empty_just_analyzed_tables_the_claim_path_plans_no_sequential_scan(tenant, provider, api):
     with connection.cursor() as cursor:
-        assert not services.Operation.objects.exists()
+        assert not Operation.objects.exists()
         for table in LEDGER_TABLES:
             cursor.execute(f"ANALYZE {table}")
 

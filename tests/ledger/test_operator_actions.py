@@ -8,6 +8,7 @@ from ledger import services
 from ledger.errors import OperationNotCancellable, OperationNotFound, ValidationFailed
 from ledger.execute import operation_submit
 from ledger.models import ErrorClass, Operation, OperationMode, OperationStatus, Provider, Tenant
+from ledger.transitions import claim as transitions_claim
 from tests.ledger.support import events_of
 
 S = OperationStatus
@@ -79,7 +80,7 @@ def test_cancel_needs_a_reason_and_a_tenant_of_the_caller(tenant, other_tenant, 
 def test_a_worker_that_took_the_row_first_wins_over_the_cancel(tenant, provider, monkeypatch):
     op = submit(tenant, provider)
     # The worker's take happens between the operator's read and the cancel's UPDATE.
-    monkeypatch.setattr(services, "_operator_target", lambda **_: op)
+    monkeypatch.setattr(transitions_claim, "operator_target", lambda **_: op)
     Operation.objects.filter(pk=op.pk).update(
         status=S.CLAIMED, lease_token="taken-by-worker", lease_expires_at=op.created_at
     )

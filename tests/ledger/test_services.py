@@ -33,6 +33,8 @@ from ledger.models import (
     Tenant,
 )
 from ledger.sweeper import sweep_expired_leases
+from ledger.transitions import holder as transitions_holder
+from ledger.transitions.claim import guarded_move
 from tests.ledger.support import (
     attempts_of,
     events_of,
@@ -119,7 +121,7 @@ def test_backoff_delay_is_full_jitter_below_base_times_two_to_the_attempt(tenant
         seen.append((attempt, base, value))
         return value
 
-    monkeypatch.setattr(services, "backoff_seconds", top_of_range)
+    monkeypatch.setattr(transitions_holder, "backoff_seconds", top_of_range)
     op = claim(tenant, provider)
     delays = []
     for n in range(1, 5):
@@ -265,12 +267,12 @@ def _with_unresolved_first_attempt(tenant: Tenant, provider: Provider) -> Operat
     op = claim(tenant, provider)
     services.operation_mark_sent(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token)
     uncertain = fail(op, ErrorClass.AMBIGUOUS, message="connection reset")
-    services.operation_transition(
+    guarded_move(
         operation=uncertain,
         to=S.RETRY_WAIT,
         actor="reviewer:ann",
         reason="re-issue with the same key",
-        changes={"next_attempt_at": F("created_at")},
+        values={"next_attempt_at": F("created_at")},
     )
     second = claim(tenant, provider, key=op.key)
     assert second.attempts == 2
@@ -511,8 +513,8 @@ def test_sweeper_and_reviewer_transitions_write_events_too(tenant, provider):
     expire_lease(op.pk)
     sweep_expired_leases()
     uncertain = Operation.objects.get(pk=op.pk)
-    in_review = services.operation_transition(operation=uncertain, to=S.REVIEW, actor="sweeper", reason="no lookup")
-    services.operation_transition(operation=in_review, to=S.ABANDONED, actor="reviewer:ann", reason="customer left")
+    in_review = guarded_move(operation=uncertain, to=S.REVIEW, actor="sweeper", reason="no lookup")
+    guarded_move(operation=in_review, to=S.ABANDONED, actor="reviewer:ann", reason="customer left")
 
     assert [(old, new, actor) for old, new, actor, _ in events_of(op.pk)][1:] == [
         (S.CLAIMED, S.UNCERTAIN, "sweeper"),
@@ -553,7 +555,7 @@ def test_moves_outside_the_table_raise_illegal_transition_and_change_nothing(ten
     events = len(events_of(op.pk))
 
     with pytest.raises(IllegalTransition):
-        services.operation_transition(operation=op, to=target, actor="test", reason="illegal")
+        guarded_move(operation=op, to=target, actor="test", reason="illegal")
 
     assert row(op.pk) == before
     assert len(events_of(op.pk)) == events
@@ -568,7 +570,7 @@ def test_a_transition_from_a_stale_read_raises_and_never_overwrites(tenant, prov
     before = row(op.pk)
 
     with pytest.raises(LeaseLost):
-        services.operation_transition(operation=stale, to=S.UNCERTAIN, actor="sweeper", reason="late")
+        guarded_move(operation=stale, to=S.UNCERTAIN, actor="sweeper", reason="late")
 
     assert row(op.pk) == before
 

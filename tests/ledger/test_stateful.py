@@ -69,6 +69,7 @@ from ledger.models import (
 )
 from ledger.serializers import ReplayedOperationOutputSerializer
 from ledger.sweeper import sweep
+from ledger.transitions import holder as transitions_holder
 from review.services import review_decision_record
 from soak import checks
 
@@ -699,7 +700,7 @@ def test_the_ledger_holds_its_invariants_under_random_interleavings(monkeypatch:
     monkeypatch.setattr(dlq_services, "timezone", DatabaseClock)
     # The sweeper visits rows whose times tie in whatever order the table returns them; with
     # jittered backoff each row's delay would depend on that order. The ceiling, no jitter.
-    monkeypatch.setattr(services, "backoff_seconds", _backoff_ceiling)
+    monkeypatch.setattr(transitions_holder, "backoff_seconds", _backoff_ceiling)
     # Alerts and DLQ notifications would be handed to django-q2 after commit: not here.
     monkeypatch.setattr("ledger.tasks.enqueue", lambda *args: None)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")

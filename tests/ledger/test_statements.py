@@ -26,6 +26,7 @@ from ledger.models import (
     Provider,
     Tenant,
 )
+from ledger.transitions.claim import guarded_move
 from tests.conftest import on_postgres
 from tests.ledger.support import attempts_of, events_of, ledger_counts
 
@@ -114,7 +115,7 @@ def test_an_observer_sees_the_ledger_statements(tenant, provider):
 
 def test_a_completion_from_uncertain_still_records_the_move_it_made(tenant, provider):
     op = _claim(tenant, provider, "hot-uncertain")
-    services.operation_transition(operation=op, to=S.UNCERTAIN, actor="sweeper", reason="lease expired")
+    guarded_move(operation=op, to=S.UNCERTAIN, actor="sweeper", reason="lease expired")
     done = services.operation_complete(
         operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, response_body={"late": 1}
     )
@@ -149,7 +150,7 @@ def test_every_statement_is_loaded_with_declared_literals_only():
 
 
 def test_every_named_statement_is_used_by_the_ledger():
-    source = "".join(p.read_text() for p in Path(statements.__file__).parent.glob("*.py"))
+    source = "".join(p.read_text() for p in Path(statements.__file__).parent.rglob("*.py"))
     parsed = statements.parse(statements.QUERIES.read_text(encoding="utf-8"), vendor="sqlite")
     unused = [name for name in parsed if f'"{name}"' not in source]
     assert unused == []
@@ -240,8 +241,8 @@ def _journey(tenant: Tenant, other: Tenant, provider: Provider, prefix: str) -> 
         deleted_at=ops["plain"].created_at, keep_until=ops["plain"].created_at,
     )  # fmt: skip
     answers.append(_answer(claim("gone")))
-    services.operation_transition(operation=ops["uncertain"], to=S.UNCERTAIN, actor="sweeper", reason="expired")
-    services.operation_transition(operation=ops["review"], to=S.REVIEW, actor="sweeper", reason="review it")
+    guarded_move(operation=ops["uncertain"], to=S.UNCERTAIN, actor="sweeper", reason="expired")
+    guarded_move(operation=ops["review"], to=S.REVIEW, actor="sweeper", reason="review it")
     for name in ("plain", "sent", "with-payload", "uncertain", "review"):
         answers.append(_answer(complete(ops[name], reason=f"done {name}", actor="worker-1")))
     answers.append(_answer(complete(ops["plain"])))  # the same holder again: the row back
@@ -350,7 +351,7 @@ def test_a_completion_that_waits_for_the_sweepers_move_completes_from_the_state_
         try:
             with transaction.atomic():
                 row = Operation.objects.select_for_update().get(pk=op.pk)
-                services.operation_transition(operation=row, to=S.UNCERTAIN, actor="sweeper", reason="lease expired")
+                guarded_move(operation=row, to=S.UNCERTAIN, actor="sweeper", reason="lease expired")
                 moved.set()
                 release.wait(timeout=30)
         finally:
