@@ -561,7 +561,7 @@ def _stored_by_this_attempt(op: Operation) -> Operation | None:
 
 
 def record_outcome_retrying(*, op: Operation, provider: Provider, outcome: adapters.Outcome, actor: str) -> Operation:
-    """:func:`record_outcome`, retried through a database blip (issue 11).
+    """:func:`record_outcome`, retried through a database blip.
 
     The outcome is in hand: dropped, the row would wait for its lease to expire and then be
     reconciled — for a key-advisory provider, by a human. So a database error is retried on a

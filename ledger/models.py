@@ -243,8 +243,8 @@ _LOWER_HEX = re.compile(r"[0-9a-f]*")
 class HexBytesField(models.CharField):
     """A digest or token: lowercase hex text in Python — services, API, console, exports all
     see the text — and its bytes in PostgreSQL (``bytea``: a 64-character fingerprint in 33
-    bytes instead of 65, a 32-character lease token in 17 instead of 33; issue 16's cheaper
-    growth). SQLite keeps the text. This is the one place the two forms meet: the ORM converts
+    bytes instead of 65, a 32-character lease token in 17 instead of 33; the cheaper growth
+    of docs/explanation/scale.md). SQLite keeps the text. This is the one place the two forms meet: the ORM converts
     through these methods, and ``ledger.statements`` (the named statements' ``fingerprint`` and
     ``lease_token`` parameters) and the tombstone writer through ``get_db_prep_value``.
 
@@ -325,8 +325,8 @@ class SealedJSONField(models.JSONField):
     """A JSON value that is usually a sealed envelope (``{"_enc": "v2:<key id>:<base64>"}``,
     ledger.crypto): the operation's payload, request and recorded response, the attempt's
     response. Python — services, API, console, exports, erasure, rotation, the DLQ — sees the
-    JSON value, exactly as a JSONField gives it; PostgreSQL stores ``bytea`` (issue 16's cheaper
-    growth): an envelope as a 0x01 byte, the length of its ``<version>:<key id>``, that text and
+    JSON value, exactly as a JSONField gives it; PostgreSQL stores ``bytea`` (the cheaper growth of
+    docs/explanation/scale.md): an envelope as a 0x01 byte, the length of its ``<version>:<key id>``, that text and
     the raw nonce and ciphertext — no base64, no jsonb header, ~40 bytes less per value — and
     any other value (plain, with encryption off; a redaction marker; an envelope whose text is
     not canonical) as a 0x00 byte and its compact UTF-8 JSON, read back as written (keys in the
@@ -889,7 +889,7 @@ ADAPTER_FIELDS = (
     "lookup_settle_seconds",
     "intent_schema",
     "request_template",
-    # asynchronous providers (issue 15 item 4; DESIGN §5, asynchronous providers)
+    # asynchronous providers (DESIGN §5, asynchronous providers)
     *ASYNC_ADAPTER_FIELDS,
 )
 
@@ -905,7 +905,7 @@ class AdapterRevision(models.Model):
     # Indexed by the unique (provider, number).
     provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="revisions", db_index=False)
     number = models.PositiveIntegerField()
-    # The adapter fields, as data: later adapter kinds (issue 15) add their own keys here.
+    # The adapter fields, as data: later adapter kinds add their own keys here.
     config = models.JSONField()
     # The stable revision this one was made from (its number); None for the first.
     based_on = models.PositiveIntegerField(null=True, blank=True)

@@ -1,4 +1,4 @@
-"""Validated outputs (issue 15 item 6): nothing a provider produced is published unchecked.
+"""Validated outputs: nothing a provider produced is published unchecked.
 
 :func:`output_fetch_publish` is called by the holder of an operation's lease once the
 provider says its output is ready (an image API's job ``succeeded`` with an output URL):

@@ -1,4 +1,4 @@
-"""Asynchronous providers (DESIGN §5, "Asynchronous providers"; issue 15 item 4).
+"""Asynchronous providers (DESIGN §5, "Asynchronous providers").
 
 A provider with a status path (``Provider.poll_path``) answers a submission with a job id,
 not a result. The worker that sent it records the job id as the operation's

@@ -1,4 +1,4 @@
-"""Erasure on request (issue 13 item 5): redact one person's payloads everywhere, as a recorded,
+"""Erasure on request: redact one person's payloads everywhere, as a recorded,
 resumable run.
 
 ``erasure_request`` resolves the person (keyed values only, review.subjects), snapshots the
