@@ -244,8 +244,8 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     list_search_scoped = True
     tenant_column_at = 2
     search_help_text = (
-        "A whole key; any part of a key, reconciliation handle, execution or correlation id or workflow name"
-        " (any case); a provider ref from its start; an operation id."
+        "A whole key; any part of a key, reconciliation handle, execution or correlation id, workflow name"
+        " or error text (any case); a provider ref from its start; an operation id."
     )
     list_select_related = ["tenant", "provider"]
     # What the columns read (review.listing.ConsoleChangeList.listed): the row's id, key and
