@@ -1,0 +1,147 @@
+"""The console's front page as an operator's round: what needs attention, operations, the
+dead-letter queue, runs, people, configuration, audit — in that order, each page with its count.
+
+The admin's own index lists its apps' models in app and model order (35 links); an operator
+walks the pages by the question they answer instead. Every count is bounded
+(``review.selectors.shown_count``: exact up to a thousand rows read from an index, else the
+planner's estimate), never a COUNT(*) over the operation table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+
+from review.selectors import shown_count
+
+# (section title, what it answers, its pages as (app label, model name)). A page registered
+# later and named nowhere here is listed under configuration, so no page goes missing.
+ROUND: list[tuple[str, str, list[tuple[str, str]]]] = [
+    (
+        "Needs attention",
+        "decisions waiting for a person, alerts, paused providers",
+        [("review", "reviewitem"), ("alerts", "alert"), ("review", "pausedprovider")],
+    ),
+    (
+        "Operations",
+        "every guarded call, its attempts, files in and out",
+        [
+            ("ledger", "operation"),
+            ("ledger", "attempt"),
+            ("ledger", "upload"),
+            ("ledger", "operationoutput"),
+            ("ledger", "tombstone"),
+        ],
+    ),
+    (
+        "Dead-letter queue",
+        "failures no automatic retry will fix, and their replays",
+        [("dlq", "failedevent"), ("dlq", "replay"), ("dlq", "bulkreplay")],
+    ),
+    ("Runs", "workflow runs step by step, and their resumptions", [("dlq", "runresume")]),
+    (
+        "People",
+        "records about a person, erasures, who may sign in",
+        [("review", "erasurerun"), ("auth", "user"), ("auth", "group"), ("review", "stafftenant")],
+    ),
+    (
+        "Configuration",
+        "tenants, providers, targets, keys, schedules",
+        [
+            ("ledger", "tenant"),
+            ("ledger", "provider"),
+            ("ledger", "prompttemplate"),
+            ("dlq", "replaytarget"),
+            ("dlq", "n8nconnection"),
+            ("ledger", "apikey"),
+            ("alerts", "alertchannel"),
+            ("review", "retentionpolicy"),
+            ("django_q", "schedule"),
+        ],
+    ),
+    (
+        "Audit",
+        "who changed or looked at what, and what ran",
+        [
+            ("ledger", "configchange"),
+            ("review", "accesslog"),
+            ("review", "accesslogcheckpoint"),
+            ("ledger", "operationevent"),
+            ("alerts", "alertdelivery"),
+            ("review", "retentionrun"),
+            ("review", "loginfailure"),
+            ("django_q", "success"),
+            ("django_q", "failure"),
+            ("django_q", "ormq"),
+        ],
+    ),
+]
+CONFIGURATION = "Configuration"
+
+
+@dataclass
+class RoundPage:
+    name: str
+    url: str
+    count: str = ""
+
+
+@dataclass
+class RoundSection:
+    title: str
+    about: str
+    slug: str
+    pages: list[RoundPage] = field(default_factory=list)
+
+
+def _extra_pages(request: HttpRequest, site: admin.AdminSite) -> dict[str, list[RoundPage]]:
+    """Pages that are no model's list: the run page and the person search."""
+    extra: dict[str, list[RoundPage]] = {"Runs": [], "People": []}
+    user = request.user
+    if user.has_perm("ledger.view_operation"):
+        extra["Runs"].append(RoundPage("Open a run by its id", reverse(f"{site.name}:onceguard_run")))
+    if user.has_perm("review.search_subjects"):
+        extra["People"].append(RoundPage("Find records about a person", reverse(f"{site.name}:onceguard_subjects")))
+    return extra
+
+
+def _count(request: HttpRequest, site: Any, model: Any) -> str:
+    model_admin = site._registry.get(model)
+    if model_admin is None:
+        # A history page (attempts, events): partitioned, scoped by its own page; its list
+        # says how many when filtered.
+        return ""
+    return str(shown_count(model_admin.get_queryset(request)))
+
+
+def console_round(request: HttpRequest, site: Any) -> list[RoundSection]:
+    """The round's sections, each with the pages ``request.user`` may view, in order."""
+    apps = site.get_app_list(request)
+    entries = {(app["app_label"], m["object_name"].lower()): m for app in apps for m in app["models"]}
+    placed: set[tuple[str, str]] = set()
+    sections: list[RoundSection] = []
+    extra = _extra_pages(request, site)
+    for title, about, pages in ROUND:
+        section = RoundSection(title, about, slug=title.lower().replace(" ", "-"))
+        for name in pages:
+            entry = entries.get(name)
+            if entry is None or not entry.get("admin_url"):
+                continue
+            placed.add(name)
+            section.pages.append(
+                RoundPage(str(entry["name"]), entry["admin_url"], _count(request, site, entry["model"]))
+            )
+        if title == CONFIGURATION:
+            for name, entry in sorted(entries.items()):
+                if name not in placed and name not in {p for _, _, ps in ROUND for p in ps} and entry.get("admin_url"):
+                    section.pages.append(
+                        RoundPage(str(entry["name"]), entry["admin_url"], _count(request, site, entry["model"]))
+                    )
+        section.pages += extra.get(title, [])
+        if section.pages:
+            sections.append(section)
+    return sections
