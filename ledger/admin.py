@@ -727,7 +727,6 @@ class ApiKeyAdmin(ConsoleAdmin):
         messages.success(request, f"Revoked {queryset.count()} key(s).")
 
 
-@admin.register(ConfigChange)
 def _json_value(values: dict[str, Any], name: str) -> str:
     """One side of a changed field, as JSON (absent: an em dash)."""
     if name not in values:
@@ -735,6 +734,7 @@ def _json_value(values: dict[str, Any], name: str) -> str:
     return json.dumps(values[name], sort_keys=True, ensure_ascii=False)
 
 
+@admin.register(ConfigChange)
 class ConfigChangeAdmin(ConsoleReadOnlyAdmin):
     """Who changed which configuration, when, from what to what (secrets masked). Read-only
     for everyone; auditors filter it and export it as CSV (the console's export)."""
