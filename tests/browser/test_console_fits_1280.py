@@ -57,8 +57,8 @@ _OVERFLOWING = """(() => {
 })()"""
 
 # Words of prose and headings whose letters lie on more than one line. Identifiers (tokens with
-# digits, colons, slashes, dots or underscores, or longer than 30 characters), links, code and
-# form fields may break anywhere: a 255-character key must, or it widens the page.
+# digits, colons, slashes, dots, hyphens or underscores, or longer than 30 characters), links,
+# code and form fields may break anywhere: a 255-character key must, or it widens the page.
 _BROKEN_WORDS = """(() => {
   const broken = [];
   const skip = 'a, code, pre, kbd, input, textarea, select, option, script, style, .og-id, .og-l, '
@@ -67,14 +67,14 @@ _BROKEN_WORDS = """(() => {
   for (let node = walker.nextNode(); node; node = walker.nextNode()) {
     const parent = node.parentElement;
     if (!parent || parent.closest(skip) || !parent.offsetParent) continue;
-    for (const m of node.data.matchAll(/[^\\s\\-\\u2013\\u2014/]+/g)) {
+    for (const m of node.data.matchAll(/\\S+/g)) {
       const word = m[0].replace(/^[("“‘'\\[]+|[)"”’'\\].,;:!?…]+$/g, '');
-      if (word.length < 2 || word.length > 30 || /[0-9:/._@=&?#]/.test(word)) continue;
+      if (word.length < 2 || word.length > 30 || /[0-9:/._@=&?#\\-]/.test(word)) continue;
       const range = document.createRange();
       range.setStart(node, m.index);
       range.setEnd(node, m.index + m[0].length);
       const tops = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
-      if (tops.size > 1) broken.push(word);
+      if (tops.size > 1) broken.push(`${word} (in ${parent.tagName.toLowerCase()}${parent.className ? '.' + parent.className : ''})`);
     }
   }
   return broken;
