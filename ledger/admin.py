@@ -381,7 +381,8 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         if not (obj.workflow_id or obj.execution_id):
             return display.EMPTY
         version = f" v{obj.workflow_version}" if obj.workflow_version else ""
-        workflow = f"wf {obj.workflow_id}{version}" if obj.workflow_id else ""
+        # Shortened like the execution (full value on hover): a workflow id may be 255 characters.
+        workflow = display.format_html("wf {}{}", display.short_id(obj.workflow_id), version) if obj.workflow_id else ""
         execution = display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else ""
         name = getattr(obj, "workflow_name", None)
         if not name:

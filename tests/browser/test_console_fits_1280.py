@@ -66,7 +66,9 @@ _BROKEN_WORDS = """(() => {
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   for (let node = walker.nextNode(); node; node = walker.nextNode()) {
     const parent = node.parentElement;
+    // Not shown: hidden, or inside a closed disclosure (its summary aside).
     if (!parent || parent.closest(skip) || !parent.offsetParent) continue;
+    if (parent.closest('details:not([open])') && !parent.closest('summary')) continue;
     for (const m of node.data.matchAll(/\\S+/g)) {
       const word = m[0].replace(/^[("“‘'\\[]+|[)"”’'\\].,;:!?…]+$/g, '');
       if (word.length < 2 || word.length > 30 || /[0-9:/._@=&?#\\-]/.test(word)) continue;
