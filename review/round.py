@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 
-from review.selectors import shown_count
+from review.selectors import shown_counts
 
 # (section title, what it answers, its pages as (app label, model name)). A page registered
 # later and named nowhere here is listed under configuration, so no page goes missing.
@@ -109,39 +110,37 @@ def _extra_pages(request: HttpRequest, site: admin.AdminSite) -> dict[str, list[
     return extra
 
 
-def _count(request: HttpRequest, site: Any, model: Any) -> str:
-    model_admin = site._registry.get(model)
-    if model_admin is None:
-        # A history page (attempts, events): partitioned, scoped by its own page; its list
-        # says how many when filtered.
-        return ""
-    return str(shown_count(model_admin.get_queryset(request)))
-
-
 def console_round(request: HttpRequest, site: Any) -> list[RoundSection]:
     """The round's sections, each with the pages ``request.user`` may view, in order."""
     apps = site.get_app_list(request)
     entries = {(app["app_label"], m["object_name"].lower()): m for app in apps for m in app["models"]}
-    placed: set[tuple[str, str]] = set()
+    named = {page for _, _, pages in ROUND for page in pages}
     sections: list[RoundSection] = []
+    counted: list[tuple[RoundPage, QuerySet]] = []
     extra = _extra_pages(request, site)
+
+    def add(section: RoundSection, entry: dict[str, Any]) -> None:
+        page = RoundPage(str(entry["name"]), entry["admin_url"])
+        section.pages.append(page)
+        model_admin = site._registry.get(entry["model"])
+        # A history page (attempts, events) has no model admin: partitioned and scoped by its
+        # own page, it is counted there, filtered.
+        if model_admin is not None:
+            counted.append((page, model_admin.get_queryset(request)))
+
     for title, about, pages in ROUND:
         section = RoundSection(title, about, slug=title.lower().replace(" ", "-"))
         for name in pages:
             entry = entries.get(name)
-            if entry is None or not entry.get("admin_url"):
-                continue
-            placed.add(name)
-            section.pages.append(
-                RoundPage(str(entry["name"]), entry["admin_url"], _count(request, site, entry["model"]))
-            )
+            if entry is not None and entry.get("admin_url"):
+                add(section, entry)
         if title == CONFIGURATION:
             for name, entry in sorted(entries.items()):
-                if name not in placed and name not in {p for _, _, ps in ROUND for p in ps} and entry.get("admin_url"):
-                    section.pages.append(
-                        RoundPage(str(entry["name"]), entry["admin_url"], _count(request, site, entry["model"]))
-                    )
+                if name not in named and entry.get("admin_url"):
+                    add(section, entry)
         section.pages += extra.get(title, [])
         if section.pages:
             sections.append(section)
+    for (page, _), count in zip(counted, shown_counts([qs for _, qs in counted]), strict=True):
+        page.count = str(count)
     return sections
