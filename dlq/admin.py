@@ -483,16 +483,18 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
     def workflow(self, obj: FailedEvent) -> str:
         if not (obj.source_workflow_name or obj.source_workflow_id):
             return display.EMPTY
+
         # The ids shortened (full value on hover, copied on click): an id of 255 characters
         # would otherwise widen the list past the screen.
-        execution = (
-            format_html(" · exec {}", display.short_id(obj.source_execution_id)) if obj.source_execution_id else ""
-        )
+        def shown(value: str) -> str:
+            return display.short_id(value) if len(value) > 20 else value
+
+        execution = format_html(" · exec {}", shown(obj.source_execution_id)) if obj.source_execution_id else ""
         return format_html(
             '<span title="{}">{}</span><div class="og-muted">wf {}{}</div>',
             obj.source_workflow_name,
             display.truncate(obj.source_workflow_name, 60) or display.EMPTY,
-            display.short_id(obj.source_workflow_id),
+            shown(obj.source_workflow_id),
             execution,
         )
 

@@ -382,7 +382,8 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
             return display.EMPTY
         version = f" v{obj.workflow_version}" if obj.workflow_version else ""
         # Shortened like the execution (full value on hover): a workflow id may be 255 characters.
-        workflow = display.format_html("wf {}{}", display.short_id(obj.workflow_id), version) if obj.workflow_id else ""
+        workflow_id = display.short_id(obj.workflow_id) if len(obj.workflow_id) > 20 else obj.workflow_id
+        workflow = display.format_html("wf {}{}", workflow_id, version) if obj.workflow_id else ""
         execution = display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else ""
         name = getattr(obj, "workflow_name", None)
         if not name:
