@@ -13,13 +13,17 @@ import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
 from django.urls import reverse
+from django.utils import timezone
 
+from alerts.models import AlertChannelKind
+from alerts.services import alert_channel_upsert
 from dlq import services as dlq_services
 from ledger import services
-from ledger.models import ErrorClass, IdempotencyClass, Tenant
+from ledger.models import ErrorClass, IdempotencyClass, Tenant, Tombstone
 from ledger.workflows import workflow_name_note
 from review.demo import demo_seed
 from tests.browser.conftest import ARTIFACTS, PASSWORD
+from tests.browser.test_console_objects import _files
 
 pytestmark = [pytest.mark.heavy, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -130,6 +134,34 @@ def _seed_longest(tenant: Tenant) -> None:
     dlq_services.failed_event_ingest(
         tenant=tenant, raw=json.dumps(envelope).encode(), actor="t", replay_target=LONG_TARGET
     )
+    # Configuration and files at their limits, so their detail pages are visited too.
+    services.apikey_create(tenant=tenant, name=("n8n production workflows for the regional sales team " * 2)[:100])
+    alert_channel_upsert(
+        tenant=tenant,
+        name="regional-sales-on-call-webhook-for-dead-letters-and-paused-crm-v2"[:63],
+        kind=AlertChannelKind.WEBHOOK,
+        url="http://127.0.0.1:9/hooks/" + "on-call-escalation/" * 20,
+    )
+    dlq_services.n8n_connection_save(
+        tenant=tenant, base_url="http://127.0.0.1:9/" + "n8n-regional/" * 10, api_key="k" * 64, actor="t"
+    )
+    _files(tenant)
+    now = timezone.now()
+    Tombstone.objects.create(
+        tenant=tenant,
+        key=LONG_KEY[:-1] + "t",
+        operation_id=10**12,
+        mode="guard",
+        action="crm.contact.create-or-update-with-duplicate-handling",
+        provider_slug=LONG_PROVIDER,
+        fingerprint="ab" * 32,
+        final_status="succeeded",
+        provider_ref="0035g00000XyZaBAAV" * 10,
+        created_at=now,
+        done_at=now,
+        deleted_at=now,
+        keep_until=now,
+    )
 
 
 def _pages() -> list[tuple[str, str, Any]]:
@@ -158,6 +190,11 @@ def test_every_list_and_detail_page_fits_1280_px_with_the_longest_values(console
     User.objects.create_superuser("root", password=PASSWORD)
     tab = console()
     tab.page.set_viewport_size({"width": WIDTH, "height": 900})
+    # A mistyped password first: the login-failure list gets its row.
+    tab.go("/admin/login/")
+    tab.page.fill("#id_username", "root")
+    tab.page.fill("#id_password", "not the password")
+    tab.page.click("input[type=submit]")
     tab.login("root")
 
     problems: dict[str, list[str]] = {}
