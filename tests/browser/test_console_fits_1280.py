@@ -90,6 +90,7 @@ _BROKEN_WORDS = """(() => {
 def _seed_longest(tenant: Tenant) -> None:
     """Rows at the limits, made after the demo's so they are the newest (each list's first
     rows, each detail page's object)."""
+    _files(tenant)  # an upload and a published output (made first: the long operation stays the newest)
     provider = services.provider_upsert(
         tenant=tenant,
         slug=LONG_PROVIDER,
@@ -145,7 +146,6 @@ def _seed_longest(tenant: Tenant) -> None:
     dlq_services.n8n_connection_save(
         tenant=tenant, base_url="http://127.0.0.1:9/" + "n8n-regional/" * 10, api_key="k" * 64, actor="t"
     )
-    _files(tenant)
     now = timezone.now()
     Tombstone.objects.create(
         tenant=tenant,
