@@ -30,6 +30,7 @@ from dlq.models import (
     FailedEvent,
     FailedEventChange,
     FailedEventStatus,
+    KeySource,
     N8nConnection,
     Replay,
     ReplayOutcome,
@@ -82,6 +83,14 @@ def masked_json(value: Any) -> str:
     except Exception:  # a key that is not configured: say so, never break the page
         return "(sealed with a key that is not configured)"
     return json.dumps(mask_skeleton(plain), indent=2, ensure_ascii=False)
+
+
+def needs_key(event: FailedEvent) -> bool:
+    """A pending entry with no usable key, never replayed: the console sets its key before it
+    offers the replay (an entry replayed before keeps its course)."""
+    return (
+        event.status == FailedEventStatus.PENDING and event.key_source == KeySource.MISSING and not event.replay_count
+    )
 
 
 def replay_failure(replay: Replay) -> SafeString | str:
@@ -252,6 +261,23 @@ class ReplayForm(forms.Form):
 
 class NoteForm(forms.Form):
     note = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
+
+
+class KeyForm(forms.Form):
+    """The key an entry with no usable key is replayed under (services.failed_event_key_set
+    checks it by the key rule; a refusal names the rule broken)."""
+
+    key = forms.CharField(
+        label="Idempotency key",
+        max_length=255,
+        strip=False,
+        widget=forms.TextInput(attrs={"size": 60, "placeholder": "lead:call_7f3c2a9e:crm-contact:v1"}),
+        help_text="1–255 printable ASCII characters, no blanks around it, no e-mail address or phone number: "
+        "the record id the receiver deduplicates on.",
+    )
+    note = forms.CharField(
+        max_length=500, required=False, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}), label="Why (optional)"
+    )
 
 
 class CorrectForm(forms.Form):
@@ -455,10 +481,19 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
     def workflow(self, obj: FailedEvent) -> str:
         if not (obj.source_workflow_name or obj.source_workflow_id):
             return display.EMPTY
+
+        # The ids shortened (full value on hover, copied on click): an id of 255 characters
+        # would otherwise widen the list past the screen.
+        def shown(value: str) -> str:
+            return display.short_id(value) if len(value) > 20 else value
+
+        execution = format_html(" · exec {}", shown(obj.source_execution_id)) if obj.source_execution_id else ""
         return format_html(
-            '{}<div class="og-muted">{}</div>',
+            '<span title="{}">{}</span><div class="og-muted">wf {}{}</div>',
+            obj.source_workflow_name,
             display.truncate(obj.source_workflow_name, 60) or display.EMPTY,
-            f"wf {obj.source_workflow_id}" + (f" · exec {obj.source_execution_id}" if obj.source_execution_id else ""),
+            shown(obj.source_workflow_id),
+            execution,
         )
 
     @admin.display(description="failed node", ordering="source_node")
@@ -492,6 +527,8 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
             extra_context["can_replay"] = self.has_replay_permission(request)
             extra_context["can_resolve"] = self.has_resolve_permission(request)
             extra_context["last_replay_failure"] = last_replay_failure(event)
+            extra_context["needs_key"] = needs_key(event)
+            extra_context["key_origin"] = selectors.key_origin(event)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
@@ -564,6 +601,7 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
         own = [
             path("<int:pk>/replay/", wrap(self.replay_view), name="dlq_failedevent_replay"),
             path("<int:pk>/correct/", wrap(self.correct_view), name="dlq_failedevent_correct"),
+            path("<int:pk>/set-key/", wrap(self.set_key_view), name="dlq_failedevent_set_key"),
             path("<int:pk>/resend-decision/", wrap(self.resend_decision_view), name="dlq_failedevent_resend_decision"),
             path(
                 "<int:pk>/resolve/",
@@ -642,6 +680,11 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
                 replay_failure(replay) or "no error recorded",
             )
 
+        if self.has_replay_permission(request) and needs_key(self._entry(request, pk)):
+            # Replayed under its own identity, no receiver could tell it from a new request:
+            # the key is set first (set_key_view), then the replay is offered.
+            messages.warning(request, f"Entry {pk} has no usable key: set the key it is replayed under first.")
+            return HttpResponseRedirect(reverse("admin:dlq_failedevent_set_key", args=[pk]))
         return self._entry_action(
             request,
             pk,
@@ -683,6 +726,31 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
                 preview["body"] = "(sealed with a key that is not configured)"
         preview["as_new_key"] = services.derive_new_key(preview["key"], event.replay_count + 1)
         return preview
+
+    def set_key_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """Set the key of an entry that has no usable one (services.failed_event_key_set), then
+        back to the entry, whose replay is offered from then on."""
+
+        def set_key(event: FailedEvent, data: dict[str, Any]) -> tuple[int, str]:
+            changed = services.failed_event_key_set(
+                tenant_id=event.tenant_id,
+                event_pk=event.pk,
+                key=data["key"],
+                actor=actor_of(request),
+                note=data["note"],
+            )
+            return messages.SUCCESS, f"Key of entry {event.pk} set to {changed.original_key}: it can be replayed now."
+
+        return self._entry_action(
+            request,
+            pk,
+            allowed=self.has_replay_permission(request),
+            form=lambda event: KeyForm(request.POST or None),
+            act=set_key,
+            refused="Key not set",
+            title=f"Set the key of entry {pk} before its replay",
+            button="Set the key",
+        )
 
     def correct_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         """Replay with corrected fields as the next version of the key (services.failed_event_correct)."""

@@ -89,3 +89,10 @@ class ReplayNeedsDecision(DomainError):
     until a person records the decision "safe to resend" with a reason (DESIGN §4)."""
 
     status, code, title = 409, "replay_needs_decision", "Replay waits for a decision"
+
+
+class KeyNotSettable(DomainError):
+    """A key set by hand only on an entry that has none and was never replayed; the key itself
+    is checked by the key rule (ledger.key_rules), refused as ``invalid_idempotency_key``."""
+
+    status, code, title = 409, "key_not_settable", "The key cannot be set"

@@ -118,6 +118,10 @@ class KeySource(models.TextChoices):
     REQUEST_FIELD = "request_field", "the declared field of the failed request"
     # none could be found: the identity stands in and ``key_note`` says why, in words.
     MISSING = "missing", "none found"
+    # none was found, and a person set one on the entry's page before replaying it
+    # (dlq.services.failed_event_key_set; the change trail says who and why). Not a business key
+    # of the report's: later failures of it are not folded into this entry.
+    SET_BY_PERSON = "set", "set by a person"
 
 
 # Entries that are one per business key, tenant and target while open.

@@ -44,6 +44,7 @@ from dlq.errors import (
     EventTooLarge,
     FailedEventBusy,
     FailedEventClosed,
+    KeyNotSettable,
     NoteRequired,
     ReplayInProgress,
     ReplayNeedsDecision,
@@ -90,7 +91,7 @@ from ledger.crypto import open_json
 from ledger.errors import DomainError, InvalidKey, ValidationFailed
 from ledger.execute import operation_submit, operation_translated
 from ledger.failures import transport_error_text
-from ledger.key_rules import MAX_KEY_LENGTH, key_header_value, key_usable
+from ledger.key_rules import MAX_KEY_LENGTH, key_check, key_header_value, key_usable
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
@@ -894,6 +895,54 @@ def failed_event_resend_decide(*, tenant_id: int, event_pk: int, actor: str, not
             new=FE.PENDING,
             actor=actor,
             note=f'decision "safe to resend": {note}',
+        )
+    event.refresh_from_db()
+    return event
+
+
+def failed_event_key_set(*, tenant_id: int, event_pk: int, key: str, actor: str, note: str = "") -> FailedEvent:
+    """A person sets the key a pending entry with no usable key is replayed under (DESIGN §7):
+    without one, its replay would go out under the entry's own identity, which no receiver
+    knows. The key is a new key by the key rule (ledger.key_rules, the tenant's waiver for
+    personal data included), refused as the claim refuses it; an entry already replayed, or
+    that has a key, keeps what it has. Who, which key and why go in the entry's trail, in
+    the same transaction as the guarded UPDATE."""
+    allowed = Tenant.objects.filter(pk=tenant_id, personal_data_in_keys_allowed=True).exists()
+    key = key_check(key, personal_data_allowed=allowed)
+    event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
+    # Not held by the open-entry constraint (a key set by hand is no report's business key), so
+    # looked for here: the same key open in another entry of the target is the same failure.
+    held_by = (
+        selectors.failed_events_of_key(tenant_id=tenant_id, key=key, target_slug=event.replay_target_slug)
+        .filter(status__in=FE_OPEN_STATES)
+        .exclude(pk=event.pk)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if held_by is not None:
+        raise KeyNotSettable(
+            f"Entry {held_by} holds this key open for the same target: replay or close that one instead.",
+            extra={"entry": held_by},
+        )
+    note = _note(note)
+    with transaction.atomic():
+        moved = FailedEvent.objects.filter(
+            pk=event.pk, tenant_id=tenant_id, status=FE.PENDING, key_source=KeySource.MISSING, replay_count=0
+        ).update(
+            original_key=key,
+            key_source=KeySource.SET_BY_PERSON,
+            key_note=_note(f"Set by {actor[:150]}" + (f": {note}" if note else ".")),
+            updated_at=timezone.now(),
+        )
+        if not moved:
+            raise KeyNotSettable("Only a pending entry with no usable key, never replayed, takes a key set by hand.")
+        transitions.change_row(
+            event_pk=event.pk,
+            tenant_id=tenant_id,
+            old=FE.PENDING,
+            new=FE.PENDING,
+            actor=actor,
+            note=f"key set to {key} (none was usable)" + (f": {note}" if note else ""),
         )
     event.refresh_from_db()
     return event

@@ -23,7 +23,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
-from django.utils.html import escape, format_html
+from django.utils.html import escape, format_html, format_html_join
 from django.utils.http import urlencode
 
 from ledger import callbacks, canary, display, prompts, ratelimit, revisions, services
@@ -240,8 +240,8 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     list_search_scoped = True
     tenant_column_at = 2
     search_help_text = (
-        "A whole key; any part of a key, reconciliation handle, execution or correlation id or workflow name"
-        " (any case); a provider ref from its start; an operation id."
+        "A whole key; any part of a key, reconciliation handle, execution or correlation id, workflow name"
+        " or error text (any case); a provider ref from its start; an operation id."
     )
     list_select_related = ["tenant", "provider"]
     # What the columns read (review.listing.ConsoleChangeList.listed): the row's id, key and
@@ -377,7 +377,9 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         if not (obj.workflow_id or obj.execution_id):
             return display.EMPTY
         version = f" v{obj.workflow_version}" if obj.workflow_version else ""
-        workflow = f"wf {obj.workflow_id}{version}" if obj.workflow_id else ""
+        # Shortened like the execution (full value on hover): a workflow id may be 255 characters.
+        workflow_id = display.short_id(obj.workflow_id) if len(obj.workflow_id) > 20 else obj.workflow_id
+        workflow = display.format_html("wf {}{}", workflow_id, version) if obj.workflow_id else ""
         execution = display.short_id(f"exec {obj.execution_id}", keep=22) if obj.execution_id else ""
         name = getattr(obj, "workflow_name", None)
         if not name:
@@ -744,12 +746,22 @@ class ApiKeyAdmin(ConsoleAdmin):
         messages.success(request, f"Revoked {queryset.count()} key(s).")
 
 
+def _json_value(values: dict[str, Any], name: str) -> str:
+    """One side of a changed field, as JSON (absent: an em dash)."""
+    if name not in values:
+        return display.EMPTY
+    return json.dumps(values[name], sort_keys=True, ensure_ascii=False)
+
+
 @admin.register(ConfigChange)
 class ConfigChangeAdmin(ConsoleReadOnlyAdmin):
     """Who changed which configuration, when, from what to what (secrets masked). Read-only
     for everyone; auditors filter it and export it as CSV (the console's export)."""
 
-    list_display = ["at", "tenant", "actor", "action", "object_type", "object_repr", "before_json", "after_json"]
+    # One line per change: the fields it touched, the values behind a disclosure (every diff
+    # spelled out made the page 17,000 px tall); the export keeps before and after whole.
+    list_display = ["at", "tenant", "actor", "action", "object_type", "object_repr", "changed"]
+    list_per_page = 50
     list_filter = ["action", "object_type", "tenant", ("at", admin.DateFieldListFilter)]
     search_fields = ["actor", "=object_id", "object_repr"]
     date_hierarchy = "at"
@@ -779,6 +791,30 @@ class ConfigChangeAdmin(ConsoleReadOnlyAdmin):
             "before_json",
             "after_json",
         ]
+
+    @admin.display(description="what changed")
+    def changed(self, obj: ConfigChange) -> str:
+        before, after = obj.before or {}, obj.after or {}
+        if not isinstance(before, dict) or not isinstance(after, dict):
+            return display.EMPTY
+        names = sorted(name for name in {*before, *after} if before.get(name) != after.get(name))
+        if not names:
+            return display.EMPTY
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        rows = format_html_join(
+            "",
+            "<tr><th>{}</th><td>{}</td><td>{}</td></tr>",
+            ((name, _json_value(before, name), _json_value(after, name)) for name in names),
+        )
+        return format_html(
+            '<details class="og-diff"><summary>{} field{}: {}</summary>'
+            "<table><thead><tr><th>field</th><th>before</th><th>after</th></tr></thead><tbody>{}</tbody></table>"
+            "</details>",
+            len(names),
+            "" if len(names) == 1 else "s",
+            shown,
+            rows,
+        )
 
     @admin.display(description="before")
     def before_json(self, obj: ConfigChange) -> str:

@@ -282,6 +282,10 @@ class OperationFilter(django_filters.FilterSet):
     workflow_id = django_filters.CharFilter(field_name="workflow_id")
     # Any part of a name the workflow was seen with, in any case (ledger.selectors.workflows_named).
     workflow_name = django_filters.CharFilter(method="named")
+    # Any part of the error text of one of the operation's failures, in any case, from the
+    # append-only failure events (ledger.selectors.operations_failed_with; the DLQ list's
+    # ``error`` is the same over its entries' error message).
+    error = django_filters.CharFilter(method="failed_with")
 
     class Meta:
         model = Operation
@@ -290,6 +294,17 @@ class OperationFilter(django_filters.FilterSet):
     def named(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
         found = selectors.workflows_named(value)
         return rows.none() if found is None else rows.filter(found)
+
+    def failed_with(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
+        text = value.strip()
+        if not selectors.ERROR_SEARCH_MIN <= len(text) <= selectors.ERROR_SEARCH_MAX:
+            raise ValidationFailed(
+                f"error must hold {selectors.ERROR_SEARCH_MIN} to {selectors.ERROR_SEARCH_MAX} characters"
+                " (a part of the error text)."
+            )
+        # The caller's tenant bound on the events too (their tenant column; Citus routes by it).
+        failed = selectors.operations_failed_with(text, tenant_ids=[self.request.user.tenant.pk])
+        return rows.filter(pk__in=failed.values("operation_id"))
 
 
 class OperationCursorPagination(KeysetCursorPagination):
@@ -338,6 +353,7 @@ class OperationListApi(APIView):
                 "correlation_id",
                 "workflow_id",
                 "workflow_name",
+                "error",
                 "match",
                 "cursor",
                 "page_size",
@@ -349,7 +365,7 @@ class OperationListApi(APIView):
     @sql.planned_per_call(indexed=True)
     def get(self, request: Request) -> Response:
         rows = selectors.operation_list(tenant=request.user.tenant, match=request.query_params.getlist("match"))
-        filterset = OperationFilter(request.query_params, queryset=rows)
+        filterset = OperationFilter(request.query_params, queryset=rows, request=request)
         if not filterset.is_valid():
             raise drf_serializers.ValidationError(filterset.errors)
         paginator = self.pagination_class()

@@ -108,7 +108,9 @@ def failure_html(message: str, *, status: int | None = None, url: str = "") -> S
     if not explained.raw:
         return ""
     if not explained.sentence:
-        return display.escape(explained.raw)
+        # format_html: escaped once and marked safe (display.escape returns a plain str, which
+        # the template escaped again: "record&#x27;s" on the page).
+        return display.format_html("{}", explained.raw)
     return display.format_html(
         '<span class="og-failure" data-testid="failure-sentence">{}</span>'
         ' <details class="og-raw-error"><summary>raw error</summary><code>{}</code></details>',

@@ -14,6 +14,7 @@ from ledger.models import (
     Attempt,
     AttemptOutcome,
     Operation,
+    OperationEvent,
     OperationMode,
     OperationStatus,
     Provider,
@@ -57,8 +58,9 @@ def operation_search(
     rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None = None
 ) -> QuerySet[Operation]:
     """Rows matching ``text``: a case-insensitive substring of the key, reconciliation
-    handle, execution or correlation id, or of a name of the row's workflow; the provider
-    ref exactly or by prefix (it is written at completion, so it gets no trigram index); the
+    handle, execution or correlation id, of a name of the row's workflow, or of the error
+    text of one of its failures (``operations_failed_with``); the provider ref exactly or by
+    prefix (it is written at completion, so it gets no trigram index); the
     row's id. Plain LIKE on SQLite; on PostgreSQL every arm of the OR has its index (trigram
     GIN, the provider ref's pattern-ops btree, the primary key, the tenant's workflow ids), so
     it stays an index scan at a million rows.
@@ -87,7 +89,45 @@ def operation_search(
     named = workflows_named(text)
     if named is not None:
         found |= named
+    if ERROR_SEARCH_MIN <= len(text) <= ERROR_SEARCH_MAX:
+        # Newest first by an expression no index serves: walking the event's operation index
+        # backwards hoping for a rare match under the LIMIT is the plan this rules out.
+        newest = (F("operation_id") + 0).desc()
+        failed = operations_failed_with(text, tenant_ids=tenant_ids).order_by(newest)
+        ids = list(dict.fromkeys(failed.values_list("operation_id", flat=True)[:MATCHED_ERRORS_MAX]))
+        if ids:
+            found |= Q(pk__in=ids)
     return rows.filter(found)
+
+
+# The states a failure moves an operation to; the event of that move holds the error text in
+# its reason. Migration 0035's partial trigram index holds exactly these events' reasons.
+ERROR_EVENT_STATES = (
+    OperationStatus.RETRY_WAIT,
+    OperationStatus.FAILED,
+    OperationStatus.UNCERTAIN,
+    OperationStatus.REVIEW,
+)
+# A search arm's error matches, newest operations first: the ids go to the database as a list
+# (an OR with a sub-select would read every operation), so beyond this the oldest are left out.
+MATCHED_ERRORS_MAX = 500
+# A trigram index narrows nothing for a shorter text (it holds no trigram): it would read the
+# whole index. Error text is searched from three characters on (the API says so too).
+ERROR_SEARCH_MIN = 3
+# The event's reason column holds at most this: a longer text matches nothing.
+ERROR_SEARCH_MAX = OperationEvent._meta.get_field("reason").max_length or 500
+
+
+def operations_failed_with(text: str, *, tenant_ids: list[int] | None = None) -> QuerySet[OperationEvent]:
+    """Failure events whose error text holds ``text`` (any case); their ``operation_id`` names
+    the operation. Read from the append-only events, never from the
+    operation's ``last_error`` (a completion rewrites that; an index on it would cost every
+    completion): trigram GIN on PostgreSQL (migration 0035), LIKE on SQLite. ``tenant_ids``
+    (None: every tenant's) bind the event's tenant column, as Citus routes by it."""
+    rows = OperationEvent.objects.filter(to_status__in=ERROR_EVENT_STATES, reason__icontains=text)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=tenant_ids)
+    return rows
 
 
 def _whole_key(rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None) -> QuerySet[Operation] | None:

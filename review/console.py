@@ -45,6 +45,7 @@ from review.changes import ConfigChangeAdminMixin
 from review.listing import ConsoleChangeList
 from review.models import AccessAction
 from review.n8n_audit_pages import n8n_audit_page
+from review.round import console_round
 from review.run_pages import run_page
 from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
 from review.subject_pages import subject_trail_page
@@ -581,6 +582,7 @@ class OnceguardAdminSite(admin.AdminSite):
             extra_context["attention"] = attention_context(request, attention_now(tenant_ids=scope))
             if request.user.has_perm("ledger.view_operation"):
                 extra_context["charts"] = charts_context(provider_activity(tenant_ids=scope))
+            extra_context["round"] = console_round(request, self)
         return super().index(request, extra_context)
 
     # --- reveal ---------------------------------------------------------------------------

@@ -61,7 +61,8 @@ _BROKEN_WORDS = """(() => {
   for (const cell of document.querySelectorAll('#result_list tbody td, #result_list tbody th')) {
     const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
     for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-      if (node.parentElement.closest('a, .og-id, .og-l, td[class*="url"], td[class*="json"]')) continue;
+      // (A closed disclosure's content is not shown: the configuration changes' values.)
+      if (node.parentElement.closest('a, .og-id, .og-l, td[class*="url"], td[class*="json"], details:not([open]) > table')) continue;
       for (const m of node.data.matchAll(/[^\\s\\-]+/g)) {
         const range = document.createRange();
         range.setStart(node, m.index);
