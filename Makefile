@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 
-.PHONY: run test lint fmt soak bench bench-compare setup clean
+.PHONY: run test test-fast lint fmt soak bench bench-compare setup clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -37,9 +37,19 @@ fmt: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-## make test: lint, the whole suite on SQLite, then on PostgreSQL when reachable (or DATABASE_URL says so).
+## make test: lint, the whole suite on SQLite, then on PostgreSQL when reachable (or DATABASE_URL says so),
+## each pass on one xdist worker per core, in random order (the seed is printed; TEST_SEED repeats it).
 test: lint
 	bash scripts/test.sh
+
+## make test-fast: the core of every app on SQLite in a few minutes, for use while working: no heavy or
+## slow tests (tests/conftest.py's SLOW list), no lint, no PostgreSQL. ARGS adds pytest arguments.
+test-fast: setup
+	@started=$$SECONDS; status=0; \
+	env -u DATABASE_URL SQLITE_TEST_PATH=$${SQLITE_TEST_PATH:-$(CURDIR)/var/test-fast.sqlite3} \
+	  $(PY) -m pytest -q -n $${TEST_WORKERS:-$$(nproc)} --dist loadgroup -m "not heavy and not browser and not slow" $(ARGS) \
+	  || status=$$?; \
+	echo "== make test-fast: $$((SECONDS - started)) s, exit $$status =="; exit $$status
 
 ## make soak: the whole service on a private PostgreSQL cluster (initdb, own port, removed after) under
 ## mixed load and random faults for SOAK_SECONDS (600), then its invariants; non-zero exit on a violation.

@@ -52,10 +52,12 @@ def api(tenant: Tenant, provider: Provider, make_client: Callable[..., APIClient
     return make_client(tenant)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _close_stray_test_db_sessions(django_db_setup: Any, django_db_blocker: Any) -> Any:
-    """Threads of live servers and concurrency tests keep persistent connections; end them
-    before the test database is dropped, so teardown never fails on PostgreSQL."""
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Any:
+    """pytest-django's test database, and before it is dropped: threads of live servers and
+    concurrency tests keep persistent connections; end them, so teardown never fails on
+    PostgreSQL. An override rather than an autouse fixture, so a run of tests that need no
+    database (the soak, pure functions) never creates one."""
     yield
     with django_db_blocker.unblock():
         if on_postgres():
@@ -118,15 +120,46 @@ def _forget_process_caches() -> Any:
     cache.clear()
 
 
+# Heavy suites that share something run on one xdist worker, one test after another
+# (`--dist loadgroup`), beside the other worker's tests: the n8n suite's session fixtures
+# install n8n into the machine's cache and build one user folder; the browser suite and the
+# Redis broker's may each apt-get a missing program, and dpkg holds one lock for both.
+XDIST_GROUPS = {
+    "n8n": ("tests/n8n/",),
+    "apt": ("tests/browser/", "tests/observability/test_redis_broker.py"),
+}
+
+
+# Files and folders `make test-fast` leaves out (marked `slow` here): each takes seconds per
+# test on its own — child processes, live servers, real timeouts, the whole-demo walks.
+SLOW: tuple[str, ...] = ()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Heavy suites (browser, real n8n, soak, fuzzing) run once per `make test`, in the
     PostgreSQL pass: on SQLite they are skipped, never silently dropped from CI (.ci/run
     fails when the PostgreSQL pass did not happen)."""
     from django.conf import settings
 
-    if "postgresql" in settings.DATABASES["default"]["ENGINE"]:
-        return
+    on_sqlite = "postgresql" not in settings.DATABASES["default"]["ENGINE"]
     skip = pytest.mark.skip(reason="heavy suite: runs once, in the PostgreSQL pass")
     for item in items:
-        if item.get_closest_marker("heavy") or item.get_closest_marker("browser"):
+        heavy = item.get_closest_marker("heavy") or item.get_closest_marker("browser")
+        if heavy and on_sqlite:
             item.add_marker(skip)
+        for group, prefixes in XDIST_GROUPS.items():
+            if item.nodeid.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The order's seed at the end of every run (pytest-randomly prints it only in the header,
+    which -q hides), so a failure that depends on the order can be repeated."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.has_plugin("randomly") and isinstance(seed, int):
+        terminalreporter.write_line(
+            f"random order: -p randomly --randomly-seed={seed} repeats it; -p no:randomly keeps file order"
+        )
