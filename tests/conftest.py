@@ -130,9 +130,28 @@ XDIST_GROUPS = {
 }
 
 
-# Files and folders `make test-fast` leaves out (marked `slow` here): each takes seconds per
-# test on its own — child processes, live servers, real timeouts, the whole-demo walks.
-SLOW: tuple[str, ...] = ()
+# What `make test-fast` leaves out (marked `slow` here; `make test` runs all of it): files whose
+# tests take seconds each — child processes (workers, web servers, manage.py), crash windows,
+# whole-demo walks, every console page as every role — and every Hypothesis test (fuzzing).
+SLOW: tuple[str, ...] = (
+    "tests/e2e/",
+    "tests/console/test_accesslog_integrity.py",
+    "tests/console/test_console_cpu_work.py",
+    "tests/console/test_list_query_counts.py",
+    "tests/console/test_permission_matrix.py",
+    "tests/console/test_security_and_dashboard.py",
+    "tests/execute/test_async_worker_processes.py",
+    "tests/execute/test_provider_caps.py",
+    "tests/execute/test_worker_processes.py",
+    "tests/observability/test_production.py",
+    "tests/observability/test_run_all_ready.py",
+    "tests/sweeper/test_sweep_loop.py",
+    "tests/test_local_env.py",
+    "tests/test_metrics.py",
+    "tests/test_migrations.py",
+    "tests/test_readme_walkthrough.py",
+    "tests/test_run_all.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
@@ -151,7 +170,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for group, prefixes in XDIST_GROUPS.items():
             if item.nodeid.startswith(prefixes):
                 item.add_marker(pytest.mark.xdist_group(group))
-        if item.nodeid.startswith(SLOW):
+        # A Hypothesis test carries `.hypothesis` (its documented `inner_test` handle).
+        if item.nodeid.startswith(SLOW) or hasattr(getattr(item, "obj", None), "hypothesis"):
             item.add_marker(pytest.mark.slow)
 
 
