@@ -5,10 +5,10 @@
 #
 # Each pass runs on TEST_WORKERS pytest-xdist workers (default: one per core), each with a
 # test database of its own (pytest-django suffixes the name: test_x_gw0, test.sqlite3_gw0).
-# Heavy suites that share a cache or a lock run on one worker (tests/conftest.py's
-# XDIST_GROUPS); tests marked `solo` (the soak) run after the parallel run, alone, because
-# their timings assume the machine to themselves. Tests run in random order (pytest-randomly)
-# with one seed for both passes, printed first: TEST_SEED=<seed> repeats an order, and
+# In the PostgreSQL pass the tests marked `serial` (tests/conftest.py's SERIAL: suites that
+# share a cache or a lock, and the soak) run after the parallel run, one at a time; on
+# SQLite they are heavy, hence skipped. Tests run in random order (pytest-randomly) with one
+# seed for both passes, printed first: TEST_SEED=<seed> repeats an order, and
 # `-p no:randomly` among the arguments keeps file order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ if [[ " $* " != *"no:randomly"* ]]; then
   ORDER=(--randomly-seed="$SEED")
   echo "== random order: seed $SEED (repeat it with TEST_SEED=$SEED) =="
 fi
-PARALLEL=(-n "$WORKERS" --dist loadgroup)
+PARALLEL=(-n "$WORKERS")
 if [ "$WORKERS" -le 1 ]; then PARALLEL=(-p no:xdist); fi
 
 # Runs "$@", then prints how long it took and how it ended; returns its exit status.
@@ -36,7 +36,7 @@ timed() {
 }
 
 echo "== pytest on SQLite ($WORKERS workers) =="
-timed "SQLite pass" env -u DATABASE_URL $PY -m pytest "${PARALLEL[@]}" "${ORDER[@]}" -m "not solo" "$@"
+timed "SQLite pass" env -u DATABASE_URL $PY -m pytest "${PARALLEL[@]}" "${ORDER[@]}" "$@"
 
 PG_URL="${DATABASE_URL:-}"
 if [ -z "$PG_URL" ]; then
@@ -46,12 +46,12 @@ psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=test", connect_ti
 PY
 fi
 if [ -n "$PG_URL" ]; then
-  echo "== pytest on PostgreSQL ($WORKERS workers, then the solo tests alone) =="
+  echo "== pytest on PostgreSQL ($WORKERS workers, then the serial suites one at a time) =="
   started=$SECONDS
-  timed "PostgreSQL parallel run" env DATABASE_URL="$PG_URL" $PY -m pytest "${PARALLEL[@]}" "${ORDER[@]}" -m "not solo" "$@"
-  # Exit 5 is "no tests collected": arguments that name no solo test are not a failure.
+  timed "PostgreSQL parallel run" env DATABASE_URL="$PG_URL" $PY -m pytest "${PARALLEL[@]}" "${ORDER[@]}" -m "not serial" "$@"
+  # Exit 5 is "no tests collected": arguments that name no serial test are not a failure.
   status=0
-  timed "PostgreSQL solo run" env DATABASE_URL="$PG_URL" $PY -m pytest -p no:xdist "${ORDER[@]}" -m solo "$@" || status=$?
+  timed "PostgreSQL serial run" env DATABASE_URL="$PG_URL" $PY -m pytest -p no:xdist "${ORDER[@]}" -m serial "$@" || status=$?
   if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then exit "$status"; fi
   echo "== PostgreSQL pass: $((SECONDS - started)) s =="
   date -u +%FT%TZ > var/test-postgres.ok

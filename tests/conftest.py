@@ -120,32 +120,44 @@ def _forget_process_caches() -> Any:
     cache.clear()
 
 
-# Heavy suites that share something run on one xdist worker, one test after another
-# (`--dist loadgroup`), beside the other worker's tests: the n8n suite's session fixtures
-# install n8n into the machine's cache and build one user folder; the browser suite and the
-# Redis broker's may each apt-get a missing program, and dpkg holds one lock for both.
-XDIST_GROUPS = {
-    "n8n": ("tests/n8n/",),
-    "apt": ("tests/browser/", "tests/observability/test_redis_broker.py"),
-}
+# Suites marked `serial` here run in scripts/test.sh's serial step, after the parallel run
+# and one test at a time: the n8n suite's session fixtures install n8n into the machine's
+# cache and build one user folder; the browser suite and the Redis broker's may each apt-get
+# a missing program (dpkg holds one lock); the soak's timings assume the machine to itself.
+# (pytest-xdist's `--dist loadgroup` would keep a group on one worker beside the others, but
+# with pytest 9 it no longer tags the items it groups, so the groups scatter.)
+SERIAL = ("tests/n8n/", "tests/browser/", "tests/observability/test_redis_broker.py", "tests/soak/")
 
 
 # What `make test-fast` leaves out (marked `slow` here; `make test` runs all of it): files whose
 # tests take seconds each — child processes (workers, web servers, manage.py), crash windows,
-# whole-demo walks, every console page as every role — and every Hypothesis test (fuzzing).
+# whole-demo walks, whole console pages rendered as every role, the input-boundary sweep —
+# and every Hypothesis test (fuzzing). Chosen from per-file timings; `make test` runs them all.
 SLOW: tuple[str, ...] = (
     "tests/e2e/",
     "tests/console/test_accesslog_integrity.py",
     "tests/console/test_console_cpu_work.py",
+    "tests/console/test_console_fuzz.py",
+    "tests/console/test_console_pages.py",
+    "tests/console/test_console_rows.py",
+    "tests/console/test_console_secrets.py",
+    "tests/console/test_history_pages.py",
     "tests/console/test_list_query_counts.py",
     "tests/console/test_permission_matrix.py",
+    "tests/console/test_provider_rollout.py",
+    "tests/console/test_quarantine_page.py",
+    "tests/console/test_sealed_secrets.py",
     "tests/console/test_security_and_dashboard.py",
+    "tests/execute/test_adapter_revisions.py",
     "tests/execute/test_async_worker_processes.py",
+    "tests/execute/test_metrics.py",
     "tests/execute/test_provider_caps.py",
     "tests/execute/test_worker_processes.py",
     "tests/observability/test_production.py",
     "tests/observability/test_run_all_ready.py",
+    "tests/review/test_erasure_objects.py",
     "tests/sweeper/test_sweep_loop.py",
+    "tests/test_input_boundaries.py",
     "tests/test_local_env.py",
     "tests/test_metrics.py",
     "tests/test_migrations.py",
@@ -154,7 +166,6 @@ SLOW: tuple[str, ...] = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Heavy suites (browser, real n8n, soak, fuzzing) run once per `make test`, in the
     PostgreSQL pass: on SQLite they are skipped, never silently dropped from CI (.ci/run
@@ -167,9 +178,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         heavy = item.get_closest_marker("heavy") or item.get_closest_marker("browser")
         if heavy and on_sqlite:
             item.add_marker(skip)
-        for group, prefixes in XDIST_GROUPS.items():
-            if item.nodeid.startswith(prefixes):
-                item.add_marker(pytest.mark.xdist_group(group))
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
         # A Hypothesis test carries `.hypothesis` (its documented `inner_test` handle).
         if item.nodeid.startswith(SLOW) or hasattr(getattr(item, "obj", None), "hypothesis"):
             item.add_marker(pytest.mark.slow)

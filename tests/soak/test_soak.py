@@ -17,7 +17,6 @@ BASE_DIR = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.heavy
-@pytest.mark.solo
 def test_a_sixty_second_soak_with_kills_and_a_database_restart_holds_every_invariant(tmp_path: Path) -> None:
     env = {**os.environ, "SOAK_SECONDS": "60", "SOAK_DRAIN_SECONDS": "180", "SOAK_LOG_DIR": str(tmp_path)}
     result = subprocess.run(
