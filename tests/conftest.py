@@ -131,11 +131,12 @@ SERIAL = ("tests/n8n/", "tests/browser/", "tests/observability/test_redis_broker
 
 # What `make test-fast` leaves out (marked `slow` here; `make test` runs all of it): files whose
 # tests take seconds each — child processes (workers, web servers, manage.py), crash windows,
-# whole-demo walks, whole console pages rendered as every role, the input-boundary sweep —
-# and every Hypothesis test (fuzzing). Chosen from per-file timings; `make test` runs them all.
+# whole-demo walks, whole console pages rendered as every role, the input-boundary sweep,
+# schema-wide walks, thread races — and every Hypothesis test (fuzzing). Chosen from per-file
+# timings of the fast subset (over 0.5 s a test, or whole-schema checks).
 SLOW: tuple[str, ...] = (
-    "tests/e2e/",
     "tests/console/test_accesslog_integrity.py",
+    "tests/console/test_config_changes.py",
     "tests/console/test_console_cpu_work.py",
     "tests/console/test_console_fuzz.py",
     "tests/console/test_console_pages.py",
@@ -143,26 +144,40 @@ SLOW: tuple[str, ...] = (
     "tests/console/test_console_secrets.py",
     "tests/console/test_history_pages.py",
     "tests/console/test_list_query_counts.py",
+    "tests/console/test_no_payload_in_logs.py",
     "tests/console/test_permission_matrix.py",
     "tests/console/test_provider_rollout.py",
     "tests/console/test_quarantine_page.py",
     "tests/console/test_sealed_secrets.py",
     "tests/console/test_security_and_dashboard.py",
+    "tests/console/test_tenant_scoping.py",
+    "tests/dlq/test_concurrency.py",
+    "tests/dlq/test_tenant_columns.py",
+    "tests/e2e/",
     "tests/execute/test_adapter_revisions.py",
+    "tests/execute/test_async_fault_modes.py",
     "tests/execute/test_async_worker_processes.py",
     "tests/execute/test_metrics.py",
     "tests/execute/test_provider_caps.py",
+    "tests/execute/test_record_retry.py",
+    "tests/execute/test_send_window.py",
+    "tests/execute/test_tenant_secret_namespace.py",
     "tests/execute/test_worker_processes.py",
+    "tests/ledger/test_concurrency.py",
+    "tests/ledger/test_tenant_columns.py",
     "tests/observability/test_production.py",
     "tests/observability/test_run_all_ready.py",
+    "tests/relay/test_testing_api.py",
     "tests/review/test_erasure_objects.py",
     "tests/sweeper/test_sweep_loop.py",
+    "tests/test_citus_readiness.py",
     "tests/test_input_boundaries.py",
     "tests/test_local_env.py",
     "tests/test_metrics.py",
     "tests/test_migrations.py",
     "tests/test_readme_walkthrough.py",
     "tests/test_run_all.py",
+    "tests/test_serializer_reuse.py",
 )
 
 
