@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 
-.PHONY: run test lint fmt soak bench bench-compare setup clean
+.PHONY: run test test-fast lint fmt soak bench bench-compare setup clean
 
 ## make help: list every target of this Makefile with what it does (these `## make` comments).
 .PHONY: help
@@ -53,9 +53,20 @@ fmt: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-## make test: lint, the whole suite on SQLite, then on PostgreSQL when reachable (or DATABASE_URL says so).
+## make test: lint, the whole suite on SQLite, then on PostgreSQL when reachable (or DATABASE_URL says so),
+## each pass on one xdist worker per core, in random order (the seed is printed; TEST_SEED repeats it).
 test: lint
 	bash scripts/test.sh
+
+## make test-fast: the core of every app on SQLite in under 3 minutes, for use while working: no heavy or
+## slow tests (tests/conftest.py's SLOW list), no lint, no PostgreSQL. Its test databases are kept between
+## runs (--reuse-db: new migrations are applied); ARGS=--create-db starts them afresh, ARGS adds any.
+test-fast: setup
+	@started=$$SECONDS; status=0; \
+	env -u DATABASE_URL SQLITE_TEST_PATH=$${SQLITE_TEST_PATH:-$(CURDIR)/var/test-fast.sqlite3} \
+	  $(PY) -m pytest -q -n $${TEST_WORKERS:-$$(nproc)} --reuse-db -m "not heavy and not browser and not slow" $(ARGS) \
+	  || status=$$?; \
+	echo "== make test-fast: $$((SECONDS - started)) s, exit $$status =="; exit $$status
 
 ## make soak: the whole service on a private PostgreSQL cluster (initdb, own port, removed after) under
 ## mixed load and random faults for SOAK_SECONDS (600), then its invariants; non-zero exit on a violation.

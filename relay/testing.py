@@ -97,6 +97,11 @@ class RunningServer:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
+    @property
+    def server(self) -> LoopbackServer | None:
+        """The server itself when it runs in this process (None in a child process)."""
+        return self._server
+
     # --- control endpoints ---
 
     def _call(self, method: str, path: str, json: Any = None) -> Any:

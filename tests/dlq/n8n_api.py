@@ -37,6 +37,8 @@ class FakeN8nApi(LoopbackServer):
         # One answer per request, in order ("ok", an int status, "slow", "garbage"); then "ok".
         self.script: list[Any] = []
         self.slow_seconds = 2.0
+        # Slow answers given so far (their hold ended before the server was stopped).
+        self.slow_answered = 0
         self.lock = threading.Lock()
         api = self
 
@@ -77,7 +79,9 @@ class FakeN8nApi(LoopbackServer):
                     return
                 if step == "slow":
                     # Bounded: the test's client gives up first; the server lets go after this.
-                    api.release.wait(timeout=api.slow_seconds)
+                    if not api.release.wait(timeout=api.slow_seconds):
+                        with api.lock:
+                            api.slow_answered += 1
                     step = "ok"
                 if isinstance(step, int):
                     self.answer(step, json.dumps({"message": "no such thing for +61412345678"}).encode())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,9 @@ class Sink(LoopbackServer):
         # apart from the POSTs, so `received()` stays the deliveries).
         self.lookup_status = 404
         self.lookups: list[Received] = []
+        # Called on the server's thread as each POST arrives, before it is answered: a test
+        # looks at the caller while it is known to be waiting on this sink.
+        self.on_post: Callable[[], None] | None = None
         sink = self
 
         class Handler(QuietHandler):
@@ -52,6 +56,8 @@ class Sink(LoopbackServer):
                     number = len(sink.requests)
                     mode, status, delay = sink.mode, sink.status, sink.delay
                     extra, body_override = dict(sink.answer_headers), sink.answer_body
+                if sink.on_post is not None:
+                    sink.on_post()
                 if mode == "hang":
                     sink.release.wait(timeout=1.0)
                 elif mode == "slow":

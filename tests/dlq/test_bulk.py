@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -13,6 +12,7 @@ from django.utils import timezone
 from dlq import services as dlq_services
 from dlq.models import BulkReplay, FailedEvent, Replay
 from dlq.tasks import bulk_replay_run_task
+from tests.support.clocks import FakeClock
 
 
 def ingest(client, n: int, prefix: str, workflow: str = "17") -> list[int]:
@@ -127,17 +127,20 @@ def test_a_bulk_replay_must_start_with_a_dry_run_and_force_needs_a_note(client, 
 
 @pytest.mark.django_db
 def test_sends_are_paced_at_the_configured_rate(
-    client, target, sink, enqueued, settings, django_capture_on_commit_callbacks
+    client, target, sink, enqueued, settings, django_capture_on_commit_callbacks, monkeypatch
 ):
     settings.ONCEGUARD_DLQ = {"BULK_REPLAY_PER_SECOND": 10}
     ingest(client, 4, "e")
     selection = client.post("/api/v1/dlq/replays", {"dry_run": True}, format="json").json()
     with django_capture_on_commit_callbacks(execute=True):
         client.post("/api/v1/dlq/replays", {"id": selection["id"]}, format="json")
-    started = time.monotonic()
+    # The pacing's clock (was: the wall clock, read around the run).
+    clock = FakeClock()
+    monkeypatch.setattr(dlq_services, "time", clock)
+    started = clock.monotonic()
     run_bulk(enqueued, selection["id"])
-    # 4 sends at 10/s: the 4th is not before 0.3 s.
-    assert time.monotonic() - started >= 0.3
+    # 4 sends at 10/s: the 4th is not before 0.3 s (rounded: the pauses are float sums).
+    assert round(clock.monotonic() - started, 9) >= 0.3
     assert len(sink.received()) == 4
 
 

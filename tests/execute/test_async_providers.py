@@ -381,7 +381,11 @@ def test_an_asynchronous_provider_must_say_how_to_read_its_status(tenant, mock_i
 
 
 def test_polls_are_calls_a_capped_provider_admits_within_its_caps(tenant, mock_images):
-    provider_upsert(tenant=tenant, slug="images", max_in_flight=1, **render_fields(mock_images.url))
+    # First polls a minute out: the test makes them due itself (make_due), so a busy machine
+    # taking over half a second between the two runs below cannot turn the first poll due
+    # and let it take the one slot before the second submit.
+    fields = render_fields(mock_images.url, poll_initial_seconds=60, poll_max_seconds=120)
+    provider_upsert(tenant=tenant, slug="images", max_in_flight=1, **fields)
     mock_images.set_switches(delay=120)
     ops = [submit(tenant, key=f"order-{i}:render:v1").operation for i in range(2)]
     run_due()

@@ -19,26 +19,12 @@ from dlq.models import FailedEvent
 from ledger import adapters, execute, transitions
 from ledger.execute import operation_execute, operation_submit, operations_take
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationStatus
+from tests.support.clocks import FakeClock
 
 S = OperationStatus
 
 # The worker's thread is never inside a transaction; only there does the retry apply.
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class FakeClock:
-    """Stands in for the ``time`` module of ledger.execute: sleeping moves the clock."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from ledger.services import operation_complete, provider_upsert
 from review.models import RecordType
 from review.retention import retention_purge_tenant
 from review.services import retention_policy_save
+from tests.support.clocks import TickingClock
 from tests.support.fixtures import *  # noqa: F403 - the loopback providers (mock_images)
 from tests.support.listener import Listener
 from tests.support.objects import image_bytes, stored_files
@@ -369,7 +370,7 @@ class _Drip(BaseHTTPRequestHandler):
         return
 
 
-def test_an_output_dripping_in_past_the_fetch_time_is_unavailable(tenant, object_dirs, settings):
+def test_an_output_dripping_in_past_the_fetch_time_is_unavailable(tenant, object_dirs, settings, monkeypatch):
     settings.ONCEGUARD = {**settings.ONCEGUARD, "OUTPUT_FETCH_TIMEOUT_SECONDS": 0.5}
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
     server.daemon_threads = True
@@ -381,10 +382,13 @@ def test_an_output_dripping_in_past_the_fetch_time_is_unavailable(tenant, object
             tenant=tenant, slug="drip", base_url=url, idempotency_class=IdempotencyClass.KEY_ENFORCED
         )
         op = taken_render(tenant, provider)
-        started = time.monotonic()
+        # The fetch's clock: each read of it is a tenth of a second later, as each byte is.
+        clock = TickingClock(0.1)
+        monkeypatch.setattr(outputs, "time", clock)
+        started = clock.now
         with pytest.raises(OutputUnavailable) as unavailable:
             output_fetch_publish(operation=op, url="/slow.png", expect=OutputExpectation())
-        elapsed = time.monotonic() - started
+        elapsed = clock.now - started
     finally:
         _Drip.stop.set()
         server.shutdown()
@@ -392,7 +396,8 @@ def test_an_output_dripping_in_past_the_fetch_time_is_unavailable(tenant, object
         _Drip.stop.clear()
 
     assert "took longer" in unavailable.value.reason
-    # Each byte came within httpx's read timeout: only the total bound stopped it.
+    # Each byte came within httpx's read timeout: only the total bound stopped it, once the
+    # fetch's own clock had passed it (was: the same bounds on the wall clock).
     assert 0.5 <= elapsed < 5
     assert Operation.objects.get(pk=op.pk).status == S.CLAIMED
     assert_nothing_published(object_dirs)
