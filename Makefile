@@ -47,7 +47,7 @@ fmt: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-## make docs: build the docs site (mkdocs.yml, Material theme) into var/site/ with --strict: any warning,
+## make docs: build the docs site (mkdocs.yml, Material theme) into build/site/ with --strict: any warning,
 ## a broken link or anchor, fails. `.venv/bin/mkdocs serve` serves it with live reload on 127.0.0.1:8001.
 .PHONY: docs
 docs: setup

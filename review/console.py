@@ -459,6 +459,7 @@ class ThrottledAuthenticationForm(AdminAuthenticationForm):
 
 
 _APPS_WHEN_READ = "_onceguard_app_list_when_read"
+_APPS_BUILT = "_onceguard_app_list"
 
 
 def demo_sign_in() -> tuple[str, str] | None:
@@ -507,6 +508,9 @@ class OnceguardAdminSite(admin.AdminSite):
         if app_label is None and getattr(request, _APPS_WHEN_READ, False):
             # each_context's ``available_apps``: read only by the nav sidebar (off here).
             return SimpleLazyObject(lambda: self.get_app_list(request))  # type: ignore[return-value]
+        if app_label is None and hasattr(request, _APPS_BUILT):
+            # The index reads it twice (the round, then the admin's own context): built once.
+            return getattr(request, _APPS_BUILT)
         # The history pages listed with their app's models, for those who may view them.
         apps = super().get_app_list(request, app_label)
         for model, page in self._history_pages.items():
@@ -516,6 +520,8 @@ class OnceguardAdminSite(admin.AdminSite):
                 continue
             app["models"].append(entry)
             app["models"].sort(key=lambda m: m["name"])
+        if app_label is None:
+            setattr(request, _APPS_BUILT, apps)
         return apps
 
     def register(self, model_or_iterable: Any, admin_class: Any = None, **options: Any) -> None:

@@ -122,7 +122,7 @@ def console_round(request: HttpRequest, site: Any) -> list[RoundSection]:
     def add(section: RoundSection, entry: dict[str, Any]) -> None:
         page = RoundPage(str(entry["name"]), entry["admin_url"])
         section.pages.append(page)
-        model_admin = site._registry.get(entry["model"])
+        model_admin = site.get_model_admin(entry["model"]) if site.is_registered(entry["model"]) else None
         # A history page (attempts, events) has no model admin: partitioned and scoped by its
         # own page, it is counted there, filtered.
         if model_admin is not None:
