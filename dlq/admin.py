@@ -281,7 +281,7 @@ class KeyForm(forms.Form):
 
 
 class CorrectForm(forms.Form):
-    """A quarantined entry replayed with corrected fields as the next version (issue 13 item 3)."""
+    """A quarantined entry replayed with corrected fields as the next version."""
 
     fields_json = ConsoleJSONField(
         label="Corrected fields",

@@ -224,7 +224,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     list_display = ["row_id", "key_short", "status_badge", "provider_slug", "workflow", "attempts_used", "age"]
     list_display_links = ["row_id", "key_short"]
     # No date hierarchy: it runs DISTINCT date_trunc(created_at) over every matching row on each
-    # view (4 s at ten million rows); the date filter is links, no query (issue 16).
+    # view (4 s at ten million rows); the date filter is links, no query.
     list_filter = [
         NeedsFilter,
         "status",
@@ -315,7 +315,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
                 ]
             },
         ),
-        # Issue 13: the run it is a step of (its page shows every step), its versioned key's parts.
+        # The run it is a step of (its page shows every step), its versioned key's parts.
         (
             "Run and version",
             {"fields": ["run_page", "step", "record", "version", "replaced_by", "eligibility_confirmed_at"]},

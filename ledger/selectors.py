@@ -32,7 +32,7 @@ def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySe
     Only what the list renders is read: the provider's slug comes from a per-process cache
     (``provider_slug``), and the sealed payload and request, the fingerprint and the search
     values are never shown — a 500-row page spent a third of its time building provider rows
-    and decoding those columns (issue 16). The validated output (one row or none) is joined."""
+    and decoding those columns. The validated output (one row or none) is joined."""
     rows = Operation.objects.filter(tenant=tenant).select_related("output").defer(*LIST_DEFERRED)
     if match:
         rows = search.filter_match(rows, search.parse_match(match, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]))
@@ -68,7 +68,7 @@ def operation_search(
     A whole key of one of ``tenant_ids``' operations (None: every tenant's) finds that
     operation and nothing else, through the unique (tenant, key) index: a substring search
     for a whole key reads the trigram entries of every key sharing its common parts (a
-    quarter of a second per query at ten million rows, issue 16)."""
+    quarter of a second per query at ten million rows)."""
     text = (text or "").strip()
     if not text:
         return rows

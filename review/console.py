@@ -80,7 +80,7 @@ class _Echo:
 class ConsoleAdminMixin:
     """Masking, payload panels and CSV export, for every ModelAdmin on the console site."""
 
-    # No list counts a whole table (issue 16): at most COUNT_CAP rows, "more than" past it.
+    # No list counts a whole table (docs/explanation/scale.md): at most COUNT_CAP rows, "more than" past it.
     paginator = CappedCountPaginator
 
     def _masked(self) -> tuple[str, ...]:
@@ -539,7 +539,7 @@ class OnceguardAdminSite(admin.AdminSite):
     def each_context(self, request: HttpRequest) -> dict[str, Any]:
         # Every page's context carries the app list for the nav sidebar, which is off: built
         # only if read (it checks each model's permissions and reverses its URLs; the
-        # dashboard builds its own for the page). Issue 16: ~10 % of a list's CPU.
+        # dashboard builds its own for the page): ~10 % of a list's CPU.
         setattr(request, _APPS_WHEN_READ, True)
         try:
             context = super().each_context(request)

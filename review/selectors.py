@@ -149,7 +149,7 @@ def shown_total(counts: Iterable[ShownCount]) -> str:
 
 def state_counts(qs: QuerySet, *, tenant_ids: list[int], states: list[str]) -> dict[str, ShownCount]:
     """Rows per state (``shown_count``). A GROUP BY status over the operations reads every
-    row (1.7 s at ten million, issue 16); each count here reads at most the bound's worth of
+    row (1.7 s at ten million); each count here reads at most the bound's worth of
     a (tenant, status, …) index's entries: ``tenant_ids`` is spelled out for a platform admin
     too (every tenant), so the index is usable."""
     rows = qs.filter(tenant_id__in=tenant_ids).order_by().values("pk")
@@ -161,7 +161,7 @@ def state_counts(qs: QuerySet, *, tenant_ids: list[int], states: list[str]) -> d
 
 def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
     """Every number the console's front page shows, each scoped to the user's tenants, each
-    read from an index and bounded (issue 16: p95 under 300 ms at ten million rows)."""
+    read from an index and bounded (p95 under 300 ms at ten million rows: docs/explanation/scale.md)."""
     now = timezone.now()
     ops = _scoped(Operation.objects.all(), tenant_ids)
     # The counts name the tenants for a platform admin too (state_counts): listed once here.
