@@ -373,7 +373,7 @@ class OperationListApi(APIView):
         return paginator.get_paginated_response(OperationOutputSerializer(page, many=True).data)
 
 
-# --- Uploads and validated outputs (ledger.uploads, ledger.outputs)  ----------------
+# --- Uploads and validated outputs (ledger.uploads, ledger.outputs) ----------------
 
 
 def object_content_response(stored: Upload | OperationOutput) -> FileResponse:
