@@ -99,6 +99,6 @@ bench-compare: setup
 	fi; \
 	DATABASE_URL=$${DATABASE_URL:-$(PG_URL)} $(PY) -m bench.compare $$trees --servers $(BENCH_SERVERS)
 
-## make clean: remove .venv, var/ (the SQLite database, keys, credentials, the built site) and staticfiles/.
+## make clean: remove .venv, var/ (the SQLite database, keys, credentials), build/ (the built docs site) and staticfiles/.
 clean:
-	rm -rf $(VENV) var staticfiles
+	rm -rf $(VENV) var build staticfiles
