@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 
@@ -83,6 +83,14 @@ ROUND: list[tuple[str, str, list[tuple[str, str]]]] = [
 ]
 CONFIGURATION = "Configuration"
 
+# Needs attention counts what needs it, and its link opens that filtered list (the lists' own
+# filters: alerts.admin.AlertStateFilter, review.admin.PausedFilter) — not every alert ever
+# raised, not every provider.
+ATTENTION: dict[tuple[str, str], tuple[Q, str]] = {
+    ("alerts", "alert"): (Q(acknowledged_at__isnull=True, resolved_at__isnull=True), "?state=open"),
+    ("review", "pausedprovider"): (Q(paused_at__isnull=False), "?paused=yes"),
+}
+
 
 @dataclass
 class RoundPage:
@@ -119,25 +127,27 @@ def console_round(request: HttpRequest, site: Any) -> list[RoundSection]:
     counted: list[tuple[RoundPage, QuerySet]] = []
     extra = _extra_pages(request, site)
 
-    def add(section: RoundSection, entry: dict[str, Any]) -> None:
-        page = RoundPage(str(entry["name"]), entry["admin_url"])
+    def add(section: RoundSection, entry: dict[str, Any], name: tuple[str, str]) -> None:
+        narrowed, query = ATTENTION.get(name, (None, ""))
+        page = RoundPage(str(entry["name"]), entry["admin_url"] + query)
         section.pages.append(page)
         model_admin = site.get_model_admin(entry["model"]) if site.is_registered(entry["model"]) else None
         # A history page (attempts, events) has no model admin: partitioned and scoped by its
         # own page, it is counted there, filtered.
         if model_admin is not None:
-            counted.append((page, model_admin.get_queryset(request)))
+            queryset = model_admin.get_queryset(request)
+            counted.append((page, queryset.filter(narrowed) if narrowed is not None else queryset))
 
     for title, about, pages in ROUND:
         section = RoundSection(title, about, slug=title.lower().replace(" ", "-"))
         for name in pages:
             entry = entries.get(name)
             if entry is not None and entry.get("admin_url"):
-                add(section, entry)
+                add(section, entry, name)
         if title == CONFIGURATION:
             for name, entry in sorted(entries.items()):
                 if name not in named and entry.get("admin_url"):
-                    add(section, entry)
+                    add(section, entry, name)
         section.pages += extra.get(title, [])
         if section.pages:
             sections.append(section)

@@ -47,3 +47,39 @@ def test_a_person_sees_only_the_pages_they_may_open(tenant):
     sections = _sections(page)
     assert sections and sections[-1] == "Audit"
     assert "/admin/auth/user/" not in page and "/admin/ledger/apikey/add/" not in page
+
+
+def test_needs_attention_counts_what_needs_it_and_links_to_that_list(tenant):
+    from django.utils import timezone
+
+    from alerts.models import Alert
+    from ledger.models import Provider
+
+    crm = enforced_provider(tenant)
+    enforced_provider(tenant, slug="mailer")
+    Provider.objects.filter(pk=crm.pk).update(paused_at=timezone.now(), paused_reason="401 from the provider")
+    now = timezone.now()
+    for ref, resolved in (("1", None), ("2", now)):
+        Alert.objects.create(
+            tenant=tenant,
+            kind="dlq_new",
+            ref=ref,
+            summary="a new dead-letter entry",
+            dedup_key=f"dlq_new:{ref}:1",
+            created_at=now,
+            last_raised_at=now,
+            resolved_at=resolved,
+        )
+    client = client_for(User.objects.create_superuser("root", password="correct horse battery"))
+    page = client.get("/admin/").content.decode()
+
+    def count(path: str) -> str:
+        found = re.search(rf'<a href="{re.escape(path)}">[^<]+</a> <span class="og-count"[^>]*>([^<]+)<', page)
+        assert found, path
+        return found.group(1)
+
+    # Two providers, one paused; two alerts, one still open.
+    assert count("/admin/review/pausedprovider/?paused=yes") == "1"
+    assert count("/admin/alerts/alert/?state=open") == "1"
+    assert client.get("/admin/review/pausedprovider/?paused=yes").status_code == 200
+    assert client.get("/admin/alerts/alert/?state=open").status_code == 200
