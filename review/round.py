@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 
@@ -83,13 +83,23 @@ ROUND: list[tuple[str, str, list[tuple[str, str]]]] = [
 ]
 CONFIGURATION = "Configuration"
 
-# Needs attention counts what needs it, and its link opens that filtered list (the lists' own
-# filters: alerts.admin.AlertStateFilter, review.admin.PausedFilter) — not every alert ever
-# raised, not every provider.
-ATTENTION: dict[tuple[str, str], tuple[Q, str]] = {
-    ("alerts", "alert"): (Q(acknowledged_at__isnull=True, resolved_at__isnull=True), "?state=open"),
-    ("review", "pausedprovider"): (Q(paused_at__isnull=False), "?paused=yes"),
+# Needs attention counts what needs it, and its link opens that filtered list: the pair names
+# one of the page's own list filters (alerts.admin.AlertStateFilter,
+# review.admin.PausedFilter) and its choice, and the count runs that filter's queryset — one
+# definition of "open" for the count and the list.
+ATTENTION: dict[tuple[str, str], tuple[str, str]] = {
+    ("alerts", "alert"): ("state", "open"),
+    ("review", "pausedprovider"): ("paused", "yes"),
 }
+
+
+def _filtered(request: HttpRequest, model_admin: Any, queryset: QuerySet, parameter: str, choice: str) -> QuerySet:
+    """``queryset`` narrowed by the page's list filter named ``parameter`` set to ``choice``."""
+    for spec in model_admin.list_filter:
+        if isinstance(spec, type) and issubclass(spec, admin.SimpleListFilter) and spec.parameter_name == parameter:
+            chosen = spec(request, {parameter: [choice]}, model_admin.model, model_admin)
+            return chosen.queryset(request, queryset)
+    raise LookupError(f"{type(model_admin).__name__} has no list filter {parameter!r}")
 
 
 @dataclass
@@ -128,7 +138,8 @@ def console_round(request: HttpRequest, site: Any) -> list[RoundSection]:
     extra = _extra_pages(request, site)
 
     def add(section: RoundSection, entry: dict[str, Any], name: tuple[str, str]) -> None:
-        narrowed, query = ATTENTION.get(name, (None, ""))
+        narrowed = ATTENTION.get(name)
+        query = f"?{narrowed[0]}={narrowed[1]}" if narrowed else ""
         page = RoundPage(str(entry["name"]), entry["admin_url"] + query)
         section.pages.append(page)
         model_admin = site.get_model_admin(entry["model"]) if site.is_registered(entry["model"]) else None
@@ -136,7 +147,9 @@ def console_round(request: HttpRequest, site: Any) -> list[RoundSection]:
         # own page, it is counted there, filtered.
         if model_admin is not None:
             queryset = model_admin.get_queryset(request)
-            counted.append((page, queryset.filter(narrowed) if narrowed is not None else queryset))
+            if narrowed:
+                queryset = _filtered(request, model_admin, queryset, *narrowed)
+            counted.append((page, queryset))
 
     for title, about, pages in ROUND:
         section = RoundSection(title, about, slug=title.lower().replace(" ", "-"))

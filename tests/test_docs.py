@@ -14,7 +14,7 @@ from tests.test_readme_walkthrough import DOCUMENTS, shell_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-# "issue 16", "issues 10 and 11", "issue #27", "(#27)": history that says nothing to a reader.
+# A tracker reference ("issue" and a number, or a "#" and a number in brackets): history that says nothing to a reader.
 ISSUE_REFERENCE = re.compile(r"\bissues? #?\d+|\(#\d+\)", re.IGNORECASE)
 
 
