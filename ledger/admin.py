@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.http import urlencode
 
-from ledger import callbacks, canary, display, prompts, ratelimit, revisions, services
+from ledger import callbacks, canary, display, prompts, ratelimit, revisions, services, transitions
 from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ReadOnlyPermissions, ServiceSaveAdmin
 from ledger.credentials import credential_is_set
 from ledger.errors import DomainError, ValidationFailed
@@ -200,7 +200,7 @@ class NeedsFilter(admin.SimpleListFilter):
         if self.value() == "cancellable":
             # The predicate of op_cancellable_id_idx (those rows in list order), in constants:
             # the page reads its 100 entries, its count a range of them.
-            return queryset.filter(status__in_literal=list(services.CANCELLABLE_STATES))
+            return queryset.filter(status__in_literal=list(transitions.CANCELLABLE_STATES))
         return queryset
 
 
@@ -447,7 +447,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
             extra_context["events"] = events if may_view(request, OperationEvent) else None
             extra_context["status_badge"] = display.operation_badge(op)
             extra_context["can_act"] = self.has_cancel_permission(request)
-            extra_context["cancellable"] = op.status in services.CANCELLABLE_STATES
+            extra_context["cancellable"] = op.status in transitions.CANCELLABLE_STATES
             extra_context["retryable"] = op.status == S.RETRY_WAIT and op.mode == OperationMode.EXECUTE
             extra_context["failed_event_id"] = (
                 getattr(getattr(op, "failed_event", None), "pk", None) if op.status == S.FAILED else None
@@ -514,14 +514,14 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
             actor = f"user:{request.user.get_username()}"
             try:
                 if verb == "cancel":
-                    services.operation_cancel(
+                    transitions.operation_cancel(
                         operation_id=op.pk,
                         actor=actor,
                         reason=form.cleaned_data["reason"],
                         tenant_ids=self._tenants(request),
                     )
                 else:
-                    services.operation_retry_now(
+                    transitions.operation_retry_now(
                         operation_id=op.pk,
                         actor=actor,
                         reason=form.cleaned_data["reason"],
@@ -542,7 +542,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
             "form": form,
             "status_badge": display.operation_badge(op),
             "back_url": back,
-            "allowed": op.status in services.CANCELLABLE_STATES
+            "allowed": op.status in transitions.CANCELLABLE_STATES
             if verb == "cancel"
             else (op.status == S.RETRY_WAIT and op.mode == OperationMode.EXECUTE),
         }
@@ -561,7 +561,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     # --- actions: a selection or everything the filter matches (count preview, then confirm) ---
 
     def _bulk(self, request: HttpRequest, queryset: QuerySet[Operation], *, verb: str) -> HttpResponse | None:
-        eligible = queryset.filter(status__in=list(services.CANCELLABLE_STATES))
+        eligible = queryset.filter(status__in=list(transitions.CANCELLABLE_STATES))
         if verb == "retry_now":
             eligible = queryset.filter(status=S.RETRY_WAIT, mode=OperationMode.EXECUTE)
         eligible = eligible.order_by("id")
@@ -586,11 +586,11 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
                 for pk in list(eligible.values_list("pk", flat=True)[:BULK_LIMIT]):
                     try:
                         if verb == "cancel":
-                            services.operation_cancel(
+                            transitions.operation_cancel(
                                 operation_id=pk, actor=actor, reason=reason, tenant_ids=self._tenants(request)
                             )
                         else:
-                            services.operation_retry_now(
+                            transitions.operation_retry_now(
                                 operation_id=pk, actor=actor, reason=reason, tenant_ids=self._tenants(request)
                             )
                         done += 1

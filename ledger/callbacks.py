@@ -177,7 +177,7 @@ def callback_provider(*, tenant_id: int) -> Provider:
 
 def callback_claim_arguments(*, operation: Operation) -> dict[str, Any] | None:
     """What the callback operation of a finished operation is claimed with (the claim itself
-    is ``ledger.services.callback_enqueue``, which the terminal move calls): key
+    is ``ledger.transitions.callback_enqueue``, which the terminal move calls): key
     ``callback:{id}`` on the tenant's callback provider, in execute mode. None when the
     operation has no callback."""
     if not operation.callback_url or operation.mode != OperationMode.EXECUTE:

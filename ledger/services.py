@@ -34,7 +34,7 @@ from ledger.errors import (
     ValidationFailed,
 )
 
-# Re-exported: the callers and tests that name these through ledger.services.
+# Re-exported: callers (and tests) that name these through ledger.services; new code imports ledger.inputs.
 from ledger.inputs import (  # noqa: F401
     MAX_MESSAGE_LENGTH,
     MAX_VERSION,
