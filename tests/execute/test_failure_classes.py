@@ -10,12 +10,15 @@ import pytest
 from django.db import connection
 
 from dlq.models import FailedEvent
-from ledger import adapters, hooks, services, sql
-from ledger.crypto import open_json
-from ledger.execute import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operation_submit, operations_take
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationStatus, Provider
-from ledger.services import provider_resume
-from ledger.sweeper import reconcile_uncertain, sweep
+from ledger.platform import hooks
+from ledger.platform.crypto import open_json
+from ledger.protocol import services
+from ledger.protocol.services import provider_resume
+from ledger.providers import adapters
+from ledger.recovery.sweeper import reconcile_uncertain, sweep
+from ledger.store import sql
 from tests.execute.conftest import configure_provider
 from tests.execute.support import make_due, run_due, unthrottle, wait_until
 from tests.support.holds import HoldsUntilOpened
@@ -227,7 +230,7 @@ def test_backoff_is_exponential_with_full_jitter_and_recorded_on_the_row(tenant,
     provider.max_delay_seconds = 1.5
     provider.save()
     # Full jitter draws uniform(0, ceiling): pin the draw to the ceiling to read the ceiling.
-    monkeypatch.setattr("ledger.inputs.random.uniform", lambda low, high: high)
+    monkeypatch.setattr("ledger.protocol.inputs.random.uniform", lambda low, high: high)
     mock.script([{"status": 408}] * 3)
     op = submit(tenant, "k-backoff")
     delays = []

@@ -10,9 +10,9 @@ import pytest
 from django.utils.dateparse import parse_datetime
 from rest_framework.test import APIClient
 
-from ledger import services
 from ledger.models import Attempt, ErrorClass, Operation, OperationMode, OperationStatus
-from ledger.transitions.claim import guarded_move
+from ledger.protocol import services
+from ledger.protocol.transitions.claim import guarded_move
 from tests.ledger.support import (
     CLAIM_URL,
     PROBLEM_JSON,

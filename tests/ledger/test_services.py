@@ -1,4 +1,4 @@
-"""ledger.services: failure classes, backoff, caps, DLQ, leases, events (DESIGN §3)."""
+"""ledger.protocol.services: failure classes, backoff, caps, DLQ, leases, events (DESIGN §3)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,6 @@ import pytest
 from django.db.models import F
 
 from dlq.models import FailedEvent
-from ledger import hooks, services
-from ledger.errors import (
-    IllegalTransition,
-    InvalidKey,
-    LeaseExpired,
-    LeaseLost,
-    OperationAlreadyFinished,
-    OperationInProgress,
-    OperationNotFound,
-    OperationRetryScheduled,
-    ValidationFailed,
-)
 from ledger.models import (
     ALLOWED_TRANSITIONS,
     AttemptOutcome,
@@ -32,9 +20,22 @@ from ledger.models import (
     Provider,
     Tenant,
 )
-from ledger.sweeper import sweep_expired_leases
-from ledger.transitions import holder as transitions_holder
-from ledger.transitions.claim import guarded_move
+from ledger.platform import hooks
+from ledger.platform.errors import (
+    IllegalTransition,
+    InvalidKey,
+    LeaseExpired,
+    LeaseLost,
+    OperationAlreadyFinished,
+    OperationInProgress,
+    OperationNotFound,
+    OperationRetryScheduled,
+    ValidationFailed,
+)
+from ledger.protocol import services
+from ledger.protocol.transitions import holder as transitions_holder
+from ledger.protocol.transitions.claim import guarded_move
+from ledger.recovery.sweeper import sweep_expired_leases
 from tests.ledger.support import (
     attempts_of,
     events_of,
