@@ -114,7 +114,7 @@ def reference_markdown() -> str:
     out = [
         "# Settings reference",
         "",
-        "<!-- Generated from ledger/platform/env.py by `python manage.py settings_reference`; do not edit. -->",
+        "<!-- Generated from ledger/platform/env/ by `python manage.py settings_reference`; do not edit. -->",
         "",
         "Every setting the service reads from the environment. An unset or empty variable takes",
         "its default; a value the setting does not accept stops the start with a message naming",
