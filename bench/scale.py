@@ -62,8 +62,10 @@ REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
 # Claims: SCALE_PAIRED_BLOCKS pairs of blocks of SCALE_PAIRED_OPS each (bench.scale_claims).
 # SCALE_ONLY=growth: fill, claims, WAL/HOT and the byte breakdown only (no list, console,
 # sweeper or purge measure) — the quick run of the 10M figures; SCALE_ONLY=bytes:
-# the fill and the byte breakdown only. SCALE_MARGINAL: fresh operations whose WAL and
-# table growth are averaged (default 2,000).
+# the fill and the byte breakdown only; SCALE_ONLY=search: the error search's measures and,
+# beside them in the same minutes, the lists that met their target before (SEARCH_REFERENCES;
+# no claims, growth, sweeper or purge; custom plans only). SCALE_MARGINAL: fresh operations
+# whose WAL and table growth are averaged (default 2,000).
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Single fresh claims whose WAL is read one by one (the least is the operation's own).
@@ -151,6 +153,15 @@ _ERROR = (
 # share of failure events that match: 0.5 %, 45 %, none; and a near miss, whose every trigram
 # is in the commonest messages but never in this order (the index narrows nothing: every
 # "gateway timeout" event is read and rejected).
+# Measured beside the error search by SCALE_ONLY=search: the lists that met their target on an
+# idle machine (bench/results/scale-10M.md), so that a loaded machine's share of a figure shows.
+SEARCH_REFERENCES = (
+    "API operations (no filter)",
+    "API operations page_size=500",
+    "console dashboard",
+    "console ledger.operation",
+    "console operations search substring",
+)
 ERROR_SEARCH = {
     "rare": "duplicate_value",
     "common": "timeout",
@@ -323,6 +334,8 @@ class Recorder:
     def measure(self, name: str, call: Callable[[], Any], *, repeat: int = REPEAT, group: str = "list") -> None:
         from django.db import connection
 
+        if ONLY == "search" and not _searched(name):
+            return
         latencies: list[float] = []
         statements: list[tuple[float, str, Any]] = []
         started = time.perf_counter()
@@ -374,6 +387,11 @@ class Recorder:
             "_params": slowest[2],
             "error": error,
         }
+
+
+def _searched(name: str) -> bool:
+    """Whether SCALE_ONLY=search measures ``name``: an error search or one of its references."""
+    return " error" in name or name in SEARCH_REFERENCES
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -446,7 +464,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     for _ in range(30):
         claim_fresh(big)()
         claim_replay()
-    growth = wal_and_hot(claim_fresh(big))
+    growth = wal_and_hot(claim_fresh(big)) if ONLY != "search" else {}
     if ONLY == "growth":
         Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
         return _sized({"label": label, "rows": rows, "growth": growth, "results": rec.results, "plans": []})
@@ -576,9 +594,11 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     rec.measure(
         "sweeper pass (batch 500)", rolled_back(lambda: moved.append(sweep(batch=500).counts)), repeat=3, group="batch"
     )
-    rec.results["sweeper pass (batch 500)"]["moved"] = moved[-1] if moved else {}
+    if moved:
+        rec.results["sweeper pass (batch 500)"]["moved"] = moved[-1]
     rec.measure("purge one batch (1000 ops)", rolled_back(purge), repeat=3, group="batch")
-    rec.results["purge one batch (1000 ops)"]["rows"] = purged[-1] if purged else 0
+    if purged:
+        rec.results["purge one batch (1000 ops)"]["rows"] = purged[-1]
 
     Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
     plans = explain_slowest(rec)
@@ -782,7 +802,9 @@ def explain_slowest(rec: Recorder) -> list[dict[str, Any]]:
         sql, params = r["slowest_sql"], r["_params"] or []
         entry: dict[str, Any] = {"measure": name, "ms": r["slowest_ms"], "sql": sql, "params": r["slowest_params"]}
         raw = connection.connection
-        for mode in ("custom", "generic"):
+        # The lists plan per call (ledger.sql.planned_per_call); the generic plan is shown for
+        # what a prepared statement would settle on, and costs minutes at 10M (seq scans).
+        for mode in ("custom",) if ONLY == "search" else ("custom", "generic"):
             try:
                 with raw.transaction(), psycopg.ClientCursor(raw) as cursor:
                     cursor.execute(f"SET LOCAL plan_cache_mode = force_{mode}_plan")
@@ -951,7 +973,7 @@ def main() -> int:
         results[db] = json.loads((VAR / f"bench-scale-{db}.json").read_text())
     # Claims last, both databases in one process, interleaved (bench.scale_claims).
     results["claims"] = {}
-    if ONLY != "bytes":
+    if ONLY not in ("bytes", "search"):
         claims_json = VAR / "bench-scale-claims.json"
         env = {**os.environ, "SCALE_DB": BIG_DB, "SCALE_SMALL_DB": SMALL_DB, "SCALE_CLAIMS_JSON": str(claims_json)}
         proc = subprocess.run([sys.executable, "-m", "bench.scale_claims"], cwd=ROOT, env=env)
