@@ -1,8 +1,10 @@
 """Every list and every detail page of the console fits a 1,280 px screen, with rows at the
 longest values the API accepts: a 255-character key, a long error, a long workflow name, long
 provider and target names. Neither the page nor any scrolling box in it scrolls sideways, and
-no word of prose or a heading breaks in the middle. Screenshots of every page are kept under
-test-artifacts/browser/ (the path is printed)."""
+no word of prose or a heading breaks in the middle. Every list the console's index links to
+has a row (made through the service or task that makes such rows), so every detail page is
+opened: a list left empty fails the test rather than leaving its detail page unmeasured.
+Screenshots of every page are kept under test-artifacts/browser/ (the path is printed)."""
 
 from __future__ import annotations
 
