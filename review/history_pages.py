@@ -217,7 +217,9 @@ class HistoryPage:
             paginator = CappedCountPaginator(rows, self.list_per_page)
             page = paginator.get_page(request.GET.get(PAGE_VAR))
             rows = [
-                {"url": self.detail_url(obj), "cells": [self.cell(obj, name) for name in self.list_columns]}
+                # Each cell with its column's name: the template classes it field-<name>, as
+                # the admin's lists do, so the console's column rules (what may break where) apply.
+                {"url": self.detail_url(obj), "cells": [(name, self.cell(obj, name)) for name in self.list_columns]}
                 for obj in page.object_list
             ]
             context = {

@@ -295,8 +295,8 @@ class OperationFilter(django_filters.FilterSet):
                 " (a part of the error text)."
             )
         # The caller's tenant bound on the events too (their tenant column; Citus routes by it).
-        failed = selectors.operations_failed_with(text, tenant_ids=[self.request.user.tenant.pk])
-        return rows.filter(pk__in=failed.values("operation_id"))
+        failed = selectors.operation_ids_failed_with(text, tenant_ids=[self.request.user.tenant.pk])
+        return rows.filter(pk__in=failed)
 
 
 class OperationCursorPagination(KeysetCursorPagination):
