@@ -991,10 +991,10 @@ class ReplayTargetForm(forms.ModelForm):
         help_text=ReplayTarget._meta.get_field("idempotency_class").help_text,
     )
     # Not required, so a save that leaves it out keeps the target's (or, for a new one, gets
-    # the service's undeclared default); the add form starts on "echo", the safe answer for
-    # an n8n receiver (ADR 0007).
+    # the service's undeclared default: echo on the tenant's n8n, else status — the same as
+    # the command's, ADR 0006); declaring it confirms it (ADR 0007).
     ack = forms.ChoiceField(
-        choices=[("", "— not declared —"), *ReplayAck.choices],
+        choices=[("", "— not declared (echo on this tenant's n8n, else status) —"), *ReplayAck.choices],
         required=False,
         label="Acknowledgement",
         help_text=ReplayTarget._meta.get_field("ack").help_text,
@@ -1032,9 +1032,7 @@ class ReplayTargetForm(forms.ModelForm):
         if self.instance.pk is not None and not self.instance.class_confirmed:
             # A migrated target: its key-advisory default is not a declaration; ask again.
             self.initial["idempotency_class"] = ""
-        if self.instance.pk is None:
-            self.initial["ack"] = ReplayAck.ECHO
-        elif not self.instance.ack_confirmed:
+        if self.instance.pk is None or not self.instance.ack_confirmed:
             # Migrated (or never declared): "status" is what it does, not a declaration; ask.
             self.initial["ack"] = ""
 

@@ -169,9 +169,18 @@ def test_a_target_made_without_declaring_it_keeps_status_and_is_listed_and_one_o
     assert "api" in listed.content.decode()
 
 
-def test_the_console_add_form_starts_on_echo_and_the_command_declares_it(tenant, sink, admin_client):
+def test_the_console_and_the_command_declare_it(tenant, sink, admin_client):
     form = admin_client.get(reverse("admin:dlq_replaytarget_add")).content.decode()
-    assert '<option value="echo" selected>' in form
+    assert '<option value="echo">echo (the receiver signs the replay id back)</option>' in form
+    fields = {
+        "tenant": tenant.pk,
+        "slug": "n8n",
+        "url": f"{sink.url}/webhook/r",
+        "idempotency_header": "Idempotency-Key",
+    }
+    fields.update(idempotency_class="key_advisory", ack="echo", timeout_seconds="5", active="on", _save="Save")
+    assert admin_client.post(reverse("admin:dlq_replaytarget_add"), fields).status_code == 200
+    assert ReplayTarget.objects.filter(slug="n8n", ack="echo", ack_confirmed=True).exists()
     out = io.StringIO()
     call_command(
         "replaytarget_upsert",
