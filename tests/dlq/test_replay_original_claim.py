@@ -6,14 +6,20 @@ reconciled, makes the replay wait; one that succeeded meanwhile is not sent agai
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from dlq.models import FailedEvent, Replay
 from ledger import services as ledger_services
 from ledger import transitions as ledger_transitions
+from ledger.errors import DomainError
 from ledger.models import IdempotencyClass, Operation
 from ledger.transitions.claim import guarded_move
 from review.services import review_decision_record
@@ -158,3 +164,69 @@ def test_a_claim_that_succeeded_meanwhile_is_not_sent_again(tenant, crm, client,
     row = Replay.objects.get(event_id=event_id)
     assert row.error_message == "" and FailedEvent.objects.get(pk=event_id).status == "replayed"
     assert "succeeded meanwhile" in FailedEvent.objects.get(pk=event_id).changes.order_by("-id").first().note
+
+
+def _race(*, tenant, crm, secret: str, event_id: int, key: str, request: dict) -> tuple[Any, Any]:
+    """The operator's replay of the entry and the workflow's retry of the key, released at
+    once from two threads, each on its own connection."""
+    barrier = threading.Barrier(2, timeout=20)
+
+    def replay_it() -> Any:
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        try:
+            barrier.wait()
+            return api.post(f"/api/v1/dlq/events/{event_id}/replay", {}, format="json")
+        finally:
+            connection.close()
+
+    def retry_it() -> Any:
+        try:
+            barrier.wait()
+            return ledger_transitions.operation_claim(
+                tenant=tenant, key=key, provider=crm, action="crm-contact", request=request, uses_sent_marker=True
+            )
+        except DomainError as exc:
+            return exc
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        replayed, retried = pool.submit(replay_it), pool.submit(retry_it)
+        return replayed.result(), retried.result()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_and_the_workflows_retry_racing_for_the_claim_leave_one_of_them_to_do_the_work(
+    tenant, crm, client, sink, target
+):
+    # Both guarded UPDATEs move the claim out of retry_wait: exactly one wins, and the other
+    # sends nothing — the replay answers 409, or the workflow's claim is answered from the ledger.
+    from ledger import services as ledger
+
+    secret = ledger.apikey_create(tenant=tenant, scopes=["read", "write"])[1]
+    sent = 0
+    for n in range(5):
+        key, request = f"call_race{n}:crm-contact:v1", {"call_id": f"call_race{n}"}
+        held = ledger_transitions.operation_claim(
+            tenant=tenant, key=key, provider=crm, action="crm-contact", request=request, uses_sent_marker=True
+        ).operation
+        op = ledger_transitions.operation_fail(
+            operation_id=held.pk, lease_token=held.lease_token, tenant_id=tenant.pk, error_class="transient"
+        )
+        due(op)
+        body = {
+            "event_id": f"dlq-race{n}",
+            "idempotency_key": key,
+            "payload": {"n": n},
+            "error": {"class": "transient"},
+        }
+        event_id = client.post("/api/v1/dlq/events", body, format="json").json()["id"]
+        replayed, retried = _race(tenant=tenant, crm=crm, secret=secret, event_id=event_id, key=key, request=request)
+        workflow_works = getattr(retried, "acquired", False)
+        replay_sent = replayed.status_code == 201
+        assert workflow_works != replay_sent, (n, replayed.status_code, replayed.content, retried)
+        if workflow_works:
+            assert replayed.json()["code"] == "replay_original_in_flight"
+        sent += replay_sent
+    assert len(sink.received()) == sent
