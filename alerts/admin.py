@@ -24,10 +24,10 @@ from alerts.services import (
     alert_resolve,
     channel_url_masked,
 )
-from ledger import display
-from ledger.admin import TenantColumnMixin
-from ledger.console_base import ConsoleReadOnlyAdmin, ServiceSaveAdmin
-from ledger.errors import DestinationNotAllowed
+from ledger.platform.errors import DestinationNotAllowed
+from ledger.web import display
+from ledger.web.console import TenantColumnMixin
+from ledger.web.console_base import ConsoleReadOnlyAdmin, ServiceSaveAdmin
 
 
 class AlertChannelForm(forms.ModelForm):

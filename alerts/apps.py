@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
-from ledger import hooks
+from ledger.platform import hooks
 
 
 class AlertsConfig(AppConfig):

@@ -34,8 +34,8 @@ from django.utils.module_loading import import_string
 from alerts.models import Alert
 from alerts.services import alert_resolve_cleared
 from ledger.models import AdapterRevision, Operation, OperationStatus, Provider
-from ledger.passes import PASS_ROW_FAILURES
-from ledger.sweeper import STUCK_STATE_GROUPS
+from ledger.platform.passes import PASS_ROW_FAILURES
+from ledger.recovery.sweeper import STUCK_STATE_GROUPS
 
 log = logging.getLogger("onceguard.alerts")
 
@@ -59,15 +59,15 @@ CLEARING: dict[str, Clearing] = {
     "retention_discarded": Clearing(
         "dlq.selectors.alerts_cleared_retention_discarded", "the discard it announces is done"
     ),
-    # ledger.sweeper and ledger.polling: an operation went to review.
+    # ledger.recovery.sweeper and ledger.execution.polling: an operation went to review.
     "review_needed": Clearing("alerts.clearing.alerts_cleared_review_needed", "the operation is no longer in review"),
-    # ledger.sweeper.alert_stuck: an open operation has not moved for STUCK_ALERT_SECONDS.
+    # ledger.recovery.sweeper.alert_stuck: an open operation has not moved for STUCK_ALERT_SECONDS.
     "operation_stuck": Clearing(
         "alerts.clearing.alerts_cleared_operation_stuck", "the operation finished or moved within STUCK_ALERT_SECONDS"
     ),
-    # ledger.services.provider_pause: a 401/403 paused the provider.
+    # ledger.protocol.services.provider_pause: a 401/403 paused the provider.
     "provider_paused": Clearing("alerts.clearing.alerts_cleared_provider_paused", "the provider was resumed"),
-    # ledger.canary: the canary watch rolled a failing adapter revision back.
+    # ledger.providers.canary: the canary watch rolled a failing adapter revision back.
     "provider_canary_rolled_back": Clearing(
         "alerts.clearing.alerts_cleared_canary_rolled_back", "a new adapter revision was saved since the rollback"
     ),

@@ -1,6 +1,6 @@
 """Alerts: what an operator should hear about, the channels that carry it, and each message.
 
-Alerts are raised by the ledger (through ``ledger.hooks.alert_raised``), the DLQ and
+Alerts are raised by the ledger (through ``ledger.platform.hooks.alert_raised``), the DLQ and
 retention; they are rows written in the transaction that causes them, delivered after
 commit (``alerts.services``).
 """
@@ -11,10 +11,10 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
-from ledger.credentials import sealed_credential
-from ledger.errors import DestinationNotAllowed
 from ledger.models import SealedJSONField, Tenant
-from ledger.outbound import outbound_check
+from ledger.platform.errors import DestinationNotAllowed
+from ledger.providers.credentials import sealed_credential
+from ledger.rules.outbound import outbound_check
 
 
 class AlertChannelKind(models.TextChoices):
@@ -30,7 +30,7 @@ class AlertChannel(models.Model):
     name = models.SlugField(max_length=63)
     kind = models.CharField(max_length=16, choices=AlertChannelKind.choices)
     # The webhook URL: a bearer secret (whoever has a Slack or Discord webhook URL may post to
-    # the channel), stored sealed like payloads (ledger.crypto, always) and opened only to send
+    # the channel), stored sealed like payloads (ledger.platform.crypto, always) and opened only to send
     # (alerts.services.channel_url). The console takes a new one and shows url_masked at most.
     url = SealedJSONField(editable=False)
     # Alert kinds this channel wants; empty = all.

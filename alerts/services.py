@@ -30,18 +30,18 @@ from django.utils import timezone
 
 from alerts.conf import alert_setting
 from alerts.models import Alert, AlertChannel, AlertChannelKind, AlertDelivery, AlertDeliveryStatus
-from ledger import tasks as ledger_tasks
-from ledger.config_changes import config_change_of, config_snapshot
-from ledger.credentials import sealed_credential, secret_open, url_masked
-from ledger.crypto import EncryptionKeyError
-from ledger.errors import ValidationFailed
-from ledger.masking import UNREADABLE
 from ledger.models import ConfigChangeAction, Tenant
-from ledger.outbound import OutboundBlocked, outbound_check, outbound_client
-from ledger.passes import failure_text, row_isolated
+from ledger.platform import tasks as ledger_tasks
+from ledger.platform.crypto import EncryptionKeyError
+from ledger.platform.errors import ValidationFailed
+from ledger.platform.masking import UNREADABLE
+from ledger.platform.passes import failure_text, row_isolated
+from ledger.providers.credentials import sealed_credential, secret_open, url_masked
+from ledger.rules.outbound import OutboundBlocked, outbound_check, outbound_client
+from ledger.tenants.config_changes import config_change_of, config_snapshot
 
 log = logging.getLogger("onceguard.alerts")
-# The label of this pass's failures (ledger.passes).
+# The label of this pass's failures (ledger.platform.passes).
 JOB = "alert_digest"
 
 MAX_SUMMARY = 300
@@ -300,7 +300,7 @@ def alert_dispatch(*, tenant_id: int | None = None) -> dict[str, int]:
     planned = 0
     for channel in channels:
         # One channel whose alerts cannot be planned (its cursor stays, so they wait for the
-        # next flush) does not stop the others' (ledger.passes).
+        # next flush) does not stop the others' (ledger.platform.passes).
         with row_isolated(job=JOB, ref=f"channel={channel.pk}"):
             alerts, budget = _take_alerts(channel)
             if alerts:
@@ -321,7 +321,7 @@ def alert_deliver_due(*, tenant_id: int | None = None, limit: int = 200) -> dict
     counts = {"sent": 0, "failed": 0}
     for delivery_id in list(due.values_list("id", flat=True)[:limit]):
         # A delivery that raises records the error and waits its retry delay; the others go
-        # out (ledger.passes). The send is an HTTP call: no transaction around it.
+        # out (ledger.platform.passes). The send is an HTTP call: no transaction around it.
         with row_isolated(
             job=JOB, ref=f"delivery={delivery_id}", on_failure=_delivery_failed(delivery_id), atomic=False
         ):
@@ -372,7 +372,7 @@ def alert_delivery_send(*, delivery_id: int) -> str | None:
     retry_after: float | None = None
     try:
         url = channel_url(channel)
-        # Through the outbound policy (ledger.outbound): the webhook URL is checked again
+        # Through the outbound policy (ledger.rules.outbound): the webhook URL is checked again
         # after DNS, no redirect is followed and no proxy from the environment is used.
         with outbound_client(purpose=f"alert channel {channel.name}", timeout=channel.timeout_seconds) as client:
             response = client.post(url, json=delivery.body, headers={"User-Agent": "Onceguard-alerts"})
@@ -454,7 +454,7 @@ def alert_channel_upsert(
     change is recorded (the webhook URL is a bearer secret: masked). The one write path of
     the console's form and ``manage.py alertchannel_upsert`` (ADR 0006): None keeps a stored
     value (a new channel needs its kind and URL; the rest take the model's defaults)."""
-    # Checked and stored in canonical form (ledger.outbound): where deliveries will go.
+    # Checked and stored in canonical form (ledger.rules.outbound): where deliveries will go.
     checked = alert_channel_url_check(url) if url else None
     defaults: dict[str, Any] = {
         name_: value

@@ -374,8 +374,8 @@ COST_CPU_FROM = {"(a) raw SQL": "a raw 1 conn", "(b) guard": "b guard run_once",
 
 
 def scenario_explain(seeded: dict[str, Any], bench_dsn: str, keys: Keys, results: list[Stats]) -> list[dict[str, Any]]:
-    from ledger import services
-    from ledger.guard import run_once
+    from ledger.protocol import services
+    from ledger.protocol.guard import run_once
 
     tenant, provider = seeded["tenant"], seeded["provider"]
     plans = []

@@ -54,7 +54,7 @@ def setup_django(bench_url: str) -> None:
     """Point this process's Django at the bench database and quiet the per-op log lines."""
     os.environ["DATABASE_URL"] = bench_url
     # The bench's providers and mock receivers live on loopback, which egress refuses unless
-    # listed (ledger.outbound); every bench address is loopback.
+    # listed (ledger.rules.outbound); every bench address is loopback.
     os.environ.setdefault("OUTBOUND_ALLOW", "127.0.0.1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("DEBUG", "0")
@@ -80,8 +80,8 @@ def seed() -> dict[str, Any]:
     """The bench tenant, its provider and a fresh API key; every ledger row emptied."""
     from django.db import connection
 
-    from ledger import services
     from ledger.models import Tenant
+    from ledger.protocol import services
 
     with connection.cursor() as cursor:
         cursor.execute(

@@ -87,8 +87,8 @@ def fill(rows: int) -> tuple[list[int], float]:
     from django.db import connection
 
     from dlq.models import FailedEvent
-    from ledger import services
     from ledger.models import Tenant
+    from ledger.protocol import services
 
     tenants = []
     for slug in ("bench", "bench-b", "bench-c", "bench-d"):
@@ -246,8 +246,8 @@ def run(rows: int, repeat: int) -> dict[str, Any]:
     from django.test import Client
     from rest_framework.test import APIClient
 
-    from ledger import services
     from ledger.models import Tenant
+    from ledger.protocol import services
 
     tenants, fill_seconds = fill(rows)
     tenant = Tenant.objects.get(pk=tenants[0])

@@ -89,8 +89,8 @@ def reset_tables() -> None:
 
 
 def seed(mock_url: str) -> Any:
-    from ledger import services
     from ledger.models import IdempotencyClass, Tenant
+    from ledger.protocol import services
 
     tenant = Tenant.objects.filter(slug=TENANT).first() or services.tenant_create(slug=TENANT)
     provider = services.provider_upsert(
@@ -159,7 +159,7 @@ def paced(submit: Any, n: int, rate: float) -> None:
 def run_execute(url: str, mock_url: str, args: argparse.Namespace, run: str) -> dict[str, Any]:
     from django.db import connection
 
-    from ledger.execute import operation_submit
+    from ledger.execution.attempts import operation_submit
     from ledger.models import Operation
 
     reset_tables()

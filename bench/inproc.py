@@ -1,4 +1,4 @@
-"""(b) The in-process guard: ledger.guard.run_once, and the two services it wraps.
+"""(b) The in-process guard: ledger.protocol.guard.run_once, and the two services it wraps.
 
 run_once is called the way application code calls it (a Tenant object, the provider's
 slug, an action and a small request); the services variant passes the Provider object
@@ -20,7 +20,7 @@ def _request(key: str) -> dict[str, Any]:
 
 
 def guard_factory(tenant: Any, kind: str) -> Any:
-    from ledger.guard import run_once
+    from ledger.protocol.guard import run_once
 
     def fresh(key: str) -> None:
         value = run_once(
@@ -55,7 +55,7 @@ def guard_factory(tenant: Any, kind: str) -> Any:
 
 
 def services_factory(tenant: Any, provider: Any, kind: str) -> Any:
-    from ledger import services
+    from ledger.protocol import services
 
     def claim(key: str) -> Any:
         return services.operation_claim(

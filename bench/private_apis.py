@@ -1,4 +1,4 @@
-"""What each framework-internal use in ledger/_adapters/ buys, against its public alternative,
+"""What each framework-internal use in ledger/platform/_adapters/ buys, against its public alternative,
 on PostgreSQL (docs/adr/0004-private-framework-apis.md).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<scratch db> python -m bench.private_apis
@@ -65,9 +65,10 @@ def main(argv: list[str]) -> None:
 
     from django.db import connection, transaction
 
-    from ledger import fast_rows, services, sql, statements
-    from ledger._adapters import django_private
     from ledger.models import Operation, Tenant
+    from ledger.platform._adapters import django_private
+    from ledger.protocol import services
+    from ledger.store import fast_rows, sql, statements
 
     tenant = Tenant.objects.filter(slug="bench-private-apis").first() or services.tenant_create(
         slug="bench-private-apis"

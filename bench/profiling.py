@@ -107,9 +107,10 @@ def _common_layers(layers: Layers) -> None:
     from django.db.backends import utils as db_utils
     from django.db.backends.postgresql.base import DatabaseWrapper
 
-    from ledger import guard, services, sql
-    from ledger.transitions import claim as transitions_claim
-    from ledger.transitions import trace as transitions_trace
+    from ledger.protocol import guard, services
+    from ledger.protocol.transitions import claim as transitions_claim
+    from ledger.protocol.transitions import trace as transitions_trace
+    from ledger.store import sql
 
     layers.patch(psycopg.Connection, "wait", "pg: wait for server (network + PostgreSQL)")
     layers.patch(db_utils.CursorWrapper, "_execute", "db: Django cursor + psycopg client-side binding")
@@ -125,7 +126,7 @@ def _common_layers(layers: Layers) -> None:
     layers.patch(guard, "run_once", "guard: run_once")
     layers.patch(transitions_trace, "seal_json", "ledger: crypto.seal_json (encrypt at rest)")
     layers.patch(transitions_claim, "payload_written", "ledger: crypto.payload_written (subject index)")
-    from ledger import apis, serializers
+    from ledger.web import apis, serializers
 
     for module in (guard, services, sql, apis, serializers):
         layers.patch(module, "open_json", "ledger: crypto.open_json (decrypt)")
@@ -137,7 +138,9 @@ def _http_layers(layers: Layers, handler_cls: Any) -> None:
     from django.utils.module_loading import import_string
     from rest_framework import parsers, renderers, serializers, views
 
-    from ledger import apis, auth, selectors
+    from ledger.protocol import selectors
+    from ledger.tenants import auth
+    from ledger.web import apis
 
     layers.patch(handler_cls, "__call__", "django: WSGIHandler (request/response objects, signals)")
     layers.patch(BaseHandler, "_get_response", "django: URL resolve, view middleware, response render")
@@ -278,7 +281,8 @@ def cached_lookups() -> Iterator[None]:
     """Price proposal 'cache the API key and the provider per process': memoize
     ApiKeyAuthentication.authenticate (by header) and services.provider_for (by tenant,
     slug) in this process only, for the duration of the block."""
-    from ledger import auth, services
+    from ledger.protocol import services
+    from ledger.tenants import auth
 
     original_auth = auth.ApiKeyAuthentication.authenticate
     original_provider = services.provider_for

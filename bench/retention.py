@@ -29,7 +29,7 @@ def _prepare(base_url: str) -> None:
     dbsetup.database_ready(bench_url)
     os.environ["DATABASE_URL"] = bench_url
     # The bench's provider points at the discard port, never reached; the outbound policy
-    # refuses loopback destinations unless the deployment names them (ledger.outbound).
+    # refuses loopback destinations unless the deployment names them (ledger.rules.outbound).
     os.environ.setdefault("OUTBOUND_ALLOW", "127.0.0.1:9")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
@@ -45,8 +45,9 @@ def _seed(rows: int, redact_rows: int) -> int:
     payload is past its TTL but whose record is not; returns the tenant id."""
     from django.db import connection
 
-    from ledger import crypto, services
     from ledger.models import Tenant, sealed_to_bytes
+    from ledger.platform import crypto
+    from ledger.protocol import services
 
     assert connection.settings_dict["NAME"] == BENCH_DB
     with connection.cursor() as cursor:

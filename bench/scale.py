@@ -145,8 +145,9 @@ def fill(rows: int) -> float:
     """``rows`` operations (+1 attempt, 2 events each) unless the recorded fill matches."""
     from django.db import connection, transaction
 
-    from ledger import crypto, services
     from ledger.models import Tenant, sealed_to_bytes
+    from ledger.platform import crypto
+    from ledger.protocol import services
 
     assert connection.settings_dict["NAME"] in (BIG_DB, SMALL_DB)
     with connection.cursor() as cursor:
@@ -355,8 +356,8 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     from django.urls import reverse
     from django.utils import timezone
 
-    from ledger import services
     from ledger.models import Operation, Provider, Tenant
+    from ledger.protocol import services
 
     rng = random.Random(16)
     rec = Recorder()
@@ -490,7 +491,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     # Sweeper pass and one purge batch, rolled back so the database is reused unchanged.
     from datetime import timedelta
 
-    from ledger.sweeper import sweep
+    from ledger.recovery.sweeper import sweep
     from review.models import RetentionPolicy
     from review.retention import retention_purge_tenant
 

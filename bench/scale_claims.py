@@ -48,7 +48,8 @@ def _switch(db: str) -> None:
     from django.core.cache import cache
     from django.db import connection
 
-    from ledger import caching, selectors
+    from ledger.platform import caching
+    from ledger.protocol import selectors
 
     connection.close()
     connection.settings_dict["NAME"] = db
@@ -78,8 +79,8 @@ MEASURES = {
 def _side(db: str, run_id: str, counter: Any, rng: random.Random) -> dict[str, list[float]]:
     # bench.scale imports this module for its report: imported here, not at the top.
     from bench.scale import ACTION, BIG, PAYLOAD, PROVIDER, SMALL_TENANT, _big_succeeded, _key
-    from ledger import services
     from ledger.models import Provider, Tenant
+    from ledger.protocol import services
 
     _switch(db)
     rows = _rows_filled()

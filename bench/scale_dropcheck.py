@@ -62,8 +62,9 @@ def main() -> int:
     django.setup()
     from django.db import connection, transaction
 
-    from ledger import partitions, sql
     from ledger.models import TERMINAL_STATES, Tenant
+    from ledger.platform import partitions
+    from ledger.store import sql
     from review.retention import _partition_keeps_something
 
     now = sql.db_now()

@@ -62,8 +62,8 @@ def fill() -> float:
     """1M rows through generate_series (one statement), unless already there."""
     from django.db import connection
 
-    from ledger import services
     from ledger.models import Operation, Tenant
+    from ledger.protocol import services
 
     tenant = Tenant.objects.filter(slug="sweep").first() or services.tenant_create(slug="sweep")
     if Operation.objects.count() == ROWS:
@@ -100,7 +100,7 @@ def explain_sweeper_queries() -> list[dict[str, Any]]:
     """Capture the SQL of one sweeper pass, roll it back, and EXPLAIN the candidate queries."""
     from django.db import connection, transaction
 
-    from ledger.sweeper import sweep
+    from ledger.recovery.sweeper import sweep
 
     captured: list[tuple[str, Any]] = []
 

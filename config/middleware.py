@@ -12,16 +12,16 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.dateparse import parse_date, parse_datetime
 
 from config.problems import problem_response
-from ledger.errors import InvalidQueryParameter
-from ledger.outage import dead_connections_discard
-from ledger.storable import query_time_problem
+from ledger.platform.errors import InvalidQueryParameter
+from ledger.platform.outage import dead_connections_discard
+from ledger.platform.storable import query_time_problem
 
 
 class DeadConnectionMiddleware:
     """First in MIDDLEWARE: persistent connections (CONN_MAX_AGE) the database server hung
     up on while idle — a restart, a failover, an outage — are closed before this request uses
     them, so the first request after the database is back succeeds instead of failing on a
-    dead socket. A poll of the socket, no round trip (ledger.outage)."""
+    dead socket. A poll of the socket, no round trip (ledger.platform.outage)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
@@ -78,7 +78,7 @@ class ApiBodyLimitMiddleware:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 length = -1
-            # An upload's body is a file, streamed to storage with its own limit (ledger.uploads).
+            # An upload's body is a file, streamed to storage with its own limit (ledger.execution.uploads).
             limit = (
                 settings.ONCEGUARD["UPLOAD_MAX_BYTES"] if request.path == UPLOADS_PATH else settings.MAX_REQUEST_BYTES
             )
@@ -127,7 +127,7 @@ class QueryNulMiddleware:
       parameter, so a filter, search box or match value carrying one fails in the driver;
     - a time (or date) in a query parameter near the ends of Python's datetime (year 1 or
       9999 with an offset): converting it to UTC for the database overflows, on any list that
-      filters by it (ledger.storable.query_time_problem).
+      filters by it (ledger.platform.storable.query_time_problem).
 
     One check at the door covers the API's filters and the console's search and filters.
     """

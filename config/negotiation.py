@@ -2,7 +2,7 @@
 
 The one piece of the API's old short-cuts that cleared the 10 % bar when each was put back
 alone on the framework path (python -m bench.compare, granian 2×4, 12 interleaved rounds in
-two runs): this class together with a direct JSON rendering (ledger.apis.answer, since
+two runs): this class together with a direct JSON rendering (ledger.web.apis.answer, since
 removed) served fresh claim→complete at 1.28× [0.72–2.79] and replays at 1.43× [0.40–3.25]
 the rate of DRF's DefaultContentNegotiation with a DRF Response, median [range] of the
 per-round ratios, and cut the app's CPU per op in-process by 15–19 %; negotiation is about

@@ -8,7 +8,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 # The rules live at the bottom layer, shared with the DLQ's own parser of raw bodies.
-from ledger.storable import MAX_JSON_DEPTH, json_problem
+from ledger.platform.storable import MAX_JSON_DEPTH, json_problem
 
 __all__ = ["MAX_JSON_DEPTH", "BoundedJSONParser", "json_problem"]
 

@@ -13,8 +13,8 @@ from django.views import defaults
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from ledger.errors import DomainError
-from ledger.outage import database_unavailable, retry_after_seconds
+from ledger.platform.errors import DomainError
+from ledger.platform.outage import database_unavailable, retry_after_seconds
 
 log = logging.getLogger("onceguard.api")
 

@@ -13,20 +13,20 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger import env, local_env
-from ledger.logs import logging_config
-from ledger.secret_files import read_or_create_secret_file
+from ledger.platform import env, local_env
+from ledger.platform.logs import logging_config
+from ledger.platform.secret_files import read_or_create_secret_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env.read("ONCEGUARD_VAR_DIR") or BASE_DIR / "var")
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 # The demo's var/local.env (written by `make run`), read before any setting below and only
-# under the demo settings; real environment variables win (ledger.local_env).
+# under the demo settings; real environment variables win (ledger.platform.local_env).
 LOCAL_ENV_FROM_FILE = local_env.load(VAR_DIR)
 # The demo settings (embedded database, DEBUG not off): the sign-in page shows the demo
 # admin's login from var/credentials.txt. Never under production settings.
 DEMO_SETTINGS = local_env.applies(os.environ) and not local_env.in_test_suite()
-# Every variable below is declared, typed and explained once in ledger.env (and in
+# Every variable below is declared, typed and explained once in ledger.platform.env (and in
 # docs/reference/settings.md, generated from it): a bad value stops the start here, with a
 # message naming each bad variable and what it accepts.
 env.validate()
@@ -165,7 +165,7 @@ USE_TZ = True
 # One date format everywhere in the console: "2026-12-01 18:42:19 UTC" (config/formats).
 FORMAT_MODULE_PATH = ["config.formats"]
 # Phone numbers typed without a country code ("0412 345 678") are read as numbers of this
-# region (ISO 3166 code, e.g. AU) by the data-subject index and search (ledger.crypto);
+# region (ISO 3166 code, e.g. AU) by the data-subject index and search (ledger.platform.crypto);
 # empty: such numbers keep their digits as they are.
 DEFAULT_PHONE_REGION = env.read("DEFAULT_PHONE_REGION").strip().upper()
 
@@ -177,7 +177,7 @@ WHITENOISE_USE_FINDERS = True
 
 
 def _object_storage(*, backend_env: str, options_env: str, location: Path) -> dict[str, object]:
-    """A storage alias for tenant objects (ledger.objects): local files under ``location``
+    """A storage alias for tenant objects (ledger.execution.objects): local files under ``location``
     (mode 600 in 700 folders; nothing serves them by URL: only the tenant-scoped API views
     read them) unless ``backend_env`` names another Django
     storage backend — e.g. django-storages' ``storages.backends.s3.S3Storage`` — configured
@@ -198,7 +198,7 @@ def _object_storage(*, backend_env: str, options_env: str, location: Path) -> di
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
-    # Uploads and published outputs: readable only through the API (ledger.objects).
+    # Uploads and published outputs: readable only through the API (ledger.execution.objects).
     "onceguard_objects": _object_storage(
         backend_env="OBJECT_STORAGE_BACKEND",
         options_env="OBJECT_STORAGE_OPTIONS",
@@ -255,8 +255,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
 # --- API ------------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["ledger.auth.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["ledger.auth.HasApiKeyScope"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["ledger.tenants.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["ledger.tenants.auth.HasApiKeyScope"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["config.parsers.BoundedJSONParser"],
     # DRF's negotiation with the common cases short-cut (measured in its docstring).
@@ -290,9 +290,9 @@ ONCEGUARD = {
     "PROVIDER_CACHE_SECONDS": env.read("PROVIDER_CACHE_SECONDS"),
     # Adapter revisions never change once written: a process keeps the ones it used this long.
     "ADAPTER_REVISION_CACHE_SECONDS": env.read("ADAPTER_REVISION_CACHE_SECONDS"),
-    # Prompt template versions are immutable too (ledger.prompts); "the newest" is never cached.
+    # Prompt template versions are immutable too (ledger.providers.prompts); "the newest" is never cached.
     "PROMPT_TEMPLATE_CACHE_SECONDS": env.read("PROMPT_TEMPLATE_CACHE_SECONDS"),
-    # A workflow name this process has noted is not written again for this long (ledger.workflows).
+    # A workflow name this process has noted is not written again for this long (ledger.tenants.workflows).
     "WORKFLOW_NAME_CACHE_SECONDS": env.read("WORKFLOW_NAME_CACHE_SECONDS"),
     # A caller's lease wish is clamped into this range (seconds).
     "LEASE_MIN_SECONDS": env.read("LEASE_MIN_SECONDS"),
@@ -305,7 +305,7 @@ ONCEGUARD = {
     "STUCK_ALERT_SECONDS": env.read("STUCK_ALERT_SECONDS"),
     "SWEEP_INTERVAL_SECONDS": env.read("SWEEP_INTERVAL_SECONDS"),
     # A row waiting on an asynchronous provider past its lifetime whose poll is this overdue
-    # (no worker took it) goes to review (ledger.sweeper.review_unpolled_waits).
+    # (no worker took it) goes to review (ledger.recovery.sweeper.review_unpolled_waits).
     "POLL_OVERDUE_SECONDS": env.read("POLL_OVERDUE_SECONDS"),
     # Execute mode. A worker's lease is 2 × the provider's timeout + RECORD_RETRY_SECONDS +
     # this margin, so attempt timeout < lease < django-q2 timeout (Q_TIMEOUT) < django-q2
@@ -317,9 +317,9 @@ ONCEGUARD = {
     # sweeper. Part of the lease, so a longer budget delays the recovery of a crashed worker.
     "RECORD_RETRY_SECONDS": env.read("RECORD_RETRY_SECONDS"),
     # A provider's Retry-After is honoured up to this, or up to the provider's own
-    # max_delay_seconds when that is longer (ledger.adapters.retry_after_cap).
+    # max_delay_seconds when that is longer (ledger.providers.adapters.retry_after_cap).
     "RETRY_AFTER_MAX_SECONDS": env.read("RETRY_AFTER_MAX_SECONDS"),
-    # Provider rate caps (ledger.ratelimit): a 429 (or a 503 with Retry-After) multiplies a
+    # Provider rate caps (ledger.providers.ratelimit): a 429 (or a 503 with Retry-After) multiplies a
     # rate-capped provider's effective rate by PROVIDER_RATE_DECREASE, never below
     # PROVIDER_RATE_FLOOR_FRACTION of its declared rate; after PROVIDER_RATE_RECOVERY_SECONDS
     # without one it climbs back by PROVIDER_RATE_STEP_FRACTION of the declared rate, one step
@@ -333,7 +333,7 @@ ONCEGUARD = {
     # Largest stored request envelope (method/path/query/headers/body as canonical JSON).
     "EXECUTE_MAX_REQUEST_BYTES": env.read("EXECUTE_MAX_REQUEST_BYTES"),
     "WORKER_MAX_RESPONSE_BYTES": env.read("WORKER_MAX_RESPONSE_BYTES"),
-    # Where the service may send (ledger.outbound): comma-separated host names, *.suffixes,
+    # Where the service may send (ledger.rules.outbound): comma-separated host names, *.suffixes,
     # addresses or CIDRs, each with an optional :port or :first-last. Loopback, private,
     # link-local and the like are refused unless listed here; cloud metadata addresses only
     # when listed exactly. Public addresses are allowed unless OUTBOUND_ALLOW_PUBLIC=0.
@@ -342,17 +342,17 @@ ONCEGUARD = {
     "OUTBOUND_ALLOW": ",".join(r for r in (env.read("OUTBOUND_ALLOW"), env.read("DEMO_OUTBOUND_ALLOW")) if r.strip()),
     "OUTBOUND_ALLOW_PUBLIC": env.read("OUTBOUND_ALLOW_PUBLIC"),
     # A provider's credential read from the environment must be named
-    # <prefix><TENANT>_<anything> (ledger.credentials); anything else is never read.
+    # <prefix><TENANT>_<anything> (ledger.providers.credentials); anything else is never read.
     "PROVIDER_SECRET_PREFIX": env.read("ONCEGUARD_PROVIDER_SECRET_PREFIX"),
     # After a callback secret is rotated the previous one still signs for this long.
     "CALLBACK_SECRET_OVERLAP_SECONDS": env.read("CALLBACK_SECRET_OVERLAP_SECONDS"),
     "CALLBACK_TIMEOUT_SECONDS": env.read("CALLBACK_TIMEOUT_SECONDS"),
     "CALLBACK_MAX_ATTEMPTS": env.read("CALLBACK_MAX_ATTEMPTS"),
-    # Eligibility rechecks (ledger.eligibility): how long the tenant's webhook may take to
+    # Eligibility rechecks (ledger.recovery.eligibility): how long the tenant's webhook may take to
     # answer "still wanted?", and how long a retry that got no answer waits before it is asked again.
     "ELIGIBILITY_TIMEOUT_SECONDS": env.read("ELIGIBILITY_TIMEOUT_SECONDS"),
     "ELIGIBILITY_ASK_INTERVAL_SECONDS": env.read("ELIGIBILITY_ASK_INTERVAL_SECONDS"),
-    # The canary watch (ledger.canary): a running canary revision is rolled back on its own
+    # The canary watch (ledger.providers.canary): a running canary revision is rolled back on its own
     # once it has CANARY_MIN_SAMPLE counted attempts within the last CANARY_WINDOW_SECONDS and
     # its failure rate exceeds the stable revision's by more than CANARY_MAX_EXCESS_PERCENT
     # points (provider-side failures only: not throttling, not the caller's invalid input).
@@ -360,10 +360,10 @@ ONCEGUARD = {
     "CANARY_MIN_SAMPLE": env.read("CANARY_MIN_SAMPLE"),
     "CANARY_MAX_EXCESS_PERCENT": env.read("CANARY_MAX_EXCESS_PERCENT"),
     # Identifier shapes of this deployment masked in stored error text besides e-mail
-    # addresses, phone numbers, tokens and keys (ledger.redaction): regular expressions, one
+    # addresses, phone numbers, tokens and keys (ledger.platform.redaction): regular expressions, one
     # per line, e.g. ERROR_SCRUB_PATTERNS='\bCUST-\d{8}\b'. Compiled here so a bad one
     # stops the start, not every failure record.
-    # Uploads (POST /api/v1/uploads, ledger.uploads): the largest file taken, counted while
+    # Uploads (POST /api/v1/uploads, ledger.execution.uploads): the largest file taken, counted while
     # it streams in (refused as soon as it is passed), and the media types taken, recognised
     # by their content (magic bytes, then decoded by Pillow), never by the client's header.
     "UPLOAD_MAX_BYTES": env.read("UPLOAD_MAX_BYTES"),
@@ -371,7 +371,7 @@ ONCEGUARD = {
     # Images with more pixels than this are refused before they are decoded (a small file
     # can declare a huge canvas: a decompression bomb).
     "IMAGE_MAX_PIXELS": env.read("IMAGE_MAX_PIXELS"),
-    # Validated outputs (ledger.outputs): the largest output fetched, and how long a fetch may take.
+    # Validated outputs (ledger.execution.outputs): the largest output fetched, and how long a fetch may take.
     "OUTPUT_MAX_BYTES": env.read("OUTPUT_MAX_BYTES"),
     "OUTPUT_FETCH_TIMEOUT_SECONDS": env.read("OUTPUT_FETCH_TIMEOUT_SECONDS"),
     "ERROR_SCRUB_PATTERNS": env.read("ERROR_SCRUB_PATTERNS"),
@@ -449,7 +449,7 @@ if env.read("Q_REDIS_URL"):
 # --- Logging: one structlog pipeline for ours, Django's and django-q2's lines -------------
 # LOG_FORMAT=json: one JSON object per line; anything else: `<time> <LEVEL> <logger> <event>
 # key=value …`. Payloads are never logged; a redaction processor is the second line of
-# defence (ledger.logs).
+# defence (ledger.platform.logs).
 LOG_LEVEL = env.read("LOG_LEVEL")
 LOG_FORMAT = env.read("LOG_FORMAT")
 # `make run`'s request log: only error answers and requests of at least this many ms (0: off).

@@ -39,8 +39,13 @@ from dlq.models import (
     RunResume,
 )
 from dlq.payloads import is_redacted, open_payload
-from ledger import display
-from ledger.admin import (
+from ledger.models import IdempotencyClass, Tenant
+from ledger.platform.errors import DomainError
+from ledger.platform.masking import mask_json
+from ledger.platform.redaction import scrub
+from ledger.providers.credentials import url_masked
+from ledger.web import display
+from ledger.web.console import (
     HTTPS_URL_FORMS,
     ReadOnlyInline,
     SelectorSearchMixin,
@@ -48,14 +53,9 @@ from ledger.admin import (
     TenantInlineFormSet,
     https_url_formfield,
 )
-from ledger.console_base import ConsoleJSONField, ConsoleReadOnlyAdmin, ServiceSaveAdmin
-from ledger.credentials import url_masked
-from ledger.errors import DomainError
-from ledger.failures import failure_html
-from ledger.masking import mask_json
-from ledger.models import IdempotencyClass, Tenant
-from ledger.pagination import COUNT_CAP, CappedCountPaginator
-from ledger.redaction import scrub
+from ledger.web.console_base import ConsoleJSONField, ConsoleReadOnlyAdmin, ServiceSaveAdmin
+from ledger.web.failures import failure_html
+from ledger.web.pagination import COUNT_CAP, CappedCountPaginator
 
 MASK = "•••"
 
@@ -96,7 +96,7 @@ def needs_key(event: FailedEvent) -> bool:
 
 def replay_failure(replay: Replay) -> SafeString | str:
     """A failed replay's error as a sentence with its next step, the raw text behind a
-    disclosure (ledger.failures; the target's URL, if it still exists, names the destination)."""
+    disclosure (ledger.web.failures; the target's URL, if it still exists, names the destination)."""
     if not replay.error_message:
         return ""
     url = (

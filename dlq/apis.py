@@ -35,11 +35,11 @@ from dlq.serializers import (
     run_representation,
     run_resume_representation,
 )
-from ledger import sql
-from ledger.apis import validated_input
-from ledger.errors import ValidationFailed
-from ledger.pagination import KeysetCursorPagination
-from ledger.serializers import operation_representation
+from ledger.platform.errors import ValidationFailed
+from ledger.protocol.representation import operation_representation
+from ledger.store import sql
+from ledger.web.apis import validated_input
+from ledger.web.pagination import KeysetCursorPagination
 
 _LIST_PARAMS = [
     OpenApiParameter("status", str, OpenApiParameter.QUERY, required=False),

@@ -3,7 +3,7 @@ config.problems renders every DomainError as problem+json."""
 
 from __future__ import annotations
 
-from ledger.errors import DomainError
+from ledger.platform.errors import DomainError
 
 
 class FailedEventNotFound(DomainError):
@@ -93,7 +93,7 @@ class ReplayNeedsDecision(DomainError):
 
 class KeyNotSettable(DomainError):
     """A key set by hand only on an entry that has none and was never replayed; the key itself
-    is checked by the key rule (ledger.key_rules), refused as ``invalid_idempotency_key``."""
+    is checked by the key rule (ledger.rules.key_rules), refused as ``invalid_idempotency_key``."""
 
     status, code, title = 409, "key_not_settable", "The key cannot be set"
 

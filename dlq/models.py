@@ -11,9 +11,9 @@ from django.db import models
 from django.db.models import Q
 
 from dlq.conf import dlq_setting
-from ledger.errors import DestinationNotAllowed, ValidationFailed
 from ledger.models import AdapterRevision, ErrorClass, IdempotencyClass, Operation, Tenant
-from ledger.outbound import outbound_check
+from ledger.platform.errors import DestinationNotAllowed, ValidationFailed
+from ledger.rules.outbound import outbound_check
 
 
 class FailedEventStatus(models.TextChoices):
@@ -160,7 +160,7 @@ class N8nConnection(models.Model):
     node's input items become the entry's payload.
 
     ``base_url`` passes the deployment's outbound policy and is stored canonical; the API key
-    is sealed (``ledger.credentials.sealed_credential``, even where payload encryption is off)
+    is sealed (``ledger.providers.credentials.sealed_credential``, even where payload encryption is off)
     and write-only: set or replaced in the console or with ``manage.py n8n_connect``, never
     rendered again, masked in the configuration trail."""
 
@@ -374,7 +374,7 @@ class FailedEvent(models.Model):
     auto_replay_count = models.PositiveIntegerField(default=0)
     status_note = models.CharField(max_length=500, blank=True)
     # Quarantine (DESIGN §7): the receiver refused the input (`invalid_input`), so replaying it
-    # unchanged would be refused again. Why, in words (ledger.services.sanitize_message: no
+    # unchanged would be refused again. Why, in words (ledger.protocol.services.sanitize_message: no
     # personal data). Empty: not quarantined. A correction replays it as the next version.
     quarantine_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
     # The operation a correction created (the next version of the key, execute mode); the
@@ -383,7 +383,7 @@ class FailedEvent(models.Model):
         Operation, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     # The adapter revision the operation failed under (execute mode): a rejection under a
-    # canary that was rolled back names it, and is never re-sent on its own (ledger.canary).
+    # canary that was rolled back names it, and is never re-sent on its own (ledger.providers.canary).
     adapter_revision = models.ForeignKey(
         AdapterRevision, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
@@ -511,7 +511,7 @@ class FailedEventOccurrence(models.Model):
     identity = models.CharField(max_length=255)
     source_workflow_id = models.CharField(max_length=255, blank=True)
     source_execution_id = models.CharField(max_length=255, blank=True)
-    # Masked like every error text (ledger.services.sanitize_message).
+    # Masked like every error text (ledger.protocol.services.sanitize_message).
     error_message = models.TextField(blank=True)
     error_class = models.CharField(max_length=16, blank=True, choices=ERROR_CLASS_CHOICES)
     at = models.DateTimeField(auto_now_add=True)

@@ -10,7 +10,7 @@ back for the failed node (what a retry of the execution would run it with), else
 node's ``source`` says its inputs were (the output of the node before it, from
 ``resultData.runData``). Only each item's ``json`` is kept; binary data is not fetched.
 
-Every request goes through the outbound policy (``ledger.outbound``), each one bounded by the
+Every request goes through the outbound policy (``ledger.rules.outbound``), each one bounded by the
 connection's timeout (reading included), and a try is repeated only for what may pass
 (the execution not saved yet, n8n unreachable or busy), at most ``FETCH_TRIES`` times.
 Reasons are our own words with the HTTP status at most: never n8n's answer, never the
@@ -29,8 +29,8 @@ from urllib.parse import quote
 import httpx
 
 from dlq.models import N8N_PURPOSE
-from ledger import storable
-from ledger.outbound import OutboundBlocked, outbound_client, outbound_refusal
+from ledger.platform import storable
+from ledger.rules.outbound import OutboundBlocked, outbound_client, outbound_refusal
 
 API_KEY_HEADER = "X-N8N-API-KEY"
 # Tries of one fetch, and the pauses between them: an Error Trigger may fire before n8n has

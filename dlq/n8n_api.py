@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from dlq.n8n import FetchFailed, n8n_call
-from ledger import storable
+from ledger.platform import storable
 
 USER_AGENT = "Onceguard-n8n"
 # Workflows per page (n8n's maximum is 250) and pages read at most: past that the audit says

@@ -31,8 +31,8 @@ from typing import Any
 from dlq.models import N8nConnection
 from dlq.n8n import FetchFailed
 from dlq.n8n_api import workflows_list
-from ledger.credentials import stored_credential_value
-from ledger.errors import DomainError
+from ledger.platform.errors import DomainError
+from ledger.providers.credentials import stored_credential_value
 
 
 class AuditUnavailable(DomainError):

@@ -18,12 +18,12 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from dlq.models import FailedEventShape, KeySource
-from ledger.crypto import digest
-from ledger.errors import InvalidKey, MalformedJson, TimestampOutOfRange, ValidationFailed
-from ledger.key_rules import key_check, key_usable
 from ledger.models import ErrorClass
-from ledger.services import sanitize_message
-from ledger.storable import MAX_COUNT, NotStorable, loads, nul_problem, timestamp_problem
+from ledger.platform.crypto import digest
+from ledger.platform.errors import InvalidKey, MalformedJson, TimestampOutOfRange, ValidationFailed
+from ledger.platform.storable import MAX_COUNT, NotStorable, loads, nul_problem, timestamp_problem
+from ledger.protocol.services import sanitize_message
+from ledger.rules.key_rules import key_check, key_usable
 
 MAX_IDENTITY = 255
 ENVELOPE_TYPE = "onceguard.failed_event"
@@ -136,7 +136,7 @@ def _clip_identity(identity: str) -> str:
 def _parse_time(value: Any) -> datetime | None:
     """A reported failure time (epoch seconds or milliseconds, or ISO 8601); None when there
     is none or it cannot be read, and the entry takes its arrival time. A time that reads but
-    lies outside ledger.storable's window is refused: near year 1 or 9999 it overflows once
+    lies outside ledger.platform.storable's window is refused: near year 1 or 9999 it overflows once
     shifted into a display time zone, and every list, page and export showing it would fail."""
     parsed: datetime | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -200,7 +200,7 @@ def failed_request_key(
     """The business key of a failed request, the one place it is derived (DESIGN §7,
     occurrences): its ``Idempotency-Key`` or ``X-Idempotency-Key`` header, else the body field
     the workflow declared (``key_field``, a dotted path; a string or a number). A key that is
-    not a valid new key (ledger.key_rules, with the tenant's ``personal_data_allowed`` waiver, as
+    not a valid new key (ledger.rules.key_rules, with the tenant's ``personal_data_allowed`` waiver, as
     the API applies it) is no usable key; no key is ``source = missing`` with the reason in words.
     Never raises."""
     candidates: list[tuple[Any, str, str]] = [
@@ -398,7 +398,7 @@ def _is_envelope(body: dict[str, Any]) -> bool:
 def parse_failure(raw: bytes, *, personal_data_allowed: bool = False) -> ParsedFailure:
     """Recognise the shape of a reported failure; JSON of an unknown shape is kept raw.
 
-    Refused (400), so that whatever is stored stays readable (ledger.storable): a body that
+    Refused (400), so that whatever is stored stays readable (ledger.platform.storable): a body that
     is empty, not UTF-8 or not JSON, or JSON that cannot be stored (too deep, non-finite
     numbers, integers over 4300 digits, lone surrogates) — ``malformed_json``; U+0000
     anywhere — ``validation_error``; a failure time out of range — ``timestamp_out_of_range``;

@@ -1,5 +1,5 @@
 """Payload storage seam of the DLQ: payloads are sealed at rest by the ledger's encryption
-(``ledger.crypto``) and opened only where the plaintext is needed (a replay's body, the
+(``ledger.platform.crypto``) and opened only where the plaintext is needed (a replay's body, the
 search paths). The import is plain on purpose: a tree whose encryption module cannot be
 imported must fail to start, not quietly store payloads in clear."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.crypto import is_redacted, payload_written
-from ledger.crypto import open_json as open_payload
-from ledger.crypto import seal_json as seal_payload
+from ledger.platform.crypto import is_redacted, payload_written
+from ledger.platform.crypto import open_json as open_payload
+from ledger.platform.crypto import seal_json as seal_payload
 
 __all__ = ["index_payload", "is_redacted", "open_payload", "seal_payload"]
 

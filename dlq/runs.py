@@ -2,7 +2,7 @@
 failed step.
 
 A run is the set of operations sent with the same ``run`` id — or, without one, the same
-correlation id (``ledger.selectors.run_operations`` says so once). :func:`run_view` shows each
+correlation id (``ledger.protocol.selectors.run_operations`` says so once). :func:`run_view` shows each
 step in the five checkpoint states (``ledger.models.CHECKPOINT_OF``), whether it is safe to
 repeat, what an operator should know, and whether a resume re-drives it. The step's state is its
 lineage's: a failed step whose replay succeeded is done (the original stays ``failed``; claims
@@ -36,9 +36,6 @@ from django.db import transaction
 from dlq.errors import RunChangedSincePreview, RunNotFound, RunNothingToResume
 from dlq.models import FailedEvent, FailedEventStatus, RunResume
 from dlq.services import failed_event_replay
-from ledger import services as ledger_services
-from ledger import transitions as ledger_transitions
-from ledger.errors import DomainError, ValidationFailed
 from ledger.models import (
     CHECKPOINT_OF,
     Attempt,
@@ -49,7 +46,10 @@ from ledger.models import (
     OperationMode,
     OperationStatus,
 )
-from ledger.selectors import operation_newest_in_lineage, run_operations
+from ledger.platform.errors import DomainError, ValidationFailed
+from ledger.protocol import services as ledger_services
+from ledger.protocol import transitions as ledger_transitions
+from ledger.protocol.selectors import operation_newest_in_lineage, run_operations
 
 S = OperationStatus
 FE = FailedEventStatus

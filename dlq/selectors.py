@@ -28,10 +28,10 @@ from dlq.models import (
     ReplayOutcome,
     ReplayTarget,
 )
-from ledger import search
-from ledger.display import age_words, truncate
 from ledger.models import Attempt, AttemptOutcome, ErrorClass, IdempotencyClass
-from ledger.redaction import scrub
+from ledger.platform.redaction import scrub
+from ledger.rules import search
+from ledger.web.display import age_words, truncate
 
 # Newest first; (failed_at, id) is the tail of every list index, so filter + order + limit
 # is one index range scan whatever the table size.

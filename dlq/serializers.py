@@ -22,14 +22,15 @@ from dlq.models import (
 )
 from dlq.runs import RunView, plan_of
 from ledger.models import Checkpoint
-from ledger.revisions import revision_number
-from ledger.serializers import OperationOutputSerializer, no_nul_characters, operation_representation
-from ledger.storable import query_time_problem
+from ledger.platform.storable import query_time_problem
+from ledger.protocol.representation import OperationOutputSerializer, operation_representation
+from ledger.providers.revisions import revision_number
+from ledger.web.serializers import no_nul_characters
 
 
 def queryable_time(value: datetime) -> None:
     """A time a filter compares against: converted to UTC by the database adapters, so it
-    must not lie at the very ends of Python's datetime (ledger.storable)."""
+    must not lie at the very ends of Python's datetime (ledger.platform.storable)."""
     problem = query_time_problem(value)
     if problem is not None:
         raise serializers.ValidationError(problem)

@@ -79,23 +79,7 @@ from dlq.models import (
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index, failed_request_key, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
-from ledger import adapters, polling, storable, tasks
-from ledger import services as ledger_services
-from ledger import transitions as ledger_transitions
-from ledger.adapters import SIGNATURE_HEADER, sign, verify_signature
-from ledger.config_changes import config_change_of, config_change_record, config_snapshot
-from ledger.credentials import (
-    sealed_credential,
-    secret_open,
-    signing_secret_summary,
-    signing_secrets_now,
-    stored_credential_value,
-)
-from ledger.crypto import open_json
-from ledger.errors import DomainError, InvalidKey, ValidationFailed
-from ledger.execute import operation_submit, operation_translated
-from ledger.failures import transport_error_text
-from ledger.key_rules import MAX_KEY_LENGTH, key_check, key_header_value, key_usable
+from ledger.execution.attempts import operation_submit, operation_translated
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
@@ -109,12 +93,29 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
-from ledger.outbound import OutboundBlocked, outbound_client, outbound_refusal
-from ledger.passes import failure_text, row_isolated
-from ledger.redaction import scrub
-from ledger.search import search_values
-from ledger.selectors import provider_slug
-from ledger.workflows import workflow_name_note
+from ledger.platform import storable, tasks
+from ledger.platform.crypto import open_json
+from ledger.platform.errors import DomainError, InvalidKey, ValidationFailed
+from ledger.platform.passes import failure_text, row_isolated
+from ledger.platform.redaction import scrub
+from ledger.protocol import services as ledger_services
+from ledger.protocol import transitions as ledger_transitions
+from ledger.protocol.selectors import provider_slug
+from ledger.providers import adapters
+from ledger.providers.adapters import SIGNATURE_HEADER, sign, verify_signature
+from ledger.providers.credentials import (
+    sealed_credential,
+    secret_open,
+    signing_secret_summary,
+    signing_secrets_now,
+    stored_credential_value,
+)
+from ledger.rules.key_rules import MAX_KEY_LENGTH, key_check, key_header_value, key_usable
+from ledger.rules.outbound import OutboundBlocked, outbound_client, outbound_refusal
+from ledger.rules.search import search_values
+from ledger.tenants.config_changes import config_change_of, config_change_record, config_snapshot
+from ledger.tenants.workflows import workflow_name_note
+from ledger.web.failures import transport_error_text
 
 FE = FailedEventStatus
 # The ledger key guarding replay n of an entry: replay:{entry id}:{n}.
@@ -213,7 +214,7 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
 def failed_events_note_rollback(
     *, tenant_id: int, provider_id: int, revision_id: int, number: int, actor: str, reason: str
 ) -> None:
-    """An adapter revision was rolled back (``ledger.hooks.adapter_revision_rolled_back``, in
+    """An adapter revision was rolled back (``ledger.platform.hooks.adapter_revision_rolled_back``, in
     the move's transaction): each pending entry that failed under it gets a note naming the
     revision. Nothing is re-sent: the provider received and rejected these; an operator
     replays them, under the revision stable now, once the cause is understood."""
@@ -276,7 +277,7 @@ def quarantine_reason_of(operation: Operation) -> str:
     (``sanitize_message``: a receiver's 422 often quotes the address it refused). Empty unless
     the failure is ``invalid_input``. Execute mode: the provider's own words from its answer
     (``error.message``, ``message``, ``detail``, ``errors[]``…), else the status; guard mode:
-    the message the caller reported with ``/fail``. An ``invalid_output`` failure (ledger.outputs)
+    the message the caller reported with ``/fail``. An ``invalid_output`` failure (ledger.execution.outputs)
     is quarantined too: a replay under the same key would fetch the same output."""
     if operation.error_class not in QUARANTINED_CLASSES:
         return ""
@@ -326,11 +327,11 @@ def failed_event_ingest(
     limit = int(dlq_setting("MAX_EVENT_BYTES"))
     if len(raw) > limit:
         raise EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit})
-    # The tenant's waiver of the personal-data key rule holds here as for a claim (ledger.key_rules).
+    # The tenant's waiver of the personal-data key rule holds here as for a claim (ledger.rules.key_rules).
     allowed = tenant.personal_data_in_keys_allowed
     parsed = parse_failure(raw, personal_data_allowed=allowed)
     # An entry is never refused for its key: one that breaks the key rule is "no usable key"
-    # ("" — a replay then sends the entry's identity, encoded, ledger.key_rules).
+    # ("" — a replay then sends the entry's identity, encoded, ledger.rules.key_rules).
     explicit_key = key_usable(explicit_key, personal_data_allowed=allowed) if explicit_key else ""
     if explicit_key:
         reported = parsed.key_source in (KeySource.REPORTED, KeySource.REPORTED_WITH_ID)
@@ -818,7 +819,7 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         "X-Onceguard-Event": str(event_pk),
         "X-Onceguard-Replay": str(number),
         REPLAY_ID_HEADER: replay_id,
-        # A stored key that is not printable ASCII is sent percent-encoded (ledger.key_rules).
+        # A stored key that is not printable ASCII is sent percent-encoded (ledger.rules.key_rules).
         target.idempotency_header: key_header_value(key),
     }
     content = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
@@ -848,7 +849,7 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         return TargetAnswer(False, None, None, ErrorClass.INVALID_INPUT, f"not delivered: {exc}", elapsed())
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         # Never reached the target: nothing can have happened. The error's own words are kept
-        # (scrubbed where stored): the console makes its sentence from them (ledger.failures).
+        # (scrubbed where stored): the console makes its sentence from them (ledger.web.failures).
         message = f"not delivered: {transport_error_text(exc, target.url)}"
         return TargetAnswer(False, None, None, ErrorClass.TRANSIENT, message, elapsed())
     except httpx.HTTPError as exc:
@@ -977,7 +978,7 @@ def failed_event_resend_decide(*, tenant_id: int, event_pk: int, actor: str, not
 def failed_event_key_set(*, tenant_id: int, event_pk: int, key: str, actor: str, note: str = "") -> FailedEvent:
     """A person sets the key a pending entry with no usable key is replayed under (DESIGN §7):
     without one, its replay would go out under the entry's own identity, which no receiver
-    knows. The key is a new key by the key rule (ledger.key_rules, the tenant's waiver for
+    knows. The key is a new key by the key rule (ledger.rules.key_rules, the tenant's waiver for
     personal data included), refused as the claim refuses it; an entry already replayed, or
     that has a key, keeps what it has. Who, which key and why go in the entry's trail, in
     the same transaction as the guarded UPDATE."""
@@ -1030,7 +1031,7 @@ def _provider_of(event: FailedEvent) -> tuple[Operation, Provider]:
     provider = ledger_services.provider_by_id(op.provider_id)
     if provider.kind != ProviderKind.HTTP:
         raise ValidationFailed("Callbacks are re-sent by their own retries, not replayed to a provider.")
-    if polling.is_asynchronous(provider):
+    if adapters.is_asynchronous(provider):
         # A direct send records the provider's answer as the outcome, and an asynchronous
         # provider's answer is a job, not the effect: nothing would poll it or check its output.
         raise ValidationFailed(
@@ -1042,7 +1043,7 @@ def _provider_of(event: FailedEvent) -> tuple[Operation, Provider]:
 
 def send_to_provider(*, provider: Provider, operation: Operation) -> TargetAnswer:
     """Send a failed execute-mode operation's stored request to its provider again, under its
-    original key, exactly as a worker would (ledger.adapters: the provider's idempotency
+    original key, exactly as a worker would (ledger.providers.adapters: the provider's idempotency
     header, credential and outbound policy), and classify the answer the same way. An intent
     operation is translated first, as a worker does, under the revision ``provider`` is (its
     stable one); an intent that revision refuses is not sent."""
@@ -1585,7 +1586,7 @@ def failed_event_discard(*, tenant_id: int, event_pk: int, actor: str, note: str
 
 # --- Corrections: replay with corrected fields as the next version ------------------------------
 
-# A key in the versioned form {record}:{action}:v{version} (ledger.services.versioned_key).
+# A key in the versioned form {record}:{action}:v{version} (ledger.protocol.services.versioned_key).
 _VERSIONED_KEY = re.compile(r"^(?P<record>.+):(?P<action>[^:]+):v(?P<version>\d{1,10})$")
 MAX_CORRECTED_FIELDS = 50
 
@@ -1942,7 +1943,7 @@ def auto_replay_due(*, limit: int | None = None) -> dict[str, int]:
     ).order_by("failed_at")[: limit or int(dlq_setting("AUTO_REPLAY_BATCH"))]
     counts = {"replayed": 0, "failed": 0, "skipped": 0}
     for event in candidates:
-        # One entry that raises does not stop the others (ledger.passes): it records the error
+        # One entry that raises does not stop the others (ledger.platform.passes): it records the error
         # and spends one of its automatic tries, so it backs off and, at the cap, waits for a
         # human. Replays are HTTP calls: no transaction is held across them (atomic=False).
         with row_isolated(
@@ -2055,7 +2056,7 @@ def replay_target_upsert(
     actor: str = "system",
 ) -> ReplayTarget:
     """Create or update a tenant's replay target; ``is_default`` moves the default to it.
-    Each target changed is recorded (ledger.config_changes, secrets masked).
+    Each target changed is recorded (ledger.tenants.config_changes, secrets masked).
 
     ``idempotency_class``: declaring it confirms it; a target created without one is
     key-advisory and unconfirmed, as migrated ones are (the console and the command require
@@ -2074,7 +2075,7 @@ def replay_target_upsert(
                 ReplayTarget._meta.get_field(name).clean(value, None)
             except DjangoValidationError as exc:
                 raise ValidationFailed("; ".join(exc.messages), extra={"field": name}) from None
-    # Checked and stored in canonical form (ledger.outbound, https unless loopback): the URL
+    # Checked and stored in canonical form (ledger.rules.outbound, https unless loopback): the URL
     # replays will be sent to.
     fields: dict[str, Any] = {"url": replay_target_url_check(url)}
     if idempotency_class is not None:
@@ -2164,7 +2165,7 @@ def replay_target_signing_secret(*, target_id: int, rotate: bool = False, actor:
     """(the target's current signing secret, whether it was just made). Made on first use
     (a guarded update: two racing first uses agree on one). ``rotate`` makes a new one and
     keeps the old one signing for DLQ ``REPLAY_SECRET_OVERLAP_SECONDS`` — the scheme of
-    ``ledger.callbacks.tenant_callback_secret``. Callers show it only when it was just made."""
+    ``ledger.protocol.callbacks.tenant_callback_secret``. Callers show it only when it was just made."""
     fresh = secrets.token_urlsafe(32)
     sealed = sealed_credential(fresh)
     with transaction.atomic():

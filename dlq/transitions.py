@@ -35,9 +35,9 @@ from django.utils import timezone
 
 from dlq.errors import KeyOpenInNewerEntry
 from dlq.models import FE, FE_ALLOWED_TRANSITIONS, FailedEvent, FailedEventChange, Replay
-from ledger.errors import IllegalTransition
-from ledger.inputs import sanitize_message
 from ledger.models import Operation
+from ledger.platform.errors import IllegalTransition
+from ledger.protocol.inputs import sanitize_message
 
 
 def change_row(*, event_pk: int, tenant_id: int, old: str, new: str, actor: str, note: str) -> None:

@@ -1,7 +1,7 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
-from ledger.tenant_namespaces import namespace_triggers_ensure
+from ledger.tenants.tenant_namespaces import namespace_triggers_ensure
 
 
 class LedgerConfig(AppConfig):
@@ -10,5 +10,5 @@ class LedgerConfig(AppConfig):
 
     def ready(self) -> None:
         # After every migrate: SQLite drops a table's triggers when a later migration
-        # rebuilds it (ledger.tenant_namespaces).
+        # rebuilds it (ledger.tenants.tenant_namespaces).
         post_migrate.connect(namespace_triggers_ensure, sender=self, dispatch_uid="ledger.namespace_triggers")

@@ -14,21 +14,21 @@ from django.db import models
 from django.db.models import Lookup, Q
 from django.db.models.fields.json import HasKey, KeyTransform, KeyTransformStartsWith
 
-from ledger.errors import DestinationNotAllowed
-from ledger.intents import intent_config_errors
-from ledger.outbound import outbound_check, outbound_prefixes_check
-from ledger.provider_checks import (
+from ledger.platform.errors import DestinationNotAllowed
+from ledger.platform.storable import MAX_DURATION_SECONDS
+from ledger.rules.intents import intent_config_errors
+from ledger.rules.outbound import outbound_check, outbound_prefixes_check
+from ledger.rules.provider_checks import (
     NAMESPACE_MAX_LENGTH,
     NAMESPACE_PATTERN,
     async_config_errors,
     provider_config_errors,
     secret_namespace_choose,
 )
-from ledger.storable import MAX_DURATION_SECONDS
 
 
 class OperationStatus(models.TextChoices):
-    # Every move out of a state is a named function in ledger.transitions (its __init__ lists
+    # Every move out of a state is a named function in ledger.protocol.transitions (its __init__ lists
     # where each state is entered); nothing else writes a status (tests/test_state_writes.py).
 
     # execute mode: accepted, waiting for a worker. Out: a worker taking the lease
@@ -146,13 +146,13 @@ class ErrorClass(models.TextChoices):
     PERMISSION = "permission", "permission"
     AMBIGUOUS = "ambiguous", "ambiguous"
     # The provider's output failed its checks (media type by content, size, dimensions,
-    # digest: ledger.outputs). Never published; no retry — with the same key a key-enforced
+    # digest: ledger.execution.outputs). Never published; no retry — with the same key a key-enforced
     # provider answers the same job, and so the same output.
     INVALID_OUTPUT = "invalid_output", "invalid output"
 
 
 # Classes a holder reports through /fail. invalid_output is the service's own verdict on an
-# output it fetched (ledger.outputs records it with its own move), not a caller's report.
+# output it fetched (ledger.execution.outputs records it with its own move), not a caller's report.
 REPORTED_ERROR_CLASSES = (ErrorClass.TRANSIENT, ErrorClass.INVALID_INPUT, ErrorClass.PERMISSION, ErrorClass.AMBIGUOUS)
 # Failures that are final at once: retrying would be refused, or would fetch the same output.
 NO_RETRY_ERROR_CLASSES = frozenset({ErrorClass.INVALID_INPUT, ErrorClass.PERMISSION, ErrorClass.INVALID_OUTPUT})
@@ -245,7 +245,7 @@ class HexBytesField(models.CharField):
     see the text — and its bytes in PostgreSQL (``bytea``: a 64-character fingerprint in 33
     bytes instead of 65, a 32-character lease token in 17 instead of 33; the cheaper growth
     of docs/explanation/scale.md). SQLite keeps the text. This is the one place the two forms meet: the ORM converts
-    through these methods, and ``ledger.statements`` (the named statements' ``fingerprint`` and
+    through these methods, and ``ledger.store.statements`` (the named statements' ``fingerprint`` and
     ``lease_token`` parameters) and the tombstone writer through ``get_db_prep_value``.
 
     Text that is not ``hex_length`` lowercase hex digits — never written by the service, but a
@@ -308,13 +308,13 @@ def bytes_to_hex(raw: bytes, hex_length: int) -> str:
     return text.decode()
 
 
-# ledger.crypto.ENVELOPE, the one key of a sealed value (not imported: ledger.crypto's hooks
+# ledger.platform.crypto.ENVELOPE, the one key of a sealed value (not imported: ledger.platform.crypto's hooks
 # import this module).
 ENVELOPE = "_enc"
 # SealedJSONField's stored forms (PostgreSQL): the first byte says which.
 STORED_JSON = 0
 STORED_SEALED = 1
-# A sealed envelope's text: "<version>:<key id>" (ledger.crypto), then its nonce and ciphertext
+# A sealed envelope's text: "<version>:<key id>" (ledger.platform.crypto), then its nonce and ciphertext
 # as canonical urlsafe base64 (padded). Only such text is stored as its bytes.
 _ENVELOPE_TEXT = re.compile(
     r"([A-Za-z0-9_-]{1,32}:[A-Za-z0-9_-]{1,32}):((?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2}==|[A-Za-z0-9_-]{3}=)?)"
@@ -323,7 +323,7 @@ _ENVELOPE_TEXT = re.compile(
 
 class SealedJSONField(models.JSONField):
     """A JSON value that is usually a sealed envelope (``{"_enc": "v2:<key id>:<base64>"}``,
-    ledger.crypto): the operation's payload, request and recorded response, the attempt's
+    ledger.platform.crypto): the operation's payload, request and recorded response, the attempt's
     response. Python — services, API, console, exports, erasure, rotation, the DLQ — sees the
     JSON value, exactly as a JSONField gives it; PostgreSQL stores ``bytea`` (the cheaper growth of
     docs/explanation/scale.md): an envelope as a 0x01 byte, the length of its ``<version>:<key id>``, that text and
@@ -332,7 +332,7 @@ class SealedJSONField(models.JSONField):
     not canonical) as a 0x00 byte and its compact UTF-8 JSON, read back as written (keys in the
     order written, not jsonb's). SQL NULL stays NULL. SQLite keeps JSON text: nothing changes
     there. This is the one place the forms meet: the ORM converts through these methods, and
-    ``ledger.statements`` (the named statements' ``request``, ``payload`` and ``response_body``)
+    ``ledger.store.statements`` (the named statements' ``request``, ``payload`` and ``response_body``)
     and the retention purge's batched update through ``get_db_prep_value``.
 
     On PostgreSQL the column answers ``isnull``, ``has_key`` and ``sealed_under`` (sealed under
@@ -424,7 +424,7 @@ class SealedUnder(Lookup):
 
 
 def secret_namespace_for(slug: str, *, also_taken: tuple[str, ...] = ()) -> str:
-    """The namespace a tenant created now with ``slug`` gets (ledger.provider_checks)."""
+    """The namespace a tenant created now with ``slug`` gets (ledger.rules.provider_checks)."""
     taken = list(Tenant.objects.values_list("secret_namespace", flat=True)) + list(also_taken)
     return secret_namespace_choose(slug, taken)
 
@@ -459,12 +459,12 @@ class Tenant(models.Model):
     budget_amount = models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True)
     budget_period_seconds = models.PositiveIntegerField(default=86400, db_default=86400)
     # Callbacks go only to URLs under one of these prefixes (scheme://host[:port]/path), each
-    # allowed by the outbound policy and stored in canonical form (ledger.outbound).
+    # allowed by the outbound policy and stored in canonical form (ledger.rules.outbound).
     callback_allow_list = models.JSONField(default=list, db_default=[], blank=True)
     # HMAC-SHA256 key signing callback bodies; generated on first use, shown once when made or
     # rotated (manage.py tenant_callback_secret, the console's rotate action), never again.
-    # Sealed like payloads (ledger.crypto, under the payload keys, even where payload
-    # encryption is off; ledger.callbacks opens it to sign): a database dump, a replica or a
+    # Sealed like payloads (ledger.platform.crypto, under the payload keys, even where payload
+    # encryption is off; ledger.protocol.callbacks opens it to sign): a database dump, a replica or a
     # column lookup never holds it in clear. NULL: not made yet.
     callback_secret = SealedJSONField(null=True, blank=True, editable=False)
     # After a rotation the previous secret still signs (a second v1 signature) until
@@ -472,12 +472,12 @@ class Tenant(models.Model):
     callback_secret_previous = SealedJSONField(null=True, blank=True, editable=False)
     callback_secret_rotated_at = models.DateTimeField(null=True, blank=True)
     # Asked "is this still wanted?" before a retry older than its provider's recheck_after
-    # (ledger.eligibility): POSTed a signed question (callback_secret), allowed by the
+    # (ledger.recovery.eligibility): POSTed a signed question (callback_secret), allowed by the
     # outbound policy, stored in canonical form. Empty: no recheck, retries go ahead.
     eligibility_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
     # Whether new keys may hold an e-mail address or an international phone number (the
-    # key rule's `personal_data`, ledger.key_rules): keys are logged and shown in clear.
-    # Platform-owned: only a superuser changes it (ledger.admin.TenantAdmin).
+    # key rule's `personal_data`, ledger.rules.key_rules): keys are logged and shown in clear.
+    # Platform-owned: only a superuser changes it (ledger.web.console.TenantAdmin).
     personal_data_in_keys_allowed = models.BooleanField(
         default=False,
         db_default=False,
@@ -485,7 +485,7 @@ class Tenant(models.Model):
         " number. Keys are logged and shown in clear: prefer hashing the value into the key.",
     )
     # Which environment variables its providers may read credentials from:
-    # <PROVIDER_SECRET_PREFIX><secret_namespace>_<NAME> (ledger.credentials). Assigned once
+    # <PROVIDER_SECRET_PREFIX><secret_namespace>_<NAME> (ledger.providers.credentials). Assigned once
     # when the tenant is made (derived from the slug where free), never changed with the slug,
     # never on any form (ADR 0001). The database refuses a duplicate, a character outside
     # [A-Z0-9], and one namespace a prefix of another's (triggers of ledger.0032).
@@ -544,7 +544,7 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
-    # After this moment the key authenticates nothing (ledger.auth); empty = no expiry.
+    # After this moment the key authenticates nothing (ledger.tenants.auth); empty = no expiry.
     expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -563,7 +563,7 @@ class ConfigChangeAction(models.TextChoices):
 class ConfigChange(models.Model):
     """Who changed which configuration, when, from what to what (DESIGN §8, audit trail).
 
-    Append-only: written by ``ledger.services.config_change_record`` — called by the services
+    Append-only: written by ``ledger.protocol.services.config_change_record`` — called by the services
     and console save paths of every app (providers, API keys, tenants and their callback
     settings here; replay targets, alert channels, retention policies, staff roles and tenant
     memberships above) in the transaction of the change; nothing updates or deletes a row,
@@ -617,7 +617,7 @@ class Provider(models.Model):
     kind = models.CharField(max_length=16, choices=ProviderKind.choices, default=ProviderKind.HTTP, db_default="http")
     # Request headers a submitter may set (case-insensitive names). Credentials never come
     # from the caller: the adapter sets `auth_header` to the provider's credential
-    # (ledger.credentials) — `auth_secret`, stored sealed and never shown, or else the
+    # (ledger.providers.credentials) — `auth_secret`, stored sealed and never shown, or else the
     # environment variable `auth_secret_env` names, which must be one of the platform's
     # declared variables for this tenant (ONCEGUARD_PROVIDER_SECRET_PREFIX + the tenant's
     # secret namespace + "_").
@@ -634,7 +634,7 @@ class Provider(models.Model):
     status_pointer = models.CharField(max_length=200, blank=True)
     success_values = models.JSONField(default=list, blank=True)
     lookup_settle_seconds = models.PositiveIntegerField(default=30)
-    # Asynchronous providers (DESIGN §5, asynchronous providers; ledger.polling). A status path
+    # Asynchronous providers (DESIGN §5, asynchronous providers; ledger.execution.polling). A status path
     # makes the provider asynchronous: the submit's answer names a job (ref_pointer), and the
     # operation waits on the provider, polled at base_url + poll_path ({provider_ref} = the job
     # id) with backoff from poll_initial_seconds doubling to poll_max_seconds, or moved by the
@@ -671,10 +671,10 @@ class Provider(models.Model):
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_reason = models.CharField(max_length=200, blank=True)
     # Seconds: a retry of an operation older than this (since its creation or the tenant's
-    # last "still wanted") first asks the tenant's eligibility webhook (ledger.eligibility).
+    # last "still wanted") first asks the tenant's eligibility webhook (ledger.recovery.eligibility).
     # Empty: retries never ask.
     recheck_after = models.PositiveIntegerField(null=True, blank=True, help_text="seconds; empty = never recheck")
-    # Rate and concurrency caps (DESIGN §5, rate and concurrency caps; ledger.ratelimit). The
+    # Rate and concurrency caps (DESIGN §5, rate and concurrency caps; ledger.providers.ratelimit). The
     # provider's, not an adapter revision's: they say what the receiver can take. Workers of
     # every process respect them through the database: in flight = this provider's claimed
     # execute-mode rows; the rate = a token bucket (ProviderRate) refilled on the database's
@@ -693,7 +693,7 @@ class Provider(models.Model):
         db_default=1,
         help_text="calls that may go at once after a quiet spell (1 spaces the calls evenly); at most the rate",
     )
-    # Intent envelopes (DESIGN §5, intents; ledger.intents). With a schema, submissions carry
+    # Intent envelopes (DESIGN §5, intents; ledger.rules.intents). With a schema, submissions carry
     # `intent` (named, typed, bounded values) instead of a request, and the request template
     # translates it into the provider's request when an attempt is sent. Both are adapter
     # fields: a revision holds them as a pair, so a rollback restores the schema with the
@@ -714,11 +714,11 @@ class Provider(models.Model):
         ' {"field": "aspect_class", "values": {"square": "1024x1024", …}}}}. Only {{ name }} substitutes;'
         " nothing is evaluated.",
     )
-    # Adapter revisions (DESIGN §5, adapter revisions; ledger.revisions, ledger.canary). The
+    # Adapter revisions (DESIGN §5, adapter revisions; ledger.providers.revisions, ledger.providers.canary). The
     # adapter fields above (ADAPTER_FIELDS) always hold the stable revision's snapshot;
     # `revision` points at it. A canary revision takes `canary_percent` of new operations,
     # chosen by a hash of the key, until it is promoted or rolled back. Moved only by
-    # ledger.canary (recorded as configuration changes), never by a form.
+    # ledger.providers.canary (recorded as configuration changes), never by a form.
     revision = models.ForeignKey(
         "AdapterRevision", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", editable=False
     )
@@ -731,7 +731,7 @@ class Provider(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        # The console's rollout moves (ledger.canary): an operator may roll a canary back in an
+        # The console's rollout moves (ledger.providers.canary): an operator may roll a canary back in an
         # incident without being allowed to edit the provider.
         permissions = [("rollout_provider", "Can start, promote and roll back adapter revisions")]
         constraints = [
@@ -778,7 +778,7 @@ class Provider(models.Model):
                 rate_burst=self.rate_burst,
             )
         )
-        # What a submission may say and how it is translated (ledger.intents): a template that
+        # What a submission may say and how it is translated (ledger.rules.intents): a template that
         # would evaluate anything is refused here, never at send time.
         errors.update(
             intent_config_errors(
@@ -790,7 +790,7 @@ class Provider(models.Model):
         for name, message in async_config_errors({name: getattr(self, name) for name in ADAPTER_FIELDS}).items():
             errors.setdefault(name, message)
         # Slugs beginning with "_" are the service's own (the tenant's `_callbacks`, created
-        # by ledger.callbacks): none is created, nor renamed into, from a form.
+        # by ledger.protocol.callbacks): none is created, nor renamed into, from a form.
         if self.slug.startswith("_"):
             stored = Provider.objects.filter(pk=self.pk).values_list("slug", flat=True).first() if self.pk else None
             if stored != self.slug:
@@ -822,8 +822,8 @@ PROVIDER_CAP_FIELDS = ("max_in_flight", "rate_limit", "rate_period_seconds", "ra
 
 
 class ProviderRate(models.Model):
-    """A capped provider's token bucket and effective rate (ledger.ratelimit), one row per
-    provider, moved only by the statements in ledger/queries.sql (``provider_rate_…``) on the
+    """A capped provider's token bucket and effective rate (ledger.providers.ratelimit), one row per
+    provider, moved only by the statements in ledger/store/queries.sql (``provider_rate_…``) on the
     database's clock. The row is also the lock takers of one provider queue on, so each one
     counts the in-flight rows the previous one committed. Not configuration: never in a form."""
 
@@ -853,7 +853,7 @@ class ProviderRate(models.Model):
         return f"rate of provider {self.provider_id}"
 
 
-# The adapter fields of an asynchronous provider (ledger.polling): how its jobs are polled and
+# The adapter fields of an asynchronous provider (ledger.execution.polling): how its jobs are polled and
 # its outputs found and checked.
 ASYNC_ADAPTER_FIELDS = (
     "poll_path",
@@ -896,7 +896,7 @@ ADAPTER_FIELDS = (
 
 class AdapterRevision(models.Model):
     """One immutable snapshot of a provider's adapter configuration (``config``: the
-    ``ADAPTER_FIELDS`` as JSON). Numbered 1..n per provider; written by ``ledger.revisions``
+    ``ADAPTER_FIELDS`` as JSON). Numbered 1..n per provider; written by ``ledger.providers.revisions``
     on every change of those fields, never updated or deleted (the console shows them
     read-only). Which revision is stable and which is a canary is the provider's (its
     ``revision`` and ``canary_revision``); the moves are recorded as configuration changes."""
@@ -923,7 +923,7 @@ class AdapterRevision(models.Model):
 
 class PromptTemplate(models.Model):
     """One immutable version of a tenant's prompt text (DESIGN §5, prompt templates;
-    ledger.prompts). ``text`` holds the instructions and ``{{ slot }}`` placeholders for the
+    ledger.providers.prompts). ``text`` holds the instructions and ``{{ slot }}`` placeholders for the
     declared ``slots`` (name → ``{"max_length": n}``); a request template names the prompt
     (``{{ prompt:name }}``, the newest version, or ``{{ prompt:name@3 }}``), and user text goes
     only into the slots, fenced and capped. Numbered 1..n per tenant and name; a change is a
@@ -1012,7 +1012,7 @@ class Operation(models.Model):
     )
     # Runs (DESIGN §3, runs): operations that share a run are the ordered steps of one
     # business transaction. `run` is the explicit run id sent with the claim or submission;
-    # empty, the correlation id is the run (ledger.selectors.run_operations says so once).
+    # empty, the correlation id is the run (ledger.protocol.selectors.run_operations says so once).
     run = models.CharField(max_length=255, blank=True, default="", db_default="")
     step = Counter(null=True, blank=True)
     # Versioned keys: sent as parts, the key is "{record}:{action}:v{version}" and the parts
@@ -1025,7 +1025,7 @@ class Operation(models.Model):
     )
     # Execute mode: the adapter revision this operation's next attempt runs under (assigned at
     # submission — the stable revision or, for its share of new keys, a canary — and moved
-    # only while nothing is under way: ledger.revisions / ledger.canary). Each attempt keeps
+    # only while nothing is under way: ledger.providers.revisions / ledger.providers.canary). Each attempt keeps
     # its own. Not indexed: a rollback reads the open rows through op_due_idx.
     adapter_revision = models.ForeignKey(
         AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
@@ -1053,7 +1053,7 @@ class Operation(models.Model):
 
     class Meta:
         db_table = "ledger_operation"
-        # The console's operator actions (ledger.transitions: operation_cancel / operation_retry_now).
+        # The console's operator actions (ledger.protocol.transitions: operation_cancel / operation_retry_now).
         permissions = [("cancel_operation", "Can cancel operations and retry them now")]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "key"], name="operation_unique_key_per_tenant"),
@@ -1112,13 +1112,13 @@ class Operation(models.Model):
             # Every state but `succeeded` (migration 0021): a completion writes nothing here, and
             # entries stay few. `status=succeeded` lists read (tenant, id) and keep the 98 % that
             # match. Partial on a state: only a plan that sees the state uses it (lists are planned
-            # per call, ledger.sql.planned_per_call).
+            # per call, ledger.store.sql.planned_per_call).
             models.Index(
                 fields=["tenant", "status", "id"],
                 name="op_tenant_other_status_idx",
                 condition=~Q(status="succeeded"),
             ),
-            # A capped provider's calls in flight, counted at every take (ledger.ratelimit):
+            # A capped provider's calls in flight, counted at every take (ledger.providers.ratelimit):
             # only claimed execute-mode rows, so it stays as small as the work under way.
             models.Index(
                 fields=["provider"],
@@ -1216,7 +1216,7 @@ class Attempt(models.Model):
         AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
     )
     # The prompt template version the attempt's request was rendered with (intent envelopes
-    # whose request template names a prompt: ledger.prompts); set by the worker before it sends.
+    # whose request template names a prompt: ledger.providers.prompts); set by the worker before it sends.
     prompt_template = models.ForeignKey(
         PromptTemplate, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
     )
@@ -1310,7 +1310,7 @@ class Tombstone(models.Model):
     """What is left of an operation retention deleted: enough to keep answering its key.
 
     ``operation_claim`` never re-creates a key that has a tombstone (a NOT EXISTS guard
-    inside its INSERT) and answers from this row instead (``ledger.tombstones``). Written
+    inside its INSERT) and answers from this row instead (``ledger.protocol.tombstones``). Written
     and expired by the retention purge (``review.retention``).
     """
 
@@ -1341,8 +1341,8 @@ class Tombstone(models.Model):
 
 
 class Upload(models.Model):
-    """A file a tenant uploaded (``POST /api/v1/uploads``, ledger.uploads), stored outside
-    the queue through the ``onceguard_objects`` storage (ledger.objects). Content addressed
+    """A file a tenant uploaded (``POST /api/v1/uploads``, ledger.execution.uploads), stored outside
+    the queue through the ``onceguard_objects`` storage (ledger.execution.objects). Content addressed
     per tenant: the same bytes from the same tenant are one row, one object and one key.
     Its facts are immutable: written once, after its checks passed; deleted by retention
     (never while a job that names it can still run: ``retain_until``) or by an erasure. Jobs
@@ -1363,7 +1363,7 @@ class Upload(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     # Retention keeps the upload at least until then, whatever its TTL: raised (never lowered)
     # by each accepted job that names it, to the end of that job's lifetime plus its last
-    # attempt's lease (ledger.uploads.uploads_retain). Null: no job ever named it.
+    # attempt's lease (ledger.execution.uploads.uploads_retain). Null: no job ever named it.
     retain_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -1380,7 +1380,7 @@ class Upload(models.Model):
 
 
 class OperationOutput(models.Model):
-    """The validated output of an operation (ledger.outputs): fetched into quarantine,
+    """The validated output of an operation (ledger.execution.outputs): fetched into quarantine,
     checked (media type by content, size, dimensions, digest), then published here. A row
     exists only for an output that passed; one that failed was deleted and failed the
     operation as ``invalid_output``. Its own table (not columns of the hot operations
@@ -1410,10 +1410,10 @@ class OperationOutput(models.Model):
 class WorkflowName(models.Model):
     """A name a tenant's workflow was seen with (n8n's ``$workflow.name``: sent with a claim or
     a submission, or in a failed event), so that operations, which carry only the workflow's
-    id, are found by its name (ledger.selectors.operation_search, the API's ``workflow_name``).
+    id, are found by its name (ledger.protocol.selectors.operation_search, the API's ``workflow_name``).
 
     One row per workflow and name, written once when the name is first seen
-    (ledger.workflows): a renamed workflow gains a row and stays findable by either name; the
+    (ledger.tenants.workflows): a renamed workflow gains a row and stays findable by either name; the
     claim's own INSERT never writes a name, so operations pay nothing for the search. The
     name is searched by a trigram index on PostgreSQL (migration 0016)."""
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from django.conf import settings
 from django_q.models import Schedule
 
-from ledger.objects import objects_sweep
-from ledger.partitions import partitions_ensure
-from ledger.sweeper import sweep
+from ledger.execution.objects import objects_sweep
+from ledger.platform.partitions import partitions_ensure
+from ledger.recovery.sweeper import sweep
 
 
 def sweep_task() -> dict[str, int]:
@@ -35,7 +35,7 @@ def install_schedules() -> list[str]:
             "repeats": -1,
         },
     )
-    # What crashes left in the object storages (ledger.objects): hourly is plenty.
+    # What crashes left in the object storages (ledger.execution.objects): hourly is plenty.
     Schedule.objects.update_or_create(
         name="ledger.objects_sweep",
         defaults={
@@ -44,7 +44,7 @@ def install_schedules() -> list[str]:
             "repeats": -1,
         },
     )
-    # Monthly partitions of attempts and events, created months ahead (ledger.partitions):
+    # Monthly partitions of attempts and events, created months ahead (ledger.platform.partitions):
     # daily, so a missed run or two changes nothing.
     Schedule.objects.update_or_create(
         name="ledger.partitions_ensure",

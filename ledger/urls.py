@@ -1,6 +1,6 @@
 from django.urls import path
 
-from ledger import apis
+from ledger.web import apis
 
 urlpatterns = [
     path("claims", apis.ClaimCreateApi.as_view(), name="claim-create"),

@@ -7,7 +7,7 @@
 
 Both answer ``200`` or ``503`` with a small JSON body and ``Cache-Control: no-store``; a
 ``503`` for an unreachable database carries the same ``Retry-After`` as the API's
-``database_unavailable`` answers (ledger.outage). The
+``database_unavailable`` answers (ledger.platform.outage). The
 scheduler (django-q2) and the sweeper are *not* readiness: a stalled scheduler must not take
 every web node out of the load balancer. Their staleness is a metric and an alert
 (``observability.scheduler``).
@@ -29,7 +29,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
-from ledger.outage import retry_after_seconds
+from ledger.platform.outage import retry_after_seconds
 
 CONTENT_TYPE = "application/json"
 

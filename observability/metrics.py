@@ -5,7 +5,7 @@ Two sources, one exposition:
 
 - the database, read at scrape time (backlogs, ages, attempts, DLQ, review, providers held
   back, the scheduler's heartbeat): the same answer from any web node;
-- the latency histograms the processes record (``ledger.telemetry``), added up across
+- the latency histograms the processes record (``ledger.platform.telemetry``), added up across
   every web and worker process of this node when ``PROMETHEUS_MULTIPROC_DIR`` is set.
 
 Tenant and provider labels appear only where their number is bounded: per-tenant series
@@ -39,9 +39,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from dlq.models import FailedEvent, FailedEventStatus
-from ledger import env, selectors, sql
-from ledger.errors import DomainError
 from ledger.models import OPEN_STATES, Operation, OperationStatus, Provider, Tenant
+from ledger.platform import env
+from ledger.platform.errors import DomainError
+from ledger.protocol import selectors
+from ledger.store import sql
 from observability.scheduler import scheduler_ages
 
 OTHER = "_other"

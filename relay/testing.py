@@ -31,7 +31,7 @@ from typing import IO, Any
 
 import httpx
 
-from ledger import env
+from ledger.platform import env
 from relay.fault_relay import make_relay
 from relay.mock_images import make_mock_image_provider
 from relay.mock_providers import make_mock_provider
@@ -51,7 +51,7 @@ class ServerStartError(RuntimeError):
 
 # Called with the URL of every server started here. The test suite registers one that adds
 # the server's host and port to the test's outbound allow-list (the service refuses loopback
-# destinations unless the deployment allows them: ledger.outbound).
+# destinations unless the deployment allows them: ledger.rules.outbound).
 started_hooks: list[Callable[[str], None]] = []
 # Called with the URL of every such server once it is stopped or killed: its port may be
 # handed to another listener afterwards, which the allow-list must not cover.

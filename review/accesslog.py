@@ -50,14 +50,14 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
-from ledger import env
-from ledger.logs import get_logger
-from ledger.redaction import scrub
-from ledger.secret_files import write_secret_file
+from ledger.platform import env
+from ledger.platform.logs import get_logger
+from ledger.platform.redaction import scrub
+from ledger.platform.secret_files import write_secret_file
 from review.models import AccessLog, AccessLogCheckpoint, CheckpointKind
 
 log = logging.getLogger("onceguard.accesslog")
-# Its own logger, kept at INFO whatever LOG_LEVEL says (ledger.logs): the lines are evidence.
+# Its own logger, kept at INFO whatever LOG_LEVEL says (ledger.platform.logs): the lines are evidence.
 witness_log = get_logger("onceguard.accesslog.witness")
 WITNESS_EVENT = "accesslog_witness"
 

@@ -21,15 +21,15 @@ from django.utils.translation import gettext
 from django_q import admin as django_q_admin  # noqa: F401  (registers its pages first: replaced below)
 from django_q.models import Schedule
 
-from ledger import display
-from ledger.admin import SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
-from ledger.config_changes import config_change_of, config_snapshot
-from ledger.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ServiceSaveAdmin
-from ledger.errors import DomainError
 from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
-from ledger.selectors import operation_search
-from ledger.services import provider_pause, provider_resume
-from ledger.story import operation_story
+from ledger.platform.errors import DomainError
+from ledger.protocol.selectors import operation_search
+from ledger.protocol.services import provider_pause, provider_resume
+from ledger.tenants.config_changes import config_change_of, config_snapshot
+from ledger.web import display
+from ledger.web.console import SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
+from ledger.web.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ServiceSaveAdmin
+from ledger.web.story import operation_story
 from review.models import (
     AccessLog,
     AccessLogCheckpoint,

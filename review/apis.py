@@ -8,8 +8,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger import sql
-from ledger.apis import OperationCursorPagination, validated_input
+from ledger.store import sql
+from ledger.web.apis import OperationCursorPagination, validated_input
 from review import selectors, services
 from review.serializers import (
     DecisionInputSerializer,

@@ -3,7 +3,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
-from ledger import hooks
+from ledger.platform import hooks
 from review.roles import sync_role_groups
 
 

@@ -1,5 +1,5 @@
 """Console saves of configuration leave their trace: every add, change and delete of a
-configuration model through the console writes a ``ConfigChange`` row (ledger.config_changes)
+configuration model through the console writes a ``ConfigChange`` row (ledger.tenants.config_changes)
 in the transaction of the save, with the user as actor and secrets masked.
 
 The console's site (review.console) mixes :class:`ConfigChangeAdminMixin` into every
@@ -18,9 +18,9 @@ from django.http import HttpRequest
 
 from alerts.services import CHANNEL_SECRET_FIELDS, CHANNEL_STATE_FIELDS
 from dlq.services import N8N_SECRET_FIELDS
-from ledger.config_changes import config_change_of, config_snapshot
 from ledger.models import ConfigChangeAction
-from ledger.services import PROVIDER_STATE_FIELDS
+from ledger.protocol.services import PROVIDER_STATE_FIELDS
+from ledger.tenants.config_changes import config_change_of, config_snapshot
 from review.models import StaffTenant
 
 
@@ -84,7 +84,7 @@ class ConfigChangeAdminMixin:
         return AUDITED.get(self.model._meta.label_lower)  # type: ignore[attr-defined]
 
     def _saved_by_service(self) -> bool:
-        # Pages whose saves call the object's service (ledger.console_base.ServiceSaveAdmin,
+        # Pages whose saves call the object's service (ledger.web.console_base.ServiceSaveAdmin,
         # ADR 0006): the service writes the row, the same one as the command's and the API's.
         return bool(getattr(self, "config_change_by_service", False))
 

@@ -35,11 +35,12 @@ from django.utils.functional import SimpleLazyObject
 from django.utils.text import capfirst, slugify
 
 from dlq.models import FailedEvent
-from ledger import display, sql
-from ledger.console_base import ConsoleLookupsMixin, lookup_refused_response
-from ledger.errors import DomainError, LookupNotOffered
 from ledger.models import Operation, Tenant
-from ledger.pagination import CappedCountPaginator
+from ledger.platform.errors import DomainError, LookupNotOffered
+from ledger.store import sql
+from ledger.web import display
+from ledger.web.console_base import ConsoleLookupsMixin, lookup_refused_response
+from ledger.web.pagination import CappedCountPaginator
 from review import privacy, security
 from review.changes import ConfigChangeAdminMixin
 from review.listing import ConsoleChangeList
@@ -184,7 +185,7 @@ class ConsoleAdminMixin:
         extra_context["onceguard_can_export"] = can_export(request, self.model)  # type: ignore[attr-defined]
         if request.method != "GET":
             return super().changelist_view(request, extra_context)  # type: ignore[misc]
-        # Every list query planned for its filter's values (ledger.sql.planned_per_call), the
+        # Every list query planned for its filter's values (ledger.store.sql.planned_per_call), the
         # template's too (it queries while rendering): rendered inside, not after the view.
         with sql.planned_per_call():
             response = super().changelist_view(request, extra_context)  # type: ignore[misc]
@@ -374,7 +375,7 @@ def payload_panel_context(request: HttpRequest, obj: models.Model, site: admin.A
 
 class DurationWordsField(forms.DurationField):
     """A duration typed as people say it ("30 days", "12 hours", "90d", "2 weeks", "1 day 12 h",
-    a plain number of days; ledger.display.duration_parse) and shown back the same way, every
+    a plain number of days; ledger.web.display.duration_parse) and shown back the same way, every
     unit kept ("30 days"), so that saving an unchanged form changes nothing."""
 
     default_error_messages = {"invalid": f"Enter a duration such as {display.DURATION_HELP}."}

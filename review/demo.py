@@ -31,10 +31,12 @@ from django.db import transaction
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import env, outbound, services, transitions
 from ledger.management.commands.bootstrap_demo import demo_outbound_rules
 from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider, Tenant
-from ledger.secret_files import write_secret_file
+from ledger.platform import env
+from ledger.platform.secret_files import write_secret_file
+from ledger.protocol import services, transitions
+from ledger.rules import outbound
 from review import privacy
 from review.models import RetentionPolicy, StaffTenant
 from review.retention import retention_purge_tenant
@@ -234,7 +236,7 @@ def demo_seed() -> dict[str, Any]:
             },
         },
     )
-    # The throwaway receiver is allowed for this replay only, in this thread (ledger.outbound).
+    # The throwaway receiver is allowed for this replay only, in this thread (ledger.rules.outbound).
     with _local_crm() as url, outbound.allowing(url.removeprefix("http://")):
         # The demo CRMs dedup on the key (key-enforced): a replay with an unknown outcome may go
         # again without a person's decision.
@@ -301,7 +303,7 @@ def demo_seed() -> dict[str, Any]:
         )
     }
     path = Path(settings.VAR_DIR) / "demo-users.txt"
-    # Mode 600 from birth (ledger.secret_files): the demo staff's passwords.
+    # Mode 600 from birth (ledger.platform.secret_files): the demo staff's passwords.
     write_secret_file(path, "".join(f"{u} / {p}\n" for u, p in made["users"].items()), replace=True)
     made["users_file"] = str(path)
     return made

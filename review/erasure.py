@@ -48,13 +48,13 @@ from django_q.tasks import async_task
 from dlq.errors import FailedEventBusy, FailedEventClosed
 from dlq.models import FailedEvent, FailedEventChange, FailedEventOccurrence, FailedEventStatus, Replay
 from dlq.services import failed_event_discard
-from ledger import crypto
-from ledger import transitions as ledger_transitions
-from ledger.errors import DomainError, ValidationFailed
+from ledger.execution.outputs import outputs_delete_for
+from ledger.execution.uploads import upload_keys_in, uploads_delete_named
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
-from ledger.outputs import outputs_delete_for
-from ledger.redaction import scrub
-from ledger.uploads import upload_keys_in, uploads_delete_named
+from ledger.platform import crypto
+from ledger.platform.errors import DomainError, ValidationFailed
+from ledger.platform.redaction import scrub
+from ledger.protocol import transitions as ledger_transitions
 from review.accesslog import accesslog_append
 from review.erasure_n8n import erasure_n8n_pass, n8n_delete_default, n8n_executions_of
 from review.models import (
@@ -287,11 +287,11 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     cutter.rows(Replay.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk), "error_message", "note")
     run.texts += cutter.changed
     # Its published output (a file it produced for this person) goes: the row now, the bytes
-    # once the batch commits (ledger.outputs).
+    # once the batch commits (ledger.execution.outputs).
     run.outputs += outputs_delete_for(operation_ids=[op.pk])
     # The uploads it named (a source photo, a document): an upload a person's job used is
     # taken to be that person's data, whoever else's job names the same bytes (DESIGN §8).
-    # Rows now, files once the batch commits (ledger.uploads).
+    # Rows now, files once the batch commits (ledger.execution.uploads).
     run.uploads += uploads_delete_named(tenant_id=run.tenant_id, keys=named_uploads)
     run.index_entries += SubjectIndex.objects.filter(record_type=RecordType.OPERATIONS, record_id=op.pk).delete()[0]
     run.operations += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from ledger.console_base import ConsoleReadOnlyAdmin
+from ledger.web.console_base import ConsoleReadOnlyAdmin
 from review.erasure_n8n import n8n_report
 from review.models import ErasureRun
 from review.subjects import erasure_summary

@@ -38,8 +38,8 @@ from django.utils import timezone
 from dlq.models import FailedEvent, FailedEventAlias, FailedEventOccurrence, N8nConnection
 from dlq.n8n_api import Deleted, Deletion, execution_delete
 from dlq.selectors import n8n_connection_active
-from ledger.credentials import stored_credential_value
 from ledger.models import Attempt, Operation
+from ledger.providers.credentials import stored_credential_value
 from review.accesslog import accesslog_append
 from review.models import AccessAction, ErasureRun, ErasureState, RecordType
 

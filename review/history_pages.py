@@ -31,12 +31,14 @@ from django.utils.http import urlencode
 from django.utils.text import capfirst, smart_split, unescape_string_literal
 from django.views.decorators.http import require_safe
 
-from ledger import display, prompts, revisions, sql
-from ledger.admin import may_view
-from ledger.console_base import lookup_refused_response, unoffered_parameters
-from ledger.errors import LookupNotOffered
 from ledger.models import Attempt, AttemptOutcome, ErrorClass, OperationEvent, OperationStatus
-from ledger.pagination import CappedCountPaginator
+from ledger.platform.errors import LookupNotOffered
+from ledger.providers import prompts, revisions
+from ledger.store import sql
+from ledger.web import display
+from ledger.web.console import may_view
+from ledger.web.console_base import lookup_refused_response, unoffered_parameters
+from ledger.web.pagination import CappedCountPaginator
 from review import privacy
 from review.console import can_export, export_csv_response, payload_panel_context
 from review.tenancy import scope_of, scope_queryset
@@ -101,7 +103,7 @@ class HistoryPage:
 
     def filtered(self, request: HttpRequest) -> QuerySet[Any]:
         """The list as the request's filters and search narrow it, newest first. Raises
-        LookupNotOffered for a parameter the page does not offer (ledger.console_base)."""
+        LookupNotOffered for a parameter the page does not offer (ledger.web.console_base)."""
         unoffered = unoffered_parameters(request.GET.keys(), (spec.parameter for spec in self.filters))
         if unoffered:
             raise LookupNotOffered(f"This list does not filter by {', '.join(unoffered)[:200]}.")

@@ -11,8 +11,8 @@ from django.apps import apps
 from django.db import transaction
 from django.db.models import Q
 
-from ledger import crypto
 from ledger.models import SealedJSONField
+from ledger.platform import crypto
 from review.models import RecordType, SubjectIndex
 from review.privacy import subject_index_record
 

@@ -36,9 +36,9 @@ from django.urls import NoReverseMatch
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext as _
 
-from ledger.console_base import OfferedLookupsChangeList
-from ledger.display import escape, format_html
-from ledger.pagination import CappedCountPaginator
+from ledger.web.console_base import OfferedLookupsChangeList
+from ledger.web.display import escape, format_html
+from ledger.web.pagination import CappedCountPaginator
 
 # A key whose admin-quoted form reverse() would not escape further: its link is the template's.
 _URL_SAFE = re.compile(r"^[A-Za-z0-9_.~-]+$")
@@ -209,7 +209,7 @@ def result_list(cl: ChangeList) -> dict[str, Any]:
 
 class ConsoleChangeList(OfferedLookupsChangeList):
     """Django's ChangeList, whose first page is read before it is counted, answering only the
-    lookups its list offers (ledger.console_base).
+    lookups its list offers (ledger.web.console_base).
 
     Django counts a list, then reads the page: two scans of whatever the filter or the search
     reads (a substring search's trigram scan at ten million rows, ~0.1 s each). Here page one

@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db import models
 
 from dlq.models import FailedEvent
-from ledger import crypto
-from ledger.errors import ValidationFailed
-from ledger.masking import mask_json
+from ledger.platform import crypto
+from ledger.platform.errors import ValidationFailed
+from ledger.platform.masking import mask_json
 from review.accesslog import (  # noqa: F401 (re-exported for callers of review.privacy)
     GENESIS,
     ChainProblem,
@@ -57,7 +57,7 @@ def privacy_setting(name: str, default: Any) -> Any:
 
 
 # --- Masking -----------------------------------------------------------------------------------
-# mask_json is ledger.masking's: one masking rule for the API, the console and exports.
+# mask_json is ledger.platform.masking's: one masking rule for the API, the console and exports.
 
 
 @dataclass(frozen=True)

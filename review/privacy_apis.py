@@ -20,9 +20,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from dlq.models import FailedEvent
-from ledger.errors import DomainError, OperationNotFound, ValidationFailed
 from ledger.models import Operation
-from ledger.serializer_reuse import validated_data
+from ledger.platform.errors import DomainError, OperationNotFound, ValidationFailed
+from ledger.protocol.serializer_reuse import validated_data
 from review import privacy
 from review.security import client_ip
 

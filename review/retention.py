@@ -8,7 +8,7 @@ Rules (DESIGN §6):
 * Uploads (``ledger.Upload``): the bytes are the record, so the earlier of the two TTLs
   deletes the row and, once that commits, its object — not while an accepted job that names
   it can still run (its ``retain_until``); a later run deletes it once that has passed.
-* A deleted operation leaves a tombstone (``ledger.tombstones``: kept for the longest of 24 h
+* A deleted operation leaves a tombstone (``ledger.protocol.tombstones``: kept for the longest of 24 h
   and the provider's key TTL); operations something still references (a living DLQ entry, an
   operation superseded by it) are not deleted until the reference is gone. ``operation_claim``
   never re-creates a tombstoned key (a NOT EXISTS guard inside its INSERT) and answers from
@@ -37,13 +37,14 @@ from alerts.services import alert_raise
 from dlq.errors import FailedEventBusy, FailedEventClosed
 from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import failed_event_discard
-from ledger import partitions, sql
-from ledger.crypto import is_redacted
+from ledger.execution.outputs import outputs_delete_for
+from ledger.execution.uploads import uploads_purge
 from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload
-from ledger.outputs import outputs_delete_for
-from ledger.passes import PASS_ROW_FAILURES, failure_text, row_isolated
-from ledger.tombstones import tombstones_create
-from ledger.uploads import uploads_purge
+from ledger.platform import partitions
+from ledger.platform.crypto import is_redacted
+from ledger.platform.passes import PASS_ROW_FAILURES, failure_text, row_isolated
+from ledger.protocol.tombstones import tombstones_create
+from ledger.store import sql
 from review.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
 from review.models import (
     AccessLog,
@@ -57,7 +58,7 @@ from review.models import (
 from review.privacy import redaction_marker
 
 log = logging.getLogger("onceguard.retention")
-# The label of this pass's failures (ledger.passes).
+# The label of this pass's failures (ledger.platform.passes).
 JOB = "retention_purge"
 
 
@@ -118,7 +119,7 @@ class TenantPurge:
     budget: PurgeBudget
     counts: dict[str, TypeCounts] = field(default_factory=dict)
     exhausted: bool = False
-    # Rows (or steps) that raised and were left in place for a later run (ledger.passes).
+    # Rows (or steps) that raised and were left in place for a later run (ledger.platform.passes).
     failures: int = 0
     failure: str = ""
 
@@ -205,7 +206,7 @@ def _each_batch(
     """``batch(ids)`` for each keyset batch, each in its own transaction. A batch that raises
     is rolled back (its counts with it) and its rows tried one by one, each in its own
     transaction: a row that still raises is left for a later run — counted, logged and
-    recorded on the run (ledger.passes) — and the others are purged all the same."""
+    recorded on the run (ledger.platform.passes) — and the others are purged all the same."""
     for ids in _keyset_batches(tp, rows, column):
         if _batch_done(tp, counts, batch, ids, isolated=False):
             continue
@@ -448,7 +449,7 @@ def _delete_access_log(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCou
 
 def _delete_uploads(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts) -> None:
     # An upload's bytes are its payload and its record at once: the earlier TTL deletes both
-    # (the rows in the batch's transaction, the objects once it commits: ledger.uploads).
+    # (the rows in the batch's transaction, the objects once it commits: ledger.execution.uploads).
     ttls = [ttl for ttl in (policy.payload_ttl, policy.record_ttl) if ttl is not None]
     if not ttls:
         return
@@ -457,7 +458,7 @@ def _delete_uploads(tp: TenantPurge, policy: RetentionPolicy, counts: TypeCounts
 
     def batch(ids: list[int]) -> None:
         # Not one a job that can still run names (its retain_until, read under the row's
-        # lock): that one waits for a later run (ledger.uploads.uploads_purge).
+        # lock): that one waits for a later run (ledger.execution.uploads.uploads_purge).
         deleted, kept = uploads_purge(tenant_id=tp.run.tenant_id, upload_ids=ids, now=tp.now)
         counts.deleted += deleted
         counts.skipped_referenced += kept
@@ -648,7 +649,7 @@ def retention_drop_partitions(*, now: datetime | None = None) -> list[str]:
                 continue
             # One transaction per partition: DROP locks the partitioned table (every claim
             # writes to it) until the commit right after it, never while the next one is checked.
-            # One month that cannot be checked or dropped is left for the next pass (ledger.passes).
+            # One month that cannot be checked or dropped is left for the next pass (ledger.platform.passes).
             with row_isolated(job=JOB, ref=f"partition={part.name}"):
                 with connection.cursor() as cursor:
                     cursor.execute("LOCK TABLE review_retentionpolicy IN SHARE MODE")

@@ -19,9 +19,9 @@ from django.utils.http import urlencode
 
 from dlq.models import ReplayTarget, RunResume
 from dlq.runs import RunView, run_resume, run_view
-from ledger.errors import DomainError
 from ledger.models import Checkpoint, Operation, Tenant
-from ledger.selectors import run_of
+from ledger.platform.errors import DomainError
+from ledger.protocol.selectors import run_of
 from review.tenancy import scope_of
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django_q.models import Schedule
 
-from ledger import env
+from ledger.platform import env
 from review.accesslog import accesslog_checkpoint_all, accesslog_setting
 from review.erasure import erasures_resume_stalled
 from review.retention import retention_purge

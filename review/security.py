@@ -25,12 +25,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from ledger import env
+from ledger.platform import env
 from review.models import LoginFailure
 
 
 def _setting(name: str) -> int:
-    """``settings.ONCEGUARD_SECURITY[name]`` when set, else the environment (``ledger.env``)."""
+    """``settings.ONCEGUARD_SECURITY[name]`` when set, else the environment (``ledger.platform.env``)."""
     value = getattr(settings, "ONCEGUARD_SECURITY", {}).get(name)
     return int(env.read(name) if value is None else value)
 

@@ -19,7 +19,6 @@ from django_q.models import Task
 from alerts.models import Alert
 from dlq.models import FailedEvent, FailedEventStatus
 from dlq.selectors import failed_events_for_a_person
-from ledger import sql
 from ledger.models import (
     TERMINAL_STATES,
     Attempt,
@@ -30,7 +29,8 @@ from ledger.models import (
     Provider,
     Tenant,
 )
-from ledger.selectors import operation_search
+from ledger.protocol.selectors import operation_search
+from ledger.store import sql
 from review.models import ActivityHour, RetentionRun
 
 

@@ -5,10 +5,10 @@ from typing import Any
 from rest_framework import serializers
 
 from ledger.models import Operation
-from ledger.prompts import prompt_template_label
-from ledger.revisions import revision_number
-from ledger.serializers import OperationOutputSerializer, _iso, operation_representation
-from ledger.storable import MAX_DURATION_SECONDS
+from ledger.platform.storable import MAX_DURATION_SECONDS
+from ledger.protocol.representation import OperationOutputSerializer, _iso, operation_representation
+from ledger.providers.prompts import prompt_template_label
+from ledger.providers.revisions import revision_number
 from review.models import ReviewDecision
 
 

@@ -9,11 +9,11 @@ from datetime import timedelta
 from django.db import transaction
 
 from alerts.services import alerts_resolve_for
-from ledger import display
-from ledger.config_changes import config_change_of, config_snapshot
-from ledger.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
 from ledger.models import ConfigChangeAction, Operation, OperationStatus
-from ledger.transitions import operation_review_resolve
+from ledger.platform.errors import DomainError, LeaseLost, OperationNotFound, ValidationFailed
+from ledger.protocol.transitions import operation_review_resolve
+from ledger.tenants.config_changes import config_change_of, config_snapshot
+from ledger.web import display
 from review.accesslog import access_log_min_retention
 from review.models import RecordType, RetentionPolicy, ReviewDecision
 from review.retention import retention_floor

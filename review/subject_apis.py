@@ -25,8 +25,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.errors import ValidationFailed
-from ledger.serializer_reuse import validated_data
+from ledger.platform.errors import ValidationFailed
+from ledger.protocol.serializer_reuse import validated_data
 from review.accesslog import accesslog_append
 from review.erasure import ErasureNotFound, erasure_request
 from review.erasure_n8n import n8n_report

@@ -22,8 +22,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 
-from ledger.errors import DomainError
 from ledger.models import Tenant
+from ledger.platform.errors import DomainError
 from review.accesslog import accesslog_append
 from review.erasure import erasure_request
 from review.erasure_n8n import n8n_report

@@ -31,12 +31,12 @@ from typing import Any
 from django.db.models import Q
 
 from dlq.models import FailedEvent, FailedEventChange, Replay
-from ledger import crypto
-from ledger.display import csv_cell
-from ledger.errors import ValidationFailed
-from ledger.masking import stored_value_masked
 from ledger.models import Operation, OperationEvent, OperationStatus, Tombstone
-from ledger.selectors import run_of
+from ledger.platform import crypto
+from ledger.platform.errors import ValidationFailed
+from ledger.platform.masking import stored_value_masked
+from ledger.protocol.selectors import run_of
+from ledger.web.display import csv_cell
 from review.erasure_n8n import n8n_summary
 from review.models import AccessAction, AccessLog, ErasureRun, RecordType, SubjectIndex
 from review.privacy import DEFAULT_SUBJECT_KEYS, privacy_setting

@@ -21,8 +21,8 @@ from django_q.models import Schedule
 
 from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import replay_target_upsert
-from ledger import services
 from ledger.models import TERMINAL_STATES, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from ledger.protocol import services
 from soak import checks
 from soak.load import Provider as SoakProvider
 from soak.load import Recorder, Truth

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from ledger import services
 from ledger.models import IdempotencyClass, Provider, Tenant
+from ledger.protocol import services
 from tests.support import outbound
 from tests.support.outbound import NOWHERE, rule_for
 
@@ -90,7 +90,7 @@ def outbound_allow(settings: Any) -> Iterator[Callable[..., list[str]]]:
 
 @pytest.fixture(autouse=True)
 def object_dirs(settings: Any, tmp_path: Any) -> dict[str, Any]:
-    """Every test stores uploads and outputs (ledger.objects) in folders of its own, so a test
+    """Every test stores uploads and outputs (ledger.execution.objects) in folders of its own, so a test
     can look at exactly what was stored — and nothing lands in var/."""
     dirs = {"objects": tmp_path / "objects", "quarantine": tmp_path / "quarantine"}
     storages = dict(settings.STORAGES)
@@ -108,7 +108,8 @@ def _forget_process_caches() -> Any:
     """Per-process caches are keyed by ids and test databases reuse ids between tests."""
     from django.core.cache import cache
 
-    from ledger import caching, selectors
+    from ledger.platform import caching
+    from ledger.protocol import selectors
 
     caching.clear_all()
     selectors._PROVIDER_SLUGS.clear()

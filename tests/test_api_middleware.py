@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.views import APIView
 
-from ledger.auth import ApiKeyAuthentication
+from ledger.tenants.auth import ApiKeyAuthentication
 from tests.ledger.support import CLAIM_URL, claim_body, op_url
 
 pytestmark = pytest.mark.django_db

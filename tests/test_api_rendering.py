@@ -52,7 +52,7 @@ def test_a_replay_is_the_recorded_operation_with_the_replayed_header(api):
     replay = api.post(CLAIM_URL, claim_body("render-4"), format="json")
 
     assert replay.status_code == 200 and replay["Idempotent-Replayed"] == "true"
-    # The same operation; only the replay carries the recorded response in clear (ledger.masking).
+    # The same operation; only the replay carries the recorded response in clear (ledger.platform.masking).
     masked = {"status": 200, "body": {"ok": "‹bool›", "note": "‹text·8›"}, "masked": True}
     assert completed.json() == api.get(op_url(created["id"])).json() == {**replay.json(), "response": masked}
     assert replay.json()["response"]["body"] == {"ok": True, "note": "caf\u00e9 \u2028 \U0001f600"}

@@ -40,10 +40,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from dlq import services as dlq_services
-from ledger import adapters, services, statements
-from ledger.execute import operations_take
+from ledger.execution.attempts import operations_take
 from ledger.models import IdempotencyClass, Operation, OperationEvent, OperationStatus
-from ledger.sweeper import sweep
+from ledger.protocol import services
+from ledger.providers import adapters
+from ledger.recovery.sweeper import sweep
+from ledger.store import statements
 from review.roles import OPERATOR
 from tests.conftest import on_postgres
 from tests.console.support import client_for, staff
@@ -119,18 +121,18 @@ REFERENCE = frozenset(
 # project frame that is not a carrier (_CARRIERS) — a service a listed pass calls is not excused.
 FANS_OUT: dict[str, str] = {
     # Cross-tenant by design: the platform's background passes.
-    "ledger.execute.operations_take": "a worker takes due rows of every tenant, oldest first (SKIP LOCKED)",
-    "ledger.polling.operations_poll_take": "a worker's take also takes waiting rows of every tenant whose poll is due"
+    "ledger.execution.attempts.operations_take": "a worker takes due rows of every tenant, oldest first (SKIP LOCKED)",
+    "ledger.execution.polling.operations_poll_take": "a worker's take also takes waiting rows of every tenant whose poll is due"
     " (SKIP LOCKED), under each provider's cap",
-    "ledger.eligibility.eligibility_recheck": "the sweeper's eligibility pass takes due rows of every tenant whose"
+    "ledger.recovery.eligibility.eligibility_recheck": "the sweeper's eligibility pass takes due rows of every tenant whose"
     " provider asks for a recheck",
-    "ledger.sweeper": "a sweeper pass moves expired leases and unresolved rows of every tenant",
-    "ledger.selectors.metrics": "the /metrics gauges are platform-wide",
+    "ledger.recovery.sweeper": "a sweeper pass moves expired leases and unresolved rows of every tenant",
+    "ledger.protocol.selectors.metrics": "the /metrics gauges are platform-wide",
     "review.retention": "the purge pass walks every tenant with a policy (each batch is one tenant's)",
     "review.selectors.activity_rollup": "the dashboard's rollup schedule reads every tenant's hour just over"
     " (200 tenants a statement)",
     "alerts": "alert delivery and the alert sweep run over every tenant's channels",
-    "ledger.polling._webhook_take": "a webhook's poll is admitted like a worker's: the provider's calls in flight"
+    "ledger.execution.polling._webhook_take": "a webhook's poll is admitted like a worker's: the provider's calls in flight"
     " (provider_in_flight, by provider_id — one provider is one tenant's) until the statement gains its tenant_id",
 }
 # Callers (the innermost frame only) whose one statement writes rows of several tenants, each
@@ -146,7 +148,7 @@ ROWS_BY_THEIR_OWN_TENANT: dict[str, str] = {
 # these keys (tenant_id, x_id) → (tenant_id, id) (a ForeignObject over both columns), and the
 # join then carries the tenant.
 JOINED_BY_ID: dict[str, str] = {
-    "ledger.pagination.paginate_queryset": "the operations API list LEFT JOINs each row's validated output"
+    "ledger.web.pagination.paginate_queryset": "the operations API list LEFT JOINs each row's validated output"
     " (ledger_operationoutput) by operation_id",
     "review.selectors._activity_rows": "the dashboard's dead-letter series LEFT JOINs each entry's operation"
     " (its provider's slug) by operation_id; an entry posted by a workflow has none, so the join cannot be"
@@ -347,8 +349,8 @@ def statements_with_callers() -> Iterator[list[Seen]]:
 
 
 # Modules that only carry a statement to the database for their caller: the statement is their
-# caller's (a listed pass's own statement run through ledger.sql is still that pass's).
-_CARRIERS = ("ledger.sql.", "ledger.statements.", "ledger.fast_rows.", "ledger.caching.")
+# caller's (a listed pass's own statement run through ledger.store.sql is still that pass's).
+_CARRIERS = ("ledger.store.sql.", "ledger.store.statements.", "ledger.store.fast_rows.", "ledger.platform.caching.")
 
 
 def _owner(callers: tuple[str, ...]) -> str:
@@ -531,7 +533,7 @@ def test_every_statement_is_routed_by_one_tenant_or_listed_with_its_reason(
         "provider_rate_lower",
     ):
         assert statements.text(name) in ran, name
-    assert any(c.startswith("ledger.polling.webhook_receive") for callers, _, _ in seen for c in callers)
+    assert any(c.startswith("ledger.execution.polling.webhook_receive") for callers, _, _ in seen for c in callers)
     found = violations(seen)
     assert not found, "statements not routed by one tenant_id, and not listed:\n" + "\n".join(
         f"{caller}:\n    " + "\n    ".join(sorted(sqls)) for caller, sqls in sorted(found.items())

@@ -26,9 +26,10 @@ from django.test import Client
 
 from alerts.services import alert_channel_upsert
 from dlq.services import n8n_connection_save, replay_target_upsert
-from ledger import callbacks, prompts, services
-from ledger.errors import DomainError
 from ledger.models import ConfigChange, Tenant
+from ledger.platform.errors import DomainError
+from ledger.protocol import callbacks, services
+from ledger.providers import prompts
 from review.services import retention_policy_save
 from tests.console.support import client_for, submit_form
 

@@ -17,8 +17,9 @@ from django.db import InterfaceError, OperationalError, connection, connections
 from django.test import Client
 
 from config import problems
-from ledger import auth, transitions
-from ledger.outage import database_unavailable, dead_connections_discard
+from ledger.platform.outage import database_unavailable, dead_connections_discard
+from ledger.protocol import transitions
+from ledger.tenants import auth
 from observability import health
 from tests.ledger.support import CLAIM_URL, claim_body
 

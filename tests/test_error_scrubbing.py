@@ -4,7 +4,7 @@ A provider's 400 often echoes the contact it refused, and a workflow's error mes
 whatever the failing node saw. Messages are stored in plaintext columns (an operation's
 last_error, attempt messages, event reasons, DLQ error messages and notes) that operators
 list and export long after the payload's retention: they are masked before storage by
-ledger.redaction.scrub, the same patterns the log pipeline uses, plus configured ones.
+ledger.platform.redaction.scrub, the same patterns the log pipeline uses, plus configured ones.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 
 from alerts.models import Alert
 from dlq.models import FailedEvent, FailedEventChange, Replay
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import Attempt, Operation, OperationEvent
-from ledger.redaction import REDACTED, scrub
-from ledger.services import sanitize_message
+from ledger.platform.redaction import REDACTED, scrub
+from ledger.protocol.services import sanitize_message
 from relay.testing import RunningServer
 from tests.execute.conftest import configure_provider
 from tests.execute.support import run_due

@@ -25,11 +25,11 @@ from alerts.services import alert_channel_upsert
 from alerts.tasks import alert_dispatch_task
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import adapters
-from ledger.crypto import open_json
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import Operation, Provider, Tenant
-from ledger.storable import LATEST
+from ledger.platform.crypto import open_json
+from ledger.platform.storable import LATEST
+from ledger.providers import adapters
 from tests.console.support import client_for, staff
 from tests.dlq.sinks import Sink
 from tests.execute.conftest import configure_provider

@@ -1,4 +1,4 @@
-"""The demo's one local configuration (ledger.local_env): `make run` writes var/local.env and
+"""The demo's one local configuration (ledger.platform.local_env): `make run` writes var/local.env and
 every manage.py process of the checkout reads it — a command started in a clean environment
 (not make run's) gets the demo's loopback allowance — but only under the demo settings: with
 production's DATABASE_URL or DEBUG=0 the same file is ignored, and a real environment variable
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from django.test import Client, override_settings
 
-from ledger import local_env
+from ledger.platform import local_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = (
-    "import os; from django.conf import settings; from ledger.outbound import outbound_refusal;"
+    "import os; from django.conf import settings; from ledger.rules.outbound import outbound_refusal;"
     " print(repr(outbound_refusal('http://127.0.0.1:8012/contacts', purpose='probe')));"
     " print(os.environ.get('DEMO_PORT_BASE'))"
 )

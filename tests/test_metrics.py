@@ -20,8 +20,8 @@ from django.utils import timezone
 from django_q.models import Task
 from prometheus_client.parser import text_string_to_metric_families
 
-from ledger import services
 from ledger.models import IdempotencyClass
+from ledger.protocol import services
 from observability.metrics import metrics_wsgi_app
 from tests.execute.support import child_env
 from tests.support.ports import free_port
@@ -223,7 +223,7 @@ def test_histograms_of_several_processes_are_added_up(tmp_path, monkeypatch):
     folder = tmp_path / "prom"
     folder.mkdir()
     code = (
-        "from ledger.telemetry import observe_claim, observe_provider_call\n"
+        "from ledger.platform.telemetry import observe_claim, observe_provider_call\n"
         "for _ in range(3): observe_claim(seconds=0.004, outcome='created')\n"
         "observe_provider_call(provider='crm', seconds=0.2, outcome='succeeded')\n"
     )
@@ -244,7 +244,7 @@ def test_histograms_of_several_processes_are_added_up(tmp_path, monkeypatch):
 
 
 def test_provider_labels_per_process_are_bounded():
-    from ledger.telemetry import OTHER, BoundedLabel
+    from ledger.platform.telemetry import OTHER, BoundedLabel
 
     label = BoundedLabel(2)
     assert [label(v) for v in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER, "a", OTHER]
@@ -265,7 +265,7 @@ def test_metrics_serve_exposes_a_worker_only_nodes_metrics_to_the_token_only(tmp
         [
             sys.executable,
             "-c",
-            "from ledger.telemetry import observe_provider_call as o; o(provider='crm', seconds=1.5, outcome='transient')",
+            "from ledger.platform.telemetry import observe_provider_call as o; o(provider='crm', seconds=1.5, outcome='transient')",
         ],
         cwd=ROOT,
         env=env,

@@ -1,4 +1,4 @@
-"""Framework internals live only in ledger/_adapters/ (docs/adr/0004-private-framework-apis.md):
+"""Framework internals live only in ledger/platform/_adapters/ (docs/adr/0004-private-framework-apis.md):
 each one used there still exists and behaves as used — so an upgrade of Django or psycopg that
 changes one fails here, by name — and nothing else in the service reaches past a public API."""
 
@@ -12,12 +12,12 @@ import pytest
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
-from ledger import sql
-from ledger._adapters import django_private, psycopg_private
+from ledger.platform._adapters import django_private, psycopg_private
+from ledger.store import sql
 from tests.conftest import on_postgres
 
 ROOT = Path(settings.BASE_DIR)
-ADAPTERS = "ledger/_adapters/"
+ADAPTERS = "ledger/platform/_adapters/"
 SERVICE_PACKAGES = ("config", "ledger", "dlq", "review", "alerts", "observability", "relay")
 FRAMEWORKS = ("django", "rest_framework", "psycopg", "django_q", "drf_spectacular")
 # Public despite the underscore: Django's documented Model._meta API and default managers,

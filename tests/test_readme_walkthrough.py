@@ -6,7 +6,7 @@ the way a newcomer's clone would be. Each document's blocks then run in order, i
 `bash -e -o pipefail` started with `env -i`: only PATH and HOME, plus the PORT and
 DEMO_PORT_BASE the pages tell a reader to export when they moved them. Nothing of the
 service's own environment reaches the shell — the demo's loopback allowance and metrics token
-come from `var/local.env`, as in a second terminal (ledger/local_env.py).
+come from `var/local.env`, as in a second terminal (ledger/platform/local_env.py).
 
 A block that must not run here (`make run` itself, an n8n installation) is preceded in the
 markdown by ``<!-- not-run: reason -->``; tests/test_docs.py keeps those few.

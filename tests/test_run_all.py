@@ -92,7 +92,7 @@ def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
         login = httpx.get(f"http://127.0.0.1:{port}/admin/login/", timeout=10).text
         assert 'data-testid="demo-sign-in"' in login and "<code>admin</code>" in login
         # A README block in a second terminal: a clean environment, not make run's, reads the
-        # demo's loopback allowance from var/local.env (ledger.local_env).
+        # demo's loopback allowance from var/local.env (ledger.platform.local_env).
         base = int(service.env["DEMO_PORT_BASE"])
         local = (tmp_path / "local.env").read_text()
         assert f"\nDEMO_OUTBOUND_ALLOW=127.0.0.1:{base}-{base + 5}\n" in local

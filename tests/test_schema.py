@@ -92,7 +92,7 @@ def test_operation_and_claim_answers_validate_against_the_openapi_schema(api):
     _assert_answer_matches(schema, "/api/v1/claims", "post", replayed)
 
     finished = api.get(op_url(op_id))
-    # Every read masks the recorded response (ledger.masking); only the replaying claim has it in clear.
+    # Every read masks the recorded response (ledger.platform.masking); only the replaying claim has it in clear.
     assert finished.json()["response"] == {"status": 200, "body": {"id": "‹text·4›"}, "masked": True}
     assert replayed.json()["response"] == {"status": 200, "body": {"id": "ch_1"}, "masked": False}
     _assert_answer_matches(schema, "/api/v1/operations/{operation_id}", "get", finished)

@@ -27,8 +27,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from dlq import services as dlq_services
-from ledger import services
 from ledger.models import ErrorClass, IdempotencyClass, Tenant
+from ledger.protocol import services
 
 pytestmark = [pytest.mark.heavy, pytest.mark.django_db(transaction=True)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.secret_files import read_or_create_secret_file, write_secret_file
+from ledger.platform.secret_files import read_or_create_secret_file, write_secret_file
 
 
 def _mode(path: Path) -> int:
@@ -72,7 +72,7 @@ def test_the_django_secret_key_file_is_born_600(tmp_path, monkeypatch, open_umas
 
 
 def test_the_encryption_key_file_is_born_600(tmp_path, settings, monkeypatch, open_umask, chmod_crashes):
-    from ledger import crypto
+    from ledger.platform import crypto
 
     monkeypatch.delenv(crypto.KEYS_ENV, raising=False)
     settings.VAR_DIR = tmp_path

@@ -1,4 +1,4 @@
-"""ledger.serializer_reuse answers exactly like a serializer built per call.
+"""ledger.protocol.serializer_reuse answers exactly like a serializer built per call.
 
 Input, differential: thousands of bodies built from valid, edge and wrong-typed values,
 each validated by a fresh serializer's is_valid() and by the reused one: the same values
@@ -22,16 +22,15 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import JSONRenderer
 
 from dlq.serializers import BulkReplayInputSerializer, CloseInputSerializer, ReplayInputSerializer
-from ledger.crypto import seal_json
 from ledger.models import Operation
-from ledger.serializer_reuse import represented, validated_data
-from ledger.serializers import (
+from ledger.platform.crypto import seal_json
+from ledger.protocol.representation import ClaimOutputSerializer, OperationOutputSerializer
+from ledger.protocol.serializer_reuse import represented, validated_data
+from ledger.web.serializers import (
     ClaimInputSerializer,
-    ClaimOutputSerializer,
     CompleteInputSerializer,
     FailInputSerializer,
     HeartbeatInputSerializer,
-    OperationOutputSerializer,
     SentInputSerializer,
     SubmitInputSerializer,
 )

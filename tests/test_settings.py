@@ -1,4 +1,4 @@
-"""The settings table (ledger.env): every variable declared once, read through it, checked at
+"""The settings table (ledger.platform.env): every variable declared once, read through it, checked at
 start with a message naming the variable, and the reference page generated from it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from ledger import env
 from ledger.management.commands.settings_reference import REFERENCE
+from ledger.platform import env
 
 ROOT = Path(settings.BASE_DIR)
 # Out of the table's scope: the tests' and tools' own harness variables, migrations.
@@ -23,11 +23,11 @@ HARNESS = ("tests", "bench", "scripts", "soak", ".venv", "node_modules", "var", 
 # Modules that may touch the environment directly, and why:
 ENVIRONMENT_READERS = {
     # the table itself
-    "ledger/env.py",
+    "ledger/platform/env/__init__.py",
     # loads var/local.env into the environment before the table is read
-    "ledger/local_env.py",
+    "ledger/platform/local_env.py",
     # a provider's credential, named by the operator (<prefix><TENANT>_…), not a service setting
-    "ledger/credentials.py",
+    "ledger/providers/credentials.py",
 }
 
 
@@ -42,7 +42,7 @@ def _service_modules() -> list[Path]:
 
 
 def test_the_reference_page_is_the_tables() -> None:
-    # Stale page: `python manage.py settings_reference` writes it from ledger/env.py.
+    # Stale page: `python manage.py settings_reference` writes it from ledger/platform/env/.
     assert REFERENCE.read_text() == env.reference_markdown(), (
         "docs/reference/settings.md is stale: run `python manage.py settings_reference`"
     )
@@ -195,7 +195,7 @@ def test_nothing_but_the_table_reads_the_environment() -> None:
         for node in ast.walk(ast.parse(path.read_text(), filename=relative)):
             if _reads_the_environment(node):
                 found.append(f"{relative}:{node.lineno}")
-    assert found == [], f"read these through ledger.env (declare them there): {found}"
+    assert found == [], f"read these through ledger.platform.env (declare them there): {found}"
 
 
 def test_no_module_keeps_a_private_settings_helper() -> None:

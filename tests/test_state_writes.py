@@ -1,6 +1,6 @@
 """Nothing but the transitions modules writes an operation's or a DLQ entry's status.
 
-Every move of an operation is a named function in ``ledger/transitions/`` and every move of
+Every move of an operation is a named function in ``ledger/protocol/transitions/`` and every move of
 a DLQ entry one in ``dlq/transitions.py`` (STYLE.md, one place for every state change): each
 checks the move against the declared table, runs its named statement and writes its event
 row. This test walks the syntax tree of every module outside ``tests/`` and the migrations
@@ -12,7 +12,7 @@ and fails on a status write anywhere else:
 - ``obj.status = …`` in a function that saves ``obj``, ``save(update_fields=[… "status" …])``
   and ``bulk_update(…, ["status", …])``;
 - SQL text that inserts into or sets the status of ``ledger_operation`` or
-  ``dlq_failedevent``, and the name of a ``ledger/queries.sql`` statement that does.
+  ``dlq_failedevent``, and the name of a ``ledger/store/queries.sql`` statement that does.
 
 Other tables have states of their own (alert deliveries, bulk replays, retention runs,
 erasure requests…); their writes are told apart by the model the query starts from, and the
@@ -31,7 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # The modules that may write a governed status.
-TRANSITIONS = ("ledger/transitions/", "dlq/transitions.py")
+TRANSITIONS = ("ledger/protocol/transitions/", "dlq/transitions.py")
 
 # The models (and their tables) whose status only the transitions modules write.
 GOVERNED_MODELS = frozenset({"Operation", "FailedEvent"})
@@ -52,7 +52,7 @@ OTHER_STATE_MACHINES: dict[tuple[str, str], str] = {
     ("bench/scale_dropcheck.py", "main"): "the partition-drop check's rows, finished in bulk and rolled back",
 }
 
-# How ledger.statements runs a named statement: statements.operation("operation_fail", …).
+# How ledger.store.statements runs a named statement: statements.operation("operation_fail", …).
 STATEMENT_RUNNERS = frozenset({"operation", "operations", "execute", "text"})
 
 SKIPPED_DIRS = frozenset({"tests", "migrations", ".venv", "node_modules", "var", ".git", "__pycache__", "docs"})
@@ -289,7 +289,7 @@ def _allowed(violation: Violation) -> bool:
 
 
 def status_writes_outside_transitions() -> list[Violation]:
-    statements = status_statements((ROOT / "ledger" / "queries.sql").read_text(encoding="utf-8"))
+    statements = status_statements((ROOT / "ledger" / "store" / "queries.sql").read_text(encoding="utf-8"))
     found: list[Violation] = []
     for relative in _modules():
         source = (ROOT / relative).read_text(encoding="utf-8")
@@ -304,7 +304,7 @@ def test_no_status_is_written_outside_the_transitions_modules():
 
 def test_every_exception_names_a_function_that_still_writes_a_status():
     # A stale entry would let a future write through unseen.
-    statements = status_statements((ROOT / "ledger" / "queries.sql").read_text(encoding="utf-8"))
+    statements = status_statements((ROOT / "ledger" / "store" / "queries.sql").read_text(encoding="utf-8"))
     for path, function in OTHER_STATE_MACHINES:
         source = (ROOT / path).read_text(encoding="utf-8")
         hits = [
@@ -314,7 +314,7 @@ def test_every_exception_names_a_function_that_still_writes_a_status():
 
 
 def test_the_queries_file_names_its_status_writing_statements():
-    statements = status_statements((ROOT / "ledger" / "queries.sql").read_text(encoding="utf-8"))
+    statements = status_statements((ROOT / "ledger" / "store" / "queries.sql").read_text(encoding="utf-8"))
     assert {"operation_insert", "operation_claim_pg", "operation_complete", "operation_fail"} <= statements
     assert "operation_heartbeat" not in statements and "event_insert" not in statements
 

@@ -2,7 +2,7 @@
 
 A Slack or Discord webhook URL is a bearer secret: whoever holds it may post to the channel.
 ``url`` held it in clear; it becomes a ``ledger.models.SealedJSONField`` holding the envelope
-``ledger.crypto`` makes under the payload keys (``bytea`` on PostgreSQL, JSON text on SQLite),
+``ledger.platform.crypto`` makes under the payload keys (``bytea`` on PostgreSQL, JSON text on SQLite),
 sealed even where payload encryption is off; ``manage.py encryption_rotate`` re-seals it.
 
 A new column is added, each URL sealed into it, the old column dropped and the new one renamed
@@ -19,7 +19,7 @@ from typing import Any
 from django.db import migrations, models
 
 import ledger.models
-from ledger import crypto
+from ledger.platform import crypto
 
 
 def seal(apps: Any, schema_editor: Any) -> None:

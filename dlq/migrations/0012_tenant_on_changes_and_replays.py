@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import migrations, models
 
-from ledger.backfill import backfill_in_batches
+from ledger.platform.backfill import backfill_in_batches
 
 BATCH = 10_000
 COPIES = {

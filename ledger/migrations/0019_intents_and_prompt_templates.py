@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 def revisions_name_the_new_fields(apps, schema_editor):
     """Every revision written before intents says it had none: a rollback to one of them must
-    clear a schema and template a later revision set, not keep them (ledger.canary applies
+    clear a schema and template a later revision set, not keep them (ledger.providers.canary applies
     exactly the keys a revision's config holds)."""
     AdapterRevision = apps.get_model("ledger", "AdapterRevision")
     for revision in AdapterRevision.objects.only("id", "config").iterator():

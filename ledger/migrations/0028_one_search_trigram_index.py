@@ -2,7 +2,7 @@
 
 ``op_key_trgm``, ``op_handle_trgm``, ``op_execution_trgm`` and ``op_correlation_trgm`` (migration
 0010) each held the trigrams of one column; ``op_search_trgm`` holds those of the four columns
-joined by a control character (``ledger.selectors.SearchText``, the expression the search
+joined by a control character (``ledger.protocol.selectors.SearchText``, the expression the search
 compares: a test holds that the search's plan uses this index): one GIN entry list per row instead of up to four, trigrams the columns share
 (an execution and a correlation id of the same run) stored once — 130 → 96 bytes per operation
 on the bench fill — and one GIN insertion per claim instead of four. The search reads one
@@ -18,7 +18,7 @@ from typing import Any
 from django.db import migrations
 
 NEW = "op_search_trgm"
-# Django's icontains over ledger.selectors.SearchText renders UPPER((…)::text): the same tree.
+# Django's icontains over ledger.protocol.selectors.SearchText renders UPPER((…)::text): the same tree.
 EXPRESSION = (
     "(UPPER((key || chr(1) || reconciliation_handle || chr(1) || execution_id || chr(1) || correlation_id)::text))"
 )

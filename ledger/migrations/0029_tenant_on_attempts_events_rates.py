@@ -37,7 +37,7 @@ from typing import Any
 
 from django.db import migrations, models, transaction
 
-from ledger.backfill import backfill_in_batches
+from ledger.platform.backfill import backfill_in_batches
 
 BATCH = 10_000
 # table → the statement that copies the parent's tenant into a range of ids.

@@ -11,7 +11,7 @@ the time text, below.)
 * ``id`` stops being Django's AutoField (fields.E100 allows one only as the whole primary key)
   and becomes a ``BigIntegerField`` whose ``db_default`` is ``NewRowId``: Django inserts
   ``DEFAULT`` on PostgreSQL — the column's identity, the same sequence the raw statements of
-  ``ledger/queries.sql`` draw from — and returns the id with ``RETURNING``. The expression is
+  ``ledger/store/queries.sql`` draw from — and returns the id with ``RETURNING``. The expression is
   not written to the database as a column default (an identity column has its own; PostgreSQL
   refuses both).
 * SQLite keeps its plain tables with ``id integer PRIMARY KEY AUTOINCREMENT``: a rowid alias,
@@ -22,7 +22,7 @@ the time text, below.)
   times compared as text. The raw statements wrote ``now()`` with three digits of fraction
   (``…:04.710``) where Django writes six (``…:04.710000``), so a key read back would not find
   its row (``filter(pk=…)``, ``refresh_from_db``). The statements now write Django's form
-  (ledger.statements), and the SQLite step below rewrites the times already written in the old
+  (ledger.store.statements), and the SQLite step below rewrites the times already written in the old
   one — on SQLite only (development and test databases), never on PostgreSQL.
 
 Nothing points at either table by foreign key (DLQ entries, replays, review items and outputs

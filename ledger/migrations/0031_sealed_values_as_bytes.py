@@ -1,7 +1,7 @@
 """Sealed values stored as their bytes (issue 16, item 3: cheaper growth).
 
 A sealed value is the jsonb ``{"_enc": "v2:<key id>:<urlsafe base64 of nonce + ciphertext>"}``
-(ledger.crypto): base64 adds a third to the ciphertext and jsonb its object header, ~138 bytes
+(ledger.platform.crypto): base64 adds a third to the ciphertext and jsonb its object header, ~138 bytes
 for the bench's payload. On PostgreSQL the operation's ``request``, ``payload`` and
 ``response_body`` and the attempt's ``response_body`` become ``bytea``: an envelope as 0x01, the
 length of its ``<version>:<key id>``, that text and the raw nonce + ciphertext; any other value

@@ -8,7 +8,7 @@ and ``beta_x`` shared one set. Each tenant now gets its namespace here, once:
 * the one its slug gave, when that is a valid namespace (letters and digits only) and overlaps
   no namespace given before it, in the order the tenants were made — so its references keep
   working;
-* otherwise a free one (``ledger.provider_checks.secret_namespace_choose``, deterministic).
+* otherwise a free one (``ledger.rules.provider_checks.secret_namespace_choose``, deterministic).
 
 Then every provider whose ``auth_secret_env`` falls outside its tenant's namespace is
 **paused**, with the reason in words (it would never be read again; kept silently, it was the
@@ -33,7 +33,7 @@ def _legacy_namespace(slug: str) -> str:
 def namespaces_assign(apps, schema_editor):
     """Every tenant's namespace; returns {tenant id: namespace} (for the tests)."""
     # Imported here: a migration uses the rule as it is when the migration runs.
-    from ledger.provider_checks import namespace_valid, namespaces_overlap, secret_namespace_choose
+    from ledger.rules.provider_checks import namespace_valid, namespaces_overlap, secret_namespace_choose
 
     Tenant = apps.get_model("ledger", "Tenant")
     tenants = list(Tenant.objects.order_by("pk").values_list("pk", "slug"))
@@ -52,7 +52,7 @@ def namespaces_assign(apps, schema_editor):
 
 def providers_outside_their_namespace_pause(apps, schema_editor):
     """Pauses each provider whose reference its tenant may no longer read; returns their ids."""
-    from ledger.provider_checks import NAME_RULE, secret_env_names, secret_env_refusal
+    from ledger.rules.provider_checks import NAME_RULE, secret_env_names, secret_env_refusal
 
     Provider = apps.get_model("ledger", "Provider")
     paused = []
@@ -80,13 +80,13 @@ def forwards(apps, schema_editor):
 
 
 def triggers_install(apps, schema_editor):
-    from ledger.tenant_namespaces import namespace_triggers_install
+    from ledger.tenants.tenant_namespaces import namespace_triggers_install
 
     namespace_triggers_install(schema_editor.connection)
 
 
 def triggers_drop(apps, schema_editor):
-    from ledger.tenant_namespaces import namespace_triggers_drop
+    from ledger.tenants.tenant_namespaces import namespace_triggers_drop
 
     namespace_triggers_drop(schema_editor.connection)
 

@@ -3,7 +3,7 @@
 ``callback_secret`` and ``callback_secret_previous`` held the HMAC keys in clear: anyone who
 could read the table (a dump, a replica, a console lookup on the column) could sign callbacks
 as the service. They become ``ledger.models.SealedJSONField`` columns holding the envelope
-``ledger.crypto`` makes under the payload keys (``bytea`` on PostgreSQL, JSON text on SQLite),
+``ledger.platform.crypto`` makes under the payload keys (``bytea`` on PostgreSQL, JSON text on SQLite),
 sealed even where payload encryption is off; ``manage.py encryption_rotate`` re-seals them.
 
 New columns are added, each clear value sealed into them, the old columns dropped and the new
@@ -20,7 +20,7 @@ from typing import Any
 from django.db import migrations
 
 import ledger.models
-from ledger import crypto
+from ledger.platform import crypto
 
 PAIRS = (("callback_secret", "callback_secret_sealed"), ("callback_secret_previous", "callback_secret_previous_sealed"))
 

@@ -1,18 +1,18 @@
 """A trigram index on the error text of failure events, so operations are found by their error.
 
 A failure (a retry, a final failure, an outcome left unknown, a hand-over to review) writes an
-event whose ``reason`` holds the error text, scrubbed (``ledger.services._event_text``). Events
+event whose ``reason`` holds the error text, scrubbed (``ledger.protocol.services._event_text``). Events
 are append-only: the index costs one GIN insertion per failure event and nothing on the
 operation row, whose ``last_error`` every completion may rewrite (an index there would make
 each such update a non-HOT one, and the operation table's indexes are capped). Partial on the
-failure states (``ledger.selectors.ERROR_EVENT_STATES``), so the claims', sends' and
-completions' events write nothing here. ``ledger.selectors.operations_failed_with`` compares
+failure states (``ledger.protocol.selectors.ERROR_EVENT_STATES``), so the claims', sends' and
+completions' events write nothing here. ``ledger.protocol.selectors.operations_failed_with`` compares
 the expression below under ``icontains``; a test holds its plan to this index.
 
 ``ledger_operationevent`` is partitioned (migration 0025), and CREATE INDEX CONCURRENTLY is
 refused on a partitioned table. So: the parent's index ON ONLY (no rows read, stays invalid),
 each partition's built CONCURRENTLY (no lock on writes), then attached; once every partition's
-is, the parent's becomes valid, and partitions made later (``ledger.partitions``) get theirs
+is, the parent's becomes valid, and partitions made later (``ledger.platform.partitions``) get theirs
 with the table. Not atomic; re-running after an interruption drops an invalid partition index
 and builds it again. SQLite has no trigram indexes: nothing to do there.
 """

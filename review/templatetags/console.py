@@ -1,4 +1,4 @@
-"""Template filters for the console's one way of showing times, ids, states (ledger.display)."""
+"""Template filters for the console's one way of showing times, ids, states (ledger.web.display)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from django import template
 from django.template.loader import select_template
 
-from ledger import display
+from ledger.web import display
 from review.listing import result_list
 
 register = template.Library()

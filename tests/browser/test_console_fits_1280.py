@@ -18,9 +18,9 @@ from django.utils import timezone
 from alerts.models import AlertChannelKind
 from alerts.services import alert_channel_upsert
 from dlq import services as dlq_services
-from ledger import services
 from ledger.models import ErrorClass, IdempotencyClass, Tenant, Tombstone
-from ledger.workflows import workflow_name_note
+from ledger.protocol import services
+from ledger.tenants.workflows import workflow_name_note
 from review.demo import demo_seed
 from tests.browser.conftest import ARTIFACTS, PASSWORD
 from tests.browser.test_console_objects import _files

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from alerts.models import Alert
-from ledger import services
 from ledger.models import ErrorClass, Operation, OperationStatus, Provider
+from ledger.protocol import services
 from review.demo import demo_seed
 from tests.console.support import MARKERS
 

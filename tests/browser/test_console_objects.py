@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from ledger import objects, services, uploads
+from ledger.execution import objects, uploads
 from ledger.models import OperationOutput, Provider, Tenant
+from ledger.protocol import services
 from review.models import AccessLog
 from tests.browser.test_console_issue14 import assert_fits, signed_in
 from tests.support.objects import image_bytes

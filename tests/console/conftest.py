@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ledger import selectors
+from ledger.protocol import selectors
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,8 @@ from django.contrib.auth.models import Group, Permission, User
 from django.db import connection
 from django.test import Client
 
-from ledger import services
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from ledger.protocol import services
 from review.models import StaffTenant
 
 # The repository's copy of ../shared/examples (invented people, .invalid domains).
@@ -59,7 +59,7 @@ def enforced_provider(tenant: Tenant, slug: str = "crm") -> Provider:
 
 def op_in_review(tenant: Tenant, provider: Provider, key: str, *, handle: str = "", payload: Any = None) -> Operation:
     """An operation whose outcome a human must decide (advisory provider, lease expired after send)."""
-    from ledger.sweeper import sweep
+    from ledger.recovery.sweeper import sweep
     from tests.ledger.support import expire_lease
 
     op = services.operation_claim(

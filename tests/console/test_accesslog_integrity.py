@@ -24,7 +24,7 @@ from django.db import connection
 from django.utils import timezone
 from django_q.models import Schedule
 
-from ledger.errors import ValidationFailed
+from ledger.platform.errors import ValidationFailed
 from review import accesslog
 from review.accesslog import (
     accesslog_append,

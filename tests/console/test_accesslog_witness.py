@@ -21,7 +21,7 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.logs import formatter, logging_config
+from ledger.platform.logs import formatter, logging_config
 from review.accesslog import accesslog_append, accesslog_checkpoint_all
 from review.models import AccessLog, RetentionPolicy
 from review.retention import retention_purge

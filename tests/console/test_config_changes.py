@@ -21,11 +21,11 @@ from rest_framework.test import APIClient
 
 from alerts.models import AlertChannel
 from dlq.models import ReplayTarget
-from ledger import auth as ledger_auth
-from ledger import services
-from ledger.config_changes import SECRET_MASK, SECRET_REPLACED
-from ledger.credentials import secret_open
 from ledger.models import ApiKey, ConfigChange, Provider, Tenant
+from ledger.protocol import services
+from ledger.providers.credentials import secret_open
+from ledger.tenants import auth as ledger_auth
+from ledger.tenants.config_changes import SECRET_MASK, SECRET_REPLACED
 from review.models import RetentionPolicy, StaffTenant
 from review.services import retention_policy_save
 from tests.console.support import client_for, enforced_provider, page, staff, submit_form

@@ -21,8 +21,9 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy
 
 from dlq.models import FailedEventStatus
-from ledger import display, services
 from ledger.models import OperationStatus, Provider, Tenant
+from ledger.protocol import services
+from ledger.web import display
 from tests.console.support import client_for, staff
 from tests.console.test_list_query_counts import seed
 
@@ -175,7 +176,7 @@ def test_the_dashboard_counts_every_state_in_one_statement_per_table(scoped, ten
 def test_the_dashboard_of_a_platform_with_no_tenant_yet_shows_zero_counts() -> None:
     """No tenant at all (a fresh install before its first tenant): every count's queryset can
     match nothing (``tenant_id IN ()``), which Django compiles to no SQL — counted as 0, not a 500."""
-    from ledger import sql
+    from ledger.store import sql
 
     assert not Tenant.objects.exists()
     body = _superuser_client().get("/admin/")

@@ -12,8 +12,8 @@ from datetime import datetime
 import pytest
 from django.contrib.auth.models import User
 
-from ledger import display
 from ledger.models import Operation
+from ledger.web import display
 from tests.console.support import client_for, enforced_provider, failed_op, page, succeeded_op
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,6 @@
 """Console forms answer a form error, never a 5xx, for numbers JSON or the database cannot hold
 (NaN, ±Infinity, 1e309, 100-digit integers), JSON nested past the limit, and a prompt-template
-name the service refuses (ledger.console_base.ConsoleJSONField, PromptTemplateForm)."""
+name the service refuses (ledger.web.console_base.ConsoleJSONField, PromptTemplateForm)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from ledger.console_base import MAX_FORM_JSON_DEPTH, ConsoleJSONField
 from ledger.models import PromptTemplate, Provider
+from ledger.web.console_base import MAX_FORM_JSON_DEPTH, ConsoleJSONField
 from tests.console.support import enforced_provider, submit_form
 
 pytestmark = pytest.mark.django_db

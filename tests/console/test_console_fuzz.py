@@ -2,7 +2,7 @@
 site's registry and its history pages, not a hand list) with hostile query strings, and every
 add and change form with hostile values, as a superuser and as each role of review.roles
 (tenant-scoped): no response is a 5xx, and a lookup a list does not offer is a 400 page —
-never a list filtered by it (ledger.console_base).
+never a list filtered by it (ledger.web.console_base).
 
 The walk as every role is heavy (the PostgreSQL pass); a superuser's smaller walk runs on both
 databases. Each walk prints how many requests it made."""
@@ -23,8 +23,9 @@ from django.urls import NoReverseMatch, reverse
 from alerts.services import alert_channel_upsert, alert_raise
 from dlq.models import N8nConnection
 from dlq.services import replay_target_upsert
-from ledger import prompts, services
 from ledger.models import Tenant
+from ledger.protocol import services
+from ledger.providers import prompts
 from review.roles import ROLES
 from review.services import retention_policy_save
 from tests.console.support import (

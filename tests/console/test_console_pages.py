@@ -10,8 +10,8 @@ from django.test import Client
 
 from alerts.models import Alert
 from dlq.models import FailedEvent, ReplayTarget
-from ledger.credentials import url_masked
 from ledger.models import Operation, OperationStatus
+from ledger.providers.credentials import url_masked
 from review.demo import demo_seed
 from tests.console.support import MARKERS, client_for
 

@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger import services
+from ledger.protocol import services
 from tests.console.support import client_for, enforced_provider, staff
 
 pytestmark = pytest.mark.django_db

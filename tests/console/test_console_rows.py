@@ -41,7 +41,7 @@ def _page(client, url: str, *, stock: bool) -> str:
 
 @pytest.fixture
 def rows(tenant, other_tenant, provider):
-    from ledger import services
+    from ledger.protocol import services
 
     other = services.provider_upsert(
         tenant=other_tenant, slug="crm", base_url="http://127.0.0.1:9", idempotency_class="key_enforced"
@@ -135,7 +135,7 @@ def test_a_search_shorter_than_a_page_reads_the_table_once_not_again_to_count_it
 
 @pytest.mark.parametrize("page", [None, "2"])
 def test_pages_and_counts_are_djangos_when_the_list_is_longer_than_a_page(rows, page, monkeypatch):
-    from ledger.admin import OperationAdmin
+    from ledger.web.console import OperationAdmin
 
     monkeypatch.setattr(OperationAdmin, "list_per_page", 5)
     client = client_for(rows)
@@ -149,7 +149,7 @@ def test_pages_and_counts_are_djangos_when_the_list_is_longer_than_a_page(rows, 
 
 
 def test_a_hostile_key_is_escaped_in_the_list_as_djangos_admin_escapes_it(rows, tenant, provider):
-    from ledger import services
+    from ledger.protocol import services
 
     hostile = "<script>alert('x')</script>\"&amp;"
     services.operation_claim(tenant=tenant, key=hostile, provider=provider, action="charge")

@@ -10,10 +10,10 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import User
 from django_q.models import Schedule
 
-from ledger import services
-from ledger.callbacks import tenant_callback_secret
-from ledger.credentials import secret_open
 from ledger.models import Attempt, ConfigChange, Tenant
+from ledger.protocol import services
+from ledger.protocol.callbacks import tenant_callback_secret
+from ledger.providers.credentials import secret_open
 from tests.console.support import client_for, enforced_provider, op_in_review, page, staff, succeeded_op
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from dlq import services as dlq_services
 from dlq.errors import KeyNotSettable
 from dlq.models import FailedEvent, FailedEventChange, KeySource
-from ledger.errors import InvalidKey
+from ledger.platform.errors import InvalidKey
 from tests.console.support import client_for
 from tests.dlq.sinks import Sink
 from tests.dlq.test_n8n_occurrences import error_report, ingest

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from ledger import services
 from ledger.models import ErrorClass, Operation, OperationStatus, Tenant
-from ledger.selectors import operation_search, operations_failed_with
+from ledger.protocol import services
+from ledger.protocol.selectors import operation_search, operations_failed_with
 from tests.conftest import on_postgres
 from tests.console.support import enforced_provider, seq_scan_free_plan
 

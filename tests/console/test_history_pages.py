@@ -11,8 +11,8 @@ import io
 import pytest
 from django.contrib.auth.models import User
 
-from ledger import crypto
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationEvent
+from ledger.platform import crypto
 from review.history_pages import AttemptPage
 from review.models import AccessAction, AccessLog
 from tests.console.support import client_for, enforced_provider, failed_op, page, staff, succeeded_op

@@ -17,9 +17,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger import services
-from ledger.admin import NeedsFilter
 from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus, Provider, Tenant, Upload
+from ledger.protocol import services
+from ledger.web.console import NeedsFilter
 from review import selectors as review_selectors
 from review.selectors import attention_now, provider_activity
 from tests.conftest import on_postgres

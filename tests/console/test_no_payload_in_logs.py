@@ -17,8 +17,9 @@ from django.core.management import call_command
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import logs, services
-from ledger.errors import DomainError
+from ledger.platform import logs
+from ledger.platform.errors import DomainError
+from ledger.protocol import services
 from review.models import RetentionPolicy
 from review.retention import retention_purge
 from tests.console.support import (

@@ -1,4 +1,4 @@
-"""Console lists answer only the lookups they offer (ledger.console_base): their filters, their
+"""Console lists answer only the lookups they offer (ledger.web.console_base): their filters, their
 search, their date drill-down and Django's own list parameters. Anything else is a 400 page,
 never a list filtered by it — the export included."""
 
@@ -8,9 +8,9 @@ import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
 
-from ledger import callbacks
-from ledger.console_base import ConsoleAdmin, ConsoleLookupsMixin
 from ledger.models import Tenant
+from ledger.protocol import callbacks
+from ledger.web.console_base import ConsoleAdmin, ConsoleLookupsMixin
 from tests.console.support import client_for, enforced_provider, failed_op, staff
 
 pytestmark = pytest.mark.django_db

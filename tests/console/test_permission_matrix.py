@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventStatus, Replay
-from ledger import services
 from ledger.models import ApiKey, Operation, OperationStatus, Provider, Tenant
+from ledger.protocol import services
 from review.models import AccessLog, ErasureRun, RetentionPolicy
 from tests.console.support import (
     MARKERS,

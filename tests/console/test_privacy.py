@@ -15,8 +15,8 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from dlq.models import FailedEvent
-from ledger import crypto
 from ledger.models import Operation, bytes_to_sealed
+from ledger.platform import crypto
 from review import privacy
 from review.keys import encryption_rotate
 from review.models import AccessLog, SubjectIndex

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ledger import services
-from ledger.masking import mask_json
 from ledger.models import Operation
+from ledger.platform.masking import mask_json
+from ledger.protocol import services
 from review.models import AccessLog
 from tests.console.support import client_for, enforced_provider, op_in_review, page, staff
 

@@ -14,9 +14,10 @@ from django.utils import timezone
 from alerts.models import Alert
 from dlq.errors import FailedEventBusy
 from dlq.models import FailedEvent, FailedEventStatus
-from ledger import crypto, services
-from ledger.errors import KeyReusedWithDifferentRequest
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, Tombstone
+from ledger.platform import crypto
+from ledger.platform.errors import KeyReusedWithDifferentRequest
+from ledger.protocol import services
 from review import privacy
 from review.models import AccessLog, RetentionPolicy, RetentionRun, SubjectIndex
 from review.retention import PurgeBudget, TenantPurge, _keyset_batches, retention_purge, retention_purge_tenant

@@ -1,4 +1,4 @@
-"""One bad row never stops a retention purge (ledger.passes): a batch that raises is retried
+"""One bad row never stops a retention purge (ledger.platform.passes): a batch that raises is retried
 row by row, the row that still raises stays for a later run — counted, and recorded on the
 run, which ends partial — and the rest of the batch, the other record types and the other
 tenants are purged."""

@@ -11,8 +11,8 @@ import pytest
 
 from dlq import services as dlq_services
 from dlq.models import RunResume
-from ledger import services
 from ledger.models import ErrorClass, Operation
+from ledger.protocol import services
 from tests.console.support import client_for, enforced_provider, page, staff
 from tests.dlq.sinks import Sink
 

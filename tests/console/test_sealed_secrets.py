@@ -21,10 +21,10 @@ from django.db.migrations.executor import MigrationExecutor
 from alerts import services as alerts
 from alerts.models import AlertChannel, AlertDelivery
 from alerts.tasks import alert_dispatch_task
-from ledger import crypto
-from ledger.callbacks import callback_signing_secrets, tenant_callback_secret
-from ledger.credentials import url_masked
 from ledger.models import ConfigChange, Tenant
+from ledger.platform import crypto
+from ledger.protocol.callbacks import callback_signing_secrets, tenant_callback_secret
+from ledger.providers.credentials import url_masked
 from review.keys import encryption_rotate
 from review.roles import ROLES
 from tests.console.support import client_for, page, staff, submit_form

@@ -12,9 +12,9 @@ from django.db import connection
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
 from dlq.selectors import failed_event_search
-from ledger import services
 from ledger.models import Operation
-from ledger.selectors import operation_search
+from ledger.protocol import services
+from ledger.protocol.selectors import operation_search
 from review import privacy
 from tests.conftest import on_postgres
 from tests.console.support import enforced_provider, example, seq_scan_free_plan

@@ -15,7 +15,6 @@ from alerts.models import AlertDelivery
 from alerts.services import alert_channel_upsert, alert_raise
 from dlq import services as dlq_services
 from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay, RunResume
-from ledger import prompts, services
 from ledger.models import (
     AdmissionRefusalCount,
     Attempt,
@@ -26,6 +25,8 @@ from ledger.models import (
     Tombstone,
     Upload,
 )
+from ledger.protocol import services
+from ledger.providers import prompts
 from review import privacy
 from review.accesslog import accesslog_checkpoint
 from review.models import ErasureRun, RetentionPolicy, RetentionRun, StaffTenant

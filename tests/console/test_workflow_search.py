@@ -13,9 +13,9 @@ import pytest
 from django.db import connection
 
 from dlq import services as dlq_services
-from ledger import services
 from ledger.models import Operation, Tenant, WorkflowName
-from ledger.selectors import operation_search
+from ledger.protocol import services
+from ledger.protocol.selectors import operation_search
 from tests.conftest import on_postgres
 from tests.console.support import client_for, enforced_provider, seq_scan_free_plan, staff
 from tests.ledger.support import CLAIM_URL, claim_body

@@ -61,7 +61,7 @@ def client(tenant: Tenant, make_client: Callable[..., APIClient]) -> APIClient:
 def enqueued(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     """Task enqueues are captured instead of reaching django-q2; tests run tasks themselves."""
     calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr("ledger.tasks.enqueue", lambda func, *args: calls.append((func, *args)))
+    monkeypatch.setattr("ledger.platform.tasks.enqueue", lambda func, *args: calls.append((func, *args)))
     return calls
 
 

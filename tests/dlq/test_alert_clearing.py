@@ -26,11 +26,13 @@ from alerts.models import Alert, AlertState
 from alerts.services import alert_acknowledge, alert_channel_upsert, alert_raise
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import hooks, polling, revisions
-from ledger import services as ledger_services
+from ledger.execution import polling
 from ledger.models import Operation, OperationStatus, Provider
-from ledger.sweeper import alert_stuck
-from ledger.transitions.claim import guarded_move
+from ledger.platform import hooks
+from ledger.protocol import services as ledger_services
+from ledger.protocol.transitions.claim import guarded_move
+from ledger.providers import revisions
+from ledger.recovery.sweeper import alert_stuck
 from observability.scheduler import SWEEP_FUNC, scheduler_watch
 from tests.dlq.conftest import example
 from tests.observability.support import allow_outbound
@@ -166,7 +168,7 @@ def test_provider_paused_resolves_when_the_provider_resumes_and_reopens_when_it_
 
 
 def _canary_rolled_back(provider: Provider) -> None:
-    # As ledger.canary's watch raises it after rolling a failing revision back.
+    # As ledger.providers.canary's watch raises it after rolling a failing revision back.
     hooks.alert_raised.send(
         tenant_id=provider.tenant_id,
         kind="provider_canary_rolled_back",

@@ -18,7 +18,7 @@ from alerts import services as alerts
 from alerts.models import Alert, AlertChannel, AlertDelivery
 from alerts.tasks import alert_dispatch_task, alerts_flush_task
 from dlq import services as dlq_services
-from ledger.tasks import enqueue as real_enqueue  # bound before the autouse `enqueued` fixture stubs it
+from ledger.platform.tasks import enqueue as real_enqueue  # bound before the autouse `enqueued` fixture stubs it
 from tests.dlq.conftest import example
 
 PERSONAL = ("Priya", "priya.raman", "+61412345678", "Raman", "2010", "home and contents")
@@ -252,7 +252,7 @@ def test_ingestion_answers_201_when_the_channel_answers_500_and_delivery_runs_af
     """Delivery inline after commit (as django-q2's sync mode would): still 201, still stored."""
     channel(tenant, "slack", sink)
     sink.mode, sink.status = "status", 500
-    monkeypatch.setattr("ledger.tasks.enqueue", lambda func, *args: alert_dispatch_task(*args))
+    monkeypatch.setattr("ledger.platform.tasks.enqueue", lambda func, *args: alert_dispatch_task(*args))
     response = client.post("/api/v1/dlq/events", LEAD | {"event_id": "x"}, format="json")
     assert response.status_code == 201
     assert len(sink.received()) == 1 and AlertDelivery.objects.get().status == "retrying"
@@ -264,7 +264,7 @@ def test_django_q2_runs_the_enqueued_dispatch_by_its_dotted_path(client, tenant,
     from django_q.conf import Conf
 
     monkeypatch.setattr(Conf, "SYNC", True)
-    monkeypatch.setattr("ledger.tasks.enqueue", real_enqueue)
+    monkeypatch.setattr("ledger.platform.tasks.enqueue", real_enqueue)
     channel(tenant, "webhook", sink)
     [event_id] = ingest(client)
     assert [a["ref"] for a in sink.received()[0].json()["alerts"]] == [str(event_id)]

@@ -11,9 +11,9 @@ from django.utils import timezone
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay
 from dlq.tasks import auto_replay_task, replays_recover_task
-from ledger import services as ledger
 from ledger.models import Operation
-from ledger.transitions.claim import guarded_move
+from ledger.protocol import services as ledger
+from ledger.protocol.transitions.claim import guarded_move
 
 pytestmark = pytest.mark.django_db
 

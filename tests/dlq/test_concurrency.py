@@ -14,8 +14,8 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from dlq.models import FailedEvent, Replay
-from ledger import services as ledger
 from ledger.models import Operation
+from ledger.protocol import services as ledger
 from tests.dlq.conftest import example, post_raw
 
 pytestmark = pytest.mark.django_db(transaction=True)

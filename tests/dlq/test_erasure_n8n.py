@@ -17,8 +17,8 @@ from dlq import n8n, services
 from dlq.models import FailedEvent, N8nConnection
 from dlq.n8n_api import Deleted, Deletion
 from dlq.tasks import n8n_payload_fetch_task
-from ledger import services as ledger_services
 from ledger.models import Provider, Tenant
+from ledger.protocol import services as ledger_services
 from review import erasure, erasure_n8n
 from review.accesslog import accesslog_verify
 from review.models import AccessAction, AccessLog, ErasureRun, ErasureState

@@ -1,5 +1,5 @@
 """Failures explain themselves and lead somewhere: a replay's transport error is shown as a
-sentence with its cause and next step (ledger.failures), the raw error scrubbed behind a
+sentence with its cause and next step (ledger.web.failures), the raw error scrubbed behind a
 disclosure, on the DLQ entry, in the replay's result and on the replay's operation page —
 which links back to its entry and on to what can be done next. The demo lead replays to the
 demo's own mock CRM (the key-enforced mock `make run` starts at DEMO_PORT_BASE)."""
@@ -13,8 +13,8 @@ from django.contrib.auth.models import User
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay
-from ledger.failures import explain_failure, failure_html
 from ledger.models import Operation
+from ledger.web.failures import explain_failure, failure_html
 from review.demo import demo_seed
 from tests.console.support import client_for
 from tests.dlq.conftest import example

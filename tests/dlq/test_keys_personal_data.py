@@ -1,4 +1,4 @@
-"""The DLQ's ingest applies the key rule as the API does (ledger.key_rules): a reported key
+"""The DLQ's ingest applies the key rule as the API does (ledger.rules.key_rules): a reported key
 holding an e-mail address or an international phone number is "no usable key" by default, and
 the entry's key where the tenant allows such keys (``Tenant.personal_data_in_keys_allowed``) —
 on every path a key arrives by: the envelope's ``idempotency_key``, an ``Idempotency-Key``

@@ -11,10 +11,10 @@ import pytest
 import dlq.services
 from alerts.models import Alert
 from dlq.models import FailedEvent, FailedEventChange
-from ledger import hooks
-from ledger import services as ledger
 from ledger.models import IdempotencyClass, Operation, OperationEvent
-from ledger.transitions.claim import guarded_move
+from ledger.platform import hooks
+from ledger.protocol import services as ledger
+from ledger.protocol.transitions.claim import guarded_move
 from relay.testing import start_mock_provider
 
 

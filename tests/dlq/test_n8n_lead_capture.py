@@ -21,9 +21,9 @@ from dlq import n8n, services
 from dlq.models import FailedEvent, FailedEventChange, N8nConnection, PayloadFetch
 from dlq.payloads import open_payload
 from dlq.tasks import n8n_payload_fetch_task
-from ledger.crypto import is_sealed, open_json
-from ledger.errors import DestinationNotAllowed, ValidationFailed
 from ledger.models import ConfigChange, Tenant
+from ledger.platform.crypto import is_sealed, open_json
+from ledger.platform.errors import DestinationNotAllowed, ValidationFailed
 from tests.console.support import MARKERS, client_for, staff
 from tests.dlq.conftest import EXAMPLES, example, example_bytes, post_raw
 from tests.dlq.n8n_api import FakeN8nApi

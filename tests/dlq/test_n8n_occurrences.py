@@ -18,8 +18,8 @@ from dlq.errors import KeyOpenInNewerEntry
 from dlq.models import FailedEvent, FailedEventOccurrence
 from dlq.parsing import failed_request_key
 from dlq.payloads import open_payload, seal_payload
-from ledger import services as ledger
-from ledger.errors import ValidationFailed
+from ledger.platform.errors import ValidationFailed
+from ledger.protocol import services as ledger
 from tests.dlq.conftest import example, post_raw
 from tests.dlq.test_concurrency import run_together
 

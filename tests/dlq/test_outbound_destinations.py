@@ -14,7 +14,7 @@ from alerts.models import AlertChannel, AlertDelivery, AlertDeliveryStatus
 from alerts.tasks import alert_dispatch_task
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay, ReplayTarget
-from ledger.errors import DestinationNotAllowed
+from ledger.platform.errors import DestinationNotAllowed
 from tests.console.support import client_for, staff, submit_form
 from tests.dlq.test_replay import ENVELOPE, ingest, replay
 from tests.support.listener import Listener

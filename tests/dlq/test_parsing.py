@@ -9,8 +9,8 @@ import pytest
 
 from dlq.models import FailedEventShape
 from dlq.parsing import error_class_from_report, parse_failure
-from ledger.errors import MalformedJson, ValidationFailed
-from ledger.search import search_values
+from ledger.platform.errors import MalformedJson, ValidationFailed
+from ledger.rules.search import search_values
 from tests.dlq.conftest import example, example_bytes
 
 
@@ -38,7 +38,7 @@ def test_n8n_trigger_variant_identity_is_workflow_timestamp_and_node():
 
 
 def keyed(raw: bytes) -> str:
-    from ledger.crypto import digest
+    from ledger.platform.crypto import digest
 
     kid, hexdigest = digest(raw.decode("latin-1"))
     return f"hmac:{kid}:{hexdigest}"
@@ -115,7 +115,7 @@ def test_a_malformed_envelope_is_refused_with_a_named_error(body, error):
 
 @pytest.mark.parametrize("key", [" padded ", "lead-\uff43:1", "a\x07b", "x" * 256])
 def test_an_envelope_whose_key_breaks_the_key_rule_is_kept_with_no_usable_key(key):
-    # Never refused for its key: the failure report is what matters (ledger.key_rules).
+    # Never refused for its key: the failure report is what matters (ledger.rules.key_rules).
     parsed = parse_failure(json.dumps({"payload": {}, "event_id": "e", "idempotency_key": key}).encode())
     assert parsed.original_key == ""
 

@@ -21,8 +21,8 @@ from rest_framework.test import APIClient
 
 from dlq.models import FailedEvent
 from dlq.parsing import parse_failure
-from ledger.errors import DomainError
 from ledger.models import Tenant
+from ledger.platform.errors import DomainError
 from tests.console.support import client_for, staff
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from django.db import connection
 
 from dlq import payloads
 from dlq.models import FailedEvent
-from ledger import crypto
+from ledger.platform import crypto
 from tests.dlq.conftest import example
 
 pytestmark = pytest.mark.django_db
@@ -50,7 +50,7 @@ def test_an_ingested_payload_is_stored_encrypted_under_the_configured_key(client
 
 
 def test_the_seam_is_the_encryption_module_itself_not_a_fallback():
-    # A broken import of ledger.crypto must fail loudly, never leave payloads in clear: the
+    # A broken import of ledger.platform.crypto must fail loudly, never leave payloads in clear: the
     # seam holds the module's own functions.
     assert payloads.seal_payload is crypto.seal_json
     assert payloads.open_payload is crypto.open_json

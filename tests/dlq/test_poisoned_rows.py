@@ -1,7 +1,7 @@
 """The DLQ and the alerts under keys that break the key rule and rows that raise: ingest
 never refuses an entry for its key (it keeps "no usable key"), a stored non-ASCII key is
 replayed percent-encoded, and automatic replay and the alert flush go on past a row that
-raises (ledger.passes), which records the error and backs off."""
+raises (ledger.platform.passes), which records the error and backs off."""
 
 from __future__ import annotations
 

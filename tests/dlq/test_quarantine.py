@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from dlq.models import FailedEvent, FailedEventChange, Replay
-from ledger import caching, selectors
-from ledger import services as ledger_services
-from ledger.crypto import open_json
 from ledger.models import Operation, OperationEvent, OperationStatus
+from ledger.platform import caching
+from ledger.platform.crypto import open_json
+from ledger.protocol import selectors
+from ledger.protocol import services as ledger_services
 from tests.execute.conftest import configure_provider
 from tests.execute.support import run_due
 from tests.support.fixtures import *  # noqa: F403

@@ -11,7 +11,7 @@ import pytest
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventChange, Replay
 from ledger.models import Operation
-from ledger.transitions.claim import guarded_move
+from ledger.protocol.transitions.claim import guarded_move
 from review.services import review_decision_record
 from tests.dlq.conftest import example, example_bytes, post_raw
 

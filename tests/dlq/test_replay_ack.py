@@ -16,8 +16,8 @@ from django.urls import reverse
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay, ReplayTarget
-from ledger.errors import ValidationFailed
 from ledger.models import Operation
+from ledger.platform.errors import ValidationFailed
 from review.services import review_decision_record
 
 pytestmark = pytest.mark.django_db
@@ -109,7 +109,7 @@ def test_an_unacknowledged_replay_settled_by_a_reviewer_marks_the_entry_replayed
     replay(client, event_id)
     op = Operation.objects.get(key=f"replay:{event_id}:1")
     if op.status != "review":
-        from ledger.transitions.claim import guarded_move
+        from ledger.protocol.transitions.claim import guarded_move
 
         op = guarded_move(operation=op, to="review", actor="sweeper", reason="no lookup")
     review_decision_record(operation_id=op.pk, decision="confirm_succeeded", note="CRM shows lead 91", actor="rita")

@@ -13,9 +13,9 @@ from django.urls import reverse
 from dlq import services as dlq_services
 from dlq.errors import ReplayNeedsDecision
 from dlq.models import BulkReplay, FailedEvent, FailedEventChange, Replay, ReplayTarget
-from ledger.adapters import sign
-from ledger.errors import DestinationNotAllowed
 from ledger.models import ConfigChange
+from ledger.platform.errors import DestinationNotAllowed
+from ledger.providers.adapters import sign
 from tests.console.support import submit_form
 from tests.dlq.test_bulk import run_bulk
 

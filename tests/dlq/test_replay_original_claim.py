@@ -17,11 +17,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from dlq.models import FailedEvent, Replay
-from ledger import services as ledger_services
-from ledger import transitions as ledger_transitions
-from ledger.errors import DomainError
 from ledger.models import IdempotencyClass, Operation
-from ledger.transitions.claim import guarded_move
+from ledger.platform.errors import DomainError
+from ledger.protocol import services as ledger_services
+from ledger.protocol import transitions as ledger_transitions
+from ledger.protocol.transitions.claim import guarded_move
 from review.services import review_decision_record
 
 pytestmark = pytest.mark.django_db
@@ -202,7 +202,7 @@ def test_a_replay_and_the_workflows_retry_racing_for_the_claim_leave_one_of_them
 ):
     # Both guarded UPDATEs move the claim out of retry_wait: exactly one wins, and the other
     # sends nothing — the replay answers 409, or the workflow's claim is answered from the ledger.
-    from ledger import services as ledger
+    from ledger.protocol import services as ledger
 
     secret = ledger.apikey_create(tenant=tenant, scopes=["read", "write"])[1]
     sent = 0

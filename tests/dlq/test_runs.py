@@ -11,10 +11,11 @@ from urllib.parse import quote
 import pytest
 
 from dlq.models import FailedEvent, Replay, RunResume
-from ledger import caching, selectors
-from ledger import services as ledger_services
 from ledger.models import Operation, OperationStatus
-from ledger.transitions.claim import guarded_move
+from ledger.platform import caching
+from ledger.protocol import selectors
+from ledger.protocol import services as ledger_services
+from ledger.protocol.transitions.claim import guarded_move
 from review.models import ReviewDecision
 from review.services import review_decision_record
 from tests.execute.conftest import configure_provider

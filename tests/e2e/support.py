@@ -7,8 +7,9 @@ from typing import Any
 
 from django.db import connection
 
-from ledger import services, sql
 from ledger.models import IdempotencyClass, OperationStatus, Provider, Tenant
+from ledger.protocol import services
+from ledger.store import sql
 from relay.testing import RunningServer, start_mock_provider, start_relay
 
 S = OperationStatus

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ledger import sql
 from ledger.models import IdempotencyClass, Operation, OperationStatus
-from ledger.sweeper import sweep
+from ledger.recovery.sweeper import sweep
+from ledger.store import sql
 from tests.e2e.support import ADVISORY, ENFORCED, EXPECTED, TIMEOUT, Stack, effects, settle
 from tests.execute.support import child_env, make_due, run_due, start_worker, stop_process, wait_until
 
@@ -31,7 +31,8 @@ def stack(request: Any, tenant: Any) -> Iterator[Stack]:
 
 @pytest.fixture(autouse=True)
 def _forget_caches() -> Iterator[None]:
-    from ledger import caching, selectors
+    from ledger.platform import caching
+    from ledger.protocol import selectors
 
     selectors._PROVIDER_SLUGS.clear()
     caching.clear_all()

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ledger import services
 from ledger.models import IdempotencyClass, Operation, OperationStatus
-from ledger.sweeper import sweep
+from ledger.protocol import services
+from ledger.recovery.sweeper import sweep
 from relay.testing import RunningServer
 from tests.e2e.support import ADVISORY, ENFORCED, EXPECTED, TIMEOUT, Stack, effects, settle
 from tests.ledger.support import expire_lease
@@ -162,7 +162,7 @@ def test_late_complete_from_the_last_holder_after_the_sweep_still_lands(stack, w
     op = workflow.claim("k:late").json()
     workflow.api.post(f"/api/v1/operations/{op['id']}/sent", json={"lease_token": op["lease_token"]})
     expire_lease(op["id"])
-    from ledger.sweeper import sweep_expired_leases
+    from ledger.recovery.sweeper import sweep_expired_leases
 
     sweep_expired_leases()
     assert _op("k:late").status == S.UNCERTAIN

@@ -27,9 +27,9 @@ import httpx
 import pytest
 from django.db import connection
 
-from ledger import services
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import IdempotencyClass, Operation, OperationStatus
+from ledger.protocol import services
 from tests.execute.conftest import configure_provider
 from tests.execute.support import child_env, start_worker, stop_process, wait_until
 from tests.support.fixtures import *  # noqa: F403

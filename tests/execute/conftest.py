@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from ledger import selectors
-from ledger.logs import formatter
 from ledger.models import IdempotencyClass, Provider, Tenant
-from ledger.services import provider_upsert
+from ledger.platform.logs import formatter
+from ledger.protocol import selectors
+from ledger.protocol.services import provider_upsert
 from relay.testing import RunningServer
 from tests.execute.support import RenderApi
 from tests.support.fixtures import *  # noqa: F403
@@ -21,7 +21,7 @@ from tests.support.fixtures import *  # noqa: F403
 @pytest.fixture(autouse=True)
 def _forget_caches() -> Iterator[None]:
     # Per-process caches keyed by id; test databases reuse ids.
-    from ledger import caching
+    from ledger.platform import caching
 
     selectors._PROVIDER_SLUGS.clear()
     caching.clear_all()
@@ -79,7 +79,7 @@ def render_api() -> Iterator[RenderApi]:
 
 
 class Lines(logging.Handler):
-    """Log lines as the deployment renders them (ledger.logs' formatter, with the bound context)."""
+    """Log lines as the deployment renders them (ledger.platform.logs' formatter, with the bound context)."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)

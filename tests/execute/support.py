@@ -15,9 +15,10 @@ from typing import Any
 
 from django.db import connection
 
-from ledger import adapters, sql
-from ledger.execute import operation_execute, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
 from ledger.models import Operation
+from ledger.providers import adapters
+from ledger.store import sql
 from tests.support.loopback import LoopbackServer, QuietHandler
 from tests.support.outbound import announce, outbound_env
 

@@ -10,12 +10,14 @@ from django.db import connection
 
 from dlq.models import FailedEvent, FailedEventChange
 from dlq.serializers import failed_event_representation
-from ledger import canary, hooks, revisions, sql
-from ledger.errors import AdapterRolloutConflict, ValidationFailed
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import AdapterRevision, Attempt, ConfigChange, Operation, OperationEvent, OperationStatus, Provider
-from ledger.services import provider_upsert
-from ledger.sweeper import reconcile_uncertain, sweep
+from ledger.platform import hooks
+from ledger.platform.errors import AdapterRolloutConflict, ValidationFailed
+from ledger.protocol.services import provider_upsert
+from ledger.providers import canary, revisions
+from ledger.recovery.sweeper import reconcile_uncertain, sweep
+from ledger.store import sql
 from tests.execute.support import make_due, run_due
 
 S = OperationStatus

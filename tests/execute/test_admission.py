@@ -9,10 +9,11 @@ import httpx
 import pytest
 from django.db import connection
 
-from ledger import selectors, sql
-from ledger.execute import operation_submit, operations_take
+from ledger.execution.attempts import operation_submit, operations_take
 from ledger.models import AdmissionRefusalCount, Operation, OperationStatus, Tenant
-from ledger.sweeper import sweep
+from ledger.protocol import selectors
+from ledger.recovery.sweeper import sweep
+from ledger.store import sql
 from tests.execute.support import run_due
 
 S = OperationStatus

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import IdempotencyClass, Operation, OperationStatus
-from ledger.services import provider_upsert
-from ledger.sweeper import sweep
+from ledger.protocol.services import provider_upsert
+from ledger.recovery.sweeper import sweep
 from tests.execute.support import make_due, run_due
 from tests.execute.test_async_providers import ASK, render_fields
 

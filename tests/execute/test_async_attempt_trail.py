@@ -12,12 +12,14 @@ from datetime import timedelta
 import pytest
 from rest_framework.test import APIClient
 
-from ledger import adapters, prompts, sql, uploads
-from ledger.execute import operation_submit, operations_take
+from ledger.execution import uploads
+from ledger.execution.attempts import operation_submit, operations_take
 from ledger.management.commands import bootstrap_demo as demo
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationOutput, OperationStatus, Provider, Upload
-from ledger.services import provider_upsert
-from ledger.sweeper import sweep
+from ledger.protocol.services import provider_upsert
+from ledger.providers import adapters, prompts
+from ledger.recovery.sweeper import sweep
+from ledger.store import sql
 from tests.execute.support import make_due, run_due
 from tests.execute.test_async_providers import ASK, WEBHOOK_SECRET, render_fields
 from tests.support.objects import image_bytes

@@ -11,11 +11,11 @@ from datetime import timedelta
 
 import pytest
 
-from ledger import sql
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import Attempt, Operation, OperationEvent, OperationOutput, OperationStatus
-from ledger.services import provider_upsert
-from ledger.sweeper import sweep
+from ledger.protocol.services import provider_upsert
+from ledger.recovery.sweeper import sweep
+from ledger.store import sql
 from relay.fault_relay import (
     DELAY_THEN_RESPOND,
     FAIL_BEFORE_FORWARD,

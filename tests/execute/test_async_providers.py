@@ -22,9 +22,7 @@ from rest_framework.test import APIClient
 from alerts.models import Alert
 from dlq.models import FailedEvent
 from dlq.services import failed_event_replay
-from ledger import adapters, sql
-from ledger.errors import ValidationFailed
-from ledger.execute import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operation_submit, operations_take
 from ledger.models import (
     ASYNC_ADAPTER_FIELDS,
     Attempt,
@@ -37,8 +35,11 @@ from ledger.models import (
     OperationStatus,
     Provider,
 )
-from ledger.services import provider_upsert
-from ledger.sweeper import sweep
+from ledger.platform.errors import ValidationFailed
+from ledger.protocol.services import provider_upsert
+from ledger.providers import adapters
+from ledger.recovery.sweeper import sweep
+from ledger.store import sql
 from tests.console.support import client_for, staff, submit_form
 from tests.execute.support import make_due, run_due
 

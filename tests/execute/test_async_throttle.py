@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from ledger import sql
-from ledger.execute import operation_submit, operations_take
+from ledger.execution.attempts import operation_submit, operations_take
 from ledger.models import Operation, OperationOutput, OperationStatus, Provider, ProviderRate
-from ledger.services import provider_upsert
+from ledger.protocol.services import provider_upsert
+from ledger.store import sql
 from relay.mock_images import render_png
 from tests.execute.support import make_due, run_due, unthrottle
 from tests.execute.test_async_providers import render_fields

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger import sql
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import Operation, OperationOutput, OperationStatus
-from ledger.services import provider_upsert
-from ledger.sweeper import sweep
+from ledger.protocol.services import provider_upsert
+from ledger.recovery.sweeper import sweep
+from ledger.store import sql
 from tests.conftest import on_postgres
 from tests.execute.support import child_env, start_worker, stop_process, wait_until
 from tests.execute.test_async_providers import ASK, render_fields

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from ledger.adapters import SIGNATURE_HEADER, verify_signature
-from ledger.callbacks import callback_url_allowed
-from ledger.credentials import secret_open
-from ledger.errors import DestinationNotAllowed, ValidationFailed
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import Operation, OperationStatus, Tenant
+from ledger.platform.errors import DestinationNotAllowed, ValidationFailed
+from ledger.protocol.callbacks import callback_url_allowed
+from ledger.providers.adapters import SIGNATURE_HEADER, verify_signature
+from ledger.providers.credentials import secret_open
 from tests.execute.support import CallbackReceiver, make_due, run_due
 
 S = OperationStatus
@@ -89,7 +89,7 @@ def test_a_failing_receiver_is_retried_with_backoff_and_the_same_key(allowed, en
     make_due(first.pk)
     (second,) = run_due()
     assert second.status == S.UNCERTAIN  # a 500: the receiver may have acted
-    from ledger.sweeper import sweep
+    from ledger.recovery.sweeper import sweep
 
     sweep()  # key-enforced, no lookup, execute mode: re-issue with the same key
     make_due(second.pk)
@@ -101,7 +101,7 @@ def test_a_failing_receiver_is_retried_with_backoff_and_the_same_key(allowed, en
 
 
 def test_one_callback_per_operation_whoever_finishes_it(allowed, enforced, receiver):
-    from ledger.services import callback_enqueue
+    from ledger.protocol.services import callback_enqueue
 
     op = submit(allowed, "k-cb-once", f"{receiver.url}/hooks/x")
     (done,) = run_due()
@@ -190,7 +190,7 @@ def test_link_local_loopback_and_private_callback_urls_are_refused(tenant, enfor
 
 
 def test_the_allow_list_itself_refuses_special_destinations_on_save(tenant):
-    from ledger.services import tenant_update
+    from ledger.protocol.services import tenant_update
 
     for prefix in ("http://169.254.169.254/", "http://127.0.0.1:8080/hooks/", "http://192.168.0.10/"):
         with pytest.raises(ValidationFailed):
@@ -221,7 +221,7 @@ def test_after_a_rotation_callbacks_carry_both_signatures_until_the_overlap_ends
 
     from django.utils import timezone
 
-    from ledger.callbacks import tenant_callback_secret
+    from ledger.protocol.callbacks import tenant_callback_secret
 
     old = tenant_callback_secret(tenant_id=allowed.pk)
     new = tenant_callback_secret(tenant_id=allowed.pk, rotate=True)

@@ -9,11 +9,13 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
-from ledger import adapters, callbacks, sql
-from ledger.eligibility import eligibility_recheck
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import Operation, OperationEvent, OperationStatus, Provider, Tenant
-from ledger.services import tenant_update
+from ledger.protocol import callbacks
+from ledger.protocol.services import tenant_update
+from ledger.providers import adapters
+from ledger.recovery.eligibility import eligibility_recheck
+from ledger.store import sql
 from relay.testing import RunningServer
 from tests.dlq.sinks import Sink
 from tests.execute.conftest import configure_provider

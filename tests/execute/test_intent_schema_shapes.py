@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ledger import intents
+from ledger.rules import intents
 from tests.execute.test_intents import TEMPLATE
 
 pytestmark = pytest.mark.django_db

@@ -14,13 +14,14 @@ from django.db import OperationalError
 
 from dlq.models import FailedEvent, ReplayOutcome
 from dlq.services import failed_event_replay
-from ledger import canary, prompts, translation, uploads
-from ledger.crypto import open_json
-from ledger.errors import DomainError
-from ledger.execute import operation_submit
-from ledger.intents import RequestTemplateInvalid
+from ledger.execution import translation, uploads
+from ledger.execution.attempts import operation_submit
 from ledger.models import Attempt, ErrorClass, Operation, OperationStatus, Provider, Tenant
-from ledger.services import provider_upsert
+from ledger.platform.crypto import open_json
+from ledger.platform.errors import DomainError
+from ledger.protocol.services import provider_upsert
+from ledger.providers import canary, prompts
+from ledger.rules.intents import RequestTemplateInvalid
 from tests.execute.conftest import configure_provider
 from tests.execute.support import RenderApi, make_due, run_due
 from tests.support.objects import image_bytes, noisy_png
@@ -480,7 +481,7 @@ def test_an_upload_deleted_while_the_job_waits_fails_the_attempt_without_sending
 
 
 # As in production, outside any transaction: inside one, a broken connection breaks it and the
-# worker re-raises instead (ledger.execute).
+# worker re-raises instead (ledger.execution.attempts).
 @pytest.mark.django_db(transaction=True)
 def test_a_database_error_while_reading_the_intents_uploads_is_a_not_sent_retry_not_a_possible_send(
     api, tenant, renders, render_api, monkeypatch

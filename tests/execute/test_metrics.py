@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from django.db import connection
 
-from ledger import selectors, sql
-from ledger.execute import operation_submit, operations_take
+from ledger.execution.attempts import operation_submit, operations_take
 from ledger.models import Tenant
+from ledger.protocol import selectors
+from ledger.store import sql
 from tests.execute.support import run_due
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import prompts
 from ledger.models import PromptTemplate
-from ledger.prompts import FENCE_CLOSE, FENCE_OPEN
+from ledger.providers import prompts
+from ledger.providers.prompts import FENCE_CLOSE, FENCE_OPEN
 
 PROMPT = PromptTemplate(
     name="product-shot",

@@ -12,11 +12,11 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from ledger import prompts
-from ledger.intents import RequestTemplateInvalid
 from ledger.models import Attempt, ConfigChange, Operation, OperationStatus, PromptTemplate, Provider, Tenant
-from ledger.prompts import FENCE_CLOSE, FENCE_OPEN, PromptTemplateInvalid
-from ledger.services import provider_upsert
+from ledger.protocol.services import provider_upsert
+from ledger.providers import prompts
+from ledger.providers.prompts import FENCE_CLOSE, FENCE_OPEN, PromptTemplateInvalid
+from ledger.rules.intents import RequestTemplateInvalid
 from tests.execute.conftest import configure_provider
 from tests.execute.support import RenderApi, run_due
 

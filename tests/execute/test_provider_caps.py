@@ -1,4 +1,4 @@
-"""Provider rate and concurrency caps (DESIGN §5, rate and concurrency caps; ledger.ratelimit):
+"""Provider rate and concurrency caps (DESIGN §5, rate and concurrency caps; ledger.providers.ratelimit):
 the take leaves what the caps do not allow queued, across worker processes, counted in the
 database; a 429 halves the effective rate and it climbs back while the provider stays quiet.
 
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ledger import sql
-from ledger.execute import operation_submit, operations_take
+from ledger.execution.attempts import operation_submit, operations_take
 from ledger.models import Attempt, IdempotencyClass, Operation, OperationEvent, OperationStatus, ProviderRate
-from ledger.services import provider_upsert
+from ledger.protocol.services import provider_upsert
+from ledger.store import sql
 from tests.console.support import client_for, page, staff
 from tests.execute.support import (
     child_env,
@@ -240,7 +240,7 @@ def test_a_429_halves_the_effective_rate_once_per_storm_and_it_climbs_back_while
 
 @pytest.mark.django_db
 def test_caps_are_refused_when_they_make_no_sense_and_a_change_resets_the_bucket(tenant, crm):
-    from ledger.errors import ValidationFailed
+    from ledger.platform.errors import ValidationFailed
 
     for caps in (
         {"max_in_flight": 0},

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 import pytest
 from django.test import Client
 
-from ledger import credentials, services
-from ledger.errors import DestinationNotAllowed, ValidationFailed
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from ledger.platform.errors import DestinationNotAllowed, ValidationFailed
+from ledger.protocol import services
+from ledger.providers import credentials
 from tests.console.support import client_for, staff, submit_form
 from tests.execute.support import run_due
 from tests.support.listener import Listener

@@ -16,9 +16,11 @@ import pytest
 from django.db import OperationalError, transaction
 
 from dlq.models import FailedEvent
-from ledger import adapters, execute, transitions
-from ledger.execute import operation_execute, operation_submit, operations_take
+from ledger.execution import attempts as execute
+from ledger.execution.attempts import operation_execute, operation_submit, operations_take
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationStatus
+from ledger.protocol import transitions
+from ledger.providers import adapters
 from tests.support.clocks import FakeClock
 
 S = OperationStatus

@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ledger.execute import operation_submit
-from ledger.masking import mask_json
+from ledger.execution.attempts import operation_submit
 from ledger.models import Operation, OperationStatus, Tenant
+from ledger.platform.masking import mask_json
 from tests.execute.support import CallbackReceiver, run_due
 
 S = OperationStatus

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from ledger import adapters
-from ledger.execute import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operation_submit, operations_take
 from ledger.models import Attempt, AttemptOutcome, OperationStatus
+from ledger.providers import adapters
 from tests.execute.support import child_env, start_worker, stop_process, wait_until
 
 S = OperationStatus

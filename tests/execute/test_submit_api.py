@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.crypto import open_json
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, ProviderKind
+from ledger.platform.crypto import open_json
 from tests.execute.support import run_due
 
 S = OperationStatus
@@ -102,7 +102,7 @@ def test_claiming_an_execute_mode_key_through_claims_is_409_managed_by_service(a
     ],
 )
 def test_invalid_submissions_are_400_and_store_nothing(api, enforced, charge_envelope, change, code):
-    from ledger.callbacks import callback_provider
+    from ledger.protocol.callbacks import callback_provider
 
     tenant = enforced[0].tenant
     callback_provider(tenant_id=tenant.pk)  # exists, but is not submittable
@@ -144,7 +144,7 @@ def test_allowed_headers_are_forwarded_and_credentials_come_from_the_environment
 
 
 def test_the_callback_provider_is_internal(api, enforced):
-    from ledger.callbacks import callback_provider
+    from ledger.protocol.callbacks import callback_provider
 
     provider = callback_provider(tenant_id=enforced[0].tenant_id)
     assert provider.kind == ProviderKind.CALLBACK

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from ledger import services
-from ledger.execute import operations_take
+from ledger.execution.attempts import operations_take
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, Tenant
-from ledger.sweeper import sweep
+from ledger.protocol import services
+from ledger.recovery.sweeper import sweep
 from tests.conftest import on_postgres
 from tests.execute.support import run_due
 from tests.ledger.test_concurrency import race

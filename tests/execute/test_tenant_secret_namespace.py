@@ -19,10 +19,10 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 
-from ledger import services
-from ledger.errors import ValidationFailed
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import ConfigChange, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from ledger.platform.errors import ValidationFailed
+from ledger.protocol import services
 from tests.conftest import on_postgres
 from tests.console.support import client_for, page, staff, submit_form
 from tests.execute.support import run_due
@@ -85,7 +85,7 @@ def test_a_new_tenant_gets_a_namespace_from_its_slug_and_acme_x_gets_one_acme_is
     assert beta_dash.secret_namespace == "BETAX"
     assert beta_under.secret_namespace != "BETAX" and not beta_under.secret_namespace.startswith("BETAX")
     # Deterministic: the same slug among the same namespaces gets the same answer.
-    from ledger.provider_checks import secret_namespace_choose
+    from ledger.rules.provider_checks import secret_namespace_choose
 
     assert secret_namespace_choose("beta_x", ["BETAX"]) == beta_under.secret_namespace
 
@@ -200,7 +200,7 @@ def test_two_concurrent_creations_of_overlapping_namespaces_do_not_both_commit()
 def test_the_prefix_trigger_is_put_back_after_a_migrate_that_lost_it(tenant):
     """SQLite drops a table's triggers when a migration rebuilds the table: post_migrate
     installs it again (inside the test's transaction: its rollback restores the original)."""
-    from ledger.tenant_namespaces import namespace_triggers_drop, namespace_triggers_ensure
+    from ledger.tenants.tenant_namespaces import namespace_triggers_drop, namespace_triggers_ensure
 
     namespace_triggers_drop(connection)
     with transaction.atomic():

@@ -16,9 +16,10 @@ from django.db.models import F
 
 from dlq.models import FailedEvent, ReplayOutcome
 from dlq.services import failed_event_replay
-from ledger import sql, uploads
+from ledger.execution import uploads
 from ledger.models import ErrorClass, Operation, OperationStatus, Provider, Tenant, Upload
-from ledger.services import provider_upsert
+from ledger.protocol.services import provider_upsert
+from ledger.store import sql
 from review.models import RecordType
 from review.retention import retention_purge_tenant
 from review.services import retention_policy_save

@@ -11,10 +11,11 @@ from datetime import timedelta
 import pytest
 from rest_framework.test import APIClient
 
-from ledger import adapters, sql
-from ledger.execute import operations_take
+from ledger.execution.attempts import operations_take
 from ledger.models import Operation, OperationStatus, Provider
-from ledger.services import provider_upsert
+from ledger.protocol.services import provider_upsert
+from ledger.providers import adapters
+from ledger.store import sql
 from tests.execute.support import make_due, run_due
 from tests.execute.test_async_providers import WEBHOOK_SECRET, render_fields, row, submit
 

@@ -10,12 +10,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from ledger import sql
-from ledger.errors import DomainError
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import Attempt, Operation, OperationStatus
-from ledger.services import provider_resume, provider_upsert
-from ledger.sweeper import sweep
+from ledger.platform.errors import DomainError
+from ledger.protocol.services import provider_resume, provider_upsert
+from ledger.recovery.sweeper import sweep
+from ledger.store import sql
 from tests.execute.support import child_env, start_worker, statuses, stop_process, wait_until, worker_output
 
 S = OperationStatus

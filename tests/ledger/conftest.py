@@ -8,7 +8,7 @@ import pytest
 from django.core.servers.basehttp import ThreadedWSGIServer
 from django.test.testcases import LiveServerThread, _StaticFilesHandler
 
-from ledger import selectors
+from ledger.protocol import selectors
 from tests.ledger.support import Sink
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from django.db import connection
 
-from ledger import sql
 from ledger.models import Attempt, Operation, OperationEvent
+from ledger.store import sql
 from tests.support.outbound import announce
 
 PROBLEM_JSON = "application/problem+json"
@@ -109,7 +109,7 @@ def events_of(operation_id: int) -> list[tuple[str, str, str, str]]:
 def plain(value: Any) -> Any:
     """A stored JSON value as plaintext: payloads and responses may be sealed at rest."""
     try:
-        from ledger.crypto import open_json
+        from ledger.platform.crypto import open_json
     except ImportError:
         return value
     return open_json(value)

@@ -10,9 +10,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from ledger import services
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import AdapterRevision, ConfigChange, IdempotencyClass, Operation
+from ledger.protocol import services
 from tests.ledger.support import assert_problem
 
 BASE = "http://127.0.0.1:9"

@@ -9,9 +9,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from ledger import services
-from ledger.admin import ReadOnlyPermissions
 from ledger.models import Attempt, Operation, OperationEvent
+from ledger.protocol import services
+from ledger.web.console import ReadOnlyPermissions
 from tests.ledger.support import ledger_counts, row
 
 pytestmark = pytest.mark.django_db

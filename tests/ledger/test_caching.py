@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ledger import caching
-from ledger.caching import TtlCache
+from ledger.platform import caching
+from ledger.platform.caching import TtlCache
 
 SETTING = "TEST_CACHE_SECONDS"
 

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from ledger.crypto import open_json
 from ledger.models import Operation, Tenant
-from ledger.serializers import ClaimInputSerializer
+from ledger.platform.crypto import open_json
+from ledger.web.serializers import ClaimInputSerializer
 from tests.console.support import client_for, staff
 
 pytestmark = pytest.mark.django_db

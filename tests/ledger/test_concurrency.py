@@ -13,11 +13,11 @@ import httpx
 import pytest
 from django.db import connection
 
-from ledger import services
-from ledger.errors import OperationAlreadyFinished, OperationInProgress, OperationRetryScheduled
-from ledger.guard import run_once
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
-from ledger.sweeper import sweep
+from ledger.platform.errors import OperationAlreadyFinished, OperationInProgress, OperationRetryScheduled
+from ledger.protocol import services
+from ledger.protocol.guard import run_once
+from ledger.recovery.sweeper import sweep
 from tests.conftest import on_postgres
 from tests.ledger.support import Sink, expire_lease, make_retry_due
 

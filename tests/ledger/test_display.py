@@ -1,4 +1,4 @@
-"""The console's one way of reading and writing durations (ledger.display): typed as people
+"""The console's one way of reading and writing durations (ledger.web.display): typed as people
 say them, shown as "30 days", and what is shown reads back as the same duration."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.display import DURATION_MAX, duration_parse, duration_words
+from ledger.platform.durations import DURATION_MAX, duration_parse, duration_words
 
 DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)

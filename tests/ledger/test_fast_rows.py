@@ -1,4 +1,4 @@
-"""ledger.fast_rows loads exactly what ``Manager.raw`` loads: every field's value and type,
+"""ledger.store.fast_rows loads exactly what ``Manager.raw`` loads: every field's value and type,
 the instance's state, nothing more — for every statement of the ledger that returns
 operations, on PostgreSQL (elsewhere ``Manager.raw`` itself is used)."""
 
@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ledger import fast_rows, services, statements
 from ledger.models import ErrorClass, Operation, OperationMode, OperationStatus
+from ledger.protocol import services
+from ledger.store import fast_rows, statements
 from tests.conftest import on_postgres
 from tests.ledger.support import make_retry_due
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from ledger import services
-from ledger.errors import LeaseLost, OperationAlreadyFinished
 from ledger.models import AttemptOutcome, ErrorClass, Operation, OperationStatus
-from ledger.sweeper import sweep, sweep_expired_leases
+from ledger.platform.errors import LeaseLost, OperationAlreadyFinished
+from ledger.protocol import services
+from ledger.recovery.sweeper import sweep, sweep_expired_leases
 from tests.ledger.support import (
     CLAIM_URL,
     assert_problem,

@@ -8,7 +8,7 @@ custom one, under the planner settings the statement ran with — on tables that
 just analyzed, and none may read a ledger table sequentially.
 
 The claim path plans its statements with sequential scans priced out for its own
-transaction (ledger.sql.plan_with_indexes; a statement outside any transaction sends the
+transaction (ledger.store.sql.plan_with_indexes; a statement outside any transaction sends the
 setting in the same pipeline). Not on the connection: there the same setting made lists'
 joins worse (DESIGN §12), so the setting must not outlive the claim path's transactions.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from ledger import services
 from ledger.models import Operation
+from ledger.protocol import services
 from tests.conftest import on_postgres
 from tests.support.plans import captured_statements, explain, sequential_scans
 

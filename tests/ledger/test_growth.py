@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ledger import services
 from ledger.models import Operation
+from ledger.protocol import services
 from tests.conftest import on_postgres
 from tests.support.plans import captured_statements, explain, sequential_scans
 

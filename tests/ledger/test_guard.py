@@ -1,4 +1,4 @@
-"""The in-process guard (ledger.guard): at most one call per key, durably, via the services."""
+"""The in-process guard (ledger.protocol.guard): at most one call per key, durably, via the services."""
 
 from __future__ import annotations
 
@@ -7,15 +7,16 @@ from typing import Any
 import pytest
 
 from dlq.models import FailedEvent
-from ledger import services
-from ledger.errors import (
+from ledger.models import AttemptOutcome, ErrorClass, Operation, OperationStatus
+from ledger.platform.errors import (
     KeyReusedWithDifferentRequest,
     OperationInProgress,
     OperationNeedsReconciliation,
     OperationRetryScheduled,
     UnknownProvider,
 )
-from ledger.guard import (
+from ledger.protocol import services
+from ledger.protocol.guard import (
     GuardedError,
     InvalidInputError,
     OperationFailed,
@@ -25,7 +26,6 @@ from ledger.guard import (
     idempotent,
     run_once,
 )
-from ledger.models import AttemptOutcome, ErrorClass, Operation, OperationStatus
 from tests.ledger.support import attempts_of, events_of, make_retry_due, plain, schedule_retry_in
 
 S = OperationStatus
@@ -281,7 +281,7 @@ def test_a_result_that_is_not_json_is_still_recorded_as_succeeded(tenant, provid
 def test_a_retry_claimed_after_the_lifetime_ended_fails_instead_of_acting(tenant, provider, api):
     from django.db import connection
 
-    from ledger import sql
+    from ledger.store import sql
 
     first = services.operation_claim(tenant=tenant, key="late:1", provider=provider, request={"a": 1})
     op = first.operation

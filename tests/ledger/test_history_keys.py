@@ -14,8 +14,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger import services
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
+from ledger.protocol import services
 from tests.conftest import on_postgres
 
 pytestmark = pytest.mark.django_db
@@ -152,7 +152,7 @@ def test_concurrent_inserts_through_the_orm_and_the_raw_statements_never_share_a
 def test_sqlite_times_are_written_as_django_writes_them_so_a_key_finds_its_row(tenant, provider):
     if on_postgres():
         pytest.skip("PostgreSQL compares timestamps, not text")
-    from ledger.statements import _SQLITE_NOW
+    from ledger.store.statements import _SQLITE_NOW
 
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {_SQLITE_NOW.replace('%%', '%')}")

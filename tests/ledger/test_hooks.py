@@ -13,9 +13,10 @@ import dlq.services
 import review.privacy
 from alerts.models import Alert
 from dlq.models import FailedEvent
-from ledger import hooks, services
-from ledger.hooks import Hook, hook
 from ledger.models import ErrorClass, Operation, OperationStatus, Provider, Tenant
+from ledger.platform import hooks
+from ledger.platform.hooks import Hook, hook
+from ledger.protocol import services
 
 S = OperationStatus
 

@@ -1,4 +1,4 @@
-"""The hot path costs what it cost before the moves were gathered in ledger.transitions: a
+"""The hot path costs what it cost before the moves were gathered in ledger.protocol.transitions: a
 fresh claim, its sent marker and its completion, counted statement by statement (inside the
 test's transaction, so each atomic block is a savepoint pair)."""
 
@@ -8,11 +8,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger import transitions
+from ledger.protocol import transitions
 
 pytestmark = pytest.mark.django_db
 
-# Measured on the code before ledger.transitions existed (claim, mark sent, complete):
+# Measured on the code before ledger.protocol.transitions existed (claim, mark sent, complete):
 # PostgreSQL runs claim and complete as one statement each (operation_claim_pg,
 # operation_complete_pg) plus the planner settings around the atomic blocks; SQLite runs the
 # portable statements one by one.

@@ -1,4 +1,4 @@
-""" "Hash this field into the key" (ledger.key_derivation, ``POST /api/v1/keys/derive``): the same
+""" "Hash this field into the key" (ledger.rules.key_derivation, ``POST /api/v1/keys/derive``): the same
 value always gives the same key, a key the key rule accepts; two tenants get different keys;
 the key id of the dedicated derivation key is part of the key; the value is never logged nor
 echoed; bad input is a 400."""
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ledger import key_derivation
-from ledger.key_rules import key_rule_broken
 from ledger.models import Operation
+from ledger.rules import key_derivation
+from ledger.rules.key_rules import key_rule_broken
 from tests.ledger.support import CLAIM_URL, assert_problem, claim_body
 
 pytestmark = pytest.mark.django_db

@@ -1,6 +1,6 @@
-"""Keys carry no personal data (ledger.key_rules, rule ``personal_data``): a new key holding an
+"""Keys carry no personal data (ledger.rules.key_rules, rule ``personal_data``): a new key holding an
 e-mail address or an international phone number is refused at every door with ``400
-invalid_idempotency_key``, with the patterns ledger.redaction masks in free text; record ids
+invalid_idempotency_key``, with the patterns ledger.platform.redaction masks in free text; record ids
 stay valid; a key the ledger holds keeps being answered; the tenant's platform-owned setting
 allows such keys; the DLQ keeps an entry whose key has personal data as "no usable key"."""
 
@@ -12,11 +12,12 @@ import pytest
 from django.contrib.auth.models import User
 
 from dlq.parsing import failed_request_key
-from ledger import redaction, services
-from ledger.errors import InvalidKey
-from ledger.guard import run_once
-from ledger.key_rules import PERSONAL_DATA, key_rule_broken, key_usable
 from ledger.models import Operation, Tenant
+from ledger.platform import redaction
+from ledger.platform.errors import InvalidKey
+from ledger.protocol import services
+from ledger.protocol.guard import run_once
+from ledger.rules.key_rules import PERSONAL_DATA, key_rule_broken, key_usable
 from tests.console.support import client_for, staff, submit_form
 from tests.ledger.support import CLAIM_URL, assert_problem, claim_body
 

@@ -1,4 +1,4 @@
-"""Keys are printable ASCII (ledger.key_rules): a new key that is not is refused at every
+"""Keys are printable ASCII (ledger.rules.key_rules): a new key that is not is refused at every
 door with ``400 invalid_idempotency_key`` naming the rule; a key the ledger already holds
 keeps being answered; a stored key that breaks the rule goes on the wire encoded. Claims
 naming the service's own providers (slugs beginning with ``_``) are refused."""
@@ -16,14 +16,14 @@ from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger import services
-from ledger.adapters import prepare_request
-from ledger.callbacks import CALLBACK_PROVIDER_SLUG, callback_provider
-from ledger.errors import InvalidKey, ReservedProvider, ValidationFailed
-from ledger.guard import run_once
-from ledger.key_rules import KEY_RULES, key_header_value, key_path_segment, key_rule_broken
 from ledger.models import IdempotencyClass, Operation, Provider, Tombstone
-from ledger.reconcile import LookupOutcome, provider_lookup
+from ledger.platform.errors import InvalidKey, ReservedProvider, ValidationFailed
+from ledger.protocol import services
+from ledger.protocol.callbacks import CALLBACK_PROVIDER_SLUG, callback_provider
+from ledger.protocol.guard import run_once
+from ledger.providers.adapters import prepare_request
+from ledger.providers.reconcile import LookupOutcome, provider_lookup
+from ledger.rules.key_rules import KEY_RULES, key_header_value, key_path_segment, key_rule_broken
 from tests.ledger.support import CLAIM_URL, assert_problem, claim_body
 
 pytestmark = pytest.mark.django_db

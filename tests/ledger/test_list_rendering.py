@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework import serializers
 
-from ledger import services
-from ledger.serializers import UtcDateTimeField
+from ledger.protocol import services
+from ledger.protocol.representation import UtcDateTimeField
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,11 @@ def test_the_operations_list_reads_only_what_it_renders(tenant, provider, api):
 @pytest.mark.django_db
 def test_a_list_of_operations_renders_each_row_as_drfs_serializer_does(tenant, provider):
     from ledger.models import Operation
-    from ledger.serializers import OperationOutputSerializer, PlannedListSerializer, ReplayedOperationOutputSerializer
+    from ledger.protocol.representation import (
+        OperationOutputSerializer,
+        PlannedListSerializer,
+        ReplayedOperationOutputSerializer,
+    )
 
     done = services.operation_claim(tenant=tenant, key="k-1", provider=provider, action="charge", payload={"a": 1})
     services.operation_complete(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import services
-from ledger.errors import OperationNotCancellable, OperationNotFound, ValidationFailed
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import ErrorClass, Operation, OperationMode, OperationStatus, Provider, Tenant
-from ledger.transitions import claim as transitions_claim
+from ledger.platform.errors import OperationNotCancellable, OperationNotFound, ValidationFailed
+from ledger.protocol import services
+from ledger.protocol.transitions import claim as transitions_claim
 from tests.ledger.support import events_of
 
 S = OperationStatus

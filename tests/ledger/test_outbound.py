@@ -1,4 +1,4 @@
-"""The outbound policy (ledger.outbound, issue 11 item 1): what may be sent where, checked on
+"""The outbound policy (ledger.rules.outbound, issue 11 item 1): what may be sent where, checked on
 save after normalising the URL, and again at connect time after DNS, pinned to the checked
 address. Every server here is this test's own, on 127.0.0.1; names resolve through a fake
 resolver (``outbound.resolve`` replaced), never through DNS."""
@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ledger import outbound
-from ledger.errors import DestinationNotAllowed
-from ledger.outbound import OutboundBlocked, outbound_check, outbound_client
+from ledger.platform.errors import DestinationNotAllowed
+from ledger.rules import outbound
+from ledger.rules.outbound import OutboundBlocked, outbound_check, outbound_client
 
 
 class Listener:
@@ -293,7 +293,7 @@ def test_allowing_adds_rules_for_this_thread_only(listener):
 
 def test_a_sweeper_lookup_to_a_refused_destination_is_unknown_and_connects_nowhere(listener):
     from ledger.models import Operation, Provider
-    from ledger.reconcile import LookupOutcome, provider_lookup
+    from ledger.providers.reconcile import LookupOutcome, provider_lookup
 
     provider = Provider(slug="p", base_url=listener.url, lookup_path="/charges?key={key}", timeout_seconds=2)
     result = provider_lookup(provider=provider, operation=Operation(key="k-1"))
@@ -303,7 +303,7 @@ def test_a_sweeper_lookup_to_a_refused_destination_is_unknown_and_connects_nowhe
 
 def test_a_sweeper_lookup_to_an_allowed_destination_is_made(listener, outbound_allow):
     from ledger.models import Operation, Provider
-    from ledger.reconcile import provider_lookup
+    from ledger.providers.reconcile import provider_lookup
 
     outbound_allow(listener.url)
     provider = Provider(slug="p", base_url=listener.url, lookup_path="/charges?key={key}", timeout_seconds=2)

@@ -16,12 +16,13 @@ import httpx
 import pytest
 
 from dlq.models import FailedEvent
-from ledger import adapters, outputs
-from ledger.errors import LeaseLost
-from ledger.execute import operation_submit, operations_take
+from ledger.execution import outputs
+from ledger.execution.attempts import operation_submit, operations_take
+from ledger.execution.outputs import InvalidOutput, OutputExpectation, OutputUnavailable, output_fetch_publish
 from ledger.models import Attempt, ErrorClass, IdempotencyClass, Operation, OperationOutput, OperationStatus
-from ledger.outputs import InvalidOutput, OutputExpectation, OutputUnavailable, output_fetch_publish
-from ledger.services import operation_complete, provider_upsert
+from ledger.platform.errors import LeaseLost
+from ledger.protocol.services import operation_complete, provider_upsert
+from ledger.providers import adapters
 from review.models import RecordType
 from review.retention import retention_purge_tenant
 from review.services import retention_policy_save

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ledger import partitions, services, sql
 from ledger.models import Attempt, Operation, OperationEvent, Tenant, Tombstone
+from ledger.platform import partitions
+from ledger.protocol import services
+from ledger.store import sql
 from review.models import RetentionPolicy
 from review.retention import retention_purge
 from tests.conftest import on_postgres
@@ -238,14 +240,14 @@ def test_a_completion_updates_its_attempt_in_one_partition_not_every_months(tena
     """operation_complete_pg's attempt update carries the attempt's time range (the
     operation's creation to now): on a year of monthly partitions its generic plan (what a
     prepared statement runs) reads one partition's index, not every month's."""
-    from ledger import statements
+    from ledger.store import statements
 
     now = sql.db_now()
     monthly_from(partitions.month_start(now, plus=-12))
     op = services.operation_claim(tenant=tenant, key="pruned-1", provider=provider, action="charge").operation
     params = {
         "id": op.pk,
-        # In its stored form, as ledger.statements passes it (bytes on PostgreSQL).
+        # In its stored form, as ledger.store.statements passes it (bytes on PostgreSQL).
         "lease_token": Operation._meta.get_field("lease_token").get_db_prep_value(op.lease_token, connection),
         "tenant_id": tenant.pk,
         "provider_ref": "ch_1",

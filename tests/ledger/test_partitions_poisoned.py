@@ -1,4 +1,4 @@
-"""Partition maintenance goes on past a table that raises (ledger.passes): the other table's
+"""Partition maintenance goes on past a table that raises (ledger.platform.passes): the other table's
 months are created, the failure is counted and logged, and the next run retries it
 (PostgreSQL)."""
 
@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import REGISTRY
 
-from ledger import partitions
+from ledger.platform import partitions
 from tests.conftest import on_postgres
 
 pytestmark = [

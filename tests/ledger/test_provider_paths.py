@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.errors import ValidationFailed
+from ledger.execution.polling import status_url
 from ledger.models import IdempotencyClass, Operation
-from ledger.polling import status_url
-from ledger.provider_checks import lookup_path_problem, path_fill, poll_path_problem
-from ledger.reconcile import lookup_url
-from ledger.services import provider_upsert
+from ledger.platform.errors import ValidationFailed
+from ledger.protocol.services import provider_upsert
+from ledger.providers.reconcile import lookup_url
+from ledger.rules.provider_checks import lookup_path_problem, path_fill, poll_path_problem
 
 ASYNC = dict(
     base_url="http://127.0.0.1:9",

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from dlq.services import replay_ledger_key
-from ledger import services
-from ledger.errors import ReservedKey
 from ledger.models import Operation
+from ledger.platform.errors import ReservedKey
+from ledger.protocol import services
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,11 @@ import pytest
 from cryptography.fernet import Fernet
 from django.db import connection
 
-from ledger import crypto, models, services, statements
+from ledger import models
 from ledger.models import Attempt, Operation, bytes_to_sealed, sealed_to_bytes
+from ledger.platform import crypto
+from ledger.protocol import services
+from ledger.store import statements
 from tests.conftest import on_postgres
 from tests.ledger.support import CLAIM_URL, claim_body, op_url
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger import services
 from ledger.models import Operation
+from ledger.protocol import services
 from tests.ledger.support import assert_problem
 
 pytestmark = pytest.mark.django_db

@@ -55,9 +55,7 @@ from rest_framework.renderers import JSONRenderer
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import TargetAnswer
-from ledger import services, sql
-from ledger.errors import DomainError
-from ledger.execute import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operation_submit, operations_take
 from ledger.models import (
     TERMINAL_STATES,
     Attempt,
@@ -67,9 +65,12 @@ from ledger.models import (
     OperationStatus,
     Provider,
 )
-from ledger.serializers import ReplayedOperationOutputSerializer
-from ledger.sweeper import sweep
-from ledger.transitions import holder as transitions_holder
+from ledger.platform.errors import DomainError
+from ledger.protocol import services
+from ledger.protocol.representation import ReplayedOperationOutputSerializer
+from ledger.protocol.transitions import holder as transitions_holder
+from ledger.recovery.sweeper import sweep
+from ledger.store import sql
 from review.services import review_decision_record
 from soak import checks
 
@@ -702,6 +703,6 @@ def test_the_ledger_holds_its_invariants_under_random_interleavings(monkeypatch:
     # jittered backoff each row's delay would depend on that order. The ceiling, no jitter.
     monkeypatch.setattr(transitions_holder, "backoff_seconds", _backoff_ceiling)
     # Alerts and DLQ notifications would be handed to django-q2 after commit: not here.
-    monkeypatch.setattr("ledger.tasks.enqueue", lambda *args: None)
+    monkeypatch.setattr("ledger.platform.tasks.enqueue", lambda *args: None)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
     run_state_machine_as_test(LedgerMachine, settings=PROFILES.get(profile, PROFILES["ci"]))

@@ -1,4 +1,4 @@
-"""The ledger's named statements (ledger/queries.sql, run by ledger.statements) behave like
+"""The ledger's named statements (ledger/store/queries.sql, run by ledger.store.statements) behave like
 Django's own cursor and ORM: rows are real model instances, statements join the caller's
 transaction, raise Django's errors and are seen by query observers."""
 
@@ -14,8 +14,6 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
-from ledger import crypto, services, statements
-from ledger.errors import LeaseLost
 from ledger.models import (
     Attempt,
     AttemptOutcome,
@@ -26,7 +24,11 @@ from ledger.models import (
     Provider,
     Tenant,
 )
-from ledger.transitions.claim import guarded_move
+from ledger.platform import crypto
+from ledger.platform.errors import LeaseLost
+from ledger.protocol import services
+from ledger.protocol.transitions.claim import guarded_move
+from ledger.store import statements
 from tests.conftest import on_postgres
 from tests.ledger.support import attempts_of, events_of, ledger_counts
 
@@ -150,7 +152,7 @@ def test_every_statement_is_loaded_with_declared_literals_only():
 
 
 def test_every_named_statement_is_used_by_the_ledger():
-    source = "".join(p.read_text() for p in Path(statements.__file__).parent.rglob("*.py"))
+    source = "".join(p.read_text() for p in Path(statements.__file__).parents[1].rglob("*.py"))
     parsed = statements.parse(statements.QUERIES.read_text(encoding="utf-8"), vendor="sqlite")
     unused = [name for name in parsed if f'"{name}"' not in source]
     assert unused == []
@@ -328,7 +330,7 @@ def test_a_fresh_claim_without_a_payload_is_one_statement_after_its_read_and_a_c
         )
     assert claim_statements == [statements.text("operation_by_key"), statements.text("operation_claim_pg")]
     # The completion's atomic block is a savepoint here, BEGIN … COMMIT on its own; in it, the
-    # claim path's planner setting (ledger.sql.index_plans: set, and put back when nested).
+    # claim path's planner setting (ledger.store.sql.index_plans: set, and put back when nested).
     completion = [s for s in seen[2:] if "SAVEPOINT" not in s]
     assert [s for s in completion if not s.startswith("SELECT set_config(")] == [
         statements.text("operation_complete_pg")

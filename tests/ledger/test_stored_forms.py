@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from ledger import services
 from ledger.models import Attempt, Operation, Tombstone, bytes_to_hex, hex_to_bytes
+from ledger.protocol import services
 from tests.conftest import on_postgres
 from tests.ledger.support import CLAIM_URL, claim_body, op_url
 
@@ -102,7 +102,7 @@ def test_a_token_that_is_not_hex_is_kept_as_written_and_fences_nothing(tenant: A
 @pg
 @pytest.mark.django_db
 def test_a_tombstone_keeps_the_fingerprint_bytes(tenant: Any, provider: Any) -> None:
-    from ledger.tombstones import tombstones_create
+    from ledger.protocol.tombstones import tombstones_create
 
     op = services.operation_claim(tenant=tenant, key="bytes-3", provider=provider, action="charge").operation
     services.operation_complete(

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ledger import services
 from ledger.models import Operation, OperationStatus
+from ledger.protocol import services
 from tests.ledger.support import CLAIM_URL, assert_problem, attempts_of, claim_body, ledger_counts, op_url, row
 
 S = OperationStatus

@@ -13,8 +13,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from ledger import ratelimit, services
 from ledger.models import Attempt, OperationEvent, ProviderRate, Tenant
+from ledger.protocol import services
+from ledger.providers import ratelimit
 from tests.conftest import on_postgres
 
 MIGRATION = "0029_tenant_on_attempts_events_rates"

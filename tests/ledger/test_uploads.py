@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from ledger import objects, uploads
+from ledger.execution import objects, uploads
 from ledger.models import Upload
 from review.models import RecordType
 from review.retention import retention_purge_tenant

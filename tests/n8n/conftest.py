@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from ledger.auth import hash_api_key
 from ledger.models import ApiKey, Tenant
+from ledger.tenants.auth import hash_api_key
 from tests.n8n.support import (
     CALLER_CREDENTIAL_ID,
     CALLER_HEADER,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from dlq import services as dlq_services
-from ledger import services
 from ledger.models import IdempotencyClass, Tenant
+from ledger.protocol import services
 from review import erasure
 from review.models import AccessAction, AccessLog, ErasureState
 from review.subjects import erasure_summary, subject_resolve

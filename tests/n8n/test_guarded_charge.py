@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ledger import services
 from ledger.models import IdempotencyClass, Operation, OperationStatus, Provider, Tenant
-from ledger.sweeper import sweep
+from ledger.protocol import services
+from ledger.recovery.sweeper import sweep
 from relay.testing import start_mock_provider, start_relay
 from tests.e2e.support import settle
 from tests.n8n.support import CUSTOM_NODE_TYPE, N8n, Run, node_named, template, template_env

@@ -30,9 +30,9 @@ from django.utils import timezone
 from dlq.models import FailedEvent, ReplayTarget
 from dlq.payloads import open_payload
 from dlq.tasks import n8n_payload_fetch_task
-from ledger import services
-from ledger.credentials import sealed_credential
 from ledger.models import IdempotencyClass, Operation, OperationStatus, Tenant
+from ledger.protocol import services
+from ledger.providers.credentials import sealed_credential
 from relay.testing import RunningServer, start_mock_provider, start_relay
 from tests.dlq.conftest import example
 from tests.execute.support import run_due, wait_until
@@ -509,7 +509,7 @@ def test_an_error_trigger_entry_of_a_node_that_reports_no_request_holds_the_fetc
     # failed node's input items as the entry's payload.
     enqueued: list[tuple[Any, ...]] = []
     # The live server's after-commit enqueue, captured: this test runs the task as the cluster would.
-    monkeypatch.setattr("ledger.tasks.enqueue", lambda func, *args: enqueued.append((func, *args)))
+    monkeypatch.setattr("ledger.platform.tasks.enqueue", lambda func, *args: enqueued.append((func, *args)))
     stdin = io.StringIO(n8n_api_key + "\n")
     monkeypatch.setattr("sys.stdin", stdin)
     call_command("n8n_connect", "--tenant", onceguard.slug, "--url", n8n.url, stdout=io.StringIO())

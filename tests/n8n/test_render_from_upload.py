@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-from ledger import prompts
-from ledger.crypto import open_json
 from ledger.management.commands.bootstrap_demo import (
     RENDER_INTENT_SCHEMA,
     RENDER_PROMPT,
@@ -24,6 +22,8 @@ from ledger.management.commands.bootstrap_demo import (
     RENDER_REQUEST_TEMPLATE,
 )
 from ledger.models import Operation, OperationStatus, Tenant, Upload
+from ledger.platform.crypto import open_json
+from ledger.providers import prompts
 from tests.execute.conftest import configure_provider
 from tests.execute.support import RenderApi, run_due
 from tests.n8n.support import N8n, node_named, template

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ledger import logs
+from ledger.platform import logs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

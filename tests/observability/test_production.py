@@ -19,8 +19,8 @@ import pytest
 from cryptography.fernet import Fernet
 from django.db import connection
 
-from ledger import services
 from ledger.models import IdempotencyClass
+from ledger.protocol import services
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent

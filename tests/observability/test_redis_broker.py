@@ -34,10 +34,10 @@ from django_q.models import Schedule, Task
 
 from alerts.models import Alert
 from alerts.services import alert_channel_upsert, alert_raise
-from ledger import services
-from ledger.callbacks import tenant_callback_secret
-from ledger.execute import operation_submit
+from ledger.execution.attempts import operation_submit
 from ledger.models import IdempotencyClass, Operation, OperationStatus
+from ledger.protocol import services
+from ledger.protocol.callbacks import tenant_callback_secret
 from observability.scheduler import SWEEP_FUNC, scheduler_ages
 from tests.dlq.sinks import Sink
 from tests.observability.support import allow_outbound, current_outbound_rules

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from ledger import objects, services, uploads
+from ledger.execution import objects, uploads
 from ledger.models import Operation, OperationOutput, Provider, Tenant, Upload
+from ledger.protocol import services
 from review import erasure
 from review.models import AccessLog
 from review.subjects import erasure_summary, subject_resolve

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from ledger import adapters
-from ledger.execute import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operation_submit, operations_take
 from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus
-from ledger.services import provider_upsert
+from ledger.protocol.services import provider_upsert
+from ledger.providers import adapters
 from review import erasure
 from review.subjects import subject_resolve
 from tests.execute.support import make_due, run_due

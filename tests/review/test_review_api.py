@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from ledger import services
 from ledger.models import AttemptOutcome, IdempotencyClass, OperationStatus
-from ledger.sweeper import sweep
+from ledger.protocol import services
+from ledger.recovery.sweeper import sweep
 from tests.ledger.support import assert_problem, attempts_of, events_of, expire_lease
 
 S = OperationStatus

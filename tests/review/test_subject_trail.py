@@ -18,9 +18,11 @@ from django.db import connection
 from django.utils import timezone
 
 from dlq.models import FailedEvent
-from ledger import crypto, objects, services
-from ledger.errors import ValidationFailed
+from ledger.execution import objects
 from ledger.models import Operation, Tombstone
+from ledger.platform import crypto
+from ledger.platform.errors import ValidationFailed
+from ledger.protocol import services
 from review import erasure
 from review.models import AccessLog, ErasureRun, ErasureState, RetentionPolicy, SubjectIndex
 from review.retention import retention_purge_tenant

@@ -17,8 +17,10 @@ from django.utils import timezone
 
 from dlq import services as dlq_services
 from dlq.models import FailedEvent
-from ledger import crypto, objects, services
+from ledger.execution import objects
 from ledger.models import ErrorClass, Operation, OperationOutput, Tenant, bytes_to_sealed
+from ledger.platform import crypto
+from ledger.protocol import services
 from review import privacy
 from review.models import RetentionPolicy
 from review.retention import retention_purge_tenant

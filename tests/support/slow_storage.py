@@ -1,5 +1,5 @@
 """A storage backend that stops a process at a chosen instant: after an output passed its
-checks and before it is published (``ledger.outputs`` writes the objects storage, then the
+checks and before it is published (``ledger.execution.outputs`` writes the objects storage, then the
 row). Configured in a worker child process through ``OBJECT_STORAGE_BACKEND`` /
 ``OBJECT_STORAGE_OPTIONS`` like any Django storage, so the kill lands on the real code path."""
 

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from django.db.models import F
 
-from ledger import services
-from ledger.execute import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operation_submit, operations_take
 from ledger.models import Attempt, IdempotencyClass, Operation, OperationStatus, Provider
-from ledger.sweeper import sweep
+from ledger.protocol import services
+from ledger.recovery.sweeper import sweep
 
 S = OperationStatus
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""One bad row never stops a sweeper pass (ledger.passes): a row whose key is not ASCII
+"""One bad row never stops a sweeper pass (ledger.platform.passes): a row whose key is not ASCII
 (stored past the key rule) is looked up with its key encoded, a row whose lookup raises
 records the error and backs off, and another tenant's stale row is reconciled in the same
 pass. Before, the first such row raised UnicodeEncodeError and every pass failed, for every
@@ -15,10 +15,11 @@ import pytest
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from ledger import services, sweeper
 from ledger.models import IdempotencyClass, Operation, OperationStatus
-from ledger.passes import JOBS
-from ledger.sweeper import sweep
+from ledger.platform.passes import JOBS
+from ledger.protocol import services
+from ledger.recovery import sweeper
+from ledger.recovery.sweeper import sweep
 from tests.ledger.support import expire_lease
 from tests.support.loopback import LoopbackServer, QuietHandler
 

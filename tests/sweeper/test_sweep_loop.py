@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledger import services
 from ledger.management.commands import sweep as sweep_command
 from ledger.models import IdempotencyClass, Operation, OperationStatus
-from ledger.sweeper import SweepReport
+from ledger.protocol import services
+from ledger.recovery.sweeper import SweepReport
 from tests.ledger.support import expire_lease
 
 S = OperationStatus

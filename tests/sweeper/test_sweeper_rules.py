@@ -7,9 +7,16 @@ from typing import Any
 import pytest
 
 from dlq.models import FailedEvent
-from ledger import services, sql
 from ledger.models import AttemptOutcome, IdempotencyClass, Operation, OperationMode, OperationStatus
-from ledger.sweeper import alert_stuck, expire_abandoned_retries, reconcile_uncertain, sweep, sweep_expired_leases
+from ledger.protocol import services
+from ledger.recovery.sweeper import (
+    alert_stuck,
+    expire_abandoned_retries,
+    reconcile_uncertain,
+    sweep,
+    sweep_expired_leases,
+)
+from ledger.store import sql
 from tests.ledger.support import attempts_of, events_of, expire_lease
 
 S = OperationStatus

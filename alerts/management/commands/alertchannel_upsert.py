@@ -6,9 +6,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from alerts import services
 from alerts.models import AlertChannelKind
-from ledger.config_changes import cli_actor
-from ledger.errors import DomainError
 from ledger.models import Tenant
+from ledger.platform.errors import DomainError
+from ledger.tenants.config_changes import cli_actor
 
 
 class Command(BaseCommand):
@@ -26,7 +26,7 @@ class Command(BaseCommand):
         if tenant is None:
             raise CommandError(f"No tenant {options['tenant']!r}.")
         kinds = [k.strip() for k in options["kinds"].split(",") if k.strip()] if options.get("kinds") else None
-        # The URL must pass the outbound policy (ledger.outbound): refused with the reason.
+        # The URL must pass the outbound policy (ledger.rules.outbound): refused with the reason.
         try:
             channel = services.alert_channel_upsert(
                 tenant=tenant,

@@ -1,6 +1,6 @@
 """One date format for the whole console: ISO order, seconds and the zone (see settings
 FORMAT_MODULE_PATH). Relative ages ("12 min ago") carry this exact time on hover
-(ledger.display)."""
+(ledger.web.display)."""
 
 DATETIME_FORMAT = "Y-m-d H:i:s T"
 SHORT_DATETIME_FORMAT = "Y-m-d H:i:s T"

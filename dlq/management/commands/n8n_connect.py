@@ -14,9 +14,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dlq import services
-from ledger.config_changes import cli_actor
-from ledger.errors import DomainError
 from ledger.models import Tenant
+from ledger.platform.errors import DomainError
+from ledger.tenants.config_changes import cli_actor
 
 
 class Command(BaseCommand):

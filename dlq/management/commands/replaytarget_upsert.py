@@ -7,9 +7,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dlq import services
 from dlq.models import ReplayAck, ReplayTarget
-from ledger.config_changes import cli_actor
-from ledger.errors import DomainError
 from ledger.models import IdempotencyClass, Tenant
+from ledger.platform.errors import DomainError
+from ledger.tenants.config_changes import cli_actor
 
 
 class Command(BaseCommand):
@@ -61,7 +61,7 @@ class Command(BaseCommand):
                 " refuse a second effect of the same key?"
             )
         credential = sys.stdin.readline().strip() if options["credential_stdin"] else None
-        # The URLs must pass the outbound policy (ledger.outbound) and be https unless on this
+        # The URLs must pass the outbound policy (ledger.rules.outbound) and be https unless on this
         # machine: refused with the reason.
         try:
             target = services.replay_target_upsert(

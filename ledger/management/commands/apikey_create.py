@@ -6,10 +6,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ledger import services
-from ledger.config_changes import cli_actor
-from ledger.errors import DomainError
 from ledger.models import Tenant
+from ledger.platform.errors import DomainError
+from ledger.protocol import services
+from ledger.tenants.config_changes import cli_actor
 
 
 class Command(BaseCommand):

@@ -8,9 +8,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
-from ledger import env, outbound, prompts, services
 from ledger.models import IdempotencyClass, Tenant
-from ledger.secret_files import write_secret_file
+from ledger.platform import env
+from ledger.platform.secret_files import write_secret_file
+from ledger.protocol import services
+from ledger.providers import prompts
+from ledger.rules import outbound
 
 CREDENTIALS = Path(settings.VAR_DIR) / "credentials.txt"
 

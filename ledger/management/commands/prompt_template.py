@@ -4,10 +4,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import prompts
-from ledger.config_changes import cli_actor
-from ledger.errors import DomainError
 from ledger.models import PromptTemplate, Tenant
+from ledger.platform.errors import DomainError
+from ledger.providers import prompts
+from ledger.tenants.config_changes import cli_actor
 
 
 class Command(BaseCommand):

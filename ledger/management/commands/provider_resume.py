@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.models import Provider
-from ledger.services import provider_resume
+from ledger.protocol.services import provider_resume
 
 
 class Command(BaseCommand):

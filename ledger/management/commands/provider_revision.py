@@ -1,5 +1,5 @@
 """``manage.py provider_revision``: a provider's adapter revisions, and the rollout moves an
-operator makes by hand (ledger.canary), recorded with the operating-system account as actor."""
+operator makes by hand (ledger.providers.canary), recorded with the operating-system account as actor."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import canary
-from ledger.config_changes import cli_actor
-from ledger.errors import DomainError
 from ledger.models import Provider, ProviderKind
+from ledger.platform.errors import DomainError
+from ledger.providers import canary
+from ledger.tenants.config_changes import cli_actor
 
 
 class Command(BaseCommand):

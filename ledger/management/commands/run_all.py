@@ -17,9 +17,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import env, local_env
 from ledger.management.commands.bootstrap_demo import demo_outbound_rules
-from ledger.secret_files import read_or_create_secret_file
+from ledger.platform import env, local_env
+from ledger.platform.secret_files import read_or_create_secret_file
 
 
 class Command(BaseCommand):
@@ -34,7 +34,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         demo = env.read("DEMO")
         # The demo's settings come from this start's environment, never from the previous
-        # run's var/local.env (ledger.local_env): this run writes that file afresh below.
+        # run's var/local.env (ledger.platform.local_env): this run writes that file afresh below.
         base = int(_from_environment("DEMO_PORT_BASE") or "8010")
         os.environ["DEMO_PORT_BASE"] = str(base)
         call_command("bootstrap_demo")
@@ -80,7 +80,7 @@ class Command(BaseCommand):
             # with curl.
             local["DEMO_PORT_BASE"] = str(base)
             # The workers may reach exactly these loopback ports, besides what the
-            # deployment's own OUTBOUND_ALLOW says (ledger.outbound refuses loopback otherwise).
+            # deployment's own OUTBOUND_ALLOW says (ledger.rules.outbound refuses loopback otherwise).
             os.environ["DEMO_OUTBOUND_ALLOW"] = local["DEMO_OUTBOUND_ALLOW"] = ",".join(demo_outbound_rules(base))
             for name, mode, port_ in (("enforced", "enforced", base), ("advisory", "advisory", base + 2)):
                 commands[f"mock-{name}"] = [python, "manage.py", "mockprovider", "--port", str(port_), "--mode", mode]
@@ -122,7 +122,7 @@ class Command(BaseCommand):
         # demo's allowance under DEMO=0) is not passed on to the children.
         for name in settings.LOCAL_ENV_FROM_FILE - local.keys():
             os.environ.pop(name, None)
-        # Every manage.py command of this checkout reads these (ledger.local_env), so a README
+        # Every manage.py command of this checkout reads these (ledger.platform.local_env), so a README
         # block in a second terminal works without this process's environment.
         (Path(settings.VAR_DIR) / local_env.FILE_NAME).write_text(local_env.render(local))
         # Where the token is, never the token itself (the terminal's scrollback is kept).

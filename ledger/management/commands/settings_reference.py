@@ -6,13 +6,13 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import env
+from ledger.platform import env
 
 REFERENCE = Path(settings.BASE_DIR) / "docs" / "reference" / "settings.md"
 
 
 class Command(BaseCommand):
-    help = "Write docs/reference/settings.md from the settings table (ledger.env); --check only compares."
+    help = "Write docs/reference/settings.md from the settings table (ledger.platform.env); --check only compares."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--check", action="store_true", help="fail when the page is not the table's")

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
-from ledger.sweeper import sweep
+from ledger.recovery.sweeper import sweep
 
 log = logging.getLogger("onceguard.sweeper")
 

@@ -4,11 +4,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger.callbacks import callback_secret_summary, tenant_callback_secret
-from ledger.config_changes import cli_actor
-from ledger.errors import DomainError
 from ledger.models import Tenant
-from ledger.services import tenant_update
+from ledger.platform.errors import DomainError
+from ledger.protocol.callbacks import callback_secret_summary, tenant_callback_secret
+from ledger.protocol.services import tenant_update
+from ledger.tenants.config_changes import cli_actor
 
 
 class Command(BaseCommand):

@@ -4,10 +4,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import services
-from ledger.config_changes import cli_actor
-from ledger.errors import DomainError
-from ledger.provider_checks import secret_env_names
+from ledger.platform.errors import DomainError
+from ledger.protocol import services
+from ledger.rules.provider_checks import secret_env_names
+from ledger.tenants.config_changes import cli_actor
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ledger.worker import Worker
+from ledger.execution.worker import Worker
 
 
 class Command(BaseCommand):

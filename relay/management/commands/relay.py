@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledger import env
+from ledger.platform import env
 from relay.fault_relay import MODES, RelayConfigError, make_relay
 from relay.management.commands._serve import check_host, serve_until_stopped
 

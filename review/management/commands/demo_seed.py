@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ledger import env
+from ledger.platform import env
 from review.demo import database_is_empty, demo_seed
 
 

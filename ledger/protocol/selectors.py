@@ -1,0 +1,304 @@
+"""Reads shared by the API and the console."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, F, Func, Q, QuerySet, TextField
+from django.db.models.lookups import IContains
+
+from ledger.models import (
+    Attempt,
+    AttemptOutcome,
+    Operation,
+    OperationEvent,
+    OperationMode,
+    OperationStatus,
+    Provider,
+    Tenant,
+    WorkflowName,
+)
+from ledger.platform.errors import OperationNotFound
+from ledger.platform.logs import operation_fields
+from ledger.providers.admission import admission_refusals_by_reason
+from ledger.providers.prompts import prompt_template_label
+from ledger.providers.revisions import revision_number
+from ledger.rules import search
+from ledger.store import sql
+
+# Columns of an operation no list answer renders (OperationOutputSerializer).
+LIST_DEFERRED = ("payload", "request", "search_fields", "fingerprint")
+
+
+def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySet[Operation]:
+    """A tenant's operations; ``match`` are `path:value` filters on OPERATION_SEARCH_PATHS.
+
+    Only what the list renders is read: the provider's slug comes from a per-process cache
+    (``provider_slug``), and the sealed payload and request, the fingerprint and the search
+    values are never shown — a 500-row page spent a third of its time building provider rows
+    and decoding those columns. The validated output (one row or none) is joined."""
+    rows = Operation.objects.filter(tenant=tenant).select_related("output").defer(*LIST_DEFERRED)
+    if match:
+        rows = search.filter_match(rows, search.parse_match(match, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]))
+    return rows
+
+
+# Written once (at the claim or the sent marker), so their trigram index (migration
+# ledger.0028, PostgreSQL) costs a claim, never a completion.
+OPERATION_SUBSTRING_FIELDS = ("key", "reconciliation_handle", "execution_id", "correlation_id")
+SEARCH_SEPARATOR = "\x01"
+
+
+class SearchText(Func):
+    """The columns joined by chr(1): ``op_search_trgm``'s expression under ``icontains``
+    (PostgreSQL; migration 0028 spells it out, and a test holds the search's plan to it)."""
+
+    arg_joiner = " || chr(1) || "
+    template = "(%(expressions)s)"
+    output_field = TextField()
+
+
+def operation_search(
+    rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None = None
+) -> QuerySet[Operation]:
+    """Rows matching ``text``: a case-insensitive substring of the key, reconciliation
+    handle, execution or correlation id, of a name of the row's workflow, or of the error
+    text of one of its failures (``operations_failed_with``); the provider ref exactly or by
+    prefix (it is written at completion, so it gets no trigram index); the
+    row's id. Plain LIKE on SQLite; on PostgreSQL every arm of the OR has its index (trigram
+    GIN, the provider ref's pattern-ops btree, the primary key, the tenant's workflow ids), so
+    it stays an index scan at a million rows.
+
+    A whole key of one of ``tenant_ids``' operations (None: every tenant's) finds that
+    operation and nothing else, through the unique (tenant, key) index: a substring search
+    for a whole key reads the trigram entries of every key sharing its common parts (a
+    quarter of a second per query at ten million rows)."""
+    text = (text or "").strip()
+    if not text:
+        return rows
+    exact = _whole_key(rows, text, tenant_ids=tenant_ids)
+    if exact is not None:
+        return exact
+    found = Q(provider_ref__startswith=text) & ~Q(provider_ref="")
+    if text.isdigit() and len(text) <= 18:
+        found |= Q(pk=int(text))
+    if connection.vendor == "postgresql" and SEARCH_SEPARATOR not in text:
+        # The four columns joined, as op_search_trgm indexes them (migration 0028): one trigram
+        # index and one bitmap instead of four; a match cannot span two columns (the separator
+        # is not in the text).
+        found |= Q(IContains(SearchText(*OPERATION_SUBSTRING_FIELDS), text))
+    else:
+        for field in OPERATION_SUBSTRING_FIELDS:
+            found |= Q(**{f"{field}__icontains": text}) & ~Q(**{field: ""})
+    named = workflows_named(text)
+    if named is not None:
+        found |= named
+    if ERROR_SEARCH_MIN <= len(text) <= ERROR_SEARCH_MAX:
+        # Newest first by an expression no index serves: walking the event's operation index
+        # backwards hoping for a rare match under the LIMIT is the plan this rules out.
+        newest = (F("operation_id") + 0).desc()
+        failed = operations_failed_with(text, tenant_ids=tenant_ids).order_by(newest)
+        ids = list(dict.fromkeys(failed.values_list("operation_id", flat=True)[:MATCHED_ERRORS_MAX]))
+        if ids:
+            found |= Q(pk__in=ids)
+    return rows.filter(found)
+
+
+# The states a failure moves an operation to; the event of that move holds the error text in
+# its reason. Migration 0035's partial trigram index holds exactly these events' reasons.
+ERROR_EVENT_STATES = (
+    OperationStatus.RETRY_WAIT,
+    OperationStatus.FAILED,
+    OperationStatus.UNCERTAIN,
+    OperationStatus.REVIEW,
+)
+# A search arm's error matches, newest operations first: the ids go to the database as a list
+# (an OR with a sub-select would read every operation), so beyond this the oldest are left out.
+MATCHED_ERRORS_MAX = 500
+# A trigram index narrows nothing for a shorter text (it holds no trigram): it would read the
+# whole index. Error text is searched from three characters on (the API says so too).
+ERROR_SEARCH_MIN = 3
+# The event's reason column holds at most this: a longer text matches nothing.
+ERROR_SEARCH_MAX = OperationEvent._meta.get_field("reason").max_length or 500
+
+
+def operations_failed_with(text: str, *, tenant_ids: list[int] | None = None) -> QuerySet[OperationEvent]:
+    """Failure events whose error text holds ``text`` (any case); their ``operation_id`` names
+    the operation. Read from the append-only events, never from the
+    operation's ``last_error`` (a completion rewrites that; an index on it would cost every
+    completion): trigram GIN on PostgreSQL (migration 0035), LIKE on SQLite. ``tenant_ids``
+    (None: every tenant's) bind the event's tenant column, as Citus routes by it."""
+    rows = OperationEvent.objects.filter(to_status__in=ERROR_EVENT_STATES, reason__icontains=text)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=tenant_ids)
+    return rows
+
+
+def _whole_key(rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None) -> QuerySet[Operation] | None:
+    """``rows`` whose key is ``text`` when an operation of ``tenant_ids`` has that key (the
+    tenants spelled out, so the unique index's leading column is bound); else None."""
+    if len(text) > Operation._meta.get_field("key").max_length:
+        return None
+    if tenant_ids is None:
+        tenant_ids = list(Tenant.objects.values_list("pk", flat=True))
+    if not Operation.objects.filter(tenant_id__in=tenant_ids, key=text).exists():
+        return None
+    return rows.filter(tenant_id__in=tenant_ids, key=text)
+
+
+# A name search matching more workflows than this is not narrowing anything; the ids beyond
+# it are left out rather than sent to the database as an ever longer list.
+MATCHED_WORKFLOWS_MAX = 500
+
+
+def workflows_named(text: str) -> Q | None:
+    """Operations whose workflow was ever named with ``text`` in it (any case), as a filter;
+    None when no workflow is. One query on the names (WorkflowName, trigram index on
+    PostgreSQL), then a match on (tenant, workflow id), which the operation's partial index
+    serves: the ids are matched within their tenant, never across tenants."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    pairs = (
+        WorkflowName.objects.filter(name__icontains=text)
+        .order_by("tenant_id", "workflow_id")
+        .values_list("tenant_id", "workflow_id")
+        .distinct()[:MATCHED_WORKFLOWS_MAX]
+    )
+    by_tenant: dict[int, list[str]] = {}
+    for tenant_id, workflow_id in pairs:
+        by_tenant.setdefault(tenant_id, []).append(workflow_id)
+    found: Q | None = None
+    for tenant_id, workflow_ids in by_tenant.items():
+        # "<> ''" as on the other arms: the operation's index is partial.
+        arm = Q(tenant_id=tenant_id, workflow_id__in=workflow_ids) & ~Q(workflow_id="")
+        found = arm if found is None else found | arm
+    return found
+
+
+def operation_get(*, tenant: Tenant, operation_id: int) -> Operation:
+    op = Operation.objects.filter(tenant=tenant, pk=operation_id).select_related("provider").first()
+    if op is None:
+        raise OperationNotFound("No such operation.")
+    return op
+
+
+# --- Runs ---------------------------------------------------------------------------------------
+
+
+def run_of(*, run: str, correlation_id: str) -> str:
+    """The run an operation belongs to: the explicit run id sent with it, else its correlation
+    id (which stays the same across n8n retries and re-executions). Only an explicit run id is
+    stored in ``run``; this is the one place that says the correlation id stands in for it."""
+    return run or correlation_id
+
+
+def run_operations(*, tenant_id: int, run: str) -> QuerySet[Operation]:
+    """The steps of a run, in order: operations sent with this run id, and those sent without
+    one whose correlation id it is; by step (steps without an ordinal last), then creation.
+    Served by the partial indexes on (tenant, run, step) and on the correlation id."""
+    if not run:
+        return Operation.objects.none()
+    return (
+        Operation.objects.filter(tenant_id=tenant_id)
+        .filter(Q(run=run) | Q(run="", correlation_id=run))
+        .select_related("provider")
+        .order_by(F("step").asc(nulls_last=True), "id")
+    )
+
+
+def operation_newest_in_lineage(op: Operation) -> Operation:
+    """The operation whose outcome ``op``'s key answers with: itself, or, when replays
+    superseded it, the newest replay (a claim of the key, its tombstone)."""
+    seen = {op.pk}
+    current = op
+    while current.superseded_by_id and current.superseded_by_id not in seen:
+        nxt = Operation.objects.filter(pk=current.superseded_by_id).first()
+        if nxt is None:
+            break
+        seen.add(nxt.pk)
+        current = nxt
+    return current
+
+
+_PROVIDER_SLUGS: dict[int, str] = {}
+
+
+def provider_slug(provider_id: int | None) -> str | None:
+    """Provider slugs never change once created (upserts key on them), so cache per process."""
+    if provider_id is None:
+        return None
+    slug = _PROVIDER_SLUGS.get(provider_id)
+    if slug is None:
+        slug = Provider.objects.filter(pk=provider_id).values_list("slug", flat=True).first()
+        if slug is not None:
+            _PROVIDER_SLUGS[provider_id] = slug
+    return slug
+
+
+# --- Execute-mode metrics (exposed at /metrics by the observability work) ------------------
+
+
+def metrics_admissions_refused_by_reason() -> dict[str, int]:
+    """Refused execute-mode admissions since the start, by reason code (zeros included)."""
+    return admission_refusals_by_reason()
+
+
+def metrics_active_leases() -> int:
+    """Rows held by a live lease right now (workers' and guard callers' attempts)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM ledger_operation WHERE status IN {sql.states_in(OperationStatus.CLAIMED)}"
+            f" AND lease_expires_at > {sql.now()}",
+            [],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def metrics_attempts_by_outcome() -> dict[str, int]:
+    """Every attempt ever made, by outcome (every outcome present, zeros included)."""
+    totals = dict.fromkeys(AttemptOutcome.values, 0)
+    for row in Attempt.objects.values("outcome").annotate(n=Count("id")).order_by():
+        totals[row["outcome"]] = row["n"]
+    return totals
+
+
+def metrics_oldest_eligible_age_seconds() -> float:
+    """How long the oldest operation a worker could take right now has been due: queued or
+    retry_wait, due, its provider neither paused nor throttled. 0 when nothing waits."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT MIN(o.next_attempt_at), {sql.now()} FROM ledger_operation o"
+            " JOIN ledger_provider p ON p.id = o.provider_id"
+            f" WHERE o.status IN {sql.states_in(OperationStatus.QUEUED, OperationStatus.RETRY_WAIT)}"
+            f" AND o.mode = '{OperationMode.EXECUTE}'"
+            f" AND o.next_attempt_at <= {sql.now()} AND p.paused_at IS NULL"
+            f" AND (p.throttled_until IS NULL OR p.throttled_until <= {sql.now()})",
+            [],
+        )
+        oldest, now = cursor.fetchone()
+    if oldest is None:
+        return 0.0
+    oldest_dt, now_dt = sql.to_datetime(oldest), sql.to_datetime(now)
+    assert oldest_dt is not None and now_dt is not None
+    return max(0.0, (now_dt - oldest_dt).total_seconds())
+
+
+def attempt_log_fields(op: Operation, provider: Provider | None = None) -> dict[str, Any]:
+    """The fields of every log line about ``op``'s latest attempt: a poll belongs to the attempt
+    that submitted the job, so its lines name that attempt's adapter revision and prompt
+    template version like the submit's did — also when a webhook, not a worker, runs it, and
+    the sweeper's lines about the attempt (``provider``: its slug; the id without it)."""
+    prompt_id = (
+        Attempt.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk, number=op.attempts)
+        .values_list("prompt_template_id", flat=True)
+        .first()
+    )
+    return operation_fields(
+        op,
+        provider=provider.slug if provider is not None else op.provider_id,
+        adapter_revision=revision_number(op.adapter_revision_id),
+        prompt_template=prompt_template_label(prompt_id),
+    )

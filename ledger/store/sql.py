@@ -1,0 +1,223 @@
+"""The few SQL spellings that differ between PostgreSQL and SQLite, for the raw queries
+outside ``ledger/store/queries.sql`` (metrics, admission counters, tests that move a row's clock).
+
+Every time here is the database's clock, never the app server's. Literal percent signs are
+written ``%%`` because every statement runs with a parameter list.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.exceptions import EmptyResultSet
+from django.db import connection, transaction
+from django.utils.dateparse import parse_datetime
+
+from ledger.models import OperationStatus
+from ledger.platform._adapters import django_private
+
+_STATUS_VALUES = frozenset(OperationStatus.values)
+
+
+def now() -> str:
+    if connection.vendor == "postgresql":
+        return "now()"
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+def now_plus(seconds: float) -> tuple[str, list[Any]]:
+    """SQL for the database's now() + ``seconds``, and its parameter."""
+    if connection.vendor == "postgresql":
+        return "(now() + %s * interval '1 second')", [float(seconds)]
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{float(seconds):+.3f} seconds"]
+
+
+def states_in(*states: str) -> str:
+    """``('queued', 'retry_wait')`` from declared states. Rendered as literals on purpose: a
+    partial index on a state predicate can only serve a query whose states the planner can
+    see, which a parameter of a prepared (generic) plan hides."""
+    for state in states:
+        if state not in _STATUS_VALUES:
+            raise ValueError(f"not a declared operation state: {state!r}")
+    return "(" + ", ".join(f"'{state}'" for state in states) + ")"
+
+
+def dumps(value: Any) -> str | None:
+    """A JSON column's value as text for a raw statement (None stays SQL NULL)."""
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def to_datetime(value: Any) -> datetime | None:
+    """A timestamp from a raw row: PostgreSQL gives aware datetimes, SQLite text in UTC."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    parsed = parse_datetime(value)
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def estimated_rows(queryset: Any) -> int | None:
+    """PostgreSQL's estimate of how many rows ``queryset`` returns, from the tables'
+    statistics (EXPLAIN: planned, not run; about a millisecond); None on SQLite. For counts a
+    page shows as estimates, where an exact count would read every row it counts."""
+    if connection.vendor != "postgresql":
+        return None
+    statement, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {statement}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def capped_counts(querysets: list[Any], cap: int) -> list[int]:
+    """How many rows each of ``querysets`` has, counted up to ``cap + 1`` (the first
+    ``cap + 1`` of its rows: a count past ``cap`` is only "more than"), in one statement: the
+    dashboard's counts per state were one round trip each (fourteen a view). Each
+    queryset is compiled by the ORM and counted in a sub-select of its own, read as it would
+    be alone (``SELECT COUNT(*) FROM (… LIMIT cap + 1)``)."""
+    if not querysets:
+        return []
+    selects, params = [], []
+    for n, queryset in enumerate(querysets):
+        try:
+            statement, own = queryset.order_by().values("pk")[: cap + 1].query.sql_with_params()
+        except EmptyResultSet:
+            # A queryset that can match nothing (``pk__in=[]``: a platform with no tenant yet)
+            # has no SQL: Django would run none for it alone either.
+            selects.append("0")
+            continue
+        selects.append(f"(SELECT COUNT(*) FROM ({statement}) capped_{n})")
+        params += list(own)
+    if all(s == "0" for s in selects):
+        return [0] * len(selects)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(selects), params)
+        return [int(n) for n in cursor.fetchone()]
+
+
+def db_now() -> datetime:
+    """The database's clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {now()}", [])
+        value = cursor.fetchone()[0]
+    result = to_datetime(value)
+    assert result is not None
+    return result
+
+
+# Sequential scans priced out for the rest of the transaction (PostgreSQL's enable_seqscan,
+# transaction-local): see index_plans. The _SAVED forms keep and restore the value a
+# caller's transaction had, for a statement that runs inside someone else's transaction.
+INDEX_PLANS = "SELECT set_config('enable_seqscan', 'off', true)"
+_INDEX_PLANS_SAVED = (
+    "SELECT set_config('onceguard.enable_seqscan', current_setting('enable_seqscan'), true),"
+    " set_config('enable_seqscan', 'off', true)"
+)
+_RESTORE_SAVED = "SELECT set_config('enable_seqscan', current_setting('onceguard.enable_seqscan'), true)"
+
+
+@contextmanager
+def index_plans() -> Iterator[None]:
+    """Plan the statements inside (a transaction's) as if the ledger's tables were large: a
+    sequential scan is taken only where no index can answer (``enable_seqscan = off``,
+    transaction-local: one statement, about 40 µs; a second one to put the caller's value
+    back when the block runs inside a caller's transaction).
+
+    The claim path's statements read one row by key or id. On statistics taken while the
+    tables were empty (a fresh deployment, a restore analyzed before its data) PostgreSQL
+    prices a one-page table's sequential scan below its index, and a prepared statement keeps
+    that plan while the table grows: a fresh deployment ran claims at a third of their speed
+    until autovacuum's statistics and a re-plan caught up (docs/explanation/scale.md). Only here, not on the
+    connection: for lists and joins the same setting made plans worse. Claim-path services
+    enter it first inside their ``transaction.atomic()`` block; a claim-path statement that
+    runs alone goes through ``execute_with_index_plans``.
+    """
+    if connection.vendor != "postgresql" or _index_plans_set():
+        yield
+        return
+    assert connection.in_atomic_block, "index_plans() is for a transaction: enter it inside one"
+    # Only the stack of atomic blocks tells the outermost block from a nested one (a Django
+    # internal: ledger/platform/_adapters/django_private.py has the measurement).
+    nested = django_private.atomic_depth() > 1
+    with connection.cursor() as cursor:
+        # Alone in its transaction the setting ends with the COMMIT; nested, it is put back.
+        cursor.execute(_INDEX_PLANS_SAVED if nested else INDEX_PLANS, [])
+    outer = getattr(_plans, "block", None)
+    # Valid while this atomic block lasts (a rollback to it takes the setting back too).
+    _plans.block = django_private.innermost_atomic_block()
+    try:
+        yield
+    finally:
+        _plans.block = outer
+    if nested:
+        with connection.cursor() as cursor:
+            cursor.execute(_RESTORE_SAVED, [])
+
+
+# The atomic block whose transaction has the setting, per thread (as Django's connections are).
+_plans = threading.local()
+
+
+def _index_plans_set() -> bool:
+    block = getattr(_plans, "block", None)
+    return block is not None and django_private.atomic_block_open(block)
+
+
+def execute_with_index_plans(cursor: Any, statement: str, params: Any) -> None:
+    """Run one claim-path statement planned as ``index_plans`` would, without extra
+    round trips: outside a transaction the setting and the statement go out together in one
+    pipeline, whose implicit transaction ends (and the setting with it) at its sync — no
+    BEGIN and COMMIT. Inside a transaction that set it, the statement just runs; inside one
+    that did not (a caller's own transaction), the setting is taken back after the
+    statement. On SQLite the statement just runs."""
+    if connection.vendor != "postgresql" or _index_plans_set():
+        cursor.execute(statement, params)
+        return
+    raw = connection.connection
+    # Errors surface when the pipeline syncs, outside the cursor's own error wrapping: raised
+    # as Django's all the same (ledger/platform/_adapters/django_private.py).
+    with django_private.database_errors(), raw.pipeline():
+        if not connection.in_atomic_block:
+            cursor.execute(INDEX_PLANS, [])
+            cursor.execute(statement, params)
+        else:
+            raw.execute(_INDEX_PLANS_SAVED)
+            cursor.execute(statement, params)
+            raw.execute(_RESTORE_SAVED)
+
+
+@contextmanager
+def planned_per_call(*, indexed: bool = False) -> Iterator[None]:
+    """Run the reads inside planned for the values of each call (PostgreSQL's
+    ``plan_cache_mode = force_custom_plan``, for this transaction only).
+
+    ``indexed``: also as ``index_plans`` does (sequential scans priced out), for a list
+    whose every filter has an index that serves it in the list's order (the operations API:
+    on a fresh database it is, with claims, what a client calls first). Not for the console's
+    lists: there joins and filters without such an index got worse.
+
+    psycopg prepares a statement after PG_PREPARE_THRESHOLD uses and PostgreSQL may then
+    settle on a generic plan, one that cannot see the parameters: right for the ledger's hot
+    statements, whose best plan is the same for every key, wrong for a list whose filter may
+    match nothing for one tenant and millions for another — there a generic plan can walk the
+    whole table (docs/explanation/scale.md). Lists and console pages run inside this; planning one costs about
+    a millisecond, a wrong generic plan seconds.
+    """
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                if indexed:
+                    cursor.execute(f"{INDEX_PLANS}, set_config('plan_cache_mode', 'force_custom_plan', true)", [])
+                else:
+                    cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan", [])
+        yield

@@ -1,0 +1,323 @@
+"""The base of every console page: a list answers only the lookups it offers (DESIGN §8, *Console lists*).
+
+Django's admin applies any query-string lookup on any field of a model to its list unless told
+otherwise (``?callback_secret__startswith=a`` narrowed the tenants list to those whose secret
+starts with ``a``, one character at a time), and it hands the values of lookups it does not
+understand to the database (``__year=99999``, ``__regex=(``), which answers 500. Here a list
+offers exactly:
+
+- the parameters of its list filters (what each filter itself takes: ``status__exact``,
+  ``tenant__id__exact``, ``created_at__gte``, a SimpleListFilter's ``parameter_name`` …);
+- its date drill-down (``<date_hierarchy>__year``/``__month``/``__day``), years in range;
+- Django's own list parameters: search ``q``, ordering ``o``, page ``p``, ``all``, the
+  popup's ``_popup``/``_to_field``, ``_facets`` and the error flag ``e``.
+
+Anything else is refused with a 400 page before the list is read, and so are values an
+offered lookup cannot take (a page of the list is never filtered by what it did not offer).
+CSV exports read the same change list, so they refuse the same way. Pages that are not
+ModelAdmins (the history pages) call :func:`unoffered_parameters` with their own filters.
+
+``ConsoleAdmin`` and ``ConsoleReadOnlyAdmin`` are the classes every console ModelAdmin
+derives from; the console's site (review.console) mixes ``ConsoleLookupsMixin`` into the
+ModelAdmins of other packages (auth, django-q) when it registers them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import (
+    ALL_VAR,
+    ERROR_FLAG,
+    IS_FACETS_VAR,
+    IS_POPUP_VAR,
+    ORDER_VAR,
+    PAGE_VAR,
+    SEARCH_VAR,
+    TO_FIELD_VAR,
+    ChangeList,
+)
+from django.core.exceptions import ValidationError
+from django.core.paginator import InvalidPage
+from django.db import models
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+
+from ledger.platform.errors import DomainError, LookupNotOffered
+from ledger.platform.storable import EARLIEST, LATEST, json_problem, nul_problem
+
+# Django's own parameters of a change list (never lookups on the model).
+LIST_PARAMETERS = frozenset(
+    {ALL_VAR, ORDER_VAR, SEARCH_VAR, PAGE_VAR, ERROR_FLAG, IS_FACETS_VAR, IS_POPUP_VAR, TO_FIELD_VAR}
+)
+
+# A drill-down year inside the window every stored time lies in (ledger.platform.storable): its
+# bounds, a year later, stay a datetime in every time zone.
+FIRST_YEAR, LAST_YEAR = EARLIEST.year, LATEST.year
+
+
+class ReadOnlyPermissions:
+    """No add, no change, no delete — not even for a superuser: rows only services write
+    (each write leaves its event). The one declaration of it, for every app's console pages,
+    ModelAdmins and inlines alike; viewing stays with the user's view permission."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def drill_down_problem(params: dict[str, list[str]], field: str) -> str | None:
+    """Why the date drill-down's ``<field>__year/__month/__day`` cannot be answered, or None.
+    Django turns them into a range with ``datetime(year + 1, …)``: year 9999 overflows."""
+    year, month, day = (params.get(f"{field}__{part}") for part in ("year", "month", "day"))
+    if year is None:
+        return None
+    try:
+        y = int(year[-1])
+        m = int(month[-1]) if month is not None else 1
+        d = int(day[-1]) if day is not None else 1
+        datetime(y, m, d)
+    except (ValueError, OverflowError):
+        return "The date drill-down takes a year, month and day that exist."
+    if not FIRST_YEAR <= y <= LAST_YEAR:
+        return f"The date drill-down takes years from {FIRST_YEAR} to {LAST_YEAR}."
+    return None
+
+
+def unoffered_parameters(params: Iterable[str], offered: Iterable[str]) -> list[str]:
+    """The names in ``params`` that are neither one of ``offered`` nor Django's own list
+    parameters, sorted (for the history pages, whose filters are their own)."""
+    allowed = LIST_PARAMETERS | set(offered)
+    return sorted(set(params) - allowed)
+
+
+class OfferedLookupsChangeList(ChangeList):
+    """Django's ChangeList, refusing every query-string lookup its filters did not take."""
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        raw = self.get_filters_params()
+        if self.date_hierarchy:
+            problem = drill_down_problem(raw, self.date_hierarchy)
+            if problem is not None:
+                raise LookupNotOffered(problem)
+        result = super().get_filters(request)
+        # What no filter took is left (Django would filter the list by it). The drill-down's
+        # own range (datetimes, not text from the address) is the one thing added there.
+        remaining = result[2]
+        generated = {f"{self.date_hierarchy}__gte", f"{self.date_hierarchy}__lt"} if self.date_hierarchy else set()
+        unoffered = sorted(
+            name
+            for name, values in remaining.items()
+            if not (name in generated and all(isinstance(v, datetime) for v in values))
+        )
+        if unoffered:
+            raise LookupNotOffered(f"This list does not filter by {', '.join(unoffered)[:200]}.")
+        return result
+
+
+class ConsoleLookupsMixin:
+    """A list that answers only the lookups it offers; refusals are a 400 page."""
+
+    onceguard_lookups = True
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return OfferedLookupsChangeList
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        try:
+            return super().get_changelist_instance(request)  # type: ignore[misc]
+        except LookupNotOffered:
+            raise
+        except DisallowedModelAdminLookup as exc:
+            raise LookupNotOffered(f"This list does not offer that lookup: {exc}"[:300]) from exc
+        except IncorrectLookupParameters as exc:
+            # A page past the end: Django's own answer (back to page one), as for any list.
+            if isinstance(exc.__context__, InvalidPage):
+                raise
+            raise LookupNotOffered("A filter of this list was given a value it cannot take.") from exc
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        try:
+            return super().changelist_view(request, extra_context)  # type: ignore[misc]
+        except LookupNotOffered as exc:
+            return lookup_refused_response(request, exc, self.admin_site)  # type: ignore[attr-defined]
+
+
+def lookup_refused_response(request: HttpRequest, exc: LookupNotOffered, site: Any = None) -> HttpResponse:
+    """The console's 400 page for a refused lookup, in the console's look (templates/400.html)."""
+    context: dict[str, Any] = {"title": exc.title, "reason": exc.detail, "code": exc.code}
+    user = getattr(request, "user", None)
+    if site is not None and user is not None and user.is_authenticated and user.is_staff:
+        context.update(site.each_context(request))
+    response = TemplateResponse(request, "400.html", context, status=exc.status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+# Deeper than any configuration a person types (headers, pointers, slots, filters); far below
+# the API's MAX_JSON_DEPTH, so a form and its error page never walk further.
+MAX_FORM_JSON_DEPTH = 32
+# What every reader of a stored number holds (PostgreSQL bigint, n8n's and JavaScript's
+# readers at most lose precision, never overflow).
+MAX_FORM_JSON_INT = 2**63 - 1
+
+
+class _NotJson(str):
+    """Text typed into a JSON box that is not a value the service can store: shown back as typed."""
+
+
+def _number_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def form_json_problem(value: Any) -> str | None:
+    """Why a JSON value typed into a console form cannot be stored, or None: non-finite numbers
+    (``NaN``, ``Infinity``, ``1e309``), integers past 64 bits, NUL, lone surrogates, nesting
+    deeper than MAX_FORM_JSON_DEPTH. Walked without recursion."""
+    problem = json_problem(value) or nul_problem(value)
+    if problem is not None:
+        return problem
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_FORM_JSON_DEPTH:
+                return f"JSON nested deeper than {MAX_FORM_JSON_DEPTH} levels."
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_FORM_JSON_INT:
+            return "JSON integers must fit in 64 bits."
+    return None
+
+
+class ConsoleJSONField(forms.JSONField):
+    """Django's JSON form field, refusing as form errors what it would pass on to fail later
+    (a 500): ``NaN``/``Infinity`` and ``1e309`` (which ``json.loads`` accepts), integers too
+    long to parse or store, nesting deep enough to exhaust the parser (form_json_problem)."""
+
+    @staticmethod
+    def _loads(text: str) -> Any:
+        try:
+            value = json.loads(text, parse_constant=_number_constant)
+        except (ValueError, RecursionError):
+            # JSONDecodeError, a constant above, the interpreter's 4,300-digit cap on integers.
+            return _NotJson(text)
+        return _NotJson(text) if form_json_problem(value) is not None else value
+
+    def to_python(self, value: Any) -> Any:
+        if self.disabled or value in self.empty_values or not isinstance(value, str):
+            return super().to_python(value)
+        try:
+            value = json.loads(value, parse_constant=_number_constant)
+        except RecursionError:
+            raise ValidationError(f"JSON nested deeper than {MAX_FORM_JSON_DEPTH} levels.", code="invalid") from None
+        except ValueError as exc:
+            message = "Enter a valid JSON (numbers finite, integers of at most 64 bits)."
+            raise ValidationError(message, code="invalid", params={"value": str(exc)[:80]}) from None
+        problem = form_json_problem(value)
+        if problem is not None:
+            raise ValidationError(problem, code="invalid")
+        return value
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # Django re-parses what was typed to render it back; a value it cannot hold is shown as typed.
+        if self.disabled:
+            return initial
+        if data is None:
+            return None
+        loaded = self._loads(data)
+        return forms.fields.InvalidJSONInput(data) if isinstance(loaded, _NotJson) else loaded
+
+
+class ConsoleAdmin(ConsoleLookupsMixin, admin.ModelAdmin):
+    """The base of every console ModelAdmin (module docstring)."""
+
+    def formfield_for_dbfield(self, db_field: models.Field, request: HttpRequest, **kwargs: Any) -> Any:
+        # JSON typed into a console form is checked for what storing and showing it needs.
+        if isinstance(db_field, models.JSONField):
+            kwargs.setdefault("form_class", ConsoleJSONField)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+
+class ConsoleReadOnlyAdmin(ReadOnlyPermissions, ConsoleAdmin):
+    """A console page over rows only services write: no add, change, delete or bulk delete."""
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+
+class ServiceSaveAdmin(ConsoleAdmin):
+    """A console page whose saves go through the object's configuration service (ADR 0006):
+    ``save_model`` calls the same function the management command and the API call, which
+    checks, seals, writes and records the ConfigChange row in one transaction. The console's
+    own trail mixin (review.changes) therefore records nothing for these saves; deletes it
+    still records.
+
+    The form shows the service's refusals as field errors before anything is written (its
+    ``clean`` runs the same checks); a refusal the service raises only at save time (a row
+    changed between the form's check and the save) rolls the whole save back and is shown as
+    the page's message — never a 500."""
+
+    config_change_by_service = True
+    # The fields the service finds a row by (tenant and slug or name): read-only once the row
+    # exists, since a rename through the service would make a second object.
+    service_keys: tuple[str, ...] = ()
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))
+        if obj is None:
+            return fields
+        return [*(key for key in self.service_keys if key not in fields), *fields]
+
+    @staticmethod
+    def actor_of(request: HttpRequest) -> str:
+        return f"user:{request.user.get_username()}"
+
+    @staticmethod
+    def adopt(obj: models.Model, saved: models.Model) -> None:
+        """After ``save_model`` called the service: the admin's log entry, message and
+        redirect name the row the service wrote."""
+        obj.pk = saved.pk
+        obj.refresh_from_db()
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except DomainError as exc:
+            # The admin's own atomic block has rolled the save back by now.
+            messages.error(request, f"Nothing changed: {exc.detail}")
+            return HttpResponseRedirect(request.get_full_path())
+
+
+__all__ = [
+    "ConsoleAdmin",
+    "ConsoleJSONField",
+    "ConsoleLookupsMixin",
+    "ConsoleReadOnlyAdmin",
+    "LookupNotOffered",
+    "OfferedLookupsChangeList",
+    "ReadOnlyPermissions",
+    "ServiceSaveAdmin",
+    "drill_down_problem",
+    "lookup_refused_response",
+    "unoffered_parameters",
+]

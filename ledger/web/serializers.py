@@ -1,0 +1,362 @@
+"""Input and output shapes of the ledger API. No logic beyond shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from ledger.models import REPORTED_ERROR_CLASSES
+from ledger.platform.storable import MAX_DURATION_SECONDS, nul_problem
+from ledger.providers import prompts, revisions
+
+
+def no_nul_characters(value: Any) -> None:
+    """PostgreSQL stores neither U+0000 in jsonb nor NUL in text: refuse it as input (a 400),
+    on every database, instead of failing at the INSERT (a 500)."""
+    problem = nul_problem(value)
+    if problem is not None:
+        raise serializers.ValidationError(problem)
+
+
+# The integer columns of runs and versions (ledger.protocol.services.MAX_VERSION).
+MAX_ORDINAL = 2**31 - 1
+
+
+def optional_text(
+    max_length: int, *, trim_whitespace: bool = True, help_text: str | None = None
+) -> serializers.CharField:
+    """An optional text field that reads as "" when absent."""
+    return serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=trim_whitespace,
+        max_length=max_length,
+        default="",
+        help_text=help_text,
+    )
+
+
+def optional_ordinal(help_text: str) -> serializers.IntegerField:
+    """An optional whole number from 0 to the integer columns' largest value, None when absent."""
+    return serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=MAX_ORDINAL, help_text=help_text
+    )
+
+
+def optional_json() -> serializers.JSONField:
+    return serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
+
+
+class OperationInputMixin(serializers.Serializer):
+    """Fields a claim and a submission share: the key (or the parts of a versioned key, sent
+    instead of it: the key becomes `{record}:{action}:v{version}`), the provider and action,
+    where the operation comes from, and the run it belongs to."""
+
+    run = optional_text(
+        255,
+        trim_whitespace=False,
+        help_text="The run (business transaction) this operation is a step of; empty: its correlation_id is the run.",
+    )
+    step = optional_ordinal(
+        "Ordinal of this step within its run (optional; otherwise steps are ordered by creation).",
+    )
+    record = optional_text(
+        200,
+        trim_whitespace=False,
+        help_text="With `action` and `version`, instead of `key`: the key is `{record}:{action}:v{version}`.",
+    )
+    version = optional_ordinal(
+        "The record's version (newer = larger); a newer one abandons older queued/retry_wait versions.",
+    )
+    key = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=10_000)
+    provider = serializers.SlugField(max_length=63)
+    action = optional_text(100)
+    payload = optional_json()
+    reconciliation_handle = optional_text(255)
+    execution_id = optional_text(255)
+    workflow_id = optional_text(255)
+    workflow_name = optional_text(
+        255,
+        help_text="The workflow's name (n8n: `$workflow.name`), with `workflow_id`: kept once per name, so"
+        " operations are found by it (console search, `?workflow_name=`).",
+    )
+    workflow_version = optional_text(100)
+    correlation_id = optional_text(255)
+
+
+class ClaimInputSerializer(OperationInputMixin):
+    request = optional_json()
+    lease_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0)
+    uses_sent_marker = serializers.BooleanField(required=False, default=False)
+
+
+class SubmitInputSerializer(OperationInputMixin):
+    """POST /api/v1/operations: the provider-neutral envelope (execute mode)."""
+
+    # method/path/query/headers/body; validated against the provider by the service.
+    request = serializers.JSONField(
+        required=False,
+        default=None,
+        validators=[no_nul_characters],
+        help_text="For a provider without an intent schema: method, path (below its base URL), query, headers"
+        " (its forward_headers only), body.",
+    )
+    intent = serializers.JSONField(
+        required=False,
+        default=None,
+        validators=[no_nul_characters],
+        help_text="For a provider with an intent schema (instead of `request`): its declared fields, e.g."
+        ' {"preset_id": "studio", "aspect_class": "square", "source_key": "up_…", "source_sha256": "…",'
+        ' "description": "…"}. Unknown fields and values are refused (400 intent_unknown_field,'
+        " intent_value_not_allowed); the adapter revision's request template translates it when sent.",
+    )
+    deadline_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001)
+    callback_url = optional_text(1000, trim_whitespace=False)
+
+
+class LeaseTokenSerializer(serializers.Serializer):
+    lease_token = serializers.CharField(max_length=64)
+
+
+class SentInputSerializer(LeaseTokenSerializer):
+    reconciliation_handle = optional_text(255)
+
+
+class HeartbeatInputSerializer(LeaseTokenSerializer):
+    lease_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0)
+
+
+class CompleteInputSerializer(LeaseTokenSerializer):
+    provider_ref = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    response = serializers.JSONField(required=False, allow_null=True, default=None, validators=[no_nul_characters])
+    response_status = serializers.IntegerField(
+        required=False, allow_null=True, default=200, min_value=100, max_value=599
+    )
+
+
+class FailInputSerializer(LeaseTokenSerializer):
+    error_class = serializers.ChoiceField(
+        choices=[(c.value, c.label) for c in REPORTED_ERROR_CLASSES],
+        help_text="required. After the sent marker (`/sent`) the effect may have happened: send `ambiguous`"
+        " (reconciled or reviewed by the provider's class) unless you know it was not sent; `transient` only"
+        " when it was refused before acting (it is retried: after a send, a second effect).",
+    )
+    message = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
+    response_status = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=100, max_value=599
+    )
+    retry_after_seconds = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_SECONDS
+    )
+
+
+class RolloutReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, help_text="Why: recorded with the move in the configuration trail.")
+
+
+class CanaryInputSerializer(RolloutReasonSerializer):
+    percent = serializers.IntegerField(min_value=1, max_value=100, help_text="Share of new operations, 1–100.")
+
+
+class RolloutMoveInputSerializer(RolloutReasonSerializer):
+    number = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        allow_null=True,
+        help_text="The revision that becomes stable. Promote: default the canary. Roll back: with a canary running"
+        " leave it out (the canary ends); without one it is required (the revision to return to).",
+    )
+
+
+class AdapterRevisionOutputSerializer(serializers.Serializer):
+    number = serializers.IntegerField()
+    based_on = serializers.IntegerField(allow_null=True)
+    config = serializers.DictField(help_text="The adapter fields of this revision (never a credential).")
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    reason = serializers.CharField()
+    role = serializers.CharField(help_text="stable, canary or retired")
+
+
+class WatchFiguresSerializer(serializers.Serializer):
+    canary_revision = serializers.IntegerField()
+    stable_revision = serializers.IntegerField(allow_null=True)
+    since = serializers.DateTimeField()
+    window_seconds = serializers.IntegerField()
+    canary_attempts = serializers.IntegerField()
+    canary_failures = serializers.IntegerField()
+    canary_failure_rate = serializers.FloatField()
+    stable_attempts = serializers.IntegerField()
+    stable_failures = serializers.IntegerField()
+    stable_failure_rate = serializers.FloatField()
+    min_sample = serializers.IntegerField()
+    max_excess_percent = serializers.FloatField()
+    verdict = serializers.CharField(help_text="collecting (below the minimum sample), healthy or failing")
+
+
+class ProviderCapsSerializer(serializers.Serializer):
+    max_in_flight = serializers.IntegerField(allow_null=True, help_text="Most calls at once; null = no cap.")
+    in_flight = serializers.IntegerField(help_text="Calls in flight now, over every worker.")
+    rate_limit = serializers.IntegerField(allow_null=True, help_text="Most calls per rate period; null = no rate.")
+    rate_period_seconds = serializers.IntegerField()
+    rate_burst = serializers.IntegerField()
+    effective_rate = serializers.FloatField(
+        allow_null=True,
+        help_text="Calls per rate period the workers allow now: the declared rate, or less after a 429"
+        " (halved, climbing back while quiet).",
+    )
+    rate_lowered = serializers.BooleanField()
+    rate_lowered_at = serializers.DateTimeField(allow_null=True)
+
+
+class ProviderOutputSerializer(serializers.Serializer):
+    slug = serializers.CharField()
+    kind = serializers.CharField()
+    idempotency_class = serializers.CharField()
+    base_url = serializers.CharField()
+    paused = serializers.BooleanField()
+    paused_reason = serializers.CharField()
+    throttled_until = serializers.DateTimeField(allow_null=True)
+    caps = ProviderCapsSerializer()
+    auth_secret_env = serializers.CharField(
+        help_text="The environment variable the credential is read from (its name, never its value); empty: none."
+    )
+    secret_env_names = serializers.CharField(
+        help_text="The only variable names this tenant's providers may read, e.g. ONCEGUARD_SECRET_ACME_<NAME>:"
+        " the platform's prefix, the tenant's secret namespace (fixed when the tenant was made), _ and a name."
+    )
+
+
+class RolloutOutputSerializer(serializers.Serializer):
+    provider = serializers.CharField()
+    stable_revision = serializers.IntegerField(allow_null=True)
+    canary_revision = serializers.IntegerField(allow_null=True)
+    canary_percent = serializers.IntegerField()
+    canary_started_at = serializers.DateTimeField(allow_null=True)
+    watch = WatchFiguresSerializer(allow_null=True)
+    revisions = AdapterRevisionOutputSerializer(many=True)
+    requeued = serializers.IntegerField(
+        required=False, help_text="Roll back: operations re-queued under the stable revision."
+    )
+
+
+# --- Intent envelopes and prompt templates (ledger.rules.intents, ledger.providers.prompts) --------------------
+
+
+class ProviderIntentInputSerializer(RolloutReasonSerializer):
+    intent_schema = serializers.JSONField(
+        allow_null=True,
+        validators=[no_nul_characters],
+        help_text='{"fields": {name: {"type": "string"|"integer"|"number"|"boolean"|"enum"|"upload",'
+        ' "required", "max_length"/"min_length" (string), "min"/"max" (numbers), "values" (enum)}}};'
+        " null: submissions send a request.",
+    )
+    request_template = serializers.JSONField(
+        allow_null=True,
+        validators=[no_nul_characters],
+        help_text="method, path, query, headers, body with {{ name }} placeholders (a whole string keeps the"
+        " value's type), lookups translating every value of an enum field, {{ prompt:name }} or"
+        " {{ prompt:name@n }}. Nothing else in braces is accepted.",
+    )
+    canary_percent = serializers.IntegerField(
+        min_value=1,
+        max_value=100,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Roll the new revision out as a canary for this share of new operations; empty: stable at once.",
+    )
+
+
+class ProviderIntentOutputSerializer(serializers.Serializer):
+    provider = serializers.CharField()
+    revision = serializers.IntegerField(allow_null=True, help_text="The stable adapter revision (its schema below).")
+    canary_revision = serializers.IntegerField(allow_null=True)
+    intent_schema = serializers.JSONField(allow_null=True)
+    request_template = serializers.JSONField(allow_null=True)
+
+
+class PromptTemplateInputSerializer(serializers.Serializer):
+    # No length of its own: the service's check says what a name may be (ADR 0006).
+    name = serializers.CharField(help_text="Lower case letters, digits, - and _ (at most 63).")
+    text = serializers.CharField(
+        max_length=50_000,
+        trim_whitespace=False,
+        validators=[no_nul_characters],
+        help_text="The instructions, with {{ slot }} where a declared slot's user text goes (fenced).",
+    )
+    slots = serializers.DictField(child=serializers.DictField(), help_text='{"description": {"max_length": 500}, …}')
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class PromptTemplateOutputSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    version = serializers.IntegerField()
+    text = serializers.CharField()
+    slots = serializers.DictField()
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    reason = serializers.CharField()
+
+
+class AttemptOutputSerializer(serializers.Serializer):
+    """One try of an operation, as evidence: what it ran under and what came of it."""
+
+    number = serializers.IntegerField()
+    outcome = serializers.CharField()
+    started_at = serializers.DateTimeField()
+    sent_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    error_class = serializers.CharField()
+    message = serializers.CharField()
+    provider_ref = serializers.CharField()
+    response_status = serializers.IntegerField(allow_null=True)
+    adapter_revision = serializers.SerializerMethodField(
+        help_text="The number of the adapter revision the attempt ran under (execute mode)."
+    )
+    prompt_template = serializers.SerializerMethodField(
+        help_text="name@version of the prompt template the attempt's request was rendered with, if any."
+    )
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_adapter_revision(self, attempt: Any) -> int | None:
+        return revisions.revision_number(attempt.adapter_revision_id)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_prompt_template(self, attempt: Any) -> str | None:
+        return prompts.prompt_template_label(attempt.prompt_template_id)
+
+
+class KeyDeriveInputSerializer(serializers.Serializer):
+    """What to hash into a key (ledger.rules.key_derivation): one value, or named fields."""
+
+    value = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        trim_whitespace=False,
+        max_length=10_000,
+        help_text="The value to hash as is (an e-mail address, a phone number): 1 to 10000 characters. Normalise it"
+        " first if the same lead may arrive spelt differently (lowercase an address).",
+    )
+    parts = serializers.DictField(
+        child=serializers.JSONField(),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Instead of `value`: named fields to hash together (1 to 20; strings or integers), order-free.",
+    )
+    prefix = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=64,
+        help_text="Put in front of the derived key, in clear (`lead` gives `lead:h1:…`): letters, digits, . _ -.",
+    )
+
+
+class KeyDeriveOutputSerializer(serializers.Serializer):
+    key = serializers.CharField(help_text="`<prefix>:<key id>:<digest>`: the same input always gives the same key.")
+    key_id = serializers.CharField(help_text="The derivation key's id (it never rotates).")
