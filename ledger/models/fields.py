@@ -20,6 +20,8 @@ from django.db import models
 from django.db.models import Lookup
 from django.db.models.fields.json import HasKey, KeyTransform, KeyTransformStartsWith
 
+from ledger.platform.crypto import ENVELOPE
+
 
 class NewRowId(models.Func):
     """The id the database gives a new row of ``table``, as a field's ``db_default``, for the
@@ -152,9 +154,6 @@ def bytes_to_hex(raw: bytes, hex_length: int) -> str:
     return text.decode()
 
 
-# ledger.platform.crypto.ENVELOPE, the one key of a sealed value (not imported: ledger.platform.crypto's hooks
-# import this module).
-ENVELOPE = "_enc"
 # SealedJSONField's stored forms (PostgreSQL): the first byte says which.
 STORED_JSON = 0
 STORED_SEALED = 1
