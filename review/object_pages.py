@@ -26,8 +26,7 @@ from ledger.models import OperationOutput, Upload
 from ledger.platform.errors import DomainError
 from ledger.web import display
 from ledger.web.apis import object_content_response
-from ledger.web.console import TenantColumnMixin
-from ledger.web.console_base import ConsoleReadOnlyAdmin
+from ledger.web.console_base import ConsoleReadOnlyAdmin, TenantColumnMixin
 from review.console import actor_of, can_reveal, client_ip
 from review.privacy import MIN_REASON_LENGTH, object_download_record
 
