@@ -17,10 +17,7 @@ from rest_framework.views import APIView
 
 from ledger.execution import objects, outputs, uploads
 from ledger.models import OperationOutput, Upload
-from ledger.protocol.representation import (
-    OutputObjectSerializer,
-    UploadOutputSerializer,
-)
+from ledger.protocol.representation import OutputObjectSerializer, UploadOutputSerializer
 from ledger.web.apis.operations import REPLAYED_HEADER
 
 

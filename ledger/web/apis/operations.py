@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationStatus
 from ledger.platform.errors import InvalidKey, ValidationFailed
 from ledger.platform.telemetry import claim_timer

@@ -17,13 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import escape, format_html
 
-from ledger.models import (
-    ADAPTER_FIELDS,
-    ConfigChange,
-    PromptTemplate,
-    Provider,
-    Tenant,
-)
+from ledger.models import ADAPTER_FIELDS, ConfigChange, PromptTemplate, Provider, Tenant
 from ledger.platform.errors import DomainError, ValidationFailed
 from ledger.protocol import services
 from ledger.providers import canary, prompts, ratelimit, revisions

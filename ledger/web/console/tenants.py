@@ -14,19 +14,11 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from ledger.models import (
-    ApiKey,
-    ConfigChange,
-    Tenant,
-)
+from ledger.models import ApiKey, ConfigChange, Tenant
 from ledger.protocol import callbacks, services
 from ledger.rules.provider_checks import secret_env_names
 from ledger.web import display
-from ledger.web.console_base import (
-    ConsoleAdmin,
-    ConsoleReadOnlyAdmin,
-    ServiceSaveAdmin,
-)
+from ledger.web.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ServiceSaveAdmin
 
 
 @admin.register(Tenant)
