@@ -45,15 +45,17 @@ from ledger.platform.masking import mask_json
 from ledger.platform.redaction import scrub
 from ledger.providers.credentials import url_masked
 from ledger.web import display
-from ledger.web.console import (
+from ledger.web.console_base import (
     HTTPS_URL_FORMS,
+    ConsoleJSONField,
+    ConsoleReadOnlyAdmin,
     ReadOnlyInline,
     SelectorSearchMixin,
+    ServiceSaveAdmin,
     TenantColumnMixin,
     TenantInlineFormSet,
     https_url_formfield,
 )
-from ledger.web.console_base import ConsoleJSONField, ConsoleReadOnlyAdmin, ServiceSaveAdmin
 from ledger.web.failures import failure_html
 from ledger.web.pagination import COUNT_CAP, CappedCountPaginator
 

@@ -79,7 +79,8 @@ from dlq.models import (
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index, failed_request_key, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
-from ledger.execution.attempts import operation_submit, operation_translated
+from ledger.execution.attempts import operation_translated
+from ledger.execution.submission import operation_submit
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,

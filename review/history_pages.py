@@ -36,8 +36,7 @@ from ledger.platform.errors import LookupNotOffered
 from ledger.providers import prompts, revisions
 from ledger.store import sql
 from ledger.web import display
-from ledger.web.console import may_view
-from ledger.web.console_base import lookup_refused_response, unoffered_parameters
+from ledger.web.console_base import lookup_refused_response, may_view, unoffered_parameters
 from ledger.web.pagination import CappedCountPaginator
 from review import privacy
 from review.console import can_export, export_csv_response, payload_panel_context

@@ -70,7 +70,7 @@ class Tenant(models.Model):
     eligibility_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
     # Whether new keys may hold an e-mail address or an international phone number (the
     # key rule's `personal_data`, ledger.rules.key_rules): keys are logged and shown in clear.
-    # Platform-owned: only a superuser changes it (ledger.web.console.TenantAdmin).
+    # Platform-owned: only a superuser changes it (ledger.web.console.tenants.TenantAdmin).
     personal_data_in_keys_allowed = models.BooleanField(
         default=False,
         db_default=False,
