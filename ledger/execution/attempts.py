@@ -215,11 +215,10 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
     if outcome.throttled and shared:
         seconds = outcome.retry_after if outcome.retry_after is not None else max(1.0, provider.base_delay_seconds)
         services.provider_throttle(provider_id=provider.pk, seconds=seconds)
-        if provider.rate_limit is not None and ratelimit.lowers_rate(
-            status=outcome.status, retry_after=outcome.retry_after
-        ):
-            # Fewer calls after the pause, not the same storm (multiplicative decrease).
-            ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk)
+        if ratelimit.lowers_rate(status=outcome.status, retry_after=outcome.retry_after):
+            # Fewer calls, and fewer at once, after the pause — not the same storm (multiplicative
+            # decrease of the rate and of the in-flight limit, ADR 0008).
+            ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk, status=outcome.status)
     if outcome.error_class == ErrorClass.PERMISSION and shared:
         services.provider_pause(provider_id=provider.pk, reason=outcome.message or "permission denied", actor=actor)
     return transitions.operation_fail(
