@@ -353,11 +353,13 @@ def operation_translated(
     replay to the provider (under the provider's stable revision) send only through this."""
     if provider.kind != ProviderKind.HTTP:
         return None, None, None
-    stored = open_json(op.request)
-    if not intents.is_intent(stored):
+    stored = intents.stored_intent(open_json(op.request))
+    if stored is None:
         return None, None, None
+    intent, pins = stored
     try:
-        rendered = translation.intent_translate(tenant_id=op.tenant_id, provider=provider, intent=stored["intent"])
+        # The prompt versions the job was accepted with, whatever was published since (ADR 0009).
+        rendered = translation.intent_translate(tenant_id=op.tenant_id, provider=provider, intent=intent, pins=pins)
         envelope = normalize_envelope(request=rendered.request, provider=provider)
     except Exception as exc:
         if not isinstance(exc, DomainError):

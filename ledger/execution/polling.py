@@ -163,10 +163,12 @@ def _request_as_sent(*, provider: Provider, op: Operation) -> Any:
     """The request the submit sent: the stored envelope, or an intent's translation under the
     revision the operation runs under (the size pointers name the provider's fields)."""
     stored = open_json(op.request) or {}
-    if not intents.is_intent(stored):
+    accepted = intents.stored_intent(stored)
+    if accepted is None:
         return stored
+    intent, pins = accepted
     try:
-        return translation.intent_as_sent(tenant_id=op.tenant_id, provider=provider, intent=stored["intent"]).request
+        return translation.intent_as_sent(tenant_id=op.tenant_id, provider=provider, intent=intent, pins=pins).request
     except DomainError:
         # Refused now (the revision changed): no size to compare with; the type and digest
         # checks still hold.

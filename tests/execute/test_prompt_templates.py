@@ -13,12 +13,13 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ledger.models import Attempt, ConfigChange, Operation, OperationStatus, PromptTemplate, Provider, Tenant
+from ledger.platform.crypto import open_json
 from ledger.protocol.services import provider_upsert
 from ledger.providers import prompts
 from ledger.providers.prompts import FENCE_CLOSE, FENCE_OPEN, PromptTemplateInvalid
 from ledger.rules.intents import RequestTemplateInvalid
 from tests.execute.conftest import configure_provider
-from tests.execute.support import RenderApi, run_due
+from tests.execute.support import RenderApi, make_due, run_due, unthrottle
 
 S = OperationStatus
 
@@ -318,3 +319,61 @@ def test_the_console_adds_versions_through_the_service_and_refuses_an_expression
     assert listing.status_code == 200 and "description ≤ 300" in listing.content.decode()
     page = admin_client.get(f"/admin/ledger/prompttemplate/{PromptTemplate.objects.first().pk}/change/")
     assert page.status_code == 200 and 'name="text"' not in page.content.decode()  # read-only
+
+
+# --- Pinned at acceptance (ADR 0009) ---------------------------------------------------------------
+
+
+def test_a_retry_after_a_new_version_is_published_renders_the_version_the_job_was_accepted_with(
+    api, tenant, renders, render_api
+):
+    assert submit(api, "a blue vase", key="shot-1:v1").status_code == 202
+    op = Operation.objects.get(key="shot-1:v1")
+    # The job is pinned when it is accepted, before any attempt: the newest version then.
+    assert open_json(op.request)["prompts"] == {"product-shot": 1}
+    render_api.statuses = [503]  # transient, and nothing was done: a retry
+    assert [r.status for r in run_due()] == [S.RETRY_WAIT]
+    unthrottle(renders.pk)
+    prompts.prompt_template_create(
+        tenant=tenant, name="product-shot", text=PROMPT.replace("shop", "catalogue"), slots=SLOTS, actor="user:bob"
+    )
+    make_due(op.pk)
+    assert [r.status for r in run_due()] == [S.SUCCEEDED]
+    assert len(render_api.received) == 2
+    first, retry = (r["body"]["prompt"] for r in render_api.received)
+    assert retry == first and "shop" in retry and "catalogue" not in retry
+    assert [str(a.prompt_template) for a in Attempt.objects.filter(operation=op).order_by("number")] == [
+        "product-shot@1",
+        "product-shot@1",
+    ]
+    # A job accepted now is pinned to the new version; the same submission retried is the
+    # same request (the pin is outside the fingerprint) and answers the first job.
+    assert submit(api, "a green vase", key="shot-2:v1").status_code == 202
+    assert open_json(Operation.objects.get(key="shot-2:v1").request)["prompts"] == {"product-shot": 2}
+    again = submit(api, "a blue vase", key="shot-1:v1")
+    assert again.status_code == 200, again.json()
+    assert Operation.objects.filter(key="shot-1:v1").count() == 1
+    # Even an adapter revision that names another version explicitly does not move a job
+    # accepted before it: it renders what it was accepted with.
+    render_api.statuses = [503]
+    assert [r.status for r in run_due()] == [S.RETRY_WAIT]
+    unthrottle(renders.pk)
+    provider_upsert(
+        tenant=tenant, slug="renders", request_template={**TEMPLATE, "body": {"prompt": "{{ prompt:product-shot@1 }}"}}
+    )
+    make_due(Operation.objects.get(key="shot-2:v1").pk)
+    assert [r.status for r in run_due()] == [S.SUCCEEDED]
+    assert "catalogue" in render_api.received[-1]["body"]["prompt"]
+
+
+def test_a_job_stored_before_pins_renders_the_newest_version_as_before(api, tenant, renders, render_api):
+    assert submit(api, "a blue vase", key="old:v1").status_code == 202
+    op = Operation.objects.get(key="old:v1")
+    # A row accepted before this change stored the intent alone.
+    stored = open_json(op.request)
+    Operation.objects.filter(pk=op.pk).update(request={"intent": stored["intent"]})
+    prompts.prompt_template_create(
+        tenant=tenant, name="product-shot", text=PROMPT.replace("shop", "catalogue"), slots=SLOTS, actor="user:bob"
+    )
+    assert [r.status for r in run_due()] == [S.SUCCEEDED]
+    assert "catalogue" in render_api.received[0]["body"]["prompt"]
