@@ -377,3 +377,39 @@ def test_a_job_stored_before_pins_renders_the_newest_version_as_before(api, tena
     )
     assert [r.status for r in run_due()] == [S.SUCCEEDED]
     assert "catalogue" in render_api.received[0]["body"]["prompt"]
+
+
+def test_the_console_shows_the_version_a_job_is_pinned_to_and_compares_two_versions(
+    api, tenant, renders, prompt, admin_client
+):
+    assert submit(api, "a blue vase", key="shot-1:v1").status_code == 202
+    v2 = prompts.prompt_template_create(
+        tenant=tenant,
+        name="product-shot",
+        text=PROMPT.replace("for a shop", "for a catalogue"),
+        slots={**SLOTS, "style": {"max_length": 60}},
+        actor="user:bob",
+    )
+    op = Operation.objects.get(key="shot-1:v1")
+    page = admin_client.get(f"/admin/ledger/operation/{op.pk}/change/").content.decode()
+    assert "Prompt templates pinned at acceptance" in page
+    assert f'href="/admin/ledger/prompttemplate/{prompt.pk}/change/">product-shot@1</a>' in page
+
+    # The list links each version to the one before; the comparison is a diff of text and slots.
+    listing = admin_client.get("/admin/ledger/prompttemplate/").content.decode()
+    assert f"/admin/ledger/prompttemplate/{v2.pk}/compare/" in listing
+    answer = admin_client.get(f"/admin/ledger/prompttemplate/{v2.pk}/compare/")
+    assert answer.status_code == 200
+    diff = answer.content.decode()
+    assert '<span class="og-diff-removed">-You photograph products for a shop.' in diff
+    assert '<span class="og-diff-added">+You photograph products for a catalogue.' in diff
+    assert '<span class="og-diff-added">+    &quot;max_length&quot;: 60' in diff
+    # Either way round, oldest first; a version that is not there is a 400 that says so.
+    assert admin_client.get(f"/admin/ledger/prompttemplate/{prompt.pk}/compare/?with=2").content.decode().count(
+        "og-diff-added"
+    ) == diff.count("og-diff-added")
+    for wrong in ("9", "x", "1" * 40):
+        refused = admin_client.get(f"/admin/ledger/prompttemplate/{v2.pk}/compare/", {"with": wrong})
+        assert refused.status_code == 400 and "has no version" in refused.content.decode()
+    only = admin_client.get(f"/admin/ledger/prompttemplate/{prompt.pk}/compare/")
+    assert only.status_code == 200  # the first version: nothing before it, its page says so
