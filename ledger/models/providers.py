@@ -284,7 +284,9 @@ class ProviderRate(models.Model):
     next_take_at = models.DateTimeField(null=True, blank=True)
     # The effective in-flight limit after a 429 (ADR 0008): halved by each storm (down to 1),
     # +1 per quiet period; empty when not lowered (the declared max_in_flight, or none, holds).
-    concurrency = models.PositiveIntegerField(null=True, blank=True)
+    # At least 1 by its only writers' statements (GREATEST(1, …)); no CHECK: adding one would
+    # scan every bucket under an exclusive lock at migration, as migration 0029 took care not to.
+    concurrency = models.IntegerField(null=True, blank=True)
     # When the limit took its current value (lowered or stepped back up).
     concurrency_since = models.DateTimeField(null=True, blank=True)
     # The quiet clock of the limit: the last 429 or step; the next step waits a quiet period.
