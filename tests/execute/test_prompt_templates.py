@@ -12,6 +12,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from dlq.models import FailedEvent, ReplayOutcome
+from dlq.services import failed_event_replay
 from ledger.models import Attempt, ConfigChange, Operation, OperationStatus, PromptTemplate, Provider, Tenant
 from ledger.platform.crypto import open_json
 from ledger.protocol.services import provider_upsert
@@ -413,3 +415,44 @@ def test_the_console_shows_the_version_a_job_is_pinned_to_and_compares_two_versi
         assert refused.status_code == 400 and "has no version" in refused.content.decode()
     only = admin_client.get(f"/admin/ledger/prompttemplate/{prompt.pk}/compare/")
     assert only.status_code == 200  # the first version: nothing before it, its page says so
+
+
+def test_a_dlq_replay_and_a_correction_render_the_version_the_failed_job_was_accepted_with(
+    api, tenant, renders, render_api
+):
+    render_api.statuses = [400]  # the provider refuses: failed, in the DLQ
+    assert submit(api, "a blue vase", key="photo-1:render:v1").status_code == 202
+    run_due()
+    entry = FailedEvent.objects.get(operation__key="photo-1:render:v1")
+    prompts.prompt_template_create(
+        tenant=tenant, name="product-shot", text=PROMPT.replace("shop", "catalogue"), slots=SLOTS, actor="user:bob"
+    )
+
+    replay = failed_event_replay(tenant_id=tenant.pk, event_pk=entry.pk, actor="user:alice", to_provider=True)
+    assert replay.outcome == ReplayOutcome.SUCCEEDED, replay.error_message
+    assert "shop" in render_api.received[-1]["body"]["prompt"]
+    assert "catalogue" not in render_api.received[-1]["body"]["prompt"]
+
+
+def test_a_correction_keeps_the_prompt_version_of_the_job_it_corrects(api, tenant, renders, render_api):
+    render_api.statuses = [400]
+    assert submit(api, "a blue vase", key="photo-2:render:v1").status_code == 202
+    run_due()
+    entry = FailedEvent.objects.get(operation__key="photo-2:render:v1")
+    prompts.prompt_template_create(
+        tenant=tenant, name="product-shot", text=PROMPT.replace("shop", "catalogue"), slots=SLOTS, actor="user:bob"
+    )
+    corrected = api.post(
+        f"/api/v1/dlq/events/{entry.pk}/correct",
+        {"fields": {"intent.description": "a red vase"}, "note": "the colour was wrong"},
+        format="json",
+    )
+    assert corrected.status_code in (200, 201, 202), corrected.json()
+    new = Operation.objects.get(key="photo-2:render:v2")
+    assert open_json(new.request) == {
+        "intent": {"style": "studio", "description": "a red vase"},
+        "prompts": {"product-shot": 1},
+    }
+    assert [r.status for r in run_due()] == [S.SUCCEEDED]
+    sent = render_api.received[-1]["body"]["prompt"]
+    assert "a red vase" in sent and "shop" in sent and "catalogue" not in sent
