@@ -328,6 +328,13 @@ ONCEGUARD = {
     "PROVIDER_RATE_FLOOR_FRACTION": env.read("PROVIDER_RATE_FLOOR_FRACTION"),
     "PROVIDER_RATE_RECOVERY_SECONDS": env.read("PROVIDER_RATE_RECOVERY_SECONDS"),
     "PROVIDER_RATE_STEP_FRACTION": env.read("PROVIDER_RATE_STEP_FRACTION"),
+    # Provider concurrency (ledger.providers.ratelimit, ADR 0008): the same answers halve a
+    # provider's effective in-flight limit (down to 1), declared cap or not; it climbs back by 1
+    # per quiet period (the provider's concurrency_recovery_seconds, else
+    # PROVIDER_CONCURRENCY_RECOVERY_SECONDS) up to its max_in_flight, or
+    # PROVIDER_DEFAULT_MAX_IN_FLIGHT for a provider that declared none.
+    "PROVIDER_DEFAULT_MAX_IN_FLIGHT": env.read("PROVIDER_DEFAULT_MAX_IN_FLIGHT"),
+    "PROVIDER_CONCURRENCY_RECOVERY_SECONDS": env.read("PROVIDER_CONCURRENCY_RECOVERY_SECONDS"),
     # Retry-After of the API's 503 `database_unavailable` answer.
     "DATABASE_RETRY_AFTER_SECONDS": env.read("DATABASE_RETRY_AFTER_SECONDS"),
     # Largest stored request envelope (method/path/query/headers/body as canonical JSON).

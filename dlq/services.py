@@ -111,6 +111,7 @@ from ledger.providers.credentials import (
     signing_secrets_now,
     stored_credential_value,
 )
+from ledger.rules import intents
 from ledger.rules.key_rules import MAX_KEY_LENGTH, key_check, key_header_value, key_usable
 from ledger.rules.outbound import OutboundBlocked, outbound_client, outbound_refusal
 from ledger.rules.search import search_values
@@ -1688,6 +1689,12 @@ def failed_event_correct(
     key = ledger_services.versioned_key(record=record, action=action, version=version)
     if original is not None and original.mode == OperationMode.EXECUTE:
         request, changed = apply_corrections(open_json(original.request), fields)
+        # A job keeps the prompt versions it was accepted with (ADR 0009): they go with the
+        # corrected intent, not with the newest version published since.
+        accepted = intents.stored_intent(request)
+        pins = None
+        if accepted is not None:
+            request, pins = {"intent": accepted[0]}, accepted[1]
         what = f"corrected {', '.join(changed)} and sent again as {key}"
         with transaction.atomic():
             submitted = operation_submit(
@@ -1706,6 +1713,7 @@ def failed_event_correct(
                 record=record,
                 version=version,
                 actor=actor,
+                prompt_pins=pins,
             ).operation
             if not transitions.failed_event_correct(
                 event_pk=event.pk,

@@ -215,11 +215,10 @@ def record_outcome(*, op: Operation, provider: Provider, outcome: adapters.Outco
     if outcome.throttled and shared:
         seconds = outcome.retry_after if outcome.retry_after is not None else max(1.0, provider.base_delay_seconds)
         services.provider_throttle(provider_id=provider.pk, seconds=seconds)
-        if provider.rate_limit is not None and ratelimit.lowers_rate(
-            status=outcome.status, retry_after=outcome.retry_after
-        ):
-            # Fewer calls after the pause, not the same storm (multiplicative decrease).
-            ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk)
+        if ratelimit.lowers_rate(status=outcome.status, retry_after=outcome.retry_after):
+            # Fewer calls, and fewer at once, after the pause — not the same storm (multiplicative
+            # decrease of the rate and of the in-flight limit, ADR 0008).
+            ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk, status=outcome.status)
     if outcome.error_class == ErrorClass.PERMISSION and shared:
         services.provider_pause(provider_id=provider.pk, reason=outcome.message or "permission denied", actor=actor)
     return transitions.operation_fail(
@@ -354,11 +353,13 @@ def operation_translated(
     replay to the provider (under the provider's stable revision) send only through this."""
     if provider.kind != ProviderKind.HTTP:
         return None, None, None
-    stored = open_json(op.request)
-    if not intents.is_intent(stored):
+    stored = intents.stored_intent(open_json(op.request))
+    if stored is None:
         return None, None, None
+    intent, pins = stored
     try:
-        rendered = translation.intent_translate(tenant_id=op.tenant_id, provider=provider, intent=stored["intent"])
+        # The prompt versions the job was accepted with, whatever was published since (ADR 0009).
+        rendered = translation.intent_translate(tenant_id=op.tenant_id, provider=provider, intent=intent, pins=pins)
         envelope = normalize_envelope(request=rendered.request, provider=provider)
     except Exception as exc:
         if not isinstance(exc, DomainError):

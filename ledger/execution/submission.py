@@ -176,6 +176,7 @@ def operation_submit(
     record: str = "",
     version: int | None = None,
     actor: str = "api",
+    prompt_pins: dict[str, int] | None = None,
 ) -> SubmitResult:
     """Accept an operation for the workers, or answer for the key's existing row (DESIGN §5):
     its recorded outcome once finished (``replayed``), the operation itself while it is open
@@ -185,7 +186,10 @@ def operation_submit(
     ``request`` (``request={"intent": …}`` is the same, as the DLQ's correction resubmits a
     stored one): it is checked against the schema of the revision the new row would run
     under, its uploads against the tenant's, rendered once, and stored as ``{"intent": …}``
-    (so the fingerprint covers it); ``request_bytes`` adds the referenced uploads' sizes.
+    (so the fingerprint covers it) with the prompt template versions that rendering used
+    (``"prompts": {name: version}``, outside the fingerprint: every attempt renders them, ADR
+    0009); ``request_bytes`` adds the referenced uploads' sizes. ``prompt_pins``: the versions
+    a job keeps from the one it corrects (the DLQ's correction), instead of the newest.
 
     Validation and admission raise before anything is written, so a corrected retry can
     succeed. Admission runs only for a key that is new: a replay is never refused.
@@ -201,13 +205,14 @@ def operation_submit(
         intent, request = request["intent"], None
     upload_bytes = 0
     upload_refs: tuple[intents.UploadRef, ...] = ()
+    pins: dict[str, int] = {}
     if view.intent_schema:
         if request is not None:
             raise intents.IntentRequired(
                 f"Provider {provider_obj.slug!r} takes an intent (`intent`: its declared fields), not a request."
             )
         try:
-            admitted = translation.intent_admit(tenant_id=tenant.pk, provider=view, intent=intent)
+            admitted = translation.intent_admit(tenant_id=tenant.pk, provider=view, intent=intent, pins=prompt_pins)
         except intents.UploadReferenceInvalid:
             # A key accepted before answers with its own row (its recorded outcome, or itself
             # while open) even once an upload it named is gone (an erasure; retention after its
@@ -220,6 +225,7 @@ def operation_submit(
             # What the worker will send must pass the same checks as a submitted request.
             normalize_envelope(request=admitted.rendered.request, provider=view)
             envelope = {"intent": admitted.values}
+            pins = admitted.pins
             upload_bytes = admitted.upload_bytes
             upload_refs = admitted.uploads
     elif intent is not None:
@@ -244,7 +250,10 @@ def operation_submit(
         key=key,
         provider=provider_obj,
         action=action,
-        request=envelope,
+        # The prompt versions this rendering used are stored with the intent, outside the
+        # fingerprint: a retry of the submission after a new version is the same request, and
+        # every attempt renders what the job was accepted with (ADR 0009).
+        request={**envelope, intents.PINS: pins} if pins else envelope,
         payload=payload,
         mode=OperationMode.EXECUTE,
         deadline_seconds=deadline_seconds,

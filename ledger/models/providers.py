@@ -102,6 +102,13 @@ class Provider(models.Model):
         db_default=1,
         help_text="calls that may go at once after a quiet spell (1 spaces the calls evenly); at most the rate",
     )
+    # After a 429 the effective in-flight limit halves and climbs back by 1 per this many quiet
+    # seconds (ADR 0008). Empty: the deployment's PROVIDER_CONCURRENCY_RECOVERY_SECONDS.
+    concurrency_recovery_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="seconds without a 429 per +1 of a lowered in-flight limit; empty = the deployment's default",
+    )
     # Intent envelopes (DESIGN §5, intents; ledger.rules.intents). With a schema, submissions carry
     # `intent` (named, typed, bounded values) instead of a request, and the request template
     # translates it into the provider's request when an attempt is sent. Both are adapter
@@ -150,7 +157,11 @@ class Provider(models.Model):
                 & (Q(rate_limit__isnull=True) | Q(rate_limit__gte=1))
                 & Q(rate_period_seconds__gte=1)
                 & Q(rate_period_seconds__lte=86400)
-                & Q(rate_burst__gte=1),
+                & Q(rate_burst__gte=1)
+                & (
+                    Q(concurrency_recovery_seconds__isnull=True)
+                    | Q(concurrency_recovery_seconds__gte=1, concurrency_recovery_seconds__lte=86400)
+                ),
                 name="provider_caps_valid",
             ),
             models.CheckConstraint(
@@ -185,6 +196,7 @@ class Provider(models.Model):
                 rate_limit=self.rate_limit,
                 rate_period_seconds=self.rate_period_seconds,
                 rate_burst=self.rate_burst,
+                concurrency_recovery_seconds=self.concurrency_recovery_seconds,
             )
         )
         # What a submission may say and how it is translated (ledger.rules.intents): a template that
@@ -209,7 +221,12 @@ class Provider(models.Model):
 
 
 def provider_caps_errors(
-    *, max_in_flight: int | None, rate_limit: int | None, rate_period_seconds: int | None, rate_burst: int | None
+    *,
+    max_in_flight: int | None,
+    rate_limit: int | None,
+    rate_period_seconds: int | None,
+    rate_burst: int | None,
+    concurrency_recovery_seconds: int | None = None,
 ) -> dict[str, str]:
     """What is wrong with a provider's rate and concurrency caps, by field (empty: nothing)."""
     errors: dict[str, str] = {}
@@ -223,18 +240,29 @@ def provider_caps_errors(
         errors["rate_burst"] = "The burst is at least 1 call."
     elif rate_limit is not None and rate_burst > rate_limit:
         errors["rate_burst"] = f"The burst is at most the rate ({rate_limit} calls)."
+    if concurrency_recovery_seconds is not None and not 1 <= concurrency_recovery_seconds <= 86400:
+        errors["concurrency_recovery_seconds"] = (
+            "The quiet period lies between 1 second and a day (86400); empty = the deployment's default."
+        )
     return errors
 
 
 # The fields of a provider's rate and concurrency caps; a change of one resets its bucket.
-PROVIDER_CAP_FIELDS = ("max_in_flight", "rate_limit", "rate_period_seconds", "rate_burst")
+PROVIDER_CAP_FIELDS = (
+    "max_in_flight",
+    "rate_limit",
+    "rate_period_seconds",
+    "rate_burst",
+    "concurrency_recovery_seconds",
+)
 
 
 class ProviderRate(models.Model):
-    """A capped provider's token bucket and effective rate (ledger.providers.ratelimit), one row per
-    provider, moved only by the statements in ledger/store/queries.sql (``provider_rate_…``) on the
-    database's clock. The row is also the lock takers of one provider queue on, so each one
-    counts the in-flight rows the previous one committed. Not configuration: never in a form."""
+    """A capped or throttled provider's token bucket, effective rate and effective in-flight limit
+    (ledger.providers.ratelimit), one row per provider, moved only by the statements in
+    ledger/store/queries.sql (``provider_rate_…``) on the database's clock. The row is also the
+    lock takers of one provider queue on, so each one counts the in-flight rows the previous one
+    committed. Not configuration: never in a form."""
 
     provider = models.OneToOneField(Provider, on_delete=models.CASCADE, primary_key=True, related_name="rate_state")
     # The provider's tenant: Citus distributes the bucket by it, beside that tenant's
@@ -254,6 +282,17 @@ class ProviderRate(models.Model):
     # When the bucket will hold a whole call again (the workers' take passes the provider over
     # until then); empty when it holds one now.
     next_take_at = models.DateTimeField(null=True, blank=True)
+    # The effective in-flight limit after a 429 (ADR 0008): halved by each storm (down to 1),
+    # +1 per quiet period; empty when not lowered (the declared max_in_flight, or none, holds).
+    # At least 1 by its only writers' statements (GREATEST(1, …)); no CHECK: adding one would
+    # scan every bucket under an exclusive lock at migration, as migration 0029 took care not to.
+    concurrency = models.IntegerField(null=True, blank=True)
+    # When the limit took its current value (lowered or stepped back up).
+    concurrency_since = models.DateTimeField(null=True, blank=True)
+    # The quiet clock of the limit: the last 429 or step; the next step waits a quiet period.
+    concurrency_quiet_since = models.DateTimeField(null=True, blank=True)
+    # Why it was lowered, in words (the answer and the limit before it); no personal data.
+    concurrency_reason = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     class Meta:
         db_table = "ledger_providerrate"

@@ -25,7 +25,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from ledger.models import (
@@ -40,6 +40,7 @@ from ledger.models import (
 from ledger.platform.errors import DomainError
 from ledger.protocol import transitions
 from ledger.protocol.selectors import operation_search, run_of
+from ledger.providers import prompts
 from ledger.web import display
 from ledger.web.console_base import (
     ConsoleReadOnlyAdmin,
@@ -176,7 +177,14 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     show_full_result_count = False
     change_form_template = "admin/ledger/operation/change_form.html"
     actions = ["cancel_selected", "retry_now_selected"]
-    readonly_fields = ["last_attempt_error", "sent_marker_uses", "superseded_by", "run_page", "replaced_by"]
+    readonly_fields = [
+        "last_attempt_error",
+        "sent_marker_uses",
+        "superseded_by",
+        "run_page",
+        "replaced_by",
+        "prompt_pins",
+    ]
     fieldsets = [
         (
             "Identity",
@@ -222,7 +230,17 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         # The run it is a step of (its page shows every step), its versioned key's parts.
         (
             "Run and version",
-            {"fields": ["run_page", "step", "record", "version", "replaced_by", "eligibility_confirmed_at"]},
+            {
+                "fields": [
+                    "run_page",
+                    "step",
+                    "record",
+                    "version",
+                    "replaced_by",
+                    "eligibility_confirmed_at",
+                    "prompt_pins",
+                ]
+            },
         ),
         ("Outcome", {"fields": ["provider_ref", "response_status", "last_attempt_error"]}),
         ("Sweeper", {"fields": ["reconcile_until", "lookup_failures", "alerted_at"]}),
@@ -332,6 +350,19 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         url = reverse(f"{self.admin_site.name}:onceguard_run") + "?" + urlencode({"run": run, "tenant": obj.tenant_id})
         source = "" if obj.run else " (its correlation id)"
         return format_html('<a href="{}">{}</a>{}', url, run, source)
+
+    @admin.display(description="prompt templates pinned at acceptance")
+    def prompt_pins(self, obj: Operation) -> str:
+        # Every attempt of the job renders these versions (ADR 0009); each attempt's row below
+        # says the version it rendered.
+        pinned = prompts.prompt_templates_pinned(tenant_id=obj.tenant_id, request=obj.request)
+        if not pinned:
+            return display.EMPTY
+        return format_html_join(
+            ", ",
+            '<a href="{}">{}</a>',
+            ((reverse("admin:ledger_prompttemplate_change", args=[p.pk]), str(p)) for p in pinned),
+        )
 
     # --- detail: the story first ---
 

@@ -362,7 +362,7 @@ class PromptTemplateAdmin(TenantColumnMixin, ConsoleAdmin):
     ``prompts.prompt_template_create`` (DESIGN §5, prompt templates)."""
 
     form = PromptTemplateForm
-    list_display = ["name", "version", "slot_caps", "created_by", "created_at", "reason"]
+    list_display = ["name", "version", "slot_caps", "created_by", "created_at", "reason", "compare_link"]
     list_filter = ["name"]
     search_fields = ["name"]
     ordering = ["name", "-version"]
@@ -381,6 +381,65 @@ class PromptTemplateAdmin(TenantColumnMixin, ConsoleAdmin):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         return actions
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        own = [path("<int:pk>/compare/", wrap(self.compare_view), name="ledger_prompttemplate_compare")]
+        return own + super().get_urls()
+
+    def compare_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """This version against another of the same name (``?with=N``; default the one before):
+        a unified diff of the text and the slots. A version that is not there is a 400 that says
+        so, never a 5xx."""
+        prompt = get_object_or_404(self.get_queryset(request), pk=pk)
+        versions = list(
+            self.get_queryset(request)
+            .filter(tenant_id=prompt.tenant_id, name=prompt.name)
+            .order_by("version")
+            .values_list("version", flat=True)
+        )
+        wanted = request.GET.get("with", "")
+        problem = ""
+        other = None
+        if wanted:
+            number = int(wanted) if wanted.isdigit() and len(wanted) < 10 else None
+            if number is None or number not in versions:
+                problem = (
+                    f"{prompt.name} has no version {wanted[:20]!r}: choose one of {', '.join(map(str, versions))}."
+                )
+            else:
+                other = number
+        elif prompt.version > 1:
+            other = prompt.version - 1
+        against = (
+            self.get_queryset(request).get(tenant_id=prompt.tenant_id, name=prompt.name, version=other)
+            if other is not None
+            else None
+        )
+        older, newer = (
+            (against, prompt) if against is not None and against.version < prompt.version else (prompt, against)
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Compare prompt template {prompt}",
+            "prompt": prompt,
+            "versions": versions,
+            "against": against,
+            "problem": problem,
+            "lines": prompts.prompt_template_diff(older, newer) if against is not None and newer is not None else [],
+            "change_url": reverse("admin:ledger_prompttemplate_change", args=[prompt.pk]),
+        }
+        return TemplateResponse(
+            request, "admin/ledger/prompttemplate/compare.html", context, status=400 if problem else 200
+        )
+
+    @admin.display(description="compare")
+    def compare_link(self, obj: PromptTemplate) -> str:
+        if obj.version <= 1:
+            return display.EMPTY
+        url = reverse("admin:ledger_prompttemplate_compare", args=[obj.pk])
+        return format_html('<a href="{}">with version {}</a>', url, obj.version - 1)
 
     def save_model(self, request: HttpRequest, obj: PromptTemplate, form: Any, change: bool) -> None:
         created = prompts.prompt_template_create(
