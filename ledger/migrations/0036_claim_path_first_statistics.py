@@ -9,7 +9,10 @@ sequential scan is cheaper, and a prepared statement's generic plan keeps that s
 table grows until the next ANALYZE, up to a minute later. With the threshold at 1,000 the first
 statistics describe a table of 60 pages or more (operations; 10 or more for tombstones), where
 every look-up by key plans its index; later ANALYZEs come as before (the scale factors of
-migration 0021 dominate past a few tens of thousands of rows).
+migration 0021 dominate past a few tens of thousands of rows). A VACUUM writes statistics too
+(the table's pages and rows): autovacuum's first one by default follows 50 dead rows — 50
+completions, each of which leaves the row's old version — so its threshold moves to 1,000
+as well (inserts already wait for 1,000 by default).
 
 A storage parameter: ALTER TABLE … SET takes a SHARE UPDATE EXCLUSIVE lock, which blocks
 neither reads nor writes, and rewrites nothing. ``ledger_attempt`` is partitioned (migration
@@ -21,7 +24,7 @@ from typing import Any
 
 from django.db import migrations
 
-SETTING = "autovacuum_analyze_threshold"
+SETTINGS = ("autovacuum_analyze_threshold", "autovacuum_vacuum_threshold")
 VALUE = 1000
 TABLES = ("ledger_operation", "ledger_tombstone")
 PARTITIONED = ("ledger_attempt",)
@@ -40,13 +43,13 @@ def _tables(schema_editor: Any) -> list[str]:
 def forwards(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor == "postgresql":
         for table in _tables(schema_editor):
-            schema_editor.execute(f"ALTER TABLE {table} SET ({SETTING} = {VALUE})")
+            schema_editor.execute(f"ALTER TABLE {table} SET ({', '.join(f'{s} = {VALUE}' for s in SETTINGS)})")
 
 
 def backwards(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor == "postgresql":
         for table in _tables(schema_editor):
-            schema_editor.execute(f"ALTER TABLE {table} RESET ({SETTING})")
+            schema_editor.execute(f"ALTER TABLE {table} RESET ({', '.join(SETTINGS)})")
 
 
 class Migration(migrations.Migration):

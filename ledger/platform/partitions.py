@@ -33,7 +33,7 @@ PARTITIONED = {"ledger_attempt": "started_at", "ledger_operationevent": "at"}
 STORAGE = {
     "ledger_attempt": "fillfactor = 90, autovacuum_vacuum_scale_factor = 0.02,"
     " autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02,"
-    " autovacuum_analyze_threshold = 1000",
+    " autovacuum_analyze_threshold = 1000, autovacuum_vacuum_threshold = 1000",
     "ledger_operationevent": "autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02",
 }
 MONTHS_AHEAD = 3
