@@ -28,10 +28,12 @@ JOB = "partition_maintenance"
 # Table → the column it is partitioned by.
 PARTITIONED = {"ledger_attempt": "started_at", "ledger_operationevent": "at"}
 # Storage parameters of each new partition (a partitioned table has none of its own; the
-# values are migration ledger.0021's, DESIGN §12 *Cheaper growth*).
+# values are migration ledger.0021's, DESIGN §12 *Cheaper growth*, and for attempts 0036's first
+# statistics at 1,000 rows: docs/adr/0008-claim-path-plans-from-statistics.md).
 STORAGE = {
     "ledger_attempt": "fillfactor = 90, autovacuum_vacuum_scale_factor = 0.02,"
-    " autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02",
+    " autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02,"
+    " autovacuum_analyze_threshold = 1000, autovacuum_vacuum_threshold = 1000",
     "ledger_operationevent": "autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02",
 }
 MONTHS_AHEAD = 3

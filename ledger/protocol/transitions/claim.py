@@ -19,8 +19,7 @@ Above ``trace``; ``holder`` and ``recovery`` build on it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -255,8 +254,7 @@ def operation_claim(
     # version to replace) is, on PostgreSQL, one statement: its own transaction, with no
     # BEGIN and COMMIT round trips around it. Anything more runs in one atomic block.
     alone = statements.combined() and not record and not payload_indexing_needed(stored)
-    # Alone, the statement sends its planner setting with it (ledger.store.sql.execute_with_index_plans).
-    with nullcontext() if alone else _atomic_with_index_plans():
+    with nullcontext() if alone else transaction.atomic():
         op = _insert_claimed(params, actor=actor, reason=reason)
         if op is not None:
             payload_written(
@@ -283,12 +281,6 @@ def operation_claim(
         actor=actor,
         execution_id=execution_id,
     )
-
-
-@contextmanager
-def _atomic_with_index_plans() -> Iterator[None]:
-    with transaction.atomic(), sql.index_plans():
-        yield
 
 
 def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Operation | None:
@@ -492,7 +484,7 @@ def operation_reclaim(
     execution_id: str = "",
 ) -> Operation | None:
     """retry_wait (due) → claimed: a new attempt with a fresh token on the same operation."""
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_reclaim",
             {

@@ -77,7 +77,7 @@ def operation_wait(
     held from here on; the next poll is due in ``poll_in_seconds``. A holder repeating its own
     move (a record retried after a commit that did land) gets the row back."""
     provider_ref = provider_ref[:255]
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_wait",
             {
@@ -116,7 +116,7 @@ def operation_poll_take(
     """waiting → claimed for one poll (a worker's take, which holds the row locked, or the
     provider's webhook): a new token, a short lease, no new attempt. None when the row was
     not waiting any more (someone else took it first)."""
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_poll_take",
             {
@@ -139,7 +139,7 @@ def operation_take(
     so the worker fails it instead of sending. The caller holds the row locked (the take's
     SKIP LOCKED read) in its transaction."""
     check_moves((from_status,), S.CLAIMED)
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_take",
             {
@@ -173,7 +173,7 @@ def operation_mark_sent(
     Refused once the lease has expired — a holder must not start an effect it may no
     longer own.
     """
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_mark_sent",
             {
@@ -197,7 +197,7 @@ def operation_heartbeat(
     *, operation_id: int, lease_token: str, lease_seconds: float | None = None, tenant_id: int
 ) -> Operation:
     """Extend a live holder's lease (claimed, same token). No event row: not a transition."""
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_heartbeat",
             {
@@ -246,7 +246,7 @@ def operation_complete(
         "response_status": response_status,
         "response_body": sealed_param(response_body),
     }
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = _complete_reported(params, actor=actor, reason=reason)
         if op is not None:
             after_terminal(op, actor=actor)
@@ -402,7 +402,7 @@ def operation_fail(
     if error_class not in ErrorClass.values:
         raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)}.")
     message = sanitize_message(message)
-    with _atomic_keeping_fenced_evidence(), sql.index_plans():
+    with _atomic_keeping_fenced_evidence():
         op = (
             Operation.objects.select_for_update()
             .filter(pk=operation_id, tenant_id=tenant_id, lease_token=lease_token, status__in=REPORTABLE_STATES)
