@@ -180,7 +180,7 @@ def analyze(dsn: str) -> None:
     the report: the replay lookup then walks the tenant_id index row by row). A table with
     fewer than 1,000 rows is left as autovacuum leaves it (its first ANALYZE waits for as many
     rows, migration ledger.0036): statistics of a nearly empty table plan look-ups by key as
-    sequential scans (docs/adr/0008-claim-path-plans-from-statistics.md).
+    sequential scans (docs/adr/0010-claim-path-plans-from-statistics.md).
     """
     import psycopg
 

@@ -128,7 +128,7 @@ class Operation(models.Model):
             ),
         ]
         # Each index's query, how often it is read, its entries per claim→complete and whether
-        # the completion changes a column it names: docs/adr/0009-operation-index-audit.md
+        # the completion changes a column it names: docs/adr/0011-operation-index-audit.md
         # (with the two GIN indexes of migrations 0004 and 0028, 25 with the keys).
         indexes = [
             # The sweeper and workers read only the open rows, by state and time.

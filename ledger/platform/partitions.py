@@ -29,7 +29,7 @@ JOB = "partition_maintenance"
 PARTITIONED = {"ledger_attempt": "started_at", "ledger_operationevent": "at"}
 # Storage parameters of each new partition (a partitioned table has none of its own; the
 # values are migration ledger.0021's, DESIGN §12 *Cheaper growth*, and for attempts 0036's first
-# statistics at 1,000 rows: docs/adr/0008-claim-path-plans-from-statistics.md).
+# statistics at 1,000 rows: docs/adr/0010-claim-path-plans-from-statistics.md).
 STORAGE = {
     "ledger_attempt": "fillfactor = 90, autovacuum_vacuum_scale_factor = 0.02,"
     " autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02,"

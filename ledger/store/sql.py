@@ -116,7 +116,7 @@ def db_now() -> datetime:
 # Sequential scans priced out for the rest of the transaction (PostgreSQL's enable_seqscan,
 # transaction-local): for the operations API's lists only (planned_per_call(indexed=True)).
 # The claim path's statements, each one row by a unique key, send no setting: they plan with
-# indexes from the tables' own statistics (docs/adr/0008-claim-path-plans-from-statistics.md).
+# indexes from the tables' own statistics (docs/adr/0010-claim-path-plans-from-statistics.md).
 INDEX_PLANS = "SELECT set_config('enable_seqscan', 'off', true)"
 
 

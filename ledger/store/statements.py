@@ -9,7 +9,7 @@ instances through ``Manager.raw`` (Django maps the columns by name and applies e
 converters), never built by hand. Every named statement reads or moves one row by a unique key
 (or counts a short range of a partial index) and is sent as it is, with no planner setting
 around it: the ledger's tables keep statistics that plan those look-ups with their indexes
-from the first claim on (docs/adr/0008-claim-path-plans-from-statistics.md).
+from the first claim on (docs/adr/0010-claim-path-plans-from-statistics.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Statistics taken on nearly empty tables once made the claim path plan sequential
 operations and attempts (222 fresh operations/s instead of ~650 until statistics and cached
 plans caught up): a prepared statement's generic plan keeps the scan while the table grows.
 The claim path's statements each read one row by a unique key and are sent as they are
-(docs/adr/0008-claim-path-plans-from-statistics.md): what plans them with indexes is the tables'
+(docs/adr/0010-claim-path-plans-from-statistics.md): what plans them with indexes is the tables'
 own statistics. A table never analyzed is planned as ten pages at least; autovacuum's first
 ANALYZE (and first VACUUM, which writes statistics too) waits for 1,000 changed rows (migration
 0036), when the table is large enough for every look-up by key to plan its index. Here every

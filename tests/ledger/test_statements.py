@@ -330,7 +330,7 @@ def test_a_fresh_claim_without_a_payload_is_one_statement_after_its_read_and_a_c
         )
     assert claim_statements == [statements.text("operation_by_key"), statements.text("operation_claim_pg")]
     # The completion's atomic block is a savepoint here, BEGIN … COMMIT on its own; in it, its
-    # one statement and no planner setting (docs/adr/0008-claim-path-plans-from-statistics.md).
+    # one statement and no planner setting (docs/adr/0010-claim-path-plans-from-statistics.md).
     completion = [s for s in seen[2:] if "SAVEPOINT" not in s]
     assert completion == [statements.text("operation_complete_pg")]
 

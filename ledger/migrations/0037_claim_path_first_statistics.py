@@ -1,7 +1,7 @@
 """The claim path's tables take their first statistics only once they hold 1,000 changed rows.
 
 The claim path's statements each read one row by a unique key and are sent with no planner
-setting (docs/adr/0008-claim-path-plans-from-statistics.md). What protects them on a fresh
+setting (docs/adr/0010-claim-path-plans-from-statistics.md). What protects them on a fresh
 deployment is the tables' own statistics: a table never analyzed is planned as ten pages at
 least, where an index look-up by key costs less than a sequential scan; autovacuum's first
 ANALYZE by default comes after 50 changed rows — three pages of operations, where the
@@ -54,7 +54,7 @@ def backwards(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0035_event_error_trigram_index"),
+        ("ledger", "0036_provider_concurrency_aimd"),
     ]
 
     operations = [migrations.RunPython(forwards, backwards, elidable=False)]
