@@ -25,18 +25,18 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from ledger.platform.errors import ValidationFailed
-from review import accesslog
-from review.accesslog import (
+from review.audit import accesslog
+from review.audit.accesslog import (
     accesslog_append,
     accesslog_checkpoint,
     accesslog_checkpoint_all,
     accesslog_seal_legacy,
     accesslog_verify,
 )
+from review.decisions.services import retention_policy_save
 from review.models import AccessLog, AccessLogCheckpoint, RetentionPolicy, RetentionRun
-from review.retention import retention_purge
+from review.retention.purge import retention_purge
 from review.schedules import accesslog_checkpoint_task, install_schedules
-from review.services import retention_policy_save
 from tests.console.support import client_for, staff
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,7 +20,7 @@
 * **Witnessed as it moves.** Every appended row's (tenant, seq, id, hash) goes to the
   structured log stream once its transaction commits (``accesslog_witness`` lines of the
   ``onceguard.accesslog.witness`` logger, always at INFO), i.e. outside the database as soon
-  as it is written. ``accesslog_verify --log FILE`` (review.accesslog_witness) checks the
+  as it is written. ``accesslog_verify --log FILE`` (review.audit.accesslog_witness) checks the
   database against those lines, so deleting the newest rows — which a checkpoint has not
   signed yet, up to ``CHECKPOINT_MINUTES`` — is reported as soon as it is done. Without the
   log, rows appended since the last checkpoint are protected by the chain only: deleting

@@ -14,7 +14,7 @@ from django.db.models import Q
 from ledger.models import SealedJSONField
 from ledger.platform import crypto
 from review.models import RecordType, SubjectIndex
-from review.privacy import subject_index_record
+from review.privacy.payloads import subject_index_record
 
 # (model label, columns, record type for the subject index, subject-index columns)
 SEALED_COLUMNS: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] = [

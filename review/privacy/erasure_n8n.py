@@ -40,7 +40,7 @@ from dlq.n8n_api import Deleted, Deletion, execution_delete
 from dlq.selectors import n8n_connection_active
 from ledger.models import Attempt, Operation
 from ledger.providers.credentials import stored_credential_value
-from review.accesslog import accesslog_append
+from review.audit.accesslog import accesslog_append
 from review.models import AccessAction, ErasureRun, ErasureState, RecordType
 
 log = logging.getLogger("onceguard.erasure")

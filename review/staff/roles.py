@@ -3,7 +3,7 @@ and applied by migration review.0003 and again after every ``migrate`` (post_mig
 permission another app adds later (a new DLQ model) reaches its roles without a new migration.
 
 A role grants model permissions; which tenants' rows a user sees is a separate matter
-(StaffTenant memberships, enforced by review.tenancy).
+(StaffTenant memberships, enforced by review.staff.tenancy).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.export_data",
         "review.search_subjects",
         "review.*_retentionpolicy",
-        # Erasing a person's data on request (review.erasure): a tenant admin's decision;
+        # Erasing a person's data on request (review.privacy.erasure): a tenant admin's decision;
         # auditors see the runs (view_erasurerun) and the trail, not the button.
         "review.erase_subject",
     ],

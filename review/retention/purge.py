@@ -45,7 +45,7 @@ from ledger.platform.crypto import is_redacted
 from ledger.platform.passes import PASS_ROW_FAILURES, failure_text, row_isolated
 from ledger.protocol.tombstones import tombstones_create
 from ledger.store import sql
-from review.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
+from review.audit.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
 from review.models import (
     AccessLog,
     CheckpointKind,
@@ -55,7 +55,7 @@ from review.models import (
     RetentionRunStatus,
     SubjectIndex,
 )
-from review.privacy import redaction_marker
+from review.privacy.payloads import redaction_marker
 
 log = logging.getLogger("onceguard.retention")
 # The label of this pass's failures (ledger.platform.passes).
@@ -140,7 +140,7 @@ def retention_defaults(record_type: str) -> tuple[timedelta | None, timedelta | 
 
 def retention_floor(record_type: str) -> tuple[timedelta | None, timedelta | None]:
     """(payload TTL, record TTL) no tenant's policy may go below; the access log's record
-    floor is review.accesslog's."""
+    floor is review.audit.accesslog's."""
     if record_type == RecordType.ACCESS_LOG:
         return None, access_log_min_retention()
     spec = retention_setting("FLOORS", {}).get(record_type, {})
@@ -526,7 +526,7 @@ def retention_purge_tenant(
                 _purge_type(tp, record_type, policy, counts)
         _expire_tombstones(tp)
         _expire_gone_links(tp)
-        # Every purge leaves the tenant's access-log head signed (review.accesslog).
+        # Every purge leaves the tenant's access-log head signed (review.audit.accesslog).
         accesslog_checkpoint(tenant_id=tenant_id)
         run.status = RetentionRunStatus.PARTIAL if tp.exhausted or tp.failures else RetentionRunStatus.DONE
         if tp.failures:

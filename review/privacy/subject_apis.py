@@ -27,14 +27,13 @@ from rest_framework.views import APIView
 
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol.serializer_reuse import validated_data
-from review.accesslog import accesslog_append
-from review.erasure import ErasureNotFound, erasure_request
-from review.erasure_n8n import n8n_report
+from review.audit.accesslog import accesslog_append
 from review.models import AccessAction, ErasureRun
-from review.privacy import MIN_REASON_LENGTH
-from review.privacy_apis import PAYLOAD_SCOPE
-from review.security import client_ip
-from review.subjects import (
+from review.privacy.apis import PAYLOAD_SCOPE
+from review.privacy.erasure import ErasureNotFound, erasure_request
+from review.privacy.erasure_n8n import n8n_report
+from review.privacy.payloads import MIN_REASON_LENGTH
+from review.privacy.subjects import (
     EXPORT_FORMATS,
     Subject,
     Trail,
@@ -45,6 +44,7 @@ from review.subjects import (
     trail_document,
     trail_values,
 )
+from review.staff.security import client_ip
 
 AUDIT_SCOPE = "audit"
 

@@ -1,4 +1,4 @@
-"""The console's list of erasure runs (read-only: only review.erasure writes them). Registered
+"""The console's list of erasure runs (read-only: only review.privacy.erasure writes them). Registered
 from ``ReviewConfig.ready`` so this page lives in its own file."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from django.contrib import admin
 
 from ledger.web.console_base import ConsoleReadOnlyAdmin
-from review.erasure_n8n import n8n_report
 from review.models import ErasureRun
-from review.subjects import erasure_summary
+from review.privacy.erasure_n8n import n8n_report
+from review.privacy.subjects import erasure_summary
 
 
 class ErasureRunAdmin(ConsoleReadOnlyAdmin):
@@ -44,7 +44,7 @@ class ErasureRunAdmin(ConsoleReadOnlyAdmin):
 
     @admin.display(description="n8n executions not deleted")
     def n8n_not_deleted(self, obj: ErasureRun) -> str:
-        # The report's list for a person to act on (review.erasure_n8n): never silently dropped.
+        # The report's list for a person to act on (review.privacy.erasure_n8n): never silently dropped.
         items = n8n_report(obj)["left"]
         return (
             "; ".join(

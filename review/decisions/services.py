@@ -14,9 +14,9 @@ from ledger.platform.errors import DomainError, LeaseLost, OperationNotFound, Va
 from ledger.protocol.transitions import operation_review_resolve
 from ledger.tenants.config_changes import config_change_of, config_snapshot
 from ledger.web import display
-from review.accesslog import access_log_min_retention
+from review.audit.accesslog import access_log_min_retention
 from review.models import RecordType, RetentionPolicy, ReviewDecision
-from review.retention import retention_floor
+from review.retention.purge import retention_floor
 
 S = OperationStatus
 log = logging.getLogger("onceguard.review")
@@ -85,7 +85,7 @@ def review_decision_record(
 
 def retention_policy_check(*, record_type: str, payload_ttl: timedelta | None, record_ttl: timedelta | None) -> None:
     """ValidationFailed unless the TTLs make a policy: positive, payload before record, and an
-    no TTL below the platform's floors (review.retention; the access log's is review.accesslog's)."""
+    no TTL below the platform's floors (review.retention.purge; the access log's is review.audit.accesslog's)."""
     for label, ttl in (("payload TTL", payload_ttl), ("record TTL", record_ttl)):
         if ttl is not None and ttl <= timedelta(0):
             raise ValidationFailed(f"The {label} must be longer than zero.", extra={"field": label.replace(" ", "_")})
@@ -98,7 +98,7 @@ def retention_policy_check(*, record_type: str, payload_ttl: timedelta | None, r
             " is not allowed.",
             extra={"field": "record_ttl", "minimum_days": floor.days},
         )
-    # The platform's floors under payloads and records (review.retention, ONCEGUARD_RETENTION).
+    # The platform's floors under payloads and records (review.retention.purge, ONCEGUARD_RETENTION).
     payload_floor, record_floor = retention_floor(record_type)
     for label, field, ttl, minimum in (
         ("payload TTL", "payload_ttl", payload_ttl, payload_floor),

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from review import subject_apis
+from review.privacy import subject_apis
 
 urlpatterns = [
     path("trail", subject_apis.SubjectTrailApi.as_view(), name="subject-trail"),

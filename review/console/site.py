@@ -3,8 +3,8 @@ payload-masked, whoever wrote it; plus the dashboard, reveal, data-subject searc
 exports.
 
 ``OnceguardAdminSite.register`` puts three mixins in front of every ModelAdmin class:
-``TenantScopedAdminMixin`` (review.tenancy: rows of the user's tenants only),
-``ConfigChangeAdminMixin`` (review.changes: saves of configuration leave a ConfigChange row)
+``TenantScopedAdminMixin`` (review.staff.tenancy: rows of the user's tenants only),
+``ConfigChangeAdminMixin`` (review.audit.changes: saves of configuration leave a ConfigChange row)
 and ``ConsoleAdminMixin`` (below: payload columns never rendered, a masked payload panel with
 a reveal link on detail pages, CSV export of the filtered list).
 """
@@ -41,16 +41,17 @@ from ledger.store import sql
 from ledger.web import display
 from ledger.web.console_base import ConsoleLookupsMixin, lookup_refused_response
 from ledger.web.pagination import CappedCountPaginator
-from review import privacy, security
-from review.changes import ConfigChangeAdminMixin
-from review.listing import ConsoleChangeList
+from review.audit.changes import ConfigChangeAdminMixin
+from review.console.listing import ConsoleChangeList
+from review.console.n8n_audit_pages import n8n_audit_page
+from review.console.round import console_round
+from review.console.run_pages import run_page
+from review.console.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
+from review.console.subject_pages import subject_trail_page
 from review.models import AccessAction
-from review.n8n_audit_pages import n8n_audit_page
-from review.round import console_round
-from review.run_pages import run_page
-from review.selectors import CHART_SERIES, attention_now, dashboard_numbers, provider_activity
-from review.subject_pages import subject_trail_page
-from review.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
+from review.privacy import payloads as privacy
+from review.staff import security
+from review.staff.tenancy import object_tenant_id, scope_of, scoped_admin_class, tenant_path
 
 EXPORT_MAX_ROWS = 100_000
 
@@ -437,7 +438,7 @@ class SubjectSearchForm(forms.Form):
 
 class ThrottledAuthenticationForm(AdminAuthenticationForm):
     """The admin login, refusing attempts while this username from this address, or this
-    address, is locked out (review.security: nobody locks an account out from elsewhere)."""
+    address, is locked out (review.staff.security: nobody locks an account out from elsewhere)."""
 
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username") or ""
@@ -493,11 +494,11 @@ class OnceguardAdminSite(admin.AdminSite):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # The history tables' pages (review.history_pages), by model.
+        # The history tables' pages (review.console.history_pages), by model.
         self._history_pages: dict[type[models.Model], Any] = {}
 
     def register_history_page(self, page_class: Any) -> None:
-        """A history table's console pages (review.history_pages): their own views at the
+        """A history table's console pages (review.console.history_pages): their own views at the
         addresses the admin would give the model, which the admin cannot register (a
         composite primary key)."""
         self._history_pages[page_class.model] = page_class(self)
@@ -673,17 +674,17 @@ class OnceguardAdminSite(admin.AdminSite):
         response["Cache-Control"] = "no-store"
         return response
 
-    # --- runs (review.run_pages) ----------------------------------------------------------------
+    # --- runs (review.console.run_pages) ----------------------------------------------------------------
 
     def run_view(self, request: HttpRequest) -> HttpResponse:
         return run_page(self, request)
 
-    # --- the n8n workflow audit (review.n8n_audit_pages) --------------------------------------------
+    # --- the n8n workflow audit (review.console.n8n_audit_pages) --------------------------------------------
 
     def n8n_audit_view(self, request: HttpRequest) -> HttpResponse:
         return n8n_audit_page(self, request)
 
-    # --- a person's data trail (review.subject_pages) ----------------------------------------------
+    # --- a person's data trail (review.console.subject_pages) ----------------------------------------------
 
     def subject_trail_view(self, request: HttpRequest) -> HttpResponse:
         return subject_trail_page(self, request)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from review import privacy_apis
+from review.privacy import apis as privacy_apis
 
 urlpatterns = [
     path(

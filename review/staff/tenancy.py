@@ -4,7 +4,7 @@
   memberships (a staff user with none sees nothing).
 * ``TenantScopeMiddleware`` puts that on ``request.onceguard_tenant_ids`` for every request.
 * ``TenantScopedAdminMixin`` is mixed into EVERY ModelAdmin by the console's admin site
-  (review.console.OnceguardAdminSite.register), so lists, searches, filters, detail pages,
+  (review.console.site.OnceguardAdminSite.register), so lists, searches, filters, detail pages,
   actions, autocompletes and exports of every model — whoever wrote the ModelAdmin — only
   ever see rows of the user's tenants. Models without a path to a tenant are superuser-only.
 """

@@ -14,7 +14,7 @@ for it, neither of them plaintext:
   the record that it was destroyed is the proof) can still be found by someone who holds
   both the key and the identifier.
 
-Reads only; the writes are ``review.erasure`` (erasure) and ``review.accesslog`` (the rows a
+Reads only; the writes are ``review.privacy.erasure`` (erasure) and ``review.audit.accesslog`` (the rows a
 lookup or an export appends, written by the callers, which know the actor).
 """
 
@@ -37,9 +37,9 @@ from ledger.platform.errors import ValidationFailed
 from ledger.platform.masking import stored_value_masked
 from ledger.protocol.selectors import run_of
 from ledger.web.display import csv_cell
-from review.erasure_n8n import n8n_summary
 from review.models import AccessAction, AccessLog, ErasureRun, RecordType, SubjectIndex
-from review.privacy import DEFAULT_SUBJECT_KEYS, privacy_setting
+from review.privacy.erasure_n8n import n8n_summary
+from review.privacy.payloads import DEFAULT_SUBJECT_KEYS, privacy_setting
 
 REF_HEX = 32
 # Records of one person the trail reads at most (each a few queries' worth of rows); a
@@ -454,7 +454,7 @@ def erasure_summary(run: ErasureRun) -> str:
         (run.missing, "record already gone", "records already gone"),
     ]
     done = [f"{n} {one if n == 1 else many}" for n, one, many in parts if n]
-    # n8n's copies (review.erasure_n8n): deleted, and every one not deleted, listed.
+    # n8n's copies (review.privacy.erasure_n8n): deleted, and every one not deleted, listed.
     n8n = n8n_summary(run)
     return ", ".join([*done, *([n8n] if n8n else [])]) or "nothing held their data"
 

@@ -3,7 +3,7 @@ dead-letter queue, runs, people, configuration, audit — in that order, each pa
 
 The admin's own index lists its apps' models in app and model order (35 links); an operator
 walks the pages by the question they answer instead. Every count is bounded
-(``review.selectors.shown_count``: exact up to a thousand rows read from an index, else the
+(``review.console.selectors.shown_count``: exact up to a thousand rows read from an index, else the
 planner's estimate), never a COUNT(*) over the operation table.
 """
 
@@ -17,7 +17,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 
-from review.selectors import shown_counts
+from review.console.selectors import shown_counts
 
 # (section title, what it answers, its pages as (app label, model name)). A page registered
 # later and named nowhere here is listed under configuration, so no page goes missing.

@@ -10,8 +10,9 @@ from rest_framework.views import APIView
 
 from ledger.store import sql
 from ledger.web.apis import OperationCursorPagination, validated_input
-from review import selectors, services
-from review.serializers import (
+from review.console import selectors
+from review.decisions import services
+from review.decisions.serializers import (
     DecisionInputSerializer,
     ReviewItemListQuerySerializer,
     ReviewItemOutputSerializer,

@@ -2,7 +2,7 @@
 configuration model through the console writes a ``ConfigChange`` row (ledger.tenants.config_changes)
 in the transaction of the save, with the user as actor and secrets masked.
 
-The console's site (review.console) mixes :class:`ConfigChangeAdminMixin` into every
+The console's site (review.console.site) mixes :class:`ConfigChangeAdminMixin` into every
 ModelAdmin; it acts on the models listed in :data:`AUDITED` only. The services of each app
 record the changes made outside the console (management commands, API) themselves.
 """

@@ -1,5 +1,5 @@
 """The console's page of a person's data trail: the same reads and services
-as the API (``review.subjects``, ``review.erasure``), scoped to the user's tenants.
+as the API (``review.privacy.subjects``, ``review.privacy.erasure``), scoped to the user's tenants.
 
 Identifiers are typed into a POST form and never put in a URL (proxies, server logs and
 browser history keep URLs); the answer is marked ``no-store``. Every lookup and export
@@ -24,16 +24,16 @@ from django.urls import NoReverseMatch, reverse
 
 from ledger.models import Tenant
 from ledger.platform.errors import DomainError
-from review.accesslog import accesslog_append
-from review.erasure import erasure_request
-from review.erasure_n8n import n8n_report
+from review.audit.accesslog import accesslog_append
+from review.console.run_pages import run_page_url
 from review.models import AccessAction, RecordType
-from review.privacy import MIN_REASON_LENGTH
-from review.run_pages import run_page_url
-from review.security import client_ip
-from review.subject_apis import export_response
-from review.subjects import Subject, Trail, erasure_summary, subject_kinds, subject_resolve, subject_trail
-from review.tenancy import scope_of
+from review.privacy.erasure import erasure_request
+from review.privacy.erasure_n8n import n8n_report
+from review.privacy.payloads import MIN_REASON_LENGTH
+from review.privacy.subject_apis import export_response
+from review.privacy.subjects import Subject, Trail, erasure_summary, subject_kinds, subject_resolve, subject_trail
+from review.staff.security import client_ip
+from review.staff.tenancy import scope_of
 
 ACTIONS = ("trail", "export_json", "export_csv", "erase")
 

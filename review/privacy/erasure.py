@@ -1,7 +1,7 @@
 """Erasure on request: redact one person's payloads everywhere, as a recorded,
 resumable run.
 
-``erasure_request`` resolves the person (keyed values only, review.subjects), snapshots the
+``erasure_request`` resolves the person (keyed values only, review.privacy.subjects), snapshots the
 ids of every record that holds their data, writes the ``ErasureRun`` and an ``erase`` row in
 the access log (who asked, why), and enqueues ``review.tasks.erasure_run_task`` after commit.
 
@@ -55,8 +55,7 @@ from ledger.platform import crypto
 from ledger.platform.errors import DomainError, ValidationFailed
 from ledger.platform.redaction import scrub
 from ledger.protocol import transitions as ledger_transitions
-from review.accesslog import accesslog_append
-from review.erasure_n8n import erasure_n8n_pass, n8n_delete_default, n8n_executions_of
+from review.audit.accesslog import accesslog_append
 from review.models import (
     ERASURE_OPEN_STATES,
     AccessAction,
@@ -65,8 +64,9 @@ from review.models import (
     RecordType,
     SubjectIndex,
 )
-from review.privacy import MIN_REASON_LENGTH, redaction_marker
-from review.subjects import Subject, subject_record_ids
+from review.privacy.erasure_n8n import erasure_n8n_pass, n8n_delete_default, n8n_executions_of
+from review.privacy.payloads import MIN_REASON_LENGTH, redaction_marker
+from review.privacy.subjects import Subject, subject_record_ids
 
 log = logging.getLogger("onceguard.erasure")
 
@@ -104,7 +104,7 @@ def erasure_request(
     """Record an erasure of ``subject``'s data in the tenant and enqueue its task: (run,
     created). An open run for the same person is returned instead of a second one.
     ``delete_n8n_executions``: also delete the n8n executions that carried their data
-    (review.erasure_n8n); None: when the tenant has an active n8n connection."""
+    (review.privacy.erasure_n8n); None: when the tenant has an active n8n connection."""
     reason = " ".join((reason or "").split())
     if len(reason) < MIN_REASON_LENGTH:
         raise ValidationFailed(
@@ -369,7 +369,7 @@ def _batch(run_id: int, batch_size: int) -> ErasureRun:
             if not ERASERS[record_type](run, int(pk), now):
                 run.missing += 1
         run.cursor += len(batch)
-        # Done once the records are, and n8n's copies after them (review.erasure_n8n).
+        # Done once the records are, and n8n's copies after them (review.privacy.erasure_n8n).
         if run.cursor >= len(run.targets) and run.n8n_cursor >= len(run.n8n_executions):
             # Whatever the index still holds under the person's digests: links of records
             # retention deleted, records that arrived since the request.

@@ -1,6 +1,6 @@
 """The access log checked against its witnesses outside the database.
 
-``review.accesslog`` writes one ``accesslog_witness`` line per appended row to the structured
+``review.audit.accesslog`` writes one ``accesslog_witness`` line per appended row to the structured
 log stream (``tenant``, ``seq``, ``id``, ``hash``) once the row is committed. A log pipeline
 keeps those lines where someone who can write the database cannot reach them. This module
 reads them back — from JSON lines (``LOG_FORMAT=json``) or the readable ``key=value`` lines,
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from review.accesslog import WITNESS_EVENT, ChainProblem, verified_purge_anchor
+from review.audit.accesslog import WITNESS_EVENT, ChainProblem, verified_purge_anchor
 from review.models import AccessLog
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")

@@ -1,7 +1,7 @@
 """Privacy: masking, reveal with a reason, the data-subject index.
 
 Everything that shows a payload in plain text goes through :func:`payload_reveal`, which
-writes the AccessLog row first (review.accesslog: the keyed, checkpointed chain; its
+writes the AccessLog row first (review.audit.accesslog: the keyed, checkpointed chain; its
 functions are re-exported here for the callers that know them by this module). Everything
 else renders :func:`mask_json`.
 """
@@ -23,14 +23,7 @@ from dlq.models import FailedEvent
 from ledger.platform import crypto
 from ledger.platform.errors import ValidationFailed
 from ledger.platform.masking import mask_json
-from review.accesslog import (  # noqa: F401 (re-exported for callers of review.privacy)
-    GENESIS,
-    ChainProblem,
-    accesslog_append,
-    accesslog_verify,
-    chain_anchor,
-    normalize_ip,
-)
+from review.audit.accesslog import GENESIS, ChainProblem, accesslog_append, accesslog_verify, chain_anchor, normalize_ip  # noqa: F401 (re-exported for callers of review.privacy.payloads)
 from review.models import AccessAction, AccessLog, RecordType, SubjectIndex
 
 log = logging.getLogger("onceguard.privacy")
@@ -271,7 +264,7 @@ def subject_search(*, tenant_ids: list[int] | None, phone: str = "", email: str 
                 digests += [d for _, d in crypto.digests_all_keys(f"{kind}:{normalized}")]
     if not digests:
         return SubjectHits([], [])
-    # Links to records retention deleted stay for the person's trail (review.subjects); a
+    # Links to records retention deleted stay for the person's trail (review.privacy.subjects); a
     # search finds living records only.
     rows = SubjectIndex.objects.filter(digest__in=digests, gone_at__isnull=True)
     if tenant_ids is not None:

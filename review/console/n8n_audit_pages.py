@@ -12,7 +12,7 @@ from django.template.response import TemplateResponse
 
 from dlq.models import N8nConnection
 from dlq.n8n_audit import AuditUnavailable, n8n_workflows_audit
-from review.tenancy import scope_of
+from review.staff.tenancy import scope_of
 
 PERMISSION = "dlq.view_n8nconnection"
 

@@ -22,7 +22,7 @@ from dlq.runs import RunView, run_resume, run_view
 from ledger.models import Checkpoint, Operation, Tenant
 from ledger.platform.errors import DomainError
 from ledger.protocol.selectors import run_of
-from review.tenancy import scope_of
+from review.staff.tenancy import scope_of
 
 
 class RunFindForm(forms.Form):

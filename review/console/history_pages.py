@@ -6,7 +6,7 @@ the run and subject pages, with what their ModelAdmins gave: at the same address
 names, a list newest first with the same filters and search, a read-only detail page (an
 attempt's recorded response masked, with the reveal for those allowed), the CSV export with
 its access-log rows; behind the same view permissions, scoped to the user's tenants
-(review.tenancy), counted with the console's capped paginator and planned per call. There is
+(review.staff.tenancy), counted with the console's capped paginator and planned per call. There is
 no add, change or delete page: the rows are the services' to write (DESIGN §6).
 
 A row is named by its id alone in addresses and in the access log: one sequence per table
@@ -39,9 +39,9 @@ from ledger.web import display
 from ledger.web.console import may_view
 from ledger.web.console_base import lookup_refused_response, unoffered_parameters
 from ledger.web.pagination import CappedCountPaginator
-from review import privacy
-from review.console import can_export, export_csv_response, payload_panel_context
-from review.tenancy import scope_of, scope_queryset
+from review.console.site import can_export, export_csv_response, payload_panel_context
+from review.privacy import payloads as privacy
+from review.staff.tenancy import scope_of, scope_queryset
 
 PAGE_VAR, SEARCH_VAR = "p", "q"
 
@@ -79,7 +79,7 @@ class HistoryPage:
         return user.is_active and user.is_staff and may_view(request, self.model)
 
     def queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        """The user's tenants' rows (review.tenancy): every page and the export start here."""
+        """The user's tenants' rows (review.staff.tenancy): every page and the export start here."""
         return scope_queryset(self.model._default_manager.select_related("operation"), scope_of(request))
 
     def get_object(self, request: HttpRequest, object_id: Any) -> Any:

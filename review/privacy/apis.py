@@ -23,8 +23,8 @@ from dlq.models import FailedEvent
 from ledger.models import Operation
 from ledger.platform.errors import DomainError, OperationNotFound, ValidationFailed
 from ledger.protocol.serializer_reuse import validated_data
-from review import privacy
-from review.security import client_ip
+from review.privacy import payloads as privacy
+from review.staff.security import client_ip
 
 PAYLOAD_SCOPE = "payload"
 

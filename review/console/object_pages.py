@@ -7,7 +7,7 @@ render whatever a tenant uploaded). The bytes leave only through a download: it 
 (action ``reveal``, fields ``content``) and answers through ``ledger.web.apis.object_content_response``,
 the same response the authenticated API views give (an attachment, a sandboxing CSP, no
 shared caching). The console's staff sessions are not API keys, so the link is the console's
-own view, scoped to the user's tenants like every console page (review.tenancy).
+own view, scoped to the user's tenants like every console page (review.staff.tenancy).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from ledger.web import display
 from ledger.web.apis import object_content_response
 from ledger.web.console import TenantColumnMixin
 from ledger.web.console_base import ConsoleReadOnlyAdmin
-from review.console import actor_of, can_reveal, client_ip
-from review.privacy import MIN_REASON_LENGTH, object_download_record
+from review.console.site import actor_of, can_reveal, client_ip
+from review.privacy.payloads import MIN_REASON_LENGTH, object_download_record
 
 
 class DownloadForm(forms.Form):
