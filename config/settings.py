@@ -394,7 +394,7 @@ ONCEGUARD_ACCESS_LOG = {
     "GRACE_MINUTES": env.read("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES"),
 }
 
-# --- Retention (review.retention.purge): the Australian defaults and the platform's floors ----
+# --- Retention (review.retention.policies): the Australian defaults and the platform's floors
 # A tenant without a policy for a record type gets these (RETENTION_APPLY_DEFAULTS=0: keep
 # everything until a policy says otherwise). Days; None = never. APP 11.2 asks to destroy or
 # de-identify personal information once no purpose needs it: payloads are only needed while

@@ -30,7 +30,7 @@ from ledger.web import display
 from ledger.web.console import SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
 from ledger.web.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ServiceSaveAdmin
 from ledger.web.story import operation_story
-from review.decisions.services import retention_policy_check, retention_policy_save, review_decision_record
+from review.decisions.services import review_decision_record
 from review.models import (
     AccessLog,
     AccessLogCheckpoint,
@@ -42,6 +42,7 @@ from review.models import (
     ReviewItem,
     StaffTenant,
 )
+from review.retention.policies import retention_policy_check, retention_policy_save
 
 
 class DecisionForm(forms.Form):
@@ -254,7 +255,7 @@ class AccessLogAdmin(ConsoleReadOnlyAdmin):
 
 
 class RetentionPolicyForm(forms.ModelForm):
-    """The service's rules (review.decisions.services.retention_policy_check) on the console form:
+    """The service's rules (review.retention.policies.retention_policy_check) on the console form:
     among them the platform's floor under the access log's record TTL."""
 
     class Meta:
@@ -289,7 +290,7 @@ class RetentionPolicyAdmin(ServiceSaveAdmin):
     service_keys = ("tenant", "record_type")
 
     def save_model(self, request: HttpRequest, obj: RetentionPolicy, form: Any, change: bool) -> None:
-        # One write path (ADR 0006): review.decisions.services.retention_policy_save checks the floors
+        # One write path (ADR 0006): review.retention.policies.retention_policy_save checks the floors
         # and records the change, for the console as for every other caller.
         saved = retention_policy_save(
             tenant_id=obj.tenant_id,

@@ -13,8 +13,10 @@ Rules (DESIGN §6):
   operation superseded by it) are not deleted until the reference is gone. ``operation_claim``
   never re-creates a tombstoned key (a NOT EXISTS guard inside its INSERT) and answers from
   the tombstone.
-* Work happens in bounded batches, each its own short transaction (no long locks), and every
-  pass over a tenant leaves a RetentionRun with counts per record type and policy.
+* Work happens in bounded batches, each its own short transaction (no long locks:
+  review.retention.batches), and every pass over a tenant leaves a RetentionRun with counts per
+  record type and policy. The pass starts by dropping the months nothing in which may be kept
+  (review.retention.partitions); the policies it applies are review.retention.policies'.
 """
 
 from __future__ import annotations
@@ -23,12 +25,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -40,9 +39,8 @@ from dlq.services import failed_event_discard
 from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import uploads_purge
 from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload
-from ledger.platform import partitions
 from ledger.platform.crypto import is_redacted
-from ledger.platform.passes import PASS_ROW_FAILURES, failure_text, row_isolated
+from ledger.platform.passes import PASS_ROW_FAILURES, row_isolated
 from ledger.protocol.tombstones import tombstones_create
 from ledger.store import sql
 from review.audit.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
@@ -56,185 +54,15 @@ from review.models import (
     SubjectIndex,
 )
 from review.privacy.payloads import redaction_marker
+from review.retention.batches import JOB, PurgeBudget, TenantPurge, TypeCounts, _each_batch, _keyset_batches
+from review.retention.partitions import retention_drop_partitions
+from review.retention.policies import _policies, defaults_apply, retention_setting
 
 log = logging.getLogger("onceguard.retention")
-# The label of this pass's failures (ledger.platform.passes).
-JOB = "retention_purge"
-
-
-def retention_setting(name: str, default: Any) -> Any:
-    return getattr(settings, "ONCEGUARD_RETENTION", {}).get(name, default)
-
-
-# --- The purge ----------------------------------------------------------------------------------
-
-
-@dataclass
-class TypeCounts:
-    # the policy's id, or "default" (the platform's defaults applied)
-    policy: int | str | None = None
-    held: bool = False
-    redacted: int = 0
-    deleted: int = 0
-    discarded: int = 0
-    skipped_referenced: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class PurgeBudget:
-    """Bounded work per pass: at most ``max_batches`` batches and ``seconds`` of wall time
-    (below django-q2's task timeout); the next pass continues where this one stopped."""
-
-    batch_size: int
-    max_batches: int
-    seconds: float = 60.0
-    used: int = 0
-    started: float = field(default_factory=time.monotonic)
-    # Wall time between consecutive batches (≈ each batch's transaction), for the bench.
-    longest_batch: float = 0.0
-    _last: float = 0.0
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        if self._last:
-            self.longest_batch = max(self.longest_batch, now - self._last)
-        self._last = now
-        if self.used >= self.max_batches or now - self.started > self.seconds:
-            return False
-        self.used += 1
-        return True
-
-    def close(self) -> None:
-        if self._last:
-            self.longest_batch = max(self.longest_batch, time.monotonic() - self._last)
-
-
-@dataclass
-class TenantPurge:
-    run: RetentionRun
-    now: datetime
-    budget: PurgeBudget
-    counts: dict[str, TypeCounts] = field(default_factory=dict)
-    exhausted: bool = False
-    # Rows (or steps) that raised and were left in place for a later run (ledger.platform.passes).
-    failures: int = 0
-    failure: str = ""
-
-    def failed(self, exc: BaseException) -> None:
-        self.failures += 1
-        self.failure = failure_text(JOB, exc)
-
-
-def _days(value: Any) -> timedelta | None:
-    return None if value is None else timedelta(days=int(value))
-
-
-def retention_defaults(record_type: str) -> tuple[timedelta | None, timedelta | None]:
-    """(payload TTL, record TTL) a tenant without a policy for ``record_type`` gets."""
-    spec = retention_setting("DEFAULTS", {}).get(record_type, {})
-    return _days(spec.get("payload_days")), _days(spec.get("record_days"))
-
-
-def retention_floor(record_type: str) -> tuple[timedelta | None, timedelta | None]:
-    """(payload TTL, record TTL) no tenant's policy may go below; the access log's record
-    floor is review.audit.accesslog's."""
-    if record_type == RecordType.ACCESS_LOG:
-        return None, access_log_min_retention()
-    spec = retention_setting("FLOORS", {}).get(record_type, {})
-    return _days(spec.get("payload_days")), _days(spec.get("record_days"))
-
-
-def defaults_apply() -> bool:
-    return bool(retention_setting("APPLY_DEFAULTS", False))
-
-
-def _policies(tenant_id: int) -> dict[str, RetentionPolicy]:
-    """The tenant's policies; the platform's defaults (unsaved, pk None) for the record types
-    it has none for, when defaults apply."""
-    policies = {p.record_type: p for p in RetentionPolicy.objects.filter(tenant_id=tenant_id)}
-    if defaults_apply():
-        for record_type in RecordType.values:
-            payload_ttl, record_ttl = retention_defaults(record_type)
-            if record_type not in policies and (payload_ttl or record_ttl):
-                policies[record_type] = RetentionPolicy(
-                    tenant_id=tenant_id, record_type=record_type, payload_ttl=payload_ttl, record_ttl=record_ttl
-                )
-    return policies
 
 
 def _policy_ref(policy: RetentionPolicy) -> int | str:
     return policy.pk or "default"
-
-
-def _keyset(qs: Any, column: str, last: tuple[Any, int] | None, size: int) -> list[tuple[Any, int]]:
-    """The next ``size`` (column, id) pairs after ``last``, in index order: each batch starts
-    where the previous one stopped (rows skipped on purpose are never scanned again)."""
-    if last is not None:
-        value, pk = last
-        # (column, id) > (value, pk), spelled so that ``column >= value`` is an index range
-        # condition: the plain OR of the two cases would scan from the start every batch.
-        qs = qs.filter(Q(**{f"{column}__gte": value}) & (Q(**{f"{column}__gt": value}) | Q(pk__gt=pk)))
-    return list(qs.order_by(column, "pk").values_list(column, "pk")[:size])
-
-
-def _keyset_batches(tp: TenantPurge, rows: Any, column: str) -> Iterator[list[int]]:
-    """Ids of ``rows`` in keyset batches of the run's size, while its budget lasts (the run
-    is marked exhausted when it runs out, so the next run continues). Every batch loop of the
-    purge goes through here: a loop that re-reads from the start would spin on a row it
-    leaves in place (a busy DLQ entry) until the budget runs out."""
-    last = None
-    size = tp.budget.batch_size
-    while True:
-        page = _keyset(rows, column, last, size)
-        if not page:
-            return
-        if not tp.budget.take():
-            tp.exhausted = True
-            return
-        last = page[-1]
-        yield [pk for _, pk in page]
-        if len(page) < size:
-            return
-
-
-def _each_batch(
-    tp: TenantPurge, rows: Any, column: str, counts: TypeCounts, batch: Callable[[list[int]], None]
-) -> None:
-    """``batch(ids)`` for each keyset batch, each in its own transaction. A batch that raises
-    is rolled back (its counts with it) and its rows tried one by one, each in its own
-    transaction: a row that still raises is left for a later run — counted, logged and
-    recorded on the run (ledger.platform.passes) — and the others are purged all the same."""
-    for ids in _keyset_batches(tp, rows, column):
-        if _batch_done(tp, counts, batch, ids, isolated=False):
-            continue
-        for pk in ids:
-            _batch_done(tp, counts, batch, [pk], isolated=True)
-
-
-def _batch_done(
-    tp: TenantPurge, counts: TypeCounts, batch: Callable[[list[int]], None], ids: list[int], *, isolated: bool
-) -> bool:
-    before, created = dict(counts.__dict__), tp.run.tombstones_created
-    try:
-        if isolated:
-            ok = False
-            with row_isolated(job=JOB, ref=f"tenant={tp.run.tenant_id} row={ids[0]}", on_failure=tp.failed):
-                batch(ids)
-                ok = True
-        else:
-            with transaction.atomic():
-                batch(ids)
-            ok = True
-    except Exception:
-        # The whole batch: each row is tried alone next (the caller), which counts and logs.
-        ok = False
-    if not ok:
-        counts.__dict__.update(before)
-        tp.run.tombstones_created = created
-    return ok
 
 
 def _not_redacted(*columns: str) -> Q:
@@ -579,85 +407,6 @@ def _purge_type(tp: TenantPurge, record_type: str, policy: RetentionPolicy, coun
         _delete_access_log(tp, policy, counts)
     elif record_type == RecordType.UPLOADS:
         _delete_uploads(tp, policy, counts)
-
-
-def _operation_cutoffs(now: datetime) -> dict[int, datetime]:
-    """Tenant → the time before which its finished operations are past their record TTL, for
-    every tenant whose operations may be deleted at all (a TTL, no legal hold)."""
-    cutoffs = {}
-    for tenant_id in Tenant.objects.values_list("pk", flat=True):
-        policy = _policies(tenant_id).get(RecordType.OPERATIONS)
-        if policy is not None and policy.record_ttl is not None and not policy.legal_hold:
-            cutoffs[tenant_id] = now - policy.record_ttl
-    return cutoffs
-
-
-def _partition_keeps_something(
-    part: partitions.Partition, cutoffs: dict[int, datetime], *, bounds: tuple[int, int] | None = None
-) -> bool:
-    """Whether a row of ``part`` belongs to an operation this purge would keep: one of a tenant
-    with no record TTL or on legal hold, not finished, not past its tenant's TTL, or still
-    referenced (a DLQ entry, an operation it superseded) — the rules of _delete_operations.
-
-    Only operations whose ids lie between the least and greatest the partition names can have
-    a row in it (both ends off its operation_id index; ``bounds`` overrides them for a
-    measurement); each candidate kept is probed in the partition's index, newest first, and
-    the first hit answers. A month that may be dropped is answered only after every operation
-    of its range is read, so the per-operation work is kept to one heap row: the tenant's
-    cutoff is a ``CASE`` (no join per row) and the two references are read once for the whole
-    range into hashed sets (no index probe per row)."""
-    bounds = bounds or partitions.partition_operation_range(part)
-    if bounds is None:
-        return False
-    cutoff = "CASE o.tenant_id " + " ".join(["WHEN %s THEN %s::timestamptz"] * len(cutoffs)) + " END"
-    if not cutoffs:
-        cutoff = "NULL::timestamptz"
-    states = sorted(TERMINAL_STATES)
-    low, high = bounds
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM ledger_operation o CROSS JOIN LATERAL (SELECT {cutoff} AS cutoff) r"
-            " WHERE o.id BETWEEN %s AND %s"
-            " AND (r.cutoff IS NULL OR o.updated_at >= r.cutoff OR o.done_at IS NULL OR o.done_at >= r.cutoff"
-            f" OR o.status NOT IN ({', '.join(['%s'] * len(states))})"
-            " OR o.id IN (SELECT f.operation_id FROM dlq_failedevent f WHERE f.operation_id BETWEEN %s AND %s)"
-            " OR o.id IN (SELECT s.superseded_by_id FROM ledger_operation s"
-            " WHERE s.superseded_by_id BETWEEN %s AND %s))"
-            f" AND EXISTS (SELECT 1 FROM {part.name} p WHERE p.operation_id = o.id)"
-            " ORDER BY o.id DESC LIMIT 1",
-            [*[v for item in cutoffs.items() for v in item], low, high, *states, low, high, low, high],
-        )
-        return cursor.fetchone() is not None
-
-
-def retention_drop_partitions(*, now: datetime | None = None) -> list[str]:
-    """Drop every past month of attempts and events in which nothing may be kept (PostgreSQL;
-    DESIGN §12, *Partitions*): every row in it belongs to an operation past the TTL of its
-    tenant's policy, on no legal hold, or to none left. Runs before the tenants' batches, which
-    then find those rows gone; a month that keeps something is left to them, row by row, as
-    before. The policies are locked (SHARE) from the check to the drop, so a legal hold or a
-    longer TTL saved meanwhile waits for it and is seen by the next pass."""
-    if connection.vendor != "postgresql":
-        return []
-    now = now or sql.db_now()
-    horizon = partitions.month_start(now)
-    dropped = []
-    for table in partitions.PARTITIONED:
-        for part in partitions.partitions(table):
-            # Only months wholly past: the current one still takes rows.
-            if part.is_default or part.upper is None or part.upper > horizon:
-                continue
-            # One transaction per partition: DROP locks the partitioned table (every claim
-            # writes to it) until the commit right after it, never while the next one is checked.
-            # One month that cannot be checked or dropped is left for the next pass (ledger.platform.passes).
-            with row_isolated(job=JOB, ref=f"partition={part.name}"):
-                with connection.cursor() as cursor:
-                    cursor.execute("LOCK TABLE review_retentionpolicy IN SHARE MODE")
-                if not _partition_keeps_something(part, _operation_cutoffs(now)) and partitions.partition_drop(part):
-                    dropped.append(part.name)
-    if dropped:
-        log.info("retention_partitions_dropped names=%s", ",".join(dropped))
-    return dropped
 
 
 def retention_purge(

@@ -33,8 +33,8 @@ from review.audit.accesslog import (
     accesslog_seal_legacy,
     accesslog_verify,
 )
-from review.decisions.services import retention_policy_save
 from review.models import AccessLog, AccessLogCheckpoint, RetentionPolicy, RetentionRun
+from review.retention.policies import retention_policy_save
 from review.retention.purge import retention_purge
 from review.schedules import accesslog_checkpoint_task, install_schedules
 from tests.console.support import client_for, staff

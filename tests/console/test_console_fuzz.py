@@ -26,7 +26,7 @@ from dlq.services import replay_target_upsert
 from ledger.models import Tenant
 from ledger.protocol import services
 from ledger.providers import prompts
-from review.decisions.services import retention_policy_save
+from review.retention.policies import retention_policy_save
 from review.staff.roles import ROLES
 from tests.console.support import (
     FormValues,

@@ -20,7 +20,8 @@ from ledger.platform.errors import KeyReusedWithDifferentRequest
 from ledger.protocol import services
 from review.models import AccessLog, RetentionPolicy, RetentionRun, SubjectIndex
 from review.privacy import payloads as privacy
-from review.retention.purge import PurgeBudget, TenantPurge, _keyset_batches, retention_purge, retention_purge_tenant
+from review.retention.batches import PurgeBudget, TenantPurge, _keyset_batches
+from review.retention.purge import retention_purge, retention_purge_tenant
 from tests.console.support import MARKERS, client_for, enforced_provider, example, failed_op, page, staff, succeeded_op
 
 pytestmark = pytest.mark.django_db(transaction=True)

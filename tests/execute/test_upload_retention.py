@@ -20,8 +20,8 @@ from ledger.execution import uploads
 from ledger.models import ErrorClass, Operation, OperationStatus, Provider, Tenant, Upload
 from ledger.protocol.services import provider_upsert
 from ledger.store import sql
-from review.decisions.services import retention_policy_save
 from review.models import RecordType
+from review.retention.policies import retention_policy_save
 from review.retention.purge import retention_purge_tenant
 from tests.execute.conftest import configure_provider
 from tests.execute.support import RenderApi, make_due, run_due, unthrottle, wait_until

@@ -15,8 +15,8 @@ from django.db import connection
 
 from ledger.execution import objects, uploads
 from ledger.models import Upload
-from review.decisions.services import retention_policy_save
 from review.models import RecordType
+from review.retention.policies import retention_policy_save
 from review.retention.purge import retention_purge_tenant
 from tests.support.objects import image_bytes, noisy_png, stored_files
 
