@@ -39,7 +39,7 @@ from ledger.web import display
 from ledger.web.console import may_view
 from ledger.web.console_base import lookup_refused_response, unoffered_parameters
 from ledger.web.pagination import CappedCountPaginator
-from review.console.site import can_export, export_csv_response, payload_panel_context
+from review.console.pages import can_export, export_csv_response, payload_panel_context
 from review.privacy import payloads as privacy
 from review.staff.tenancy import scope_of, scope_queryset
 

@@ -28,7 +28,7 @@ from ledger.web import display
 from ledger.web.apis import object_content_response
 from ledger.web.console import TenantColumnMixin
 from ledger.web.console_base import ConsoleReadOnlyAdmin
-from review.console.site import actor_of, can_reveal, client_ip
+from review.console.pages import actor_of, can_reveal, client_ip
 from review.privacy.payloads import MIN_REASON_LENGTH, object_download_record
 
 

@@ -1,4 +1,10 @@
-"""Reads for the review queue, shared by the API and the console."""
+"""Reads for the console's front page: bounded counts of every list it links to
+(``shown_count``: exact up to a thousand rows read from an index, else the planner's estimate),
+the dashboard's numbers, what needs attention now, and each provider's activity per hour (the
+settled hours kept in ``ActivityHour`` rows by the hourly rollup or the first reader, the
+current ones read live).
+
+The review queue's own reads are review.decisions.selectors."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 from django_q.models import Task
@@ -21,7 +27,6 @@ from dlq.models import FailedEvent, FailedEventStatus
 from dlq.selectors import failed_events_for_a_person
 from ledger.models import (
     TERMINAL_STATES,
-    Attempt,
     Operation,
     OperationEvent,
     OperationMode,
@@ -29,47 +34,8 @@ from ledger.models import (
     Provider,
     Tenant,
 )
-from ledger.protocol.selectors import operation_search
 from ledger.store import sql
 from review.models import ActivityHour, RetentionRun
-
-
-def review_item_list(
-    *,
-    tenant_ids: list[int] | None,
-    provider: str = "",
-    older_than_seconds: float | None = None,
-    search: str = "",
-) -> QuerySet[Operation]:
-    # Attempts and events prefetched: the API renders both per item (one query each per page),
-    # each read by the tenants' ids too (Citus routes a tenant's statement to one node).
-    rows = (
-        Operation.objects.filter(status=OperationStatus.REVIEW)
-        .select_related("provider", "tenant")
-        .prefetch_related(*review_evidence(tenant_ids))
-    )
-    if tenant_ids is not None:
-        rows = rows.filter(tenant_id__in=tenant_ids)
-    if provider:
-        rows = rows.filter(provider__slug=provider)
-    if older_than_seconds is not None:
-        rows = rows.filter(updated_at__lt=timezone.now() - timedelta(seconds=older_than_seconds))
-    if search:
-        # The console's search (substring of key, handle, execution and correlation ids;
-        # provider ref by prefix), every arm indexed on PostgreSQL.
-        rows = operation_search(rows, search, tenant_ids=tenant_ids)
-    return rows.order_by("updated_at", "id")
-
-
-def review_evidence(tenant_ids: list[int] | None) -> list[Prefetch]:
-    """The prefetches of a review item's attempts and events, limited to ``tenant_ids``."""
-    attempts, events = Attempt.objects.all(), OperationEvent.objects.all()
-    if tenant_ids is not None:
-        attempts, events = attempts.filter(tenant_id__in=tenant_ids), events.filter(tenant_id__in=tenant_ids)
-    return [Prefetch("attempt_set", queryset=attempts), Prefetch("events", queryset=events)]
-
-
-# --- Dashboard ------------------------------------------------------------------------------
 
 
 def _scoped(qs: QuerySet, tenant_ids: list[int] | None, field: str = "tenant_id") -> QuerySet:

@@ -10,8 +10,7 @@ from rest_framework.views import APIView
 
 from ledger.store import sql
 from ledger.web.apis import OperationCursorPagination, validated_input
-from review.console import selectors
-from review.decisions import services
+from review.decisions import selectors, services
 from review.decisions.serializers import (
     DecisionInputSerializer,
     ReviewItemListQuerySerializer,
