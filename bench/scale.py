@@ -62,14 +62,16 @@ REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
 # Claims: SCALE_PAIRED_BLOCKS pairs of blocks of SCALE_PAIRED_OPS each (bench.scale_claims).
 # SCALE_ONLY=growth: fill, claims, WAL/HOT and the byte breakdown only (no list, console,
 # sweeper or purge measure) — the quick run of the 10M figures; SCALE_ONLY=bytes:
-# the fill and the byte breakdown only. SCALE_MARGINAL: fresh operations whose WAL and
-# table growth are averaged (default 2,000).
+# the fill and the byte breakdown only; SCALE_ONLY=search: the error search's measures and,
+# beside them in the same minutes, the lists that met their target before (SEARCH_REFERENCES;
+# no claims, growth, sweeper or purge; custom plans only). SCALE_MARGINAL: fresh operations
+# whose WAL and table growth are averaged (default 2,000).
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Single fresh claims whose WAL is read one by one (the least is the operation's own).
 WAL_SAMPLES = int(os.environ.get("SCALE_WAL_SAMPLES", 60))
 # Bump when the generated shape changes: a database filled by another version is refilled.
-FILL_VERSION = 6
+FILL_VERSION = 7
 SMALL_TENANTS = 9
 QUIET_ROWS = 300
 BIG = "scale-big"
@@ -112,6 +114,65 @@ _STATE = (
     "CASE WHEN s < 986 THEN 'succeeded' WHEN s < 990 THEN 'failed' WHEN s < 992 THEN 'abandoned'"
     " WHEN s < 994 THEN 'review' WHEN s < 996 THEN 'uncertain' WHEN s < 997 THEN 'claimed'"
     " WHEN s < 998 THEN 'retry_wait' ELSE 'claimed' END"
+)
+
+# A failed row's error (its operation's last error, its attempt's message, its failure event's
+# reason), picked by a hash of i so that it is independent of tenant and state. Worded as
+# providers word them; the error search's words (ERROR_SEARCH below) match a known share of
+# the failure events: "timeout" 45 %, "duplicate_value" 0.5 %, "certificate" none.
+_ERROR_MESSAGES = (
+    # (per mille of failure events, error class, message)
+    (250, "transient", "read timeout after 30 s (POST /v1/charges)"),
+    (200, "transient", "upstream gateway timeout (HTTP 504)"),
+    (200, "transient", "HTTP 503 from provider: service unavailable, retry later"),
+    (200, "invalid_input", "Contact rejected: field email is not a valid address"),
+    (145, "invalid_input", "card declined: insufficient funds"),
+    (5, "invalid_input", "Contact rejected: DUPLICATE_VALUE on field email"),
+)
+assert sum(share for share, _, _ in _ERROR_MESSAGES) == 1000
+
+
+def _error_case(column: int) -> str:
+    bounds, arms = 0, []
+    for share, error_class, message in _ERROR_MESSAGES:
+        bounds += share
+        arms.append(f" WHEN h < {bounds} THEN '{(error_class, message)[column]}'")
+    return "CASE" + "".join(arms) + " END"
+
+
+# The states whose move writes the error into the event's reason (ledger.protocol.selectors.ERROR_EVENT_STATES).
+_FAILED = "('failed', 'retry_wait', 'uncertain', 'review')"
+_ERROR = (
+    f"SELECT CASE WHEN r.st IN {_FAILED} THEN {_error_case(1)} ELSE '' END AS message,"
+    f" CASE WHEN r.st IN {_FAILED} THEN {_error_case(0)} ELSE '' END AS error_class"
+    " FROM (SELECT ('x' || left(md5('error-' || r.i), 4))::bit(16)::int %% 1000 AS h) hashed"
+)
+# The failure event's reason as ledger.protocol.transitions.holder writes it: its decision's reason,
+# then the message (ledger.protocol.transitions.holder._decide_failure).
+# What the error search is measured with (API ``error=``, the console's search box), by the
+# share of failure events that match: 0.5 %, 45 %, none; and a near miss, whose every trigram
+# is in the commonest messages but never in this order (the index narrows nothing: every
+# "gateway timeout" event is read and rejected).
+# Measured beside the error search by SCALE_ONLY=search: the lists that met their target on an
+# idle machine (bench/results/scale-10M.md), so that a loaded machine's share of a figure shows.
+SEARCH_REFERENCES = (
+    "API operations (no filter)",
+    "API operations page_size=500",
+    "console dashboard",
+    "console ledger.operation",
+    "console operations search substring",
+)
+ERROR_SEARCH = {
+    "rare": "duplicate_value",
+    "common": "timeout",
+    "none": "certificate",
+    "near miss": "timeout gateway",
+}
+_REASON = (
+    f"CASE WHEN status IN {_FAILED} THEN (CASE WHEN status = 'retry_wait' THEN 'transient: retry scheduled: '"
+    " WHEN status = 'uncertain' THEN 'ambiguous outcome: '"
+    " WHEN error_class = 'transient' THEN 'transient: attempts exhausted: '"
+    " ELSE error_class || ': no retry: ' END) || last_error ELSE 'completed' END"
 )
 
 
@@ -188,8 +249,7 @@ def fill(rows: int) -> float:
             " (SELECT id FROM ledger_provider p WHERE p.tenant_id = t), %(action)s, decode(%(fp)s, 'hex'),"
             " %(sealed)s,"
             " CASE WHEN st = 'succeeded' THEN %(sealed)s END, 1, 0, 4, decode(md5(i::text), 'hex'), true,"
-            " CASE WHEN st = 'failed' THEN 'card declined' ELSE '' END,"
-            " CASE WHEN st = 'failed' THEN 'invalid_input' ELSE '' END,"
+            " e.message, e.error_class,"
             " CASE WHEN st = 'succeeded' THEN 'ch_' || left(md5('r' || i), 20) ELSE '' END,"
             " CASE WHEN st = 'succeeded' THEN 200 END,"
             " CASE WHEN i %% 2 = 0 THEN 'h-' || i ELSE '' END, 'exec-' || (i / 3), 'wf-' || (i %% 50), '3',"
@@ -203,7 +263,7 @@ def fill(rows: int) -> float:
             " CASE WHEN i > %(rows)s THEN 'succeeded' ELSE " + _STATE + " END AS st"
             " FROM (SELECT i, (i / 10) %% 1000 AS s,"
             " now() - interval '180 days' * (1 - i::float8 / %(all)s) AS at"
-            " FROM generate_series(1, %(all)s) AS i) g) r",
+            " FROM generate_series(1, %(all)s) AS i) g) r, LATERAL (" + _ERROR + ") e",
             {
                 "action": ACTION,
                 "fp": fingerprint,
@@ -229,8 +289,8 @@ def fill(rows: int) -> float:
             "INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason,"
             " attempt, at)"
             " SELECT tenant_id, id, '', 'claimed', 'api', 'claimed', 1, created_at FROM ledger_operation"
-            " UNION ALL SELECT tenant_id, id, 'claimed', status, 'api', 'completed', 1, updated_at FROM ledger_operation"
-            " WHERE status <> 'claimed' ORDER BY 2"
+            " UNION ALL SELECT tenant_id, id, 'claimed', status, 'api', " + _REASON + ", 1, updated_at"
+            " FROM ledger_operation WHERE status <> 'claimed' ORDER BY 2"
         )
         cursor.execute("SET session_replication_role = DEFAULT")
         cursor.execute("SET maintenance_work_mem = '512MB'")
@@ -275,6 +335,8 @@ class Recorder:
     def measure(self, name: str, call: Callable[[], Any], *, repeat: int = REPEAT, group: str = "list") -> None:
         from django.db import connection
 
+        if ONLY == "search" and not _searched(name):
+            return
         latencies: list[float] = []
         statements: list[tuple[float, str, Any]] = []
         started = time.perf_counter()
@@ -326,6 +388,11 @@ class Recorder:
             "_params": slowest[2],
             "error": error,
         }
+
+
+def _searched(name: str) -> bool:
+    """Whether SCALE_ONLY=search measures ``name``: an error search or one of its references."""
+    return " error" in name or name in SEARCH_REFERENCES
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -398,7 +465,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     for _ in range(30):
         claim_fresh(big)()
         claim_replay()
-    growth = wal_and_hot(claim_fresh(big))
+    growth = wal_and_hot(claim_fresh(big)) if ONLY != "search" else {}
     if ONLY == "growth":
         Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
         return _sized({"label": label, "rows": rows, "growth": growth, "results": rec.results, "plans": []})
@@ -445,6 +512,13 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
         rec.measure(
             f"API operations {name or '(no filter)'} [quiet tenant]", get(api_quiet, f"/api/v1/operations?{name}")
         )
+    for name, text in ERROR_SEARCH.items():
+        query = urlencode({"error": text})
+        rec.measure(f"API operations error={text} ({name})", get(api_big, f"/api/v1/operations?{query}"))
+    rec.measure(
+        f"API operations error={ERROR_SEARCH['common']} [quiet tenant]",
+        get(api_quiet, "/api/v1/operations?" + urlencode({"error": ERROR_SEARCH["common"]})),
+    )
     rec.measure("API review items", get(api_big, "/api/v1/review/items"))
     rec.measure("API review items [quiet tenant]", get(api_quiet, "/api/v1/review/items"))
     rec.measure("API review items q=key", get(api_big, f"/api/v1/review/items?q={known.get('key', '')}"))
@@ -484,6 +558,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
         "search exact key": f"q={known.get('key', '')}",
         "search substring": "q=" + known.get("key", "x")[4:12],
         "search no match": "q=zzzz-nothing",
+        **{f"search error {text} ({name})": urlencode({"q": text}) for name, text in ERROR_SEARCH.items()},
         "sorted by key": "o=2",
     }.items():
         rec.measure(f"console operations {name}", get(console, f"{ops_url}?{query}"), group="console")
@@ -520,9 +595,11 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     rec.measure(
         "sweeper pass (batch 500)", rolled_back(lambda: moved.append(sweep(batch=500).counts)), repeat=3, group="batch"
     )
-    rec.results["sweeper pass (batch 500)"]["moved"] = moved[-1] if moved else {}
+    if moved:
+        rec.results["sweeper pass (batch 500)"]["moved"] = moved[-1]
     rec.measure("purge one batch (1000 ops)", rolled_back(purge), repeat=3, group="batch")
-    rec.results["purge one batch (1000 ops)"]["rows"] = purged[-1] if purged else 0
+    if purged:
+        rec.results["purge one batch (1000 ops)"]["rows"] = purged[-1]
 
     Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
     plans = explain_slowest(rec)
@@ -726,7 +803,9 @@ def explain_slowest(rec: Recorder) -> list[dict[str, Any]]:
         sql, params = r["slowest_sql"], r["_params"] or []
         entry: dict[str, Any] = {"measure": name, "ms": r["slowest_ms"], "sql": sql, "params": r["slowest_params"]}
         raw = connection.connection
-        for mode in ("custom", "generic"):
+        # The lists plan per call (ledger.store.sql.planned_per_call); the generic plan is shown for
+        # what a prepared statement would settle on, and costs minutes at 10M (seq scans).
+        for mode in ("custom",) if ONLY == "search" else ("custom", "generic"):
             try:
                 with raw.transaction(), psycopg.ClientCursor(raw) as cursor:
                     cursor.execute(f"SET LOCAL plan_cache_mode = force_{mode}_plan")
@@ -895,7 +974,7 @@ def main() -> int:
         results[db] = json.loads((VAR / f"bench-scale-{db}.json").read_text())
     # Claims last, both databases in one process, interleaved (bench.scale_claims).
     results["claims"] = {}
-    if ONLY != "bytes":
+    if ONLY not in ("bytes", "search"):
         claims_json = VAR / "bench-scale-claims.json"
         env = {**os.environ, "SCALE_DB": BIG_DB, "SCALE_SMALL_DB": SMALL_DB, "SCALE_CLAIMS_JSON": str(claims_json)}
         proc = subprocess.run([sys.executable, "-m", "bench.scale_claims"], cwd=ROOT, env=env)

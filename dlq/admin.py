@@ -33,6 +33,7 @@ from dlq.models import (
     KeySource,
     N8nConnection,
     Replay,
+    ReplayAck,
     ReplayOutcome,
     ReplayTarget,
     RunResume,
@@ -44,15 +45,17 @@ from ledger.platform.masking import mask_json
 from ledger.platform.redaction import scrub
 from ledger.providers.credentials import url_masked
 from ledger.web import display
-from ledger.web.console import (
+from ledger.web.console_base import (
     HTTPS_URL_FORMS,
+    ConsoleJSONField,
+    ConsoleReadOnlyAdmin,
     ReadOnlyInline,
     SelectorSearchMixin,
+    ServiceSaveAdmin,
     TenantColumnMixin,
     TenantInlineFormSet,
     https_url_formfield,
 )
-from ledger.web.console_base import ConsoleJSONField, ConsoleReadOnlyAdmin, ServiceSaveAdmin
 from ledger.web.failures import failure_html
 from ledger.web.pagination import COUNT_CAP, CappedCountPaginator
 
@@ -713,6 +716,9 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
                 header=target.idempotency_header,
                 target=target.slug,
                 target_class=target.get_idempotency_class_display(),
+                target_ack="delivered only on its Onceguard-Ack"
+                if target.ack == ReplayAck.ECHO
+                else "any 2xx counts as delivered",
                 # Why it would wait for a person, in words, with the button to decide.
                 waits=selectors.replay_wait_reason(event=event, target=target),
                 decide_url=reverse("admin:dlq_failedevent_resend_decision", args=[event.pk]),
@@ -986,6 +992,15 @@ class ReplayTargetForm(forms.ModelForm):
         label="Idempotency class",
         help_text=ReplayTarget._meta.get_field("idempotency_class").help_text,
     )
+    # Not required, so a save that leaves it out keeps the target's (or, for a new one, gets
+    # the service's undeclared default: echo on the tenant's n8n, else status — the same as
+    # the command's, ADR 0006); declaring it confirms it (ADR 0007).
+    ack = forms.ChoiceField(
+        choices=[("", "— not declared (echo on this tenant's n8n, else status) —"), *ReplayAck.choices],
+        required=False,
+        label="Acknowledgement",
+        help_text=ReplayTarget._meta.get_field("ack").help_text,
+    )
     new_credential = forms.CharField(
         required=False,
         label="Credential value",
@@ -1003,6 +1018,7 @@ class ReplayTargetForm(forms.ModelForm):
             "slug",
             "url",
             "idempotency_class",
+            "ack",
             "idempotency_header",
             "lookup_url",
             "credential_header",
@@ -1018,6 +1034,15 @@ class ReplayTargetForm(forms.ModelForm):
         if self.instance.pk is not None and not self.instance.class_confirmed:
             # A migrated target: its key-advisory default is not a declaration; ask again.
             self.initial["idempotency_class"] = ""
+        if self.instance.pk is None or not self.instance.ack_confirmed:
+            # Migrated (or never declared): "status" is what it does, not a declaration; ask.
+            self.initial["ack"] = ""
+
+    def clean_ack(self) -> str:
+        # Blank keeps what the target has: the model field is never set to "" (save_model
+        # passes the declaration, or None, to the service).
+        self.declared_ack = self.cleaned_data.get("ack") or None
+        return self.declared_ack or self.instance.ack or ReplayAck.STATUS
 
     def clean_new_credential(self) -> str:
         value = self.cleaned_data.get("new_credential") or ""
@@ -1031,6 +1056,21 @@ class ReplayTargetForm(forms.ModelForm):
         if self.cleaned_data.get("clear_credential"):
             return ""
         return self.cleaned_data.get("new_credential") or None
+
+
+class AckFilter(admin.SimpleListFilter):
+    title = "acknowledgement"
+    parameter_name = "ack_state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("unconfirmed", "not confirmed (migrated or not declared)"), *ReplayAck.choices]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ReplayTarget]) -> QuerySet[ReplayTarget]:
+        if self.value() == "unconfirmed":
+            return queryset.filter(ack_confirmed=False)
+        if self.value() in ReplayAck.values:
+            return queryset.filter(ack=self.value())
+        return queryset
 
 
 class ClassConfirmedFilter(admin.SimpleListFilter):
@@ -1060,12 +1100,13 @@ class ReplayTargetAdmin(ServiceSaveAdmin):
         "tenant",
         "url_shown",
         "class_shown",
+        "ack_shown",
         "idempotency_header",
         "is_default",
         "auto_replay",
         "active",
     ]
-    list_filter = [ClassConfirmedFilter, "is_default", "auto_replay", "active"]
+    list_filter = [ClassConfirmedFilter, AckFilter, "is_default", "auto_replay", "active"]
     search_fields = ["slug"]
     formfield_overrides = HTTPS_URL_FORMS
     readonly_fields = ["signing_state", "credential_state"]
@@ -1082,7 +1123,22 @@ class ReplayTargetAdmin(ServiceSaveAdmin):
                 " confirmed: open each and choose key-enforced or key-advisory.",
                 fail_silently=True,
             )
+        unacknowledged = self.get_queryset(request).filter(ack_confirmed=False).count()
+        if unacknowledged:
+            # Migrated targets count a bare 2xx as delivered, as they did: for an n8n receiver
+            # that is n8n's answer to a workflow that stopped half-way (ADR 0007).
+            messages.warning(
+                request,
+                f"{unacknowledged} replay target(s) count any 2xx as delivered and nobody confirmed it: for an n8n"
+                " receiver, update its workflow to answer Onceguard-Ack (the replay-receiver template) and choose"
+                " echo; keep status only for an API that refuses a second effect of a key.",
+                fail_silently=True,
+            )
         return super().get_changelist(request, **kwargs)
+
+    @admin.display(description="acknowledgement")
+    def ack_shown(self, obj: ReplayTarget) -> str:
+        return obj.ack if obj.ack_confirmed else f"{obj.ack} (not confirmed)"
 
     @admin.display(description="URL")
     def url_shown(self, obj: ReplayTarget) -> str:
@@ -1112,6 +1168,7 @@ class ReplayTargetAdmin(ServiceSaveAdmin):
             slug=obj.slug,
             url=obj.url,
             idempotency_class=obj.idempotency_class,
+            ack=getattr(form, "declared_ack", None),
             idempotency_header=obj.idempotency_header,
             lookup_url=obj.lookup_url,
             credential_header=obj.credential_header,

@@ -38,7 +38,7 @@ from dlq.serializers import (
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol.representation import operation_representation
 from ledger.store import sql
-from ledger.web.apis import validated_input
+from ledger.web.apis.operations import validated_input
 from ledger.web.pagination import KeysetCursorPagination
 
 _LIST_PARAMS = [
@@ -174,7 +174,11 @@ class FailedEventReplayApi(APIView):
             "replayed already (send force=true and a note). as_new=true re-runs with a derived key {key}~r{n} "
             "and needs confirm=true and a note. The answer's `outcome` says what the target answered. "
             "409 replay_needs_decision: the entry's first try (or last replay) may have acted and its target is "
-            'key-advisory; nothing was sent until the decision "safe to resend" is recorded (resend-decision).'
+            'key-advisory; nothing was sent until the decision "safe to resend" is recorded (resend-decision). '
+            "409 replay_original_in_flight / replay_original_unsettled: the key's own operation is held by its "
+            "workflow now, or being reconciled; nothing was sent. A replay takes over the key's claim waiting for "
+            "a retry, so its outcome answers that key. To a target whose acknowledgement is `echo`, a 2xx "
+            "without Onceguard-Ack is outcome `ambiguous` (not acknowledged), never `succeeded`."
         ),
     )
     def post(self, request: Request, event_id: int) -> Response:

@@ -96,3 +96,17 @@ class KeyNotSettable(DomainError):
     is checked by the key rule (ledger.rules.key_rules), refused as ``invalid_idempotency_key``."""
 
     status, code, title = 409, "key_not_settable", "The key cannot be set"
+
+
+class ReplayOriginalInFlight(DomainError):
+    """The entry's business key is held by its own workflow (or queued for a worker) right
+    now: a replay would do the work a second time; nothing is sent (ADR 0007)."""
+
+    status, code, title = 409, "replay_original_in_flight", "The key's own operation is under way"
+
+
+class ReplayOriginalUnsettled(DomainError):
+    """The entry's business key's operation is uncertain or in review: whether its work was
+    done is being decided; nothing is sent until it is (ADR 0007)."""
+
+    status, code, title = 409, "replay_original_unsettled", "The key's own operation is being reconciled"

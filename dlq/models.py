@@ -233,6 +233,19 @@ def replay_target_url_check(url: str, *, lookup: bool = False) -> str:
     return checked.url.replace(_KEY_MARK, "{key}") if lookup else checked.url
 
 
+class ReplayAck(models.TextChoices):
+    """What counts as "delivered" for a replay target (ADR 0007). A 2xx alone is what n8n
+    answers for a workflow that stopped before its Respond node, so for an n8n receiver it
+    proves nothing."""
+
+    # The receiver answers ``Onceguard-Ack: v1=<HMAC-SHA256(signing secret, "ack." + replay
+    # id)>`` from the step that runs after its work succeeded; a 2xx without it is "not
+    # acknowledged" (ambiguous), never a success. Required for n8n receivers.
+    ECHO = "echo", "echo (the receiver signs the replay id back)"
+    # A 2xx is enough: a key-enforced API that answers with its own bodies and cannot echo.
+    STATUS = "status", "status (a 2xx is enough)"
+
+
 class ReplayTarget(models.Model):
     """An HTTP endpoint replays are sent to (e.g. an n8n Webhook node URL).
 
@@ -266,6 +279,20 @@ class ReplayTarget(models.Model):
     )
     # False for targets migrated to key-advisory: the console lists them for the operator to confirm.
     class_confirmed = models.BooleanField(default=True, db_default=True)
+    # What counts as delivered (ReplayAck, ADR 0007). Targets stored before acknowledgements
+    # existed were migrated to "status" (what they did), unconfirmed, and are listed.
+    ack = models.CharField(
+        max_length=8,
+        choices=ReplayAck.choices,
+        default=ReplayAck.STATUS,
+        db_default=ReplayAck.STATUS,
+        help_text="Echo: a replay counts as delivered only when the receiver answers Onceguard-Ack (the"
+        " replay-receiver template does, from its Respond node after the work succeeded); required for n8n"
+        " receivers, whose 2xx alone may be n8n's own answer for a workflow that stopped half-way."
+        " Status: a 2xx is enough (a key-enforced API that answers its own bodies).",
+    )
+    # False for targets migrated (or created without declaring it): the console lists them.
+    ack_confirmed = models.BooleanField(default=True, db_default=True)
     # A search by the business key, asked before a replay: a URL with {key} (GET; 2xx found,
     # 404 not found, anything else: no answer). Empty: no lookup.
     lookup_url = models.CharField(max_length=1000, blank=True, default="", db_default="")

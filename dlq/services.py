@@ -14,6 +14,7 @@ three short commits around the HTTP call, never a transaction held across it:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -49,6 +50,8 @@ from dlq.errors import (
     ReplayInProgress,
     ReplayNeedsDecision,
     ReplayNeedsForce,
+    ReplayOriginalInFlight,
+    ReplayOriginalUnsettled,
 )
 from dlq.models import (
     BUSINESS_KEY_SOURCES,
@@ -66,6 +69,7 @@ from dlq.models import (
     PayloadFetch,
     PayloadSource,
     Replay,
+    ReplayAck,
     ReplayOutcome,
     ReplayTarget,
     ReplayTrigger,
@@ -75,7 +79,8 @@ from dlq.models import (
 )
 from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index, failed_request_key, parse_failure
 from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
-from ledger.execution.attempts import operation_submit, operation_translated
+from ledger.execution.attempts import operation_translated
+from ledger.execution.submission import operation_submit
 from ledger.models import (
     TERMINAL_STATES,
     ConfigChangeAction,
@@ -163,6 +168,11 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
         )
         if replay is not None:
             return replay.event
+    linked = FailedEvent.objects.filter(tenant_id=operation.tenant_id, operation=operation).first()
+    if linked is not None:
+        # An entry already stands for this operation (a replay of it took the claim over,
+        # ADR 0007): the same failure, not a second entry.
+        return linked
     now = timezone.now()
     stored = operation.payload if operation.payload is not None else operation.request
     # The operation's value may be sealed already; search paths need the plaintext.
@@ -760,14 +770,56 @@ def _read_answer(response: httpx.Response) -> Any:
     return {"text": data[:keep].decode("utf-8", errors="replace").replace("\x00", "")[:2000]}
 
 
+# The replay's identity (its ledger key, ``replay:{entry}:{n}``), and the receiver's positive
+# acknowledgement of it: ``v1=<hex HMAC-SHA256(signing secret, "ack." + id)>`` (ADR 0007).
+REPLAY_ID_HEADER = "Onceguard-Replay-Id"
+ACK_HEADER = "Onceguard-Ack"
+
+
+def replay_ack_value(*, secret: str, replay_id: str) -> str:
+    """What an acknowledging receiver answers in ``Onceguard-Ack`` for the replay (or lookup)
+    whose ``Onceguard-Replay-Id`` it was sent: ``v1=`` and the hex HMAC-SHA256 under the
+    target's signing secret of ``"ack." + id``. Only a receiver holding the secret that ran
+    the step computing it can answer it — never n8n's own default answer, an echo server or
+    a proxy's error page."""
+    return "v1=" + hmac.new(secret.encode(), f"ack.{replay_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def replay_ack_verify(*, keys: list[str], replay_id: str, header: str | None) -> bool:
+    """Whether ``header`` acknowledges ``replay_id`` under one of ``keys`` (during a
+    rotation's overlap the receiver may still hold the previous secret)."""
+    if not header:
+        return False
+    given = [part.strip() for part in header.split(",") if part.strip()]
+    return any(
+        hmac.compare_digest(replay_ack_value(secret=secret, replay_id=replay_id), candidate)
+        for secret in keys
+        for candidate in given
+    )
+
+
+def _unacknowledged(target: ReplayTarget, status: int, header: str | None) -> str:
+    """Why a 2xx of an ``echo`` target is not a delivery, in words."""
+    why = "without Onceguard-Ack" if not header else "with an Onceguard-Ack that is not over this replay's id"
+    return (
+        f"not acknowledged: HTTP {status} {why} (target {target.slug} answers an acknowledgement from its last"
+        " step; a receiver that stopped before it, or n8n's own answer for such a workflow, sends none): the"
+        " work may or may not have been done"
+    )
+
+
 def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: int, number: int) -> TargetAnswer:
     """POST the stored payload with the key in the target's idempotency header, and classify
-    the answer by DESIGN §3's table (a 409 "key in use" is transient)."""
+    the answer by DESIGN §3's table (a 409 "key in use" is transient). To an ``echo`` target
+    a 2xx is a delivery only with the receiver's acknowledgement of this replay's id; without
+    it the outcome is unknown (``ambiguous``), never a success (ADR 0007)."""
+    replay_id = replay_ledger_key(event_pk, number)
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "Onceguard-replay",
         "X-Onceguard-Event": str(event_pk),
         "X-Onceguard-Replay": str(number),
+        REPLAY_ID_HEADER: replay_id,
         # A stored key that is not printable ASCII is sent percent-encoded (ledger.rules.key_rules).
         target.idempotency_header: key_header_value(key),
     }
@@ -782,7 +834,8 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
     if refused:
         message = f"not delivered: destination refused by the outbound policy: {refused}"
         return TargetAnswer(False, None, None, ErrorClass.INVALID_INPUT, message, elapsed())
-    auth, why = _target_auth_headers(target, content)
+    keys = replay_target_signing_secrets(target_id=target.pk)
+    auth, why = _target_auth_headers(target, content, keys)
     if why:
         return TargetAnswer(False, None, None, ErrorClass.PERMISSION, f"not delivered: {why}", elapsed())
     headers.update(auth)
@@ -790,6 +843,7 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         with outbound_client(purpose=purpose, timeout=target.timeout_seconds) as client:
             with client.stream("POST", target.url, content=content, headers=headers) as response:
                 status = response.status_code
+                ack = response.headers.get(ACK_HEADER)
                 body = _read_answer(response)
     except OutboundBlocked as exc:
         # Refused before any connection: nothing can have happened, and a retry would be too.
@@ -803,6 +857,10 @@ def send_to_target(*, target: ReplayTarget, payload: Any, key: str, event_pk: in
         message = f"sent, no answer: {transport_error_text(exc, target.url)}"
         return TargetAnswer(False, None, None, ErrorClass.AMBIGUOUS, message, elapsed())
     if 200 <= status < 300:
+        if target.ack == ReplayAck.ECHO and not replay_ack_verify(keys=keys, replay_id=replay_id, header=ack):
+            return TargetAnswer(
+                False, status, body, ErrorClass.AMBIGUOUS, _unacknowledged(target, status, ack), elapsed()
+            )
         ref = body.get("id") if isinstance(body, dict) else None
         return TargetAnswer(True, status, body, "", f"HTTP {status}", elapsed(), str(ref)[:255] if ref else "")
     error_class = ErrorClass.TRANSIENT if status == 409 else error_class_for_status(status)
@@ -819,10 +877,11 @@ def _target_url_refusal(url: str) -> str | None:
     return None
 
 
-def _target_auth_headers(target: ReplayTarget, body: bytes) -> tuple[dict[str, str], str]:
+def _target_auth_headers(target: ReplayTarget, body: bytes, keys: list[str]) -> tuple[dict[str, str], str]:
     """The signature (``Onceguard-Signature: t=…,v1=…``, the callback scheme, one ``v1`` per
-    secret that signs now) and the target's credential header; or why it cannot be sent."""
-    headers = {SIGNATURE_HEADER: sign(secret=replay_target_signing_secrets(target_id=target.pk), body=body)}
+    secret that signs now: ``keys``) and the target's credential header; or why it cannot be
+    sent."""
+    headers = {SIGNATURE_HEADER: sign(secret=keys, body=body)}
     if target.credential_header:
         value, why = stored_credential_value(target.credential_secret)
         if value is None:
@@ -857,18 +916,34 @@ def replay_target_lookup(*, target: ReplayTarget, key: str) -> LookupAnswer:
     refused = outbound_refusal(url, purpose=purpose) or _target_url_refusal(url)
     if refused:
         return answer("no_answer", f"lookup not asked: {refused}")
-    headers, why = _target_auth_headers(target, b"")
+    keys = replay_target_signing_secrets(target_id=target.pk)
+    headers, why = _target_auth_headers(target, b"", keys)
     if why:
         return answer("no_answer", f"lookup not asked: {why}")
-    headers.update({"User-Agent": "Onceguard-replay", target.idempotency_header: key_header_value(key)})
+    # An ``echo`` target acknowledges a "found" as it acknowledges a replay (ADR 0007): a 2xx
+    # without it — n8n's own answer for a lookup workflow that stopped — decides nothing.
+    lookup_id = f"lookup:{secrets.token_urlsafe(12)}"
+    headers.update(
+        {
+            "User-Agent": "Onceguard-replay",
+            target.idempotency_header: key_header_value(key),
+            REPLAY_ID_HEADER: lookup_id,
+        }
+    )
     timeout = min(target.timeout_seconds, float(dlq_setting("REPLAY_LOOKUP_TIMEOUT_SECONDS")))
     try:
         with outbound_client(purpose=purpose, timeout=timeout) as client:
             with client.stream("GET", url, headers=headers) as response:
                 status = response.status_code
+                ack = response.headers.get(ACK_HEADER)
                 body = _read_answer(response)
     except Exception as exc:  # any failure: the lookup did not answer; it decides nothing
         return answer("no_answer", f"lookup gave no answer: {type(exc).__name__}")
+    if 200 <= status < 300 and target.ack == ReplayAck.ECHO:
+        if not replay_ack_verify(keys=keys, replay_id=lookup_id, header=ack):
+            return answer(
+                "no_answer", f"the target's lookup answered HTTP {status} without its acknowledgement", status
+            )
     if 200 <= status < 300:
         return answer("found", f"found by the target's lookup (HTTP {status}); not sent", status, body)
     if status == 404:
@@ -1024,7 +1099,9 @@ def _replay_begin(
     correction: Correction | None = None,
     decision: datetime | None = None,
 ) -> Replay:
-    """Allocate n with the guarded pending→replaying UPDATE and write the lineage row.
+    """Allocate n with the guarded pending→replaying UPDATE and write the lineage row, and
+    settle the entry's original claim (``_original_take``; its succeeded operation, if the
+    work was done meanwhile, comes back as the row's ``original_done``).
     ``decision``: the "safe to resend" this replay relies on; the UPDATE requires it still
     there (a replay that raced us used it up) and uses it up — one decision, one send."""
     # A replay goes to a replay target, or (an execute-mode step resumed) to the provider.
@@ -1054,6 +1131,7 @@ def _replay_begin(
                 )
             raise _not_replayable(event.pk, force=force)
         old, number = taken
+        done = None if target is None else _original_take(event=event, number=number, actor=actor, force=force)
         key = event.original_key or event.event_id
         sent_key = derive_new_key(key, number) if as_new else key
         if correction is not None:
@@ -1077,7 +1155,91 @@ def _replay_begin(
             note=note,
             started_at=timezone.now(),
         )
+    # Not a column: the succeeded original this replay found (it then sends nothing).
+    replay.original_done = done
     return replay
+
+
+# The states of an entry's original operation in which its own workflow (or worker) holds it
+# or may act on it now, and those whose outcome is being reconciled: a replay waits for both.
+_ORIGINAL_IN_FLIGHT = frozenset({OperationStatus.CLAIMED, OperationStatus.QUEUED, OperationStatus.WAITING})
+_ORIGINAL_UNSETTLED = frozenset({OperationStatus.UNCERTAIN, OperationStatus.REVIEW})
+
+
+def _seconds_until(moment: datetime | None) -> int:
+    if moment is None:
+        return 1
+    return max(1, int((moment - timezone.now()).total_seconds() + 0.999))
+
+
+def _original_of(event: FailedEvent) -> Operation | None:
+    """The ledger operation of the entry's business key: the one it was recorded for, else the
+    claim of its original key (an entry a workflow posted for a claim it holds)."""
+    if event.operation_id:
+        return Operation.objects.filter(pk=event.operation_id, tenant_id=event.tenant_id).first()
+    if not event.original_key:
+        return None
+    return Operation.objects.filter(tenant_id=event.tenant_id, key=event.original_key).first()
+
+
+def _original_take(*, event: FailedEvent, number: int, actor: str, force: bool) -> Operation | None:
+    """A replay to a target settles the entry's original claim (ADR 0007), in the transaction
+    that hands out its number, before anything is sent. A claim waiting for its retry
+    (``retry_wait``: after a 429, say) moves to ``failed`` — taken over by this replay — and
+    the entry is linked to it, so the replay's outcome answers its key from then on
+    (``superseded_by``) and the workflow re-sending the lead is answered from the ledger
+    instead of making a second contact. A claim its workflow holds now, or one being
+    reconciled, makes the replay wait (409, nothing sent). Returns the original operation when
+    it succeeded meanwhile (the workflow's own retry did the work): the replay sends nothing,
+    unless forced."""
+    op = _original_of(event)
+    if op is None:
+        return None
+    if op.status == OperationStatus.RETRY_WAIT:
+        try:
+            with transaction.atomic():
+                if not FailedEvent.objects.filter(tenant_id=event.tenant_id, operation=op).exists():
+                    # Linked before the move: the ledger's failed hook finds this entry instead
+                    # of dead-lettering the lead a second time (failed_event_record_for_operation).
+                    FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id, operation__isnull=True).update(
+                        operation=op
+                    )
+                ledger_transitions.operation_redrive(
+                    operation=op,
+                    actor=actor,
+                    reason=f"taken over by replay #{number} of DLQ entry {event.pk}: its outcome answers this key",
+                )
+        except DomainError:
+            # Moved since we read it (its workflow re-claimed it): decide on what it is now.
+            op = Operation.objects.get(pk=op.pk, tenant_id=op.tenant_id)
+        else:
+            event.operation_id = FailedEvent.objects.values_list("operation_id", flat=True).get(pk=event.pk)
+            transitions.change_row(
+                event_pk=event.pk,
+                tenant_id=event.tenant_id,
+                old=FE.REPLAYING,
+                new=FE.REPLAYING,
+                actor=actor,
+                note=f"replay #{number} took over operation {op.pk} ({op.key}), which waited for its retry: the"
+                " replay's outcome answers that key from now on",
+            )
+            return None
+    if op.status in _ORIGINAL_IN_FLIGHT:
+        raise ReplayOriginalInFlight(
+            f"The key's own operation {op.pk} is {op.status}: its workflow holds it now; a replay would"
+            " do the work a second time. Nothing was sent; replay after it ends (its outcome answers the key).",
+            retry_after=_seconds_until(op.lease_expires_at),
+            extra={"operation_id": op.pk, "operation_status": op.status},
+        )
+    if op.status in _ORIGINAL_UNSETTLED:
+        raise ReplayOriginalUnsettled(
+            f"The key's own operation {op.pk} is {op.status}: whether its work was done is being decided."
+            ' Nothing was sent; settle it in review first ("safe to retry" lets this replay take it over).',
+            extra={"operation_id": op.pk, "operation_status": op.status},
+        )
+    if op.status == OperationStatus.SUCCEEDED and not force:
+        return op
+    return None
 
 
 def failed_event_replay(
@@ -1183,6 +1345,16 @@ def failed_event_replay(
     try:
         if provider is not None:
             answer = send_to_provider(provider=provider, operation=original)
+        elif (done := replay.original_done) is not None:
+            answer = TargetAnswer(
+                True,
+                done.response_status,
+                None,
+                "",
+                f"not sent: the key's own operation {done.pk} succeeded meanwhile (its workflow's retry)",
+                0,
+                done.provider_ref or "",
+            )
         elif looked is not None and looked.state == "found":
             ref = looked.body.get("id") if isinstance(looked.body, dict) else None
             answer = TargetAnswer(
@@ -1881,6 +2053,7 @@ def replay_target_upsert(
     lookup_url: str | None = None,
     credential_header: str | None = None,
     credential_value: str | None = None,
+    ack: str | None = None,
     actor: str = "system",
 ) -> ReplayTarget:
     """Create or update a tenant's replay target; ``is_default`` moves the default to it.
@@ -1890,7 +2063,11 @@ def replay_target_upsert(
     key-advisory and unconfirmed, as migrated ones are (the console and the command require
     it for new targets). ``credential_value``: None keeps the stored one, "" removes it; it is
     stored sealed. A new target gets its signing secret, returned in clear once as the
-    instance's ``new_signing_secret`` ("" for an update)."""
+    instance's ``new_signing_secret`` ("" for an update).
+
+    ``ack`` (ReplayAck, ADR 0007): declaring it confirms it. A new target created without one
+    is ``echo`` when its URL is on the tenant's n8n (its n8n connection's origin: an n8n
+    receiver), else ``status``, and unconfirmed either way, listed for the operator."""
     # The model fields' own rules (a slug's shape, lengths): what the console's form says,
     # said the same way to the command (ADR 0006), and never a database error.
     for name, value in (("slug", slug), ("idempotency_header", idempotency_header)):
@@ -1909,6 +2086,10 @@ def replay_target_upsert(
                 extra={"field": "idempotency_class"},
             )
         fields.update(idempotency_class=idempotency_class, class_confirmed=True)
+    if ack is not None:
+        if ack not in ReplayAck.values:
+            raise ValidationFailed(f"ack must be one of {', '.join(ReplayAck.values)}.", extra={"field": "ack"})
+        fields.update(ack=ack, ack_confirmed=True)
     if lookup_url is not None:
         fields["lookup_url"] = replay_target_url_check(lookup_url, lookup=True) if lookup_url else ""
     if credential_header is not None:
@@ -1947,6 +2128,8 @@ def replay_target_upsert(
             fields["signing_secret"] = sealed_credential(fresh)
             if idempotency_class is None:
                 fields.update(idempotency_class=IdempotencyClass.KEY_ADVISORY, class_confirmed=False)
+            if ack is None:
+                fields.update(ack=_undeclared_ack(tenant_id=tenant.pk, url=fields["url"]), ack_confirmed=False)
         target, created = ReplayTarget.objects.update_or_create(tenant=tenant, slug=slug, defaults=fields)
         # The only clear copy, for the caller to show once (the command, the console).
         target.new_signing_secret = fresh
@@ -1957,6 +2140,26 @@ def replay_target_upsert(
             before=before,
         )
     return target
+
+
+def _undeclared_ack(*, tenant_id: int, url: str) -> str:
+    """The acknowledgement a new target gets when none is declared: ``echo`` for a URL on the
+    tenant's n8n (the n8n connection's scheme, host and port — an n8n receiver, which can
+    send it and whose bare 2xx may be n8n's own), else ``status`` (what targets did before)."""
+    base = N8nConnection.objects.filter(tenant_id=tenant_id).values_list("base_url", flat=True).first()
+    if base and _origin(url) == _origin(base):
+        return ReplayAck.ECHO
+    return ReplayAck.STATUS
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
 
 
 def replay_target_signing_secret(*, target_id: int, rotate: bool = False, actor: str = "system") -> tuple[str, bool]:

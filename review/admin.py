@@ -27,8 +27,14 @@ from ledger.protocol.selectors import operation_search
 from ledger.protocol.services import provider_pause, provider_resume
 from ledger.tenants.config_changes import config_change_of, config_snapshot
 from ledger.web import display
-from ledger.web.console import SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
-from ledger.web.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ServiceSaveAdmin
+from ledger.web.console_base import (
+    ConsoleAdmin,
+    ConsoleReadOnlyAdmin,
+    SelectorSearchMixin,
+    ServiceSaveAdmin,
+    TenantColumnMixin,
+    attempts_with_labels,
+)
 from ledger.web.story import operation_story
 from review.decisions.services import review_decision_record
 from review.models import (

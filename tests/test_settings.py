@@ -23,7 +23,7 @@ HARNESS = ("tests", "bench", "scripts", "soak", ".venv", "node_modules", "var", 
 # Modules that may touch the environment directly, and why:
 ENVIRONMENT_READERS = {
     # the table itself
-    "ledger/platform/env.py",
+    "ledger/platform/env/__init__.py",
     # loads var/local.env into the environment before the table is read
     "ledger/platform/local_env.py",
     # a provider's credential, named by the operator (<prefix><TENANT>_…), not a service setting
@@ -42,7 +42,7 @@ def _service_modules() -> list[Path]:
 
 
 def test_the_reference_page_is_the_tables() -> None:
-    # Stale page: `python manage.py settings_reference` writes it from ledger/platform/env.py.
+    # Stale page: `python manage.py settings_reference` writes it from ledger/platform/env/.
     assert REFERENCE.read_text() == env.reference_markdown(), (
         "docs/reference/settings.md is stale: run `python manage.py settings_reference`"
     )

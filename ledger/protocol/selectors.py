@@ -136,6 +136,22 @@ def operations_failed_with(text: str, *, tenant_ids: list[int] | None = None) ->
     return rows
 
 
+def operation_ids_failed_with(text: str, *, tenant_ids: list[int] | None = None) -> QuerySet[OperationEvent]:
+    """The ids of the operations ``operations_failed_with`` finds, for ``id IN (…)`` under a
+    newest-first page (the API list's ``error``): on PostgreSQL each once and newest first.
+
+    The order is what makes a page cheap. A plain ``IN`` joins every match to its operation
+    and sorts them all before the page's 50 are taken (0.3 s for a word in 45 % of failures
+    at ten million operations, docs/explanation/scale.md); matches already sorted by operation
+    id (the operation's id by the join's equality) let the planner walk them newest first and
+    stop when the page is full, whatever the other filters leave of them. Django keeps a
+    subquery's ORDER BY only beside DISTINCT ON, which PostgreSQL alone has."""
+    ids = operations_failed_with(text, tenant_ids=tenant_ids).values("operation_id")
+    if connection.vendor != "postgresql":
+        return ids
+    return ids.order_by("-operation_id").distinct("operation_id")
+
+
 def _whole_key(rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None) -> QuerySet[Operation] | None:
     """``rows`` whose key is ``text`` when an operation of ``tenant_ids`` has that key (the
     tenants spelled out, so the unique index's leading column is bound); else None."""

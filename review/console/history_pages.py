@@ -36,8 +36,7 @@ from ledger.platform.errors import LookupNotOffered
 from ledger.providers import prompts, revisions
 from ledger.store import sql
 from ledger.web import display
-from ledger.web.console import may_view
-from ledger.web.console_base import lookup_refused_response, unoffered_parameters
+from ledger.web.console_base import lookup_refused_response, may_view, unoffered_parameters
 from ledger.web.pagination import CappedCountPaginator
 from review.console.pages import can_export, export_csv_response, payload_panel_context
 from review.privacy import payloads as privacy
@@ -217,7 +216,9 @@ class HistoryPage:
             paginator = CappedCountPaginator(rows, self.list_per_page)
             page = paginator.get_page(request.GET.get(PAGE_VAR))
             rows = [
-                {"url": self.detail_url(obj), "cells": [self.cell(obj, name) for name in self.list_columns]}
+                # Each cell with its column's name: the template classes it field-<name>, as
+                # the admin's lists do, so the console's column rules (what may break where) apply.
+                {"url": self.detail_url(obj), "cells": [(name, self.cell(obj, name)) for name in self.list_columns]}
                 for obj in page.object_list
             ]
             context = {

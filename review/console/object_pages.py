@@ -4,7 +4,7 @@ Lists and detail pages show what a file *is* — key, sha256, size, media type, 
 when — never its bytes (no preview, no inline image: a page that renders an upload would
 render whatever a tenant uploaded). The bytes leave only through a download: it needs the
 ``view_payload`` permission (the admin role) and a reason, writes an access-log row first
-(action ``reveal``, fields ``content``) and answers through ``ledger.web.apis.object_content_response``,
+(action ``reveal``, fields ``content``) and answers through ``ledger.web.apis.files.object_content_response``,
 the same response the authenticated API views give (an attachment, a sandboxing CSP, no
 shared caching). The console's staff sessions are not API keys, so the link is the console's
 own view, scoped to the user's tenants like every console page (review.staff.tenancy).
@@ -25,9 +25,8 @@ from django.utils.html import format_html
 from ledger.models import OperationOutput, Upload
 from ledger.platform.errors import DomainError
 from ledger.web import display
-from ledger.web.apis import object_content_response
-from ledger.web.console import TenantColumnMixin
-from ledger.web.console_base import ConsoleReadOnlyAdmin
+from ledger.web.apis.files import object_content_response
+from ledger.web.console_base import ConsoleReadOnlyAdmin, TenantColumnMixin
 from review.console.pages import actor_of, can_reveal, client_ip
 from review.privacy.payloads import MIN_REASON_LENGTH, object_download_record
 

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.store import sql
-from ledger.web.apis import OperationCursorPagination, validated_input
+from ledger.web.apis.operations import OperationCursorPagination, validated_input
 from review.decisions import selectors, services
 from review.decisions.serializers import (
     DecisionInputSerializer,

@@ -135,7 +135,7 @@ def test_a_search_shorter_than_a_page_reads_the_table_once_not_again_to_count_it
 
 @pytest.mark.parametrize("page", [None, "2"])
 def test_pages_and_counts_are_djangos_when_the_list_is_longer_than_a_page(rows, page, monkeypatch):
-    from ledger.web.console import OperationAdmin
+    from ledger.web.console.operations import OperationAdmin
 
     monkeypatch.setattr(OperationAdmin, "list_per_page", 5)
     client = client_for(rows)

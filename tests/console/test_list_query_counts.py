@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus, Provider, Tenant, Upload
 from ledger.protocol import services
-from ledger.web.console import NeedsFilter
+from ledger.web.console.operations import NeedsFilter
 from review.console import selectors as review_selectors
 from review.console.selectors import attention_now, provider_activity
 from tests.conftest import on_postgres

@@ -3,6 +3,8 @@ answers as told (ok, a status, slow, or hanging until the client gave up)."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import threading
 from collections.abc import Callable
@@ -45,6 +47,13 @@ class Sink(LoopbackServer):
         # Called on the server's thread as each POST arrives, before it is answered: a test
         # looks at the caller while it is known to be waiting on this sink.
         self.on_post: Callable[[], None] | None = None
+        # A receiver that acknowledges (ADR 0007): each 2xx answers Onceguard-Ack, computed here
+        # from the wire format — v1=<hex HMAC-SHA256(secret, "ack." + Onceguard-Replay-Id)> — or
+        # ``ack_for`` (an id of its own choosing: an acknowledgement of another replay).
+        self.ack_secret: str | None = None
+        self.ack_for: str | None = None
+        # Whether the lookup (GET) acknowledges too.
+        self.ack_lookups = True
         sink = self
 
         class Handler(QuietHandler):
@@ -66,15 +75,28 @@ class Sink(LoopbackServer):
                 answer = json.dumps({"id": f"sink-{number}", "ok": code < 300}).encode()
                 if body_override is not None:
                     answer = body_override
-                self.answer(code, answer, headers=extra)
+                self.answer(code, answer, headers={**extra, **sink.ack_headers(self.headers, code)})
 
             def do_GET(self) -> None:
                 with sink.lock:
                     sink.lookups.append(Received("GET", self.path, dict(self.headers.items()), b""))
                     status = sink.lookup_status
-                self.answer(status, json.dumps({"id": "found-1"} if status < 300 else {}).encode())
+                self.answer(
+                    status,
+                    json.dumps({"id": "found-1"} if status < 300 else {}).encode(),
+                    headers=sink.ack_headers(self.headers, status) if sink.ack_lookups else {},
+                )
 
         super().__init__(Handler)
+
+    def ack_headers(self, headers: Any, status: int) -> dict[str, str]:
+        with self.lock:
+            secret, ack_for = self.ack_secret, self.ack_for
+        if secret is None or status >= 300:
+            return {}
+        replay_id = ack_for if ack_for is not None else headers.get("Onceguard-Replay-Id", "")
+        digest = hmac.new(secret.encode(), f"ack.{replay_id}".encode(), hashlib.sha256).hexdigest()
+        return {"Onceguard-Ack": f"v1={digest}"}
 
     def received(self) -> list[Received]:
         with self.lock:

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from ledger.models import Attempt, Operation, OperationEvent
 from ledger.protocol import services
-from ledger.web.console import ReadOnlyPermissions
+from ledger.web.console_base import ReadOnlyPermissions
 from tests.ledger.support import ledger_counts, row
 
 pytestmark = pytest.mark.django_db

@@ -17,8 +17,9 @@ import pytest
 
 from dlq.models import FailedEvent
 from ledger.execution import outputs
-from ledger.execution.attempts import operation_submit, operations_take
+from ledger.execution.attempts import operations_take
 from ledger.execution.outputs import InvalidOutput, OutputExpectation, OutputUnavailable, output_fetch_publish
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, ErrorClass, IdempotencyClass, Operation, OperationOutput, OperationStatus
 from ledger.platform.errors import LeaseLost
 from ledger.protocol.services import operation_complete, provider_upsert

@@ -15,6 +15,7 @@ from ledger.models import (
     AttemptOutcome,
     ErrorClass,
     Operation,
+    OperationEvent,
     OperationMode,
     OperationStatus,
     Provider,
@@ -361,9 +362,14 @@ def test_heartbeat_extends_the_lease_for_the_holder_only(tenant, provider):
         operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, lease_seconds=600
     )
 
-    assert (beat.lease_expires_at - op.claimed_at).total_seconds() >= 590
-    # The attempt mirrors the extension (its own statement, so its own clock reading).
-    assert abs((attempts_of(op.pk)[0]["lease_expires_at"] - beat.lease_expires_at).total_seconds()) < 1
+    # The new lease runs 600 s from the heartbeat (one statement, one reading of the database's
+    # clock), which came after the claim (was: at least 590 s after the claim, as if read at
+    # two moments).
+    assert beat.lease_expires_at - beat.updated_at == timedelta(seconds=600)
+    assert beat.updated_at >= op.claimed_at
+    # The attempt mirrors the extension: the row's value itself, not a second clock reading
+    # (was: within 1 s of it).
+    assert attempts_of(op.pk)[0]["lease_expires_at"] == beat.lease_expires_at
     with pytest.raises(LeaseLost):
         services.operation_heartbeat(operation_id=op.pk, tenant_id=op.tenant_id, lease_token="f" * 32)
 
@@ -401,8 +407,11 @@ def test_sent_marker_sets_sent_at_on_the_row_and_its_attempt_once(tenant, provid
     assert first.sent_at is not None
     assert second.sent_at == first.sent_at
     assert second.reconciliation_handle == "h1"
-    # On SQLite each statement reads its own clock: the attempt's copy may be a tick later.
-    assert abs((attempts_of(op.pk)[0]["sent_at"] - first.sent_at).total_seconds()) < 1
+    # The attempt's copy was written by the first marker, after the row's and before the
+    # marker's event row (on SQLite each statement reads its own clock; on PostgreSQL all
+    # three are the transaction's time) (was: within 1 s of the row's).
+    marked = OperationEvent.objects.filter(operation_id=op.pk, reason="sent marker").order_by("at", "id").first()
+    assert first.sent_at <= attempts_of(op.pk)[0]["sent_at"] <= marked.at
 
 
 def test_each_attempt_gets_a_fresh_token(tenant, limited):

@@ -55,7 +55,8 @@ from rest_framework.renderers import JSONRenderer
 from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.services import TargetAnswer
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import (
     TERMINAL_STATES,
     Attempt,

@@ -18,12 +18,14 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from django.core.management import call_command
 from django.urls import reverse
+from django.utils import timezone
 
 from dlq.models import FailedEvent, ReplayTarget
 from dlq.payloads import open_payload
@@ -51,6 +53,9 @@ RETRIED_CHARGE = "ogChargeRetried1"
 # The lead workflow without an error output against the strict CRM, its replay receiver, and
 # one whose CRM step is a Code node (no request in the error: lead capture fetches the item).
 STRICT_LEAD, STRICT_RECEIVER, CODE_FAILS = "ogLeadStrictCrm1", "ogReplayStrict01", "ogLeadCodeFails1"
+# The replay receiver with a step that throws before its CRM call and its Respond node (fixed
+# in the test by putting the template's nodes back, through n8n's public API).
+BROKEN_RECEIVER = "ogReplayBroken01"
 LEAD_PATH = {LEAD_NODE: "onceguard-lead", LEAD_HTTP: "onceguard-lead-http"}
 CALL = example("voice-call-analyzed.json")
 CONTACT = example("crm-create-contact-request.json")["body"]
@@ -90,6 +95,28 @@ def strict_receiver_workflow(onceguard_url: str, crm_url: str) -> dict[str, Any]
     workflow["id"], workflow["name"] = STRICT_RECEIVER, "replay receiver, strict CRM"
     node_named(workflow, "Replay from Onceguard")["parameters"]["path"] = "onceguard-replay-strict"
     node_named(workflow, "CRM: Create Contact")["parameters"]["url"] = f"{crm_url}/contacts"
+    return workflow
+
+
+def broken_receiver_workflow() -> dict[str, Any]:
+    """The replay-receiver template with a Code node that throws between the signature check
+    and the CRM call: the workflow stops before its Respond node, so n8n answers on its own."""
+    workflow = template("replay-receiver")
+    workflow["id"], workflow["name"] = BROKEN_RECEIVER, "replay receiver, throws before the CRM"
+    node_named(workflow, "Replay from Onceguard")["parameters"]["path"] = "onceguard-replay-broken"
+    workflow["nodes"].append(
+        {
+            "parameters": {"jsCode": "throw new Error('mapping bug: contact.fullName is undefined');"},
+            "id": "0d9c8b7a-6e5f-5a4b-9c3d-2e1f0a9b8c7d",
+            "name": "Map the contact",
+            "type": "n8n-nodes-base.code",
+            "typeVersion": 2,
+            "position": [600, 0],
+        }
+    )
+    connections = workflow["connections"]
+    connections["One contact?"]["main"][0] = [{"node": "Map the contact", "type": "main", "index": 0}]
+    connections["Map the contact"] = {"main": [[{"node": "CRM: Create Contact", "type": "main", "index": 0}]]}
     return workflow
 
 
@@ -195,6 +222,7 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
             strict_lead_workflow(onceguard_url, servers.strict_crm.url),
             strict_receiver_workflow(onceguard_url, servers.strict_crm.url),
             code_fails_workflow(onceguard_url, servers.crm.url),
+            broken_receiver_workflow(),
         ]
     )
     instance.import_credentials(
@@ -218,6 +246,7 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
         STRICT_LEAD,
         STRICT_RECEIVER,
         CODE_FAILS,
+        BROKEN_RECEIVER,
     )
     instance.activate_all(except_ids=[ERROR_WORKFLOW])
     # `n8n execute` runs in its own process: give it its own copy of the database, so it never
@@ -245,8 +274,14 @@ def onceguard(tenant: Tenant, api_key: str, servers: Servers, n8n: N8n) -> Tenan
         idempotency_class=IdempotencyClass.KEY_ADVISORY,
         timeout_seconds=10,
     )
+    # An n8n receiver: a replay is delivered only when it answers Onceguard-Ack (ADR 0007).
     target = dlq_services.replay_target_upsert(
-        tenant=tenant, slug="n8n-replay", url=f"{n8n.url}/webhook/onceguard-replay", timeout_seconds=10, is_default=True
+        tenant=tenant,
+        slug="n8n-replay",
+        url=f"{n8n.url}/webhook/onceguard-replay",
+        timeout_seconds=10,
+        is_default=True,
+        ack="echo",
     )
     signed_with_the_receivers_secret(target)
     return tenant
@@ -455,8 +490,9 @@ def test_the_same_lead_failing_twice_through_the_error_trigger_is_one_entry_and_
 
 @pytest.fixture(scope="module")
 def n8n_api_key(n8n: N8n) -> str:
-    # Read (lead capture) and retry (n8n's Retry button, through n8n 1.123's public API).
-    return n8n.create_api_key(scopes=("execution:read", "execution:retry"))
+    # Read (lead capture), retry (n8n's Retry button, through n8n 1.123's public API), and
+    # workflow read/update (a broken replay receiver fixed in place).
+    return n8n.create_api_key(scopes=("execution:read", "execution:retry", "workflow:read", "workflow:update"))
 
 
 def test_an_error_trigger_entry_of_a_node_that_reports_no_request_holds_the_fetched_failed_item(
@@ -620,3 +656,119 @@ def test_n8n_retry_of_an_execution_that_failed_after_the_sent_marker_completes_t
     assert again.status_code in (200, 409), again.text
     op.refresh_from_db()
     assert op.status == S.SUCCEEDED and servers.charges.effects()["count"] == 1
+
+
+def test_a_replay_whose_receiver_stops_before_its_respond_node_is_not_delivered_and_the_fixed_one_delivers_once(
+    n8n: N8n, onceguard: Tenant, servers: Servers, onceguard_url: str, n8n_api_key: str
+) -> None:
+    # An entry for a lead (as the Dead-letter step posts it), replayed to a receiver whose
+    # mapping step throws before its CRM call and its Respond node.
+    started = time.monotonic()
+    from dlq import services as dlq_services
+
+    posted = httpx.post(
+        f"{onceguard_url}/api/v1/dlq/events",
+        json={
+            "event_id": "lead-ack-1",
+            "idempotency_key": LEAD_KEY,
+            "payload": CONTACT,
+            "error": {"message": "CRM answered 429", "class": "transient"},
+        },
+        headers={"Authorization": f"Bearer {API_SECRET}"},
+        timeout=30,
+        trust_env=False,
+    )
+    assert posted.status_code == 201, posted.text
+    event = FailedEvent.objects.get(pk=posted.json()["id"])
+    receiver = dlq_services.replay_target_upsert(
+        tenant=onceguard,
+        slug="receiver",
+        url=f"{n8n.url}/webhook/onceguard-replay-broken",
+        idempotency_class=IdempotencyClass.KEY_ADVISORY,
+        ack="echo",
+        timeout_seconds=10,
+    )
+    signed_with_the_receivers_secret(receiver)
+
+    stopped = replay(onceguard_url, event, target="receiver")
+    assert stopped.status_code == 201, stopped.text
+    # Whatever n8n answered for the stopped workflow, it is not a delivery: no acknowledgement.
+    assert stopped.json()["outcome"] == "ambiguous", stopped.json()
+    (first,) = n8n.wait_for_executions(BROKEN_RECEIVER, count=1)
+    assert first["status"] == "error"
+    row = event.replays.get(number=1)
+    assert "not acknowledged" in row.error_message, (row.response_status, row.error_message)
+    event.refresh_from_db()
+    assert event.status == "pending"
+    trail = " ".join(event.changes.values_list("note", flat=True))
+    assert "replay #1 ambiguous (not acknowledged" in trail
+    assert servers.strict_crm.contacts == []
+    # The receiver may have acted for all Onceguard knows: to a key-advisory target the next
+    # replay waits for a person.
+    waits = replay(onceguard_url, event, target="receiver")
+    assert waits.status_code == 409 and waits.json()["code"] == "replay_needs_decision"
+
+    # The workflow is fixed in place (the template's nodes, same webhook path), and the
+    # operator, who checked the CRM, records that the lead may be sent again.
+    fixed = template("replay-receiver")
+    node_named(fixed, "Replay from Onceguard")["parameters"]["path"] = "onceguard-replay-broken"
+    updated = httpx.put(
+        f"{n8n.url}/api/v1/workflows/{BROKEN_RECEIVER}",
+        json={k: fixed[k] for k in ("name", "nodes", "connections", "settings")},
+        headers={"X-N8N-API-KEY": n8n_api_key},
+        timeout=60,
+        trust_env=False,
+    )
+    assert updated.status_code == 200, updated.text
+    decided = httpx.post(
+        f"{onceguard_url}/api/v1/dlq/events/{event.pk}/resend-decision",
+        json={"note": "the receiver stopped before the CRM call; the CRM has no contact for this call"},
+        headers={"Authorization": f"Bearer {API_SECRET}"},
+        timeout=30,
+        trust_env=False,
+    )
+    assert decided.status_code == 200, decided.text
+
+    delivered = replay(onceguard_url, event, target="receiver")
+    assert delivered.status_code == 201, delivered.text
+    assert delivered.json()["outcome"] == "succeeded", delivered.json()
+    event.refresh_from_db()
+    assert event.status == "replayed"
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
+    again = replay(onceguard_url, event, target="receiver")
+    assert again.status_code == 409 and again.json()["code"] == "replay_needs_force"
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
+    TIMINGS["replay not acknowledged, then delivered once"] = time.monotonic() - started
+
+
+def test_a_lead_replayed_after_a_crm_429_is_one_contact_even_when_its_workflow_re_sends_it_once_the_retry_is_due(
+    n8n: N8n, onceguard: Tenant, servers: Servers, onceguard_url: str
+) -> None:
+    # The lead's claim waits for its retry after the CRM's 429; its entry is in the DLQ.
+    started = time.monotonic()
+    servers.strict_crm.reset(script=[429])
+    assert n8n.webhook(LEAD_PATH[LEAD_NODE], CALL).status_code == 202
+    assert wait_until(lambda: Operation.objects.filter(key=LEAD_KEY, status=S.RETRY_WAIT).exists(), timeout=60), (
+        n8n.start_log()[-3000:]
+    )
+    event = FailedEvent.objects.get()
+    assert event.original_key == LEAD_KEY
+
+    # The operator replays the entry through the receiver template: one contact.
+    replayed = replay(onceguard_url, event)
+    assert replayed.status_code == 201, replayed.text
+    assert replayed.json()["outcome"] == "succeeded", replayed.json()
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
+    # The replay took the lead's claim over: it answers with the replay's outcome now.
+    op = Operation.objects.get(key=LEAD_KEY)
+    replay_op = Operation.objects.get(key=f"replay:{event.pk}:1")
+    assert (op.status, op.superseded_by_id, replay_op.status) == (S.FAILED, replay_op.pk, S.SUCCEEDED)
+
+    # The voice platform re-sends the lead once the retry would be due (its clock moved on).
+    Operation.objects.filter(pk=op.pk).update(next_attempt_at=timezone.now() - timedelta(minutes=5))
+    assert n8n.webhook(LEAD_PATH[LEAD_NODE], CALL).status_code == 202
+    assert wait_until(lambda: _finished(n8n, LEAD_NODE), timeout=60), n8n.executions(LEAD_NODE)
+    assert servers.strict_crm.contacts == [(LEAD_KEY, CONTACT)]
+    assert servers.strict_crm.refused == []
+    assert FailedEvent.objects.count() == 1
+    TIMINGS["lead replayed, then re-sent after its retry was due"] = time.monotonic() - started

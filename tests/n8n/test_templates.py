@@ -100,3 +100,30 @@ def test_a_lead_template_answers_the_sender_first_then_claims_before_the_crm_and
     assert path[-2:] == ["Mark sent", "CRM: Create Contact"], path
     assert next_of("CRM: Create Contact") == ["Complete"]
     assert next_of("CRM: Create Contact", 1) == ["Dead-letter the lead"] and next_of("Dead-letter the lead") == ["Fail"]
+
+
+def test_the_replay_receiver_acknowledges_only_from_its_success_answer_after_the_crm_call() -> None:
+    # ADR 0007: Onceguard counts a replay to an `echo` target only with Onceguard-Ack, so the
+    # receiver computes it after the CRM call and answers it from the success path alone; n8n's
+    # own answer for a workflow that stopped earlier carries none.
+    workflow = load(WORKFLOWS_DIR / "replay-receiver.json")
+    nodes = {node["name"]: node for node in workflow["nodes"]}
+    connections = workflow["connections"]
+    ack = nodes["Acknowledge the replay"]
+    assert ack["type"] == "n8n-nodes-base.crypto" and ack["parameters"]["action"] == "hmac"
+    assert ack["parameters"]["type"] == "SHA256" and ack["parameters"]["encoding"] == "hex"
+    assert "'ack.' + " in ack["parameters"]["value"] and "onceguard-replay-id" in ack["parameters"]["value"]
+    assert ack["parameters"]["secret"] == "={{ $env.ONCEGUARD_REPLAY_SIGNING_SECRET || '' }}"
+    assert connections["CRM: Create Contact"]["main"][0] == [
+        {"node": "Acknowledge the replay", "type": "main", "index": 0}
+    ]
+    assert connections["Acknowledge the replay"]["main"][0] == [
+        {"node": "Respond: replayed", "type": "main", "index": 0}
+    ]
+    answering = {
+        name: node["parameters"].get("options", {}).get("responseHeaders", {}).get("entries", [])
+        for name, node in nodes.items()
+        if node["type"] == "n8n-nodes-base.respondToWebhook"
+    }
+    acknowledging = {name for name, headers in answering.items() if any(h["name"] == "Onceguard-Ack" for h in headers)}
+    assert acknowledging == {"Respond: replayed"}

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus
 from ledger.protocol.services import provider_upsert
 from ledger.providers import adapters

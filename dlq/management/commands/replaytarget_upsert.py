@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dlq import services
-from dlq.models import ReplayTarget
+from dlq.models import ReplayAck, ReplayTarget
 from ledger.models import IdempotencyClass, Tenant
 from ledger.platform.errors import DomainError
 from ledger.tenants.config_changes import cli_actor
@@ -27,6 +27,13 @@ class Command(BaseCommand):
             choices=IdempotencyClass.values,
             help="key_enforced: the receiver refuses a second effect of a key (an ambiguous entry is re-sent);"
             " key_advisory: it may not (an ambiguous entry waits for a person's decision). Required for a new target.",
+        )
+        parser.add_argument(
+            "--ack",
+            choices=ReplayAck.values,
+            help="echo: a replay counts as delivered only with the receiver's Onceguard-Ack (n8n receivers: the"
+            " replay-receiver template sends it); status: a 2xx is enough. Undeclared on a new target: echo on the"
+            " tenant's n8n, else status, listed as not confirmed.",
         )
         parser.add_argument("--idempotency-header", help="header carrying the original key (default Idempotency-Key)")
         parser.add_argument("--lookup-url", help="a search by the business key, with {key}, asked before a replay")
@@ -62,6 +69,7 @@ class Command(BaseCommand):
                 slug=options["slug"],
                 url=options["url"],
                 idempotency_class=options.get("idempotency_class"),
+                ack=options.get("ack"),
                 idempotency_header=options.get("idempotency_header"),
                 lookup_url=options.get("lookup_url"),
                 credential_header=options.get("credential_header"),
@@ -82,7 +90,8 @@ class Command(BaseCommand):
         flags = [f for f, on in (("default", target.is_default), ("auto-replay", target.auto_replay)) if on]
         self.stdout.write(
             f"replay target {tenant.slug}/{target.slug} -> {target.url}"
-            f" ({target.get_idempotency_class_display()}, header {target.idempotency_header}"
+            f" ({target.get_idempotency_class_display()}, ack {target.ack}"
+            f"{'' if target.ack_confirmed else ' (not confirmed)'}, header {target.idempotency_header}"
             f"{', ' + ', '.join(flags) if flags else ''})"
         )
         if secret:

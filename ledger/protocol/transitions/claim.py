@@ -3,12 +3,15 @@
 - ``operation_claim``: (new key) → ``claimed`` (guard mode) or ``queued`` (execute mode); a
   known key is answered from its row, which may ``operation_reclaim`` it (``retry_wait`` →
   ``claimed``) or, past its lifetime, ``operation_expire_retry`` it (``retry_wait`` → ``failed``).
-- ``operation_take``: ``queued``/``retry_wait`` → ``claimed`` by an execute-mode worker.
 - ``operation_cancel``: ``queued``/``retry_wait`` → ``abandoned`` (an operator, or a newer
   version of a record replacing this one).
 - ``after_terminal``: a finished operation with a callback URL claims its callback operation
   (``callback_enqueue``) — which is why claims and finishing share this module's floor: a
   claim may itself finish older rows.
+
+Not split further: a new version's claim cancels the older ones, a cancel is a
+``guarded_move``, whose terminal move claims a callback — one knot two modules would import
+both ways. (A worker's take is the holder's: ``holder.operation_take``.)
 
 Above ``trace``; ``holder`` and ``recovery`` build on it.
 """
@@ -505,35 +508,6 @@ def operation_reclaim(
             return None
         statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
         event_row(op=op, old=S.RETRY_WAIT, actor=actor, reason="retry claimed, sent" if mark_sent else "retry claimed")
-    return op
-
-
-def operation_take(
-    *, operation_id: int, tenant_id: int, from_status: str, lease_seconds: float, past_deadline: bool, actor: str
-) -> Operation | None:
-    """queued|retry_wait → claimed by an execute-mode worker, with a new attempt and the sent
-    marker (the worker sends right after); past its deadline or lifetime, without the marker,
-    so the worker fails it instead of sending. The caller holds the row locked (the take's
-    SKIP LOCKED read) in its transaction."""
-    check_moves((from_status,), S.CLAIMED)
-    with transaction.atomic(), sql.index_plans():
-        op = statements.operation(
-            "operation_take",
-            {
-                "id": operation_id,
-                "tenant_id": tenant_id,
-                "from_status": from_status,
-                "lease_token": new_lease_token(),
-                "lease_seconds": seconds_param(lease_seconds),
-                "past_deadline": past_deadline,
-            },
-        )
-        if op is None:
-            return None
-        statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
-        event_row(
-            op=op, old=from_status, actor=actor, reason="taken past its deadline" if past_deadline else "taken, sent"
-        )
     return op
 
 

@@ -1,6 +1,8 @@
 """The moves of an operation's lease holder: the worker, the guard or the API caller that
 claimed it.
 
+- ``operation_take``: ``queued``/``retry_wait`` → ``claimed`` by an execute-mode worker, with
+  its attempt and the sent marker (a guard caller's retry is ``claim``'s ``operation_reclaim``).
 - ``operation_wait``: ``claimed`` → ``waiting`` (an asynchronous provider has the job);
   ``operation_poll_take``: ``waiting`` → ``claimed`` for one poll.
 - ``operation_mark_sent``: ``claimed`` → ``claimed`` with the sent marker (an event row, no
@@ -42,6 +44,7 @@ from ledger.protocol.inputs import backoff_seconds, clamp_lease, new_lease_token
 from ledger.protocol.transitions.claim import after_terminal
 from ledger.protocol.transitions.trace import (
     after_failed,
+    check_moves,
     event_row,
     event_text,
     fenced_evidence_record,
@@ -125,6 +128,35 @@ def operation_poll_take(
         )
         if op is not None:
             event_row(op=op, old=S.WAITING, actor=actor, reason=reason)
+    return op
+
+
+def operation_take(
+    *, operation_id: int, tenant_id: int, from_status: str, lease_seconds: float, past_deadline: bool, actor: str
+) -> Operation | None:
+    """queued|retry_wait → claimed by an execute-mode worker, with a new attempt and the sent
+    marker (the worker sends right after); past its deadline or lifetime, without the marker,
+    so the worker fails it instead of sending. The caller holds the row locked (the take's
+    SKIP LOCKED read) in its transaction."""
+    check_moves((from_status,), S.CLAIMED)
+    with transaction.atomic(), sql.index_plans():
+        op = statements.operation(
+            "operation_take",
+            {
+                "id": operation_id,
+                "tenant_id": tenant_id,
+                "from_status": from_status,
+                "lease_token": new_lease_token(),
+                "lease_seconds": seconds_param(lease_seconds),
+                "past_deadline": past_deadline,
+            },
+        )
+        if op is None:
+            return None
+        statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
+        event_row(
+            op=op, old=from_status, actor=actor, reason="taken past its deadline" if past_deadline else "taken, sent"
+        )
     return op
 
 

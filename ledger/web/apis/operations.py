@@ -1,59 +1,48 @@
-"""Ledger HTTP API: parse input, call a service or selector, render the output."""
+"""The operations API: claims (guard mode) and submissions (execute mode), the holder's
+reports (sent, complete, fail, heartbeat), an operation, its attempts, the filtered list, and
+keys derived from personal data.
+
+Also the request helpers every ledger view uses: ``validated_input`` (the body through its
+input serializer), the key of a claim or submission (``claim_key``: the body, the
+``Idempotency-Key`` header or a record's versioned parts) and the answers that render an
+operation (``operation_response``, ``replay_answer`` with ``Idempotent-Replayed``)."""
 
 from __future__ import annotations
 
-import mimetypes
 from typing import Any
 
 import django_filters
 from django.db.models import QuerySet
-from django.http import FileResponse
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers as drf_serializers
-from rest_framework.permissions import AllowAny
-from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.execution import objects, outputs, polling, uploads
-from ledger.execution.attempts import operation_submit
-from ledger.models import Operation, OperationOutput, OperationStatus, PromptTemplate, Provider, ProviderKind, Upload
-from ledger.platform.errors import InvalidKey, OperationNotFound, ValidationFailed
+from ledger.execution.submission import operation_submit
+from ledger.models import Operation, OperationStatus
+from ledger.platform.errors import InvalidKey, ValidationFailed
 from ledger.platform.telemetry import claim_timer
 from ledger.protocol import selectors, services, transitions
 from ledger.protocol.representation import (
     ClaimOutputSerializer,
     OperationOutputSerializer,
-    OutputObjectSerializer,
     ReplayedOperationOutputSerializer,
-    UploadOutputSerializer,
 )
 from ledger.protocol.serializer_reuse import represented, validated_data
-from ledger.providers import canary, prompts, ratelimit, revisions
 from ledger.rules.key_derivation import derivation_key, key_derive
 from ledger.rules.key_rules import key_lookup_shape, key_refusal
-from ledger.rules.provider_checks import secret_env_names
 from ledger.store import sql
 from ledger.tenants.workflows import workflow_name_note
 from ledger.web.pagination import KeysetCursorPagination
 from ledger.web.serializers import (
     AttemptOutputSerializer,
-    CanaryInputSerializer,
     ClaimInputSerializer,
     CompleteInputSerializer,
     FailInputSerializer,
     HeartbeatInputSerializer,
     KeyDeriveInputSerializer,
     KeyDeriveOutputSerializer,
-    PromptTemplateInputSerializer,
-    PromptTemplateOutputSerializer,
-    ProviderIntentInputSerializer,
-    ProviderIntentOutputSerializer,
-    ProviderOutputSerializer,
-    RolloutMoveInputSerializer,
-    RolloutOutputSerializer,
     SentInputSerializer,
     SubmitInputSerializer,
 )
@@ -295,8 +284,8 @@ class OperationFilter(django_filters.FilterSet):
                 " (a part of the error text)."
             )
         # The caller's tenant bound on the events too (their tenant column; Citus routes by it).
-        failed = selectors.operations_failed_with(text, tenant_ids=[self.request.user.tenant.pk])
-        return rows.filter(pk__in=failed.values("operation_id"))
+        failed = selectors.operation_ids_failed_with(text, tenant_ids=[self.request.user.tenant.pk])
+        return rows.filter(pk__in=failed)
 
 
 class OperationCursorPagination(KeysetCursorPagination):
@@ -363,317 +352,3 @@ class OperationListApi(APIView):
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(filterset.qs, request, view=self)
         return paginator.get_paginated_response(OperationOutputSerializer(page, many=True).data)
-
-
-# --- Uploads and validated outputs (ledger.execution.uploads, ledger.execution.outputs) ----------------
-
-
-def object_content_response(stored: Upload | OperationOutput) -> FileResponse:
-    """A stored object's bytes as they are, to the tenant that owns them: never cached by a
-    shared cache, never rendered as a page (a download, sandboxed), tagged with their digest."""
-    media_type, sha256, filename = stored.media_type, stored.sha256, stored.key
-    try:
-        handle = objects.objects_storage().open(stored.storage_name, "rb")
-    except FileNotFoundError:
-        # Deleted by retention between the row's read and this open.
-        raise uploads.UploadNotFound("No such object.") from None
-    extension = mimetypes.guess_extension(media_type) or ""
-    response = FileResponse(handle, content_type=media_type, as_attachment=True, filename=filename + extension)
-    response["ETag"] = f'"{sha256}"'
-    response["Cache-Control"] = "private, no-cache"
-    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
-
-
-class ObjectBytesApi(APIView):
-    """A view that answers stored bytes: whatever the client accepts, the bytes are answered
-    with their own media type, and a problem is JSON."""
-
-    def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[BaseRenderer, str]:
-        return JSONRenderer(), "application/json"
-
-
-class UploadCreateApi(APIView):
-    @extend_schema(
-        request={"application/octet-stream": OpenApiTypes.BINARY},
-        responses={
-            201: UploadOutputSerializer,
-            200: OpenApiResponse(
-                UploadOutputSerializer, description="These bytes were already uploaded: the same key."
-            ),
-        },
-        summary="Upload a file (the body is the file); answers its immutable key and sha256",
-        description="The body is the file's bytes (any Content-Type; the type is recognised from the content)."
-        " Refused before anything is stored: over UPLOAD_MAX_BYTES (413 payload_too_large, counted while it"
-        " streams in), empty (400 upload_empty), not of an accepted type or not decodable"
-        " (415 upload_media_type_not_allowed).",
-    )
-    def post(self, request: Request) -> Response:
-        try:
-            declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            declared = 0
-        # DRF's stream of the raw body (None when it is empty); never parsed.
-        stream = request.stream
-        result = uploads.upload_store(
-            tenant=request.user.tenant,
-            stream=stream if stream is not None else _EmptyStream(),
-            declared_length=declared,
-        )
-        body = UploadOutputSerializer(result.upload).data
-        if not result.created:
-            return Response(body, status=200, headers={REPLAYED_HEADER: "true"})
-        return Response(body, status=201, headers={"Location": f"/api/v1/uploads/{result.upload.key}"})
-
-
-class _EmptyStream:
-    def read(self, size: int = -1, /) -> bytes:
-        return b""
-
-
-class UploadDetailApi(APIView):
-    @extend_schema(responses={200: UploadOutputSerializer}, summary="One upload's facts (this tenant's only)")
-    def get(self, request: Request, key: str) -> Response:
-        return Response(UploadOutputSerializer(uploads.upload_get(tenant=request.user.tenant, key=key)).data)
-
-
-class UploadContentApi(ObjectBytesApi):
-    @extend_schema(
-        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
-        summary="An upload's bytes (this tenant's only), with its recognised media type",
-    )
-    def get(self, request: Request, key: str) -> FileResponse:
-        upload = uploads.upload_get(tenant=request.user.tenant, key=key)
-        return object_content_response(upload)
-
-
-class OperationOutputApi(APIView):
-    @extend_schema(
-        responses={200: OutputObjectSerializer},
-        summary="An operation's validated output: key, sha256, media type, size, dimensions",
-    )
-    def get(self, request: Request, operation_id: int) -> Response:
-        output = outputs.output_get(tenant=request.user.tenant, operation_id=operation_id)
-        return Response(OutputObjectSerializer(output).data)
-
-
-class OperationOutputContentApi(ObjectBytesApi):
-    @extend_schema(
-        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
-        summary="An operation's validated output bytes (published only after every check passed)",
-    )
-    def get(self, request: Request, operation_id: int) -> FileResponse:
-        output = outputs.output_get(tenant=request.user.tenant, operation_id=operation_id)
-        return object_content_response(output)
-
-
-class ProviderWebhookApi(APIView):
-    """An asynchronous provider's signed note that a job changed (ledger.execution.polling). The
-    provider holds no API key: the signature under the provider's webhook secret is the
-    authentication, so every refusal of it — unknown tenant or provider, no secret, a wrong
-    or stale signature — is the same 401."""
-
-    authentication_classes: list[Any] = []
-    permission_classes = [AllowAny]
-
-    @extend_schema(
-        request={"application/json": OpenApiTypes.OBJECT},
-        responses={200: OpenApiTypes.OBJECT},
-        summary="A provider's signed webhook: the job it names is polled at once (its state and output are read"
-        " from the provider's status answer, never from the note)",
-        description="Signed like Onceguard's callbacks: `Onceguard-Signature: t=<unix seconds>,v1=<hex"
-        ' HMAC-SHA256(webhook secret, "<t>." + body)>`, at most 300 s old. 401 webhook_signature_invalid'
-        " otherwise; 404 when no operation has this job.",
-    )
-    def post(self, request: Request, tenant: str, slug: str) -> Response:
-        # The raw bytes, exactly as signed (read before anything parses them).
-        body = request.body
-        result = polling.webhook_receive(
-            tenant_slug=tenant,
-            provider_slug=slug,
-            body=body,
-            signature=request.headers.get(polling.WEBHOOK_SIGNATURE_HEADER, ""),
-        )
-        op = result.operation
-        return Response({"operation": op.pk, "status": op.status, "applied": result.applied})
-
-
-# --- Adapter revisions: the rollout of a provider's adapter changes (ledger.providers.canary) --------------
-
-
-def _tenant_provider(request: Request, slug: str) -> Provider:
-    provider = Provider.objects.filter(tenant_id=request.user.tenant.pk, slug=slug, kind=ProviderKind.HTTP).first()
-    if provider is None:
-        raise OperationNotFound(f"No provider named {slug!r}.")
-    return provider
-
-
-class ProviderDetailApi(APIView):
-    @extend_schema(
-        responses={200: ProviderOutputSerializer},
-        summary="A provider: its pause and throttle, its rate and concurrency caps and where they stand now",
-    )
-    def get(self, request: Request, slug: str) -> Response:
-        provider = _tenant_provider(request, slug)
-        body = {
-            "slug": provider.slug,
-            "kind": provider.kind,
-            "idempotency_class": provider.idempotency_class,
-            "base_url": provider.base_url,
-            "paused": provider.paused_at is not None,
-            "paused_reason": provider.paused_reason,
-            "throttled_until": provider.throttled_until,
-            "caps": ratelimit.provider_caps(provider).as_dict(),
-            "auth_secret_env": provider.auth_secret_env,
-            "secret_env_names": secret_env_names(request.user.tenant.secret_namespace),
-        }
-        return Response(represented(ProviderOutputSerializer, body))
-
-
-class ProviderRolloutApi(APIView):
-    @extend_schema(
-        responses={200: RolloutOutputSerializer},
-        summary="A provider's adapter revisions: which is stable, which is a canary, and the watch's figures",
-    )
-    def get(self, request: Request, slug: str) -> Response:
-        provider = _tenant_provider(request, slug)
-        return Response(represented(RolloutOutputSerializer, canary.provider_rollout(provider)))
-
-
-class ProviderCanaryApi(APIView):
-    required_scope = "admin"
-
-    @extend_schema(
-        request=CanaryInputSerializer,
-        responses={200: RolloutOutputSerializer},
-        summary="Run an adapter revision as a canary for a share of new operations (or change its share)",
-    )
-    def post(self, request: Request, slug: str, number: int) -> Response:
-        data = validated_input(CanaryInputSerializer, request)
-        provider = canary.canary_start(
-            provider_id=_tenant_provider(request, slug).pk,
-            number=number,
-            percent=data["percent"],
-            actor=request.user.actor,
-            reason=data["reason"],
-            tenant_ids=[request.user.tenant.pk],
-        )
-        return Response(represented(RolloutOutputSerializer, canary.provider_rollout(provider)))
-
-
-class ProviderPromoteApi(APIView):
-    required_scope = "admin"
-
-    @extend_schema(
-        request=RolloutMoveInputSerializer,
-        responses={200: RolloutOutputSerializer},
-        summary="Roll forward: make a revision (by default the canary) the stable one",
-    )
-    def post(self, request: Request, slug: str) -> Response:
-        data = validated_input(RolloutMoveInputSerializer, request)
-        provider = canary.revision_promote(
-            provider_id=_tenant_provider(request, slug).pk,
-            number=data.get("number"),
-            actor=request.user.actor,
-            reason=data["reason"],
-            tenant_ids=[request.user.tenant.pk],
-        )
-        return Response(represented(RolloutOutputSerializer, canary.provider_rollout(provider)))
-
-
-class ProviderRollbackApi(APIView):
-    required_scope = "admin"
-
-    @extend_schema(
-        request=RolloutMoveInputSerializer,
-        responses={200: RolloutOutputSerializer},
-        summary="Roll back: end the canary (its unsent operations re-queued under the stable revision), or return"
-        " the stable revision to an earlier one",
-    )
-    def post(self, request: Request, slug: str) -> Response:
-        data = validated_input(RolloutMoveInputSerializer, request)
-        result = canary.revision_rollback(
-            provider_id=_tenant_provider(request, slug).pk,
-            number=data.get("number"),
-            actor=request.user.actor,
-            reason=data["reason"],
-            tenant_ids=[request.user.tenant.pk],
-        )
-        body = {**canary.provider_rollout(result.provider), "requeued": result.requeued}
-        return Response(represented(RolloutOutputSerializer, body))
-
-
-# --- Intent envelopes and prompt templates (ledger.rules.intents, ledger.providers.prompts) -------------------------
-
-
-class AdminToWrite:
-    """Reading needs `read`; a change needs `admin` (ledger.tenants.auth reads ``required_scope``)."""
-
-    request: Request
-
-    @property
-    def required_scope(self) -> str | None:
-        return None if self.request.method in ("GET", "HEAD", "OPTIONS") else "admin"
-
-
-def _intent_view(provider: Provider) -> dict[str, Any]:
-    return {
-        "provider": provider.slug,
-        "revision": revisions.revision_number(provider.revision_id),
-        "canary_revision": revisions.revision_number(provider.canary_revision_id),
-        "intent_schema": provider.intent_schema,
-        "request_template": provider.request_template,
-    }
-
-
-class ProviderIntentApi(AdminToWrite, APIView):
-    @extend_schema(
-        responses={200: ProviderIntentOutputSerializer},
-        summary="A provider's intent schema and request template (its stable adapter revision's)",
-    )
-    def get(self, request: Request, slug: str) -> Response:
-        return Response(represented(ProviderIntentOutputSerializer, _intent_view(_tenant_provider(request, slug))))
-
-    @extend_schema(
-        request=ProviderIntentInputSerializer,
-        responses={200: ProviderIntentOutputSerializer},
-        summary="Set a provider's intent schema and request template: the next adapter revision (stable, or a"
-        " canary); a template that would evaluate anything is 400 request_template_invalid",
-    )
-    def put(self, request: Request, slug: str) -> Response:
-        data = validated_input(ProviderIntentInputSerializer, request)
-        _tenant_provider(request, slug)
-        provider = services.provider_upsert(
-            tenant=request.user.tenant,
-            slug=slug,
-            actor=request.user.actor,
-            reason=data["reason"],
-            canary_percent=data["canary_percent"],
-            intent_schema=data["intent_schema"],
-            request_template=data["request_template"],
-        )
-        return Response(represented(ProviderIntentOutputSerializer, _intent_view(provider)))
-
-
-class PromptTemplateListApi(AdminToWrite, APIView):
-    @extend_schema(
-        parameters=[OpenApiParameter("name", str, OpenApiParameter.QUERY, required=False)],
-        responses={200: PromptTemplateOutputSerializer(many=True)},
-        summary="The tenant's prompt templates, every version, newest first",
-    )
-    def get(self, request: Request) -> Response:
-        rows = PromptTemplate.objects.filter(tenant_id=request.user.tenant.pk).order_by("name", "-version")
-        if request.query_params.get("name"):
-            rows = rows.filter(name=request.query_params["name"])
-        return Response(PromptTemplateOutputSerializer(rows[:500], many=True).data)
-
-    @extend_schema(
-        request=PromptTemplateInputSerializer,
-        responses={201: PromptTemplateOutputSerializer},
-        summary="Create the next version of a prompt template (versions are immutable)",
-    )
-    def post(self, request: Request) -> Response:
-        data = validated_input(PromptTemplateInputSerializer, request)
-        prompt = prompts.prompt_template_create(tenant=request.user.tenant, actor=request.user.actor, **data)
-        return Response(represented(PromptTemplateOutputSerializer, prompt), status=201)
