@@ -76,7 +76,7 @@ MIDDLEWARE = [
     # /healthz and /readyz answer before host validation, sessions and auth (observability.health).
     "observability.health.HealthProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "review.security.ContentSecurityPolicyMiddleware",
+    "review.staff.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.middleware.ApiBodyLimitMiddleware",
     "config.middleware.QueryNulMiddleware",
@@ -84,7 +84,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "review.tenancy.TenantScopeMiddleware",
+    "review.staff.tenancy.TenantScopeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -384,7 +384,7 @@ ONCEGUARD = {
     "ERROR_SCRUB_PATTERNS": env.read("ERROR_SCRUB_PATTERNS"),
 }
 
-# --- Access log (review.accesslog) ------------------------------------------------------
+# --- Access log (review.audit.accesslog) ------------------------------------------------------
 # The chain is keyed with ONCEGUARD_ACCESSLOG_KEYS (`<id>:<secret>,…`, first = current),
 # else the file ONCEGUARD_ACCESSLOG_KEY_FILE, else var/accesslog.key (made by `make run`);
 # never in the database.
@@ -395,13 +395,13 @@ ONCEGUARD_ACCESS_LOG = {
     # HEARTBEAT_HOURS even when nothing happened; `accesslog_verify` reports rows left
     # uncovered longer than CHECKPOINT_MINUTES + GRACE_MINUTES and a newest checkpoint
     # older than HEARTBEAT_HOURS + that. Rows newer than the last checkpoint are covered by
-    # their accesslog_witness log lines (`accesslog_verify --log FILE`, review.accesslog_witness).
+    # their accesslog_witness log lines (`accesslog_verify --log FILE`, review.audit.accesslog_witness).
     "CHECKPOINT_MINUTES": env.read("ACCESS_LOG_CHECKPOINT_MINUTES"),
     "CHECKPOINT_HEARTBEAT_HOURS": env.read("ACCESS_LOG_CHECKPOINT_HEARTBEAT_HOURS"),
     "GRACE_MINUTES": env.read("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES"),
 }
 
-# --- Retention (review.retention): the Australian defaults and the platform's floors ----
+# --- Retention (review.retention.policies): the Australian defaults and the platform's floors
 # A tenant without a policy for a record type gets these (RETENTION_APPLY_DEFAULTS=0: keep
 # everything until a policy says otherwise). Days; None = never. APP 11.2 asks to destroy or
 # de-identify personal information once no purpose needs it: payloads are only needed while

@@ -174,7 +174,7 @@ class TenantFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         tenants = Tenant.objects.order_by("slug")
-        # The console's admin site scopes every ModelAdmin to the user's tenants (review.tenancy,
+        # The console's admin site scopes every ModelAdmin to the user's tenants (review.staff.tenancy,
         # a layer above): ask the admin, not the console's module.
         tenant_scope = getattr(model_admin, "tenant_scope", None)
         scope = tenant_scope(request) if tenant_scope is not None else None

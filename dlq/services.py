@@ -506,7 +506,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
 
 # --- n8n connection and lead capture (dlq.n8n) ------------------------------------------------
 
-# Masked in the configuration trail (the console's saves: review.changes.AUDITED).
+# Masked in the configuration trail (the console's saves: review.audit.changes.AUDITED).
 N8N_SECRET_FIELDS = ("api_key_secret",)
 N8N_ACTOR = "n8n lead capture"
 # What n8n's keys look like (JWTs; older `n8n_api_…` keys): printable, no spaces, bounded.

@@ -120,7 +120,7 @@ def test_psycopg_result_columns_are_the_statements_in_order() -> None:
 def test_the_console_column_class_is_djangos() -> None:
     from django.contrib.admin.templatetags import admin_list
 
-    from review import listing
+    from review.console import listing
 
     def shown(obj: Any) -> str:
         return ""

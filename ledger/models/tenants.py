@@ -125,7 +125,7 @@ class ApiKey(models.Model):
     """A tenant's API key. Only a sha256 of the secret is stored; the prefix identifies it."""
 
     # `payload`: may reveal payloads (with a reason, logged); not implied by `admin`.
-    # `audit`: may read a person's data trail (review.subject_apis; implied by `admin`, not by
+    # `audit`: may read a person's data trail (review.privacy.subject_apis; implied by `admin`, not by
     # `read`: a trail is about a person).
     SCOPES = ("read", "write", "admin", "payload", "audit")
 

@@ -6,7 +6,7 @@ each row's time, set when it is written and never changed. One partition per cal
 (migration ledger.0025, everything below its boundary) and ``<table>_default`` catches a row
 whose month has no partition yet (a schedule that stopped), so a claim never fails for want of
 one. Partitions are created ahead by the migration and by ``partitions_ensure`` (a django-q2
-schedule); retention (review.retention) drops a whole partition when nothing in it may be
+schedule); retention (review.retention.partitions) drops a whole partition when nothing in it may be
 kept. On SQLite both tables stay plain and every function here does nothing.
 """
 

@@ -275,7 +275,7 @@ class ServiceSaveAdmin(ConsoleAdmin):
     """A console page whose saves go through the object's configuration service (ADR 0006):
     ``save_model`` calls the same function the management command and the API call, which
     checks, seals, writes and records the ConfigChange row in one transaction. The console's
-    own trail mixin (review.changes) therefore records nothing for these saves; deletes it
+    own trail mixin (review.audit.changes) therefore records nothing for these saves; deletes it
     still records.
 
     The form shows the service's refusals as field errors before anything is written (its
@@ -365,7 +365,7 @@ def attempts_with_labels(rows: Iterable[Attempt]) -> list[Attempt]:
 def may_view(request: HttpRequest, model: type[Any]) -> bool:
     """Whether the user may read ``model``'s rows in the console: its view (or change)
     permission, as the admin decides for a model's pages and inlines. The history tables'
-    pages (review.history_pages) and the operation page's attempts and events sections ask it."""
+    pages (review.console.history_pages) and the operation page's attempts and events sections ask it."""
     opts = model._meta
     return request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}") or request.user.has_perm(
         f"{opts.app_label}.change_{opts.model_name}"

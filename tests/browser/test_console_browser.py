@@ -9,8 +9,8 @@ import pytest
 from dlq import services as dlq_services
 from dlq.models import BulkReplay, FailedEvent, FailedEventStatus
 from ledger.models import Operation, OperationStatus
-from review import privacy
 from review.models import AccessLog
+from review.privacy import payloads as privacy
 from tests.console.support import (
     MARKERS,
     advisory_provider,

@@ -30,9 +30,9 @@ from ledger.models import ErrorClass, IdempotencyClass, Tenant, Tombstone
 from ledger.protocol import services
 from ledger.providers import prompts
 from ledger.tenants.workflows import workflow_name_note
-from review import erasure
 from review.demo import demo_seed
-from review.subjects import subject_resolve
+from review.privacy import erasure
+from review.privacy.subjects import subject_resolve
 from tests.browser.conftest import ARTIFACTS, PASSWORD
 from tests.browser.test_console_objects import _files
 

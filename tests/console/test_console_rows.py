@@ -1,4 +1,4 @@
-"""Console lists render their rows with per-page work done once (review.listing, issue 16):
+"""Console lists render their rows with per-page work done once (review.console.listing, issue 16):
 the same HTML as Django's admin, byte for byte, and no per-row URL resolving or widget
 rendering."""
 
@@ -17,7 +17,7 @@ from django.test import RequestFactory
 from django.urls import reverse
 
 from ledger.models import Operation
-from review import listing
+from review.console import listing
 from tests.console.support import client_for
 from tests.console.test_list_query_counts import seed
 

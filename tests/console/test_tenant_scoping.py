@@ -27,10 +27,10 @@ from ledger.models import (
 )
 from ledger.protocol import services
 from ledger.providers import prompts
-from review import privacy
-from review.accesslog import accesslog_checkpoint
+from review.audit.accesslog import accesslog_checkpoint
 from review.models import ErasureRun, RetentionPolicy, RetentionRun, StaffTenant
-from review.tenancy import object_tenant_id, tenant_path
+from review.privacy import payloads as privacy
+from review.staff.tenancy import object_tenant_id, tenant_path
 from tests.console.support import (
     advisory_provider,
     client_for,
@@ -140,7 +140,7 @@ def two_tenants(tenant: Tenant, other_tenant: Tenant) -> tuple[Tenant, Tenant, d
 
 def _scoped_models() -> list[type]:
     """Every model with console pages and a tenant: ModelAdmins and the history tables' pages
-    (review.history_pages: attempts and events, keyed (id, <time>))."""
+    (review.console.history_pages: attempts and events, keyed (id, <time>))."""
     models = [*admin.site._registry, *admin.site._history_pages]
     return sorted((m for m in models if tenant_path(m) is not None), key=lambda m: m._meta.label_lower)
 

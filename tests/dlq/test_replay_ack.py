@@ -18,7 +18,7 @@ from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay, ReplayTarget
 from ledger.models import Operation
 from ledger.platform.errors import ValidationFailed
-from review.services import review_decision_record
+from review.decisions.services import review_decision_record
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from django.db import connection, transaction
 
 import alerts.services
 import dlq.services
-import review.privacy
+import review.privacy.payloads
 from alerts.models import Alert
 from dlq.models import FailedEvent
 from ledger.models import ErrorClass, Operation, OperationStatus, Provider, Tenant
@@ -82,7 +82,7 @@ def test_connected_and_replaced_put_the_receivers_back(example):
 def test_every_app_connects_its_receivers_when_django_starts():
     assert dlq.services.failed_event_record_for_operation in hooks.operation_failed.receivers
     assert dlq.services.replay_settle_for_operation in hooks.operation_finished.receivers
-    assert review.privacy.subject_index_record in hooks.payload_written.receivers
+    assert review.privacy.payloads.subject_index_record in hooks.payload_written.receivers
     assert alerts.services.alert_raise in hooks.alert_raised.receivers
 
 

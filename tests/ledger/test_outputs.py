@@ -25,8 +25,8 @@ from ledger.platform.errors import LeaseLost
 from ledger.protocol.services import operation_complete, provider_upsert
 from ledger.providers import adapters
 from review.models import RecordType
-from review.retention import retention_purge_tenant
-from review.services import retention_policy_save
+from review.retention.policies import retention_policy_save
+from review.retention.purge import retention_purge_tenant
 from tests.support.clocks import TickingClock
 from tests.support.fixtures import *  # noqa: F403 - the loopback providers (mock_images)
 from tests.support.listener import Listener

@@ -72,7 +72,7 @@ from ledger.protocol.representation import ReplayedOperationOutputSerializer
 from ledger.protocol.transitions import holder as transitions_holder
 from ledger.recovery.sweeper import sweep
 from ledger.store import sql
-from review.services import review_decision_record
+from review.decisions.services import review_decision_record
 from soak import checks
 
 S = OperationStatus

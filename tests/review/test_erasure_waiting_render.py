@@ -15,8 +15,8 @@ from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus
 from ledger.protocol.services import provider_upsert
 from ledger.providers import adapters
-from review import erasure
-from review.subjects import subject_resolve
+from review.privacy import erasure
+from review.privacy.subjects import subject_resolve
 from tests.execute.support import make_due, run_due
 from tests.execute.test_async_providers import ASK, render_fields
 from tests.support.fixtures import *  # noqa: F403 - the loopback providers (mock_images)

@@ -4,7 +4,7 @@ meaning — and the one function that reads them (:func:`read`).
 ``config.settings`` builds Django's settings from this table, and calls :func:`validate` first,
 so a bad value stops the start with a message naming the variable and what it accepts,
 instead of a ``ValueError`` deep in a request. The few values read per call rather than once
-at start (the keys of ``ledger.platform.crypto``, ``ledger.rules.key_derivation`` and ``review.accesslog``,
+at start (the keys of ``ledger.platform.crypto``, ``ledger.rules.key_derivation`` and ``review.audit.accesslog``,
 which an operator may rotate and the tests set per test) are read through :func:`read` too.
 ``docs/reference/settings.md`` is generated from this table (``manage.py settings_reference``).
 

@@ -1,7 +1,7 @@
 """Files in and out: uploads (``ledger.execution.uploads``) and an operation's validated
 output (``ledger.execution.outputs``), their facts and their bytes. ``object_content_response``
 answers stored bytes the one safe way (a download, sandboxed, never cached by a shared cache),
-for these views and the console's reveal (review.object_pages)."""
+for these views and the console's reveal (review.console.object_pages)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ filtered selection after a count preview, each through ``ledger.protocol.transit
 
 Operations are read-only here for everyone, superusers included: every change goes through a
 transition and leaves its event. Attempts and events, keyed (id, <time>), have pages of their
-own (review.history_pages): the admin does not register a model with a composite primary key;
+own (review.console.history_pages): the admin does not register a model with a composite primary key;
 the operation page shows them to those who may read their tables. ``NeedsFilter`` is the
 list's "needs" filter, ``LiteralIn`` the ``status__in_literal`` lookup its partial indexes need."""
 
@@ -149,7 +149,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         " or error text (any case); a provider ref from its start; an operation id."
     )
     list_select_related = ["tenant", "provider"]
-    # What the columns read (review.listing.ConsoleChangeList.listed): the row's id, key and
+    # What the columns read (review.console.listing.ConsoleChangeList.listed): the row's id, key and
     # state, its tenant's and provider's slugs, its workflow, attempts and times. A field
     # missing here is read with a query per row (tests/console/test_list_query_counts.py).
     list_reads = (
@@ -346,7 +346,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         run = run_of(run=obj.run, correlation_id=obj.correlation_id)
         if not run:
             return display.EMPTY
-        # The console site's run page (review.run_pages), by URL name: the ledger imports nothing above it.
+        # The console site's run page (review.console.run_pages), by URL name: the ledger imports nothing above it.
         url = reverse(f"{self.admin_site.name}:onceguard_run") + "?" + urlencode({"run": run, "tenant": obj.tenant_id})
         source = "" if obj.run else " (its correlation id)"
         return format_html('<a href="{}">{}</a>{}', url, run, source)
@@ -377,7 +377,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
             events = list(op.events.filter(tenant_id=op.tenant_id).order_by("at", "id"))
             extra_context["story"] = operation_story(op, attempts, events)
             # The evidence sections, each for those who may read its table (as its inline was);
-            # every attempt and event links to its own page (review.history_pages).
+            # every attempt and event links to its own page (review.console.history_pages).
             extra_context["attempts"] = attempts_with_labels(attempts) if may_view(request, Attempt) else None
             extra_context["events"] = events if may_view(request, OperationEvent) else None
             extra_context["status_badge"] = display.operation_badge(op)

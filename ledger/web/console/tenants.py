@@ -36,7 +36,7 @@ class TenantAdmin(ServiceSaveAdmin):
     actions = ["rotate_callback_secret"]
 
     # Every field of a tenant is the platform's — its slug, limits, budgets, allow-list,
-    # eligibility URL (review.roles: tenants are a superuser's). A tenant-scoped user sees
+    # eligibility URL (review.staff.roles: tenants are a superuser's). A tenant-scoped user sees
     # the page read-only, whatever permission a role or a person was granted, so a tampered
     # form changes nothing. The secret namespace is on no form at all (ADR 0001).
     def has_add_permission(self, request: HttpRequest) -> bool:
