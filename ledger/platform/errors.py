@@ -78,6 +78,14 @@ class OperationNeedsReconciliation(DomainError):
     status, code, title = 409, "operation_needs_reconciliation", "Operation outcome is being reconciled"
 
 
+class OperationHeldAfterRestore(DomainError):
+    """A claim of a key the fence journal says may have been performed, which the database —
+    restored from a backup — does not know (ADR 0008): held until a person resolves it or the
+    provider's lookup proves the outcome. Retrying does not help; the console lists the hold."""
+
+    status, code, title = 409, "operation_held_after_restore", "Held: the database was restored from a backup"
+
+
 class OperationManagedByService(DomainError):
     status, code, title = 409, "operation_managed_by_service", "Operation is executed by the service"
 
