@@ -317,3 +317,45 @@ def test_the_console_lists_holds_and_a_person_resolves_one(journal_on: Path, ten
     hold.refresh_from_db()
     assert (hold.resolution, hold.resolved_by, hold.reason) == ("performed", "user:ops", "CRM shows it")
     assert client.get(f"/admin/ledger/fencehold/{hold.pk + 999}/resolve/").status_code == 404
+
+
+# --- The claim path's cost, and the command a restore runbook runs ---------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_asks_nothing_more_while_no_hold_exists_and_one_read_while_one_does(
+    journal_on: Path, settings: Any, tenant, provider
+) -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    fencing.view_load()
+
+    def statements_of_a_new_claim(key: str) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            operation_claim(tenant=tenant, key=key, provider=provider, action="charge", request={})
+        return len(queries)
+
+    settings.ONCEGUARD = {**settings.ONCEGUARD, "FENCE_JOURNAL": "off"}
+    off = statements_of_a_new_claim("k-off")
+    settings.ONCEGUARD = {**settings.ONCEGUARD, "FENCE_JOURNAL": "local"}
+    assert statements_of_a_new_claim("k-on") == off
+    _held(tenant, provider, "k-somebody-else")
+    fencing.view_load()
+    assert statements_of_a_new_claim("k-on-held") == off + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fence_check_reports_the_epochs_and_exits_3_while_holds_are_open(journal_on: Path, tenant, provider) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("fence_check", stdout=out)
+    assert "in step with its journal" in out.getvalue()
+    finish(tenant, provider, "k-checked")
+    forget(tenant, "k-checked")
+    with pytest.raises(SystemExit) as stopped:
+        call_command("fence_check", stdout=out)
+    assert stopped.value.code == 3
+    assert "new holds 1, open holds 1" in out.getvalue()
