@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
