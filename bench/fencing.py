@@ -1,5 +1,5 @@
 """What restore fencing costs per operation (ADR 0008): the in-process claim (with the sent
-marker) → complete pair, fencing off beside each journal, in interleaved rounds, on PostgreSQL
+marker) → complete pair, fencing off beside each journal, in interleaved rounds (each starting with another configuration), on PostgreSQL
 in its own database ``onceguard_bench_fence``.
 
     .venv/bin/python -m bench.fencing [--ops 2000] [--rounds 5]
@@ -89,7 +89,9 @@ def main(argv: list[str]) -> int:
     done = dict.fromkeys(CONFIGS, 0)
     run = f"{int(time.time())}"
     for r in range(args.rounds):
-        for config in CONFIGS:
+        # Each round starts with another configuration: a load that drifts during a round
+        # (a shared machine) does not always land on the same one.
+        for config in CONFIGS[r % len(CONFIGS) :] + CONFIGS[: r % len(CONFIGS)]:
             settings.ONCEGUARD = {**base, **overrides[config]}
             fencing.view_reset()
             if config == "held":
