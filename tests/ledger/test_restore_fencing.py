@@ -159,9 +159,26 @@ def test_a_journal_that_cannot_be_written_fails_the_move_before_its_commit(
 # --- The rule, the holds and the 409 -------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["local", "redis"])
+def either_journal(request: Any, settings: Any, tmp_path: Path) -> Iterator[str]:
+    """Each store in turn: the local folder, and a Redis stream on the local redis-server (a
+    database number of its own; the stream of this test's ledger identity is deleted after)."""
+    if request.param == "local":
+        overrides = {"FENCE_JOURNAL": "local", "FENCE_JOURNAL_DIR": str(tmp_path / "fence-journal")}
+    else:
+        overrides = {"FENCE_JOURNAL": "redis", "FENCE_REDIS_URL": "redis://127.0.0.1:6379/14"}
+    settings.ONCEGUARD = {**settings.ONCEGUARD, **overrides}
+    fencing.view_reset()
+    yield request.param
+    if request.param == "redis":
+        book = RedisJournal("redis://127.0.0.1:6379/14", LedgerIdentity.objects.get().ledger_id)
+        book.client.delete(book.stream, book.stream + ":epoch")
+    fencing.view_reset()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_database_behind_its_journal_holds_the_keys_it_lost_and_new_keys_work(
-    journal_on: Path, tenant, provider, make_client
+    either_journal: str, tenant, provider, make_client
 ) -> None:
     first = fencing.view_load()
     assert first.went_back is False and first.new_holds == 0
