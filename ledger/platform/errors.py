@@ -86,6 +86,14 @@ class OperationHeldAfterRestore(DomainError):
     status, code, title = 409, "operation_held_after_restore", "Held: the database was restored from a backup"
 
 
+class FenceJournalUnavailable(DomainError):
+    """The fence journal (ADR 0008) could not be written: the move that needed it was not
+    committed, so nothing is recorded as sent or finished that the journal does not know. Like
+    an unreachable database: try again shortly."""
+
+    status, code, title = 503, "fence_journal_unavailable", "Fence journal unavailable"
+
+
 class OperationManagedByService(DomainError):
     status, code, title = 409, "operation_managed_by_service", "Operation is executed by the service"
 

@@ -26,6 +26,11 @@ from pathlib import Path
 from typing import Protocol
 
 
+class JournalStoreError(Exception):
+    """The store refused or could not be reached (a Redis error, wrapped: callers need not
+    import the client)."""
+
+
 @dataclass(frozen=True)
 class Entry:
     tenant_id: int
@@ -165,11 +170,17 @@ class RedisJournal:
     def __init__(self, url: str, ledger_id: str):
         import redis  # Only a Redis journal needs the client.
 
-        self.client = redis.Redis.from_url(url)
+        # Bounded: a Redis that hangs fails the move (503) instead of holding its transaction.
+        self.client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self.stream = f"onceguard:fence:{ledger_id}"
 
     def append(self, entry: Entry) -> None:
-        self.client.xadd(self.stream, {"l": _entry_line(entry)})
+        import redis  # Only a Redis journal needs the client.
+
+        try:
+            self.client.xadd(self.stream, {"l": _entry_line(entry)})
+        except redis.RedisError as exc:
+            raise JournalStoreError(type(exc).__name__) from exc
 
     def mark(self, epoch: int) -> None:
         self.client.xadd(self.stream, {"l": f"m\t{epoch}\n"})

@@ -52,8 +52,13 @@ from ledger.models import (
     Tenant,
     Tombstone,
 )
-from ledger.platform.errors import OperationHeldAfterRestore, OperationNotFound, ValidationFailed
-from ledger.platform.journal import Entry, Journal, LocalJournal, RedisJournal, retention_cutoff
+from ledger.platform.errors import (
+    FenceJournalUnavailable,
+    OperationHeldAfterRestore,
+    OperationNotFound,
+    ValidationFailed,
+)
+from ledger.platform.journal import Entry, Journal, JournalStoreError, LocalJournal, RedisJournal, retention_cutoff
 from ledger.providers.reconcile import LookupOutcome, provider_lookup
 from ledger.tenants.config_changes import config_change_record
 
@@ -129,7 +134,14 @@ def journal_move(*, tenant_id: int, key: str, provider_id: int | None, state: st
     or finished state the journal does not know)."""
     if not fencing_enabled():
         return
-    journal().append(Entry(tenant_id=tenant_id, provider_id=provider_id, state=state, key=key))
+    try:
+        journal().append(Entry(tenant_id=tenant_id, provider_id=provider_id, state=state, key=key))
+    except (OSError, JournalStoreError) as exc:
+        # The class only: a path or a URL may be in the text.
+        log.error("fence_journal_unavailable error=%s", type(exc).__name__)
+        raise FenceJournalUnavailable(
+            "The fence journal could not be written; nothing was recorded. Try again shortly.", retry_after=5
+        ) from exc
 
 
 # --- The epoch and the view ------------------------------------------------------------------------

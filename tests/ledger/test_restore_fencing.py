@@ -16,7 +16,7 @@ from django.db import connection
 
 from ledger.models import ConfigChange, FenceHold, FenceHoldResolution, LedgerIdentity, Operation, Tenant
 from ledger.platform import env
-from ledger.platform.errors import OperationHeldAfterRestore, ValidationFailed
+from ledger.platform.errors import FenceJournalUnavailable, OperationHeldAfterRestore, ValidationFailed
 from ledger.platform.journal import Entry, LocalJournal, RedisJournal
 from ledger.protocol import fencing, services
 from ledger.protocol.services import operation_claim, operation_complete, operation_mark_sent
@@ -149,8 +149,9 @@ def test_a_journal_that_cannot_be_written_fails_the_move_before_its_commit(
     fencing.view_reset()
     try:
         op = result.operation
-        with pytest.raises(OSError):
+        with pytest.raises(FenceJournalUnavailable) as refused:
             operation_mark_sent(operation_id=op.pk, lease_token=op.lease_token, tenant_id=tenant.pk)
+        assert (refused.value.status, refused.value.code) == (503, "fence_journal_unavailable")
         assert Operation.objects.get(pk=op.pk).sent_at is None
     finally:
         fencing.view_reset()
@@ -375,3 +376,20 @@ def test_fence_check_reports_the_epochs_and_exits_3_while_holds_are_open(journal
         call_command("fence_check", stdout=out)
     assert stopped.value.code == 3
     assert "new holds 1, open holds 1" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_an_unreachable_redis_journal_refuses_the_sent_marker_with_a_503_problem(
+    settings: Any, tenant, provider, make_client
+) -> None:
+    api = make_client(tenant)
+    first = api.post(CLAIM_URL, claim_body("k-redis-down"), format="json").json()
+    # Nothing listens on port 1: the journal cannot be written, so the marker is not committed.
+    settings.ONCEGUARD = {**settings.ONCEGUARD, "FENCE_JOURNAL": "redis", "FENCE_REDIS_URL": "redis://127.0.0.1:1/0"}
+    fencing.view_reset()
+    try:
+        sent = api.post(f"/api/v1/operations/{first['id']}/sent", {"lease_token": first["lease_token"]}, format="json")
+        assert_problem(sent, 503, "fence_journal_unavailable")
+        assert Operation.objects.get(pk=first["id"]).sent_at is None
+    finally:
+        fencing.view_reset()
