@@ -304,6 +304,15 @@ ONCEGUARD = {
     "LOOKUP_FAILURE_LIMIT": env.read("LOOKUP_FAILURE_LIMIT"),
     "STUCK_ALERT_SECONDS": env.read("STUCK_ALERT_SECONDS"),
     "SWEEP_INTERVAL_SECONDS": env.read("SWEEP_INTERVAL_SECONDS"),
+    # Restore fencing (ADR 0008, ledger.protocol.fencing): the journal outside the database of
+    # the keys whose effect may have happened, and how often the epoch advances.
+    "FENCE_JOURNAL": env.read("FENCE_JOURNAL"),
+    "FENCE_JOURNAL_DIR": str(env.read("FENCE_JOURNAL_DIR") or VAR_DIR / "fence-journal"),
+    "FENCE_REDIS_URL": env.read("FENCE_REDIS_URL"),
+    "FENCE_JOURNAL_FSYNC": env.read("FENCE_JOURNAL_FSYNC"),
+    "FENCE_JOURNAL_RETENTION_DAYS": env.read("FENCE_JOURNAL_RETENTION_DAYS"),
+    "FENCE_EPOCH_SECONDS": env.read("FENCE_EPOCH_SECONDS"),
+    "NODES": env.read("NODES"),
     # A row waiting on an asynchronous provider past its lifetime whose poll is this overdue
     # (no worker took it) goes to review (ledger.recovery.sweeper.review_unpolled_waits).
     "POLL_OVERDUE_SECONDS": env.read("POLL_OVERDUE_SECONDS"),

@@ -78,6 +78,9 @@ DISTRIBUTED = frozenset(
         # provider's takers. Gains tenant_id (its provider's).
         "ledger_providerrate",
         "ledger_workflowname",
+        # Restore holds (ADR 0008): one row per key a restore made the ledger forget, unique by
+        # (tenant, key); a claim's check reads one tenant's.
+        "ledger_fencehold",
         "alerts_alert",
         "alerts_alertdelivery",
         "dlq_failedevent",
@@ -126,6 +129,8 @@ FANS_OUT: dict[str, str] = {
     " (SKIP LOCKED), under each provider's cap",
     "ledger.recovery.eligibility.eligibility_recheck": "the sweeper's eligibility pass takes due rows of every tenant whose"
     " provider asks for a recheck",
+    "ledger.protocol.fencing": "a restore is the platform's: the fence view reads the journal's keys of every tenant"
+    " and whether any tenant has an unreleased hold",
     "ledger.recovery.sweeper": "a sweeper pass moves expired leases and unresolved rows of every tenant",
     "ledger.protocol.selectors.metrics": "the /metrics gauges are platform-wide",
     "review.retention": "the purge pass walks every tenant with a policy (each batch is one tenant's)",

@@ -60,6 +60,9 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.view_reviewitem",
         "ledger.cancel_operation",
         "ledger.rollout_provider",
+        # A restore's holds (ADR 0008): see them; release one, record it as performed, ask the lookup.
+        "ledger.view_fencehold",
+        "ledger.resolve_fencehold",
         "alerts.respond_alert",
     ],
     REVIEWER: [*_READ_LEDGER, "review.view_reviewitem", "review.decide_reviewitem"],
@@ -98,6 +101,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.resume_provider",
         "ledger.cancel_operation",
         "ledger.rollout_provider",
+        "ledger.resolve_fencehold",
         "alerts.respond_alert",
         "review.export_data",
         "review.search_subjects",

@@ -26,7 +26,7 @@ from alerts.models import AlertChannelKind
 from alerts.services import alert_channel_upsert, alert_raise
 from dlq import services as dlq_services
 from dlq.runs import run_resume
-from ledger.models import ErrorClass, IdempotencyClass, Tenant, Tombstone
+from ledger.models import ErrorClass, FenceHold, IdempotencyClass, Tenant, Tombstone
 from ledger.protocol import services
 from ledger.providers import prompts
 from ledger.tenants.workflows import workflow_name_note
@@ -200,6 +200,10 @@ def _seed_longest(tenant: Tenant) -> None:
         done_at=now,
         deleted_at=now,
         keep_until=now,
+    )
+    # A restore hold (ADR 0008) with the longest key.
+    FenceHold.objects.create(
+        tenant=tenant, key=LONG_KEY[:-1] + "h", provider_id=None, journaled_state="succeeded", epoch=1, found_at=now
     )
 
 

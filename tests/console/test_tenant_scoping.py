@@ -18,6 +18,7 @@ from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay, RunRes
 from ledger.models import (
     AdmissionRefusalCount,
     Attempt,
+    FenceHold,
     Operation,
     OperationEvent,
     OperationOutput,
@@ -119,6 +120,10 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
         done_at=now,
         deleted_at=now,
         keep_until=now + timedelta(days=1),
+    )
+    # A key a restored database forgot (ADR 0008): a hold of its own.
+    FenceHold.objects.create(
+        tenant=tenant, key=f"held-{tag}", provider_id=crm.pk, journaled_state="succeeded", epoch=1, found_at=now
     )
     member = User.objects.create_user(f"member-{tag}", is_staff=True)
     StaffTenant.objects.create(user=member, tenant=tenant)

@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ledger.platform.env import core, dlq_alerts, execution, observability, security
+from ledger.platform.env import core, dlq_alerts, execution, fencing, observability, security
 from ledger.platform.env.declare import (  # noqa: F401 -- the table's public names, used as env.<name>
     BOOL,
     CHOICE,
@@ -53,6 +53,7 @@ SETTINGS: tuple[Setting, ...] = (
     *core.OBJECT_STORAGE,
     *security.SECURITY,
     *execution.LEDGER,
+    *fencing.FENCING,
     *security.ACCESS_LOG,
     *security.RETENTION,
     *core.TASK_QUEUE,
@@ -103,6 +104,11 @@ def validate(environ: Mapping[str, str] | None = None, names: Iterable[str] | No
     for name in BY_NAME if names is None else names:
         try:
             read(name, environ)
+        except SettingError as exc:
+            problems.append(str(exc))
+    if not problems and names is None:
+        try:
+            fencing.fencing_refusal(read, environ)
         except SettingError as exc:
             problems.append(str(exc))
     if problems:

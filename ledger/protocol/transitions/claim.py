@@ -57,7 +57,7 @@ from ledger.platform.errors import (
     OperationVersionSuperseded,
     ValidationFailed,
 )
-from ledger.protocol import callbacks
+from ledger.protocol import callbacks, fencing
 from ledger.protocol.inputs import (
     claim_key_check,
     clamp_lease,
@@ -207,6 +207,8 @@ def operation_claim(
             actor=actor,
             execution_id=execution_id,
         )
+    # A key the database does not know may be one a restore made it forget (ADR 0008).
+    fencing.hold_refusal(tenant_id=tenant.pk, key=key)
     status = S.QUEUED if mode == OperationMode.EXECUTE else S.CLAIMED
     terms = execute or ExecuteTerms()
     # The configured non-personal paths of the payload (else the request), in plain text.
@@ -288,6 +290,12 @@ def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Opera
     taken or tombstoned. One statement on PostgreSQL, three in the caller's transaction
     elsewhere."""
     if statements.combined():
+        if params["mark_sent"]:
+            # Claimed and sent in one commit, which may be this statement's own: journaled
+            # before it runs (ADR 0008). A key that turns out taken is one the database knows.
+            fencing.journal_move(
+                tenant_id=params["tenant_id"], key=params["key"], provider_id=params["provider_id"], state=S.CLAIMED
+            )
         return statements.operation("operation_claim_pg", {**params, **event_text(actor=actor, reason=reason)})
     op = statements.operation("operation_insert", params)
     if op is not None:

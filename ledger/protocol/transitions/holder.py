@@ -49,6 +49,7 @@ from ledger.protocol.transitions.trace import (
     event_text,
     fenced_evidence_record,
     holder_refusal,
+    journal_move,
     sealed_param,
     seconds_param,
 )
@@ -283,7 +284,11 @@ def _complete_reported(params: dict[str, Any], *, actor: str, reason: str) -> Op
     state the row is in; None when the guard matched nothing. One statement on PostgreSQL;
     elsewhere one guarded UPDATE per source state, claimed first."""
     if statements.combined():
-        return statements.operation("operation_complete_pg", {**params, **event_text(actor=actor, reason=reason)})
+        op = statements.operation("operation_complete_pg", {**params, **event_text(actor=actor, reason=reason)})
+        if op is not None:
+            # Still inside the caller's transaction: journaled before the commit (ADR 0008).
+            journal_move(op)
+        return op
     for old in REPORT_ORDER:
         op = statements.operation("operation_complete", {**params, "from_status": old})
         if op is not None:
