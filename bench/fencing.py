@@ -1,4 +1,4 @@
-"""What restore fencing costs per operation (ADR 0008): the in-process claim (with the sent
+"""What restore fencing costs per operation (ADR 0012): the in-process claim (with the sent
 marker) → complete pair, fencing off beside each journal, in interleaved rounds (each starting with another configuration), on PostgreSQL
 in its own database ``onceguard_bench_fence``.
 

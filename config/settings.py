@@ -304,7 +304,7 @@ ONCEGUARD = {
     "LOOKUP_FAILURE_LIMIT": env.read("LOOKUP_FAILURE_LIMIT"),
     "STUCK_ALERT_SECONDS": env.read("STUCK_ALERT_SECONDS"),
     "SWEEP_INTERVAL_SECONDS": env.read("SWEEP_INTERVAL_SECONDS"),
-    # Restore fencing (ADR 0008, ledger.protocol.fencing): the journal outside the database of
+    # Restore fencing (ADR 0012, ledger.protocol.fencing): the journal outside the database of
     # the keys whose effect may have happened, and how often the epoch advances.
     "FENCE_JOURNAL": env.read("FENCE_JOURNAL"),
     "FENCE_JOURNAL_DIR": str(env.read("FENCE_JOURNAL_DIR") or VAR_DIR / "fence-journal"),

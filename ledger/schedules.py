@@ -59,7 +59,7 @@ def install_schedules() -> list[str]:
             "repeats": -1,
         },
     )
-    # Restore fencing (ADR 0008): the epoch advances (and the journal is read when the database is
+    # Restore fencing (ADR 0012): the epoch advances (and the journal is read when the database is
     # behind it, and pruned past its retention) every FENCE_EPOCH_SECONDS; nothing when fencing is off.
     Schedule.objects.update_or_create(
         name="ledger.fence",

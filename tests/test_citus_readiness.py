@@ -78,7 +78,7 @@ DISTRIBUTED = frozenset(
         # provider's takers. Gains tenant_id (its provider's).
         "ledger_providerrate",
         "ledger_workflowname",
-        # Restore holds (ADR 0008): one row per key a restore made the ledger forget, unique by
+        # Restore holds (ADR 0012): one row per key a restore made the ledger forget, unique by
         # (tenant, key); a claim's check reads one tenant's.
         "ledger_fencehold",
         "alerts_alert",

@@ -1,4 +1,4 @@
-"""Restore fencing's tables (ADR 0008): the ledger's identity and epoch, and the holds a restore
+"""Restore fencing's tables (ADR 0012): the ledger's identity and epoch, and the holds a restore
 left — keys the journal says may have been performed that the database no longer knows."""
 
 from __future__ import annotations

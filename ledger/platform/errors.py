@@ -80,14 +80,14 @@ class OperationNeedsReconciliation(DomainError):
 
 class OperationHeldAfterRestore(DomainError):
     """A claim of a key the fence journal says may have been performed, which the database —
-    restored from a backup — does not know (ADR 0008): held until a person resolves it or the
+    restored from a backup — does not know (ADR 0012): held until a person resolves it or the
     provider's lookup proves the outcome. Retrying does not help; the console lists the hold."""
 
     status, code, title = 409, "operation_held_after_restore", "Held: the database was restored from a backup"
 
 
 class FenceJournalUnavailable(DomainError):
-    """The fence journal (ADR 0008) could not be written: the move that needed it was not
+    """The fence journal (ADR 0012) could not be written: the move that needed it was not
     committed, so nothing is recorded as sent or finished that the journal does not know. Like
     an unreachable database: try again shortly."""
 

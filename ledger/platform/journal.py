@@ -1,4 +1,4 @@
-"""The fence journal (ADR 0008): an append-only record, outside the database, of the keys whose
+"""The fence journal (ADR 0012): an append-only record, outside the database, of the keys whose
 effect may have happened, with the epoch marks the ledger writes as it advances its epoch.
 
 One small interface, two stores:

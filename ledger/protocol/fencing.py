@@ -1,4 +1,4 @@
-"""Restore fencing (ADR 0008): a restored backup must not forget the keys it lost.
+"""Restore fencing (ADR 0012): a restored backup must not forget the keys it lost.
 
 The ledger journals, outside its database, every key whose effect may have happened — at its
 sent marker and at its finish, before the database commit of that state (``journal_move``,

@@ -201,7 +201,7 @@ def _seed_longest(tenant: Tenant) -> None:
         deleted_at=now,
         keep_until=now,
     )
-    # A restore hold (ADR 0008) with the longest key.
+    # A restore hold (ADR 0012) with the longest key.
     FenceHold.objects.create(
         tenant=tenant, key=LONG_KEY[:-1] + "h", provider_id=None, journaled_state="succeeded", epoch=1, found_at=now
     )

@@ -1,4 +1,4 @@
-"""The Restore holds page (ADR 0008) by role and tenant: an operator of the hold's tenant
+"""The Restore holds page (ADR 0012) by role and tenant: an operator of the hold's tenant
 resolves it (audited); an auditor reads it and may not; staff of another tenant never see it."""
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
         deleted_at=now,
         keep_until=now + timedelta(days=1),
     )
-    # A key a restored database forgot (ADR 0008): a hold of its own.
+    # A key a restored database forgot (ADR 0012): a hold of its own.
     FenceHold.objects.create(
         tenant=tenant, key=f"held-{tag}", provider_id=crm.pk, journaled_state="succeeded", epoch=1, found_at=now
     )

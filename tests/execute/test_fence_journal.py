@@ -1,4 +1,4 @@
-"""Execute mode writes the fence journal too (ADR 0008): the worker's take, which writes the sent
+"""Execute mode writes the fence journal too (ADR 0012): the worker's take, which writes the sent
 marker because it sends right after, and the recorded outcome — each before its commit."""
 
 from __future__ import annotations

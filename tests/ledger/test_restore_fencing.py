@@ -1,4 +1,4 @@
-"""Restore fencing (ADR 0008): the journal outside the database of keys whose effect may have
+"""Restore fencing (ADR 0012): the journal outside the database of keys whose effect may have
 happened, the epoch that says the database went back in time, the holds a restore leaves, and
 how a hold lifts. The real pg_dump/restore round trip is tests/ledger/test_restore_fencing_pg.py."""
 

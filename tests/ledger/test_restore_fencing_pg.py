@@ -1,4 +1,4 @@
-"""The restore round trip (ADR 0008), for real: keys are claimed and finished, the database is
+"""The restore round trip (ADR 0012), for real: keys are claimed and finished, the database is
 dumped with pg_dump, more keys finish, the dump is restored with pg_restore and the ledger's view
 is re-read — the later keys are held, new keys work, and nothing reaches the provider twice
 (counted at a loopback receiver).

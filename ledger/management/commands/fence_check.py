@@ -1,4 +1,4 @@
-"""Read the ledger's view of restore fencing now (ADR 0008): what a process does at its start.
+"""Read the ledger's view of restore fencing now (ADR 0012): what a process does at its start.
 Run it after restoring the database, before opening the service to traffic."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Restore fencing (ADR 0008): where the ledger's journal of possibly-performed keys lives,
+"""Restore fencing (ADR 0012): where the ledger's journal of possibly-performed keys lives,
 how many nodes serve the ledger, and the one pairing the service refuses to start with."""
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ def operation_claim(
             actor=actor,
             execution_id=execution_id,
         )
-    # A key the database does not know may be one a restore made it forget (ADR 0008).
+    # A key the database does not know may be one a restore made it forget (ADR 0012).
     fencing.hold_refusal(tenant_id=tenant.pk, key=key)
     status = S.QUEUED if mode == OperationMode.EXECUTE else S.CLAIMED
     terms = execute or ExecuteTerms()
@@ -292,7 +292,7 @@ def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Opera
     if statements.combined():
         if params["mark_sent"]:
             # Claimed and sent in one commit, which may be this statement's own: journaled
-            # before it runs (ADR 0008). A key that turns out taken is one the database knows.
+            # before it runs (ADR 0012). A key that turns out taken is one the database knows.
             fencing.journal_move(
                 tenant_id=params["tenant_id"], key=params["key"], provider_id=params["provider_id"], state=S.CLAIMED
             )

@@ -286,7 +286,7 @@ def _complete_reported(params: dict[str, Any], *, actor: str, reason: str) -> Op
     if statements.combined():
         op = statements.operation("operation_complete_pg", {**params, **event_text(actor=actor, reason=reason)})
         if op is not None:
-            # Still inside the caller's transaction: journaled before the commit (ADR 0008).
+            # Still inside the caller's transaction: journaled before the commit (ADR 0012).
             journal_move(op)
         return op
     for old in REPORT_ORDER:

@@ -45,7 +45,7 @@ def event_text(*, actor: str, reason: str) -> dict[str, str]:
 def event_row(*, op: Operation, old: str, actor: str, reason: str) -> None:
     """The move's event row — and, for a move after which the effect may have happened (the
     sent marker, a finish), the key's fence journal entry, before the transaction commits
-    (ADR 0008). Every move writes its event here, which makes this the one place; the two
+    (ADR 0012). Every move writes its event here, which makes this the one place; the two
     one-statement PostgreSQL moves journal beside their statement (``journal_move`` callers)."""
     if op.status in TERMINAL_STATES or (op.sent_at is not None and op.status == S.CLAIMED):
         journal_move(op)

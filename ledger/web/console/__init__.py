@@ -3,7 +3,7 @@
 - ``operations``: the operations list, an operation's page, cancel and retry now.
 - ``tenants``: tenants, API keys and the configuration trail.
 - ``providers``: providers and their adapter rollout, prompt templates.
-- ``fencing``: the holds a restored backup left, and their resolve page (ADR 0008).
+- ``fencing``: the holds a restored backup left, and their resolve page (ADR 0012).
 
 What every app's console pages share — the base ModelAdmins, the tenant column, the
 selector-backed search, ``may_view``, read-only inlines — is ``ledger.web.console_base``, which

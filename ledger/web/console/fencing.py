@@ -1,4 +1,4 @@
-"""The restore holds page (ADR 0008): keys a restored database forgot that the fence journal says
+"""The restore holds page (ADR 0012): keys a restored database forgot that the fence journal says
 may have been performed. Read-only rows; each hold has a resolve page where a person releases it
 or records it as performed (with a reason, in the audit trail), or asks the provider's lookup."""
 

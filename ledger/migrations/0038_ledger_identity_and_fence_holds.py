@@ -18,7 +18,7 @@ def identity_create(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0035_event_error_trigram_index'),
+        ('ledger', '0037_claim_path_first_statistics'),
     ]
 
     operations = [
