@@ -257,7 +257,9 @@ class AccessLogAdmin(ConsoleReadOnlyAdmin):
     @admin.display(description="object", ordering="object_type")
     def object_label(self, obj: AccessLog) -> str:
         label = f"{obj.object_type} {obj.object_id}".strip()
-        return f"{label} ({obj.object_ref})" if obj.object_ref else label
+        # The ref is a key of any length: shortened as every console page shows a long id (the
+        # full value on hover, copied on click, and in the CSV export).
+        return display.format_html("{} ({})", label, display.short_id(obj.object_ref)) if obj.object_ref else label
 
 
 class RetentionPolicyForm(forms.ModelForm):

@@ -331,6 +331,10 @@ class AttemptPage(HistoryPage):
             return display.EMPTY if number is None else str(number)
         if name == "prompt_template":
             return prompts.prompt_template_label(obj.prompt_template_id) or display.EMPTY
+        if name == "provider_ref":
+            # A provider's reference is an id of any length: shortened, the full value on hover
+            # and copied on click, as every console page shows a long id.
+            return display.short_id(obj.provider_ref)
         return super().cell(obj, name)
 
 

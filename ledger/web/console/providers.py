@@ -434,12 +434,15 @@ class PromptTemplateAdmin(TenantColumnMixin, ConsoleAdmin):
             request, "admin/ledger/prompttemplate/compare.html", context, status=400 if problem else 200
         )
 
-    @admin.display(description="compare")
+    @admin.display(description="diff")
     def compare_link(self, obj: PromptTemplate) -> str:
         if obj.version <= 1:
             return display.EMPTY
         url = reverse("admin:ledger_prompttemplate_compare", args=[obj.pk])
-        return format_html('<a href="{}">with version {}</a>', url, obj.version - 1)
+        # Short: the list already holds the longest columns a template has (slots, reason).
+        return format_html(
+            '<a href="{}" title="Compare with version {}">v{}</a>', url, obj.version - 1, obj.version - 1
+        )
 
     def save_model(self, request: HttpRequest, obj: PromptTemplate, form: Any, change: bool) -> None:
         created = prompts.prompt_template_create(
