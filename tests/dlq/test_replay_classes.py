@@ -320,3 +320,24 @@ def test_a_target_added_in_the_console_shows_its_secret_once_and_keeps_the_crede
     new = dlq_services.replay_target_signing_secret(target_id=target.pk)[0]
     assert new != secret and new in rotated.content.decode()
     assert dlq_services.replay_target_signing_secrets(target_id=target.pk) == [new, secret]
+
+
+def test_the_target_list_warns_about_targets_whose_class_or_acknowledgement_nobody_confirmed(
+    tenant, sink, admin_client
+):
+    # The console puts its own mixins in front of every page (review.console.OnceguardAdminSite):
+    # the warnings are said by the list page itself, above the rows.
+    dlq_services.replay_target_upsert(tenant=tenant, slug="legacy", url=sink.url)
+    listed = admin_client.get(reverse("admin:dlq_replaytarget_changelist"))
+    text = listed.content.decode()
+    assert "1 replay target(s) were migrated as key-advisory and wait for their class to be confirmed" in text
+    assert "1 replay target(s) count any 2xx as delivered and nobody confirmed it" in text
+
+    ReplayTarget.objects.filter(slug="legacy").update(class_confirmed=True)
+    text = admin_client.get(reverse("admin:dlq_replaytarget_changelist")).content.decode()
+    assert "wait for their class to be confirmed" not in text
+    assert "1 replay target(s) count any 2xx as delivered and nobody confirmed it" in text
+
+    ReplayTarget.objects.filter(slug="legacy").update(ack_confirmed=True)
+    text = admin_client.get(reverse("admin:dlq_replaytarget_changelist")).content.decode()
+    assert "wait for their class to be confirmed" not in text and "nobody confirmed it" not in text
