@@ -23,8 +23,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from dlq import selectors, services
-from dlq.conf import dlq_setting
+from dlq import services
+from dlq.entries import selectors
+from dlq.entries.payloads import is_redacted, open_payload
 from dlq.models import (
     BulkReplay,
     FailedEvent,
@@ -38,7 +39,7 @@ from dlq.models import (
     ReplayTarget,
     RunResume,
 )
-from dlq.payloads import is_redacted, open_payload
+from dlq.rules.conf import dlq_setting
 from ledger.models import IdempotencyClass, Tenant
 from ledger.platform.errors import DomainError
 from ledger.platform.masking import mask_json
@@ -327,7 +328,7 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
         WorkflowFilter,
         MatchFilter,
     ]
-    # The console's own search (dlq.selectors.failed_event_search); this only shows the box.
+    # The console's own search (dlq.entries.selectors.failed_event_search); this only shows the box.
     search_fields = ["event_id"]
     list_search = staticmethod(selectors.failed_event_search)
     search_help_text = (
@@ -940,7 +941,7 @@ class FailedEventAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAd
 
 @admin.register(RunResume)
 class RunResumeAdmin(ConsoleReadOnlyAdmin):
-    """The audit of run resumes (dlq.runs): who resumed which run, why, what it planned to
+    """The audit of run resumes (dlq.replays.runs): who resumed which run, why, what it planned to
     re-drive and what came of each step. Written only by run_resume; read-only here."""
 
     list_display = ["at", "run", "actor", "note", "summary"]

@@ -1,5 +1,5 @@
 """Dead-letter queue tables (DESIGN §4). No business logic: every move of an entry between
-states lives in dlq.transitions, every other write in dlq.services."""
+states lives in dlq.entries.transitions, every other write in dlq.services."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
-from dlq.conf import dlq_setting
+from dlq.rules.conf import dlq_setting
 from ledger.models import AdapterRevision, ErrorClass, IdempotencyClass, Operation, Tenant
 from ledger.platform.errors import DestinationNotAllowed, ValidationFailed
 from ledger.rules.outbound import outbound_check
 
 
 class FailedEventStatus(models.TextChoices):
-    # Every move out of a state is a named function in dlq.transitions; nothing else writes
+    # Every move out of a state is a named function in dlq.entries.transitions; nothing else writes
     # an entry's status (tests/test_state_writes.py).
 
     # waiting for an operator (or the auto-replay schedule). Out: a replay
@@ -79,12 +79,12 @@ class PayloadSource(models.TextChoices):
     # the body the workflow (or the ledger, for a failed operation) reported.
     REPORTED = "reported", "as reported"
     # the failed node's input items, fetched from the n8n execution the Error Trigger named
-    # (lead capture: dlq.n8n); ``payload_source_ref`` holds the execution id.
+    # (lead capture: dlq.n8n.client); ``payload_source_ref`` holds the execution id.
     N8N_EXECUTION_FETCH = "n8n_execution_fetch", "fetched from the n8n execution"
 
 
 class PayloadFetch(models.TextChoices):
-    """Lead capture of an n8n Error Trigger entry. Only dlq.n8n moves it, once per entry:
+    """Lead capture of an n8n Error Trigger entry. Only dlq.n8n.client moves it, once per entry:
     ``pending`` → ``fetched`` or ``failed``; nothing moves it back."""
 
     # no fetch: not an Error Trigger report, or the tenant has no n8n connection.
@@ -190,7 +190,7 @@ class N8nConnection(models.Model):
         return f"n8n of {self.tenant}"
 
     def clean(self) -> None:
-        # Console saves: the same checks as dlq.n8n.n8n_connection_save.
+        # Console saves: the same checks as dlq.n8n.client.n8n_connection_save.
         if self.base_url:
             try:
                 self.base_url = n8n_base_url_check(self.base_url)
@@ -387,7 +387,7 @@ class FailedEvent(models.Model):
     adapter_revision = models.ForeignKey(
         AdapterRevision, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
-    # Where the payload came from (dlq.n8n): as reported, or fetched from the n8n execution
+    # Where the payload came from (dlq.n8n.client): as reported, or fetched from the n8n execution
     # (`payload_source_ref` = its id). The fetch's state and, when it failed, why — in our
     # words, never the fetched data (sanitize_message).
     payload_source = models.CharField(
@@ -659,7 +659,7 @@ class Replay(models.Model):
 
 class RunResume(models.Model):
     """One resume of a run (DESIGN §7, runs): who asked, why, which steps it re-drove and how
-    each went. Append-only, written by ``dlq.runs.run_resume``; the re-drives themselves are
+    each went. Append-only, written by ``dlq.replays.runs.run_resume``; the re-drives themselves are
     Replay rows of the steps' DLQ entries (lineage), this row is the audit of the action."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)

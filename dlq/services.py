@@ -34,24 +34,14 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from alerts.services import alert_raise
-from dlq import n8n, selectors, transitions
-from dlq.conf import dlq_setting
-from dlq.errors import (
-    BulkReplayNotConfirmable,
-    BulkReplayNotFound,
-    BulkReplayRateLimited,
-    BulkReplayTooLarge,
-    ConfirmationRequired,
-    EventTooLarge,
-    FailedEventBusy,
-    FailedEventClosed,
-    KeyNotSettable,
-    NoteRequired,
-    ReplayInProgress,
-    ReplayNeedsDecision,
-    ReplayNeedsForce,
-    ReplayOriginalInFlight,
-    ReplayOriginalUnsettled,
+from dlq.entries import selectors, transitions
+from dlq.entries.payloads import index_payload, is_redacted, open_payload, seal_payload
+from dlq.ingest.parsing import (
+    ParsedFailure,
+    error_class_for_status,
+    failed_item_index,
+    failed_request_key,
+    parse_failure,
 )
 from dlq.models import (
     BUSINESS_KEY_SOURCES,
@@ -77,8 +67,25 @@ from dlq.models import (
     n8n_timeout_check,
     replay_target_url_check,
 )
-from dlq.parsing import ParsedFailure, error_class_for_status, failed_item_index, failed_request_key, parse_failure
-from dlq.payloads import index_payload, is_redacted, open_payload, seal_payload
+from dlq.n8n import client as n8n
+from dlq.rules.conf import dlq_setting
+from dlq.rules.errors import (
+    BulkReplayNotConfirmable,
+    BulkReplayNotFound,
+    BulkReplayRateLimited,
+    BulkReplayTooLarge,
+    ConfirmationRequired,
+    EventTooLarge,
+    FailedEventBusy,
+    FailedEventClosed,
+    KeyNotSettable,
+    NoteRequired,
+    ReplayInProgress,
+    ReplayNeedsDecision,
+    ReplayNeedsForce,
+    ReplayOriginalInFlight,
+    ReplayOriginalUnsettled,
+)
 from ledger.execution.attempts import operation_submit, operation_translated
 from ledger.models import (
     TERMINAL_STATES,
@@ -437,7 +444,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
         # Closed (replayed, resolved, discarded): a new entry, linked to the latest one.
         previous = same_key.exclude(status__in=FE_OPEN_STATES).order_by("-id").first()
     source = parsed.source
-    # Lead capture (dlq.n8n): an Error Trigger report names the failed execution, not its
+    # Lead capture (dlq.n8n.client): an Error Trigger report names the failed execution, not its
     # items; with the tenant's n8n connection they are fetched after commit. A report that
     # carries the failed request holds the failed item already.
     fetch = (
@@ -502,7 +509,7 @@ def _ingest_once(*, tenant: Tenant, parsed: ParsedFailure, actor: str) -> Ingest
     return IngestResult(event, "created")
 
 
-# --- n8n connection and lead capture (dlq.n8n) ------------------------------------------------
+# --- n8n connection and lead capture (dlq.n8n.client) ------------------------------------------------
 
 # Masked in the configuration trail (the console's saves: review.changes.AUDITED).
 N8N_SECRET_FIELDS = ("api_key_secret",)
@@ -581,7 +588,7 @@ def failed_event_n8n_fetch(*, event_pk: int, sleep: Callable[[float], None] = ti
     as the entry's payload (sealed, search paths, subject index — as ingestion stores one),
     recording where it came from. Any failure leaves the entry's payload as it was and says
     why on the entry. Runs once per entry (``payload_fetch`` pending → fetched | failed); no
-    transaction is held across the HTTP calls, which are bounded (dlq.n8n)."""
+    transaction is held across the HTTP calls, which are bounded (dlq.n8n.client)."""
     event = FailedEvent.objects.filter(pk=event_pk).first()
     if event is None or event.payload_fetch != PayloadFetch.PENDING:
         return event

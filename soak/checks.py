@@ -19,8 +19,8 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
+from dlq.entries.selectors import failed_event_find
 from dlq.models import FE_ALLOWED_TRANSITIONS, FailedEvent, FailedEventChange, FailedEventStatus, Replay, ReplayOutcome
-from dlq.selectors import failed_event_find
 from dlq.services import REPLAY_KEY_PREFIX
 from ledger.models import (
     ALLOWED_TRANSITIONS,

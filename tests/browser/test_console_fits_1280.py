@@ -25,7 +25,7 @@ from django_q.worker import worker
 from alerts.models import AlertChannelKind
 from alerts.services import alert_channel_upsert, alert_raise
 from dlq import services as dlq_services
-from dlq.runs import run_resume
+from dlq.replays.runs import run_resume
 from ledger.models import ErrorClass, IdempotencyClass, Tenant, Tombstone
 from ledger.protocol import services
 from ledger.providers import prompts

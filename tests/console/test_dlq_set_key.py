@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth.models import User
 
 from dlq import services as dlq_services
-from dlq.errors import KeyNotSettable
 from dlq.models import FailedEvent, FailedEventChange, KeySource
+from dlq.rules.errors import KeyNotSettable
 from ledger.platform.errors import InvalidKey
 from tests.console.support import client_for
 from tests.dlq.sinks import Sink

@@ -12,8 +12,8 @@ from django.db import connection
 from django.utils import timezone
 
 from alerts.models import Alert
-from dlq.errors import FailedEventBusy
 from dlq.models import FailedEvent, FailedEventStatus
+from dlq.rules.errors import FailedEventBusy
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, Tombstone
 from ledger.platform import crypto
 from ledger.platform.errors import KeyReusedWithDifferentRequest

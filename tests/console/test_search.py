@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 
 from dlq import services as dlq_services
+from dlq.entries.selectors import failed_event_search
 from dlq.models import FailedEvent
-from dlq.selectors import failed_event_search
 from ledger.models import Operation
 from ledger.protocol import services
 from ledger.protocol.selectors import operation_search

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from dlq import n8n, services
+from dlq import services
 from dlq.models import FailedEvent, N8nConnection
-from dlq.n8n_api import Deleted, Deletion
+from dlq.n8n import client as n8n
+from dlq.n8n.api import Deleted, Deletion
 from dlq.tasks import n8n_payload_fetch_task
 from ledger.models import Provider, Tenant
 from ledger.protocol import services as ledger_services

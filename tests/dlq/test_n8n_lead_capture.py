@@ -17,9 +17,10 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from dlq import n8n, services
+from dlq import services
+from dlq.entries.payloads import open_payload
 from dlq.models import FailedEvent, FailedEventChange, N8nConnection, PayloadFetch
-from dlq.payloads import open_payload
+from dlq.n8n import client as n8n
 from dlq.tasks import n8n_payload_fetch_task
 from ledger.models import ConfigChange, Tenant
 from ledger.platform.crypto import is_sealed, open_json

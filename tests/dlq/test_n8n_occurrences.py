@@ -14,10 +14,10 @@ import pytest
 from django.utils import timezone
 
 from dlq import services as dlq_services
-from dlq.errors import KeyOpenInNewerEntry
+from dlq.entries.payloads import open_payload, seal_payload
+from dlq.ingest.parsing import failed_request_key
 from dlq.models import FailedEvent, FailedEventOccurrence
-from dlq.parsing import failed_request_key
-from dlq.payloads import open_payload, seal_payload
+from dlq.rules.errors import KeyOpenInNewerEntry
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol import services as ledger
 from tests.dlq.conftest import example, post_raw

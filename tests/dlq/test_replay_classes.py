@@ -11,8 +11,8 @@ import pytest
 from django.urls import reverse
 
 from dlq import services as dlq_services
-from dlq.errors import ReplayNeedsDecision
 from dlq.models import BulkReplay, FailedEvent, FailedEventChange, Replay, ReplayTarget
+from dlq.rules.errors import ReplayNeedsDecision
 from ledger.models import ConfigChange
 from ledger.platform.errors import DestinationNotAllowed
 from ledger.providers.adapters import sign

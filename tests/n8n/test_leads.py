@@ -27,8 +27,8 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from dlq.entries.payloads import open_payload
 from dlq.models import FailedEvent, ReplayTarget
-from dlq.payloads import open_payload
 from dlq.tasks import n8n_payload_fetch_task
 from ledger.models import IdempotencyClass, Operation, OperationStatus, Tenant
 from ledger.protocol import services

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from dlq import n8n_api
 from dlq import services as dlq_services
+from dlq.n8n import api as n8n_api
 from ledger.models import Tenant
 from tests.n8n.conftest import TIMINGS
 from tests.n8n.support import ONCEGUARD_CREDENTIAL_ID, PACKAGE_NODE_TYPE, CliError, N8n

@@ -11,8 +11,6 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from alerts.models import Alert
-from dlq.conf import dlq_setting
-from dlq.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
 from dlq.models import (
     FE_OPEN_STATES,
     BulkReplay,
@@ -28,6 +26,8 @@ from dlq.models import (
     ReplayOutcome,
     ReplayTarget,
 )
+from dlq.rules.conf import dlq_setting
+from dlq.rules.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
 from ledger.models import Attempt, AttemptOutcome, ErrorClass, IdempotencyClass
 from ledger.platform.redaction import scrub
 from ledger.rules import search

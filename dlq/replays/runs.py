@@ -33,8 +33,8 @@ from typing import Any
 
 from django.db import transaction
 
-from dlq.errors import RunChangedSincePreview, RunNotFound, RunNothingToResume
 from dlq.models import FailedEvent, FailedEventStatus, RunResume
+from dlq.rules.errors import RunChangedSincePreview, RunNotFound, RunNothingToResume
 from dlq.services import failed_event_replay
 from ledger.models import (
     CHECKPOINT_OF,

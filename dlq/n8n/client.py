@@ -101,7 +101,7 @@ def n8n_call(
     (reading included): n8n's status, and its body for ``read_statuses`` (an answer not read
     is never held: a DELETE answers with the execution it deleted, personal data included).
     FetchFailed (``retry``) for what may pass: n8n unreachable or too slow. Shared by lead
-    capture, the erasure's deletions and the workflow audit (dlq.n8n_api)."""
+    capture, the erasure's deletions and the workflow audit (dlq.n8n.api)."""
     refused = outbound_refusal(url, purpose=N8N_PURPOSE)
     if refused:
         raise FetchFailed(f"not {verb}: {refused}")

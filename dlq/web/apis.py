@@ -12,11 +12,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dlq import runs, selectors, services
-from dlq.conf import dlq_setting
-from dlq.errors import EventTooLarge
+from dlq import services
+from dlq.entries import selectors
 from dlq.models import BulkReplay, BulkReplayStatus
-from dlq.serializers import (
+from dlq.replays import runs
+from dlq.rules.conf import dlq_setting
+from dlq.rules.errors import EventTooLarge
+from dlq.web.serializers import (
     BulkReplayInputSerializer,
     BulkReplayOutputSerializer,
     CloseInputSerializer,

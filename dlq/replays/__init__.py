@@ -1,0 +1,1 @@
+"""TODO: what this room owns and what it may import."""
