@@ -51,7 +51,8 @@ class Clearing:
 
 
 CLEARING: dict[str, Clearing] = {
-    # dlq.services: a new dead-letter entry, or one pending again after a failed replay.
+    # dlq.ingest.services: a new dead-letter entry; dlq.replays.services: one pending again after a
+    # failed replay.
     "dlq_new": Clearing(
         "dlq.entries.selectors.alerts_cleared_dlq_new",
         "the entry is no longer pending or replaying (replayed, resolved, …)",

@@ -373,7 +373,7 @@ def failed_event_story(event: FailedEvent) -> EntryStory:
             answer = f" (HTTP {last.response_status})" if last.response_status else ""
             story.notes.append(f"Replay {last.number} to {last.target_slug} succeeded{answer}.")
         else:
-            # Its error follows as a sentence with the raw text behind a disclosure (dlq.admin).
+            # Its error follows as a sentence with the raw text behind a disclosure (dlq.web.console).
             story.notes.append(f"Replay {last.number} to {last.target_slug}: {last.outcome}.")
     if event.payload_fetch:
         story.notes.append(payload_origin(event))

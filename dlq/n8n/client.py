@@ -1,6 +1,6 @@
 """Lead capture for n8n Error Trigger entries (design §7): n8n's public REST API
 and how a failed execution is read. No database writes here — the services
-(``dlq.services.failed_event_n8n_fetch``) decide what is stored.
+(``dlq.ingest.fetch.failed_event_n8n_fetch``) decide what is stored.
 
 An Error Trigger report names the failed execution, not the item that failed. With the
 tenant's n8n connection, ``GET {base}/api/v1/executions/{id}?includeData=true`` (header
@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 import httpx
 
-from dlq.models import N8N_PURPOSE
+from dlq.rules.destinations import N8N_PURPOSE
 from ledger.platform import storable
 from ledger.rules.outbound import OutboundBlocked, outbound_client, outbound_refusal
 

@@ -192,7 +192,7 @@ def test_dlq_entries_pending_past_ttl_are_discarded_with_an_alert_first_then_del
         operation=failed_op(tenant, crm, "r", payload=example("voice-call-analyzed.json"))
     )
     young_resolved = FailedEvent.objects.get(operation=failed_op(tenant, crm, "y", payload={"email": "a@b.invalid"}))
-    from dlq.services import failed_event_resolve
+    from dlq.entries.services import failed_event_resolve
 
     failed_event_resolve(tenant_id=tenant.pk, event_pk=resolved.pk, actor="t", note="fixed by hand")
     failed_event_resolve(tenant_id=tenant.pk, event_pk=young_resolved.pk, actor="t", note="fixed by hand")

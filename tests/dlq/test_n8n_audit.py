@@ -310,9 +310,9 @@ def n8n_api() -> Any:
 
 @pytest.fixture
 def connected(tenant: Any, n8n_api: Any) -> Any:
-    from dlq import services
+    from dlq.n8n import connections as dlq_connections
 
-    return services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
+    return dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
 
 
 def audit_json(*args: str) -> dict[str, Any]:
