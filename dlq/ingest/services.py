@@ -63,6 +63,9 @@ def _alert_new(event: FailedEvent) -> None:
     )
 
 
+# --- Automatic: terminally failed operations --------------------------------------------------
+
+
 def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
     """The DLQ entry of a terminally failed operation, written in the caller's transaction.
 
@@ -124,6 +127,8 @@ def failed_event_record_for_operation(*, operation: Operation) -> FailedEvent:
         log.info("dlq_recorded event=%s operation=%s key=%s", event.pk, operation.pk, operation.key)
     return event
 
+
+# --- Quarantine: invalid input, with its reason in words --------------------------------------
 
 # Where receivers usually put the words of a validation error in a JSON answer, in order.
 _WORD_PATHS = (
@@ -187,6 +192,9 @@ def quarantine_reason_of(operation: Operation) -> str:
         status = f" (HTTP {operation.response_status})" if operation.response_status else ""
         return _quarantine_reason(operation.error_class, f"{slug} refused the input{status}: {words}")
     return _quarantine_reason(operation.error_class, operation.last_error)
+
+
+# --- Reports ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
