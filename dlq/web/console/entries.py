@@ -145,7 +145,7 @@ class ChangeInline(ReadOnlyInline):
 
 @admin.register(FailedEvent)
 class FailedEventAdmin(FailedEventActions, TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmin):
-    """Read-only page: replay, resolve and discard below go through services."""
+    """Read-only page: replay, resolve and discard (``FailedEventActions``) go through services."""
 
     list_display = ["entry", "status_badge", "error", "workflow", "node", "retries", "replays", "failed"]
     list_display_links = ["entry"]
