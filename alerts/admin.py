@@ -26,8 +26,7 @@ from alerts.services import (
 )
 from ledger.platform.errors import DestinationNotAllowed
 from ledger.web import display
-from ledger.web.console import TenantColumnMixin
-from ledger.web.console_base import ConsoleReadOnlyAdmin, ServiceSaveAdmin
+from ledger.web.console_base import ConsoleReadOnlyAdmin, ServiceSaveAdmin, TenantColumnMixin
 
 
 class AlertChannelForm(forms.ModelForm):

@@ -57,7 +57,7 @@ CLEARING: dict[str, Clearing] = {
         "dlq.entries.selectors.alerts_cleared_dlq_new",
         "the entry is no longer pending or replaying (replayed, resolved, …)",
     ),
-    # review.retention: a pending entry past its record TTL was discarded (a notice).
+    # review.retention.purge: a pending entry past its record TTL was discarded (a notice).
     "retention_discarded": Clearing(
         "dlq.entries.selectors.alerts_cleared_retention_discarded", "the discard it announces is done"
     ),

@@ -546,6 +546,12 @@ def main(argv: list[str]) -> int:
     }
     say("Write cost per op, beside (a) raw SQL measured in this run:")
     say(writecost.fmt_table(costs, cpu, wire))
+    for cost in costs:
+        if cost.kind == "fresh" and cost.indexes:
+            say(
+                f"index entries per fresh pair, {cost.scenario}: "
+                + ", ".join(f"{k} {v:g}" for k, v in cost.indexes.items())
+            )
     floor = by_stats.get(("f framework floor", "fresh"))
     http = by_stats.get(("c http", "fresh"))
     if floor and http:

@@ -177,13 +177,20 @@ def analyze(dsn: str) -> None:
     """Fresh planner statistics before every timed phase: plans as in a steady state.
 
     Without it the tables are planned with the statistics of the just-emptied table (see
-    the report: the replay lookup then walks the tenant_id index row by row).
+    the report: the replay lookup then walks the tenant_id index row by row). A table with
+    fewer than 1,000 rows is left as autovacuum leaves it (its first ANALYZE waits for as many
+    rows, migration ledger.0036): statistics of a nearly empty table plan look-ups by key as
+    sequential scans (docs/adr/0010-claim-path-plans-from-statistics.md).
     """
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         have = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
-        tables = [t for t in HOT_TABLES if t in have]
+        tables = [
+            t
+            for t in HOT_TABLES
+            if t in have and conn.execute(f"SELECT EXISTS (SELECT FROM {t} OFFSET 999)").fetchone()[0]
+        ]
         if tables:
             conn.execute(f"ANALYZE {', '.join(tables)}")
 

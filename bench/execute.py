@@ -159,7 +159,7 @@ def paced(submit: Any, n: int, rate: float) -> None:
 def run_execute(url: str, mock_url: str, args: argparse.Namespace, run: str) -> dict[str, Any]:
     from django.db import connection
 
-    from ledger.execution.attempts import operation_submit
+    from ledger.execution.submission import operation_submit
     from ledger.models import Operation
 
     reset_tables()

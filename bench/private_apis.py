@@ -16,8 +16,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from bench.dbsetup import database_ready, setup_django
@@ -63,12 +62,11 @@ def main(argv: list[str]) -> None:
     database_ready(url)
     setup_django(url)
 
-    from django.db import connection, transaction
+    from django.db import connection
 
     from ledger.models import Operation, Tenant
-    from ledger.platform._adapters import django_private
     from ledger.protocol import services
-    from ledger.store import fast_rows, sql, statements
+    from ledger.store import fast_rows
 
     tenant = Tenant.objects.filter(slug="bench-private-apis").first() or services.tenant_create(
         slug="bench-private-apis"
@@ -123,60 +121,6 @@ def main(argv: list[str]) -> None:
         finally:
             fast_rows.result_columns = by_pgresult
 
-    stack_index_plans = sql.index_plans
-
-    @contextmanager
-    def restoring_index_plans() -> Iterator[None]:
-        # index_plans without Django's private stack of atomic blocks: it cannot tell the
-        # outermost block from a nested one, so it always saves and puts the setting back.
-        if sql._index_plans_set():
-            yield
-            return
-        with connection.cursor() as cursor:
-            cursor.execute(sql._INDEX_PLANS_SAVED, [])
-        sql._plans.block = django_private.innermost_atomic_block()  # the bench's marker only
-        try:
-            yield
-        finally:
-            sql._plans.block = None
-        with connection.cursor() as cursor:
-            cursor.execute(sql._RESTORE_SAVED, [])
-
-    def plans_set_only() -> None:
-        with transaction.atomic(), stack_index_plans(), connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-
-    def plans_set_and_restored() -> None:
-        with transaction.atomic(), restoring_index_plans(), connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-
-    def always_restoring(op: Call) -> Call:
-        def call() -> None:
-            sql.index_plans = restoring_index_plans
-            try:
-                op()
-            finally:
-                sql.index_plans = stack_index_plans
-
-        return call
-
-    def alone_pipelined() -> None:
-        with connection.cursor() as cursor:
-            sql.execute_with_index_plans(cursor, statement, [row_id])
-            cursor.fetchall()
-
-    def alone_in_a_transaction() -> None:
-        with connection.cursor() as cursor:
-            in_a_transaction(cursor, statement, [row_id])
-            cursor.fetchall()
-
-    def in_a_transaction(cursor: Any, text: str, params: Any) -> None:
-        # A lone claim-path statement without the pipeline (whose errors need Django's private
-        # error wrapper): BEGIN, the planner setting, the statement, its restore, COMMIT.
-        with transaction.atomic(), sql.index_plans():
-            cursor.execute(text, params)
-
-    pipelined = statements.execute_with_index_plans
     replay_key = f"private-apis-{run}-0"
 
     def replay_op() -> None:
@@ -192,17 +136,14 @@ def main(argv: list[str]) -> None:
         )
         assert claimed.replayed
 
-    def swapped(op: Call, *, description: bool = False, no_pipeline: bool = False) -> Call:
+    def swapped(op: Call, *, description: bool = False) -> Call:
         def call() -> None:
             if description:
                 fast_rows.result_columns = by_description
-            if no_pipeline:
-                statements.execute_with_index_plans = in_a_transaction
             try:
                 op()
             finally:
                 fast_rows.result_columns = by_pgresult
-                statements.execute_with_index_plans = pipelined
 
         return call
 
@@ -215,22 +156,6 @@ def main(argv: list[str]) -> None:
             ),
         ),
         (
-            "index_plans: atomic stack vs always restore",
-            lambda: _pair(
-                "index_plans: atomic stack vs always restore", plans_set_only, plans_set_and_restored, **vars(args)
-            ),
-        ),
-        (
-            "fresh op: atomic stack vs always restore",
-            lambda: _pair("fresh op: atomic stack vs always restore", fresh_op, always_restoring(fresh_op), **e2e),
-        ),
-        (
-            "a statement alone: pipeline vs BEGIN/COMMIT",
-            lambda: _pair(
-                "a statement alone: pipeline vs BEGIN/COMMIT", alone_pipelined, alone_in_a_transaction, **vars(args)
-            ),
-        ),
-        (
             "fresh op: pgresult vs cursor.description",
             lambda: _pair(
                 "fresh op: pgresult vs cursor.description", fresh_op, swapped(fresh_op, description=True), **e2e
@@ -240,16 +165,6 @@ def main(argv: list[str]) -> None:
             "replay op: pgresult vs cursor.description",
             lambda: _pair(
                 "replay op: pgresult vs cursor.description", replay_op, swapped(replay_op, description=True), **e2e
-            ),
-        ),
-        (
-            "fresh op: pipeline vs BEGIN/COMMIT",
-            lambda: _pair("fresh op: pipeline vs BEGIN/COMMIT", fresh_op, swapped(fresh_op, no_pipeline=True), **e2e),
-        ),
-        (
-            "replay op: pipeline vs BEGIN/COMMIT",
-            lambda: _pair(
-                "replay op: pipeline vs BEGIN/COMMIT", replay_op, swapped(replay_op, no_pipeline=True), **e2e
             ),
         ),
     ]

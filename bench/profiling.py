@@ -126,7 +126,8 @@ def _common_layers(layers: Layers) -> None:
     layers.patch(guard, "run_once", "guard: run_once")
     layers.patch(transitions_trace, "seal_json", "ledger: crypto.seal_json (encrypt at rest)")
     layers.patch(transitions_claim, "payload_written", "ledger: crypto.payload_written (subject index)")
-    from ledger.web import apis, serializers
+    from ledger.web import serializers
+    from ledger.web.apis import operations as apis
 
     for module in (guard, services, sql, apis, serializers):
         layers.patch(module, "open_json", "ledger: crypto.open_json (decrypt)")
@@ -140,7 +141,7 @@ def _http_layers(layers: Layers, handler_cls: Any) -> None:
 
     from ledger.protocol import selectors
     from ledger.tenants import auth
-    from ledger.web import apis
+    from ledger.web.apis import operations as apis
 
     layers.patch(handler_cls, "__call__", "django: WSGIHandler (request/response objects, signals)")
     layers.patch(BaseHandler, "_get_response", "django: URL resolve, view middleware, response render")

@@ -211,18 +211,7 @@ def _capture_once(tenant: Any, provider: Any) -> dict[str, Any] | None:
                 [table, (n + 1) * 100_000_000, f"{table}_id_seq"],
             )
     key = f"capture-{secrets.token_hex(6)}"
-    # The statements run one by one while captured: a statement the services send in a
-    # psycopg pipeline (ledger.store.sql.execute_with_index_plans) has no result yet when the wrapper
-    # sees it, so the ids it returned could not be traced. (The planner setting it carries is
-    # not a Django statement: the capture never held it.)
-    from ledger.store import statements as ledger_statements
-
-    pipelined = ledger_statements.execute_with_index_plans
-    ledger_statements.execute_with_index_plans = lambda cursor, sql, params: cursor.execute(sql, params)
-    try:
-        captured = _run_captured(tenant, provider, key, wrapper, seen, services_factory)
-    finally:
-        ledger_statements.execute_with_index_plans = pipelined
+    captured = _run_captured(tenant, provider, key, wrapper, seen, services_factory)
     if captured is None:
         return None
     fresh_count, op = captured

@@ -1,5 +1,5 @@
 """Retention purge at scale: 1M terminal operations (with an attempt and two events each)
-deleted by the real purge (review.retention) in bounded batches, on PostgreSQL, in its own
+deleted by the real purge (review.retention.purge) in bounded batches, on PostgreSQL, in its own
 database ``onceguard_bench_ret``. Also times a payload-redaction pass.
 
     .venv/bin/python -m bench.retention [--rows 1000000] [--batch 5000] [--redact-rows 100000]
@@ -100,7 +100,7 @@ def _seed(rows: int, redact_rows: int) -> int:
 
 
 def _phase(tenant_id: int, batch: int) -> tuple[Any, float]:
-    from review.retention import retention_purge_tenant
+    from review.retention.purge import retention_purge_tenant
 
     t0 = time.monotonic()
     run_ = retention_purge_tenant(tenant_id=tenant_id, batch_size=batch, max_batches=10**6, trigger="bench")

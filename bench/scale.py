@@ -542,7 +542,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     rec.measure("console dashboard", get(console, "/admin/"))
     from django.contrib import admin
 
-    # ModelAdmins and the history tables' own pages (review.history_pages: attempts, events).
+    # ModelAdmins and the history tables' own pages (review.console.history_pages: attempts, events).
     listed = [*admin.site._registry, *admin.site._history_pages]
     for model in sorted(listed, key=lambda m: (m._meta.app_label, m._meta.model_name)):
         url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
@@ -568,7 +568,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
 
     from ledger.recovery.sweeper import sweep
     from review.models import RetentionPolicy
-    from review.retention import retention_purge_tenant
+    from review.retention.purge import retention_purge_tenant
 
     class Rollback(Exception):
         pass

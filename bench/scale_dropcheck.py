@@ -2,7 +2,7 @@
 
     SCALE_DB=bench_scale .venv/bin/python -m bench.scale_dropcheck
 
-``review.retention.retention_drop_partitions`` drops a month of attempts or events only when
+``review.retention.partitions.retention_drop_partitions`` drops a month of attempts or events only when
 ``_partition_keeps_something`` finds no row of an operation the purge would keep. A month that
 keeps something is answered at its first kept row; a droppable one only after every operation
 of its id range has been read, while the retention policies are locked (SHARE) — the case
@@ -65,7 +65,7 @@ def main() -> int:
     from ledger.models import TERMINAL_STATES, Tenant
     from ledger.platform import partitions
     from ledger.store import sql
-    from review.retention import _partition_keeps_something
+    from review.retention.partitions import _partition_keeps_something
 
     now = sql.db_now()
     states = sorted(TERMINAL_STATES)

@@ -70,6 +70,8 @@ class Cost:
     hot_share: float | None = None
     statements: float | None = None
     index_source: str = "wal"
+    # Index entries per op of each index (WAL only), busiest first: the audit's figure.
+    indexes: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class Cost:
             "hot_share": self.hot_share,
             "statements_per_op": self.statements,
             "index_entries_from": self.index_source,
+            "index_entries_per_index": self.indexes,
         }
 
 
@@ -112,10 +115,10 @@ def wal_reader(conn: psycopg.Connection) -> WalReader:
             " FROM pg_get_wal_records_info(%s, %s)"
             " WHERE block_ref LIKE %s AND (resource_manager, record_type) IN"
             f" ({', '.join(['(%s, %s)'] * len(inserts))}))"
-            " SELECT t.relname, count(*) FROM r"
-            " JOIN pg_index i ON i.indexrelid = pg_filenode_relation(0, r.node)"
+            " SELECT t.relname, coalesce(pg_partition_root(i.indexrelid), i.indexrelid)::regclass::text, count(*)"
+            " FROM r JOIN pg_index i ON i.indexrelid = pg_filenode_relation(0, r.node)"
             " JOIN pg_class t ON t.oid = coalesce(pg_partition_root(i.indrelid), i.indrelid)"
-            " GROUP BY t.relname",
+            " GROUP BY 1, 2",
             [start, end, mine, *[x for pair in inserts for x in pair]],
         ).fetchall()
         return {
@@ -123,7 +126,10 @@ def wal_reader(conn: psycopg.Connection) -> WalReader:
             "bytes": int(total[1]),
             "fpi_bytes": int(total[2]),
             "commits": int(total[3]),
-            "index_entries": {name: int(n) for name, n in rows},
+            "index_entries": {
+                table: sum(int(n) for t, _, n in rows if t == table) for table in {t for t, _, _ in rows}
+            },
+            "by_index": {f"{table}.{index}": int(n) for table, index, n in rows},
         }
 
     return read
@@ -208,11 +214,13 @@ def measure(
             wal_error = wal_error or f"WAL of some ops unreadable: {exc}"[:300]
             continue
         wal_ops += len(chunk)
-        walled = walled or {"records": 0, "bytes": 0, "fpi_bytes": 0, "commits": 0, "index_entries": {}}
+        walled = walled or {"records": 0, "bytes": 0, "fpi_bytes": 0, "commits": 0, "index_entries": {}, "by_index": {}}
         for key in ("records", "bytes", "fpi_bytes", "commits"):
             walled[key] += part[key] if part else 0
         for table, entries in (part or {}).get("index_entries", {}).items():
             walled["index_entries"][table] = walled["index_entries"].get(table, 0) + entries
+        for index, entries in (part or {}).get("by_index", {}).items():
+            walled["by_index"][index] = walled["by_index"].get(index, 0) + entries
     statements = counted() - statements0
     flush_stats()
     stats1 = _settled_stats(monitor)
@@ -236,6 +244,10 @@ def measure(
         if table == operation_table and upd:
             cost.hot_share = round(hot / upd, 3)
     if walled is not None:
+        cost.indexes = {
+            index: round(entries / wal_ops, 2)
+            for index, entries in sorted(walled["by_index"].items(), key=lambda kv: (-kv[1], kv[0]))
+        }
         cost.wal = {
             "bytes": round(walled["bytes"] / wal_ops, 1),
             "bytes_no_fpi": round((walled["bytes"] - walled["fpi_bytes"]) / wal_ops, 1),

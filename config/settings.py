@@ -76,7 +76,7 @@ MIDDLEWARE = [
     # /healthz and /readyz answer before host validation, sessions and auth (observability.health).
     "observability.health.HealthProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "review.security.ContentSecurityPolicyMiddleware",
+    "review.staff.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.middleware.ApiBodyLimitMiddleware",
     "config.middleware.QueryNulMiddleware",
@@ -84,7 +84,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "review.tenancy.TenantScopeMiddleware",
+    "review.staff.tenancy.TenantScopeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -304,6 +304,15 @@ ONCEGUARD = {
     "LOOKUP_FAILURE_LIMIT": env.read("LOOKUP_FAILURE_LIMIT"),
     "STUCK_ALERT_SECONDS": env.read("STUCK_ALERT_SECONDS"),
     "SWEEP_INTERVAL_SECONDS": env.read("SWEEP_INTERVAL_SECONDS"),
+    # Restore fencing (ADR 0012, ledger.protocol.fencing): the journal outside the database of
+    # the keys whose effect may have happened, and how often the epoch advances.
+    "FENCE_JOURNAL": env.read("FENCE_JOURNAL"),
+    "FENCE_JOURNAL_DIR": str(env.read("FENCE_JOURNAL_DIR") or VAR_DIR / "fence-journal"),
+    "FENCE_REDIS_URL": env.read("FENCE_REDIS_URL"),
+    "FENCE_JOURNAL_FSYNC": env.read("FENCE_JOURNAL_FSYNC"),
+    "FENCE_JOURNAL_RETENTION_DAYS": env.read("FENCE_JOURNAL_RETENTION_DAYS"),
+    "FENCE_EPOCH_SECONDS": env.read("FENCE_EPOCH_SECONDS"),
+    "NODES": env.read("NODES"),
     # A row waiting on an asynchronous provider past its lifetime whose poll is this overdue
     # (no worker took it) goes to review (ledger.recovery.sweeper.review_unpolled_waits).
     "POLL_OVERDUE_SECONDS": env.read("POLL_OVERDUE_SECONDS"),
@@ -328,6 +337,13 @@ ONCEGUARD = {
     "PROVIDER_RATE_FLOOR_FRACTION": env.read("PROVIDER_RATE_FLOOR_FRACTION"),
     "PROVIDER_RATE_RECOVERY_SECONDS": env.read("PROVIDER_RATE_RECOVERY_SECONDS"),
     "PROVIDER_RATE_STEP_FRACTION": env.read("PROVIDER_RATE_STEP_FRACTION"),
+    # Provider concurrency (ledger.providers.ratelimit, ADR 0008): the same answers halve a
+    # provider's effective in-flight limit (down to 1), declared cap or not; it climbs back by 1
+    # per quiet period (the provider's concurrency_recovery_seconds, else
+    # PROVIDER_CONCURRENCY_RECOVERY_SECONDS) up to its max_in_flight, or
+    # PROVIDER_DEFAULT_MAX_IN_FLIGHT for a provider that declared none.
+    "PROVIDER_DEFAULT_MAX_IN_FLIGHT": env.read("PROVIDER_DEFAULT_MAX_IN_FLIGHT"),
+    "PROVIDER_CONCURRENCY_RECOVERY_SECONDS": env.read("PROVIDER_CONCURRENCY_RECOVERY_SECONDS"),
     # Retry-After of the API's 503 `database_unavailable` answer.
     "DATABASE_RETRY_AFTER_SECONDS": env.read("DATABASE_RETRY_AFTER_SECONDS"),
     # Largest stored request envelope (method/path/query/headers/body as canonical JSON).
@@ -377,7 +393,7 @@ ONCEGUARD = {
     "ERROR_SCRUB_PATTERNS": env.read("ERROR_SCRUB_PATTERNS"),
 }
 
-# --- Access log (review.accesslog) ------------------------------------------------------
+# --- Access log (review.audit.accesslog) ------------------------------------------------------
 # The chain is keyed with ONCEGUARD_ACCESSLOG_KEYS (`<id>:<secret>,…`, first = current),
 # else the file ONCEGUARD_ACCESSLOG_KEY_FILE, else var/accesslog.key (made by `make run`);
 # never in the database.
@@ -388,13 +404,13 @@ ONCEGUARD_ACCESS_LOG = {
     # HEARTBEAT_HOURS even when nothing happened; `accesslog_verify` reports rows left
     # uncovered longer than CHECKPOINT_MINUTES + GRACE_MINUTES and a newest checkpoint
     # older than HEARTBEAT_HOURS + that. Rows newer than the last checkpoint are covered by
-    # their accesslog_witness log lines (`accesslog_verify --log FILE`, review.accesslog_witness).
+    # their accesslog_witness log lines (`accesslog_verify --log FILE`, review.audit.accesslog_witness).
     "CHECKPOINT_MINUTES": env.read("ACCESS_LOG_CHECKPOINT_MINUTES"),
     "CHECKPOINT_HEARTBEAT_HOURS": env.read("ACCESS_LOG_CHECKPOINT_HEARTBEAT_HOURS"),
     "GRACE_MINUTES": env.read("ACCESS_LOG_CHECKPOINT_GRACE_MINUTES"),
 }
 
-# --- Retention (review.retention): the Australian defaults and the platform's floors ----
+# --- Retention (review.retention.policies): the Australian defaults and the platform's floors
 # A tenant without a policy for a record type gets these (RETENTION_APPLY_DEFAULTS=0: keep
 # everything until a policy says otherwise). Days; None = never. APP 11.2 asks to destroy or
 # de-identify personal information once no purpose needs it: payloads are only needed while

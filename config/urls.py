@@ -10,12 +10,12 @@ from observability.metrics import metrics_view
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Payload reveal (scope `payload`, reason, access log) — before the ledger's routes.
-    path("api/v1/", include("review.privacy_urls")),
+    path("api/v1/", include("review.privacy.urls")),
     path("api/v1/", include("ledger.urls")),
     path("api/v1/review/", include("review.urls")),
     path("api/v1/dlq/", include("dlq.urls")),
     path("api/v1/runs/", include("dlq.run_urls")),
-    path("api/v1/subjects/", include("review.subject_urls")),
+    path("api/v1/subjects/", include("review.privacy.subject_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("metrics", metrics_view, name="metrics"),

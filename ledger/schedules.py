@@ -1,4 +1,4 @@
-"""django-q2 schedules owned by the ledger: the sweeper, and the sweep of objects crashes left. Entry points take nothing but
+"""django-q2 schedules owned by the ledger: the sweeper, the sweep of objects crashes left, the fence epoch. Entry points take nothing but
 call the service; the schedule rows are installed idempotently by `schedules_install`."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from django_q.models import Schedule
 
 from ledger.execution.objects import objects_sweep
 from ledger.platform.partitions import partitions_ensure
+from ledger.protocol.fencing import fence_schedule
 from ledger.recovery.sweeper import sweep
 
 
@@ -21,6 +22,10 @@ def objects_sweep_task() -> dict[str, int]:
 
 def partitions_ensure_task() -> list[str]:
     return partitions_ensure()
+
+
+def fence_task() -> dict[str, int]:
+    return fence_schedule()
 
 
 def install_schedules() -> list[str]:
@@ -54,4 +59,15 @@ def install_schedules() -> list[str]:
             "repeats": -1,
         },
     )
-    return ["ledger.sweep", "ledger.objects_sweep", "ledger.partitions_ensure"]
+    # Restore fencing (ADR 0012): the epoch advances (and the journal is read when the database is
+    # behind it, and pruned past its retention) every FENCE_EPOCH_SECONDS; nothing when fencing is off.
+    Schedule.objects.update_or_create(
+        name="ledger.fence",
+        defaults={
+            "func": "ledger.schedules.fence_task",
+            "schedule_type": Schedule.MINUTES,
+            "minutes": max(1, round(float(settings.ONCEGUARD["FENCE_EPOCH_SECONDS"]) / 60)),
+            "repeats": -1,
+        },
+    )
+    return ["ledger.sweep", "ledger.objects_sweep", "ledger.partitions_ensure", "ledger.fence"]

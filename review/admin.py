@@ -2,7 +2,7 @@
 retention policies and runs, tombstones, staff memberships, provider pauses.
 
 Every ModelAdmin here (and in every other app) is tenant-scoped and payload-masked by the
-console's admin site (review.console), not by code in each class."""
+console's admin site (review.console.site), not by code in each class."""
 
 from __future__ import annotations
 
@@ -27,9 +27,16 @@ from ledger.protocol.selectors import operation_search
 from ledger.protocol.services import provider_pause, provider_resume
 from ledger.tenants.config_changes import config_change_of, config_snapshot
 from ledger.web import display
-from ledger.web.console import SelectorSearchMixin, TenantColumnMixin, attempts_with_labels
-from ledger.web.console_base import ConsoleAdmin, ConsoleReadOnlyAdmin, ServiceSaveAdmin
+from ledger.web.console_base import (
+    ConsoleAdmin,
+    ConsoleReadOnlyAdmin,
+    SelectorSearchMixin,
+    ServiceSaveAdmin,
+    TenantColumnMixin,
+    attempts_with_labels,
+)
 from ledger.web.story import operation_story
+from review.decisions.services import review_decision_record
 from review.models import (
     AccessLog,
     AccessLogCheckpoint,
@@ -41,7 +48,7 @@ from review.models import (
     ReviewItem,
     StaffTenant,
 )
-from review.services import retention_policy_check, retention_policy_save, review_decision_record
+from review.retention.policies import retention_policy_check, retention_policy_save
 
 
 class DecisionForm(forms.Form):
@@ -79,7 +86,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
         " (any case); a provider ref."
     )
     list_select_related = ["tenant", "provider"]
-    # What the columns read (review.listing.ConsoleChangeList.listed); the "why" column's
+    # What the columns read (review.console.listing.ConsoleChangeList.listed); the "why" column's
     # events are prefetched.
     list_reads = (
         "id",
@@ -254,7 +261,7 @@ class AccessLogAdmin(ConsoleReadOnlyAdmin):
 
 
 class RetentionPolicyForm(forms.ModelForm):
-    """The service's rules (review.services.retention_policy_check) on the console form:
+    """The service's rules (review.retention.policies.retention_policy_check) on the console form:
     among them the platform's floor under the access log's record TTL."""
 
     class Meta:
@@ -289,7 +296,7 @@ class RetentionPolicyAdmin(ServiceSaveAdmin):
     service_keys = ("tenant", "record_type")
 
     def save_model(self, request: HttpRequest, obj: RetentionPolicy, form: Any, change: bool) -> None:
-        # One write path (ADR 0006): review.services.retention_policy_save checks the floors
+        # One write path (ADR 0006): review.retention.policies.retention_policy_save checks the floors
         # and records the change, for the console as for every other caller.
         saved = retention_policy_save(
             tenant_id=obj.tenant_id,
@@ -317,7 +324,7 @@ class RetentionPolicyAdmin(ServiceSaveAdmin):
 
 @admin.register(AccessLogCheckpoint)
 class AccessLogCheckpointAdmin(ConsoleReadOnlyAdmin):
-    """The signed anchors of the access log's chains (review.accesslog), for auditors."""
+    """The signed anchors of the access log's chains (review.audit.accesslog), for auditors."""
 
     list_display = ["at", "tenant", "n", "kind", "seq", "key_id"]
     list_filter = ["kind", "tenant"]
@@ -532,6 +539,6 @@ if admin.site.is_registered(Schedule):
 admin.site.register(Schedule, ScheduleReadOnlyAdmin)
 
 
-# Attempts and events: their lists, pages and export (review.history_pages). Uploads and
-# published outputs: their facts, and a logged download (review.object_pages).
-from review import history_pages, object_pages  # noqa: E402, F401
+# Attempts and events: their lists, pages and export (review.console.history_pages). Uploads and
+# published outputs: their facts, and a logged download (review.console.object_pages).
+from review.console import history_pages, object_pages  # noqa: E402, F401

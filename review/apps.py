@@ -4,7 +4,7 @@ from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
 from ledger.platform import hooks
-from review.roles import sync_role_groups
+from review.staff.roles import sync_role_groups
 
 
 def _sync_roles(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
@@ -20,8 +20,8 @@ class ReviewConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at module level: an AppConfig module is imported before the
         # models are loaded, and privacy imports models.
-        from review.erasure_admin import register as register_erasure_admin
-        from review.privacy import subject_index_record
+        from review.privacy.erasure_admin import register as register_erasure_admin
+        from review.privacy.payloads import subject_index_record
 
         register_erasure_admin()
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="review.sync_roles")

@@ -39,9 +39,9 @@ from ledger.platform import env
 from ledger.platform.secret_files import write_secret_file
 from ledger.protocol import services, transitions
 from ledger.rules import outbound
-from review import privacy
 from review.models import RetentionPolicy, StaffTenant
-from review.retention import retention_purge_tenant
+from review.privacy import payloads as privacy
+from review.retention.purge import retention_purge_tenant
 
 EXAMPLES = Path(__file__).resolve().parent / "demo_examples"
 TENANT = "demo"

@@ -63,17 +63,17 @@ class AccessAction(models.TextChoices):
     # a data-subject search was run, or a person's trail looked at (the search itself is
     # about a person).
     SUBJECT_SEARCH = "subject_search", "data-subject search"
-    # a person's data was asked to be erased (review.erasure); the run itself says what it did.
+    # a person's data was asked to be erased (review.privacy.erasure); the run itself says what it did.
     ERASE = "erase", "erasure requested"
     # an erasure deleted an n8n execution that carried the person's data, through the
-    # tenant's n8n connection (review.erasure_n8n); object_id is the erasure run.
+    # tenant's n8n connection (review.privacy.erasure_n8n); object_id is the erasure run.
     N8N_DELETE = "n8n_delete", "n8n execution deleted"
 
 
 class AccessLog(models.Model):
     """Who looked at personal data, what, why, when and from where.
 
-    Append-only and chained per tenant (review.accesslog): ``hash`` covers the canonical row
+    Append-only and chained per tenant (review.audit.accesslog): ``hash`` covers the canonical row
     and ``prev_hash``; ``seq`` numbers the tenant's chain. ``chain_version`` says how:
     ``v2`` = HMAC-SHA256 under the server's access-log key ``key_id`` (kept outside the
     database), ``v1`` = the first, unkeyed sha256 (rows written before the key existed,
@@ -190,7 +190,7 @@ class SubjectIndex(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     # The record was deleted (retention) at this time. The link stays, a keyed digest and an
     # id, so the person's trail can say what became of the record; it goes with an erasure,
-    # or once the access log's floor has passed (review.retention).
+    # or once the access log's floor has passed (review.retention.purge).
     gone_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -289,7 +289,7 @@ class RetentionRun(models.Model):
 
 
 class ErasureState(models.TextChoices):
-    # requested, nothing erased yet. Out: the task (review.erasure.erasure_continue) → running.
+    # requested, nothing erased yet. Out: the task (review.privacy.erasure.erasure_continue) → running.
     PENDING = "pending", "pending"
     # working through its records in batches, each batch committed with the cursor. A crash
     # leaves it here; running the task again (or the purge schedule's recovery) continues at
@@ -312,7 +312,7 @@ class ErasureRun(models.Model):
     payload that names them redacted, their index entries removed; the audit trail and the
     digests stay. The person is named only by keyed references (``subject_ref``: HMACs under
     the deployment's key, never the plaintext); the records are a snapshot of ids taken when
-    the request was made, worked through from ``cursor`` in batches (review.erasure)."""
+    the request was made, worked through from ``cursor`` in batches (review.privacy.erasure)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     # "email:<32 hex> phone:<32 hex>": keyed references of the identifiers asked for.
@@ -341,7 +341,7 @@ class ErasureRun(models.Model):
     cancelled = models.PositiveIntegerField(default=0, help_text="queued or waiting operations cancelled first")
     discarded = models.PositiveIntegerField(default=0, help_text="open DLQ entries discarded")
     missing = models.PositiveIntegerField(default=0, help_text="records already deleted when their turn came")
-    # n8n's copies of the person's data (review.erasure_n8n): the executions Onceguard knows
+    # n8n's copies of the person's data (review.privacy.erasure_n8n): the executions Onceguard knows
     # carried it (its operations' and DLQ entries' execution ids), snapshotted with the
     # records as [[workflow_id, execution_id], …], worked through from ``n8n_cursor`` once
     # the records are done.

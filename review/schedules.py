@@ -7,10 +7,10 @@ from __future__ import annotations
 from django_q.models import Schedule
 
 from ledger.platform import env
-from review.accesslog import accesslog_checkpoint_all, accesslog_setting
-from review.erasure import erasures_resume_stalled
-from review.retention import retention_purge
-from review.selectors import activity_rollup
+from review.audit.accesslog import accesslog_checkpoint_all, accesslog_setting
+from review.console.selectors import activity_rollup
+from review.privacy.erasure import erasures_resume_stalled
+from review.retention.purge import retention_purge
 
 
 def retention_purge_task() -> dict[str, int]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from django_q.tasks import async_task
 
-from review.erasure import erasure_continue
 from review.models import ErasureState
+from review.privacy.erasure import erasure_continue
 
 
 def erasure_run_task(run_id: int) -> dict[str, int | str]:
-    """Continue an erasure run from its cursor (review.erasure). Safe to run again after a
+    """Continue an erasure run from its cursor (review.privacy.erasure). Safe to run again after a
     crash, or twice at once: each batch commits with the cursor under the run's row lock. A
     pass that ran out of its time enqueues the next one."""
     run = erasure_continue(run_id=run_id)

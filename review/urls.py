@@ -1,6 +1,6 @@
 from django.urls import path
 
-from review import apis
+from review.decisions import apis
 
 urlpatterns = [
     path("items", apis.ReviewItemListApi.as_view(), name="review-item-list"),

@@ -46,7 +46,7 @@ from ledger.protocol import services
 from ledger.providers import adapters
 from ledger.recovery.sweeper import sweep
 from ledger.store import statements
-from review.roles import OPERATOR
+from review.staff.roles import OPERATOR
 from tests.conftest import on_postgres
 from tests.console.support import client_for, staff
 from tests.dlq.conftest import example_bytes, post_raw, sink, sink_factory, target  # noqa: F401 (fixtures)
@@ -78,6 +78,9 @@ DISTRIBUTED = frozenset(
         # provider's takers. Gains tenant_id (its provider's).
         "ledger_providerrate",
         "ledger_workflowname",
+        # Restore holds (ADR 0012): one row per key a restore made the ledger forget, unique by
+        # (tenant, key); a claim's check reads one tenant's.
+        "ledger_fencehold",
         "alerts_alert",
         "alerts_alertdelivery",
         "dlq_failedevent",
@@ -126,10 +129,12 @@ FANS_OUT: dict[str, str] = {
     " (SKIP LOCKED), under each provider's cap",
     "ledger.recovery.eligibility.eligibility_recheck": "the sweeper's eligibility pass takes due rows of every tenant whose"
     " provider asks for a recheck",
+    "ledger.protocol.fencing": "a restore is the platform's: the fence view reads the journal's keys of every tenant"
+    " and whether any tenant has an unreleased hold",
     "ledger.recovery.sweeper": "a sweeper pass moves expired leases and unresolved rows of every tenant",
     "ledger.protocol.selectors.metrics": "the /metrics gauges are platform-wide",
     "review.retention": "the purge pass walks every tenant with a policy (each batch is one tenant's)",
-    "review.selectors.activity_rollup": "the dashboard's rollup schedule reads every tenant's hour just over"
+    "review.console.selectors.activity_rollup": "the dashboard's rollup schedule reads every tenant's hour just over"
     " (200 tenants a statement)",
     "alerts": "alert delivery and the alert sweep run over every tenant's channels",
     "ledger.execution.polling._webhook_take": "a webhook's poll is admitted like a worker's: the provider's calls in flight"
@@ -139,7 +144,7 @@ FANS_OUT: dict[str, str] = {
 # row carrying its own tenant_id: Citus routes each row of a multi-row INSERT to its tenant's
 # node (an INSERT … SELECT FROM UNNEST through the coordinator), no read fans out.
 ROWS_BY_THEIR_OWN_TENANT: dict[str, str] = {
-    "review.selectors.activity_hours": "the dashboard stores the hours it computed for the viewer's tenants"
+    "review.console.selectors.activity_hours": "the dashboard stores the hours it computed for the viewer's tenants"
     " (review_activityhour) in one INSERT … SELECT FROM UNNEST of arrays, the tenant_id one of them",
 }
 # Callers whose statement names its tenant for one table but joins a second co-located table by
@@ -150,7 +155,7 @@ ROWS_BY_THEIR_OWN_TENANT: dict[str, str] = {
 JOINED_BY_ID: dict[str, str] = {
     "ledger.web.pagination.paginate_queryset": "the operations API list LEFT JOINs each row's validated output"
     " (ledger_operationoutput) by operation_id",
-    "review.selectors._activity_rows": "the dashboard's dead-letter series LEFT JOINs each entry's operation"
+    "review.console.selectors._activity_rows": "the dashboard's dead-letter series LEFT JOINs each entry's operation"
     " (its provider's slug) by operation_id; an entry posted by a workflow has none, so the join cannot be"
     " an inner one pinned in WHERE",
 }

@@ -31,7 +31,7 @@ from ledger.models import ConfigChange, Tenant
 from ledger.platform.errors import DomainError
 from ledger.protocol import callbacks, services
 from ledger.providers import prompts
-from review.services import retention_policy_save
+from review.retention.policies import retention_policy_save
 from tests.console.support import client_for, submit_form
 
 pytestmark = pytest.mark.django_db

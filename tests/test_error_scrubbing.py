@@ -16,7 +16,7 @@ import pytest
 
 from alerts.models import Alert
 from dlq.models import FailedEvent, FailedEventChange, Replay
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, Operation, OperationEvent
 from ledger.platform.redaction import REDACTED, scrub
 from ledger.protocol.services import sanitize_message

@@ -25,7 +25,7 @@ from alerts.services import alert_channel_upsert
 from alerts.tasks import alert_dispatch_task
 from dlq.models import FailedEvent
 from dlq.targets import services as dlq_targets
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, Provider, Tenant
 from ledger.platform.crypto import open_json
 from ledger.platform.storable import LATEST

@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import connection
 
-from ledger.platform._adapters import django_private, psycopg_private
-from ledger.store import sql
+from ledger.platform._adapters import psycopg_private
 from tests.conftest import on_postgres
 
 ROOT = Path(settings.BASE_DIR)
@@ -103,78 +102,6 @@ def test_the_check_finds_what_it_looks_for() -> None:
     }
 
 
-# --- Django: each internal django_private uses, as it uses it --------------------------------
-
-
-@pytest.mark.django_db(transaction=True)
-def test_django_database_errors_become_djangos_exception_classes() -> None:
-    driver = connection.Database  # the backend's DB-API module (psycopg or sqlite3)
-    with pytest.raises(IntegrityError) as raised:
-        with django_private.database_errors():
-            raise driver.IntegrityError("duplicate key")
-    assert isinstance(raised.value.__cause__, driver.IntegrityError)
-    with pytest.raises(DatabaseError):
-        with django_private.database_errors():
-            raise driver.OperationalError("server closed the connection")
-
-
-@pytest.mark.skipif(not on_postgres(), reason="the pipeline is PostgreSQL's")
-@pytest.mark.django_db(transaction=True)
-def test_an_error_at_a_pipelines_sync_is_djangos() -> None:
-    with connection.cursor() as cursor:
-        with pytest.raises(DatabaseError):
-            sql.execute_with_index_plans(cursor, "SELECT 1 / 0", [])
-    # The connection is usable afterwards: the pipeline's implicit transaction ended.
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('enable_seqscan')")
-        assert cursor.fetchone() == ("on",)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_django_atomic_blocks_stack_is_one_block_per_open_atomic() -> None:
-    assert django_private.atomic_depth() == 0
-    with transaction.atomic():
-        assert django_private.atomic_depth() == 1
-        outer = django_private.innermost_atomic_block()
-        with transaction.atomic():
-            assert django_private.atomic_depth() == 2
-            inner = django_private.innermost_atomic_block()
-            assert inner is not outer
-            assert django_private.atomic_block_open(inner) and django_private.atomic_block_open(outer)
-        assert not django_private.atomic_block_open(inner)
-        assert django_private.atomic_block_open(outer)
-    assert django_private.atomic_depth() == 0
-    assert not django_private.atomic_block_open(outer)
-
-
-@pytest.mark.skipif(not on_postgres(), reason="the planner setting is PostgreSQL's")
-@pytest.mark.django_db(transaction=True)
-def test_index_plans_sets_for_its_transaction_and_puts_back_when_nested() -> None:
-    def seqscan(cursor: Any) -> str:
-        cursor.execute("SELECT current_setting('enable_seqscan')")
-        return cursor.fetchone()[0]
-
-    with connection.cursor() as cursor:
-        # Outermost: the COMMIT takes the setting back.
-        with transaction.atomic(), sql.index_plans():
-            assert seqscan(cursor) == "off"
-            # Inside it, a nested block and a statement alone run as they are.
-            with transaction.atomic(), sql.index_plans():
-                assert seqscan(cursor) == "off"
-            sql.execute_with_index_plans(cursor, "SELECT current_setting('enable_seqscan')", [])
-            assert cursor.fetchone() == ("off",)
-        assert seqscan(cursor) == "on"
-        # Nested in a caller's transaction: put back for what the caller runs after it.
-        with transaction.atomic():
-            with transaction.atomic(), sql.index_plans():
-                assert seqscan(cursor) == "off"
-            assert seqscan(cursor) == "on"
-            # A statement alone in the caller's transaction: set and put back around it.
-            sql.execute_with_index_plans(cursor, "SELECT current_setting('enable_seqscan')", [])
-            assert cursor.fetchone() == ("off",)
-            assert seqscan(cursor) == "on"
-
-
 # --- psycopg: each internal psycopg_private uses ---------------------------------------------
 
 
@@ -193,7 +120,7 @@ def test_psycopg_result_columns_are_the_statements_in_order() -> None:
 def test_the_console_column_class_is_djangos() -> None:
     from django.contrib.admin.templatetags import admin_list
 
-    from review import listing
+    from review.console import listing
 
     def shown(obj: Any) -> str:
         return ""

@@ -34,7 +34,7 @@ from ledger.web.serializers import (
     SentInputSerializer,
     SubmitInputSerializer,
 )
-from review.serializers import DecisionInputSerializer
+from review.decisions.serializers import DecisionInputSerializer
 
 INPUT_SERIALIZERS = [
     ClaimInputSerializer,

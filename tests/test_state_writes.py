@@ -42,7 +42,10 @@ GOVERNED_RELATED = frozenset({"operation_set", "failedevent_set", "failed_events
 # Status writes the checker cannot attribute to a model by reading the code, each to another
 # state machine than the two governed ones: (module, function) → what it writes.
 OTHER_STATE_MACHINES: dict[tuple[str, str], str] = {
-    ("review/retention.py", "retention_purge_tenant"): "a RetentionRun's own status (running → done, partial, failed)",
+    (
+        "review/retention/purge.py",
+        "retention_purge_tenant",
+    ): "a RetentionRun's own status (running → done, partial, failed)",
     # The raw-SQL baseline the ledger's hot path is measured against writes its own narrow
     # copy of the table (bench.raw: `{table}` is the baseline's table or a scratch copy).
     ("bench/raw.py", "statements"): "the raw-SQL baseline's own table (a benchmark, never the service)",

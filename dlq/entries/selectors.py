@@ -230,7 +230,7 @@ def replay_outcome_unknown(event: FailedEvent) -> str:
         .first()
         == AttemptOutcome.NOT_FOUND
     ):
-        # The ledger's review settled it: a reviewer's "safe to retry" (review.services) or
+        # The ledger's review settled it: a reviewer's "safe to retry" (review.decisions.services) or
         # the sweeper's lookup found the first try had no effect.
         return ""
     if event.error_class == ErrorClass.AMBIGUOUS:

@@ -1,6 +1,6 @@
 """The rest of n8n's public REST API Onceguard uses, beside lead capture's fetch (dlq.n8n.client):
-deleting an execution (a person's erasure, review.erasure_n8n) and listing the workflows (the
-workflow audit, dlq.n8n.audit). Every request goes through ``dlq.n8n.client.n8n_call`` — the
+deleting an execution (a person's erasure, review.privacy.erasure_n8n) and listing the workflows
+(the workflow audit, dlq.n8n.audit). Every request goes through ``dlq.n8n.client.n8n_call`` — the
 outbound policy, the connection's timeout, the ``X-N8N-API-KEY`` header, our own words for
 failures — and no transaction is held across one.
 

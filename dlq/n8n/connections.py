@@ -22,7 +22,7 @@ from ledger.tenants.config_changes import config_change_of, config_snapshot
 log = logging.getLogger("onceguard.dlq")
 
 
-# Masked in the configuration trail (the console's saves: review.changes.AUDITED).
+# Masked in the configuration trail (the console's saves: review.audit.changes.AUDITED).
 N8N_SECRET_FIELDS = ("api_key_secret",)
 # What n8n's keys look like (JWTs; older `n8n_api_…` keys): printable, no spaces, bounded.
 _N8N_API_KEY = re.compile(r"^[\x21-\x7e]{1,4096}$")

@@ -21,12 +21,13 @@ from dlq.entries.services import clean_note, not_replayable
 from dlq.models import FE, FailedEvent, Replay
 from dlq.replays.services import Correction, failed_event_replay
 from dlq.rules.errors import FailedEventClosed, NoteRequired
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationEvent, OperationMode, Tenant
 from ledger.platform.crypto import open_json
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol import services as ledger_services
 from ledger.protocol.selectors import provider_slug
+from ledger.rules import intents
 
 log = logging.getLogger("onceguard.dlq")
 
@@ -132,6 +133,12 @@ def failed_event_correct(
     key = ledger_services.versioned_key(record=record, action=action, version=version)
     if original is not None and original.mode == OperationMode.EXECUTE:
         request, changed = apply_corrections(open_json(original.request), fields)
+        # A job keeps the prompt versions it was accepted with (ADR 0009): they go with the
+        # corrected intent, not with the newest version published since.
+        accepted = intents.stored_intent(request)
+        pins = None
+        if accepted is not None:
+            request, pins = {"intent": accepted[0]}, accepted[1]
         what = f"corrected {', '.join(changed)} and sent again as {key}"
         with transaction.atomic():
             submitted = operation_submit(
@@ -150,6 +157,7 @@ def failed_event_correct(
                 record=record,
                 version=version,
                 actor=actor,
+                prompt_pins=pins,
             ).operation
             if not transitions.failed_event_correct(
                 event_pk=event.pk,

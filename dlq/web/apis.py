@@ -44,7 +44,7 @@ from dlq.web.serializers import (
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol.representation import operation_representation
 from ledger.store import sql
-from ledger.web.apis import validated_input
+from ledger.web.apis.operations import validated_input
 from ledger.web.pagination import KeysetCursorPagination
 
 _LIST_PARAMS = [

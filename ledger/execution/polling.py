@@ -16,8 +16,8 @@ provider has it, and the row holds no lease. From then on:
   treated like pending: asked again later. A 429 or 503 to the poll or to the provider's
   output fetch is a throttle, as it is to a send (``execute.record_outcome``): the provider is
   held back until its Retry-After (``services.provider_throttle``), a 429 — or 503 with
-  Retry-After — lowers a rate-capped provider's effective rate
-  (``ratelimit.provider_rate_lower``), and the job's next poll is no earlier than the
+  Retry-After — lowers the provider's effective rate and in-flight limit
+  (``ratelimit.provider_rate_lower``, ADR 0008), and the job's next poll is no earlier than the
   Retry-After.
 - **Webhooks.** The provider may POST a signed note that a job changed
   (:func:`webhook_receive`, HMAC-SHA256 under the provider's sealed ``webhook_secret``, the
@@ -163,10 +163,12 @@ def _request_as_sent(*, provider: Provider, op: Operation) -> Any:
     """The request the submit sent: the stored envelope, or an intent's translation under the
     revision the operation runs under (the size pointers name the provider's fields)."""
     stored = open_json(op.request) or {}
-    if not intents.is_intent(stored):
+    accepted = intents.stored_intent(stored)
+    if accepted is None:
         return stored
+    intent, pins = accepted
     try:
-        return translation.intent_as_sent(tenant_id=op.tenant_id, provider=provider, intent=stored["intent"]).request
+        return translation.intent_as_sent(tenant_id=op.tenant_id, provider=provider, intent=intent, pins=pins).request
     except DomainError:
         # Refused now (the revision changed): no size to compare with; the type and digest
         # checks still hold.
@@ -290,13 +292,13 @@ def _throttle_seconds(provider: Provider, retry_after: float | None) -> float:
 def provider_throttled(*, op: Operation, provider: Provider, status: int | None, retry_after: float | None) -> float:
     """A 429/503 answered a poll or an output fetch of ``op``: what ``execute.record_outcome``
     does for a send's — the provider is held back until its Retry-After (or base delay), and a
-    429 (or 503 with Retry-After) lowers a rate-capped provider's effective rate (once per
-    storm: ``ratelimit.provider_rate_lower`` compares the poll's take time with the last
+    429 (or 503 with Retry-After) lowers the provider's effective rate and in-flight limit (once
+    per storm: ``ratelimit.provider_rate_lower`` compares the poll's take time with the last
     lowering). Returns the seconds the job's next poll must wait at least."""
     seconds = _throttle_seconds(provider, retry_after)
     services.provider_throttle(provider_id=provider.pk, seconds=seconds)
-    if provider.rate_limit is not None and ratelimit.lowers_rate(status=status, retry_after=retry_after):
-        ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk)
+    if ratelimit.lowers_rate(status=status, retry_after=retry_after):
+        ratelimit.provider_rate_lower(provider=provider, operation_id=op.pk, status=status)
     return seconds
 
 
@@ -440,18 +442,7 @@ def _webhook_take(*, op: Operation, provider: Provider, lease_seconds: float, ac
         )
         taken = None
         if not held:
-            budget = ratelimit.TakeBudget.reserve(
-                [
-                    (
-                        provider.pk,
-                        provider.tenant_id,
-                        provider.max_in_flight,
-                        provider.rate_limit,
-                        provider.rate_period_seconds,
-                        provider.rate_burst,
-                    )
-                ]
-            )
+            budget = ratelimit.TakeBudget.reserve([ratelimit.cap_row(provider)])
             if budget.admit(provider.pk):
                 taken = transitions.operation_poll_take(
                     operation_id=op.pk,

@@ -10,10 +10,16 @@ template places.
 - :func:`intent_translate` runs in the worker before each send, against the revision the
   attempt runs under (which a rollback may have changed): the same checks again, then the
   provider's request. A refusal there fails the attempt ``invalid_input`` without sending.
+
+A prompt template the request template places is **pinned at acceptance** (ADR 0009): the
+version :func:`intent_admit` rendered (the newest, for ``{{ prompt:name }}``) is stored with the
+job (``pins``), and every attempt, retry and replay renders exactly that version, whatever was
+published since.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +40,12 @@ class Admitted:
     uploads: tuple[UploadRef, ...]
     # The request it translates to now (checked by the caller like a submitted request; not stored).
     rendered: intents.Rendered
+
+    @property
+    def pins(self) -> dict[str, int]:
+        """The prompt template versions this rendering used, stored with the job (ADR 0009)."""
+        prompt = self.rendered.prompt
+        return {} if prompt is None else {prompt.name: prompt.version}
 
 
 def uploads_checked(*, tenant_id: int, refs: tuple[UploadRef, ...], accepted: bool = False) -> int:
@@ -69,32 +81,43 @@ def uploads_checked(*, tenant_id: int, refs: tuple[UploadRef, ...], accepted: bo
     return sum(found[key][1] for key in {r.key for r in refs})
 
 
-def intent_translate(*, tenant_id: int, provider: Provider, intent: Any) -> intents.Rendered:
+def intent_translate(
+    *, tenant_id: int, provider: Provider, intent: Any, pins: Mapping[str, int] | None = None
+) -> intents.Rendered:
     """The provider's request for ``intent`` under ``provider`` — the provider as the
     operation's adapter revision sees it (ledger.providers.revisions.revision_view) —, checked again:
-    schema, uploads, prompt slots. Raises the named error of the first problem."""
+    schema, uploads, prompt slots, with the prompt versions ``pins`` (the job's, from its
+    acceptance). Raises the named error of the first problem."""
     schema, template = provider.intent_schema, provider.request_template
     if not schema or not template:
         raise IntentNotAccepted("This adapter revision of the provider declares no intent schema; it takes a request.")
     valid = intents.intent_validate(schema, intent)
     uploads_checked(tenant_id=tenant_id, refs=valid.uploads, accepted=True)
-    return _render(tenant_id=tenant_id, provider=provider, values=valid.values)
+    return _render(tenant_id=tenant_id, provider=provider, values=valid.values, pins=pins)
 
 
-def intent_as_sent(*, tenant_id: int, provider: Provider, intent: Any) -> intents.Rendered:
+def intent_as_sent(
+    *, tenant_id: int, provider: Provider, intent: Any, pins: Mapping[str, int] | None = None
+) -> intents.Rendered:
     """The request ``intent`` was translated to when it was sent, for reading what it asked
     (an output's size): checked against the schema and rendered, but its uploads not looked up
     again — one deleted since (retention, an erasure) changes nothing about what was asked."""
     if not provider.intent_schema or not provider.request_template:
         raise IntentNotAccepted("This adapter revision of the provider declares no intent schema; it takes a request.")
     valid = intents.intent_validate(provider.intent_schema, intent)
-    return _render(tenant_id=tenant_id, provider=provider, values=valid.values)
+    return _render(tenant_id=tenant_id, provider=provider, values=valid.values, pins=pins)
 
 
-def _render(*, tenant_id: int, provider: Provider, values: dict[str, Any]) -> intents.Rendered:
+def _render(
+    *, tenant_id: int, provider: Provider, values: dict[str, Any], pins: Mapping[str, int] | None = None
+) -> intents.Rendered:
     known = set(intents.member_names(provider.intent_schema))
 
     def prompt_text(name: str, version: int | None, values: dict[str, Any]) -> tuple[str, PromptTemplate]:
+        # The job's pin wins over the template's own reference — the newest, or a version a later
+        # adapter revision names: the job renders what it was accepted with (ADR 0009).
+        if pins and name in pins:
+            version = pins[name]
         row = prompts.prompt_template_get(tenant_id=tenant_id, name=name, version=version)
         if row is None:
             label = f"{name}@{version}" if version else name
@@ -106,13 +129,15 @@ def _render(*, tenant_id: int, provider: Provider, values: dict[str, Any]) -> in
     return intents.template_render(provider.request_template, values, prompt_text=prompt_text)
 
 
-def intent_admit(*, tenant_id: int, provider: Provider, intent: Any) -> Admitted:
-    """A submission's intent checked as the worker will check it (see the module's note)."""
+def intent_admit(*, tenant_id: int, provider: Provider, intent: Any, pins: Mapping[str, int] | None = None) -> Admitted:
+    """A submission's intent checked as the worker will check it (see the module's note).
+    ``pins``: prompt versions the job keeps from the job it corrects (the DLQ's correction);
+    otherwise the newest version of each unpinned prompt is the one it is pinned to."""
     if not provider.intent_schema or not provider.request_template:
         raise IntentNotAccepted("This provider declares no intent schema; send a request.")
     valid = intents.intent_validate(provider.intent_schema, intent)
     upload_bytes = uploads_checked(tenant_id=tenant_id, refs=valid.uploads)
-    rendered = _render(tenant_id=tenant_id, provider=provider, values=valid.values)
+    rendered = _render(tenant_id=tenant_id, provider=provider, values=valid.values, pins=pins)
     return Admitted(values=valid.values, upload_bytes=upload_bytes, rendered=rendered, uploads=valid.uploads)
 
 

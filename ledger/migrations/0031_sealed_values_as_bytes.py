@@ -32,7 +32,7 @@ COLUMNS = {
     "ledger_operation": ["request", "payload", "response_body"],
     "ledger_attempt": ["response_body"],
 }
-# ledger.models._ENVELOPE_TEXT
+# ledger.models.fields._ENVELOPE_TEXT
 _ENVELOPE_RE = "^[A-Za-z0-9_-]{1,32}:[A-Za-z0-9_-]{1,32}:([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2}==|[A-Za-z0-9_-]{3}=)?$"
 
 

@@ -302,7 +302,7 @@ def payload_written(*, tenant_id: int, record_type: str, record_id: int, values:
     Never raises into the caller's write: a failure is logged (ids only, in its own
     savepoint) and the record is simply not findable by subject until indexed again.
 
-    The index belongs to ``review.privacy``, which connects to ``hooks.payload_written``."""
+    The index belongs to ``review.privacy.payloads``, which connects to ``hooks.payload_written``."""
     if not payload_indexing_needed(values):
         return
     try:

@@ -78,6 +78,22 @@ class OperationNeedsReconciliation(DomainError):
     status, code, title = 409, "operation_needs_reconciliation", "Operation outcome is being reconciled"
 
 
+class OperationHeldAfterRestore(DomainError):
+    """A claim of a key the fence journal says may have been performed, which the database —
+    restored from a backup — does not know (ADR 0012): held until a person resolves it or the
+    provider's lookup proves the outcome. Retrying does not help; the console lists the hold."""
+
+    status, code, title = 409, "operation_held_after_restore", "Held: the database was restored from a backup"
+
+
+class FenceJournalUnavailable(DomainError):
+    """The fence journal (ADR 0012) could not be written: the move that needed it was not
+    committed, so nothing is recorded as sent or finished that the journal does not know. Like
+    an unreachable database: try again shortly."""
+
+    status, code, title = 503, "fence_journal_unavailable", "Fence journal unavailable"
+
+
 class OperationManagedByService(DomainError):
     status, code, title = 409, "operation_managed_by_service", "Operation is executed by the service"
 

@@ -338,7 +338,7 @@ def logging_config(*, level: str = "INFO", fmt: str = "kv", q_level: str = "WARN
         "root": {"handlers": ["console"], "level": "WARNING"},
         "loggers": {
             "onceguard": {"handlers": ["console"], "level": level, "propagate": False},
-            # The access log's head, witnessed outside the database (review.accesslog): kept
+            # The access log's head, witnessed outside the database (review.audit.accesslog): kept
             # whatever LOG_LEVEL says, since `accesslog_verify --log` reads these lines back.
             "onceguard.accesslog.witness": {"level": "INFO"},
             "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},

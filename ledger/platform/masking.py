@@ -1,5 +1,5 @@
 """One masking rule for payloads and recorded responses (DESIGN §8), at the lowest layer that
-renders them: the API's serializers (here), the console (review.privacy, which uses the same
+renders them: the API's serializers (here), the console (review.privacy.payloads, which uses the same
 :func:`mask_json`) and exports show the *shape* of a stored value — its keys, each value a
 type-and-size placeholder — never the value.
 
@@ -7,7 +7,7 @@ A value is shown in clear in two places only: the answer to a claim or submissio
 replays the key (the caller holds a write-scoped key of the same tenant and sent the same
 request fingerprint: the protocol owes it the recorded outcome), and a reveal with the
 `payload` scope or permission and a reason, which writes an access-log row first
-(review.privacy.payload_reveal).
+(review.privacy.payloads.payload_reveal).
 """
 
 from __future__ import annotations

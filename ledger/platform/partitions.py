@@ -6,7 +6,7 @@ each row's time, set when it is written and never changed. One partition per cal
 (migration ledger.0025, everything below its boundary) and ``<table>_default`` catches a row
 whose month has no partition yet (a schedule that stopped), so a claim never fails for want of
 one. Partitions are created ahead by the migration and by ``partitions_ensure`` (a django-q2
-schedule); retention (review.retention) drops a whole partition when nothing in it may be
+schedule); retention (review.retention.partitions) drops a whole partition when nothing in it may be
 kept. On SQLite both tables stay plain and every function here does nothing.
 """
 
@@ -28,10 +28,12 @@ JOB = "partition_maintenance"
 # Table → the column it is partitioned by.
 PARTITIONED = {"ledger_attempt": "started_at", "ledger_operationevent": "at"}
 # Storage parameters of each new partition (a partitioned table has none of its own; the
-# values are migration ledger.0021's, DESIGN §12 *Cheaper growth*).
+# values are migration ledger.0021's, DESIGN §12 *Cheaper growth*, and for attempts 0036's first
+# statistics at 1,000 rows: docs/adr/0010-claim-path-plans-from-statistics.md).
 STORAGE = {
     "ledger_attempt": "fillfactor = 90, autovacuum_vacuum_scale_factor = 0.02,"
-    " autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02",
+    " autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02,"
+    " autovacuum_analyze_threshold = 1000, autovacuum_vacuum_threshold = 1000",
     "ledger_operationevent": "autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02",
 }
 MONTHS_AHEAD = 3

@@ -17,16 +17,19 @@ updates or deletes a version; the attempt that used one records it (``Attempt.pr
 
 from __future__ import annotations
 
+import difflib
+import json
 import re
 import unicodedata
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from ledger.models import Attempt, ConfigChangeAction, PromptTemplate, Tenant
 from ledger.platform.caching import TtlCache
+from ledger.platform.crypto import EncryptionKeyError, open_json
 from ledger.platform.errors import ValidationFailed
 from ledger.platform.redaction import scrub
 from ledger.rules import intents
@@ -176,6 +179,43 @@ def prompt_template_get(*, tenant_id: int, name: str, version: int | None = None
         (tenant_id, name, version),
         lambda: PromptTemplate.objects.filter(tenant_id=tenant_id, name=name, version=version).first(),
     )
+
+
+def prompt_templates_pinned(*, tenant_id: int, request: Any) -> list[PromptTemplate]:
+    """The prompt template versions a job was pinned to at acceptance (ADR 0009), from its
+    stored request (sealed or not); empty for a request that is no intent, a job stored before
+    pins, or a request retention redacted."""
+    try:
+        accepted = intents.stored_intent(open_json(request))
+    except EncryptionKeyError:
+        return []
+    if accepted is None or not accepted[1]:
+        return []
+    query = Q()
+    for name, version in accepted[1].items():
+        query |= Q(name=name, version=version)
+    return list(PromptTemplate.objects.filter(query, tenant_id=tenant_id).order_by("name"))
+
+
+def prompt_template_diff(older: PromptTemplate, newer: PromptTemplate) -> list[tuple[str, str]]:
+    """The lines of a unified diff from ``older`` to ``newer`` (their text, then their slots),
+    each with its kind — ``head``, ``hunk``, ``removed``, ``added`` or ``same`` — for the
+    console's comparison of two versions; empty when they are the same."""
+
+    def lines(prompt: PromptTemplate) -> list[str]:
+        return [
+            *prompt.text.splitlines(),
+            "",
+            "slots:",
+            *json.dumps(prompt.slots, indent=2, sort_keys=True).splitlines(),
+        ]
+
+    kinds = {"-": "removed", "+": "added", " ": "same", "@": "hunk"}
+    out: list[tuple[str, str]] = []
+    for line in difflib.unified_diff(lines(older), lines(newer), str(older), str(newer), lineterm="", n=3):
+        kind = "head" if line.startswith(("---", "+++")) else kinds.get(line[:1], "same")
+        out.append((kind, line))
+    return out
 
 
 # --- Writing --------------------------------------------------------------------------------

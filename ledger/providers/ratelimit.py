@@ -27,6 +27,15 @@ lowering are the same storm and do not lower it again). Once quiet for
 declared rate per quiet period (additive increase, applied by the take's refill). The
 provider's ``throttled_until`` (Retry-After) still holds every call back first: when it ends,
 calls resume at the lowered rate instead of the storm that caused it.
+
+The same answers lower the provider's **concurrency** too (ADR 0008), for every provider,
+declared caps or not: its effective in-flight limit halves (down to 1) from the declared
+``max_in_flight`` — or ``PROVIDER_DEFAULT_MAX_IN_FLIGHT`` for a provider that declared none —
+and climbs back by 1 per quiet period (the provider's ``concurrency_recovery_seconds``, else
+``PROVIDER_CONCURRENCY_RECOVERY_SECONDS``), applied by the take's refill; back at the cap it is
+no longer lowered (the bucket's ``concurrency`` is NULL again, and an undeclared provider is
+uncapped again). The take reads the bucket's ``concurrency`` with each due row, so an uncapped
+provider's bucket is locked and its calls counted only while its limit is lowered.
 """
 
 from __future__ import annotations
@@ -58,7 +67,12 @@ CAP_COLUMNS = (
     "provider__rate_limit",
     "provider__rate_period_seconds",
     "provider__rate_burst",
+    "provider__concurrency_recovery_seconds",
+    # The effective in-flight limit after a 429 (NULL: not lowered); a LEFT JOIN on the bucket.
+    "provider__rate_state__concurrency",
 )
+
+CapRow = tuple[int, int, int | None, int | None, int | None, int | None, int | None, int | None]
 
 
 def decrease_factor() -> float:
@@ -77,6 +91,42 @@ def step_fraction() -> float:
     return min(1.0, max(0.001, float(settings.ONCEGUARD["PROVIDER_RATE_STEP_FRACTION"])))
 
 
+def concurrency_cap(max_in_flight: int | None) -> int:
+    """The most a lowered in-flight limit climbs back to: the declared cap, or the deployment's
+    default for a provider that declared none."""
+    if max_in_flight is not None:
+        return max(1, int(max_in_flight))
+    return max(1, int(settings.ONCEGUARD["PROVIDER_DEFAULT_MAX_IN_FLIGHT"]))
+
+
+def concurrency_quiet_seconds(recovery_seconds: int | None) -> float:
+    """The quiet period per +1 of a lowered in-flight limit: the provider's own, else the
+    deployment's."""
+    if recovery_seconds is not None:
+        return float(recovery_seconds)
+    return max(0.0, float(settings.ONCEGUARD["PROVIDER_CONCURRENCY_RECOVERY_SECONDS"]))
+
+
+def cap_row(provider: Provider) -> CapRow:
+    """``CAP_COLUMNS`` of ``provider`` (its bucket's lowered limit read now), for a take of one
+    provider's row that did not select it with them (the webhook's poll)."""
+    lowered = (
+        ProviderRate.objects.filter(tenant_id=provider.tenant_id, provider_id=provider.pk)
+        .values_list("concurrency", flat=True)
+        .first()
+    )
+    return (
+        provider.pk,
+        provider.tenant_id,
+        provider.max_in_flight,
+        provider.rate_limit,
+        provider.rate_period_seconds,
+        provider.rate_burst,
+        provider.concurrency_recovery_seconds,
+        lowered,
+    )
+
+
 def declared_rate(rate_limit: int | None, rate_period_seconds: int | None) -> float | None:
     """The declared rate in calls per second, or None for no rate."""
     if not rate_limit:
@@ -84,13 +134,10 @@ def declared_rate(rate_limit: int | None, rate_period_seconds: int | None) -> fl
     return float(rate_limit) / float(max(1, rate_period_seconds or 1))
 
 
-def is_capped(provider: Provider) -> bool:
-    return provider.max_in_flight is not None or provider.rate_limit is not None
-
-
 def held_back() -> Q:
     """Providers (a filter of ``Provider``) the take passes over for their caps: a bucket that
-    will not hold a whole call before ``next_take_at``, or as many calls in flight as allowed."""
+    will not hold a whole call before ``next_take_at``, or as many calls in flight as allowed
+    (the declared cap, or the limit a 429 lowered)."""
     in_flight = (
         Operation.objects.filter(provider_id=OuterRef("pk"), status=OperationStatus.CLAIMED, mode=OperationMode.EXECUTE)
         .order_by()
@@ -98,9 +145,11 @@ def held_back() -> Q:
         .annotate(n=Count("id"))
         .values("n")
     )
-    return Q(rate_state__next_take_at__gt=Now()) | Q(
-        max_in_flight__isnull=False,
-        max_in_flight__lte=Coalesce(Subquery(in_flight, output_field=IntegerField()), 0),
+    counted = Coalesce(Subquery(in_flight, output_field=IntegerField()), 0)
+    return (
+        Q(rate_state__next_take_at__gt=Now())
+        | Q(max_in_flight__isnull=False, max_in_flight__lte=counted)
+        | Q(rate_state__concurrency__isnull=False, rate_state__concurrency__lte=counted)
     )
 
 
@@ -112,6 +161,11 @@ class _Cap:
     ceiling: float | None  # declared calls per second; None: no rate
     burst: float
     wanted: int
+    # The climb of a lowered in-flight limit: up to this, by 1 per quiet period of this long.
+    concurrency_cap: int = 1
+    concurrency_quiet_seconds: float = 0.0
+    # The effective in-flight limit after the refill (None: as declared).
+    concurrency: int | None = None
     allowed: int = 0
     taken: int = 0
     tokens: float = 0.0
@@ -128,18 +182,21 @@ def _params(cap: _Cap) -> dict[str, Any]:
         "ceiling": ceiling,
         "step": ceiling * step_fraction(),
         "quiet_seconds": recovery_seconds(),
+        "concurrency_cap": cap.concurrency_cap,
+        "concurrency_quiet_seconds": cap.concurrency_quiet_seconds,
     }
 
 
-def _refill(cap: _Cap) -> tuple[float, float]:
-    """Lock the provider's bucket (until the take commits) and refill it; (tokens, rate)."""
+def _refill(cap: _Cap) -> tuple[float, float, int | None]:
+    """Lock the provider's bucket (until the take commits) and refill it; (tokens, rate, the
+    effective in-flight limit or None when not lowered)."""
     params = _params(cap)
     for _ in range(2):
         with connection.cursor() as cursor:
             cursor.execute(statements.text("provider_rate_refill"), params)
             row = cursor.fetchone()
         if row is not None:
-            return float(row[0]), float(row[1])
+            return float(row[0]), float(row[1]), None if row[2] is None else int(row[2])
         # A provider capped since its last take: its bucket starts full.
         statements.execute("provider_rate_insert", params)
     raise AssertionError("provider_rate_insert wrote no row")  # pragma: no cover
@@ -156,12 +213,12 @@ class TakeBudget:
         self._caps = caps
 
     @classmethod
-    def reserve(cls, rows: Iterable[tuple[int, int, int | None, int | None, int | None, int | None]]) -> TakeBudget:
+    def reserve(cls, rows: Iterable[CapRow]) -> TakeBudget:
         """``rows``: for each selected row, its ``CAP_COLUMNS``."""
         wanted: Counter[int] = Counter()
         caps: dict[int, _Cap] = {}
-        for provider_id, tenant_id, max_in_flight, rate_limit, period, burst in rows:
-            if max_in_flight is None and rate_limit is None:
+        for provider_id, tenant_id, max_in_flight, rate_limit, period, burst, recovery, lowered in rows:
+            if max_in_flight is None and rate_limit is None and lowered is None:
                 continue
             wanted[provider_id] += 1
             caps[provider_id] = _Cap(
@@ -171,20 +228,25 @@ class TakeBudget:
                 ceiling=declared_rate(rate_limit, period),
                 burst=float(max(1, burst or 1)),
                 wanted=0,
+                concurrency_cap=concurrency_cap(max_in_flight),
+                concurrency_quiet_seconds=concurrency_quiet_seconds(recovery),
             )
         # In provider-id order: two takers lock the buckets they share in the same order.
         for provider_id in sorted(caps):
             cap = caps[provider_id]
             cap.wanted = wanted[provider_id]
-            cap.tokens, cap.rate = _refill(cap)
+            cap.tokens, cap.rate, cap.concurrency = _refill(cap)
             allowed = cap.wanted
-            if cap.max_in_flight is not None:
+            # The fewer of the declared cap and the limit a 429 lowered (the refill may just have
+            # lifted it: then the declared cap alone, or none).
+            limits = [n for n in (cap.max_in_flight, cap.concurrency) if n is not None]
+            if limits:
                 with connection.cursor() as cursor:
                     cursor.execute(
                         statements.text("provider_in_flight"), {"provider_id": provider_id, "tenant_id": cap.tenant_id}
                     )
                     cap.in_flight = int(cursor.fetchone()[0])
-                allowed = min(allowed, max(0, cap.max_in_flight - cap.in_flight))
+                allowed = min(allowed, max(0, min(limits) - cap.in_flight))
             if cap.ceiling:
                 # A float that should be a whole token (3 × ⅓) still counts as one.
                 allowed = min(allowed, max(0, math.floor(cap.tokens + 1e-9)))
@@ -226,29 +288,38 @@ class TakeBudget:
             )
             if cap.wanted > cap.allowed:
                 log.debug(
-                    "provider_capped provider=%s wanted=%s allowed=%s in_flight=%s tokens=%.2f",
+                    "provider_capped provider=%s wanted=%s allowed=%s in_flight=%s tokens=%.2f concurrency=%s",
                     provider_id,
                     cap.wanted,
                     cap.allowed,
                     cap.in_flight,
                     cap.tokens,
+                    cap.concurrency,
                 )
 
 
 def lowers_rate(*, status: int | None, retry_after: float | None) -> bool:
-    """Which throttled answers lower a provider's rate: a 429, and a 503 that says when to come
-    back (a bare 503 is an outage more often than a rate limit)."""
+    """Which throttled answers lower a provider's rate and concurrency: a 429, and a 503 that
+    says when to come back (a bare 503 is an outage more often than a rate limit)."""
     return status == 429 or (status == 503 and retry_after is not None)
 
 
-def provider_rate_lower(*, provider: Provider, operation_id: int) -> float | None:
-    """A 429 (or 503 with Retry-After) from a rate-capped provider to the call ``operation_id``
-    sent: halve its effective rate unless the call was sent before the last lowering; the
-    quiet period starts again either way. Returns the effective rate in calls per second (None:
-    the provider declares no rate, nothing to lower)."""
+@dataclass(frozen=True)
+class Lowered:
+    """Where a provider's limits stand after :func:`provider_rate_lower`."""
+
+    # Calls per second the bucket allows now; None: the provider declares no rate.
+    rate: float | None
+    # The effective in-flight limit now (None: not lowered — the row was gone).
+    concurrency: int | None
+
+
+def provider_rate_lower(*, provider: Provider, operation_id: int, status: int | None = 429) -> Lowered:
+    """A 429 (or 503 with Retry-After) from ``provider`` to the call ``operation_id`` sent:
+    unless the call was sent before the last lowering (the same storm), halve its effective
+    rate (a provider that declares one) and its effective in-flight limit (every provider, ADR
+    0008); both quiet periods start again either way."""
     ceiling = declared_rate(provider.rate_limit, provider.rate_period_seconds)
-    if ceiling is None:
-        return None
     cap = _Cap(
         provider_id=provider.pk,
         tenant_id=provider.tenant_id,
@@ -256,8 +327,11 @@ def provider_rate_lower(*, provider: Provider, operation_id: int) -> float | Non
         ceiling=ceiling,
         burst=float(provider.rate_burst or 1),
         wanted=0,
+        concurrency_cap=concurrency_cap(provider.max_in_flight),
     )
+    # A provider that declares no caps gets its bucket here, at its first 429 (rate 0: no rate).
     statements.execute("provider_rate_insert", _params(cap))
+    answer = "HTTP 429" if status == 429 else f"HTTP {status} with Retry-After"
     with connection.cursor() as cursor:
         cursor.execute(
             statements.text("provider_rate_lower"),
@@ -267,20 +341,24 @@ def provider_rate_lower(*, provider: Provider, operation_id: int) -> float | Non
                 "tenant_id": provider.tenant_id,
                 "operation_id": operation_id,
                 "factor": decrease_factor(),
-                "floor": ceiling * floor_fraction(),
+                "floor": (ceiling or 0.0) * floor_fraction(),
+                "concurrency_cap": cap.concurrency_cap,
+                "reason": f"halved after an {answer} answer",
             },
         )
         row = cursor.fetchone()
     if row is None:
-        return None
-    rate = float(row[0])
+        return Lowered(rate=None, concurrency=None)
+    rate = float(row[0]) if ceiling is not None else None
+    concurrency = None if row[1] is None else int(row[1])
     log.info(
-        "provider_rate_throttled provider=%s rate_per_period=%.3f period=%s",
+        "provider_rate_throttled provider=%s rate_per_period=%s period=%s in_flight_limit=%s",
         provider.pk,
-        rate * (provider.rate_period_seconds or 1),
+        "-" if rate is None else f"{rate * (provider.rate_period_seconds or 1):.3f}",
         provider.rate_period_seconds,
+        concurrency,
     )
-    return rate
+    return Lowered(rate=rate, concurrency=concurrency)
 
 
 def provider_rate_reset(*, provider: Provider) -> None:
@@ -311,6 +389,15 @@ class CapsView:
     effective_rate: float | None
     lowered_at: datetime | None
     quiet_since: datetime | None
+    # Calls at once the workers allow now: the limit a 429 lowered, else the declared cap (None:
+    # no cap); why it was lowered and since when it holds (ADR 0008).
+    effective_in_flight: int | None = None
+    in_flight_lowered: bool = False
+    in_flight_reason: str = ""
+    in_flight_since: datetime | None = None
+    # What a lowered limit climbs back to, by 1 per this many quiet seconds.
+    in_flight_ceiling: int = 1
+    in_flight_recovery_seconds: float = 0.0
 
     @property
     def lowered(self) -> bool:
@@ -326,11 +413,25 @@ class CapsView:
             "effective_rate": None if self.effective_rate is None else round(self.effective_rate, 3),
             "rate_lowered": self.lowered,
             "rate_lowered_at": self.lowered_at,
+            "effective_max_in_flight": self.effective_in_flight,
+            "in_flight_lowered": self.in_flight_lowered,
+            "in_flight_lowered_reason": self.in_flight_reason or None,
+            "in_flight_limit_since": self.in_flight_since,
+            "in_flight_recovery_seconds": self.in_flight_recovery_seconds,
         }
 
     def summary(self) -> str:
         parts = []
-        if self.max_in_flight is not None:
+        if self.in_flight_lowered:
+            # Lowered by a 429: what holds now, why, and how it climbs back.
+            since = self.in_flight_since.strftime("%Y-%m-%d %H:%M:%S UTC") if self.in_flight_since else "?"
+            parts.append(
+                f"at most {self.effective_in_flight} in flight (now {self.in_flight}): {self.in_flight_reason}"
+                f" at {since}; climbing back by 1 per {self.in_flight_recovery_seconds:g} s without a 429 up to"
+                f" {self.in_flight_ceiling}"
+                + ("" if self.max_in_flight is not None else " (the deployment's default), then uncapped")
+            )
+        elif self.max_in_flight is not None:
             parts.append(f"at most {self.max_in_flight} in flight (now {self.in_flight})")
         if self.rate_limit is not None:
             per = "second" if self.rate_period_seconds == 1 else f"{self.rate_period_seconds} s"
@@ -364,6 +465,11 @@ def provider_caps(provider: Provider) -> CapsView:
         ceiling = declared_rate(provider.rate_limit, period) or 0.0
         rate = min(state.rate, ceiling) if state is not None and state.rate > 0 else ceiling
         effective = rate * period
+    ceiling_in_flight = concurrency_cap(provider.max_in_flight)
+    lowered = state is not None and state.concurrency is not None
+    effective_in_flight = provider.max_in_flight
+    if lowered:
+        effective_in_flight = min(ceiling_in_flight, int(state.concurrency))
     return CapsView(
         max_in_flight=provider.max_in_flight,
         in_flight=in_flight,
@@ -373,4 +479,10 @@ def provider_caps(provider: Provider) -> CapsView:
         effective_rate=effective,
         lowered_at=sql.to_datetime(state.lowered_at) if state is not None else None,
         quiet_since=sql.to_datetime(state.quiet_since) if state is not None else None,
+        effective_in_flight=effective_in_flight,
+        in_flight_lowered=lowered,
+        in_flight_reason=state.concurrency_reason if lowered else "",
+        in_flight_since=sql.to_datetime(state.concurrency_since) if lowered else None,
+        in_flight_ceiling=ceiling_in_flight,
+        in_flight_recovery_seconds=concurrency_quiet_seconds(provider.concurrency_recovery_seconds),
     )

@@ -530,5 +530,26 @@ def template_render(
 
 
 def is_intent(stored: Any) -> bool:
-    """Whether a stored execute-mode request is an intent envelope (``{"intent": {…}}``)."""
+    """Whether a submitted execute-mode request is an intent envelope (``{"intent": {…}}``)."""
     return isinstance(stored, dict) and set(stored) == {"intent"}
+
+
+# The member of an accepted job's stored envelope that pins its prompt template versions (ADR
+# 0009): {name: version}, resolved at acceptance; never part of the fingerprint.
+PINS = "prompts"
+
+
+def stored_intent(stored: Any) -> tuple[Any, dict[str, int]] | None:
+    """An accepted job's intent and the prompt template versions it was pinned to when it was
+    accepted (``{"intent": …, "prompts": {name: version}}``; a job accepted before pins were
+    stored has none), or None for a stored request that is not an intent."""
+    if not isinstance(stored, dict) or "intent" not in stored or not set(stored) <= {"intent", PINS}:
+        return None
+    pins = stored.get(PINS) or {}
+    if not isinstance(pins, dict):
+        return stored["intent"], {}
+    return stored["intent"], {
+        str(name): int(version)
+        for name, version in pins.items()
+        if isinstance(version, int) and not isinstance(version, bool) and version >= 1
+    }

@@ -372,13 +372,19 @@ VALUES (%(tenant_id)s, %(operation_id)s, %(from_status)s, %(to_status)s, %(actor
 -- Rate and concurrency caps (ledger.providers.ratelimit; DESIGN §5, rate and concurrency caps). A
 -- capped provider's take runs provider_rate_refill (which locks its bucket row until the take
 -- commits), provider_in_flight, the operation_take of as many rows as both allow, then
--- provider_rate_spend, all in the take's transaction.
+-- provider_rate_spend, all in the take's transaction. The same row holds a provider's effective
+-- in-flight limit after a 429 (`concurrency`, ADR 0008): any provider that was throttled has
+-- one, declared caps or not; NULL = not lowered (the declared max_in_flight, or none, holds).
 
 
 -- name: provider_rate_insert --
--- A capped provider's bucket, full, at its declared rate; a row that exists is left alone.
-INSERT INTO ledger_providerrate (tenant_id, provider_id, tokens, rate, refilled_at, quiet_since, lowered_at, next_take_at)
-VALUES (%(tenant_id)s, %(provider_id)s, %(burst)s, %(ceiling)s, now(), now(), NULL, NULL)
+-- A capped (or throttled) provider's bucket, full, at its declared rate (0 for a provider that
+-- declares none), its in-flight limit not lowered; a row that exists is left alone.
+INSERT INTO ledger_providerrate (
+    tenant_id, provider_id, tokens, rate, refilled_at, quiet_since, lowered_at, next_take_at,
+    concurrency, concurrency_since, concurrency_quiet_since, concurrency_reason
+)
+VALUES (%(tenant_id)s, %(provider_id)s, %(burst)s, %(ceiling)s, now(), now(), NULL, NULL, NULL, NULL, NULL, '')
 ON CONFLICT (provider_id) DO NOTHING;
 
 
@@ -386,7 +392,10 @@ ON CONFLICT (provider_id) DO NOTHING;
 -- Lock the bucket and refill it for the time since the last refill at the effective rate, up
 -- to the burst. The effective rate never exceeds the declared one (%(ceiling)s, calls per
 -- second) and climbs back by %(step)s (additive increase) once it has been quiet — no 429,
--- no step — for %(quiet_seconds)s. Every SET reads the row as it was before this statement.
+-- no step — for %(quiet_seconds)s. A lowered in-flight limit climbs back by 1 once it has been
+-- quiet for %(concurrency_quiet_seconds)s; reaching %(concurrency_cap)s (the declared max_in_flight, or
+-- the deployment's default for a provider that declares none) it is no longer lowered (NULL).
+-- Every SET reads the row as it was before this statement.
 UPDATE ledger_providerrate SET
     tokens = LEAST(%(burst)s, tokens + rate * GREATEST(0.0, ledger_seconds_since(refilled_at))),
     rate = CASE
@@ -400,9 +409,30 @@ UPDATE ledger_providerrate SET
     END,
     -- PostgreSQL's now() is the transaction's start, which may precede the previous taker's:
     -- the clock of the bucket never runs backwards (nor credits the same time twice).
-    refilled_at = GREATEST(refilled_at, now())
+    refilled_at = GREATEST(refilled_at, now()),
+    concurrency = CASE
+        WHEN concurrency IS NOT NULL AND ledger_seconds_since(concurrency_quiet_since) >= %(concurrency_quiet_seconds)s
+        THEN CASE WHEN concurrency + 1 >= %(concurrency_cap)s THEN NULL ELSE concurrency + 1 END
+        ELSE concurrency
+    END,
+    concurrency_since = CASE
+        WHEN concurrency IS NOT NULL AND ledger_seconds_since(concurrency_quiet_since) >= %(concurrency_quiet_seconds)s
+        THEN now()
+        ELSE concurrency_since
+    END,
+    concurrency_quiet_since = CASE
+        WHEN concurrency IS NOT NULL AND ledger_seconds_since(concurrency_quiet_since) >= %(concurrency_quiet_seconds)s
+        THEN now()
+        ELSE concurrency_quiet_since
+    END,
+    concurrency_reason = CASE
+        WHEN concurrency IS NOT NULL AND ledger_seconds_since(concurrency_quiet_since) >= %(concurrency_quiet_seconds)s
+            AND concurrency + 1 >= %(concurrency_cap)s
+        THEN ''
+        ELSE concurrency_reason
+    END
 WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s
-RETURNING tokens, rate;
+RETURNING tokens, rate, concurrency;
 
 
 -- name: provider_in_flight --
@@ -425,27 +455,39 @@ WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s AND tokens >= 
 -- name: provider_rate_lower --
 -- A 429 (or a 503 with Retry-After) to a call sent after the last lowering: the effective rate
 -- is multiplied by %(factor)s (multiplicative decrease), never below %(floor)s calls per second,
--- and the bucket emptied. An answer to a call sent before the last lowering is the same storm:
--- it only restarts the quiet period. The send time is the operation's own sent marker (the
+-- and the bucket emptied; the effective in-flight limit (the declared cap, or %(concurrency_cap)s,
+-- when not lowered) is halved, never below 1, with %(reason)s saying why (ADR 0008). An answer to
+-- a call sent before the last lowering is the same storm: it only restarts both quiet periods. The send time is the operation's own sent marker (the
 -- take's now()) — for a poll (polls > 0: a poll lease's row), the poll take's claimed_at, since
 -- the sent marker is the submit's —, so both sides of the comparison are the database's clock.
 UPDATE ledger_providerrate SET
     rate = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN GREATEST(%(floor)s, rate * %(factor)s) ELSE rate END,
     tokens = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN 0.0 ELSE tokens END,
     lowered_at = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN now() ELSE lowered_at END,
-    quiet_since = now()
+    quiet_since = now(),
+    -- (Integer division on both databases: both sides are integers.)
+    concurrency = CASE
+        WHEN lowered_at IS NULL OR lowered_at < sent.at
+        THEN GREATEST(1, LEAST(CAST(%(concurrency_cap)s AS INTEGER), COALESCE(concurrency, CAST(%(concurrency_cap)s AS INTEGER))) / 2)
+        ELSE concurrency
+    END,
+    concurrency_since = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN now() ELSE concurrency_since END,
+    concurrency_reason = CASE WHEN lowered_at IS NULL OR lowered_at < sent.at THEN %(reason)s ELSE concurrency_reason END,
+    concurrency_quiet_since = now()
 FROM (
     SELECT CASE WHEN polls > 0 THEN claimed_at ELSE sent_at END AS at
     FROM ledger_operation WHERE id = %(operation_id)s AND tenant_id = %(tenant_id)s
 ) AS sent
 WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s
-RETURNING rate;
+RETURNING rate, concurrency;
 
 
 -- name: provider_rate_reset --
--- The provider's caps changed: its bucket starts again, full, at the declared rate.
+-- The provider's caps changed: its bucket starts again, full, at the declared rate, and its
+-- in-flight limit as declared.
 UPDATE ledger_providerrate SET
     tokens = %(burst)s, rate = %(ceiling)s, refilled_at = now(), quiet_since = now(),
-    lowered_at = NULL, next_take_at = NULL
+    lowered_at = NULL, next_take_at = NULL,
+    concurrency = NULL, concurrency_since = NULL, concurrency_quiet_since = NULL, concurrency_reason = ''
 WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s;
 

@@ -8,7 +8,6 @@ written ``%%`` because every statement runs with a parameter list.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -19,7 +18,6 @@ from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
 
 from ledger.models import OperationStatus
-from ledger.platform._adapters import django_private
 
 _STATUS_VALUES = frozenset(OperationStatus.values)
 
@@ -116,84 +114,10 @@ def db_now() -> datetime:
 
 
 # Sequential scans priced out for the rest of the transaction (PostgreSQL's enable_seqscan,
-# transaction-local): see index_plans. The _SAVED forms keep and restore the value a
-# caller's transaction had, for a statement that runs inside someone else's transaction.
+# transaction-local): for the operations API's lists only (planned_per_call(indexed=True)).
+# The claim path's statements, each one row by a unique key, send no setting: they plan with
+# indexes from the tables' own statistics (docs/adr/0010-claim-path-plans-from-statistics.md).
 INDEX_PLANS = "SELECT set_config('enable_seqscan', 'off', true)"
-_INDEX_PLANS_SAVED = (
-    "SELECT set_config('onceguard.enable_seqscan', current_setting('enable_seqscan'), true),"
-    " set_config('enable_seqscan', 'off', true)"
-)
-_RESTORE_SAVED = "SELECT set_config('enable_seqscan', current_setting('onceguard.enable_seqscan'), true)"
-
-
-@contextmanager
-def index_plans() -> Iterator[None]:
-    """Plan the statements inside (a transaction's) as if the ledger's tables were large: a
-    sequential scan is taken only where no index can answer (``enable_seqscan = off``,
-    transaction-local: one statement, about 40 µs; a second one to put the caller's value
-    back when the block runs inside a caller's transaction).
-
-    The claim path's statements read one row by key or id. On statistics taken while the
-    tables were empty (a fresh deployment, a restore analyzed before its data) PostgreSQL
-    prices a one-page table's sequential scan below its index, and a prepared statement keeps
-    that plan while the table grows: a fresh deployment ran claims at a third of their speed
-    until autovacuum's statistics and a re-plan caught up (docs/explanation/scale.md). Only here, not on the
-    connection: for lists and joins the same setting made plans worse. Claim-path services
-    enter it first inside their ``transaction.atomic()`` block; a claim-path statement that
-    runs alone goes through ``execute_with_index_plans``.
-    """
-    if connection.vendor != "postgresql" or _index_plans_set():
-        yield
-        return
-    assert connection.in_atomic_block, "index_plans() is for a transaction: enter it inside one"
-    # Only the stack of atomic blocks tells the outermost block from a nested one (a Django
-    # internal: ledger/platform/_adapters/django_private.py has the measurement).
-    nested = django_private.atomic_depth() > 1
-    with connection.cursor() as cursor:
-        # Alone in its transaction the setting ends with the COMMIT; nested, it is put back.
-        cursor.execute(_INDEX_PLANS_SAVED if nested else INDEX_PLANS, [])
-    outer = getattr(_plans, "block", None)
-    # Valid while this atomic block lasts (a rollback to it takes the setting back too).
-    _plans.block = django_private.innermost_atomic_block()
-    try:
-        yield
-    finally:
-        _plans.block = outer
-    if nested:
-        with connection.cursor() as cursor:
-            cursor.execute(_RESTORE_SAVED, [])
-
-
-# The atomic block whose transaction has the setting, per thread (as Django's connections are).
-_plans = threading.local()
-
-
-def _index_plans_set() -> bool:
-    block = getattr(_plans, "block", None)
-    return block is not None and django_private.atomic_block_open(block)
-
-
-def execute_with_index_plans(cursor: Any, statement: str, params: Any) -> None:
-    """Run one claim-path statement planned as ``index_plans`` would, without extra
-    round trips: outside a transaction the setting and the statement go out together in one
-    pipeline, whose implicit transaction ends (and the setting with it) at its sync — no
-    BEGIN and COMMIT. Inside a transaction that set it, the statement just runs; inside one
-    that did not (a caller's own transaction), the setting is taken back after the
-    statement. On SQLite the statement just runs."""
-    if connection.vendor != "postgresql" or _index_plans_set():
-        cursor.execute(statement, params)
-        return
-    raw = connection.connection
-    # Errors surface when the pipeline syncs, outside the cursor's own error wrapping: raised
-    # as Django's all the same (ledger/platform/_adapters/django_private.py).
-    with django_private.database_errors(), raw.pipeline():
-        if not connection.in_atomic_block:
-            cursor.execute(INDEX_PLANS, [])
-            cursor.execute(statement, params)
-        else:
-            raw.execute(_INDEX_PLANS_SAVED)
-            cursor.execute(statement, params)
-            raw.execute(_RESTORE_SAVED)
 
 
 @contextmanager
@@ -201,7 +125,7 @@ def planned_per_call(*, indexed: bool = False) -> Iterator[None]:
     """Run the reads inside planned for the values of each call (PostgreSQL's
     ``plan_cache_mode = force_custom_plan``, for this transaction only).
 
-    ``indexed``: also as ``index_plans`` does (sequential scans priced out), for a list
+    ``indexed``: also with sequential scans priced out (``enable_seqscan = off``), for a list
     whose every filter has an index that serves it in the list's order (the operations API:
     on a fresh database it is, with claims, what a client calls first). Not for the console's
     lists: there joins and filters without such an index got worse.

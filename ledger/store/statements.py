@@ -6,9 +6,10 @@ that file (once per process and database kind) and runs a statement by name thro
 Django's cursor, so every statement joins the caller's transaction, raises Django's errors
 and is seen by query observers. Rows that are operations come back as ``Operation``
 instances through ``Manager.raw`` (Django maps the columns by name and applies each field's
-converters), never built by hand. Every named statement reads or moves rows through an index,
-so each is planned with sequential scans priced out (``ledger.store.sql.index_plans``: right on a
-fresh database's empty statistics too).
+converters), never built by hand. Every named statement reads or moves one row by a unique key
+(or counts a short range of a partial index) and is sent as it is, with no planner setting
+around it: the ledger's tables keep statistics that plan those look-ups with their indexes
+from the first claim on (docs/adr/0010-claim-path-plans-from-statistics.md).
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 from ledger.models import AttemptOutcome, Operation, OperationStatus
 from ledger.store import fast_rows
-from ledger.store.sql import execute_with_index_plans, index_plans
 
 QUERIES = Path(__file__).with_name("queries.sql")
 
@@ -137,7 +137,7 @@ def execute(name: str, params: dict[str, Any]) -> int:
     """Run a statement that returns no operation; the number of rows it touched."""
     params = _stored(params)
     with connection.cursor() as cursor:
-        execute_with_index_plans(cursor, text(name), params)
+        cursor.execute(text(name), params)
         return cursor.rowcount
 
 
@@ -146,13 +146,8 @@ def operations(name: str, params: dict[str, Any]) -> list[Operation]:
     params = _stored(params)
     if connection.vendor == "postgresql" and FAST_ROWS:
         with connection.cursor() as cursor:
-            execute_with_index_plans(cursor, text(name), params)
+            cursor.execute(text(name), params)
             return fast_rows.operations_from(cursor)
-    if connection.vendor == "postgresql" and not connection.in_atomic_block:
-        # Manager.raw runs its own cursor: the same statement, in a transaction that plans
-        # with indexes (the fast path above does it without the BEGIN/COMMIT).
-        with transaction.atomic(), index_plans():
-            return list(Operation.objects.raw(text(name), params))
     # list(): a RawQuerySet runs its statement again each time it is iterated.
     return list(Operation.objects.raw(text(name), params))
 

@@ -2,7 +2,7 @@
 of configuration — providers, API keys, tenants and their callback settings (the ledger's
 own services), replay targets, alert channels, retention policies, staff roles and tenant
 memberships (the apps above call :func:`config_change_record` from their services and from
-the console's save paths, review.changes). The lowest layer that can hold it: every app may
+the console's save paths, review.audit.changes). The lowest layer that can hold it: every app may
 write here, and it imports nothing above the ledger.
 
 A module of its own rather than part of ``ledger.protocol.services``: ``ledger.protocol.callbacks`` (imported

@@ -19,13 +19,21 @@ ModelAdmins (the history pages) call :func:`unoffered_parameters` with their own
 
 ``ConsoleAdmin`` and ``ConsoleReadOnlyAdmin`` are the classes every console ModelAdmin
 derives from; the console's site (review.console) mixes ``ConsoleLookupsMixin`` into the
-ModelAdmins of other packages (auth, django-q) when it registers them.
+ModelAdmins of other packages (auth, django-q) when it registers them. ``ServiceSaveAdmin``
+is the page whose saves call the object's configuration service (ADR 0006), and
+``ConsoleJSONField`` the JSON box that refuses what could not be stored.
+
+Below them, what the pages of every app (the ledger's ``ledger.web.console``, dlq, review,
+alerts) share: ``ReadOnlyPermissions`` and ``ReadOnlyInline`` for rows only services write,
+``TenantInlineFormSet``, the https default of URL forms (``HTTPS_URL_FORMS``,
+``https_url_formfield``), the tenant column (``TenantColumnMixin``), a search box answered by
+a selector (``SelectorSearchMixin``), ``may_view`` and ``attempts_with_labels``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -47,11 +55,15 @@ from django.contrib.admin.views.main import (
 from django.core.exceptions import ValidationError
 from django.core.paginator import InvalidPage
 from django.db import models
+from django.db.models import QuerySet, URLField
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
+from ledger.models import Attempt, Tenant
 from ledger.platform.errors import DomainError, LookupNotOffered
 from ledger.platform.storable import EARLIEST, LATEST, json_problem, nul_problem
+from ledger.providers import prompts, revisions
 
 # Django's own parameters of a change list (never lookups on the model).
 LIST_PARAMETERS = frozenset(
@@ -263,7 +275,7 @@ class ServiceSaveAdmin(ConsoleAdmin):
     """A console page whose saves go through the object's configuration service (ADR 0006):
     ``save_model`` calls the same function the management command and the API call, which
     checks, seals, writes and records the ConfigChange row in one transaction. The console's
-    own trail mixin (review.changes) therefore records nothing for these saves; deletes it
+    own trail mixin (review.audit.changes) therefore records nothing for these saves; deletes it
     still records.
 
     The form shows the service's refusals as field errors before anything is written (its
@@ -308,16 +320,121 @@ class ServiceSaveAdmin(ConsoleAdmin):
             return HttpResponseRedirect(request.get_full_path())
 
 
+# --- Shared by every app's console pages (dlq, review, alerts use these too) ---
+
+
+# Forms of models with a URL: an address typed without a scheme is https (Django 6's default;
+# 5.2 assumes http and warns), for the provider, replay target, n8n connection and alert channel.
+HTTPS_URL_FORMS: dict[Any, dict[str, Any]] = {URLField: {"assume_scheme": "https"}}
+
+
+def https_url_formfield(db_field: Any, **kwargs: Any) -> forms.Field | None:
+    """A ModelForm's ``Meta.formfield_callback`` for the same rule (the form's own fields are
+    built when its class is, before the admin's ``formfield_overrides`` apply)."""
+    if isinstance(db_field, URLField):
+        kwargs.setdefault("assume_scheme", "https")
+    return db_field.formfield(**kwargs)
+
+
+class ReadOnlyInline(ReadOnlyPermissions, admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+
+class TenantInlineFormSet(BaseInlineFormSet):
+    """A parent's rows read by its tenant as well as its id: Citus routes a statement to one
+    node by tenant_id (DESIGN §12)."""
+
+    def __init__(self, *args: Any, instance: Any = None, queryset: Any = None, **kwargs: Any) -> None:
+        if instance is not None and instance.pk is not None and queryset is not None:
+            queryset = queryset.filter(tenant_id=instance.tenant_id)
+        super().__init__(*args, instance=instance, queryset=queryset, **kwargs)
+
+
+def attempts_with_labels(rows: Iterable[Attempt]) -> list[Attempt]:
+    """Attempts for a console table, each with ``revision_label`` (its adapter revision's
+    number) and ``prompt_label`` (``name@version`` of its prompt template): read from the
+    per-process caches of those immutable rows, no query per attempt."""
+    attempts = list(rows)
+    for attempt in attempts:
+        attempt.revision_label = revisions.revision_number(attempt.adapter_revision_id)  # type: ignore[attr-defined]
+        attempt.prompt_label = prompts.prompt_template_label(attempt.prompt_template_id)  # type: ignore[attr-defined]
+    return attempts
+
+
+def may_view(request: HttpRequest, model: type[Any]) -> bool:
+    """Whether the user may read ``model``'s rows in the console: its view (or change)
+    permission, as the admin decides for a model's pages and inlines. The history tables'
+    pages (review.console.history_pages) and the operation page's attempts and events sections ask it."""
+    opts = model._meta
+    return request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}") or request.user.has_perm(
+        f"{opts.app_label}.change_{opts.model_name}"
+    )
+
+
+def shows_tenant(model_admin: Any, request: HttpRequest) -> bool:
+    """A tenant column only for someone who sees more than one tenant."""
+    scope_of = getattr(model_admin, "tenant_scope", None)
+    scope = scope_of(request) if scope_of is not None else None
+    if scope is None:
+        # Counted once a request: a list asks for its columns more than once.
+        if not hasattr(request, "_onceguard_tenants_counted"):
+            request._onceguard_tenants_counted = Tenant.objects.count()  # type: ignore[attr-defined]
+        return request._onceguard_tenants_counted > 1  # type: ignore[attr-defined]
+    return len(scope) > 1
+
+
+class TenantColumnMixin:
+    """A tenant column, at ``tenant_column_at`` in the list, only for someone who sees more than
+    one tenant (shows_tenant): the one declaration of it for every app's lists."""
+
+    tenant_column_at = 1
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        columns = list(super().get_list_display(request))  # type: ignore[misc]
+        if shows_tenant(self, request):
+            columns.insert(self.tenant_column_at, "tenant")
+        return columns
+
+
+class SelectorSearchMixin:
+    """The list's search box answered by a selector, ``list_search(rows, text)`` (substring
+    search over the columns written once: ledger and dlq selectors), not the stock search."""
+
+    list_search: Callable[[QuerySet[Any], str], QuerySet[Any]]
+
+    # Whether list_search takes the user's tenants (a whole key is looked up among them).
+    list_search_scoped = False
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        if self.list_search_scoped:
+            scope_of = getattr(self, "tenant_scope", None)
+            tenant_ids = scope_of(request) if scope_of is not None else None
+            return type(self).list_search(queryset, search_term, tenant_ids=tenant_ids), False
+        return type(self).list_search(queryset, search_term), False
+
+
 __all__ = [
+    "HTTPS_URL_FORMS",
     "ConsoleAdmin",
     "ConsoleJSONField",
     "ConsoleLookupsMixin",
     "ConsoleReadOnlyAdmin",
     "LookupNotOffered",
     "OfferedLookupsChangeList",
+    "ReadOnlyInline",
     "ReadOnlyPermissions",
+    "SelectorSearchMixin",
     "ServiceSaveAdmin",
+    "TenantColumnMixin",
+    "TenantInlineFormSet",
+    "attempts_with_labels",
     "drill_down_problem",
+    "https_url_formfield",
     "lookup_refused_response",
+    "may_view",
+    "shows_tenant",
     "unoffered_parameters",
 ]

@@ -78,7 +78,7 @@ class CappedCountPaginator(Paginator):
     bounded subquery) and says when there are more (``capped``, shown by the console's
     pagination template); pages beyond the cap need narrower filters."""
 
-    # Set by a list that read all its rows on page one (review.listing): nothing to count.
+    # Set by a list that read all its rows on page one (review.console.listing): nothing to count.
     known_count: int | None = None
 
     @cached_property

@@ -209,6 +209,17 @@ class ProviderCapsSerializer(serializers.Serializer):
     )
     rate_lowered = serializers.BooleanField()
     rate_lowered_at = serializers.DateTimeField(allow_null=True)
+    effective_max_in_flight = serializers.IntegerField(
+        allow_null=True,
+        help_text="Calls at once the workers allow now: max_in_flight, or less after a 429 (halved down to 1,"
+        " +1 per quiet period); null = no cap.",
+    )
+    in_flight_lowered = serializers.BooleanField(help_text="Whether a 429 lowered the in-flight limit.")
+    in_flight_lowered_reason = serializers.CharField(allow_null=True, help_text="Why it was lowered; null when not.")
+    in_flight_limit_since = serializers.DateTimeField(
+        allow_null=True, help_text="When the lowered limit took its current value; null when not lowered."
+    )
+    in_flight_recovery_seconds = serializers.FloatField(help_text="Seconds without a 429 per +1 of a lowered limit.")
 
 
 class ProviderOutputSerializer(serializers.Serializer):

@@ -11,13 +11,13 @@ def create_role_groups(apps, schema_editor):
         app_config.models_module = True
         create_permissions(app_config, apps=apps, verbosity=0, using=schema_editor.connection.alias)
         app_config.models_module = None
-    from review.roles import sync_role_groups
+    from review.staff.roles import sync_role_groups
 
     sync_role_groups(apps, using=schema_editor.connection.alias)
 
 
 def drop_role_groups(apps, schema_editor):
-    from review.roles import ROLES
+    from review.staff.roles import ROLES
 
     apps.get_model("auth", "Group").objects.filter(name__in=ROLES).delete()
 

@@ -1,4 +1,4 @@
-"""The keyed access-log chain (review.accesslog): rows carry their chain version and key
+"""The keyed access-log chain (review.audit.accesslog): rows carry their chain version and key
 id; signed checkpoints anchor each chain. Rows that exist now are the unkeyed v1 chain:
 each tenant's v1 head (and the purge anchor its RetentionRuns recorded, unsigned until now)
 is sealed by a signed checkpoint, so they keep verifying and no v1 row can be added later.
@@ -9,7 +9,7 @@ from django.db import migrations, models
 
 # The signing code is the application's own: a migration with a copy of it would sign
 # checkpoints that the verifier computes differently.
-from review.accesslog import accesslog_seal_legacy
+from review.audit.accesslog import accesslog_seal_legacy
 
 
 def seal_legacy_rows(apps, schema_editor):

@@ -9,7 +9,7 @@ from django import template
 from django.template.loader import select_template
 
 from ledger.web import display
-from review.listing import result_list
+from review.console.listing import result_list
 
 register = template.Library()
 
@@ -43,7 +43,7 @@ def og_badge(state: str, label: str | None = None) -> Any:
 
 @register.simple_tag(name="console_result_list")
 def console_result_list(cl: Any) -> Any:
-    """Django's ``{% result_list cl %}``, its rows rendered by review.listing (same HTML), from
+    """Django's ``{% result_list cl %}``, its rows rendered by review.console.listing (same HTML), from
     the template Django's tag would pick (a model's or an app's own first). Public template
     API, not the admin's private InclusionAdminNode (docs/adr/0004-private-framework-apis.md)."""
     app_label, model_name = cl.opts.app_label.lower(), cl.opts.model_name

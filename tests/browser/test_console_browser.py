@@ -11,8 +11,8 @@ from dlq.models import BulkReplay, FailedEvent, FailedEventStatus
 from dlq.replays import bulk as dlq_bulk
 from dlq.targets import services as dlq_targets
 from ledger.models import Operation, OperationStatus
-from review import privacy
 from review.models import AccessLog
+from review.privacy import payloads as privacy
 from tests.console.support import (
     MARKERS,
     advisory_provider,

@@ -29,13 +29,13 @@ from dlq.n8n import connections as dlq_connections
 from dlq.replays import bulk as dlq_bulk
 from dlq.replays.runs import run_resume
 from dlq.targets import services as dlq_targets
-from ledger.models import ErrorClass, IdempotencyClass, Tenant, Tombstone
+from ledger.models import ErrorClass, FenceHold, IdempotencyClass, Tenant, Tombstone
 from ledger.protocol import services
 from ledger.providers import prompts
 from ledger.tenants.workflows import workflow_name_note
-from review import erasure
 from review.demo import demo_seed
-from review.subjects import subject_resolve
+from review.privacy import erasure
+from review.privacy.subjects import subject_resolve
 from tests.browser.conftest import ARTIFACTS, PASSWORD
 from tests.browser.test_console_objects import _files
 
@@ -203,6 +203,10 @@ def _seed_longest(tenant: Tenant) -> None:
         done_at=now,
         deleted_at=now,
         keep_until=now,
+    )
+    # A restore hold (ADR 0012) with the longest key.
+    FenceHold.objects.create(
+        tenant=tenant, key=LONG_KEY[:-1] + "h", provider_id=None, journaled_state="succeeded", epoch=1, found_at=now
     )
 
 

@@ -1,4 +1,4 @@
-"""Attempts and events in a real browser (review.history_pages): from an operation's page to
+"""Attempts and events in a real browser (review.console.history_pages): from an operation's page to
 one of its attempts and back, the attempt list's filters and search, an event's page."""
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def test_every_list_fits_1280_px_with_its_named_columns_badges_and_ages(console)
         ("/admin/review/retentionrun/", []),
         ("/admin/ledger/provider/", []),
         ("/admin/dlq/replaytarget/", []),
-        # The history tables' own pages (review.history_pages).
+        # The history tables' own pages (review.console.history_pages).
         (
             "/admin/ledger/attempt/",
             ["operation", "number", "outcome", "started at", "finished at", "error class", "provider ref"],

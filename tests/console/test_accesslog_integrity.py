@@ -25,8 +25,8 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from ledger.platform.errors import ValidationFailed
-from review import accesslog
-from review.accesslog import (
+from review.audit import accesslog
+from review.audit.accesslog import (
     accesslog_append,
     accesslog_checkpoint,
     accesslog_checkpoint_all,
@@ -34,9 +34,9 @@ from review.accesslog import (
     accesslog_verify,
 )
 from review.models import AccessLog, AccessLogCheckpoint, RetentionPolicy, RetentionRun
-from review.retention import retention_purge
+from review.retention.policies import retention_policy_save
+from review.retention.purge import retention_purge
 from review.schedules import accesslog_checkpoint_task, install_schedules
-from review.services import retention_policy_save
 from tests.console.support import client_for, staff
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -22,9 +22,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger.platform.logs import formatter, logging_config
-from review.accesslog import accesslog_append, accesslog_checkpoint_all
+from review.audit.accesslog import accesslog_append, accesslog_checkpoint_all
 from review.models import AccessLog, RetentionPolicy
-from review.retention import retention_purge
+from review.retention.purge import retention_purge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -27,7 +27,7 @@ from ledger.providers.credentials import secret_open
 from ledger.tenants import auth as ledger_auth
 from ledger.tenants.config_changes import SECRET_MASK, SECRET_REPLACED
 from review.models import RetentionPolicy, StaffTenant
-from review.services import retention_policy_save
+from review.retention.policies import retention_policy_save
 from tests.console.support import client_for, enforced_provider, page, staff, submit_form
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,6 +1,6 @@
 """The console under hostile input: every list linked from the console (found from the admin
 site's registry and its history pages, not a hand list) with hostile query strings, and every
-add and change form with hostile values, as a superuser and as each role of review.roles
+add and change form with hostile values, as a superuser and as each role of review.staff.roles
 (tenant-scoped): no response is a 5xx, and a lookup a list does not offer is a 400 page —
 never a list filtered by it (ledger.web.console_base).
 
@@ -26,8 +26,8 @@ from dlq.targets.services import replay_target_upsert
 from ledger.models import Tenant
 from ledger.protocol import services
 from ledger.providers import prompts
-from review.roles import ROLES
-from review.services import retention_policy_save
+from review.retention.policies import retention_policy_save
+from review.staff.roles import ROLES
 from tests.console.support import (
     FormValues,
     advisory_provider,

@@ -1,4 +1,4 @@
-"""Console lists render their rows with per-page work done once (review.listing, issue 16):
+"""Console lists render their rows with per-page work done once (review.console.listing, issue 16):
 the same HTML as Django's admin, byte for byte, and no per-row URL resolving or widget
 rendering."""
 
@@ -17,7 +17,7 @@ from django.test import RequestFactory
 from django.urls import reverse
 
 from ledger.models import Operation
-from review import listing
+from review.console import listing
 from tests.console.support import client_for
 from tests.console.test_list_query_counts import seed
 
@@ -135,7 +135,7 @@ def test_a_search_shorter_than_a_page_reads_the_table_once_not_again_to_count_it
 
 @pytest.mark.parametrize("page", [None, "2"])
 def test_pages_and_counts_are_djangos_when_the_list_is_longer_than_a_page(rows, page, monkeypatch):
-    from ledger.web.console import OperationAdmin
+    from ledger.web.console.operations import OperationAdmin
 
     monkeypatch.setattr(OperationAdmin, "list_per_page", 5)
     client = client_for(rows)

@@ -1,4 +1,4 @@
-"""The console's pages for attempts and events (review.history_pages): what their ModelAdmins
+"""The console's pages for attempts and events (review.console.history_pages): what their ModelAdmins
 gave — the list with its filters, search and links, the read-only detail page, the masked
 response with its logged reveal, the logged CSV export, the operation page's sections — under
 the same permissions, now that both are keyed (id, <time>) and the admin cannot register them."""
@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationEvent
 from ledger.platform import crypto
-from review.history_pages import AttemptPage
+from review.console.history_pages import AttemptPage
 from review.models import AccessAction, AccessLog
 from tests.console.support import client_for, enforced_provider, failed_op, page, staff, succeeded_op
 

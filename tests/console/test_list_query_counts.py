@@ -19,9 +19,9 @@ from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus, Provider, Tenant, Upload
 from ledger.protocol import services
-from ledger.web.console import NeedsFilter
-from review import selectors as review_selectors
-from review.selectors import attention_now, provider_activity
+from ledger.web.console.operations import NeedsFilter
+from review.console import selectors as review_selectors
+from review.console.selectors import attention_now, provider_activity
 from tests.conftest import on_postgres
 from tests.console.support import client_for, drop_indexes_until_rollback, generic_plan, seq_scan_free_plan
 
@@ -87,7 +87,7 @@ def seed(tenant: Tenant, provider: Provider, start: int, count: int) -> None:
 
 def console_pages() -> list[str]:
     pages = ["/admin/"]
-    # ModelAdmins and the history tables' pages (review.history_pages).
+    # ModelAdmins and the history tables' pages (review.console.history_pages).
     for model in [*admin.site._registry, *admin.site._history_pages]:
         pages.append(reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist"))
     ops = reverse("admin:ledger_operation_changelist")
@@ -125,7 +125,7 @@ def test_no_console_list_or_the_dashboard_runs_more_queries_for_more_rows(tenant
     for url in few:
         n = queries(client, url)
         # One more at most, once: a list longer than a page is counted; a shorter one is read
-        # without a count (review.listing.ConsoleChangeList). A query per row adds dozens.
+        # without a count (review.console.listing.ConsoleChangeList). A query per row adds dozens.
         if n > few[url] + 1 or n > MAX_QUERIES:
             grown[url] = (few[url], n)
     assert not grown, f"pages whose queries grew with the rows (few rows, 10× rows): {grown}"
@@ -220,7 +220,7 @@ def test_dashboard_activity_of_a_finished_hour_is_read_from_the_ledger_once_what
 @pytest.mark.parametrize(
     ("minutes", "settled"),
     # The chart's 24 hours are the current one and the 23 before; the hour just over settles
-    # two minutes after it ends (review.selectors.ACTIVITY_SETTLE) and is read live until then.
+    # two minutes after it ends (review.console.selectors.ACTIVITY_SETTLE) and is read live until then.
     [(30, 23), (1, 22)],
 )
 def test_the_rollup_schedule_reads_the_finished_hours_so_no_view_does(
@@ -325,8 +325,8 @@ def test_the_rollup_stores_every_count_of_an_hour_however_many_providers_and_hou
     # cut at a row cap would lose counts for ever: here 46 providers x 2 states x 22 settled
     # hours x 11 tenants = 22,264 (tenant, provider, state, hour) counts, past the live
     # chart's cap of 20,000, one operation each.
+    from review.console.selectors import activity_rollup
     from review.models import ActivityHour
-    from review.selectors import activity_rollup
 
     tenants = [tenant] + Tenant.objects.bulk_create([Tenant(slug=f"t-{i}") for i in range(10)])
     providers = Provider.objects.bulk_create(

@@ -23,7 +23,7 @@ from ledger.platform import logs
 from ledger.platform.errors import DomainError
 from ledger.protocol import services
 from review.models import RetentionPolicy
-from review.retention import retention_purge
+from review.retention.purge import retention_purge
 from tests.console.support import (
     MARKERS,
     advisory_provider,

@@ -111,7 +111,7 @@ def export_csv(client: Client, w: World) -> bool:
 
 
 def read_access_log(client: Client, w: World) -> bool:
-    from review import privacy
+    from review.privacy import payloads as privacy
 
     privacy.accesslog_append(
         tenant_id=w.failed.tenant_id, action="reveal", actor="user:someone", object_type="x", reason="seeded row here"

@@ -17,9 +17,9 @@ from django.db import connection
 from dlq.models import FailedEvent
 from ledger.models import Operation, bytes_to_sealed
 from ledger.platform import crypto
-from review import privacy
-from review.keys import encryption_rotate
 from review.models import AccessLog, SubjectIndex
+from review.privacy import payloads as privacy
+from review.privacy.keys import encryption_rotate
 from tests.console.support import (
     MARKERS,
     client_for,
@@ -197,7 +197,7 @@ def test_access_log_rows_cannot_be_added_changed_or_deleted_in_the_console_even_
     root.post(f"/admin/review/accesslog/{entry.pk}/change/", {"reason": "edited"})
     assert AccessLog.objects.get().reason == "reason long"
     assert root.get("/admin/ledger/operation/add/").status_code == 403
-    # Attempts and events have console pages without any add page (review.history_pages).
+    # Attempts and events have console pages without any add page (review.console.history_pages).
     for url in ("/admin/ledger/attempt/add/", "/admin/ledger/operationevent/add/"):
         assert root.get(url).status_code == 404, url
 

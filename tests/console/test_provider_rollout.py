@@ -5,7 +5,7 @@ and a reviewer, who may look, moving nothing."""
 
 from __future__ import annotations
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import AdapterRevision, ConfigChange, Operation, Provider
 from tests.console.support import client_for, enforced_provider, page, staff, submit_form
 

@@ -18,9 +18,10 @@ from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, T
 from ledger.platform import crypto
 from ledger.platform.errors import KeyReusedWithDifferentRequest
 from ledger.protocol import services
-from review import privacy
 from review.models import AccessLog, RetentionPolicy, RetentionRun, SubjectIndex
-from review.retention import PurgeBudget, TenantPurge, _keyset_batches, retention_purge, retention_purge_tenant
+from review.privacy import payloads as privacy
+from review.retention.batches import PurgeBudget, TenantPurge, _keyset_batches
+from review.retention.purge import retention_purge, retention_purge_tenant
 from tests.console.support import MARKERS, client_for, enforced_provider, example, failed_op, page, staff, succeeded_op
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -76,7 +77,7 @@ def test_one_run_redacts_past_payload_ttl_deletes_past_record_ttl_and_writes_its
     )
     assert not Operation.objects.filter(pk=ancient.pk).exists()
     # The index keeps its links (keyed digest, id) marked gone, so the person's trail can say
-    # "deleted" (review.subjects); searches find living records only.
+    # "deleted" (review.privacy.subjects); searches find living records only.
     links = SubjectIndex.objects.filter(record_type="operations", record_id=ancient.pk)
     assert links.exists() and not links.filter(gone_at__isnull=True).exists()
     # Open operations are never touched, however old.
@@ -287,7 +288,7 @@ def test_a_stale_pending_entry_that_cannot_be_discarded_is_passed_over_not_retri
         tried.append(event_pk)
         raise FailedEventBusy("being replayed")
 
-    monkeypatch.setattr("review.retention.failed_event_discard", busy)
+    monkeypatch.setattr("review.retention.purge.failed_event_discard", busy)
 
     run = retention_purge_tenant(tenant_id=tenant.pk, batch_size=2, max_batches=20)
 

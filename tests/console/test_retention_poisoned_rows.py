@@ -13,8 +13,8 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from ledger.models import Operation, Tombstone
-from review import retention
 from review.models import RetentionPolicy
+from review.retention import purge as retention
 from tests.console.support import enforced_provider, succeeded_op
 
 pytestmark = pytest.mark.django_db(transaction=True)

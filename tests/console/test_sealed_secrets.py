@@ -25,8 +25,8 @@ from ledger.models import ConfigChange, Tenant
 from ledger.platform import crypto
 from ledger.protocol.callbacks import callback_signing_secrets, tenant_callback_secret
 from ledger.providers.credentials import url_masked
-from review.keys import encryption_rotate
-from review.roles import ROLES
+from review.privacy.keys import encryption_rotate
+from review.staff.roles import ROLES
 from tests.console.support import client_for, page, staff, submit_form
 from tests.dlq.sinks import Sink
 

@@ -15,7 +15,7 @@ from dlq.models import FailedEvent
 from ledger.models import Operation
 from ledger.protocol import services
 from ledger.protocol.selectors import operation_search
-from review import privacy
+from review.privacy import payloads as privacy
 from tests.conftest import on_postgres
 from tests.console.support import enforced_provider, example, seq_scan_free_plan
 

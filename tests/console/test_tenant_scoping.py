@@ -19,6 +19,7 @@ from dlq.targets import services as dlq_targets
 from ledger.models import (
     AdmissionRefusalCount,
     Attempt,
+    FenceHold,
     Operation,
     OperationEvent,
     OperationOutput,
@@ -28,10 +29,10 @@ from ledger.models import (
 )
 from ledger.protocol import services
 from ledger.providers import prompts
-from review import privacy
-from review.accesslog import accesslog_checkpoint
+from review.audit.accesslog import accesslog_checkpoint
 from review.models import ErasureRun, RetentionPolicy, RetentionRun, StaffTenant
-from review.tenancy import object_tenant_id, tenant_path
+from review.privacy import payloads as privacy
+from review.staff.tenancy import object_tenant_id, tenant_path
 from tests.console.support import (
     advisory_provider,
     client_for,
@@ -121,6 +122,10 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
         deleted_at=now,
         keep_until=now + timedelta(days=1),
     )
+    # A key a restored database forgot (ADR 0012): a hold of its own.
+    FenceHold.objects.create(
+        tenant=tenant, key=f"held-{tag}", provider_id=crm.pk, journaled_state="succeeded", epoch=1, found_at=now
+    )
     member = User.objects.create_user(f"member-{tag}", is_staff=True)
     StaffTenant.objects.create(user=member, tenant=tenant)
     return {"review": review, "failed": failed, "event": event}
@@ -141,7 +146,7 @@ def two_tenants(tenant: Tenant, other_tenant: Tenant) -> tuple[Tenant, Tenant, d
 
 def _scoped_models() -> list[type]:
     """Every model with console pages and a tenant: ModelAdmins and the history tables' pages
-    (review.history_pages: attempts and events, keyed (id, <time>))."""
+    (review.console.history_pages: attempts and events, keyed (id, <time>))."""
     models = [*admin.site._registry, *admin.site._history_pages]
     return sorted((m for m in models if tenant_path(m) is not None), key=lambda m: m._meta.label_lower)
 

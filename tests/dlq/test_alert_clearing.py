@@ -197,7 +197,7 @@ def test_a_retention_discard_notice_resolves_once_the_discard_is_done_and_a_new_
     event_pk = client.post("/api/v1/dlq/events", LEAD, format="json").json()["id"]
 
     def discarding() -> None:
-        # As review.retention raises it, in the discard's transaction.
+        # As review.retention.purge raises it, in the discard's transaction.
         alert_raise(tenant_id=tenant.pk, kind="retention_discarded", ref="lead-77", summary="discarded")
 
     discarding()

@@ -1,4 +1,4 @@
-"""An erasure reaches n8n (review.erasure_n8n): the executions Onceguard knows carried the
+"""An erasure reaches n8n (review.privacy.erasure_n8n): the executions Onceguard knows carried the
 person's data — their DLQ entry's execution and the one it retried, their operation's — are
 deleted through the tenant's n8n connection (a real loopback server standing in for n8n's
 public API; the real n8n answers the same in tests/n8n/test_erasure_n8n.py), each deletion an
@@ -20,10 +20,10 @@ from dlq.n8n.api import Deleted, Deletion
 from dlq.tasks import n8n_payload_fetch_task
 from ledger.models import Provider, Tenant
 from ledger.protocol import services as ledger_services
-from review import erasure, erasure_n8n
-from review.accesslog import accesslog_verify
+from review.audit.accesslog import accesslog_verify
 from review.models import AccessAction, AccessLog, ErasureRun, ErasureState
-from review.subjects import erasure_summary, subject_resolve
+from review.privacy import erasure, erasure_n8n
+from review.privacy.subjects import erasure_summary, subject_resolve
 from tests.console.support import client_for, staff
 from tests.dlq.conftest import EXAMPLES, example_bytes, post_raw
 from tests.dlq.n8n_api import FakeN8nApi

@@ -13,7 +13,7 @@ from dlq.replays import services as dlq_replays
 from dlq.targets import services as dlq_targets
 from ledger.models import Operation
 from ledger.protocol.transitions.claim import guarded_move
-from review.services import review_decision_record
+from review.decisions.services import review_decision_record
 from tests.dlq.conftest import example, example_bytes, post_raw
 
 pytestmark = pytest.mark.django_db

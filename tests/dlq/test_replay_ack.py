@@ -18,7 +18,7 @@ from dlq.models import FailedEvent, Replay, ReplayTarget
 from dlq.targets import services as dlq_targets
 from ledger.models import Operation
 from ledger.platform.errors import ValidationFailed
-from review.services import review_decision_record
+from review.decisions.services import review_decision_record
 
 pytestmark = pytest.mark.django_db
 

@@ -328,8 +328,9 @@ def test_a_target_added_in_the_console_shows_its_secret_once_and_keeps_the_crede
 def test_the_target_list_warns_about_targets_whose_class_or_acknowledgement_nobody_confirmed(
     tenant, sink, admin_client
 ):
-    # The console puts its own mixins in front of every page (review.console.OnceguardAdminSite):
-    # the warnings are said by the list page itself, above the rows.
+    # The console puts its own mixins in front of every page
+    # (review.console.site.OnceguardAdminSite): the warnings are said by the list page itself,
+    # above the rows.
     dlq_targets.replay_target_upsert(tenant=tenant, slug="legacy", url=sink.url)
     listed = admin_client.get(reverse("admin:dlq_replaytarget_changelist"))
     text = listed.content.decode()

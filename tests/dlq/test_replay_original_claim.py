@@ -22,7 +22,7 @@ from ledger.platform.errors import DomainError
 from ledger.protocol import services as ledger_services
 from ledger.protocol import transitions as ledger_transitions
 from ledger.protocol.transitions.claim import guarded_move
-from review.services import review_decision_record
+from review.decisions.services import review_decision_record
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,8 @@ from ledger.platform import caching
 from ledger.protocol import selectors
 from ledger.protocol import services as ledger_services
 from ledger.protocol.transitions.claim import guarded_move
+from review.decisions.services import review_decision_record
 from review.models import ReviewDecision
-from review.services import review_decision_record
 from tests.execute.conftest import configure_provider
 from tests.execute.support import run_due
 from tests.support.fixtures import *  # noqa: F403

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import IdempotencyClass, Operation, OperationStatus
 from ledger.protocol import services
 from tests.execute.conftest import configure_provider

@@ -202,3 +202,56 @@ class RenderApi:
 
     def stop(self) -> None:
         self.server.stop()
+
+
+class CountingProvider:
+    """A provider that holds each request ``hold`` seconds, counting how many it holds at once
+    (the most ever, too) and when each arrived; answers the scripted statuses in order, then 200."""
+
+    def __init__(self, *, hold: float = 0.0) -> None:
+        self.hold = hold
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.arrivals: list[float] = []
+        self.script: list[tuple[int, dict[str, str]]] = []
+        provider = self
+
+        class Handler(QuietHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with provider.lock:
+                    provider.arrivals.append(time.monotonic())
+                    provider.now += 1
+                    provider.most = max(provider.most, provider.now)
+                    status, headers = provider.script.pop(0) if provider.script else (200, {})
+                try:
+                    if provider.hold:
+                        server.release.wait(provider.hold)
+                    key = self.headers.get("Idempotency-Key", "")
+                    self.answer(
+                        status, json.dumps({"id": f"ch_{key}", "status": "succeeded"}).encode(), headers=headers
+                    )
+                finally:
+                    with provider.lock:
+                        provider.now -= 1
+
+        server = LoopbackServer(Handler)
+        self.server = server.start()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def most_in_window(self, seconds: float) -> int:
+        """The most arrivals within any window of ``seconds``."""
+        times = sorted(self.arrivals)
+        most, first = 0, 0
+        for last, at in enumerate(times):
+            while at - times[first] >= seconds:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
+
+    def stop(self) -> None:
+        self.server.stop()

@@ -10,7 +10,7 @@ from django.db import connection
 
 from dlq.models import FailedEvent, FailedEventChange
 from dlq.web.serializers import failed_event_representation
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import AdapterRevision, Attempt, ConfigChange, Operation, OperationEvent, OperationStatus, Provider
 from ledger.platform import hooks
 from ledger.platform.errors import AdapterRolloutConflict, ValidationFailed

@@ -9,7 +9,8 @@ import httpx
 import pytest
 from django.db import connection
 
-from ledger.execution.attempts import operation_submit, operations_take
+from ledger.execution.attempts import operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import AdmissionRefusalCount, Operation, OperationStatus, Tenant
 from ledger.protocol import selectors
 from ledger.recovery.sweeper import sweep

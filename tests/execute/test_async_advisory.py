@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import IdempotencyClass, Operation, OperationStatus
 from ledger.protocol.services import provider_upsert
 from ledger.recovery.sweeper import sweep

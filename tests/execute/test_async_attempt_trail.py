@@ -13,7 +13,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from ledger.execution import uploads
-from ledger.execution.attempts import operation_submit, operations_take
+from ledger.execution.attempts import operations_take
+from ledger.execution.submission import operation_submit
 from ledger.management.commands import bootstrap_demo as demo
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationOutput, OperationStatus, Provider, Upload
 from ledger.protocol.services import provider_upsert

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, Operation, OperationEvent, OperationOutput, OperationStatus
 from ledger.protocol.services import provider_upsert
 from ledger.recovery.sweeper import sweep

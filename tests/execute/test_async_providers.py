@@ -22,7 +22,8 @@ from rest_framework.test import APIClient
 from alerts.models import Alert
 from dlq.models import FailedEvent
 from dlq.replays.services import failed_event_replay
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import (
     ASYNC_ADAPTER_FIELDS,
     Attempt,

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from ledger.execution.attempts import operation_submit, operations_take
+from ledger.execution.attempts import operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationOutput, OperationStatus, Provider, ProviderRate
 from ledger.protocol.services import provider_upsert
 from ledger.store import sql

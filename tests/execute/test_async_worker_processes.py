@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationOutput, OperationStatus
 from ledger.protocol.services import provider_upsert
 from ledger.recovery.sweeper import sweep

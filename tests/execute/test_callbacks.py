@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationStatus, Tenant
 from ledger.platform.errors import DestinationNotAllowed, ValidationFailed
 from ledger.protocol.callbacks import callback_url_allowed

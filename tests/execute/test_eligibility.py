@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationEvent, OperationStatus, Provider, Tenant
 from ledger.protocol import callbacks
 from ledger.protocol.services import tenant_update

@@ -10,7 +10,8 @@ import pytest
 from django.db import connection
 
 from dlq.models import FailedEvent
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationStatus, Provider
 from ledger.platform import hooks
 from ledger.platform.crypto import open_json

@@ -15,7 +15,7 @@ from django.db import OperationalError
 from dlq.models import FailedEvent, ReplayOutcome
 from dlq.replays.services import failed_event_replay
 from ledger.execution import translation, uploads
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, ErrorClass, Operation, OperationStatus, Provider, Tenant
 from ledger.platform.crypto import open_json
 from ledger.platform.errors import DomainError

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.db import connection
 
-from ledger.execution.attempts import operation_submit, operations_take
+from ledger.execution.attempts import operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Tenant
 from ledger.protocol import selectors
 from ledger.store import sql

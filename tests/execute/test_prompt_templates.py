@@ -12,13 +12,16 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from dlq.models import FailedEvent, ReplayOutcome
+from dlq.replays.services import failed_event_replay
 from ledger.models import Attempt, ConfigChange, Operation, OperationStatus, PromptTemplate, Provider, Tenant
+from ledger.platform.crypto import open_json
 from ledger.protocol.services import provider_upsert
 from ledger.providers import prompts
 from ledger.providers.prompts import FENCE_CLOSE, FENCE_OPEN, PromptTemplateInvalid
 from ledger.rules.intents import RequestTemplateInvalid
 from tests.execute.conftest import configure_provider
-from tests.execute.support import RenderApi, run_due
+from tests.execute.support import RenderApi, make_due, run_due, unthrottle
 
 S = OperationStatus
 
@@ -318,3 +321,138 @@ def test_the_console_adds_versions_through_the_service_and_refuses_an_expression
     assert listing.status_code == 200 and "description ≤ 300" in listing.content.decode()
     page = admin_client.get(f"/admin/ledger/prompttemplate/{PromptTemplate.objects.first().pk}/change/")
     assert page.status_code == 200 and 'name="text"' not in page.content.decode()  # read-only
+
+
+# --- Pinned at acceptance (ADR 0009) ---------------------------------------------------------------
+
+
+def test_a_retry_after_a_new_version_is_published_renders_the_version_the_job_was_accepted_with(
+    api, tenant, renders, render_api
+):
+    assert submit(api, "a blue vase", key="shot-1:v1").status_code == 202
+    op = Operation.objects.get(key="shot-1:v1")
+    # The job is pinned when it is accepted, before any attempt: the newest version then.
+    assert open_json(op.request)["prompts"] == {"product-shot": 1}
+    render_api.statuses = [503]  # transient, and nothing was done: a retry
+    assert [r.status for r in run_due()] == [S.RETRY_WAIT]
+    unthrottle(renders.pk)
+    prompts.prompt_template_create(
+        tenant=tenant, name="product-shot", text=PROMPT.replace("shop", "catalogue"), slots=SLOTS, actor="user:bob"
+    )
+    make_due(op.pk)
+    assert [r.status for r in run_due()] == [S.SUCCEEDED]
+    assert len(render_api.received) == 2
+    first, retry = (r["body"]["prompt"] for r in render_api.received)
+    assert retry == first and "shop" in retry and "catalogue" not in retry
+    assert [str(a.prompt_template) for a in Attempt.objects.filter(operation=op).order_by("number")] == [
+        "product-shot@1",
+        "product-shot@1",
+    ]
+    # A job accepted now is pinned to the new version; the same submission retried is the
+    # same request (the pin is outside the fingerprint) and answers the first job.
+    assert submit(api, "a green vase", key="shot-2:v1").status_code == 202
+    assert open_json(Operation.objects.get(key="shot-2:v1").request)["prompts"] == {"product-shot": 2}
+    again = submit(api, "a blue vase", key="shot-1:v1")
+    assert again.status_code == 200, again.json()
+    assert Operation.objects.filter(key="shot-1:v1").count() == 1
+    # Even an adapter revision that names another version explicitly does not move a job
+    # accepted before it: it renders what it was accepted with.
+    render_api.statuses = [503]
+    assert [r.status for r in run_due()] == [S.RETRY_WAIT]
+    unthrottle(renders.pk)
+    provider_upsert(
+        tenant=tenant, slug="renders", request_template={**TEMPLATE, "body": {"prompt": "{{ prompt:product-shot@1 }}"}}
+    )
+    make_due(Operation.objects.get(key="shot-2:v1").pk)
+    assert [r.status for r in run_due()] == [S.SUCCEEDED]
+    assert "catalogue" in render_api.received[-1]["body"]["prompt"]
+
+
+def test_a_job_stored_before_pins_renders_the_newest_version_as_before(api, tenant, renders, render_api):
+    assert submit(api, "a blue vase", key="old:v1").status_code == 202
+    op = Operation.objects.get(key="old:v1")
+    # A row accepted before this change stored the intent alone.
+    stored = open_json(op.request)
+    Operation.objects.filter(pk=op.pk).update(request={"intent": stored["intent"]})
+    prompts.prompt_template_create(
+        tenant=tenant, name="product-shot", text=PROMPT.replace("shop", "catalogue"), slots=SLOTS, actor="user:bob"
+    )
+    assert [r.status for r in run_due()] == [S.SUCCEEDED]
+    assert "catalogue" in render_api.received[0]["body"]["prompt"]
+
+
+def test_the_console_shows_the_version_a_job_is_pinned_to_and_compares_two_versions(
+    api, tenant, renders, prompt, admin_client
+):
+    assert submit(api, "a blue vase", key="shot-1:v1").status_code == 202
+    v2 = prompts.prompt_template_create(
+        tenant=tenant,
+        name="product-shot",
+        text=PROMPT.replace("for a shop", "for a catalogue"),
+        slots={**SLOTS, "style": {"max_length": 60}},
+        actor="user:bob",
+    )
+    op = Operation.objects.get(key="shot-1:v1")
+    page = admin_client.get(f"/admin/ledger/operation/{op.pk}/change/").content.decode()
+    assert "Prompt templates pinned at acceptance" in page
+    assert f'href="/admin/ledger/prompttemplate/{prompt.pk}/change/">product-shot@1</a>' in page
+
+    # The list links each version to the one before; the comparison is a diff of text and slots.
+    listing = admin_client.get("/admin/ledger/prompttemplate/").content.decode()
+    assert f"/admin/ledger/prompttemplate/{v2.pk}/compare/" in listing
+    answer = admin_client.get(f"/admin/ledger/prompttemplate/{v2.pk}/compare/")
+    assert answer.status_code == 200
+    diff = answer.content.decode()
+    assert '<span class="og-diff-removed">-You photograph products for a shop.' in diff
+    assert '<span class="og-diff-added">+You photograph products for a catalogue.' in diff
+    assert '<span class="og-diff-added">+    &quot;max_length&quot;: 60' in diff
+    # Either way round, oldest first; a version that is not there is a 400 that says so.
+    assert admin_client.get(f"/admin/ledger/prompttemplate/{prompt.pk}/compare/?with=2").content.decode().count(
+        "og-diff-added"
+    ) == diff.count("og-diff-added")
+    for wrong in ("9", "x", "1" * 40):
+        refused = admin_client.get(f"/admin/ledger/prompttemplate/{v2.pk}/compare/", {"with": wrong})
+        assert refused.status_code == 400 and "has no version" in refused.content.decode()
+    only = admin_client.get(f"/admin/ledger/prompttemplate/{prompt.pk}/compare/")
+    assert only.status_code == 200  # the first version: nothing before it, its page says so
+
+
+def test_a_dlq_replay_and_a_correction_render_the_version_the_failed_job_was_accepted_with(
+    api, tenant, renders, render_api
+):
+    render_api.statuses = [400]  # the provider refuses: failed, in the DLQ
+    assert submit(api, "a blue vase", key="photo-1:render:v1").status_code == 202
+    run_due()
+    entry = FailedEvent.objects.get(operation__key="photo-1:render:v1")
+    prompts.prompt_template_create(
+        tenant=tenant, name="product-shot", text=PROMPT.replace("shop", "catalogue"), slots=SLOTS, actor="user:bob"
+    )
+
+    replay = failed_event_replay(tenant_id=tenant.pk, event_pk=entry.pk, actor="user:alice", to_provider=True)
+    assert replay.outcome == ReplayOutcome.SUCCEEDED, replay.error_message
+    assert "shop" in render_api.received[-1]["body"]["prompt"]
+    assert "catalogue" not in render_api.received[-1]["body"]["prompt"]
+
+
+def test_a_correction_keeps_the_prompt_version_of_the_job_it_corrects(api, tenant, renders, render_api):
+    render_api.statuses = [400]
+    assert submit(api, "a blue vase", key="photo-2:render:v1").status_code == 202
+    run_due()
+    entry = FailedEvent.objects.get(operation__key="photo-2:render:v1")
+    prompts.prompt_template_create(
+        tenant=tenant, name="product-shot", text=PROMPT.replace("shop", "catalogue"), slots=SLOTS, actor="user:bob"
+    )
+    corrected = api.post(
+        f"/api/v1/dlq/events/{entry.pk}/correct",
+        {"fields": {"intent.description": "a red vase"}, "note": "the colour was wrong"},
+        format="json",
+    )
+    assert corrected.status_code in (200, 201, 202), corrected.json()
+    new = Operation.objects.get(key="photo-2:render:v2")
+    assert open_json(new.request) == {
+        "intent": {"style": "studio", "description": "a red vase"},
+        "prompts": {"product-shot": 1},
+    }
+    assert [r.status for r in run_due()] == [S.SUCCEEDED]
+    sent = render_api.received[-1]["body"]["prompt"]
+    assert "a red vase" in sent and "shop" in sent and "catalogue" not in sent

@@ -8,20 +8,19 @@ margins, and the bucket's clock is moved in the database instead of sleeping."""
 
 from __future__ import annotations
 
-import json
-import threading
-import time
 from typing import Any
 
 import pytest
 from django.db import connection
 
-from ledger.execution.attempts import operation_submit, operations_take
+from ledger.execution.attempts import operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, IdempotencyClass, Operation, OperationEvent, OperationStatus, ProviderRate
 from ledger.protocol.services import provider_upsert
 from ledger.store import sql
 from tests.console.support import client_for, page, staff
 from tests.execute.support import (
+    CountingProvider,
     child_env,
     run_due,
     start_worker,
@@ -31,62 +30,8 @@ from tests.execute.support import (
     wait_until,
     worker_output,
 )
-from tests.support.loopback import LoopbackServer, QuietHandler
 
 S = OperationStatus
-
-
-class CountingProvider:
-    """A provider that holds each request ``hold`` seconds, counting how many it holds at once
-    (the most ever, too) and when each arrived; answers the scripted statuses in order, then 200."""
-
-    def __init__(self, *, hold: float = 0.0) -> None:
-        self.hold = hold
-        self.lock = threading.Lock()
-        self.now = 0
-        self.most = 0
-        self.arrivals: list[float] = []
-        self.script: list[tuple[int, dict[str, str]]] = []
-        provider = self
-
-        class Handler(QuietHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with provider.lock:
-                    provider.arrivals.append(time.monotonic())
-                    provider.now += 1
-                    provider.most = max(provider.most, provider.now)
-                    status, headers = provider.script.pop(0) if provider.script else (200, {})
-                try:
-                    if provider.hold:
-                        server.release.wait(provider.hold)
-                    key = self.headers.get("Idempotency-Key", "")
-                    self.answer(
-                        status, json.dumps({"id": f"ch_{key}", "status": "succeeded"}).encode(), headers=headers
-                    )
-                finally:
-                    with provider.lock:
-                        provider.now -= 1
-
-        server = LoopbackServer(Handler)
-        self.server = server.start()
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def most_in_window(self, seconds: float) -> int:
-        """The most arrivals within any window of ``seconds``."""
-        times = sorted(self.arrivals)
-        most, first = 0, 0
-        for last, at in enumerate(times):
-            while at - times[first] >= seconds:
-                first += 1
-            most = max(most, last - first + 1)
-        return most
-
-    def stop(self) -> None:
-        self.server.stop()
 
 
 @pytest.fixture
@@ -277,6 +222,12 @@ def test_the_provider_api_and_console_page_show_the_caps_and_the_effective_rate(
         "effective_rate": 60.0,
         "rate_lowered": True,
         "rate_lowered_at": None,
+        # The in-flight limit, not lowered (tests/execute/test_provider_concurrency.py).
+        "effective_max_in_flight": 3,
+        "in_flight_lowered": False,
+        "in_flight_lowered_reason": None,
+        "in_flight_limit_since": None,
+        "in_flight_recovery_seconds": 30.0,
     }
     assert body["caps"]["rate_lowered_at"]
     assert make_client(tenant, ["read"]).get("/api/v1/providers/nope").status_code == 404

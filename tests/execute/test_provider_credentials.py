@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from django.test import Client
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import ErrorClass, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
 from ledger.platform.errors import DestinationNotAllowed, ValidationFailed
 from ledger.protocol import services

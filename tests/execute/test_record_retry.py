@@ -17,7 +17,8 @@ from django.db import OperationalError, transaction
 
 from dlq.models import FailedEvent
 from ledger.execution import attempts as execute
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, AttemptOutcome, Operation, OperationStatus
 from ledger.protocol import transitions
 from ledger.providers import adapters

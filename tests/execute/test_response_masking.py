@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationStatus, Tenant
 from ledger.platform.masking import mask_json
 from tests.execute.support import CallbackReceiver, run_due

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, AttemptOutcome, OperationStatus
 from ledger.providers import adapters
 from tests.execute.support import child_env, start_worker, stop_process, wait_until

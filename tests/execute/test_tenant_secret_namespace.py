@@ -19,7 +19,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import ConfigChange, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol import services

@@ -21,8 +21,8 @@ from ledger.models import ErrorClass, Operation, OperationStatus, Provider, Tena
 from ledger.protocol.services import provider_upsert
 from ledger.store import sql
 from review.models import RecordType
-from review.retention import retention_purge_tenant
-from review.services import retention_policy_save
+from review.retention.policies import retention_policy_save
+from review.retention.purge import retention_purge_tenant
 from tests.execute.conftest import configure_provider
 from tests.execute.support import RenderApi, make_due, run_due, unthrottle, wait_until
 from tests.execute.test_intents import INTENT, SCHEMA, TEMPLATE, submit, upload_of
@@ -172,7 +172,7 @@ def test_an_erasure_deletes_the_upload_anyway_and_the_job_fails_invalid_input_sa
 ):
     source = upload_of(tenant, image_bytes(7, 7))
     assert submit(api, _naming(source)).status_code == 202
-    # What an erasure calls for the uploads a person's jobs named (review.erasure).
+    # What an erasure calls for the uploads a person's jobs named (review.privacy.erasure).
     assert uploads.uploads_delete_named(tenant_id=tenant.pk, keys={source.key}) == 1
 
     run_due()

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, Operation, OperationStatus
 from ledger.platform.errors import DomainError
 from ledger.protocol.services import provider_resume, provider_upsert

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import AdapterRevision, ConfigChange, IdempotencyClass, Operation
 from ledger.protocol import services
 from tests.ledger.support import assert_problem

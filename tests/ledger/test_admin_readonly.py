@@ -11,13 +11,13 @@ from django.urls import reverse
 
 from ledger.models import Attempt, Operation, OperationEvent
 from ledger.protocol import services
-from ledger.web.console import ReadOnlyPermissions
+from ledger.web.console_base import ReadOnlyPermissions
 from tests.ledger.support import ledger_counts, row
 
 pytestmark = pytest.mark.django_db
 
 MODELS = {"operation": Operation, "attempt": Attempt, "operationevent": OperationEvent}
-# Keyed (id, <time>): console pages of their own (review.history_pages), not ModelAdmins.
+# Keyed (id, <time>): console pages of their own (review.console.history_pages), not ModelAdmins.
 HISTORY = ("attempt", "operationevent")
 
 
@@ -84,7 +84,7 @@ def test_superuser_gets_403_on_add(admin_client, ops):
 
 @pytest.mark.parametrize("name", HISTORY)
 def test_history_tables_have_no_add_page_at_all(admin_client, ops, name):
-    # Their console pages (review.history_pages) have a list, a detail page and an export only.
+    # Their console pages (review.console.history_pages) have a list, a detail page and an export only.
     before = ledger_counts()
 
     assert admin_client.get(f"/admin/ledger/{name}/add/").status_code == 404

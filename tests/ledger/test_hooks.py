@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, transaction
 
 import alerts.services
-import review.privacy
+import review.privacy.payloads
 from alerts.models import Alert
 from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent
@@ -83,7 +83,7 @@ def test_connected_and_replaced_put_the_receivers_back(example):
 def test_every_app_connects_its_receivers_when_django_starts():
     assert dlq_ingest.failed_event_record_for_operation in hooks.operation_failed.receivers
     assert dlq_replays.replay_settle_for_operation in hooks.operation_finished.receivers
-    assert review.privacy.subject_index_record in hooks.payload_written.receivers
+    assert review.privacy.payloads.subject_index_record in hooks.payload_written.receivers
     assert alerts.services.alert_raise in hooks.alert_raised.receivers
 
 

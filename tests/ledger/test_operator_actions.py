@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import ErrorClass, Operation, OperationMode, OperationStatus, Provider, Tenant
 from ledger.platform.errors import OperationNotCancellable, OperationNotFound, ValidationFailed
 from ledger.protocol import services

@@ -17,15 +17,16 @@ import pytest
 
 from dlq.models import FailedEvent
 from ledger.execution import outputs
-from ledger.execution.attempts import operation_submit, operations_take
+from ledger.execution.attempts import operations_take
 from ledger.execution.outputs import InvalidOutput, OutputExpectation, OutputUnavailable, output_fetch_publish
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, ErrorClass, IdempotencyClass, Operation, OperationOutput, OperationStatus
 from ledger.platform.errors import LeaseLost
 from ledger.protocol.services import operation_complete, provider_upsert
 from ledger.providers import adapters
 from review.models import RecordType
-from review.retention import retention_purge_tenant
-from review.services import retention_policy_save
+from review.retention.policies import retention_policy_save
+from review.retention.purge import retention_purge_tenant
 from tests.support.clocks import TickingClock
 from tests.support.fixtures import *  # noqa: F403 - the loopback providers (mock_images)
 from tests.support.listener import Listener

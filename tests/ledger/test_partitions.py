@@ -15,7 +15,7 @@ from ledger.platform import partitions
 from ledger.protocol import services
 from ledger.store import sql
 from review.models import RetentionPolicy
-from review.retention import retention_purge
+from review.retention.purge import retention_purge
 from tests.conftest import on_postgres
 
 pytestmark = pytest.mark.skipif(not on_postgres(), reason="declarative partitioning is PostgreSQL's")

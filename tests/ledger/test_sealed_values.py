@@ -242,7 +242,7 @@ def test_null_stays_null_in_the_migrations_sql() -> None:
 
 @pytest.mark.django_db
 def test_key_rotation_reseals_every_kind_of_row(tenant: Any, provider: Any, monkeypatch: Any) -> None:
-    from review.keys import encryption_rotate
+    from review.privacy.keys import encryption_rotate
 
     old = f"old:{Fernet.generate_key().decode()}"
     monkeypatch.setenv(crypto.KEYS_ENV, old)

@@ -64,7 +64,8 @@ from dlq.replays import recovery as dlq_recovery
 from dlq.replays import services as dlq_replays
 from dlq.replays.send import TargetAnswer
 from dlq.targets import services as dlq_targets
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import (
     TERMINAL_STATES,
     Attempt,
@@ -80,7 +81,7 @@ from ledger.protocol.representation import ReplayedOperationOutputSerializer
 from ledger.protocol.transitions import holder as transitions_holder
 from ledger.recovery.sweeper import sweep
 from ledger.store import sql
-from review.services import review_decision_record
+from review.decisions.services import review_decision_record
 from soak import checks
 
 S = OperationStatus

@@ -329,13 +329,10 @@ def test_a_fresh_claim_without_a_payload_is_one_statement_after_its_read_and_a_c
             operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, response_body={}
         )
     assert claim_statements == [statements.text("operation_by_key"), statements.text("operation_claim_pg")]
-    # The completion's atomic block is a savepoint here, BEGIN … COMMIT on its own; in it, the
-    # claim path's planner setting (ledger.store.sql.index_plans: set, and put back when nested).
+    # The completion's atomic block is a savepoint here, BEGIN … COMMIT on its own; in it, its
+    # one statement and no planner setting (docs/adr/0010-claim-path-plans-from-statistics.md).
     completion = [s for s in seen[2:] if "SAVEPOINT" not in s]
-    assert [s for s in completion if not s.startswith("SELECT set_config(")] == [
-        statements.text("operation_complete_pg")
-    ]
-    assert completion[0].startswith("SELECT set_config(") and "'enable_seqscan', 'off'" in completion[0]
+    assert completion == [statements.text("operation_complete_pg")]
 
 
 @pytest.mark.skipif(not on_postgres(), reason="row locks between two connections: PostgreSQL")

@@ -16,8 +16,8 @@ from django.db import connection
 from ledger.execution import objects, uploads
 from ledger.models import Upload
 from review.models import RecordType
-from review.retention import retention_purge_tenant
-from review.services import retention_policy_save
+from review.retention.policies import retention_policy_save
+from review.retention.purge import retention_purge_tenant
 from tests.support.objects import image_bytes, noisy_png, stored_files
 
 URL = "/api/v1/uploads"

@@ -15,9 +15,9 @@ import pytest
 from dlq.n8n import connections as dlq_connections
 from ledger.models import IdempotencyClass, Tenant
 from ledger.protocol import services
-from review import erasure
 from review.models import AccessAction, AccessLog, ErasureState
-from review.subjects import erasure_summary, subject_resolve
+from review.privacy import erasure
+from review.privacy.subjects import erasure_summary, subject_resolve
 from tests.execute.support import wait_until
 from tests.n8n.conftest import TIMINGS
 from tests.n8n.support import N8n

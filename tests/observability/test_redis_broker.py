@@ -34,7 +34,7 @@ from django_q.models import Schedule, Task
 
 from alerts.models import Alert
 from alerts.services import alert_channel_upsert, alert_raise
-from ledger.execution.attempts import operation_submit
+from ledger.execution.submission import operation_submit
 from ledger.models import IdempotencyClass, Operation, OperationStatus
 from ledger.protocol import services
 from ledger.protocol.callbacks import tenant_callback_secret

@@ -14,9 +14,9 @@ import pytest
 from ledger.execution import objects, uploads
 from ledger.models import Operation, OperationOutput, Provider, Tenant, Upload
 from ledger.protocol import services
-from review import erasure
 from review.models import AccessLog
-from review.subjects import erasure_summary, subject_resolve
+from review.privacy import erasure
+from review.privacy.subjects import erasure_summary, subject_resolve
 from tests.console.support import client_for, enforced_provider, page, staff
 from tests.support.objects import image_bytes, stored_files
 

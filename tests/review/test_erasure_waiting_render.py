@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationEvent, OperationOutput, OperationStatus
 from ledger.protocol.services import provider_upsert
 from ledger.providers import adapters
-from review import erasure
-from review.subjects import subject_resolve
+from review.privacy import erasure
+from review.privacy.subjects import subject_resolve
 from tests.execute.support import make_due, run_due
 from tests.execute.test_async_providers import ASK, render_fields
 from tests.support.fixtures import *  # noqa: F403 - the loopback providers (mock_images)

@@ -23,11 +23,11 @@ from ledger.models import Operation, Tombstone
 from ledger.platform import crypto
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol import services
-from review import erasure
 from review.models import AccessLog, ErasureRun, ErasureState, RetentionPolicy, SubjectIndex
-from review.retention import retention_purge_tenant
-from review.services import retention_policy_save
-from review.subjects import subject_resolve, subject_trail
+from review.privacy import erasure
+from review.privacy.subjects import subject_resolve, subject_trail
+from review.retention.policies import retention_policy_save
+from review.retention.purge import retention_purge_tenant
 from review.tasks import erasure_run_task
 from tests.console.support import client_for, enforced_provider, staff, succeeded_op
 from tests.console.test_no_payload_in_logs import Capture, captured  # noqa: F401 (the fixture)

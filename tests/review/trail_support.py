@@ -23,9 +23,9 @@ from ledger.execution import objects
 from ledger.models import ErrorClass, Operation, OperationOutput, Tenant, bytes_to_sealed
 from ledger.platform import crypto
 from ledger.protocol import services
-from review import privacy
 from review.models import RetentionPolicy
-from review.retention import retention_purge_tenant
+from review.privacy import payloads as privacy
+from review.retention.purge import retention_purge_tenant
 from tests.console.support import advisory_provider, enforced_provider, example, op_in_review, succeeded_op
 from tests.dlq.sinks import Sink
 

@@ -10,7 +10,8 @@ import httpx
 import pytest
 from django.db.models import F
 
-from ledger.execution.attempts import operation_execute, operation_submit, operations_take
+from ledger.execution.attempts import operation_execute, operations_take
+from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, IdempotencyClass, Operation, OperationStatus, Provider
 from ledger.protocol import services
 from ledger.recovery.sweeper import sweep

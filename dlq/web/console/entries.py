@@ -23,8 +23,13 @@ from ledger.models import Tenant
 from ledger.platform.errors import DomainError
 from ledger.platform.redaction import scrub
 from ledger.web import display
-from ledger.web.console import ReadOnlyInline, SelectorSearchMixin, TenantColumnMixin, TenantInlineFormSet
-from ledger.web.console_base import ConsoleReadOnlyAdmin
+from ledger.web.console_base import (
+    ConsoleReadOnlyAdmin,
+    ReadOnlyInline,
+    SelectorSearchMixin,
+    TenantColumnMixin,
+    TenantInlineFormSet,
+)
 from ledger.web.pagination import CappedCountPaginator
 
 
@@ -86,8 +91,8 @@ class TenantFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         tenants = Tenant.objects.order_by("slug")
-        # The console's admin site scopes every ModelAdmin to the user's tenants (review.tenancy,
-        # a layer above): ask the admin, not the console's module.
+        # The console's admin site scopes every ModelAdmin to the user's tenants
+        # (review.staff.tenancy, a layer above): ask the admin, not the console's module.
         tenant_scope = getattr(model_admin, "tenant_scope", None)
         scope = tenant_scope(request) if tenant_scope is not None else None
         if scope is not None:

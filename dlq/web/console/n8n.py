@@ -14,8 +14,7 @@ from dlq.models import N8nConnection
 from dlq.n8n import connections as dlq_connections
 from ledger.platform.errors import DomainError
 from ledger.web import display
-from ledger.web.console import HTTPS_URL_FORMS, https_url_formfield
-from ledger.web.console_base import ServiceSaveAdmin
+from ledger.web.console_base import HTTPS_URL_FORMS, ServiceSaveAdmin, https_url_formfield
 
 
 class N8nConnectionForm(forms.ModelForm):

@@ -17,8 +17,7 @@ from dlq.models import ReplayAck, ReplayTarget
 from dlq.targets import services as dlq_targets
 from ledger.models import IdempotencyClass
 from ledger.providers.credentials import url_masked
-from ledger.web.console import HTTPS_URL_FORMS, https_url_formfield
-from ledger.web.console_base import ServiceSaveAdmin
+from ledger.web.console_base import HTTPS_URL_FORMS, ServiceSaveAdmin, https_url_formfield
 
 
 class ReplayTargetForm(forms.ModelForm):
@@ -155,8 +154,9 @@ class ReplayTargetAdmin(ServiceSaveAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         # Said by the list page itself: the console's mixin in front of every page
-        # (review.console.ConsoleAdminMixin) answers get_changelist with its own class and never
-        # asks this page's. GET only, so an action's post and its redirect do not say it twice.
+        # (review.console.pages.ConsoleAdminMixin) answers get_changelist with its own class and
+        # never asks this page's. GET only, so an action's post and its redirect do not say it
+        # twice.
         if request.method == "GET":
             self._unconfirmed_warnings(request)
         return super().changelist_view(request, extra_context)

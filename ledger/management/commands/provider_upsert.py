@@ -32,7 +32,8 @@ class Command(BaseCommand):
     help = (
         "Create or update a provider (a receiver of side effects) for a tenant. Rate and concurrency caps"
         " (--max-in-flight, --rate-limit per --rate-period-seconds, --rate-burst) hold across every worker"
-        " process, counted in the database; a 429 halves the effective rate, which climbs back while quiet."
+        " process, counted in the database; a 429 halves the effective rate and in-flight limit, which climb"
+        " back while quiet."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -75,6 +76,11 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--rate-burst", type=int, help="calls that may go at once after a quiet spell (default 1: evenly spaced)"
+        )
+        parser.add_argument(
+            "--concurrency-recovery-seconds",
+            type=int,
+            help="after a 429 halves the in-flight limit, seconds without one per +1 (0 = the deployment's default)",
         )
         parser.add_argument("--unit-price")
         parser.add_argument("--auth-header", help="the header the credential is sent in, e.g. Authorization")
@@ -144,7 +150,7 @@ class Command(BaseCommand):
         ):
             if options.get(name) is not None:
                 fields[name] = options[name]
-        for name in ("max_in_flight", "rate_limit"):
+        for name in ("max_in_flight", "rate_limit", "concurrency_recovery_seconds"):
             if options.get(name) is not None:
                 # 0 lifts the cap (an empty value in the console).
                 fields[name] = options[name] or None

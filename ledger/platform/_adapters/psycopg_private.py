@@ -7,7 +7,7 @@ statement; ``cursor.description`` — the public DB-API way — builds a ``Colum
 column (48 for an operation row) on every call.
 
 Measured with ``python -m bench.private_apis --n 1000 --rounds 5`` against
-``cursor.description`` (the same run as django_private's figures: PostgreSQL on loopback,
+``cursor.description`` (the run of ADR 0004's table: PostgreSQL on loopback,
 this 2-core machine at load average 11–12; medians of the rounds' medians, µs, private /
 public):
 

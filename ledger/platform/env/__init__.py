@@ -4,7 +4,7 @@ meaning — and the one function that reads them (:func:`read`).
 ``config.settings`` builds Django's settings from this table, and calls :func:`validate` first,
 so a bad value stops the start with a message naming the variable and what it accepts,
 instead of a ``ValueError`` deep in a request. The few values read per call rather than once
-at start (the keys of ``ledger.platform.crypto``, ``ledger.rules.key_derivation`` and ``review.accesslog``,
+at start (the keys of ``ledger.platform.crypto``, ``ledger.rules.key_derivation`` and ``review.audit.accesslog``,
 which an operator may rotate and the tests set per test) are read through :func:`read` too.
 ``docs/reference/settings.md`` is generated from this table (``manage.py settings_reference``).
 
@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ledger.platform.env import core, dlq_alerts, execution, observability, security
+from ledger.platform.env import core, dlq_alerts, execution, fencing, observability, security
 from ledger.platform.env.declare import (  # noqa: F401 -- the table's public names, used as env.<name>
     BOOL,
     CHOICE,
@@ -53,6 +53,7 @@ SETTINGS: tuple[Setting, ...] = (
     *core.OBJECT_STORAGE,
     *security.SECURITY,
     *execution.LEDGER,
+    *fencing.FENCING,
     *security.ACCESS_LOG,
     *security.RETENTION,
     *core.TASK_QUEUE,
@@ -103,6 +104,11 @@ def validate(environ: Mapping[str, str] | None = None, names: Iterable[str] | No
     for name in BY_NAME if names is None else names:
         try:
             read(name, environ)
+        except SettingError as exc:
+            problems.append(str(exc))
+    if not problems and names is None:
+        try:
+            fencing.fencing_refusal(read, environ)
         except SettingError as exc:
             problems.append(str(exc))
     if problems:

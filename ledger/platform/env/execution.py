@@ -161,6 +161,23 @@ LEDGER: list[Setting] = _group(
         minimum=0,
     ),
     _s(
+        "PROVIDER_DEFAULT_MAX_IN_FLIGHT",
+        INT,
+        16,
+        """After a 429 (or a 503 with Retry-After) a provider's effective in-flight limit halves
+        (down to 1) and climbs back by 1 per quiet period up to its max_in_flight; for a provider
+        that declared none, up to this (reached, the limit is lifted again).""",
+        minimum=1,
+    ),
+    _s(
+        "PROVIDER_CONCURRENCY_RECOVERY_SECONDS",
+        FLOAT,
+        30.0,
+        """The quiet period (no 429) after which a lowered in-flight limit climbs back by 1,
+        for a provider that sets no concurrency_recovery_seconds of its own.""",
+        minimum=0,
+    ),
+    _s(
         "DATABASE_RETRY_AFTER_SECONDS",
         INT,
         5,

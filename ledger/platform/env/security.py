@@ -51,7 +51,7 @@ SECURITY: list[Setting] = _group(
         900,
         "Console sign-in failures are counted over this window.",
         minimum=1,
-        read_as="review.security (ONCEGUARD_SECURITY overrides)",
+        read_as="review.staff.security (ONCEGUARD_SECURITY overrides)",
     ),
     _s(
         "LOGIN_MAX_FAILURES",
@@ -59,7 +59,7 @@ SECURITY: list[Setting] = _group(
         5,
         "Failures of one username from one address within the window that lock that pair out.",
         minimum=1,
-        read_as="review.security (ONCEGUARD_SECURITY overrides)",
+        read_as="review.staff.security (ONCEGUARD_SECURITY overrides)",
     ),
     _s(
         "LOGIN_MAX_FAILURES_PER_IP",
@@ -67,7 +67,7 @@ SECURITY: list[Setting] = _group(
         30,
         "Failures from one address within the window, whatever the usernames, that lock it out.",
         minimum=1,
-        read_as="review.security (ONCEGUARD_SECURITY overrides)",
+        read_as="review.staff.security (ONCEGUARD_SECURITY overrides)",
     ),
     _s(
         "ONCEGUARD_ENCRYPTION_KEYS",
@@ -96,7 +96,7 @@ SECURITY: list[Setting] = _group(
         characters; first = current, the others still verify). Keep them outside the
         database and its backups.""",
         secret=True,
-        read_as="review.accesslog (per call)",
+        read_as="review.audit.accesslog (per call)",
     ),
     _s(
         "ONCEGUARD_ACCESSLOG_KEY_FILE",
@@ -104,7 +104,7 @@ SECURITY: list[Setting] = _group(
         "",
         "File holding the access log's keys when ONCEGUARD_ACCESSLOG_KEYS is unset.",
         default_text="var/accesslog.key",
-        read_as="review.accesslog (per call)",
+        read_as="review.audit.accesslog (per call)",
     ),
 )
 

@@ -41,7 +41,8 @@ The modules, lowest first; each imports only those before it:
 - ``trace``: the event row, the table check, the named refusal errors, fenced evidence.
 - ``claim``: a key becomes an operation or is taken again; ``guarded_move``, the update every
   service-side move runs; what a finished operation sets off (its callback is a claim).
-- ``holder``: the lease holder's moves (wait, poll, sent, heartbeat, complete, fail).
+- ``holder``: the lease holder's moves (a worker's take, wait, poll, sent, heartbeat, complete,
+  fail).
 - ``recovery``: the service's moves on rows nobody holds (sweeper, reconciliation, reviewers,
   eligibility, polling, outputs, replays, operators).
 
@@ -60,7 +61,6 @@ from ledger.protocol.transitions.claim import (
     operation_claim,
     operation_expire_retry,
     operation_reclaim,
-    operation_take,
 )
 from ledger.protocol.transitions.holder import (
     FailureDecision,
@@ -70,6 +70,7 @@ from ledger.protocol.transitions.holder import (
     operation_heartbeat,
     operation_mark_sent,
     operation_poll_take,
+    operation_take,
     operation_wait,
 )
 from ledger.protocol.transitions.recovery import (

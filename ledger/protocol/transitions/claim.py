@@ -3,12 +3,15 @@
 - ``operation_claim``: (new key) → ``claimed`` (guard mode) or ``queued`` (execute mode); a
   known key is answered from its row, which may ``operation_reclaim`` it (``retry_wait`` →
   ``claimed``) or, past its lifetime, ``operation_expire_retry`` it (``retry_wait`` → ``failed``).
-- ``operation_take``: ``queued``/``retry_wait`` → ``claimed`` by an execute-mode worker.
 - ``operation_cancel``: ``queued``/``retry_wait`` → ``abandoned`` (an operator, or a newer
   version of a record replacing this one).
 - ``after_terminal``: a finished operation with a callback URL claims its callback operation
   (``callback_enqueue``) — which is why claims and finishing share this module's floor: a
   claim may itself finish older rows.
+
+Not split further: a new version's claim cancels the older ones, a cancel is a
+``guarded_move``, whose terminal move claims a callback — one knot two modules would import
+both ways. (A worker's take is the holder's: ``holder.operation_take``.)
 
 Above ``trace``; ``holder`` and ``recovery`` build on it.
 """
@@ -16,8 +19,7 @@ Above ``trace``; ``holder`` and ``recovery`` build on it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -55,7 +57,7 @@ from ledger.platform.errors import (
     OperationVersionSuperseded,
     ValidationFailed,
 )
-from ledger.protocol import callbacks
+from ledger.protocol import callbacks, fencing
 from ledger.protocol.inputs import (
     claim_key_check,
     clamp_lease,
@@ -205,6 +207,8 @@ def operation_claim(
             actor=actor,
             execution_id=execution_id,
         )
+    # A key the database does not know may be one a restore made it forget (ADR 0012).
+    fencing.hold_refusal(tenant_id=tenant.pk, key=key)
     status = S.QUEUED if mode == OperationMode.EXECUTE else S.CLAIMED
     terms = execute or ExecuteTerms()
     # The configured non-personal paths of the payload (else the request), in plain text.
@@ -252,8 +256,7 @@ def operation_claim(
     # version to replace) is, on PostgreSQL, one statement: its own transaction, with no
     # BEGIN and COMMIT round trips around it. Anything more runs in one atomic block.
     alone = statements.combined() and not record and not payload_indexing_needed(stored)
-    # Alone, the statement sends its planner setting with it (ledger.store.sql.execute_with_index_plans).
-    with nullcontext() if alone else _atomic_with_index_plans():
+    with nullcontext() if alone else transaction.atomic():
         op = _insert_claimed(params, actor=actor, reason=reason)
         if op is not None:
             payload_written(
@@ -282,17 +285,17 @@ def operation_claim(
     )
 
 
-@contextmanager
-def _atomic_with_index_plans() -> Iterator[None]:
-    with transaction.atomic(), sql.index_plans():
-        yield
-
-
 def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Operation | None:
     """The new row, its first attempt (when it has one) and its event; None when the key is
     taken or tombstoned. One statement on PostgreSQL, three in the caller's transaction
     elsewhere."""
     if statements.combined():
+        if params["mark_sent"]:
+            # Claimed and sent in one commit, which may be this statement's own: journaled
+            # before it runs (ADR 0012). A key that turns out taken is one the database knows.
+            fencing.journal_move(
+                tenant_id=params["tenant_id"], key=params["key"], provider_id=params["provider_id"], state=S.CLAIMED
+            )
         return statements.operation("operation_claim_pg", {**params, **event_text(actor=actor, reason=reason)})
     op = statements.operation("operation_insert", params)
     if op is not None:
@@ -489,7 +492,7 @@ def operation_reclaim(
     execution_id: str = "",
 ) -> Operation | None:
     """retry_wait (due) → claimed: a new attempt with a fresh token on the same operation."""
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_reclaim",
             {
@@ -505,35 +508,6 @@ def operation_reclaim(
             return None
         statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
         event_row(op=op, old=S.RETRY_WAIT, actor=actor, reason="retry claimed, sent" if mark_sent else "retry claimed")
-    return op
-
-
-def operation_take(
-    *, operation_id: int, tenant_id: int, from_status: str, lease_seconds: float, past_deadline: bool, actor: str
-) -> Operation | None:
-    """queued|retry_wait → claimed by an execute-mode worker, with a new attempt and the sent
-    marker (the worker sends right after); past its deadline or lifetime, without the marker,
-    so the worker fails it instead of sending. The caller holds the row locked (the take's
-    SKIP LOCKED read) in its transaction."""
-    check_moves((from_status,), S.CLAIMED)
-    with transaction.atomic(), sql.index_plans():
-        op = statements.operation(
-            "operation_take",
-            {
-                "id": operation_id,
-                "tenant_id": tenant_id,
-                "from_status": from_status,
-                "lease_token": new_lease_token(),
-                "lease_seconds": seconds_param(lease_seconds),
-                "past_deadline": past_deadline,
-            },
-        )
-        if op is None:
-            return None
-        statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
-        event_row(
-            op=op, old=from_status, actor=actor, reason="taken past its deadline" if past_deadline else "taken, sent"
-        )
     return op
 
 

@@ -1,6 +1,8 @@
 """The moves of an operation's lease holder: the worker, the guard or the API caller that
 claimed it.
 
+- ``operation_take``: ``queued``/``retry_wait`` → ``claimed`` by an execute-mode worker, with
+  its attempt and the sent marker (a guard caller's retry is ``claim``'s ``operation_reclaim``).
 - ``operation_wait``: ``claimed`` → ``waiting`` (an asynchronous provider has the job);
   ``operation_poll_take``: ``waiting`` → ``claimed`` for one poll.
 - ``operation_mark_sent``: ``claimed`` → ``claimed`` with the sent marker (an event row, no
@@ -42,10 +44,12 @@ from ledger.protocol.inputs import backoff_seconds, clamp_lease, new_lease_token
 from ledger.protocol.transitions.claim import after_terminal
 from ledger.protocol.transitions.trace import (
     after_failed,
+    check_moves,
     event_row,
     event_text,
     fenced_evidence_record,
     holder_refusal,
+    journal_move,
     sealed_param,
     seconds_param,
 )
@@ -74,7 +78,7 @@ def operation_wait(
     held from here on; the next poll is due in ``poll_in_seconds``. A holder repeating its own
     move (a record retried after a commit that did land) gets the row back."""
     provider_ref = provider_ref[:255]
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_wait",
             {
@@ -113,7 +117,7 @@ def operation_poll_take(
     """waiting → claimed for one poll (a worker's take, which holds the row locked, or the
     provider's webhook): a new token, a short lease, no new attempt. None when the row was
     not waiting any more (someone else took it first)."""
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_poll_take",
             {
@@ -125,6 +129,35 @@ def operation_poll_take(
         )
         if op is not None:
             event_row(op=op, old=S.WAITING, actor=actor, reason=reason)
+    return op
+
+
+def operation_take(
+    *, operation_id: int, tenant_id: int, from_status: str, lease_seconds: float, past_deadline: bool, actor: str
+) -> Operation | None:
+    """queued|retry_wait → claimed by an execute-mode worker, with a new attempt and the sent
+    marker (the worker sends right after); past its deadline or lifetime, without the marker,
+    so the worker fails it instead of sending. The caller holds the row locked (the take's
+    SKIP LOCKED read) in its transaction."""
+    check_moves((from_status,), S.CLAIMED)
+    with transaction.atomic():
+        op = statements.operation(
+            "operation_take",
+            {
+                "id": operation_id,
+                "tenant_id": tenant_id,
+                "from_status": from_status,
+                "lease_token": new_lease_token(),
+                "lease_seconds": seconds_param(lease_seconds),
+                "past_deadline": past_deadline,
+            },
+        )
+        if op is None:
+            return None
+        statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
+        event_row(
+            op=op, old=from_status, actor=actor, reason="taken past its deadline" if past_deadline else "taken, sent"
+        )
     return op
 
 
@@ -141,7 +174,7 @@ def operation_mark_sent(
     Refused once the lease has expired — a holder must not start an effect it may no
     longer own.
     """
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_mark_sent",
             {
@@ -165,7 +198,7 @@ def operation_heartbeat(
     *, operation_id: int, lease_token: str, lease_seconds: float | None = None, tenant_id: int
 ) -> Operation:
     """Extend a live holder's lease (claimed, same token). No event row: not a transition."""
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = statements.operation(
             "operation_heartbeat",
             {
@@ -214,7 +247,7 @@ def operation_complete(
         "response_status": response_status,
         "response_body": sealed_param(response_body),
     }
-    with transaction.atomic(), sql.index_plans():
+    with transaction.atomic():
         op = _complete_reported(params, actor=actor, reason=reason)
         if op is not None:
             after_terminal(op, actor=actor)
@@ -251,7 +284,11 @@ def _complete_reported(params: dict[str, Any], *, actor: str, reason: str) -> Op
     state the row is in; None when the guard matched nothing. One statement on PostgreSQL;
     elsewhere one guarded UPDATE per source state, claimed first."""
     if statements.combined():
-        return statements.operation("operation_complete_pg", {**params, **event_text(actor=actor, reason=reason)})
+        op = statements.operation("operation_complete_pg", {**params, **event_text(actor=actor, reason=reason)})
+        if op is not None:
+            # Still inside the caller's transaction: journaled before the commit (ADR 0012).
+            journal_move(op)
+        return op
     for old in REPORT_ORDER:
         op = statements.operation("operation_complete", {**params, "from_status": old})
         if op is not None:
@@ -370,7 +407,7 @@ def operation_fail(
     if error_class not in ErrorClass.values:
         raise ValidationFailed(f"error_class must be one of {', '.join(ErrorClass.values)}.")
     message = sanitize_message(message)
-    with _atomic_keeping_fenced_evidence(), sql.index_plans():
+    with _atomic_keeping_fenced_evidence():
         op = (
             Operation.objects.select_for_update()
             .filter(pk=operation_id, tenant_id=tenant_id, lease_token=lease_token, status__in=REPORTABLE_STATES)

@@ -29,6 +29,7 @@ from ledger.platform.errors import (
     OperationAlreadyFinished,
     OperationNotFound,
 )
+from ledger.protocol import fencing
 from ledger.protocol.inputs import sanitize_message
 from ledger.store import statements
 
@@ -42,6 +43,12 @@ def event_text(*, actor: str, reason: str) -> dict[str, str]:
 
 
 def event_row(*, op: Operation, old: str, actor: str, reason: str) -> None:
+    """The move's event row — and, for a move after which the effect may have happened (the
+    sent marker, a finish), the key's fence journal entry, before the transaction commits
+    (ADR 0012). Every move writes its event here, which makes this the one place; the two
+    one-statement PostgreSQL moves journal beside their statement (``journal_move`` callers)."""
+    if op.status in TERMINAL_STATES or (op.sent_at is not None and op.status == S.CLAIMED):
+        journal_move(op)
     statements.execute(
         "event_insert",
         {
@@ -53,6 +60,11 @@ def event_row(*, op: Operation, old: str, actor: str, reason: str) -> None:
             **event_text(actor=actor, reason=reason),
         },
     )
+
+
+def journal_move(op: Operation) -> None:
+    """The key of ``op`` into the fence journal as possibly performed (ledger.protocol.fencing)."""
+    fencing.journal_move(tenant_id=op.tenant_id, key=op.key, provider_id=op.provider_id, state=op.status)
 
 
 def check_moves(from_states: tuple[str, ...], to: str) -> None:

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from review.accesslog import accesslog_checkpoint, accesslog_checkpoint_all
+from review.audit.accesslog import accesslog_checkpoint, accesslog_checkpoint_all
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from review.accesslog import KEYS_ENV, accesslog_key_ensure, accesslog_keys
+from review.audit.accesslog import KEYS_ENV, accesslog_key_ensure, accesslog_keys
 
 
 class Command(BaseCommand):

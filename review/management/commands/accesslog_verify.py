@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from review.accesslog import accesslog_verify
-from review.accesslog_witness import accesslog_verify_witnessed
+from review.audit.accesslog import accesslog_verify
+from review.audit.accesslog_witness import accesslog_verify_witnessed
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from review.keys import encryption_rotate
+from review.privacy.keys import encryption_rotate
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from review.retention import retention_purge
+from review.retention.purge import retention_purge
 
 
 class Command(BaseCommand):

@@ -1,0 +1,395 @@
+"""The operation and its history: one row per logical side effect, its attempts and its
+append-only events (both partitioned by month), the admission refusals counted per tenant,
+and the tombstone that keeps answering a key after retention deleted its operation."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from ledger.models.fields import Counter, HexBytesField, NewRowId, SealedJSONField
+from ledger.models.providers import AdapterRevision, PromptTemplate, Provider
+from ledger.models.states import TERMINAL_STATES, AttemptOutcome, ErrorClass, OperationMode, OperationStatus, S
+from ledger.models.tenants import Tenant
+
+
+class Operation(models.Model):
+    """One row per logical side effect, unique on (tenant, key)."""
+
+    # No single-column index: (tenant, key) and the tenant composites below cover it.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations", db_index=False)
+    key = models.CharField(max_length=255)
+    mode = models.CharField(max_length=8, choices=OperationMode.choices, default=OperationMode.GUARD)
+    status = models.CharField(max_length=16, choices=OperationStatus.choices)
+    # Not indexed: only deleting a provider (rare, PROTECTed) searches by it; every claim
+    # would pay for the index.
+    provider = models.ForeignKey(
+        Provider, on_delete=models.PROTECT, null=True, blank=True, related_name="operations", db_index=False
+    )
+    action = models.CharField(max_length=100, blank=True)
+    # sha256 of the request (services.request_fingerprint): 32 bytes stored, hex everywhere else.
+    fingerprint = HexBytesField(hex_length=64)
+    # execute mode only: the provider-neutral request the workers send.
+    request = SealedJSONField(null=True, blank=True)
+    payload = SealedJSONField(null=True, blank=True)
+    # Plain text of the configured non-personal paths only (OPERATION_SEARCH_PATHS), for
+    # filtering without decrypting; never a personal identifier (DESIGN §6).
+    search_fields = models.JSONField(null=True, blank=True)
+    attempts = Counter(default=0)
+    # 429/503 answers: counted in `attempts` but not against max_attempts.
+    throttled_attempts = Counter(default=0)
+    max_attempts = Counter(default=4)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The latest attempt's token (services.new_lease_token: 16 random bytes, 32 hex digits).
+    # Never cleared: fencing compares against it.
+    lease_token = HexBytesField(hex_length=32, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    uses_sent_marker = models.BooleanField(default=False)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    error_class = models.CharField(max_length=16, blank=True, choices=ErrorClass.choices)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    response_status = Counter(null=True, blank=True)
+    response_body = SealedJSONField(null=True, blank=True)
+    reconciliation_handle = models.CharField(max_length=255, blank=True)
+    execution_id = models.CharField(max_length=255, blank=True)
+    workflow_id = models.CharField(max_length=255, blank=True)
+    workflow_version = models.CharField(max_length=100, blank=True)
+    correlation_id = models.CharField(max_length=255, blank=True)
+    superseded_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
+    # Runs (DESIGN §3, runs): operations that share a run are the ordered steps of one
+    # business transaction. `run` is the explicit run id sent with the claim or submission;
+    # empty, the correlation id is the run (ledger.protocol.selectors.run_operations says so once).
+    run = models.CharField(max_length=255, blank=True, default="", db_default="")
+    step = Counter(null=True, blank=True)
+    # Versioned keys: sent as parts, the key is "{record}:{action}:v{version}" and the parts
+    # are kept (not workflow_version). A newer version of the same record and action sets
+    # `replaced_by` on the older ones (not superseded_by, which links DLQ replays).
+    record = models.CharField(max_length=200, blank=True, default="", db_default="")
+    version = Counter(null=True, blank=True)
+    replaced_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
+    # Execute mode: the adapter revision this operation's next attempt runs under (assigned at
+    # submission — the stable revision or, for its share of new keys, a canary — and moved
+    # only while nothing is under way: ledger.providers.revisions / ledger.providers.canary). Each attempt keeps
+    # its own. Not indexed: a rollback reads the open rows through op_due_idx.
+    adapter_revision = models.ForeignKey(
+        AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
+    )
+    # When the tenant's eligibility webhook last answered "still wanted" for this row.
+    eligibility_confirmed_at = models.DateTimeField(null=True, blank=True)
+    # Execute mode: size of the stored request plus the bytes of the uploads its intent
+    # references (admission's queued-bytes limit: DESIGN §11), the
+    # provider's unit price at submission (the tenant's budget; refunded by failed/abandoned)
+    # and where the terminal outcome is POSTed.
+    request_bytes = Counter(default=0, db_default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=4, default=0, db_default=0)
+    callback_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    # Asynchronous providers: polls of the current job so far (the backoff's exponent). A
+    # claimed row with polls > 0 holds a poll lease, not a send's (the sweeper returns it to
+    # waiting when it expires); a take for a send sets it back to 0.
+    polls = Counter(default=0, db_default=0)
+    # Sweeper bookkeeping.
+    reconcile_until = models.DateTimeField(null=True, blank=True)
+    lookup_failures = Counter(default=0)
+    alerted_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ledger_operation"
+        # The console's operator actions (ledger.protocol.transitions: operation_cancel / operation_retry_now).
+        permissions = [("cancel_operation", "Can cancel operations and retry them now")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="operation_unique_key_per_tenant"),
+            # A terminal state always has its finishing time, and only a terminal one does.
+            models.CheckConstraint(
+                condition=(Q(status__in=sorted(TERMINAL_STATES)) & Q(done_at__isnull=False))
+                | (~Q(status__in=sorted(TERMINAL_STATES)) & Q(done_at__isnull=True)),
+                name="operation_done_at_iff_terminal",
+            ),
+            models.CheckConstraint(condition=Q(status__in=list(S.values)), name="operation_status_valid"),
+            models.CheckConstraint(
+                condition=~Q(status=S.CLAIMED) | Q(lease_expires_at__isnull=False),
+                name="operation_claimed_has_lease",
+            ),
+            # Waiting on a provider: its job id is known, no lease is held, the next poll is set.
+            models.CheckConstraint(
+                condition=~Q(status=S.WAITING)
+                | (~Q(provider_ref="") & Q(lease_expires_at__isnull=True) & Q(next_attempt_at__isnull=False)),
+                name="operation_waiting_has_job",
+            ),
+        ]
+        # Each index's query, how often it is read, its entries per claim→complete and whether
+        # the completion changes a column it names: docs/adr/0011-operation-index-audit.md
+        # (with the two GIN indexes of migrations 0004 and 0028, 25 with the keys).
+        indexes = [
+            # The sweeper and workers read only the open rows, by state and time.
+            models.Index(
+                fields=["status", "lease_expires_at"],
+                name="op_claimed_lease_idx",
+                condition=Q(status="claimed"),
+            ),
+            models.Index(
+                fields=["status", "next_attempt_at"],
+                name="op_due_idx",
+                condition=Q(status__in=["queued", "retry_wait"]),
+            ),
+            models.Index(
+                fields=["status", "updated_at"],
+                name="op_unresolved_idx",
+                condition=Q(status__in=["uncertain", "review"]),
+            ),
+            # Open rows in list order, with the time they last moved (migration 0024): the
+            # console's needs=stuck and needs=cancellable pages, the stuck count and the
+            # dashboard's stuck rows read this, not the table; updated_at is a key column so
+            # "not moved since" is checked on the index entry. Partial: a finished row has no
+            # entry, and a completion adds none, so it holds the work under way.
+            models.Index(
+                fields=["id", "updated_at"],
+                name="op_open_id_idx",
+                condition=~Q(status__in=sorted(TERMINAL_STATES)),
+            ),
+            # The rows an operator can cancel (queued, waiting to retry), in list order
+            # (migration 0026): the console's needs=cancellable page reads its 100 entries
+            # instead of sorting every such row off the due index.
+            models.Index(fields=["id"], name="op_cancellable_id_idx", condition=Q(status__in=["queued", "retry_wait"])),
+            # Lists newest first, by tenant and optionally state (migration 0017 says why): read
+            # straight off the index whatever the tenant or the filter.
+            models.Index(fields=["tenant", "id"], name="op_tenant_id_idx"),
+            # Every state but `succeeded` (migration 0021): a completion writes nothing here, and
+            # entries stay few. `status=succeeded` lists read (tenant, id) and keep the 98 % that
+            # match. Partial on a state: only a plan that sees the state uses it (lists are planned
+            # per call, ledger.store.sql.planned_per_call).
+            models.Index(
+                fields=["tenant", "status", "id"],
+                name="op_tenant_other_status_idx",
+                condition=~Q(status="succeeded"),
+            ),
+            # A capped provider's calls in flight, counted at every take (ledger.providers.ratelimit):
+            # only claimed execute-mode rows, so it stays as small as the work under way.
+            models.Index(
+                fields=["provider"],
+                name="op_exec_inflight_idx",
+                condition=Q(status="claimed", mode="execute"),
+            ),
+            # Workers take due execute-mode rows oldest first (FOR UPDATE SKIP LOCKED).
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                name="op_exec_due_idx",
+                condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
+            ),
+            # Workers take due polls of rows waiting on a provider (FOR UPDATE SKIP LOCKED).
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                name="op_waiting_due_idx",
+                condition=Q(status="waiting"),
+            ),
+            # Admission's budget: what a tenant submitted in execute mode in the current period.
+            # Partial (migration 0021): guard-mode claims, most of the ledger, write nothing here.
+            models.Index(fields=["tenant", "created_at"], name="op_exec_created_idx", condition=Q(mode="execute")),
+            models.Index(fields=["tenant", "updated_at", "id"], name="op_tenant_updated_idx"),
+            # Identifier searches: partial, so the many rows without one cost no index write.
+            models.Index(
+                fields=["reconciliation_handle"], name="op_handle_idx", condition=~Q(reconciliation_handle="")
+            ),
+            # Pattern ops (PostgreSQL; ignored elsewhere): serves the console's prefix search
+            # (LIKE 'ref%') as well as equality, whatever the database's collation.
+            models.Index(
+                fields=["provider_ref"],
+                name="op_ref_idx",
+                condition=~Q(provider_ref=""),
+                opclasses=["varchar_pattern_ops"],
+            ),
+            models.Index(fields=["execution_id"], name="op_execution_idx", condition=~Q(execution_id="")),
+            models.Index(fields=["correlation_id"], name="op_correlation_idx", condition=~Q(correlation_id="")),
+            # A search by workflow name ends here: the ids of the workflows so named (WorkflowName).
+            models.Index(fields=["tenant", "workflow_id"], name="op_workflow_idx", condition=~Q(workflow_id="")),
+            # Deleting an operation (retention) finds the rows that point at it.
+            models.Index(fields=["superseded_by"], name="op_superseded_idx", condition=Q(superseded_by__isnull=False)),
+            models.Index(fields=["replaced_by"], name="op_replaced_idx", condition=Q(replaced_by__isnull=False)),
+            # A run's steps, and the versions of one record and action: partial, so claims
+            # without a run or a versioned key write nothing here.
+            models.Index(fields=["tenant", "run", "step"], name="op_run_idx", condition=~Q(run="")),
+            models.Index(
+                fields=["tenant", "record", "action", "version"], name="op_record_idx", condition=~Q(record="")
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATES
+
+
+class Attempt(models.Model):
+    """One row per try. A fenced holder's late result is kept here, never on the operation."""
+
+    # The table is partitioned by month of started_at (migration 0025), and a partitioned
+    # table's primary key must hold its partition key. The id alone still names one row: it
+    # comes from the table's one sequence (NewRowId).
+    pk = models.CompositePrimaryKey("id", "started_at")
+    id = models.BigIntegerField(db_default=NewRowId("ledger_attempt"))
+    # The operation's tenant, copied when the row is written: Citus distributes every
+    # tenant-owned table by tenant_id, co-located, and routes a statement to one node only
+    # when it names the tenant, so every statement on this table does (DESIGN §12; migration
+    # 0029). No foreign key of its own: on a partitioned table one cannot be added without a
+    # scan of every row under a lock that stops writes (NOT VALID is refused there), and the
+    # operation's key already ties the row to a tenant; on Citus it becomes
+    # (tenant_id, operation_id) → (tenant_id, id). No index: every read names the operation.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    # Indexed by (operation, number).
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
+    number = Counter()
+    lease_token = HexBytesField(hex_length=32)
+    started_at = models.DateTimeField()
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, default=AttemptOutcome.PENDING)
+    error_class = models.CharField(max_length=16, blank=True)
+    message = models.CharField(max_length=500, blank=True)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    response_status = Counter(null=True, blank=True)
+    response_body = SealedJSONField(null=True, blank=True)
+    execution_id = models.CharField(max_length=255, blank=True)
+    duration_ms = Counter(null=True, blank=True)
+    # The adapter revision this attempt ran under (execute mode; copied from its operation
+    # when the attempt opens). Guard-mode attempts have none.
+    adapter_revision = models.ForeignKey(
+        AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
+    )
+    # The prompt template version the attempt's request was rendered with (intent envelopes
+    # whose request template names a prompt: ledger.providers.prompts); set by the worker before it sends.
+    prompt_template = models.ForeignKey(
+        PromptTemplate, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
+    )
+
+    class Meta:
+        db_table = "ledger_attempt"
+        # Not unique: a partitioned table enforces uniqueness within a partition only, and the
+        # number does not hold the partition's time (migration 0025). An attempt's number is its
+        # operation's `attempts` counter, moved by the guarded UPDATE that opens it under the
+        # operation's row lock, so two attempts of one operation never share one.
+        indexes = [
+            models.Index(fields=["operation", "number"], name="attempt_op_number_idx"),
+            # The canary watch: a revision's attempts started within its window. Partial, so
+            # guard-mode attempts (no revision) write nothing here. On started_at, which never
+            # changes, not finished_at: a column in any index (its predicate included) makes
+            # every update that changes it a non-HOT one, and finishing an attempt sets
+            # finished_at (migration 0021).
+            models.Index(
+                fields=["adapter_revision", "started_at"],
+                name="attempt_revision_start_idx",
+                condition=Q(adapter_revision__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}#{self.number}"
+
+
+class OperationEvent(models.Model):
+    """Append-only history: every transition, its actor and its reason."""
+
+    # Partitioned by month of `at` (migration 0025); see Attempt.pk.
+    pk = models.CompositePrimaryKey("id", "at")
+    id = models.BigIntegerField(db_default=NewRowId("ledger_operationevent"))
+    # The operation's tenant, copied when the row is written: Citus distributes every
+    # tenant-owned table by tenant_id, co-located, and routes a statement to one node only
+    # when it names the tenant, so every statement on this table does (DESIGN §12; migration
+    # 0029). No foreign key of its own: on a partitioned table one cannot be added without a
+    # scan of every row under a lock that stops writes (NOT VALID is refused there), and the
+    # operation's key already ties the row to a tenant; on Citus it becomes
+    # (tenant_id, operation_id) → (tenant_id, id). No index: every read names the operation.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    # Indexed by operation alone (a history is a few rows, sorted after reading).
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events", db_index=False)
+    from_status = models.CharField(max_length=16, blank=True)
+    to_status = models.CharField(max_length=16)
+    actor = models.CharField(max_length=150)
+    reason = models.CharField(max_length=500, blank=True)
+    attempt = Counter(null=True, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ledger_operationevent"
+        indexes = [
+            # One column, so PostgreSQL stores an operation's events as one deduplicated entry
+            # (migration 0021; (operation, at) could not deduplicate).
+            models.Index(fields=["operation"], name="opevent_op_idx"),
+            # Review decisions by time (migration 0022), for the dashboard's activity chart:
+            # partial, so only the rare event that moves a row out of review writes here.
+            models.Index(
+                fields=["at"],
+                name="opevent_review_exit_idx",
+                condition=Q(from_status="review") & ~Q(to_status="review"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}: {self.from_status or '∅'} → {self.to_status}"
+
+
+class AdmissionRefusalCount(models.Model):
+    """Refused admissions by tenant and reason, for metrics. Refusals store nothing about
+    the request itself; this counter is all that remains of them."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    reason = models.CharField(max_length=64)
+    count = models.PositiveBigIntegerField(default=0)
+    last_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ledger_admissionrefusalcount"
+        constraints = [models.UniqueConstraint(fields=["tenant", "reason"], name="admission_refusal_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.reason}={self.count}"
+
+
+class Tombstone(models.Model):
+    """What is left of an operation retention deleted: enough to keep answering its key.
+
+    ``operation_claim`` never re-creates a key that has a tombstone (a NOT EXISTS guard
+    inside its INSERT) and answers from this row instead (``ledger.protocol.tombstones``). Written
+    and expired by the retention purge (``review.retention``).
+    """
+
+    # Indexed by the unique (tenant, key): a tenant-only index let a claim's tombstone check
+    # (planned once, on an empty table) walk every tombstone of the tenant.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    key = models.CharField(max_length=255)
+    operation_id = models.BigIntegerField()
+    mode = models.CharField(max_length=8)
+    action = models.CharField(max_length=100, blank=True)
+    provider_slug = models.CharField(max_length=63, blank=True)
+    fingerprint = HexBytesField(hex_length=64)
+    final_status = models.CharField(max_length=16)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    done_at = models.DateTimeField()
+    deleted_at = models.DateTimeField()
+    keep_until = models.DateTimeField()
+
+    class Meta:
+        db_table = "ledger_tombstone"
+        constraints = [models.UniqueConstraint(fields=["tenant", "key"], name="tombstone_unique_key")]
+        indexes = [models.Index(fields=["keep_until"], name="tombstone_keep_idx")]
+
+    def __str__(self) -> str:
+        return f"†{self.key}"

@@ -1,0 +1,64 @@
+"""The ledger's HTTP API views (``ledger.urls`` names them from here): parse input, call a
+service or selector, render the output.
+
+- ``operations``: claims, submissions, the holder's reports, operations and their attempts,
+  derived keys; with the request helpers every view uses (``validated_input``, ``claim_key``,
+  ``operation_response``).
+- ``files``: uploads and validated outputs, their facts and bytes.
+- ``providers``: provider webhooks, a provider's caps and adapter rollout, intents, prompt
+  templates.
+"""
+
+from ledger.web.apis.files import (
+    OperationOutputApi,
+    OperationOutputContentApi,
+    UploadContentApi,
+    UploadCreateApi,
+    UploadDetailApi,
+)
+from ledger.web.apis.operations import (
+    ClaimCreateApi,
+    KeyDeriveApi,
+    OperationAttemptsApi,
+    OperationCompleteApi,
+    OperationDetailApi,
+    OperationFailApi,
+    OperationHeartbeatApi,
+    OperationListApi,
+    OperationSentApi,
+)
+from ledger.web.apis.providers import (
+    PromptTemplateListApi,
+    ProviderCanaryApi,
+    ProviderDetailApi,
+    ProviderIntentApi,
+    ProviderPromoteApi,
+    ProviderRollbackApi,
+    ProviderRolloutApi,
+    ProviderWebhookApi,
+)
+
+__all__ = [
+    "ClaimCreateApi",
+    "KeyDeriveApi",
+    "OperationAttemptsApi",
+    "OperationCompleteApi",
+    "OperationDetailApi",
+    "OperationFailApi",
+    "OperationHeartbeatApi",
+    "OperationListApi",
+    "OperationOutputApi",
+    "OperationOutputContentApi",
+    "OperationSentApi",
+    "PromptTemplateListApi",
+    "ProviderCanaryApi",
+    "ProviderDetailApi",
+    "ProviderIntentApi",
+    "ProviderPromoteApi",
+    "ProviderRollbackApi",
+    "ProviderRolloutApi",
+    "ProviderWebhookApi",
+    "UploadContentApi",
+    "UploadCreateApi",
+    "UploadDetailApi",
+]
