@@ -6,7 +6,7 @@ tenant's unresolved alerts of the kind (one query per batch, not per alert). A c
 ``(tenant_id, alerts, now)`` and returns ``{alert id: why it cleared}`` for those that have.
 
 The checks about the DLQ's rows and the scheduler's health live with the apps that own them
-(``dlq.selectors``, ``observability.scheduler``), which sit above alerts (.importlinter): the
+(``dlq.entries.selectors``, ``observability.scheduler``), which sit above alerts (.importlinter): the
 table names every check by its dotted path, as django-q2 schedules name their tasks.
 
 ``alerts_resolve_cleared`` — the schedule "alerts: resolve what has cleared", every minute —
@@ -51,13 +51,15 @@ class Clearing:
 
 
 CLEARING: dict[str, Clearing] = {
-    # dlq.services: a new dead-letter entry, or one pending again after a failed replay.
+    # dlq.ingest.services: a new dead-letter entry; dlq.replays.services: one pending again after a
+    # failed replay.
     "dlq_new": Clearing(
-        "dlq.selectors.alerts_cleared_dlq_new", "the entry is no longer pending or replaying (replayed, resolved, …)"
+        "dlq.entries.selectors.alerts_cleared_dlq_new",
+        "the entry is no longer pending or replaying (replayed, resolved, …)",
     ),
     # review.retention.purge: a pending entry past its record TTL was discarded (a notice).
     "retention_discarded": Clearing(
-        "dlq.selectors.alerts_cleared_retention_discarded", "the discard it announces is done"
+        "dlq.entries.selectors.alerts_cleared_retention_discarded", "the discard it announces is done"
     ),
     # ledger.recovery.sweeper and ledger.execution.polling: an operation went to review.
     "review_needed": Clearing("alerts.clearing.alerts_cleared_review_needed", "the operation is no longer in review"),

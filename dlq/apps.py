@@ -10,11 +10,9 @@ class DlqConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at module level: an AppConfig module is imported before the
         # models are loaded, and the services import models.
-        from dlq.services import (
-            failed_event_record_for_operation,
-            failed_events_note_rollback,
-            replay_settle_for_operation,
-        )
+        from dlq.entries.services import failed_events_note_rollback
+        from dlq.ingest.services import failed_event_record_for_operation
+        from dlq.replays.services import replay_settle_for_operation
 
         hooks.operation_failed.connect(failed_event_record_for_operation)
         hooks.operation_finished.connect(replay_settle_for_operation)

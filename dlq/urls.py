@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dlq import apis
+from dlq.web import apis
 
 urlpatterns = [
     path("events", apis.FailedEventsApi.as_view(), name="dlq-events"),

@@ -29,8 +29,10 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
-from dlq import services as dlq_services
+from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent
+from dlq.replays import services as dlq_replays
+from dlq.targets import services as dlq_targets
 from ledger.management.commands.bootstrap_demo import demo_outbound_rules
 from ledger.models import ErrorClass, IdempotencyClass, Operation, Provider, Tenant
 from ledger.platform import env
@@ -92,7 +94,7 @@ def database_is_empty() -> bool:
 
 
 def _ingest(tenant: Tenant, envelope: dict[str, Any]) -> Any:
-    return dlq_services.failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="demo_seed").event
+    return dlq_ingest.failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="demo_seed").event
 
 
 def _staff(tenant: Tenant, username: str, role: str) -> str:
@@ -240,14 +242,14 @@ def demo_seed() -> dict[str, Any]:
     with _local_crm() as url, outbound.allowing(url.removeprefix("http://")):
         # The demo CRMs dedup on the key (key-enforced): a replay with an unknown outcome may go
         # again without a person's decision.
-        dlq_services.replay_target_upsert(
+        dlq_targets.replay_target_upsert(
             tenant=tenant,
             slug="demo-crm-webhook",
             url=f"{url}/contacts",
             is_default=True,
             idempotency_class=IdempotencyClass.KEY_ENFORCED,
         )
-        replay = dlq_services.failed_event_replay(
+        replay = dlq_replays.failed_event_replay(
             tenant_id=tenant.pk,
             event_pk=earlier.pk,
             actor="user:demo-operator",
@@ -256,7 +258,7 @@ def demo_seed() -> dict[str, Any]:
     # The seeding-only receiver is gone: from now on the demo's replays go to the mock CRM
     # `make run` starts (which is not up yet while this seeds).
     with outbound.allowing(*demo_outbound_rules(demo_port_base())):
-        dlq_services.replay_target_upsert(
+        dlq_targets.replay_target_upsert(
             tenant=tenant,
             slug="demo-crm-webhook",
             url=f"{crm_url}/contacts",

@@ -19,9 +19,16 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from dlq.models import FE_ALLOWED_TRANSITIONS, FailedEvent, FailedEventChange, FailedEventStatus, Replay, ReplayOutcome
-from dlq.selectors import failed_event_find
-from dlq.services import REPLAY_KEY_PREFIX
+from dlq.entries.selectors import failed_event_find
+from dlq.models import (
+    FE_ALLOWED_TRANSITIONS,
+    REPLAY_KEY_PREFIX,
+    FailedEvent,
+    FailedEventChange,
+    FailedEventStatus,
+    Replay,
+    ReplayOutcome,
+)
 from ledger.models import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATES,

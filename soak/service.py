@@ -20,7 +20,7 @@ from django.db import DatabaseError, close_old_connections, connection, connecti
 from django_q.models import Schedule
 
 from dlq.models import FailedEvent, FailedEventStatus, Replay
-from dlq.services import replay_target_upsert
+from dlq.targets.services import replay_target_upsert
 from ledger.models import TERMINAL_STATES, IdempotencyClass, Operation, OperationStatus, Provider, Tenant
 from ledger.protocol import services
 from soak import checks

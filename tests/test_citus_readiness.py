@@ -39,7 +39,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from dlq import services as dlq_services
+from dlq import models as dlq_models
 from ledger.execution.attempts import operations_take
 from ledger.models import IdempotencyClass, Operation, OperationEvent, OperationStatus
 from ledger.protocol import services
@@ -500,7 +500,7 @@ def test_every_statement_is_routed_by_one_tenant_or_listed_with_its_reason(
         )
         # DLQ: an n8n failure ingested, the ledger's failed operation replayed to the target.
         post_raw(api, example_bytes("n8n-error-trigger-execution.json"))
-        entry = dlq_services.FailedEvent.objects.filter(tenant=tenant).order_by("id").first()
+        entry = dlq_models.FailedEvent.objects.filter(tenant=tenant).order_by("id").first()
         api.post(f"/api/v1/dlq/events/{entry.pk}/replay", {"note": "again"}, format="json")
         # The platform's background pass.
         sweep(batch=50)

@@ -25,7 +25,8 @@ from django.db import transaction
 from django.test import Client
 
 from alerts.services import alert_channel_upsert
-from dlq.services import n8n_connection_save, replay_target_upsert
+from dlq.n8n.connections import n8n_connection_save
+from dlq.targets.services import replay_target_upsert
 from ledger.models import ConfigChange, Tenant
 from ledger.platform.errors import DomainError
 from ledger.protocol import callbacks, services

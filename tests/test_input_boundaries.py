@@ -23,8 +23,8 @@ from rest_framework.test import APIClient
 from alerts.models import AlertDelivery
 from alerts.services import alert_channel_upsert
 from alerts.tasks import alert_dispatch_task
-from dlq import services as dlq_services
 from dlq.models import FailedEvent
+from dlq.targets import services as dlq_targets
 from ledger.execution.submission import operation_submit
 from ledger.models import Operation, Provider, Tenant
 from ledger.platform.crypto import open_json
@@ -200,7 +200,7 @@ def test_extreme_but_representable_values_survive_a_dlq_replay_unchanged(api, re
     payload = {"n": 2**64, "neg": -(2**63) - 1, "f": 1e308, "astral": "\U0001f600", "ctl": "\x01", "ls": "\u2028"}
     sink = Sink().start()
     try:
-        dlq_services.replay_target_upsert(tenant=tenant, slug="rerun", url=f"{sink.url}/rerun", is_default=True)
+        dlq_targets.replay_target_upsert(tenant=tenant, slug="rerun", url=f"{sink.url}/rerun", is_default=True)
         created = post_dlq(api, envelope(event_id="extreme-1", payload=payload))
         assert created.status_code == 201, created.content
 
@@ -232,7 +232,7 @@ def test_a_replay_target_answering_json_that_cannot_be_stored_is_recorded_as_tex
     sink = Sink().start()
     sink.answer_body = answer
     try:
-        dlq_services.replay_target_upsert(tenant=tenant, slug="rerun", url=f"{sink.url}/rerun", is_default=True)
+        dlq_targets.replay_target_upsert(tenant=tenant, slug="rerun", url=f"{sink.url}/rerun", is_default=True)
         created = post_dlq(api, envelope(event_id="answer-1"))
 
         replayed = api.post(f"{DLQ_URL}/{created.json()['id']}/replay", {}, format="json")

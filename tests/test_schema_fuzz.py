@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from dlq import services as dlq_services
+from dlq.ingest import services as dlq_ingest
 from ledger.models import ErrorClass, IdempotencyClass, Tenant
 from ledger.protocol import services
 
@@ -69,7 +69,7 @@ def world(db: Any) -> Iterator[dict[str, str]]:
             services.operation_complete(
                 operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ch_1"
             )
-    dlq_services.failed_event_ingest(tenant=tenant, raw=b'{"event_id": "fuzz-e", "payload": {"a": 1}}', actor="t")
+    dlq_ingest.failed_event_ingest(tenant=tenant, raw=b'{"event_id": "fuzz-e", "payload": {"a": 1}}', actor="t")
     _, secret = services.apikey_create(tenant=tenant, scopes=["read", "write", "admin", "payload"])
     yield {"Authorization": f"Bearer {secret}"}
 

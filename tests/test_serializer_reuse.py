@@ -21,7 +21,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import JSONRenderer
 
-from dlq.serializers import BulkReplayInputSerializer, CloseInputSerializer, ReplayInputSerializer
+from dlq.web.serializers import BulkReplayInputSerializer, CloseInputSerializer, ReplayInputSerializer
 from ledger.models import Operation
 from ledger.platform.crypto import seal_json
 from ledger.protocol.representation import ClaimOutputSerializer, OperationOutputSerializer

@@ -1,7 +1,7 @@
 """Nothing but the transitions modules writes an operation's or a DLQ entry's status.
 
 Every move of an operation is a named function in ``ledger/protocol/transitions/`` and every move of
-a DLQ entry one in ``dlq/transitions.py`` (STYLE.md, one place for every state change): each
+a DLQ entry one in ``dlq/entries/transitions.py`` (STYLE.md, one place for every state change): each
 checks the move against the declared table, runs its named statement and writes its event
 row. This test walks the syntax tree of every module outside ``tests/`` and the migrations
 and fails on a status write anywhere else:
@@ -31,7 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # The modules that may write a governed status.
-TRANSITIONS = ("ledger/protocol/transitions/", "dlq/transitions.py")
+TRANSITIONS = ("ledger/protocol/transitions/", "dlq/entries/transitions.py")
 
 # The models (and their tables) whose status only the transitions modules write.
 GOVERNED_MODELS = frozenset({"Operation", "FailedEvent"})

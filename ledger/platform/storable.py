@@ -17,7 +17,7 @@ stored it would answer 500 on every read, for good. The rules, one function each
 - ``MAX_COUNT``: the largest counter an integer column holds on both databases.
 
 Body-level rules (JSON) run in the API's parser (config.parsers) and the DLQ's parser
-(dlq.parsing); field rules in the serializers. This module imports no app.
+(dlq.ingest.parsing); field rules in the serializers. This module imports no app.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def validate_run(run: Any) -> str:
     return run
 
 
-# The service's own key spaces: a DLQ replay's ledger key (replay:{entry}:{n}, dlq.services),
+# The service's own key spaces: a DLQ replay's ledger key (replay:{entry}:{n}, dlq.models),
 # a callback's (callback:{operation id}, ledger.protocol.callbacks) and the derived key of a "re-run as
 # new" ({key}~r{n}). A caller holding one would block that replay or silently suppress that
 # callback, so callers may not claim or submit them.

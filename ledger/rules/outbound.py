@@ -2,7 +2,7 @@
 
 Everything the service sends over HTTP on a tenant's behalf goes through here: execute-mode
 workers (``ledger.providers.adapters``), the sweeper's provider lookups (``ledger.providers.reconcile``),
-callbacks (``ledger.protocol.callbacks``), DLQ replays to replay targets (``dlq.services``), alert
+callbacks (``ledger.protocol.callbacks``), DLQ replays to replay targets (``dlq.replays.send``), alert
 webhooks (``alerts.services``) and, later, the n8n connection. Two entry points:
 
 * :func:`outbound_check` — at save time (a provider's base URL, a replay target, an alert

@@ -17,7 +17,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from alerts.services import CHANNEL_SECRET_FIELDS, CHANNEL_STATE_FIELDS
-from dlq.services import N8N_SECRET_FIELDS
+from dlq.n8n.connections import N8N_SECRET_FIELDS
 from ledger.models import ConfigChangeAction
 from ledger.protocol.services import PROVIDER_STATE_FIELDS
 from ledger.tenants.config_changes import config_change_of, config_snapshot

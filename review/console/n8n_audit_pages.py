@@ -1,4 +1,4 @@
-"""The console's workflow audit page (dlq.n8n_audit): the findings of each workflow of a
+"""The console's workflow audit page (dlq.n8n.audit): the findings of each workflow of a
 tenant's n8n, read through the tenant's n8n connection when the page is asked for one tenant.
 Read-only — nothing is stored, nothing in n8n changes — and for the roles that may see the n8n
 connection (``dlq.view_n8nconnection``), scoped to the user's tenants."""
@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from dlq.models import N8nConnection
-from dlq.n8n_audit import AuditUnavailable, n8n_workflows_audit
+from dlq.n8n.audit import AuditUnavailable, n8n_workflows_audit
 from review.staff.tenancy import scope_of
 
 PERMISSION = "dlq.view_n8nconnection"

@@ -1,6 +1,6 @@
 """The console's run page: a run's steps in their checkpoint states, what is
 safe to repeat, and the audited resume — the same reads and service as the API
-(``dlq.runs``), scoped to the user's tenants. The page itself is the preview: the steps it
+(``dlq.replays.runs``), scoped to the user's tenants. The page itself is the preview: the steps it
 marks are the ones the resume button re-drives, and the form carries their ids, so a run that
 changed meanwhile is refused (``run_changed_since_preview``) instead of re-driving something
 nobody saw."""
@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from dlq.models import ReplayTarget, RunResume
-from dlq.runs import RunView, run_resume, run_view
+from dlq.replays.runs import RunView, run_resume, run_view
 from ledger.models import Checkpoint, Operation, Tenant
 from ledger.platform.errors import DomainError
 from ledger.protocol.selectors import run_of

@@ -23,8 +23,8 @@ from django.utils import timezone
 from django_q.models import Task
 
 from alerts.models import Alert
+from dlq.entries.selectors import failed_events_for_a_person
 from dlq.models import FailedEvent, FailedEventStatus
-from dlq.selectors import failed_events_for_a_person
 from ledger.models import (
     TERMINAL_STATES,
     Operation,

@@ -45,9 +45,9 @@ from django.db.models import F
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from dlq.errors import FailedEventBusy, FailedEventClosed
+from dlq.entries.services import failed_event_discard
 from dlq.models import FailedEvent, FailedEventChange, FailedEventOccurrence, FailedEventStatus, Replay
-from dlq.services import failed_event_discard
+from dlq.rules.errors import FailedEventBusy, FailedEventClosed
 from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import upload_keys_in, uploads_delete_named
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus

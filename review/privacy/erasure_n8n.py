@@ -1,5 +1,5 @@
 """An erasure reaches n8n: the executions that carried the person's data, deleted through the
-tenant's n8n connection (``DELETE /api/v1/executions/{id}``, dlq.n8n_api), each deletion
+tenant's n8n connection (``DELETE /api/v1/executions/{id}``, dlq.n8n.api), each deletion
 recorded in the access log in the same transaction that moves the run on.
 
 Which executions: the ones Onceguard knows for the person's records — a DLQ entry's execution
@@ -35,9 +35,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from dlq.entries.selectors import n8n_connection_active
 from dlq.models import FailedEvent, FailedEventAlias, FailedEventOccurrence, N8nConnection
-from dlq.n8n_api import Deleted, Deletion, execution_delete
-from dlq.selectors import n8n_connection_active
+from dlq.n8n.api import Deleted, Deletion, execution_delete
 from ledger.models import Attempt, Operation
 from ledger.providers.credentials import stored_credential_value
 from review.audit.accesslog import accesslog_append
@@ -52,7 +52,7 @@ N8N_BATCH = 20
 # without being tried (each try could wait the connection's whole timeout).
 UNREACHABLE_STOP = 3
 ID_CHUNK = 500
-# What an execution not deleted is listed as (besides dlq.n8n_api.Deleted's outcomes).
+# What an execution not deleted is listed as (besides dlq.n8n.api.Deleted's outcomes).
 NOT_ASKED = "not_asked"
 NO_CONNECTION = "no_connection"
 OUTCOME_WORDS = {

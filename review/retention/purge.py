@@ -33,9 +33,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from alerts.services import alert_raise
-from dlq.errors import FailedEventBusy, FailedEventClosed
+from dlq.entries.services import failed_event_discard
 from dlq.models import FailedEvent, FailedEventStatus, Replay
-from dlq.services import failed_event_discard
+from dlq.rules.errors import FailedEventBusy, FailedEventClosed
 from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import uploads_purge
 from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload

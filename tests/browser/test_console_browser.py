@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from dlq import services as dlq_services
+from dlq.entries import services as dlq_entries
 from dlq.models import BulkReplay, FailedEvent, FailedEventStatus
+from dlq.replays import bulk as dlq_bulk
+from dlq.targets import services as dlq_targets
 from ledger.models import Operation, OperationStatus
 from review.models import AccessLog
 from review.privacy import payloads as privacy
@@ -66,14 +68,14 @@ def test_operator_bulk_replays_dlq_entries_after_seeing_the_count(console, tenan
     sink = Sink()
     try:
         crm = enforced_provider(tenant)
-        dlq_services.replay_target_upsert(tenant=tenant, slug="n8n-webhook", url=f"{sink.url}/hook", is_default=True)
+        dlq_targets.replay_target_upsert(tenant=tenant, slug="n8n-webhook", url=f"{sink.url}/hook", is_default=True)
         failed = [
             failed_op(tenant, crm, f"crm-contact:call_{n}:v1", payload=example("crm-create-contact-request.json"))
             for n in range(3)
         ]
         done = failed_op(tenant, crm, "crm-contact:call_9:v1", payload={"x": 1})
         done_event = FailedEvent.objects.get(operation=done)
-        dlq_services.failed_event_resolve(tenant_id=tenant.pk, event_pk=done_event.pk, actor="t", note="fixed in CRM")
+        dlq_entries.failed_event_resolve(tenant_id=tenant.pk, event_pk=done_event.pk, actor="t", note="fixed in CRM")
         staff("otto", role="operator", tenants=[tenant])
 
         tab = console()
@@ -98,7 +100,7 @@ def test_operator_bulk_replays_dlq_entries_after_seeing_the_count(console, tenan
         assert "of 3 entries started" in tab.text()
         # What the django-q2 worker does with the confirmed selection.
         bulk = BulkReplay.objects.get()
-        dlq_services.bulk_replay_run(bulk_id=bulk.pk)
+        dlq_bulk.bulk_replay_run(bulk_id=bulk.pk)
         assert sink.count("/hook") == 3
         assert set(FailedEvent.objects.filter(operation__in=failed).values_list("status", flat=True)) == {
             FailedEventStatus.REPLAYED

@@ -24,8 +24,11 @@ from django_q.worker import worker
 
 from alerts.models import AlertChannelKind
 from alerts.services import alert_channel_upsert, alert_raise
-from dlq import services as dlq_services
-from dlq.runs import run_resume
+from dlq.ingest import services as dlq_ingest
+from dlq.n8n import connections as dlq_connections
+from dlq.replays import bulk as dlq_bulk
+from dlq.replays.runs import run_resume
+from dlq.targets import services as dlq_targets
 from ledger.models import ErrorClass, FenceHold, IdempotencyClass, Tenant, Tombstone
 from ledger.protocol import services
 from ledger.providers import prompts
@@ -134,7 +137,7 @@ def _seed_longest(tenant: Tenant) -> None:
         base_url="http://127.0.0.1:9/" + "v2/regional/contacts/" * 10,
         idempotency_class=IdempotencyClass.KEY_ENFORCED,
     )
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant, slug=LONG_TARGET, url="http://127.0.0.1:9/webhook/" + "rerun-lead-capture/" * 40
     )
     _seed_runs_and_records(tenant, provider)
@@ -170,7 +173,7 @@ def _seed_longest(tenant: Tenant) -> None:
             "execution_id": "8" * 255,
         },
     }
-    dlq_services.failed_event_ingest(
+    dlq_ingest.failed_event_ingest(
         tenant=tenant, raw=json.dumps(envelope).encode(), actor="t", replay_target=LONG_TARGET
     )
     # Configuration and files at their limits, so their detail pages are visited too.
@@ -181,7 +184,7 @@ def _seed_longest(tenant: Tenant) -> None:
         kind=AlertChannelKind.WEBHOOK,
         url="http://127.0.0.1:9/hooks/" + "on-call-escalation/" * 20,
     )
-    dlq_services.n8n_connection_save(
+    dlq_connections.n8n_connection_save(
         tenant=tenant, base_url="http://127.0.0.1:9/" + "n8n-regional/" * 10, api_key="k" * 64, actor="t"
     )
     _seed_alert_deliveries(tenant)
@@ -250,10 +253,10 @@ def _seed_runs_and_records(tenant: Tenant, provider: Any) -> None:
     run_resume(tenant_id=tenant.pk, run=LONG_RUN, actor=LONG_ACTOR, note=LONG_NOTE, target_slug=LONG_TARGET)
     # A bulk replay of the pending entries, confirmed and run by its task (the sends are
     # refused: nothing listens on the target's port).
-    bulk = dlq_services.bulk_replay_prepare(
+    bulk = dlq_bulk.bulk_replay_prepare(
         tenant=tenant, filters={}, actor=LONG_ACTOR, target_slug=LONG_TARGET, note=LONG_NOTE
     )
-    dlq_services.bulk_replay_confirm(tenant=tenant, bulk_id=bulk.pk, actor=LONG_ACTOR, count=bulk.count)
+    dlq_bulk.bulk_replay_confirm(tenant=tenant, bulk_id=bulk.pk, actor=LONG_ACTOR, count=bulk.count)
     _task("dlq.tasks.bulk_replay_run_task", bulk.pk)
     prompts.prompt_template_create(
         tenant=tenant,

@@ -22,7 +22,7 @@ from django.urls import NoReverseMatch, reverse
 
 from alerts.services import alert_channel_upsert, alert_raise
 from dlq.models import N8nConnection
-from dlq.services import replay_target_upsert
+from dlq.targets.services import replay_target_upsert
 from ledger.models import Tenant
 from ledger.protocol import services
 from ledger.providers import prompts

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import pytest
 from django.contrib.auth.models import User
 
-from dlq import services as dlq_services
-from dlq.errors import KeyNotSettable
+from dlq.entries import services as dlq_entries
 from dlq.models import FailedEvent, FailedEventChange, KeySource
+from dlq.rules.errors import KeyNotSettable
+from dlq.targets import services as dlq_targets
 from ledger.platform.errors import InvalidKey
 from tests.console.support import client_for
 from tests.dlq.sinks import Sink
@@ -31,7 +32,7 @@ def sink() -> Iterator[Sink]:
 
 @pytest.fixture
 def entry(tenant, sink) -> FailedEvent:
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant, slug="crm", url=f"{sink.url}/contacts", timeout_seconds=2.0, is_default=True
     )
     event = ingest(tenant, error_report("4812", key=None)).event
@@ -82,7 +83,7 @@ def test_a_key_set_in_the_console_is_audited_and_the_replay_goes_out_under_it(en
 )
 def test_a_key_that_breaks_the_key_rule_is_refused_with_the_rule_in_words(entry, bad, rule):
     with pytest.raises(InvalidKey) as refused:
-        dlq_services.failed_event_key_set(tenant_id=entry.tenant_id, event_pk=entry.pk, key=bad, actor="t")
+        dlq_entries.failed_event_key_set(tenant_id=entry.tenant_id, event_pk=entry.pk, key=bad, actor="t")
     assert refused.value.extra["rule"] == rule
     entry.refresh_from_db()
     assert entry.key_source == KeySource.MISSING and not FailedEventChange.objects.filter(note__contains="key set")
@@ -97,10 +98,10 @@ def test_the_console_form_shows_the_refusal_and_changes_nothing(entry, console):
 
 
 def test_a_key_is_set_once_and_never_over_a_key_another_open_entry_holds(entry, tenant):
-    dlq_services.failed_event_key_set(tenant_id=tenant.pk, event_pk=entry.pk, key=KEY, actor="t")
+    dlq_entries.failed_event_key_set(tenant_id=tenant.pk, event_pk=entry.pk, key=KEY, actor="t")
     with pytest.raises(KeyNotSettable):
-        dlq_services.failed_event_key_set(tenant_id=tenant.pk, event_pk=entry.pk, key="other:v1", actor="t")
+        dlq_entries.failed_event_key_set(tenant_id=tenant.pk, event_pk=entry.pk, key="other:v1", actor="t")
     second = ingest(tenant, error_report("4813", key=None)).event
     with pytest.raises(KeyNotSettable) as held:
-        dlq_services.failed_event_key_set(tenant_id=tenant.pk, event_pk=second.pk, key=KEY, actor="t")
+        dlq_entries.failed_event_key_set(tenant_id=tenant.pk, event_pk=second.pk, key=KEY, actor="t")
     assert held.value.extra["entry"] == entry.pk

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from dlq import services as dlq_services
 from dlq.models import FailedEvent
+from dlq.replays import bulk as dlq_bulk
+from dlq.replays import services as dlq_replays
+from dlq.targets import services as dlq_targets
 from ledger.platform import logs
 from ledger.platform.errors import DomainError
 from ledger.protocol import services
@@ -96,18 +98,18 @@ def _flows(tenant: Any, other_tenant: Any, make_client: Any) -> None:
     api.post("/api/v1/dlq/events", voice, format="json")  # an unknown shape: kept raw
     sink = Sink()
     try:
-        dlq_services.replay_target_upsert(tenant=tenant, slug="hook", url=f"{sink.url}/hook", is_default=True)
+        dlq_targets.replay_target_upsert(tenant=tenant, slug="hook", url=f"{sink.url}/hook", is_default=True)
         event = FailedEvent.objects.get(operation=lead)
-        dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="user:ops", note="limit lifted")
-        bulk = dlq_services.bulk_replay_prepare(tenant=tenant, filters={}, actor="user:ops")
-        dlq_services.bulk_replay_confirm(tenant=tenant, bulk_id=bulk.pk, actor="user:ops", count=bulk.count)
-        dlq_services.bulk_replay_run(bulk_id=bulk.pk)
+        dlq_replays.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="user:ops", note="limit lifted")
+        bulk = dlq_bulk.bulk_replay_prepare(tenant=tenant, filters={}, actor="user:ops")
+        dlq_bulk.bulk_replay_confirm(tenant=tenant, bulk_id=bulk.pk, actor="user:ops", count=bulk.count)
+        dlq_bulk.bulk_replay_run(bulk_id=bulk.pk)
     finally:
         sink.close()
-    dlq_services.replay_target_upsert(tenant=tenant, slug="hook", url="http://127.0.0.1:9/refused", is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="hook", url="http://127.0.0.1:9/refused", is_default=True)
     pending = FailedEvent.objects.filter(tenant=tenant, status="pending").first()
     if pending is not None:
-        dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=pending.pk, actor="user:ops")
+        dlq_replays.failed_event_replay(tenant_id=tenant.pk, event_pk=pending.pk, actor="user:ops")
     # Console: review decision, reveal, export, access log, subject search, a refused reveal.
     admin = client_for(staff("ada", role="admin", tenants=[tenant]))
     admin.post(f"/admin/review/reviewitem/{review.pk}/change/", {"decision": "confirm_succeeded", "note": "seen"})

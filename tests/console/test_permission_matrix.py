@@ -12,8 +12,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventStatus, Replay
+from dlq.targets import services as dlq_targets
 from ledger.models import ApiKey, Operation, OperationStatus, Provider, Tenant
 from ledger.protocol import services
 from review.models import AccessLog, ErasureRun, RetentionPolicy
@@ -45,7 +45,7 @@ class World:
 def _world(tenant: Tenant, tag: str) -> World:
     mailer = advisory_provider(tenant)
     crm = enforced_provider(tenant)
-    dlq_services.replay_target_upsert(tenant=tenant, slug="hook", url="http://127.0.0.1:9/hook", is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="hook", url="http://127.0.0.1:9/hook", is_default=True)
     review = op_in_review(tenant, mailer, f"{tag}:review", payload=example("voice-call-analyzed.json"))
     failed = failed_op(tenant, crm, f"{tag}:failed", payload=example("crm-create-contact-request.json"))
     Provider.objects.filter(pk=crm.pk).update(paused_at=timezone.now(), paused_reason="HTTP 401")

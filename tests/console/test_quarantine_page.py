@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay
+from dlq.targets import services as dlq_targets
 from tests.console.support import client_for, enforced_provider, failed_op, page, staff
 from tests.dlq.sinks import Sink
 
@@ -23,7 +23,7 @@ def sink() -> Iterator[Sink]:
 
 
 def test_an_operator_corrects_a_quarantined_entry_as_the_next_version(tenant, sink):
-    dlq_services.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/rerun", is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/rerun", is_default=True)
     op = failed_op(tenant, enforced_provider(tenant), "lead-1:create:v1", payload={"email": "bad@", "plan": "pro"})
     entry = FailedEvent.objects.get(operation=op)
     client = client_for(staff("olga", role="operator", tenants=[tenant]))

@@ -12,8 +12,8 @@ from django.db import connection
 from django.utils import timezone
 
 from alerts.models import Alert
-from dlq.errors import FailedEventBusy
 from dlq.models import FailedEvent, FailedEventStatus
+from dlq.rules.errors import FailedEventBusy
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus, Tombstone
 from ledger.platform import crypto
 from ledger.platform.errors import KeyReusedWithDifferentRequest
@@ -193,7 +193,7 @@ def test_dlq_entries_pending_past_ttl_are_discarded_with_an_alert_first_then_del
         operation=failed_op(tenant, crm, "r", payload=example("voice-call-analyzed.json"))
     )
     young_resolved = FailedEvent.objects.get(operation=failed_op(tenant, crm, "y", payload={"email": "a@b.invalid"}))
-    from dlq.services import failed_event_resolve
+    from dlq.entries.services import failed_event_resolve
 
     failed_event_resolve(tenant_id=tenant.pk, event_pk=resolved.pk, actor="t", note="fixed by hand")
     failed_event_resolve(tenant_id=tenant.pk, event_pk=young_resolved.pk, actor="t", note="fixed by hand")

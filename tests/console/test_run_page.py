@@ -9,8 +9,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from dlq import services as dlq_services
 from dlq.models import RunResume
+from dlq.targets import services as dlq_targets
 from ledger.models import ErrorClass, Operation
 from ledger.protocol import services
 from tests.console.support import client_for, enforced_provider, page, staff
@@ -32,7 +32,7 @@ def sink() -> Iterator[Sink]:
 @pytest.fixture
 def run_steps(tenant, sink) -> list[Operation]:
     """Step 1 done, step 2 failed (nothing happened), in one run; a default replay target."""
-    dlq_services.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/rerun", is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/rerun", is_default=True)
     provider = enforced_provider(tenant)
     provider = services.provider_upsert(tenant=tenant, slug=provider.slug, max_attempts=1)
     one = services.operation_claim(tenant=tenant, key="export-1:crm:v1", provider=provider, run=RUN, step=1).operation

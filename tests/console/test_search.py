@@ -9,9 +9,9 @@ import json
 import pytest
 from django.db import connection
 
-from dlq import services as dlq_services
+from dlq.entries.selectors import failed_event_search
+from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent
-from dlq.selectors import failed_event_search
 from ledger.models import Operation
 from ledger.protocol import services
 from ledger.protocol.selectors import operation_search
@@ -49,7 +49,7 @@ def rows(tenant):
         "error": {"message": "The service is receiving too many requests from you [429]", "class": "transient"},
         "source": {"workflow_id": "17", "workflow_name": "Voice call -> CRM lead", "node": "CRM: Create Contact"},
     }
-    dlq_services.failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="t")
+    dlq_ingest.failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="t")
     return made
 
 

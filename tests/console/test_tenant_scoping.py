@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from alerts.models import AlertDelivery
 from alerts.services import alert_channel_upsert, alert_raise
-from dlq import services as dlq_services
 from dlq.models import BulkReplay, FailedEvent, FailedEventAlias, Replay, RunResume
+from dlq.n8n import connections as dlq_connections
+from dlq.targets import services as dlq_targets
 from ledger.models import (
     AdmissionRefusalCount,
     Attempt,
@@ -56,7 +57,7 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     )
     failed = failed_op(tenant, crm, f"failed-{tag}", payload=example("crm-create-contact-request.json"))
     event = FailedEvent.objects.get(operation=failed)
-    target = dlq_services.replay_target_upsert(
+    target = dlq_targets.replay_target_upsert(
         tenant=tenant, slug=f"target-{tag}", url="http://127.0.0.1:9/hook", is_default=True
     )
     channel = alert_channel_upsert(tenant=tenant, name=f"chan-{tag}", kind="webhook", url="http://127.0.0.1:9/a")
@@ -80,7 +81,7 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     FailedEventAlias.objects.create(tenant=tenant, identity=f"alias-{tag}", event=event)
     RunResume.objects.create(tenant=tenant, run=f"run-{tag}", actor="t", note="n", planned=[], results=[])
     # The allowed "nowhere" address (tests.support.outbound): never contacted here.
-    dlq_services.n8n_connection_save(tenant=tenant, base_url="http://127.0.0.1:9", api_key=f"key-{tag}", actor="t")
+    dlq_connections.n8n_connection_save(tenant=tenant, base_url="http://127.0.0.1:9", api_key=f"key-{tag}", actor="t")
     AdmissionRefusalCount.objects.create(tenant=tenant, reason=f"r-{tag}", count=1, last_at=timezone.now())
     prompts.prompt_template_create(
         tenant=tenant, name=f"prompt-{tag}", text="Say {{ x }}", slots={"x": {"max_length": 9}}, actor="t"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from dlq import services as dlq_services
+from dlq.ingest import services as dlq_ingest
 from ledger.models import Operation, Tenant, WorkflowName
 from ledger.protocol import services
 from ledger.protocol.selectors import operation_search
@@ -31,7 +31,7 @@ def failed_in_workflow(tenant: Tenant, workflow_id: str, name: str, execution: s
         "error": {"message": "too many requests [429]", "class": "transient"},
         "source": {"workflow_id": workflow_id, "workflow_name": name, "node": "CRM: Create Contact"},
     }
-    dlq_services.failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="t")
+    dlq_ingest.failed_event_ingest(tenant=tenant, raw=json.dumps(envelope).encode(), actor="t")
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from dlq import services as dlq_services
 from dlq.models import ReplayTarget
+from dlq.targets import services as dlq_targets
 from ledger.models import Tenant
 from tests.dlq.sinks import Sink
 
@@ -47,7 +47,7 @@ def sink(sink_factory: Callable[[], Sink]) -> Sink:
 
 @pytest.fixture
 def target(tenant: Tenant, sink: Sink) -> ReplayTarget:
-    return dlq_services.replay_target_upsert(
+    return dlq_targets.replay_target_upsert(
         tenant=tenant, slug="n8n-rerun", url=f"{sink.url}/webhook/rerun", timeout_seconds=2.0, is_default=True
     )
 

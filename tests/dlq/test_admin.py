@@ -13,9 +13,11 @@ from django.urls import reverse
 from django_q.models import Schedule
 
 from alerts import schedules as alert_schedules
-from dlq import services as dlq_services
-from dlq.admin import mask_skeleton
+from dlq.entries import services as dlq_entries
+from dlq.ingest import services as dlq_ingest
 from dlq.models import BulkReplay, FailedEvent, ReplayTarget
+from dlq.replays import services as dlq_replays
+from dlq.web.console.common import mask_skeleton
 from review.models import StaffTenant
 from tests.dlq.conftest import example
 
@@ -31,7 +33,7 @@ LEAD = {
 
 def ingest(tenant, event_id: str, **extra) -> FailedEvent:
     raw = json.dumps(LEAD | {"event_id": event_id} | extra).encode()
-    return dlq_services.failed_event_ingest(tenant=tenant, raw=raw, actor="t").event
+    return dlq_ingest.failed_event_ingest(tenant=tenant, raw=raw, actor="t").event
 
 
 def changelist() -> str:
@@ -65,7 +67,7 @@ def test_the_list_answers_with_every_filter(admin_client, tenant, query):
 
 def test_the_detail_page_shows_a_masked_skeleton_and_the_replay_history(admin_client, tenant, target, sink):
     event = ingest(tenant, "lead-1")
-    dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="user:ops")
+    dlq_replays.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="user:ops")
     page = admin_client.get(reverse("admin:dlq_failedevent_change", args=[event.pk])).content.decode()
     # The skeleton: keys stay (they say what is there), values are •••.
     assert "•••" in page and "call_id" in page
@@ -100,7 +102,7 @@ def test_bulk_replay_action_shows_the_count_then_confirms_exactly_that_selection
     admin_client, tenant, target, enqueued, django_capture_on_commit_callbacks
 ):
     events = [ingest(tenant, f"lead-{i}") for i in range(3)]
-    dlq_services.failed_event_resolve(tenant_id=tenant.pk, event_pk=events[2].pk, actor="t", note="done")
+    dlq_entries.failed_event_resolve(tenant_id=tenant.pk, event_pk=events[2].pk, actor="t", note="done")
     ticked = [str(e.pk) for e in events]
     page = admin_client.post(changelist(), {"action": "replay_selected", "_selected_action": ticked})
     assert page.status_code == 200

@@ -24,7 +24,7 @@ from alerts import schedules as alert_schedules
 from alerts.clearing import CLEARING, alerts_resolve_cleared
 from alerts.models import Alert, AlertState
 from alerts.services import alert_acknowledge, alert_channel_upsert, alert_raise
-from dlq import services as dlq_services
+from dlq.entries import services as dlq_entries
 from dlq.models import FailedEvent
 from ledger.execution import polling
 from ledger.models import Operation, OperationStatus, Provider
@@ -203,7 +203,7 @@ def test_a_retention_discard_notice_resolves_once_the_discard_is_done_and_a_new_
     discarding()
     [alert] = alerts_of("retention_discarded", "lead-77")
     assert evaluate(clock).get("held", 0) >= 1  # the entry is still pending
-    dlq_services.failed_event_discard(tenant_id=tenant.pk, event_pk=event_pk, actor="retention", note="TTL")
+    dlq_entries.failed_event_discard(tenant_id=tenant.pk, event_pk=event_pk, actor="retention", note="TTL")
     assert evaluate(clock)["resolved"] >= 1
     assert_resolved_by_itself(alert, clock, "discarded")
     discarding()

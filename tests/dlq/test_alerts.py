@@ -17,7 +17,7 @@ from django.utils import timezone
 from alerts import services as alerts
 from alerts.models import Alert, AlertChannel, AlertDelivery
 from alerts.tasks import alert_dispatch_task, alerts_flush_task
-from dlq import services as dlq_services
+from dlq.ingest import services as dlq_ingest
 from ledger.platform.tasks import enqueue as real_enqueue  # bound before the autouse `enqueued` fixture stubs it
 from tests.dlq.conftest import example
 
@@ -112,7 +112,7 @@ def test_a_burst_of_200_entries_becomes_one_digest_per_channel(client, tenant, s
     channel(tenant, "slack", slack_sink)
     channel(tenant, "discord", discord_sink)
     for i in range(200):
-        dlq_services.failed_event_ingest(
+        dlq_ingest.failed_event_ingest(
             tenant=tenant, raw=json.dumps(LEAD | {"event_id": f"burst-{i}"}).encode(), actor="t"
         )
     assert Alert.objects.count() == 200
@@ -131,9 +131,7 @@ def test_alerts_dispatched_one_by_one_are_rate_limited_then_digested(client, ten
     ch = channel(tenant, "slack", sink, max_messages_per_window=5, window_seconds=60)
     # The worst case: a dispatch after every single commit.
     for i in range(200):
-        dlq_services.failed_event_ingest(
-            tenant=tenant, raw=json.dumps(LEAD | {"event_id": f"b-{i}"}).encode(), actor="t"
-        )
+        dlq_ingest.failed_event_ingest(tenant=tenant, raw=json.dumps(LEAD | {"event_id": f"b-{i}"}).encode(), actor="t")
         alert_dispatch_task(tenant.pk)
     assert len(sink.received()) == 5
     # The window passes; the flush schedule sends the rest as one digest.

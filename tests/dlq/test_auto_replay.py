@@ -8,8 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay
+from dlq.replays import services as dlq_replays
+from dlq.targets import services as dlq_targets
 from dlq.tasks import auto_replay_task, replays_recover_task
 from ledger.models import Operation
 from ledger.protocol import services as ledger
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def auto_target(tenant, sink):
-    return dlq_services.replay_target_upsert(
+    return dlq_targets.replay_target_upsert(
         tenant=tenant, slug="auto", url=sink.url, is_default=True, auto_replay=True, timeout_seconds=2
     )
 
@@ -102,7 +103,7 @@ def test_a_replay_interrupted_before_the_send_returns_the_entry_to_pending(clien
     event_id = ingest(client, "t")
     event = FailedEvent.objects.get(pk=event_id)
     # The sender died right after allocating n.
-    replay = dlq_services._replay_begin(
+    replay = dlq_replays._replay_begin(
         event=event, target=target, actor="t", note="", force=False, as_new=False, trigger="manual", bulk_id=None
     )
     Replay.objects.filter(pk=replay.pk).update(started_at=timezone.now() - timedelta(hours=1))
@@ -114,7 +115,7 @@ def test_a_replay_interrupted_before_the_send_returns_the_entry_to_pending(clien
 def test_a_replay_interrupted_after_the_send_is_settled_by_the_ledger_row(client, tenant, target):
     event_id = ingest(client, "t")
     event = FailedEvent.objects.get(pk=event_id)
-    replay = dlq_services._replay_begin(
+    replay = dlq_replays._replay_begin(
         event=event, target=target, actor="t", note="", force=False, as_new=False, trigger="manual", bulk_id=None
     )
     op = ledger.operation_claim(
@@ -132,7 +133,7 @@ def test_a_replay_interrupted_after_the_send_is_settled_by_the_ledger_row(client
 def test_a_replay_whose_success_was_recorded_by_the_ledger_is_settled_as_replayed(client, tenant, target):
     event_id = ingest(client, "t")
     event = FailedEvent.objects.get(pk=event_id)
-    replay = dlq_services._replay_begin(
+    replay = dlq_replays._replay_begin(
         event=event, target=target, actor="t", note="", force=False, as_new=False, trigger="manual", bulk_id=None
     )
     op = ledger.operation_claim(

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from dlq import services as dlq_services
 from dlq.models import BulkReplay, FailedEvent, Replay
+from dlq.replays import bulk as dlq_bulk
 from dlq.tasks import bulk_replay_run_task
 from tests.support.clocks import FakeClock
 
@@ -136,7 +136,7 @@ def test_sends_are_paced_at_the_configured_rate(
         client.post("/api/v1/dlq/replays", {"id": selection["id"]}, format="json")
     # The pacing's clock (was: the wall clock, read around the run).
     clock = FakeClock()
-    monkeypatch.setattr(dlq_services, "time", clock)
+    monkeypatch.setattr(dlq_bulk, "time", clock)
     started = clock.monotonic()
     run_bulk(enqueued, selection["id"])
     # 4 sends at 10/s: the 4th is not before 0.3 s (rounded: the pauses are float sums).
@@ -148,9 +148,9 @@ def test_sends_are_paced_at_the_configured_rate(
 def test_a_run_out_of_budget_hands_over_to_a_fresh_task_and_resumes(client, tenant, target, sink, enqueued, settings):
     settings.ONCEGUARD_DLQ = {"BULK_REPLAY_PER_SECOND": 1000}
     ingest(client, 3, "e")
-    bulk = dlq_services.bulk_replay_prepare(tenant=tenant, filters={}, actor="t")
-    dlq_services.bulk_replay_confirm(tenant=tenant, bulk_id=bulk.pk, actor="t")
-    dlq_services.bulk_replay_run(bulk_id=bulk.pk, budget_seconds=0)
+    bulk = dlq_bulk.bulk_replay_prepare(tenant=tenant, filters={}, actor="t")
+    dlq_bulk.bulk_replay_confirm(tenant=tenant, bulk_id=bulk.pk, actor="t")
+    dlq_bulk.bulk_replay_run(bulk_id=bulk.pk, budget_seconds=0)
     assert BulkReplay.objects.get(pk=bulk.pk).position == 1
     assert ("dlq.tasks.bulk_replay_run_task", bulk.pk) in enqueued
     run_bulk(enqueued, bulk.pk)
@@ -161,14 +161,14 @@ def test_a_run_out_of_budget_hands_over_to_a_fresh_task_and_resumes(client, tena
 def test_two_runners_of_one_bulk_replay_never_send_an_entry_twice(client, tenant, target, sink, settings):
     settings.ONCEGUARD_DLQ = {"BULK_REPLAY_PER_SECOND": 1000}
     ingest(client, 8, "e")
-    bulk = dlq_services.bulk_replay_prepare(tenant=tenant, filters={}, actor="t")
-    dlq_services.bulk_replay_confirm(tenant=tenant, bulk_id=bulk.pk, actor="t")
+    bulk = dlq_bulk.bulk_replay_prepare(tenant=tenant, filters={}, actor="t")
+    dlq_bulk.bulk_replay_confirm(tenant=tenant, bulk_id=bulk.pk, actor="t")
     barrier = threading.Barrier(2, timeout=10)
 
     def runner() -> None:
         try:
             barrier.wait()
-            dlq_services.bulk_replay_run(bulk_id=bulk.pk)
+            dlq_bulk.bulk_replay_run(bulk_id=bulk.pk)
         finally:
             connection.close()
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from dlq import n8n, services
 from dlq.models import FailedEvent, N8nConnection
-from dlq.n8n_api import Deleted, Deletion
+from dlq.n8n import client as n8n
+from dlq.n8n import connections as dlq_connections
+from dlq.n8n.api import Deleted, Deletion
 from dlq.tasks import n8n_payload_fetch_task
 from ledger.models import Provider, Tenant
 from ledger.protocol import services as ledger_services
@@ -47,7 +48,7 @@ def n8n_api() -> Iterator[FakeN8nApi]:
 
 @pytest.fixture
 def connected(tenant: Tenant, n8n_api: FakeN8nApi) -> N8nConnection:
-    return services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
+    return dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
 
 
 @pytest.fixture(autouse=True)

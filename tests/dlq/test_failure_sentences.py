@@ -11,8 +11,8 @@ import re
 import pytest
 from django.contrib.auth.models import User
 
-from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay
+from dlq.targets import services as dlq_targets
 from ledger.models import Operation
 from ledger.web.failures import explain_failure, failure_html
 from review.demo import demo_seed
@@ -32,7 +32,7 @@ ENVELOPE = {
 
 
 def replay_to(client, tenant, url: str, **target) -> Replay:
-    dlq_services.replay_target_upsert(tenant=tenant, slug="crm", url=url, is_default=True, **target)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="crm", url=url, is_default=True, **target)
     event_id = client.post("/api/v1/dlq/events", ENVELOPE, format="json").json()["id"]
     client.post(f"/api/v1/dlq/events/{event_id}/replay", {}, format="json")
     return Replay.objects.get(event_id=event_id)
@@ -102,7 +102,7 @@ def test_the_entry_the_result_and_the_replay_s_operation_page_show_the_sentence_
 ):
     url = f"http://127.0.0.1:{free_port()}/contacts"
     outbound_allow(url)
-    dlq_services.replay_target_upsert(tenant=tenant, slug="crm", url=url, is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="crm", url=url, is_default=True)
     event_id = client.post("/api/v1/dlq/events", ENVELOPE, format="json").json()["id"]
     console = client_for(User.objects.create_superuser("root", password="x"))
     # The replay's result, as the console says it after the replay.

@@ -11,8 +11,8 @@ import pytest
 from django.utils import timezone
 
 from alerts.models import Alert
+from dlq.entries.payloads import open_payload
 from dlq.models import FailedEvent, FailedEventChange
-from dlq.payloads import open_payload
 from tests.dlq.conftest import example, example_bytes, post_raw
 
 pytestmark = pytest.mark.django_db

@@ -8,9 +8,10 @@ from contextlib import AbstractContextManager
 
 import pytest
 
-import dlq.services
 from alerts.models import Alert
+from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent, FailedEventChange
+from dlq.targets import services as dlq_targets
 from ledger.models import IdempotencyClass, Operation, OperationEvent
 from ledger.platform import hooks
 from ledger.protocol import services as ledger
@@ -78,7 +79,7 @@ def test_the_end_of_a_retry_lifetime_writes_its_entry(tenant, provider):
 
 def _crash_after_dlq_write() -> AbstractContextManager[None]:
     def record_then_crash(*, operation):
-        dlq.services.failed_event_record_for_operation(operation=operation)
+        dlq_ingest.failed_event_record_for_operation(operation=operation)
         # The status write and the entry (and its alert) are done; now the process "dies".
         assert Operation.objects.filter(pk=operation.pk, status="failed").exists()
         assert FailedEvent.objects.filter(operation_id=operation.pk).exists()
@@ -124,7 +125,7 @@ def test_an_alert_that_cannot_be_written_fails_the_transition_too(tenant, provid
     def broken_alert(**kwargs):
         raise RuntimeError("alert table unavailable")
 
-    monkeypatch.setattr(dlq.services, "alert_raise", broken_alert)
+    monkeypatch.setattr(dlq_ingest, "alert_raise", broken_alert)
     with pytest.raises(RuntimeError):
         ledger.operation_fail(
             operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="invalid_input"
@@ -138,7 +139,7 @@ def test_recording_the_same_operation_twice_is_one_entry(tenant, provider):
     failed = ledger.operation_fail(
         operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, error_class="invalid_input"
     )
-    assert dlq.services.failed_event_record_for_operation(operation=failed).pk == FailedEvent.objects.get().pk
+    assert dlq_ingest.failed_event_record_for_operation(operation=failed).pk == FailedEvent.objects.get().pk
 
 
 @pytest.mark.django_db
@@ -211,7 +212,7 @@ def test_a_key_enforced_receiver_dedups_the_replay_and_rerun_as_new_gets_through
             response_status=402,
         )
         event = FailedEvent.objects.get(operation_id=op.pk)
-        dlq.services.replay_target_upsert(tenant=tenant, slug="stripe", url=f"{mock.url}/charges", is_default=True)
+        dlq_targets.replay_target_upsert(tenant=tenant, slug="stripe", url=f"{mock.url}/charges", is_default=True)
 
         same_key = api.post(f"/api/v1/dlq/events/{event.pk}/replay", {}, format="json").json()
         assert same_key["outcome"] == "failed" and same_key["response_status"] == 402

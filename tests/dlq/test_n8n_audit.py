@@ -1,4 +1,4 @@
-"""The workflow audit's analysis (dlq.n8n_audit.workflow_audit) on workflow JSON fixtures:
+"""The workflow audit's analysis (dlq.n8n.audit.workflow_audit) on workflow JSON fixtures:
 what it flags, what it leaves alone, and that every finding names its fix."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from dlq.n8n_audit import FIXES, WorkflowReport, workflow_audit
+from dlq.n8n.audit import FIXES, WorkflowReport, workflow_audit
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "integrations" / "n8n" / "workflows"
@@ -310,9 +310,9 @@ def n8n_api() -> Any:
 
 @pytest.fixture
 def connected(tenant: Any, n8n_api: Any) -> Any:
-    from dlq import services
+    from dlq.n8n import connections as dlq_connections
 
-    return services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
+    return dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
 
 
 def audit_json(*args: str) -> dict[str, Any]:

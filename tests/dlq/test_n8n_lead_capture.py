@@ -17,9 +17,11 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from dlq import n8n, services
+from dlq.entries.payloads import open_payload
+from dlq.ingest import fetch as dlq_fetch
 from dlq.models import FailedEvent, FailedEventChange, N8nConnection, PayloadFetch
-from dlq.payloads import open_payload
+from dlq.n8n import client as n8n
+from dlq.n8n import connections as dlq_connections
 from dlq.tasks import n8n_payload_fetch_task
 from ledger.models import ConfigChange, Tenant
 from ledger.platform.crypto import is_sealed, open_json
@@ -46,7 +48,7 @@ def n8n_api() -> Iterator[FakeN8nApi]:
 
 @pytest.fixture
 def connected(tenant: Tenant, n8n_api: FakeN8nApi) -> N8nConnection:
-    return services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
+    return dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, actor="test")
 
 
 @pytest.fixture(autouse=True)
@@ -170,7 +172,7 @@ def test_a_fetched_key_another_entry_opened_meanwhile_leaves_this_entry_without_
     }
     post_raw(client, json.dumps(other))
     # The race: the other entry opened after the look for an open entry of the key.
-    monkeypatch.setattr(services.selectors, "failed_events_of_key", lambda **kw: FailedEvent.objects.none())
+    monkeypatch.setattr(dlq_fetch.selectors, "failed_events_of_key", lambda **kw: FailedEvent.objects.none())
 
     event = run_task(event)
 
@@ -206,7 +208,7 @@ def test_without_a_connection_nothing_is_enqueued_and_the_entry_is_as_reported(
 def test_a_switched_off_connection_fetches_nothing(
     client, tenant, connected, n8n_api, enqueued, django_capture_on_commit_callbacks
 ):
-    services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, active=False, actor="test")
+    dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, active=False, actor="test")
     event = ingest(client, django_capture_on_commit_callbacks)
     assert event.payload_fetch == PayloadFetch.NONE and fetches(enqueued) == []
 
@@ -258,7 +260,9 @@ def test_an_execution_still_running_is_waited_for_and_then_recorded(
 
 
 def test_a_slow_n8n_is_given_up_on_within_the_timeout(client, tenant, n8n_api, django_capture_on_commit_callbacks):
-    services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY, timeout_seconds=0.5, actor="t")
+    dlq_connections.n8n_connection_save(
+        tenant=tenant, base_url=n8n_api.url, api_key=KEY, timeout_seconds=0.5, actor="t"
+    )
     # Each answer is held for a minute (or until the server stops after the test); a client
     # without the bound would wait three minutes in all.
     n8n_api.script, n8n_api.slow_seconds = ["slow", "slow", "slow"], 60.0
@@ -335,7 +339,7 @@ def test_a_connection_removed_before_the_fetch_is_recorded(
     client, tenant, connected, n8n_api, django_capture_on_commit_callbacks
 ):
     event = ingest(client, django_capture_on_commit_callbacks)
-    services.n8n_connection_delete(tenant=tenant, actor="test")
+    dlq_connections.n8n_connection_delete(tenant=tenant, actor="test")
     assert_left_as_reported(run_task(event), reason="connection was removed or switched off")
     assert n8n_api.asked == []
 
@@ -361,11 +365,13 @@ def test_the_failed_node_is_the_one_the_error_names():
 
 
 def test_the_connection_stores_the_key_sealed_and_the_trail_masks_it(tenant, n8n_api):
-    connection = services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url + "/", api_key=KEY, actor="cli:ops")
+    connection = dlq_connections.n8n_connection_save(
+        tenant=tenant, base_url=n8n_api.url + "/", api_key=KEY, actor="cli:ops"
+    )
     assert connection.base_url == n8n_api.url
     assert is_sealed(connection.api_key_secret) and open_json(connection.api_key_secret) == KEY
     assert KEY not in json.dumps(list(N8nConnection.objects.values("api_key_secret")))
-    services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY + "2", actor="cli:ops")
+    dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key=KEY + "2", actor="cli:ops")
     created, replaced = ConfigChange.objects.filter(object_type="dlq.n8nconnection").order_by("id")
     assert created.after["api_key_secret"] == "‹secret›" and created.actor == "cli:ops"
     assert replaced.after["api_key_secret"] == "‹secret, replaced›"
@@ -375,15 +381,15 @@ def test_the_connection_stores_the_key_sealed_and_the_trail_masks_it(tenant, n8n
 def test_a_url_the_outbound_policy_refuses_is_not_saved(tenant):
     for url in ("http://169.254.169.254/", "http://127.0.0.1:5678", "http://10.0.0.5:5678", "file:///etc/passwd"):
         with pytest.raises(DestinationNotAllowed):
-            services.n8n_connection_save(tenant=tenant, base_url=url, api_key=KEY, actor="test")
+            dlq_connections.n8n_connection_save(tenant=tenant, base_url=url, api_key=KEY, actor="test")
     assert not N8nConnection.objects.exists()
 
 
 def test_a_new_connection_needs_a_key_and_a_key_has_no_spaces(tenant, n8n_api):
     with pytest.raises(ValidationFailed):
-        services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, actor="test")
+        dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, actor="test")
     with pytest.raises(ValidationFailed):
-        services.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key="a b\r\nX-Evil: 1", actor="t")
+        dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n_api.url, api_key="a b\r\nX-Evil: 1", actor="t")
     assert not N8nConnection.objects.exists()
 
 

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from dlq import services as dlq_services
-from dlq.errors import KeyOpenInNewerEntry
+from dlq.entries import services as dlq_entries
+from dlq.entries.payloads import open_payload, seal_payload
+from dlq.ingest import services as dlq_ingest
+from dlq.ingest.parsing import failed_request_key
 from dlq.models import FailedEvent, FailedEventOccurrence
-from dlq.parsing import failed_request_key
-from dlq.payloads import open_payload, seal_payload
+from dlq.replays import services as dlq_replays
+from dlq.rules.errors import KeyOpenInNewerEntry
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol import services as ledger
 from tests.dlq.conftest import example, post_raw
@@ -52,8 +54,8 @@ def error_report(execution: str, *, key: str | None = LEAD_KEY, body: Any = None
     return report
 
 
-def ingest(tenant, report: dict[str, Any], **kwargs: Any) -> dlq_services.IngestResult:
-    return dlq_services.failed_event_ingest(tenant=tenant, raw=json.dumps(report).encode(), actor="t", **kwargs)
+def ingest(tenant, report: dict[str, Any], **kwargs: Any) -> dlq_ingest.IngestResult:
+    return dlq_ingest.failed_event_ingest(tenant=tenant, raw=json.dumps(report).encode(), actor="t", **kwargs)
 
 
 def test_an_error_trigger_entry_holds_the_failed_requests_body_under_its_idempotency_key(tenant):
@@ -104,7 +106,7 @@ def test_the_same_lead_failing_twice_is_one_entry_with_two_occurrences_and_both_
 
 def test_after_the_entry_is_closed_the_same_key_opens_a_new_entry_linked_to_the_earlier_one(tenant):
     first = ingest(tenant, error_report("4812")).event
-    dlq_services.failed_event_resolve(tenant_id=tenant.pk, event_pk=first.pk, actor="t", note="created by hand")
+    dlq_entries.failed_event_resolve(tenant_id=tenant.pk, event_pk=first.pk, actor="t", note="created by hand")
 
     second = ingest(tenant, error_report("4900"))
 
@@ -171,12 +173,12 @@ def test_envelopes_without_an_event_id_are_merged_by_their_key(client):
 
 def test_a_forced_replay_of_a_closed_entry_whose_key_a_newer_entry_holds_is_refused(tenant, target, sink):
     first = ingest(tenant, error_report("4812")).event
-    assert dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=first.pk, actor="t").outcome == "succeeded"
+    assert dlq_replays.failed_event_replay(tenant_id=tenant.pk, event_pk=first.pk, actor="t").outcome == "succeeded"
     newer = ingest(tenant, error_report("4900")).event
     assert newer.pk != first.pk
 
     with pytest.raises(KeyOpenInNewerEntry):
-        dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=first.pk, actor="t", force=True, note="again")
+        dlq_replays.failed_event_replay(tenant_id=tenant.pk, event_pk=first.pk, actor="t", force=True, note="again")
     assert len(sink.received()) == 1
 
 
@@ -184,7 +186,7 @@ def test_a_replay_sends_the_failed_items_body_once_under_the_original_key(tenant
     ingest(tenant, error_report("4812"))
     event = ingest(tenant, error_report("4815")).event
 
-    replay = dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="t")
+    replay = dlq_replays.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="t")
 
     assert replay.outcome == "succeeded"
     [request] = sink.received()
@@ -229,7 +231,7 @@ def _fetched_entry(tenant, items: list[Any]) -> FailedEvent:
 
 def test_an_entry_stored_earlier_with_one_fetched_item_replays_that_item_alone(tenant, target, sink):
     event = _fetched_entry(tenant, [CONTACT])
-    assert dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="t").outcome == "succeeded"
+    assert dlq_replays.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="t").outcome == "succeeded"
     [request] = sink.received()
     assert request.json() == CONTACT and request.header("Idempotency-Key") == LEAD_KEY
 
@@ -237,7 +239,7 @@ def test_an_entry_stored_earlier_with_one_fetched_item_replays_that_item_alone(t
 def test_an_entry_holding_several_items_it_cannot_tell_apart_is_not_replayed_as_is(tenant, target, sink):
     event = _fetched_entry(tenant, [CONTACT, {**CONTACT, "firstName": "Ben"}])
     with pytest.raises(ValidationFailed, match="holds 2 input items"):
-        dlq_services.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="t")
+        dlq_replays.failed_event_replay(tenant_id=tenant.pk, event_pk=event.pk, actor="t")
     assert sink.received() == []
     event.refresh_from_db()
     assert event.status == "pending" and event.replay_count == 0
@@ -245,7 +247,7 @@ def test_an_entry_holding_several_items_it_cannot_tell_apart_is_not_replayed_as_
 
 def test_the_api_and_the_console_show_the_occurrences_and_the_entries_of_the_same_key(tenant, client, admin_client):
     first = ingest(tenant, error_report("4812")).event
-    dlq_services.failed_event_discard(tenant_id=tenant.pk, event_pk=first.pk, actor="t", note="test lead")
+    dlq_entries.failed_event_discard(tenant_id=tenant.pk, event_pk=first.pk, actor="t", note="test lead")
     ingest(tenant, error_report("4900"))
     event = ingest(tenant, error_report("4901")).event
 

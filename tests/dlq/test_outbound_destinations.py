@@ -12,8 +12,8 @@ import pytest
 from alerts import services as alerts
 from alerts.models import AlertChannel, AlertDelivery, AlertDeliveryStatus
 from alerts.tasks import alert_dispatch_task
-from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay, ReplayTarget
+from dlq.targets import services as dlq_targets
 from ledger.platform.errors import DestinationNotAllowed
 from tests.console.support import client_for, staff, submit_form
 from tests.dlq.test_replay import ENVELOPE, ingest, replay
@@ -42,7 +42,7 @@ def stranger() -> Iterator[Listener]:
 @pytest.mark.parametrize("url", REFUSED)
 def test_a_replay_target_to_a_refused_destination_cannot_be_saved(tenant, url):
     with pytest.raises(DestinationNotAllowed):
-        dlq_services.replay_target_upsert(tenant=tenant, slug="t", url=url)
+        dlq_targets.replay_target_upsert(tenant=tenant, slug="t", url=url)
     assert not ReplayTarget.objects.exists()
 
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from dlq.ingest.parsing import error_class_from_report, parse_failure
 from dlq.models import FailedEventShape
-from dlq.parsing import error_class_from_report, parse_failure
 from ledger.platform.errors import MalformedJson, ValidationFailed
 from ledger.rules.search import search_values
 from tests.dlq.conftest import example, example_bytes

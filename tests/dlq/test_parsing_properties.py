@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
+from dlq.ingest.parsing import parse_failure
 from dlq.models import FailedEvent
-from dlq.parsing import parse_failure
 from ledger.models import Tenant
 from ledger.platform.errors import DomainError
 from tests.console.support import client_for, staff

@@ -10,7 +10,7 @@ import pytest
 from cryptography.fernet import Fernet
 from django.db import connection
 
-from dlq import payloads
+from dlq.entries import payloads
 from dlq.models import FailedEvent
 from ledger.platform import crypto
 from tests.dlq.conftest import example

@@ -13,8 +13,10 @@ from prometheus_client import REGISTRY
 
 from alerts import services as alerts
 from alerts.models import AlertDelivery
-from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay
+from dlq.replays import automatic as dlq_automatic
+from dlq.replays import services as dlq_replays
+from dlq.targets import services as dlq_targets
 from dlq.tasks import auto_replay_task
 
 pytestmark = pytest.mark.django_db
@@ -69,18 +71,18 @@ def test_a_stored_non_ascii_key_is_replayed_percent_encoded(client, target, sink
 
 
 def test_automatic_replay_goes_on_past_an_entry_that_raises(client, tenant, sink, monkeypatch):
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant, slug="auto", url=sink.url, is_default=True, auto_replay=True, timeout_seconds=2
     )
     poisoned, fine = ingest(client, "poisoned")["id"], ingest(client, "fine")["id"]
-    real = dlq_services.failed_event_replay
+    real = dlq_replays.failed_event_replay
 
     def replay(**kwargs: Any) -> Any:
         if kwargs["event_pk"] == poisoned:
             raise RuntimeError("an entry the replay cannot handle")
         return real(**kwargs)
 
-    monkeypatch.setattr(dlq_services, "failed_event_replay", replay)
+    monkeypatch.setattr(dlq_automatic, "failed_event_replay", replay)
     before = failures("dlq_auto_replay")
 
     counts = auto_replay_task()

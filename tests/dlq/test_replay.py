@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from dlq import services as dlq_services
 from dlq.models import FailedEvent, FailedEventChange, Replay
+from dlq.replays import services as dlq_replays
+from dlq.targets import services as dlq_targets
 from ledger.models import Operation
 from ledger.protocol.transitions.claim import guarded_move
 from review.decisions.services import review_decision_record
@@ -56,7 +57,7 @@ def test_the_target_receives_the_stored_payload_with_the_original_key(client, ta
 
 
 def test_the_target_s_own_header_name_carries_the_key(client, tenant, sink):
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant, slug="hook", url=sink.url, idempotency_header="X-Request-Key", is_default=True
     )
     event_id = ingest(client, ENVELOPE | {"replay_target": ""})
@@ -110,7 +111,7 @@ def test_a_transient_answer_fails_the_replay_key_at_once_instead_of_leaving_it_w
 
 
 def test_a_target_that_is_down_is_a_transient_failure_and_nothing_was_sent(client, tenant):
-    dlq_services.replay_target_upsert(tenant=tenant, slug="down", url="http://127.0.0.1:9/", is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="down", url="http://127.0.0.1:9/", is_default=True)
     event_id = ingest(client)
     data = replay(client, event_id).json()
     assert data["outcome"] == "failed" and data["error_class"] == "transient"
@@ -118,7 +119,7 @@ def test_a_target_that_is_down_is_a_transient_failure_and_nothing_was_sent(clien
 
 
 def test_a_target_that_times_out_after_the_send_is_ambiguous(client, tenant, sink):
-    dlq_services.replay_target_upsert(tenant=tenant, slug="slow", url=sink.url, timeout_seconds=0.3, is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="slow", url=sink.url, timeout_seconds=0.3, is_default=True)
     sink.mode = "hang"
     event_id = ingest(client)
     data = replay(client, event_id).json()
@@ -131,7 +132,7 @@ def test_a_target_that_times_out_after_the_send_is_ambiguous(client, tenant, sin
 def _ambiguous_replay(client, tenant, sink) -> tuple[int, Operation]:
     # Key-enforced: the point here is lineage; the class rule (a key-advisory target waits for a
     # decision after an ambiguous replay) has its own tests (test_replay_classes.py).
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant, slug="slow", url=sink.url, timeout_seconds=0.3, is_default=True, idempotency_class="key_enforced"
     )
     sink.mode = "hang"
@@ -204,7 +205,7 @@ def test_rerun_as_new_is_confirmed_noted_and_sends_a_derived_key(client, target,
 
 
 def test_derived_keys_stay_within_255_characters():
-    assert len(dlq_services.derive_new_key("k" * 255, 12)) == 255
+    assert len(dlq_replays.derive_new_key("k" * 255, 12)) == 255
 
 
 def test_target_override_and_missing_target(client, tenant, sink, sink_factory):
@@ -212,8 +213,8 @@ def test_target_override_and_missing_target(client, tenant, sink, sink_factory):
     missing = replay(client, event_id)
     assert missing.status_code == 409 and missing.json()["code"] == "replay_target_missing"
     other = sink_factory()
-    dlq_services.replay_target_upsert(tenant=tenant, slug="main", url=sink.url, is_default=True)
-    dlq_services.replay_target_upsert(tenant=tenant, slug="other", url=other.url)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="main", url=sink.url, is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="other", url=other.url)
     assert replay(client, event_id, target="other").json()["target"] == "other"
     assert len(other.received()) == 1 and sink.received() == []
     assert replay(client, ingest(client, ENVELOPE | {"event_id": "x2"}), target="nope").status_code == 409
@@ -221,8 +222,8 @@ def test_target_override_and_missing_target(client, tenant, sink, sink_factory):
 
 def test_an_entry_naming_its_target_goes_there(client, tenant, sink, sink_factory):
     named = sink_factory()
-    dlq_services.replay_target_upsert(tenant=tenant, slug="main", url=sink.url, is_default=True)
-    dlq_services.replay_target_upsert(tenant=tenant, slug="crm", url=named.url)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="main", url=sink.url, is_default=True)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="crm", url=named.url)
     event_id = ingest(client, ENVELOPE | {"replay_target": "crm"})
     replay(client, event_id)
     assert len(named.received()) == 1 and sink.received() == []

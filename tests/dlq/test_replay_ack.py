@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
 
-from dlq import services as dlq_services
 from dlq.models import FailedEvent, Replay, ReplayTarget
+from dlq.targets import services as dlq_targets
 from ledger.models import Operation
 from ledger.platform.errors import ValidationFailed
 from review.decisions.services import review_decision_record
@@ -41,12 +41,12 @@ def replay(client, event_id, **body):
 
 
 def secret_of(target: ReplayTarget) -> str:
-    return dlq_services.replay_target_signing_secret(target_id=target.pk)[0]
+    return dlq_targets.replay_target_signing_secret(target_id=target.pk)[0]
 
 
 @pytest.fixture
 def echo(tenant, sink) -> ReplayTarget:
-    return dlq_services.replay_target_upsert(
+    return dlq_targets.replay_target_upsert(
         tenant=tenant,
         slug="n8n",
         url=f"{sink.url}/webhook/replay",
@@ -99,7 +99,7 @@ def test_an_acknowledgement_of_another_replay_or_under_another_secret_is_not_one
 
 def test_during_a_rotation_an_acknowledgement_under_the_previous_secret_counts(client, echo, sink):
     old = secret_of(echo)
-    dlq_services.replay_target_signing_secret(target_id=echo.pk, rotate=True)
+    dlq_targets.replay_target_signing_secret(target_id=echo.pk, rotate=True)
     sink.ack_secret = old
     assert replay(client, ingest(client)).json()["outcome"] == "succeeded"
 
@@ -117,14 +117,14 @@ def test_an_unacknowledged_replay_settled_by_a_reviewer_marks_the_entry_replayed
 
 
 def test_a_status_target_counts_a_2xx_as_before(client, tenant, sink):
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant, slug="api", url=f"{sink.url}/in", ack="status", timeout_seconds=2.0, is_default=True
     )
     assert replay(client, ingest(client)).json()["outcome"] == "succeeded"
 
 
 def test_an_echo_targets_lookup_finds_only_with_its_acknowledgement(client, tenant, sink):
-    target = dlq_services.replay_target_upsert(
+    target = dlq_targets.replay_target_upsert(
         tenant=tenant,
         slug="n8n",
         url=f"{sink.url}/webhook/replay",
@@ -148,18 +148,18 @@ def test_an_echo_targets_lookup_finds_only_with_its_acknowledgement(client, tena
 def test_a_target_made_without_declaring_it_keeps_status_and_is_listed_and_one_on_the_tenants_n8n_gets_echo(
     tenant, sink, admin_client
 ):
-    plain = dlq_services.replay_target_upsert(tenant=tenant, slug="api", url=f"{sink.url}/in")
+    plain = dlq_targets.replay_target_upsert(tenant=tenant, slug="api", url=f"{sink.url}/in")
     assert (plain.ack, plain.ack_confirmed) == ("status", False)
     ReplayTarget.objects.filter(pk=plain.pk).update(ack_confirmed=True)
     from dlq.models import N8nConnection
 
     N8nConnection.objects.create(tenant=tenant, base_url=sink.url)
-    on_n8n = dlq_services.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/replay")
+    on_n8n = dlq_targets.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/replay")
     assert (on_n8n.ack, on_n8n.ack_confirmed) == ("echo", False)
-    declared = dlq_services.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/r", ack="echo")
+    declared = dlq_targets.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/r", ack="echo")
     assert (declared.ack, declared.ack_confirmed) == ("echo", True)
     with pytest.raises(ValidationFailed) as refused:
-        dlq_services.replay_target_upsert(tenant=tenant, slug="api", url=f"{sink.url}/in", ack="2xx")
+        dlq_targets.replay_target_upsert(tenant=tenant, slug="api", url=f"{sink.url}/in", ack="2xx")
     assert refused.value.extra == {"field": "ack"}
 
     ReplayTarget.objects.filter(pk=plain.pk).update(ack_confirmed=False)

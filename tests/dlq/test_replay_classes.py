@@ -10,9 +10,12 @@ import time
 import pytest
 from django.urls import reverse
 
-from dlq import services as dlq_services
-from dlq.errors import ReplayNeedsDecision
 from dlq.models import BulkReplay, FailedEvent, FailedEventChange, Replay, ReplayTarget
+from dlq.replays import automatic as dlq_automatic
+from dlq.replays import services as dlq_replays
+from dlq.replays import signatures as dlq_signatures
+from dlq.rules.errors import ReplayNeedsDecision
+from dlq.targets import services as dlq_targets
 from ledger.models import ConfigChange
 from ledger.platform.errors import DestinationNotAllowed
 from ledger.providers.adapters import sign
@@ -50,7 +53,7 @@ def decide(client, event_id: int, note: str = "checked the CRM: no contact for t
 
 @pytest.fixture
 def advisory(tenant, sink) -> ReplayTarget:
-    return dlq_services.replay_target_upsert(
+    return dlq_targets.replay_target_upsert(
         tenant=tenant,
         slug="crm",
         url=f"{sink.url}/contacts",
@@ -100,7 +103,7 @@ def test_a_decision_is_used_up_by_the_replay_it_allowed(client, advisory, sink):
 
 
 def test_a_key_enforced_target_gets_an_ambiguous_entry_without_a_decision(client, tenant, sink):
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant, slug="stripe-like", url=sink.url, idempotency_class="key_enforced", is_default=True
     )
     event_id = ambiguous(client)
@@ -147,16 +150,16 @@ def test_bulk_replay_says_how_many_will_wait_and_sends_none_of_them(
 def test_an_automatic_replay_sends_nothing_to_a_key_advisory_target(client, advisory, sink):
     event_id = ambiguous(client)
     ReplayTarget.objects.filter(pk=advisory.pk).update(auto_replay=True)
-    dlq_services.auto_replay_due()
+    dlq_automatic.auto_replay_due()
     with pytest.raises(ReplayNeedsDecision, match="waits for a decision"):
-        dlq_services.failed_event_replay(
+        dlq_replays.failed_event_replay(
             tenant_id=advisory.tenant_id, event_pk=event_id, actor="schedule", trigger="auto"
         )
     assert sink.received() == []
 
 
 def test_a_lookup_that_finds_the_key_settles_the_entry_without_sending(client, tenant, sink):
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant,
         slug="crm",
         url=sink.url,
@@ -179,7 +182,7 @@ def test_a_lookup_that_finds_the_key_settles_the_entry_without_sending(client, t
 
 
 def test_a_lookup_that_does_not_find_the_key_lets_the_replay_send(client, tenant, sink):
-    dlq_services.replay_target_upsert(
+    dlq_targets.replay_target_upsert(
         tenant=tenant,
         slug="crm",
         url=sink.url,
@@ -199,13 +202,13 @@ def test_replays_are_signed_with_the_current_and_the_previous_secret_during_a_ro
     first = advisory.new_signing_secret
     assert first
     ingest(client, "lead-3", {"class": "transient"})
-    second, made = dlq_services.replay_target_signing_secret(target_id=advisory.pk, rotate=True)
+    second, made = dlq_targets.replay_target_signing_secret(target_id=advisory.pk, rotate=True)
     assert made and second != first
     replay(client, FailedEvent.objects.get(event_id="lead-3").pk)
     [request] = sink.received()
     header = request.header("Onceguard-Signature")
     assert header.count("v1=") == 2
-    verify = dlq_services.replay_signature_verify
+    verify = dlq_signatures.replay_signature_verify
     assert verify(keys=[first], body=request.body, header=header)
     assert verify(keys=[second], body=request.body, header=header)
     assert not verify(keys=["someone-else-s-secret"], body=request.body, header=header)
@@ -216,7 +219,7 @@ def test_replays_are_signed_with_the_current_and_the_previous_secret_during_a_ro
 
 
 def test_the_credential_reaches_the_target_and_is_never_shown(client, tenant, sink, admin_client):
-    target = dlq_services.replay_target_upsert(
+    target = dlq_targets.replay_target_upsert(
         tenant=tenant,
         slug="crm",
         url=f"{sink.url}/hook/tok-path-abcdef123456",
@@ -244,18 +247,18 @@ def test_the_credential_reaches_the_target_and_is_never_shown(client, tenant, si
 
 def test_plain_http_is_refused_for_a_target_that_is_not_on_this_machine(tenant, settings):
     with pytest.raises(DestinationNotAllowed, match="https is required"):
-        dlq_services.replay_target_upsert(
+        dlq_targets.replay_target_upsert(
             tenant=tenant, slug="crm", url="http://crm.example.com/in", idempotency_class="key_advisory"
         )
     settings.ONCEGUARD_DLQ = {"REPLAY_ALLOW_HTTP": 1}
-    target = dlq_services.replay_target_upsert(
+    target = dlq_targets.replay_target_upsert(
         tenant=tenant, slug="crm", url="http://crm.example.com/in", idempotency_class="key_advisory"
     )
     assert target.url == "http://crm.example.com/in"
 
 
 def test_a_target_made_without_a_class_is_key_advisory_and_listed_as_not_confirmed(tenant, sink, admin_client):
-    dlq_services.replay_target_upsert(tenant=tenant, slug="legacy", url=sink.url)
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="legacy", url=sink.url)
     target = ReplayTarget.objects.get(slug="legacy")
     assert (target.idempotency_class, target.class_confirmed) == ("key_advisory", False)
     page = admin_client.get(reverse("admin:dlq_replaytarget_changelist") + "?class_state=unconfirmed")
@@ -301,7 +304,7 @@ def test_a_target_added_in_the_console_shows_its_secret_once_and_keeps_the_crede
     assert shown.status_code == 200 and "no-store" in shown["Cache-Control"]
     target = ReplayTarget.objects.get()
     assert target.class_confirmed and target.credential_secret
-    secret = dlq_services.replay_target_signing_secret(target_id=target.pk)[0]
+    secret = dlq_targets.replay_target_signing_secret(target_id=target.pk)[0]
     assert secret in shown.content.decode()
     change = reverse("admin:dlq_replaytarget_change", args=[target.pk])
     page = admin_client.get(change).content.decode()
@@ -317,6 +320,28 @@ def test_a_target_added_in_the_console_shows_its_secret_once_and_keeps_the_crede
         reverse("admin:dlq_replaytarget_changelist"),
         {"action": "rotate_signing_secret", "_selected_action": [target.pk]},
     )
-    new = dlq_services.replay_target_signing_secret(target_id=target.pk)[0]
+    new = dlq_targets.replay_target_signing_secret(target_id=target.pk)[0]
     assert new != secret and new in rotated.content.decode()
-    assert dlq_services.replay_target_signing_secrets(target_id=target.pk) == [new, secret]
+    assert dlq_targets.replay_target_signing_secrets(target_id=target.pk) == [new, secret]
+
+
+def test_the_target_list_warns_about_targets_whose_class_or_acknowledgement_nobody_confirmed(
+    tenant, sink, admin_client
+):
+    # The console puts its own mixins in front of every page
+    # (review.console.site.OnceguardAdminSite): the warnings are said by the list page itself,
+    # above the rows.
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="legacy", url=sink.url)
+    listed = admin_client.get(reverse("admin:dlq_replaytarget_changelist"))
+    text = listed.content.decode()
+    assert "1 replay target(s) were migrated as key-advisory and wait for their class to be confirmed" in text
+    assert "1 replay target(s) count any 2xx as delivered and nobody confirmed it" in text
+
+    ReplayTarget.objects.filter(slug="legacy").update(class_confirmed=True)
+    text = admin_client.get(reverse("admin:dlq_replaytarget_changelist")).content.decode()
+    assert "wait for their class to be confirmed" not in text
+    assert "1 replay target(s) count any 2xx as delivered and nobody confirmed it" in text
+
+    ReplayTarget.objects.filter(slug="legacy").update(ack_confirmed=True)
+    text = admin_client.get(reverse("admin:dlq_replaytarget_changelist")).content.decode()
+    assert "wait for their class to be confirmed" not in text and "nobody confirmed it" not in text

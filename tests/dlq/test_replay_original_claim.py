@@ -100,9 +100,9 @@ def test_a_replay_takes_over_the_claim_waiting_for_its_retry_and_a_re_sent_lead_
 def test_a_replay_nobody_acknowledged_leaves_the_claim_failed_not_free_and_its_settlement_answers_the_key(
     tenant, crm, client, throttled, sink
 ):
-    from dlq import services as dlq_services
+    from dlq.targets import services as dlq_targets
 
-    dlq_services.replay_target_upsert(tenant=tenant, slug="n8n-rerun", url=f"{sink.url}/webhook/rerun", ack="echo")
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="n8n-rerun", url=f"{sink.url}/webhook/rerun", ack="echo")
     op, event_id = throttled
     assert replay(client, event_id).json()["outcome"] == "ambiguous"
     op.refresh_from_db()

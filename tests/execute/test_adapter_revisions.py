@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from dlq.models import FailedEvent, FailedEventChange
-from dlq.serializers import failed_event_representation
+from dlq.web.serializers import failed_event_representation
 from ledger.execution.submission import operation_submit
 from ledger.models import AdapterRevision, Attempt, ConfigChange, Operation, OperationEvent, OperationStatus, Provider
 from ledger.platform import hooks

@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 
 from alerts.models import Alert
 from dlq.models import FailedEvent
-from dlq.services import failed_event_replay
+from dlq.replays.services import failed_event_replay
 from ledger.execution.attempts import operation_execute, operations_take
 from ledger.execution.submission import operation_submit
 from ledger.models import (

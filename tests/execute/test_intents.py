@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import OperationalError
 
 from dlq.models import FailedEvent, ReplayOutcome
-from dlq.services import failed_event_replay
+from dlq.replays.services import failed_event_replay
 from ledger.execution import translation, uploads
 from ledger.execution.submission import operation_submit
 from ledger.models import Attempt, ErrorClass, Operation, OperationStatus, Provider, Tenant

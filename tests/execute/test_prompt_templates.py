@@ -13,7 +13,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from dlq.models import FailedEvent, ReplayOutcome
-from dlq.services import failed_event_replay
+from dlq.replays.services import failed_event_replay
 from ledger.models import Attempt, ConfigChange, Operation, OperationStatus, PromptTemplate, Provider, Tenant
 from ledger.platform.crypto import open_json
 from ledger.protocol.services import provider_upsert

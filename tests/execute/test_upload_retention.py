@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.db.models import F
 
 from dlq.models import FailedEvent, ReplayOutcome
-from dlq.services import failed_event_replay
+from dlq.replays.services import failed_event_replay
 from ledger.execution import uploads
 from ledger.models import ErrorClass, Operation, OperationStatus, Provider, Tenant, Upload
 from ledger.protocol.services import provider_upsert

@@ -9,10 +9,11 @@ import pytest
 from django.db import connection, transaction
 
 import alerts.services
-import dlq.services
 import review.privacy.payloads
 from alerts.models import Alert
+from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent
+from dlq.replays import services as dlq_replays
 from ledger.models import ErrorClass, Operation, OperationStatus, Provider, Tenant
 from ledger.platform import hooks
 from ledger.platform.hooks import Hook, hook
@@ -80,8 +81,8 @@ def test_connected_and_replaced_put_the_receivers_back(example):
 
 
 def test_every_app_connects_its_receivers_when_django_starts():
-    assert dlq.services.failed_event_record_for_operation in hooks.operation_failed.receivers
-    assert dlq.services.replay_settle_for_operation in hooks.operation_finished.receivers
+    assert dlq_ingest.failed_event_record_for_operation in hooks.operation_failed.receivers
+    assert dlq_replays.replay_settle_for_operation in hooks.operation_finished.receivers
     assert review.privacy.payloads.subject_index_record in hooks.payload_written.receivers
     assert alerts.services.alert_raise in hooks.alert_raised.receivers
 

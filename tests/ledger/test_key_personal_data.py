@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from dlq.parsing import failed_request_key
+from dlq.ingest.parsing import failed_request_key
 from ledger.models import Operation, Tenant
 from ledger.platform import redaction
 from ledger.platform.errors import InvalidKey

@@ -311,7 +311,7 @@ def test_a_month_is_kept_while_a_dlq_entry_or_a_later_version_still_points_into_
 ) -> None:
     """The references of _delete_operations hold a month too: an operation with a DLQ entry,
     and one that a superseded version still points at (it goes once that version is gone)."""
-    from dlq.services import failed_event_record_for_operation
+    from dlq.ingest.services import failed_event_record_for_operation
 
     now = sql.db_now()
     with_dlq, with_version, control = (partitions.month_start(now, plus=-n) for n in (14, 13, 12))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlq.services import replay_ledger_key
+from dlq.models import replay_ledger_key
 from ledger.models import Operation
 from ledger.platform.errors import ReservedKey
 from ledger.protocol import services

@@ -52,9 +52,18 @@ from hypothesis.stateful import (
 )
 from rest_framework.renderers import JSONRenderer
 
-from dlq import services as dlq_services
+from dlq.entries import services as dlq_entries
+from dlq.ingest import fetch as dlq_fetch
+from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent, FailedEventStatus, Replay
-from dlq.services import TargetAnswer
+from dlq.n8n import connections as dlq_connections
+from dlq.replays import automatic as dlq_automatic
+from dlq.replays import bulk as dlq_bulk
+from dlq.replays import original as dlq_original
+from dlq.replays import recovery as dlq_recovery
+from dlq.replays import services as dlq_replays
+from dlq.replays.send import TargetAnswer
+from dlq.targets import services as dlq_targets
 from ledger.execution.attempts import operation_execute, operations_take
 from ledger.execution.submission import operation_submit
 from ledger.models import (
@@ -270,7 +279,7 @@ class LedgerMachine(RuleBasedStateMachine):
             )
         # The model target dedups on the key (enforced=True above): declared key-enforced. A
         # target off this machine must be https.
-        dlq_services.replay_target_upsert(
+        dlq_targets.replay_target_upsert(
             tenant=self.tenant,
             slug="target",
             url="https://target.test/in",
@@ -601,10 +610,10 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         entry = self._pick(entries, pick)
         self.next_fault = fault
-        original = dlq_services.send_to_target
-        dlq_services.send_to_target = self._send_to_target
+        original = dlq_replays.send_to_target
+        dlq_replays.send_to_target = self._send_to_target
         try:
-            dlq_services.failed_event_replay(
+            dlq_replays.failed_event_replay(
                 tenant_id=self.tenant.pk,
                 event_pk=entry.pk,
                 actor="operator",
@@ -614,11 +623,11 @@ class LedgerMachine(RuleBasedStateMachine):
         except (DomainError, SenderDied):
             pass
         finally:
-            dlq_services.send_to_target = original
+            dlq_replays.send_to_target = original
 
     @rule()
     def recover_replays(self) -> None:
-        dlq_services.replays_recover(stale_seconds=0)
+        dlq_recovery.replays_recover(stale_seconds=0)
 
     # --- invariants ---
 
@@ -699,7 +708,20 @@ def test_the_ledger_holds_its_invariants_under_random_interleavings(monkeypatch:
     # on its own and each replay of an example would behave differently. One clock for both,
     # moved only by advance_clock.
     monkeypatch.setattr(Now, "as_postgresql", _transaction_time)
-    monkeypatch.setattr(dlq_services, "timezone", DatabaseClock)
+    # The DLQ's writes read the clock in each module of its rooms that they were split into.
+    for module in (
+        dlq_entries,
+        dlq_ingest,
+        dlq_fetch,
+        dlq_connections,
+        dlq_replays,
+        dlq_original,
+        dlq_bulk,
+        dlq_automatic,
+        dlq_recovery,
+        dlq_targets,
+    ):
+        monkeypatch.setattr(module, "timezone", DatabaseClock)
     # The sweeper visits rows whose times tie in whatever order the table returns them; with
     # jittered backoff each row's delay would depend on that order. The ceiling, no jitter.
     monkeypatch.setattr(transitions_holder, "backoff_seconds", _backoff_ceiling)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dlq import services as dlq_services
+from dlq.n8n import connections as dlq_connections
 from ledger.models import IdempotencyClass, Tenant
 from ledger.protocol import services
 from review.models import AccessAction, AccessLog, ErasureState
@@ -111,7 +111,7 @@ def test_an_erasure_deletes_the_leads_execution_in_n8n_and_lists_what_n8n_refuse
     n8n: N8n, tenant: Tenant
 ) -> None:
     key = api_key_when_ready(n8n, ("execution:read", "execution:delete"))
-    dlq_services.n8n_connection_save(tenant=tenant, base_url=n8n.url, api_key=key, actor="test")
+    dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n.url, api_key=key, actor="test")
     # The lead's execution, finished and saved with the person's data.
     assert n8n.webhook("og-erasure-lead", CALL).status_code == 200
     (done,) = n8n.wait_for_executions(LEAD, count=1, statuses=("success",))

@@ -27,8 +27,8 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from dlq.entries.payloads import open_payload
 from dlq.models import FailedEvent, ReplayTarget
-from dlq.payloads import open_payload
 from dlq.tasks import n8n_payload_fetch_task
 from ledger.models import IdempotencyClass, Operation, OperationStatus, Tenant
 from ledger.protocol import services
@@ -262,7 +262,7 @@ def n8n(n8n_base: N8n, onceguard_url: str, servers: Servers, tmp_path_factory: p
 
 @pytest.fixture
 def onceguard(tenant: Tenant, api_key: str, servers: Servers, n8n: N8n) -> Tenant:
-    from dlq import services as dlq_services
+    from dlq.targets import services as dlq_targets
 
     servers.reset()
     # The lead templates claim each lead for the CRM before they write it: a CRM that ignores
@@ -275,7 +275,7 @@ def onceguard(tenant: Tenant, api_key: str, servers: Servers, n8n: N8n) -> Tenan
         timeout_seconds=10,
     )
     # An n8n receiver: a replay is delivered only when it answers Onceguard-Ack (ADR 0007).
-    target = dlq_services.replay_target_upsert(
+    target = dlq_targets.replay_target_upsert(
         tenant=tenant,
         slug="n8n-replay",
         url=f"{n8n.url}/webhook/onceguard-replay",
@@ -458,10 +458,10 @@ def test_the_same_lead_failing_twice_through_the_error_trigger_is_one_entry_and_
     )
 
     # One replay through the receiver template: exactly one contact, the lead's, under its key.
-    from dlq import services as dlq_services
+    from dlq.targets import services as dlq_targets
 
     signed_with_the_receivers_secret(
-        dlq_services.replay_target_upsert(
+        dlq_targets.replay_target_upsert(
             tenant=onceguard, slug="strict-crm", url=f"{n8n.url}/webhook/onceguard-replay-strict", timeout_seconds=10
         )
     )
@@ -664,7 +664,7 @@ def test_a_replay_whose_receiver_stops_before_its_respond_node_is_not_delivered_
     # An entry for a lead (as the Dead-letter step posts it), replayed to a receiver whose
     # mapping step throws before its CRM call and its Respond node.
     started = time.monotonic()
-    from dlq import services as dlq_services
+    from dlq.targets import services as dlq_targets
 
     posted = httpx.post(
         f"{onceguard_url}/api/v1/dlq/events",
@@ -680,7 +680,7 @@ def test_a_replay_whose_receiver_stops_before_its_respond_node_is_not_delivered_
     )
     assert posted.status_code == 201, posted.text
     event = FailedEvent.objects.get(pk=posted.json()["id"])
-    receiver = dlq_services.replay_target_upsert(
+    receiver = dlq_targets.replay_target_upsert(
         tenant=onceguard,
         slug="receiver",
         url=f"{n8n.url}/webhook/onceguard-replay-broken",

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from dlq import n8n_api
-from dlq import services as dlq_services
+from dlq.n8n import api as n8n_api
+from dlq.n8n import connections as dlq_connections
 from ledger.models import Tenant
 from tests.n8n.conftest import TIMINGS
 from tests.n8n.support import ONCEGUARD_CREDENTIAL_ID, PACKAGE_NODE_TYPE, CliError, N8n
@@ -145,7 +145,7 @@ def test_the_audit_reads_the_real_n8ns_workflows_and_flags_the_bad_one_only(
     n8n: N8n, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = api_key_when_ready(n8n, ("workflow:list", "workflow:read"))
-    dlq_services.n8n_connection_save(tenant=tenant, base_url=n8n.url, api_key=key, actor="test")
+    dlq_connections.n8n_connection_save(tenant=tenant, base_url=n8n.url, api_key=key, actor="test")
     # One workflow per page: the second page is had through n8n's own cursor.
     monkeypatch.setattr(n8n_api, "WORKFLOWS_PAGE_SIZE", 1)
 

@@ -15,8 +15,10 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from dlq import services as dlq_services
+from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent
+from dlq.replays import services as dlq_replays
+from dlq.targets import services as dlq_targets
 from ledger.execution import objects
 from ledger.models import ErrorClass, Operation, OperationOutput, Tenant, bytes_to_sealed
 from ledger.platform import crypto
@@ -78,8 +80,8 @@ def build_world(tenant: Tenant, sink: Sink) -> World:
     )
     # 3. Replayed to the workflow, whose webhook answered with her data.
     sink.answer_body = json.dumps({"received": {"email": EMAIL, "name": "Priya Raman"}}).encode()
-    dlq_services.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/rerun", is_default=True)
-    dlq_services.failed_event_replay(
+    dlq_targets.replay_target_upsert(tenant=tenant, slug="n8n", url=f"{sink.url}/webhook/rerun", is_default=True)
+    dlq_replays.failed_event_replay(
         tenant_id=tenant.pk, event_pk=entry.pk, actor="user:ops", note="CRM fixed, replaying"
     )
     # 4. A quote in a run, its response holding her phone number.
@@ -118,7 +120,7 @@ def build_world(tenant: Tenant, sink: Sink) -> World:
     # 5. A confirmation e-mail nobody knows was sent: in review.
     review = op_in_review(tenant, mailer, "mail:confirm-77", payload={"email": EMAIL, "name": "Priya Raman"})
     # 6. An n8n failure posted to the DLQ with her call in it.
-    ingested = dlq_services.failed_event_ingest(
+    ingested = dlq_ingest.failed_event_ingest(
         tenant=tenant,
         raw=json.dumps(
             {"event_id": "n8n:wf-9:exec-31", "payload": voice, "error": {"message": "Priya Raman: mailbox full"}}

@@ -1,4 +1,4 @@
-"""``manage.py n8n_audit [--tenant SLUG] [--json]``: the workflow audit (dlq.n8n_audit) of a
+"""``manage.py n8n_audit [--tenant SLUG] [--json]``: the workflow audit (dlq.n8n.audit) of a
 tenant's n8n — or of every tenant with an n8n connection — read through the connection's API
 key (scopes ``workflow:list`` and ``workflow:read``). Read-only: nothing is stored or changed
 in n8n or here. Exits 1 when a connection's workflows cannot be read, 0 otherwise (findings
@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dlq.models import N8nConnection
-from dlq.n8n_audit import AuditUnavailable, n8n_workflows_audit
+from dlq.n8n.audit import AuditUnavailable, n8n_workflows_audit
 from ledger.models import Tenant
 
 

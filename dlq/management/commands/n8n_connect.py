@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dlq import services
+from dlq.n8n import connections as dlq_connections
 from ledger.models import Tenant
 from ledger.platform.errors import DomainError
 from ledger.tenants.config_changes import cli_actor
@@ -52,7 +52,7 @@ class Command(BaseCommand):
         if tenant is None:
             raise CommandError(f"No tenant {options['tenant']!r}.")
         if options["disconnect"]:
-            removed = services.n8n_connection_delete(tenant=tenant, actor=cli_actor())
+            removed = dlq_connections.n8n_connection_delete(tenant=tenant, actor=cli_actor())
             self.stdout.write(f"n8n connection of {tenant.slug} " + ("removed" if removed else "did not exist"))
             return
         if not options["url"]:
@@ -60,7 +60,7 @@ class Command(BaseCommand):
         api_key = None if options["keep_key"] else self._read_key()
         active = True if options["on"] else (False if options["off"] else None)
         try:
-            connection = services.n8n_connection_save(
+            connection = dlq_connections.n8n_connection_save(
                 tenant=tenant,
                 base_url=options["url"],
                 api_key=api_key,

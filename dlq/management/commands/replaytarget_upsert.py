@@ -5,8 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dlq import services
 from dlq.models import ReplayAck, ReplayTarget
+from dlq.targets import services as dlq_targets
 from ledger.models import IdempotencyClass, Tenant
 from ledger.platform.errors import DomainError
 from ledger.tenants.config_changes import cli_actor
@@ -64,7 +64,7 @@ class Command(BaseCommand):
         # The URLs must pass the outbound policy (ledger.rules.outbound) and be https unless on this
         # machine: refused with the reason.
         try:
-            target = services.replay_target_upsert(
+            target = dlq_targets.replay_target_upsert(
                 tenant=tenant,
                 slug=options["slug"],
                 url=options["url"],
@@ -82,7 +82,7 @@ class Command(BaseCommand):
             )
             secret = target.new_signing_secret
             if options["rotate_signing_secret"]:
-                secret, _made = services.replay_target_signing_secret(
+                secret, _made = dlq_targets.replay_target_signing_secret(
                     target_id=target.pk, rotate=True, actor=cli_actor()
                 )
         except DomainError as exc:

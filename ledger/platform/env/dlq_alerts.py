@@ -1,4 +1,4 @@
-"""The dead-letter queue (``dlq.conf``) and the alerts (``alerts.conf``)."""
+"""The dead-letter queue (``dlq.rules.conf``) and the alerts (``alerts.conf``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ledger.platform.env.declare import (
 
 DLQ: list[Setting] = _group(
     "Dead-letter queue",
-    "dlq.conf (ONCEGUARD_DLQ overrides)",
+    "dlq.rules.conf (ONCEGUARD_DLQ overrides)",
     _s("DLQ_MAX_EVENT_BYTES", INT, 256 * 1024, "Ingest bodies over this are refused with 413.", minimum=1),
     _s(
         "DLQ_SEARCH_PATHS",

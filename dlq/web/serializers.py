@@ -20,7 +20,7 @@ from dlq.models import (
     Replay,
     RunResume,
 )
-from dlq.runs import RunView, plan_of
+from dlq.replays.runs import RunView, plan_of
 from ledger.models import Checkpoint
 from ledger.platform.storable import query_time_problem
 from ledger.protocol.representation import OperationOutputSerializer, operation_representation
@@ -238,7 +238,7 @@ def replay_representation(replay: Replay) -> dict[str, Any]:
 
 
 def bulk_replay_representation(bulk: BulkReplay, *, waiting: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``waiting``: dlq.selectors.replay_waiting of the selection (while it can still be sent)."""
+    """``waiting``: dlq.entries.selectors.replay_waiting of the selection (while it can still be sent)."""
     extra = {"waiting_for_decision": waiting} if waiting is not None else {}
     return {
         **extra,

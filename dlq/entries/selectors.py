@@ -11,8 +11,6 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from alerts.models import Alert
-from dlq.conf import dlq_setting
-from dlq.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
 from dlq.models import (
     FE_OPEN_STATES,
     BulkReplay,
@@ -28,6 +26,8 @@ from dlq.models import (
     ReplayOutcome,
     ReplayTarget,
 )
+from dlq.rules.conf import dlq_setting
+from dlq.rules.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
 from ledger.models import Attempt, AttemptOutcome, ErrorClass, IdempotencyClass
 from ledger.platform.redaction import scrub
 from ledger.rules import search
@@ -373,7 +373,7 @@ def failed_event_story(event: FailedEvent) -> EntryStory:
             answer = f" (HTTP {last.response_status})" if last.response_status else ""
             story.notes.append(f"Replay {last.number} to {last.target_slug} succeeded{answer}.")
         else:
-            # Its error follows as a sentence with the raw text behind a disclosure (dlq.admin).
+            # Its error follows as a sentence with the raw text behind a disclosure (dlq.web.console).
             story.notes.append(f"Replay {last.number} to {last.target_slug}: {last.outcome}.")
     if event.payload_fetch:
         story.notes.append(payload_origin(event))

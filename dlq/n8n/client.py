@@ -1,6 +1,6 @@
 """Lead capture for n8n Error Trigger entries (design §7): n8n's public REST API
 and how a failed execution is read. No database writes here — the services
-(``dlq.services.failed_event_n8n_fetch``) decide what is stored.
+(``dlq.ingest.fetch.failed_event_n8n_fetch``) decide what is stored.
 
 An Error Trigger report names the failed execution, not the item that failed. With the
 tenant's n8n connection, ``GET {base}/api/v1/executions/{id}?includeData=true`` (header
@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 import httpx
 
-from dlq.models import N8N_PURPOSE
+from dlq.rules.destinations import N8N_PURPOSE
 from ledger.platform import storable
 from ledger.rules.outbound import OutboundBlocked, outbound_client, outbound_refusal
 
@@ -101,7 +101,7 @@ def n8n_call(
     (reading included): n8n's status, and its body for ``read_statuses`` (an answer not read
     is never held: a DELETE answers with the execution it deleted, personal data included).
     FetchFailed (``retry``) for what may pass: n8n unreachable or too slow. Shared by lead
-    capture, the erasure's deletions and the workflow audit (dlq.n8n_api)."""
+    capture, the erasure's deletions and the workflow audit (dlq.n8n.api)."""
     refused = outbound_refusal(url, purpose=N8N_PURPOSE)
     if refused:
         raise FetchFailed(f"not {verb}: {refused}")

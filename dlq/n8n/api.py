@@ -1,6 +1,6 @@
-"""The rest of n8n's public REST API Onceguard uses, beside lead capture's fetch (dlq.n8n):
-deleting an execution (a person's erasure, review.privacy.erasure_n8n) and listing the workflows (the
-workflow audit, dlq.n8n_audit). Every request goes through ``dlq.n8n.n8n_call`` — the
+"""The rest of n8n's public REST API Onceguard uses, beside lead capture's fetch (dlq.n8n.client):
+deleting an execution (a person's erasure, review.privacy.erasure_n8n) and listing the workflows
+(the workflow audit, dlq.n8n.audit). Every request goes through ``dlq.n8n.client.n8n_call`` — the
 outbound policy, the connection's timeout, the ``X-N8N-API-KEY`` header, our own words for
 failures — and no transaction is held across one.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from dlq.n8n import FetchFailed, n8n_call
+from dlq.n8n.client import FetchFailed, n8n_call
 from ledger.platform import storable
 
 USER_AGENT = "Onceguard-n8n"

@@ -12,11 +12,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dlq import runs, selectors, services
-from dlq.conf import dlq_setting
-from dlq.errors import EventTooLarge
+from dlq.entries import selectors
+from dlq.entries import services as dlq_entries
+from dlq.ingest import services as dlq_ingest
 from dlq.models import BulkReplay, BulkReplayStatus
-from dlq.serializers import (
+from dlq.replays import bulk as dlq_bulk
+from dlq.replays import corrections as dlq_corrections
+from dlq.replays import runs
+from dlq.replays import services as dlq_replays
+from dlq.rules.conf import dlq_setting
+from dlq.rules.errors import EventTooLarge
+from dlq.web.serializers import (
     BulkReplayInputSerializer,
     BulkReplayOutputSerializer,
     CloseInputSerializer,
@@ -134,7 +140,7 @@ class FailedEventsApi(APIView):
             declared = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             declared = 0
-        too_large = services.event_too_large(declared)
+        too_large = dlq_ingest.event_too_large(declared)
         if too_large is not None:
             raise too_large
         try:
@@ -142,7 +148,7 @@ class FailedEventsApi(APIView):
         except (RequestDataTooBig, RawPostDataException) as exc:
             limit = int(dlq_setting("MAX_EVENT_BYTES"))
             raise EventTooLarge(f"The event exceeds the limit of {limit} bytes.", extra={"limit": limit}) from exc
-        result = services.failed_event_ingest(
+        result = dlq_ingest.failed_event_ingest(
             tenant=request.user.tenant,
             raw=raw,
             actor=request.user.actor,
@@ -183,7 +189,7 @@ class FailedEventReplayApi(APIView):
     )
     def post(self, request: Request, event_id: int) -> Response:
         data = validated_input(ReplayInputSerializer, request)
-        replay = services.failed_event_replay(
+        replay = dlq_replays.failed_event_replay(
             tenant_id=request.user.tenant.pk,
             event_pk=event_id,
             actor=request.user.actor,
@@ -208,7 +214,7 @@ class FailedEventResendDecisionApi(APIView):
     )
     def post(self, request: Request, event_id: int) -> Response:
         data = validated_input(CloseInputSerializer, request)
-        event = services.failed_event_resend_decide(
+        event = dlq_entries.failed_event_resend_decide(
             tenant_id=request.user.tenant.pk, event_pk=event_id, actor=request.user.actor, note=data["note"]
         )
         return Response(failed_event_representation(event))
@@ -220,7 +226,7 @@ class FailedEventResolveApi(APIView):
     )
     def post(self, request: Request, event_id: int) -> Response:
         data = validated_input(CloseInputSerializer, request)
-        event = services.failed_event_resolve(
+        event = dlq_entries.failed_event_resolve(
             tenant_id=request.user.tenant.pk, event_pk=event_id, actor=request.user.actor, note=data["note"]
         )
         return Response(failed_event_representation(event))
@@ -232,7 +238,7 @@ class FailedEventDiscardApi(APIView):
     )
     def post(self, request: Request, event_id: int) -> Response:
         data = validated_input(CloseInputSerializer, request)
-        event = services.failed_event_discard(
+        event = dlq_entries.failed_event_discard(
             tenant_id=request.user.tenant.pk, event_pk=event_id, actor=request.user.actor, note=data["note"]
         )
         return Response(failed_event_representation(event))
@@ -265,14 +271,14 @@ class BulkReplayApi(APIView):
         if data.get("id") is not None:
             if not data["confirm"]:
                 raise ValidationFailed("Send confirm=true (or leave it out) to confirm a selection.")
-            bulk = services.bulk_replay_confirm(
+            bulk = dlq_bulk.bulk_replay_confirm(
                 tenant=tenant, bulk_id=data["id"], actor=request.user.actor, count=data.get("count")
             )
             return Response(bulk_replay_representation(bulk, waiting=_waiting(bulk)), status=202)
         if not data["dry_run"]:
             raise ValidationFailed("A bulk replay starts with a dry run: send dry_run=true with the filters.")
         match = selectors.parse_match(data.get("match") or [])
-        bulk = services.bulk_replay_prepare(
+        bulk = dlq_bulk.bulk_replay_prepare(
             tenant=tenant,
             filters={k: v for k, v in _list_filters(data, match).items() if k != "original_key"},
             actor=request.user.actor,
@@ -310,7 +316,7 @@ class FailedEventCorrectApi(APIView):
     )
     def post(self, request: Request, event_id: int) -> Response:
         data = validated_input(CorrectInputSerializer, request)
-        result = services.failed_event_correct(
+        result = dlq_corrections.failed_event_correct(
             tenant_id=request.user.tenant.pk,
             event_pk=event_id,
             actor=request.user.actor,

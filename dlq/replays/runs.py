@@ -9,8 +9,8 @@ lineage's: a failed step whose replay succeeded is done (the original stays ``fa
 of its key answer with the replay's outcome).
 
 :func:`run_resume` re-drives exactly the steps the view marks, through the DLQ's replay path
-(``dlq.services.failed_event_replay``: a Replay row per step, its send guarded by the ledger
-under ``replay:{entry}:{n}``, the original key sent, the original's ``superseded_by`` set):
+(``dlq.replays.services.failed_event_replay``: a Replay row per step, its send guarded by the
+ledger under ``replay:{entry}:{n}``, the original key sent, the original's ``superseded_by`` set):
 
 - a ``failed`` step whose entry is pending and not quarantined: an execute-mode step's stored
   request goes to its provider (``to_provider``), a guard-mode step's payload to the run's
@@ -33,9 +33,9 @@ from typing import Any
 
 from django.db import transaction
 
-from dlq.errors import RunChangedSincePreview, RunNotFound, RunNothingToResume
 from dlq.models import FailedEvent, FailedEventStatus, RunResume
-from dlq.services import failed_event_replay
+from dlq.replays.services import failed_event_replay
+from dlq.rules.errors import RunChangedSincePreview, RunNotFound, RunNothingToResume
 from ledger.models import (
     CHECKPOINT_OF,
     Attempt,

@@ -1,5 +1,5 @@
 """The workflow audit: what in a tenant's n8n workflows can send twice, fail unseen or keep
-people's data — read through the tenant's n8n connection (``dlq.n8n_api.workflows_list``)
+people's data — read through the tenant's n8n connection (``dlq.n8n.api.workflows_list``)
 and shown in the console (dlq.audit_pages) and by ``manage.py n8n_audit``.
 
 ``workflow_audit`` is pure (a workflow's JSON in, findings out); ``n8n_workflows_audit``
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlq.models import N8nConnection
-from dlq.n8n import FetchFailed
-from dlq.n8n_api import workflows_list
+from dlq.n8n.api import workflows_list
+from dlq.n8n.client import FetchFailed
 from ledger.platform.errors import DomainError
 from ledger.providers.credentials import stored_credential_value
 

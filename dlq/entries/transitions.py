@@ -33,8 +33,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dlq.errors import KeyOpenInNewerEntry
 from dlq.models import FE, FE_ALLOWED_TRANSITIONS, FailedEvent, FailedEventChange, Replay
+from dlq.rules.errors import KeyOpenInNewerEntry
 from ledger.models import Operation
 from ledger.platform.errors import IllegalTransition
 from ledger.protocol.inputs import sanitize_message
