@@ -1,4 +1,4 @@
-"""Alerts get their own app (issue 10): the Alert, AlertChannel and AlertDelivery tables move
+"""Alerts get their own app: the Alert, AlertChannel and AlertDelivery tables move
 from ``dlq`` without copying a row.
 
 1. The models enter the alerts app's state over their existing tables (created by

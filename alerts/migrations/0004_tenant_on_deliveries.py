@@ -1,4 +1,4 @@
-"""Alert deliveries carry their channel's tenant (issue 16, item 5; DESIGN §12, Citus).
+"""Alert deliveries carry their channel's tenant (DESIGN §12, Citus).
 
 Citus routes a statement to one node by ``tenant_id``: a delivery gets its channel's, copied
 here and written by every insert. **Locks (PostgreSQL)**: a row per message sent to a channel

@@ -1,4 +1,4 @@
-"""Search that finds things (issue 14): the DLQ list's case-insensitive substring search over
+"""Search that finds things: the DLQ list's case-insensitive substring search over
 what an entry is written with at ingest — identity, original key, execution id, workflow name,
 failed node, error message — served on PostgreSQL by trigram GIN indexes (pg_trgm) on
 exactly the expression Django's ``icontains`` compares, ``UPPER(col::text)``; partial where

@@ -1,4 +1,4 @@
-"""DLQ changes and replays carry their entry's tenant (issue 16, item 5; DESIGN §12, Citus).
+"""DLQ changes and replays carry their entry's tenant (DESIGN §12, Citus).
 
 Citus routes a statement to one node by ``tenant_id``: the entry's change rows and replay rows
 get the column, copied from their entry, and every statement on them names it. The replays'

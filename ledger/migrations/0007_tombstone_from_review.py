@@ -1,4 +1,4 @@
-"""Tombstones move from ``review`` to the ledger (they answer claims; issue 10).
+"""Tombstones move from ``review`` to the ledger (they answer claims).
 
 The table already exists (review.0002 made it as ``review_tombstone``): this migration
 takes the model into the ledger's state without touching the database, then renames the

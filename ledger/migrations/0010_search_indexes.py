@@ -1,4 +1,4 @@
-"""Search that finds things (issue 14): case-insensitive substring search of the console over
+"""Search that finds things: case-insensitive substring search of the console over
 the columns written once — key, reconciliation handle, execution and correlation ids — served
 on PostgreSQL by trigram GIN indexes (pg_trgm) on exactly the expression Django's
 ``icontains`` compares, ``UPPER(col::text)``; partial where the column is often empty. A

@@ -1,4 +1,4 @@
-"""Operations found by their workflow's name (issue 14): the names a tenant's workflows were
+"""Operations found by their workflow's name: the names a tenant's workflows were
 seen with, one row per workflow and name (``WorkflowName``, written once when a name is first
 seen, never by the claim's INSERT), searched by a trigram GIN index on PostgreSQL on the
 expression Django's ``icontains`` compares, ``UPPER(name::text)`` (pg_trgm: migration 0010);

@@ -1,4 +1,4 @@
-"""Lists that stay index scans at ten million rows (issue 16).
+"""Lists that stay index scans at ten million rows.
 
 The operations API and console list a tenant's rows newest first (``ORDER BY id DESC``),
 optionally by state. Without an index whose order is the list's, PostgreSQL walks the primary

@@ -1,4 +1,4 @@
-"""Provider rate and concurrency caps (issue 15 item 5; ledger.providers.ratelimit).
+"""Provider rate and concurrency caps (ledger.providers.ratelimit).
 
 The provider's declared caps, its token bucket (``ledger_providerrate``), and a partial index
 on the claimed execute-mode rows by provider, which every take of a capped provider counts.

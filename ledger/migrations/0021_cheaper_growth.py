@@ -1,4 +1,4 @@
-"""Cheaper growth (issue 16, item 3): fewer index entries per operation, HOT updates where an
+"""Cheaper growth: fewer index entries per operation, HOT updates where an
 update changes no indexed column, and autovacuum settings for the ledger's three big tables.
 
 Index changes (DESIGN §12, *Cheaper growth*, has the table of every index and its reader):

@@ -1,4 +1,4 @@
-"""Dashboard and console reads that stay on small indexes at ten million rows (issue 16).
+"""Dashboard and console reads that stay on small indexes at ten million rows.
 
 - ``op_open_updated_idx``: operations not in a terminal state, by ``(updated_at, id)``. The
   dashboard's "stuck" rows (open, not moved for STUCK_ALERT_SECONDS, oldest first) walked the

@@ -1,4 +1,4 @@
-"""The open rows' index in the console's list order (issue 16), replacing ``ledger.0022``'s.
+"""The open rows' index in the console's list order, replacing ``ledger.0022``'s.
 
 ``op_open_updated_idx`` (updated_at, id) served the needs=stuck count and the dashboard's
 stuck rows, but the needs=stuck page is newest first (by id): at ten million rows PostgreSQL

@@ -1,4 +1,4 @@
-"""Monthly partitions of attempts and events (issue 16, item 4; DESIGN §12, *Partitions*).
+"""Monthly partitions of attempts and events (DESIGN §12, *Partitions*).
 
 PostgreSQL: ``ledger_attempt`` becomes a table partitioned by range of ``started_at`` and
 ``ledger_operationevent`` by range of ``at``, each with the primary key ``(id, <time>)`` (a

@@ -1,4 +1,4 @@
-"""The rows an operator can cancel, in the console's list order (issue 16).
+"""The rows an operator can cancel, in the console's list order.
 
 ``needs=cancellable`` (queued or waiting to retry) is newest first by id. It read the due
 index — (status, next_attempt_at) over the same rows, whose statistics at ten million rows

@@ -1,4 +1,4 @@
-"""Request fingerprints and lease tokens stored as their bytes (issue 16, item 3: cheaper growth).
+"""Request fingerprints and lease tokens stored as their bytes (item 3: cheaper growth).
 
 A fingerprint is a sha256 written as 64 hex characters (65 bytes in a varchar), a lease token
 16 random bytes written as 32 (33 bytes): on PostgreSQL they become ``bytea`` holding the bytes

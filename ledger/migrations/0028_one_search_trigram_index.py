@@ -1,4 +1,4 @@
-"""One trigram index for the console's substring search instead of four (issue 16, item 3).
+"""One trigram index for the console's substring search instead of four.
 
 ``op_key_trgm``, ``op_handle_trgm``, ``op_execution_trgm`` and ``op_correlation_trgm`` (migration
 0010) each held the trigrams of one column; ``op_search_trgm`` holds those of the four columns

@@ -1,4 +1,4 @@
-"""Attempts, events and providers' rate buckets gain ``tenant_id`` (issue 16, item 5; DESIGN §12,
+"""Attempts, events and providers' rate buckets gain ``tenant_id`` (DESIGN §12,
 *Past one primary: Citus*).
 
 Citus distributes every tenant-owned table by ``tenant_id``, co-located, and runs a statement on

@@ -1,5 +1,5 @@
 """Attempts and events keyed ``(id, started_at)`` / ``(id, at)`` in Django too, through
-Django 5.2's ``CompositePrimaryKey`` (issue 16 item 4; DESIGN §12, *Partitions*).
+Django 5.2's ``CompositePrimaryKey`` (DESIGN §12, *Partitions*).
 
 **On PostgreSQL, state only: nothing is rewritten, scanned or locked.** (SQLite: one UPDATE of
 the time text, below.)

@@ -1,4 +1,4 @@
-"""Sealed values stored as their bytes (issue 16, item 3: cheaper growth).
+"""Sealed values stored as their bytes (item 3: cheaper growth).
 
 A sealed value is the jsonb ``{"_enc": "v2:<key id>:<urlsafe base64 of nonce + ciphertext>"}``
 (ledger.platform.crypto): base64 adds a third to the ciphertext and jsonb its object header, ~138 bytes

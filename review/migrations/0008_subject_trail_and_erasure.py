@@ -1,4 +1,4 @@
-"""A person's data trail and erasure on request (issue 13 item 5): erasure runs, the index link
+"""A person's data trail and erasure on request: erasure runs, the index link
 of a record retention deleted (gone_at), identifier kinds beyond phone and email, the erase
 access-log action. Schema only; existing rows need nothing."""
 

@@ -1,4 +1,4 @@
-"""The dashboard's activity chart, hour by hour and tenant by tenant (issue 16): each finished hour is read
+"""The dashboard's activity chart, hour by hour and tenant by tenant: each finished hour is read
 from the ledger once, not once per process (review.models.ActivityHour)."""
 
 import django.db.models.deletion
