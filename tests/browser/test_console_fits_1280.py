@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 from django_q.humanhash import uuid
@@ -307,6 +308,9 @@ def _pages() -> list[tuple[str, str, Any]]:
 
 def test_every_list_and_detail_page_fits_1280_px_with_the_longest_values(console):
     made = demo_seed()
+    # The service's schedules, as `make run` installs them: another browser test may have emptied
+    # the schedule table, and every list linked from the index must have a row to open.
+    call_command("schedules_install")
     tenant = Tenant.objects.get(slug=made["tenant"])
     _seed_longest(tenant)
     User.objects.create_superuser("root", password=PASSWORD)
