@@ -1,4 +1,4 @@
-"""Console lists render their rows with per-page work done once (review.console.listing, issue 16):
+"""Console lists render their rows with per-page work done once (review.console.listing; every list must stay fast at ten million rows):
 the same HTML as Django's admin, byte for byte, and no per-row URL resolving or widget
 rendering."""
 

@@ -1,4 +1,4 @@
-"""The outbound policy (ledger.rules.outbound, issue 11 item 1): what may be sent where, checked on
+"""The outbound policy (ledger.rules.outbound; a tenant may not make the service call a destination the deployment did not allow): what may be sent where, checked on
 save after normalising the URL, and again at connect time after DNS, pinned to the checked
 address. Every server here is this test's own, on 127.0.0.1; names resolve through a fake
 resolver (``outbound.resolve`` replaced), never through DNS."""
