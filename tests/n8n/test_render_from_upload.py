@@ -113,7 +113,8 @@ def test_the_workflow_uploads_its_image_submits_an_intent_naming_it_and_a_second
     op = Operation.objects.get(key=KEY)
     assert submitted["onceguard"]["operation_id"] == op.pk and op.status == S.QUEUED
     assert op.workflow_id == WORKFLOW
-    # Stored as sent: the intent, never a rendered request.
+    # Stored as sent: the intent, never a rendered request, with the prompt template version
+    # the job was accepted under (ADR 0009: every attempt and replay renders that version).
     assert open_json(op.request) == {
         "intent": {
             "preset_id": "product-shot",
@@ -122,7 +123,8 @@ def test_the_workflow_uploads_its_image_submits_an_intent_naming_it_and_a_second
             "source_key": f"up_{digest}",
             "source_sha256": digest,
             "description": "a red enamel mug",
-        }
+        },
+        "prompts": {RENDER_PROMPT: 1},
     }
 
     run_due()
