@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from ledger.models import Operation, OperationStatus
 from ledger.protocol import services
@@ -132,6 +134,19 @@ def test_filter_by_status(api, spread):
 def test_filter_by_provider(api, spread):
     assert listed_ids(api, "provider=mailer") == [spread["mail"]]
     assert spread["mail"] not in listed_ids(api, "provider=stripe")
+
+
+def test_a_provider_filter_naming_no_provider_of_the_tenant_lists_nothing_without_reading_operations(
+    api, other_api, other_tenant, spread
+):
+    # Another tenant's provider of that slug is not the caller's: nothing of theirs, nothing of ours.
+    services.provider_upsert(tenant=other_tenant, slug="elsewhere", idempotency_class="key_advisory")
+    claim(other_api, "theirs", provider="elsewhere")
+    assert listed_ids(api, "provider=elsewhere") == []
+    with CaptureQueriesContext(connection) as seen:
+        assert listed_ids(api, "provider=no-such-provider") == []
+    assert not [q["sql"] for q in seen.captured_queries if "ledger_operation" in q["sql"]]
+    assert [op["key"] for op in api.get("/api/v1/operations?provider=mailer").json()["results"]] == ["key-mail"]
 
 
 def test_filter_by_updated_after(api, spread):

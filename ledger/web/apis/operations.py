@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.execution.submission import operation_submit
-from ledger.models import Operation, OperationStatus
+from ledger.models import Operation, OperationStatus, Provider
 from ledger.platform.errors import InvalidKey, ValidationFailed
 from ledger.platform.telemetry import claim_timer
 from ledger.protocol import selectors, services, transitions
@@ -254,7 +254,7 @@ class OperationAttemptsApi(APIView):
 class OperationFilter(django_filters.FilterSet):
     key = django_filters.CharFilter(field_name="key")
     status = django_filters.ChoiceFilter(field_name="status", choices=OperationStatus.choices)
-    provider = django_filters.CharFilter(field_name="provider__slug")
+    provider = django_filters.CharFilter(method="by_provider")
     updated_after = django_filters.IsoDateTimeFilter(field_name="updated_at", lookup_expr="gt")
     reconciliation_handle = django_filters.CharFilter(field_name="reconciliation_handle")
     provider_ref = django_filters.CharFilter(field_name="provider_ref")
@@ -271,6 +271,15 @@ class OperationFilter(django_filters.FilterSet):
     class Meta:
         model = Operation
         fields: list[str] = []
+
+    def by_provider(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
+        # The slug is resolved to the tenant's provider id first, by its unique (tenant, slug)
+        # index: filtered through a join on the slug, PostgreSQL walked the tenant's rows newest
+        # first looking for a provider that does not exist (576 ms p95 at 2M rows). No such
+        # provider: no rows, without reading the operation table.
+        found = Provider.objects.filter(tenant=self.request.user.tenant, slug=value).values_list("pk", flat=True)
+        provider_id = found.first()
+        return rows.none() if provider_id is None else rows.filter(provider_id=provider_id)
 
     def named(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
         found = selectors.workflows_named(value)
