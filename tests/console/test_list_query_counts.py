@@ -282,7 +282,10 @@ def test_stuck_rows_and_review_decisions_are_read_from_their_partial_indexes(ten
     cancellable = NeedsFilter(None, {"needs": ["cancellable"]}, Operation, None).queryset(None, Operation.objects.all())
     plan = seq_scan_free_plan(cancellable.order_by("-id")[:100], in_index_order=True)
     assert "op_cancellable_id_idx" in plan, plan
-    assert "op_cancellable_id_idx" in seq_scan_free_plan(cancellable.order_by().values("pk")[:10001])
+    # Unordered, either index over exactly these states serves it (op_due_idx has the same
+    # predicate; which one wins is a planner tie on a tiny table).
+    unordered = seq_scan_free_plan(cancellable.order_by().values("pk")[:10001])
+    assert "op_cancellable_id_idx" in unordered or "op_due_idx" in unordered, unordered
 
 
 @pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's partial indexes and generic plans")
