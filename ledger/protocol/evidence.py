@@ -75,9 +75,11 @@ def attempt_evidence_record(
         .values_list("started_at", "finished_at")
         .first()
     )
-    now = sql.db_now()
-    started, finished = times if times is not None else (now, now)
-    finished = finished or now
+    started, finished = times if times is not None else (None, None)
+    if finished is None:
+        # The attempt row is finished by the statement just before this call; only a failure
+        # with no attempt row of that number asks the database for the time.
+        finished = sql.db_now()
     started = min(started or finished, finished)
     digest_key_id, digest = key_digest(tenant_id=op.tenant_id, key=op.key)
     return AttemptEvidence.objects.create(
