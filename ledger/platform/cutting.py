@@ -26,6 +26,18 @@ from ledger.platform import crypto
 MIN_VALUE_LENGTH = 3
 
 
+def readable_value(stored: Any) -> Any:
+    """A stored (sealed, plain or redacted) value as plaintext to cut with; None when there is
+    nothing to read: absent, redacted, or sealed under a key no longer configured (then
+    unreadable already — nothing of it can be echoed that we could still cut)."""
+    if stored is None or crypto.is_redacted(stored):
+        return None
+    try:
+        return crypto.open_json(stored)
+    except crypto.EncryptionKeyError:
+        return None
+
+
 def value_strings(value: Any, out: set[str], depth: int = 0) -> None:
     """Every text (and long number) in a plaintext value, and the words of short texts (a
     name is also written as its parts), and the normalised forms of phone numbers and

@@ -20,22 +20,12 @@ from django.db.models import QuerySet
 
 from ledger.models import EVIDENCE_ERROR_LENGTH, Attempt, AttemptEvidence, Operation
 from ledger.platform import crypto
-from ledger.platform.cutting import ValueCutter, value_strings
+from ledger.platform.cutting import ValueCutter, readable_value, value_strings
 from ledger.platform.redaction import REDACTED, scrub
 from ledger.protocol.selectors import provider_slug
 from ledger.providers.revisions import revision_number
 from ledger.rules.intents import render_labels
 from ledger.store import sql
-
-
-def _plain(stored: object) -> object:
-    if stored is None or crypto.is_redacted(stored):
-        return None
-    try:
-        return crypto.open_json(stored)
-    except crypto.EncryptionKeyError:
-        # Sealed under a key no longer configured: nothing of it can be echoed that we could cut.
-        return None
 
 
 def evidence_error_text(*, message: str, key: str, values: list[object]) -> str:
@@ -68,7 +58,7 @@ def attempt_evidence_record(
     """One failed attempt's evidence, inside the caller's transaction (the move that records the
     failure: ``ledger.protocol.transitions.holder.operation_fail``). ``op`` is the locked row
     as read before the move (its payload and request are the values cut from the error)."""
-    plain_request = _plain(op.request)
+    plain_request = readable_value(op.request)
     labels = render_labels(plain_request)
     times = (
         Attempt.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk, number=number)
@@ -98,7 +88,7 @@ def attempt_evidence_record(
         adapter_revision=revision_number(op.adapter_revision_id),
         preset_version=labels.preset_version,
         aspect_class=labels.aspect_class,
-        error=evidence_error_text(message=message, key=op.key, values=[_plain(op.payload), plain_request]),
+        error=evidence_error_text(message=message, key=op.key, values=[readable_value(op.payload), plain_request]),
     )
 
 

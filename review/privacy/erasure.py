@@ -52,7 +52,7 @@ from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import upload_keys_in, uploads_delete_named
 from ledger.models import Attempt, AttemptEvidence, Operation, OperationEvent, OperationStatus
 from ledger.platform import crypto
-from ledger.platform.cutting import ValueCutter, value_strings
+from ledger.platform.cutting import ValueCutter, readable_value, value_strings
 from ledger.platform.errors import DomainError, ValidationFailed
 from ledger.platform.redaction import scrub
 from ledger.protocol import transitions as ledger_transitions
@@ -181,16 +181,6 @@ def _erasure_create(
 # --- The pass ------------------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
-    if value is None or crypto.is_redacted(value):
-        return None
-    try:
-        return crypto.open_json(value)
-    except crypto.EncryptionKeyError:
-        # Sealed under a key no longer configured: unreadable already, and redacted all the same.
-        return None
-
-
 class _Cutter(ValueCutter):
     """Cuts one record's values out of free text (ledger.platform.cutting); counts the texts it
     changed, and rewrites the rows that held them."""
@@ -228,7 +218,7 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     attempts = list(Attempt.objects.filter(operation_id=op.pk, response_body__isnull=False).only("pk", "response_body"))
     named_uploads: set[str] = set()
     for stored in [*columns.values(), *(a.response_body for a in attempts)]:
-        plain = _plain(stored)
+        plain = readable_value(stored)
         value_strings(plain, values)
         named_uploads |= upload_keys_in(plain)
     changes: dict[str, Any] = {
@@ -289,7 +279,7 @@ def _erase_failed_event(run: ErasureRun, pk: int, now: datetime) -> bool:
         )
     )
     for stored in [event.payload, *(r.response_body for r in replays)]:
-        value_strings(_plain(stored), values)
+        value_strings(readable_value(stored), values)
     cutter = _Cutter(values)
     changes: dict[str, Any] = {"search_fields": {}}
     if event.payload is not None and not crypto.is_redacted(event.payload):

@@ -9,35 +9,20 @@ from prometheus_client import REGISTRY
 
 from ledger.models import AttemptEvidence, Operation, OperationStatus
 from ledger.platform import telemetry
-from tests.execute.conftest import configure_provider
-from tests.execute.support import RenderApi, make_due, run_due
-from tests.execute.test_intents import INTENT, SCHEMA, TEMPLATE, submit
+from tests.execute.support import make_due, run_due
+from tests.execute.test_intents import INTENT, renders, submit  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
 
 HISTOGRAM = "onceguard_provider_call_duration_seconds_count"
 
 
-@pytest.fixture
-def renders(tenant, render_api: RenderApi):
-    return configure_provider(
-        tenant,
-        render_api.url,
-        slug="renders",
-        enforced=True,
-        lookup_path="",
-        intent_schema=SCHEMA,
-        request_template=TEMPLATE,
-    )
-
-
 def calls(**labels: str) -> float:
     return REGISTRY.get_sample_value(HISTOGRAM, labels) or 0.0
 
 
-def test_every_line_of_a_render_attempt_and_its_histogram_label_name_the_preset_and_aspect(
-    api, renders, render_api, log_lines
-):
+@pytest.mark.usefixtures("renders")
+def test_every_line_of_a_render_attempt_and_its_histogram_label_name_the_preset_and_aspect(api, log_lines):
     before = calls(provider="renders", outcome="succeeded", revision="1", preset_version="3", aspect_class="portrait")
     assert submit(api, INTENT, key="render-7:v1").status_code == 202
 
@@ -52,7 +37,8 @@ def test_every_line_of_a_render_attempt_and_its_histogram_label_name_the_preset_
         assert "preset_version=3" in line and "aspect_class=portrait" in line, line
 
 
-def test_a_failed_render_leaves_evidence_with_its_labels_and_its_revision(api, renders, render_api, log_lines):
+@pytest.mark.usefixtures("renders")
+def test_a_failed_render_leaves_evidence_with_its_labels_and_its_revision(api, render_api, log_lines):
     render_api.statuses = [408, 400]
     assert submit(api, INTENT, key="render-8:v1").status_code == 202
 
