@@ -9,15 +9,20 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from ledger.models import Attempt, AttemptEvidence, ErrorClass, Operation, Provider, Tenant
+from ledger.platform import partitions
 from ledger.protocol import services
+from ledger.store import sql
 from review.models import RetentionPolicy
 from review.privacy import erasure
 from review.privacy.subjects import subject_resolve
 from review.retention.purge import retention_purge
+from tests.conftest import on_postgres
 from tests.ledger.support import make_retry_due
+from tests.ledger.test_partitions import monthly_from, names, settle
 from tests.test_schema import _assert_answer_matches, _openapi
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -192,3 +197,36 @@ def test_the_api_lists_only_the_callers_tenants_evidence_paginated_and_as_docume
     later = (timezone.now() + DAY).isoformat()
     assert api.get("/api/v1/attempt-evidence", {"finished_after": later}).json()["results"] == []
     assert api.get("/api/v1/attempt-evidence", {"error_class": "nonsense"}).status_code == 400
+
+
+@pytest.mark.skipif(not on_postgres(), reason="declarative partitioning is PostgreSQL's")
+@pytest.mark.django_db
+def test_a_dropped_month_of_attempts_leaves_its_evidence(tenant, provider):
+    now = sql.db_now()
+    old = partitions.month_start(now, plus=-14)
+    monthly_from(partitions.month_start(now, plus=-15))
+    RetentionPolicy.objects.create(tenant=tenant, record_type="operations", record_ttl=30 * DAY)
+    # The first attempt fails (evidence), the second succeeds; then all of it moves to `old`.
+    op = fail(claim(tenant, provider, payload=PERSON), ErrorClass.TRANSIENT, message=ECHO)
+    make_retry_due(op.pk)
+    op = claim(tenant, provider, payload=PERSON)
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=tenant.pk, lease_token=op.lease_token, provider_ref="r", response_body={}
+    )
+    at = old + timedelta(days=14)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ledger_operation SET created_at = %s, updated_at = %s, done_at = %s, claimed_at = %s WHERE id = %s",
+            [at, at, at, at, op.pk],
+        )
+        cursor.execute("UPDATE ledger_attempt SET started_at = %s WHERE operation_id = %s", [at, op.pk])
+        cursor.execute("UPDATE ledger_operationevent SET at = %s WHERE operation_id = %s", [at, op.pk])
+    AttemptEvidence.objects.update(started_at=at, finished_at=at)
+    settle()
+
+    retention_purge(now=now, trigger="test")
+
+    assert partitions.partition_name("ledger_attempt", old) not in names("ledger_attempt")
+    assert not Operation.objects.filter(pk=op.pk).exists()
+    (row,) = AttemptEvidence.objects.all()
+    assert (row.operation_id, row.attempt_number, row.error_class) == (op.pk, 1, "transient")
