@@ -1,7 +1,8 @@
 """The platform: what every room stands on, and nothing of the ledger's tables.
 
 Owns the process-wide parts: declared settings (``env``), named errors, sealing and key rings
-(``crypto``, ``secret_files``, ``masking``), logs and redaction, telemetry, the database-outage
+(``crypto``, ``secret_files``, ``masking``), logs and redaction, a record's own values cut out of
+free text (``cutting``), telemetry, the database-outage
 test, per-process caches, the hooks higher apps connect to, what a stored value must be
 (``storable``), durations in words, per-row isolation of periodic passes (``passes``), batched
 backfills, partitions, the enqueue helper (``tasks``) and the one home of private framework
