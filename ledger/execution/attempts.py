@@ -41,7 +41,7 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
-from ledger.platform.crypto import open_json
+from ledger.platform.crypto import EncryptionKeyError, open_json
 from ledger.platform.errors import DomainError
 from ledger.platform.logs import log_context, operation_fields
 from ledger.platform.outage import connection_discard, database_unavailable
@@ -395,7 +395,7 @@ def render_labels_of(op: Operation) -> intents.RenderLabels:
         return intents.RenderLabels()
     try:
         return intents.render_labels(open_json(op.request))
-    except Exception:
+    except EncryptionKeyError:
         # Labels never fail an attempt: an unreadable request is refused where it is rendered.
         return intents.RenderLabels()
 
