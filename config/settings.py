@@ -429,6 +429,10 @@ ONCEGUARD_RETENTION = {
         },
         "access_log": {"payload_days": None, "record_days": env.read("RETENTION_ACCESS_LOG_RECORD_DAYS")},
     },
+    # Failed attempts' evidence (ADR 0016) holds no personal data and outlives the operations'
+    # record TTL: by default as long as the access log, so a post-mortem can read what failed
+    # for as long as it can read who looked.
+    "EVIDENCE_DAYS": env.read("FAILED_ATTEMPT_EVIDENCE_DAYS") or env.read("RETENTION_ACCESS_LOG_RECORD_DAYS"),
     # No tenant's policy may be shorter (the console form and retention_policy_save refuse
     # it); the access log's floor is ACCESS_LOG_MIN_RETENTION_DAYS, and the purge holds it too.
     "FLOORS": {

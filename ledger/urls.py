@@ -25,6 +25,7 @@ urlpatterns = [
     path("webhooks/<slug:tenant>/<slug:slug>", apis.ProviderWebhookApi.as_view(), name="provider-webhook"),
     path("providers/<slug:slug>/revisions", apis.ProviderRolloutApi.as_view(), name="provider-revisions"),
     path("providers/<slug:slug>/intent", apis.ProviderIntentApi.as_view(), name="provider-intent"),
+    path("attempt-evidence", apis.AttemptEvidenceListApi.as_view(), name="attempt-evidence-list"),
     path("prompt-templates", apis.PromptTemplateListApi.as_view(), name="prompt-template-list"),
     path(
         "providers/<slug:slug>/revisions/<int:number>/canary",

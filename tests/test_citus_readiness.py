@@ -81,6 +81,9 @@ DISTRIBUTED = frozenset(
         # Restore holds (ADR 0012): one row per key a restore made the ledger forget, unique by
         # (tenant, key); a claim's check reads one tenant's.
         "ledger_fencehold",
+        # Failed attempts' evidence (ADR 0016): written in the failed attempt's transaction with
+        # its tenant, read by one tenant's console page and API list, expired per tenant.
+        "ledger_attemptevidence",
         "alerts_alert",
         "alerts_alertdelivery",
         "dlq_failedevent",

@@ -236,8 +236,17 @@ def test_histograms_of_several_processes_are_added_up(tmp_path, monkeypatch):
     assert _value(text, "onceguard_claim_duration_seconds_count", outcome="created") == 6
     assert _value(text, "onceguard_claim_duration_seconds_bucket", outcome="created", le="0.005") == 6
     assert _value(text, "onceguard_claim_duration_seconds_bucket", outcome="created", le="0.0025") == 0
+    # A call without an intent has empty render labels (preset_version, aspect_class: ADR 0016).
     assert (
-        _value(text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="succeeded", revision="")
+        _value(
+            text,
+            "onceguard_provider_call_duration_seconds_count",
+            provider="crm",
+            outcome="succeeded",
+            revision="",
+            preset_version="",
+            aspect_class="",
+        )
         == 2
     )
     assert _value(text, "onceguard_active_leases") == 0  # the database's figures are still there
@@ -300,7 +309,13 @@ def test_metrics_serve_exposes_a_worker_only_nodes_metrics_to_the_token_only(tmp
         text = scraped.text
         assert (
             _value(
-                text, "onceguard_provider_call_duration_seconds_count", provider="crm", outcome="transient", revision=""
+                text,
+                "onceguard_provider_call_duration_seconds_count",
+                provider="crm",
+                outcome="transient",
+                revision="",
+                preset_version="",
+                aspect_class="",
             )
             == 1
         )

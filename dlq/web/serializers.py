@@ -6,7 +6,6 @@ ids, sources, classes and counts (revealing a payload is the console's job, with
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from rest_framework import serializers
@@ -22,18 +21,9 @@ from dlq.models import (
 )
 from dlq.replays.runs import RunView, plan_of
 from ledger.models import Checkpoint
-from ledger.platform.storable import query_time_problem
 from ledger.protocol.representation import OperationOutputSerializer, operation_representation
 from ledger.providers.revisions import revision_number
-from ledger.web.serializers import no_nul_characters
-
-
-def queryable_time(value: datetime) -> None:
-    """A time a filter compares against: converted to UTC by the database adapters, so it
-    must not lie at the very ends of Python's datetime (ledger.platform.storable)."""
-    problem = query_time_problem(value)
-    if problem is not None:
-        raise serializers.ValidationError(problem)
+from ledger.web.serializers import no_nul_characters, queryable_time
 
 
 class FailedEventListQuerySerializer(serializers.Serializer):

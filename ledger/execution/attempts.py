@@ -41,7 +41,7 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
-from ledger.platform.crypto import open_json
+from ledger.platform.crypto import EncryptionKeyError, open_json
 from ledger.platform.errors import DomainError
 from ledger.platform.logs import log_context, operation_fields
 from ledger.platform.outage import connection_discard, database_unavailable
@@ -330,12 +330,22 @@ def operation_execute(
     # The provider as the revision this attempt runs under sees it (ledger.providers.revisions).
     provider = revisions.operation_adapter_view(op, services.provider_by_id(op.provider_id))
     revision = revisions.revision_number(op.adapter_revision_id)
-    with log_context(**operation_fields(op, provider=provider.slug, adapter_revision=revision)):
+    # A render job's preset version and aspect class on every line of the attempt, its polls
+    # included, and on its provider call's histogram (ADR 0016); empty for other work.
+    labels = render_labels_of(op)
+    fields = operation_fields(
+        op,
+        provider=provider.slug,
+        adapter_revision=revision,
+        preset_version=labels.preset_version,
+        aspect_class=labels.aspect_class,
+    )
+    with log_context(**fields):
         if op.polls > 0:
             # A poll lease (ledger.execution.polling): ask the provider about the job; nothing is sent.
             recorded = polling.operation_poll(op=op, provider=provider, client=client, actor=actor)
         else:
-            recorded = _execute(op=op, provider=provider, client=client, actor=actor, taken_at=taken_at)
+            recorded = _execute(op=op, provider=provider, client=client, actor=actor, taken_at=taken_at, labels=labels)
     if recorded is not None and op.adapter_revision_id is not None and op.adapter_revision_id != provider.revision_id:
         # A canary's attempt (or one of a revision this process does not yet know as stable):
         # the watch decides whether the canary is failing (ledger.providers.canary).
@@ -378,8 +388,26 @@ def operation_translated(
     return envelope, rendered.prompt, None
 
 
+def render_labels_of(op: Operation) -> intents.RenderLabels:
+    """The preset version and aspect class of an intent operation (empty for a plain request).
+    The request is opened once more for them: a small value, next to the HTTP call it labels."""
+    if op.request is None:
+        return intents.RenderLabels()
+    try:
+        return intents.render_labels(open_json(op.request))
+    except EncryptionKeyError:
+        # Labels never fail an attempt: an unreadable request is refused where it is rendered.
+        return intents.RenderLabels()
+
+
 def _execute(
-    *, op: Operation, provider: Provider, client: httpx.Client, actor: str, taken_at: float | None
+    *,
+    op: Operation,
+    provider: Provider,
+    client: httpx.Client,
+    actor: str,
+    taken_at: float | None,
+    labels: intents.RenderLabels,
 ) -> Operation | None:
     stalled = taken_at is not None and time.monotonic() - taken_at > adapters.send_window_seconds()
     with contextlib.ExitStack() as context:
@@ -410,6 +438,8 @@ def _execute(
                     seconds=outcome.duration_ms / 1000,
                     outcome="throttled" if outcome.throttled else (outcome.error_class or "succeeded"),
                     revision=str(revisions.revision_number(op.adapter_revision_id) or ""),
+                    preset_version=labels.preset_version,
+                    aspect_class=labels.aspect_class,
                 )
         try:
             recorded = record_outcome_retrying(op=op, provider=provider, outcome=outcome, actor=actor)
@@ -424,7 +454,7 @@ def _execute(
             return None
         log.info(
             "execute_attempt key=%s attempt=%s provider=%s outcome=%s status=%s provider_ref=%s duration_ms=%s"
-            " correlation_id=%s workflow_version=%s adapter_revision=%s to=%s",
+            " correlation_id=%s workflow_version=%s adapter_revision=%s preset_version=%s aspect_class=%s to=%s",
             op.key,
             op.attempts,
             provider.slug,
@@ -435,6 +465,8 @@ def _execute(
             op.correlation_id,
             op.workflow_version,
             revisions.revision_number(op.adapter_revision_id),
+            labels.preset_version,
+            labels.aspect_class,
             recorded.status,
         )
         return recorded

@@ -5,7 +5,8 @@ By purpose: ``states`` (every choice list: the operation's states, who moves row
 the allowed moves; the other enumerations), ``fields`` (the ledger's own column types and
 lookups), ``tenants`` (the tenant, its API keys, configuration changes, workflow names),
 ``providers`` (providers, their rate buckets, adapter revisions, prompt templates),
-``operations`` (operations, attempts, events, admission refusals, tombstones), ``objects``
+``operations`` (operations, attempts, events, admission refusals, tombstones), ``evidence``
+(failed attempts' de-identified evidence, ADR 0016), ``objects``
 (uploads and published outputs), ``fencing`` (the ledger's identity and epoch, restore holds).
 
 Import from the package (``from ledger.models import Operation``), as Django's convention and
@@ -15,6 +16,7 @@ move between them changes no importer.
 May import: ``ledger.rules``, ``ledger.platform``.
 """
 
+from ledger.models.evidence import EVIDENCE_ERROR_LENGTH, AttemptEvidence  # noqa: F401
 from ledger.models.fencing import (  # noqa: F401
     FENCE_RELEASED,
     FenceHold,

@@ -74,6 +74,9 @@ STRING_FIELDS = frozenset(
         "correlation_id",
         "workflow_id",
         "workflow_version",
+        # A render job's labels (ADR 0016): "3" stays text, as on a line where it is "".
+        "preset_version",
+        "aspect_class",
         "event_id",
         "name",
         "path",

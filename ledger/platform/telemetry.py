@@ -7,9 +7,10 @@ up. Without it each process keeps its own values in memory (one-process servers,
 
 This module imports no app, so the ledger may call :func:`observe_claim` and
 :func:`observe_provider_call`. Label values are bounded: outcomes come from fixed sets and
-at most ``METRICS_PROVIDER_LABELS`` provider slugs get their own series per process (the
-rest are counted under ``_other``), so a tenant creating providers cannot grow the series
-without end.
+at most ``METRICS_PROVIDER_LABELS`` provider slugs (``METRICS_REVISION_LABELS`` revisions,
+``METRICS_PRESET_LABELS`` preset versions and aspect classes) get their own series per process
+(the rest are counted under ``_other``), so a tenant creating providers or intent values cannot
+grow the series without end.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ CLAIM_SECONDS = Histogram(
 PROVIDER_CALL_SECONDS = Histogram(
     "onceguard_provider_call_duration_seconds",
     "Time of one call to a provider (execute mode, replays, lookups), by provider, outcome"
-    " (succeeded or the error class) and the adapter revision it ran under (its number; empty"
-    " for calls outside a revision).",
-    ["provider", "outcome", "revision"],
+    " (succeeded or the error class), the adapter revision it ran under (its number; empty"
+    " for calls outside a revision) and a render job's preset version and aspect class (empty"
+    " for work without an intent).",
+    ["provider", "outcome", "revision", "preset_version", "aspect_class"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
 
@@ -63,6 +65,10 @@ _provider_label = BoundedLabel(env.read("METRICS_PROVIDER_LABELS"))
 _outcome_label = BoundedLabel(40)
 # Revision numbers grow with every adapter change: the series stay bounded like the slugs'.
 _revision_label = BoundedLabel(env.read("METRICS_REVISION_LABELS"))
+# A render job's labels are words from its intent (ledger.rules.intents.render_labels): a
+# tenant's schema can declare many, so each is capped like the slugs (ADR 0016).
+_preset_label = BoundedLabel(env.read("METRICS_PRESET_LABELS"))
+_aspect_label = BoundedLabel(env.read("METRICS_PRESET_LABELS"))
 
 
 def observe_claim(*, seconds: float, outcome: str) -> None:
@@ -71,14 +77,26 @@ def observe_claim(*, seconds: float, outcome: str) -> None:
     CLAIM_SECONDS.labels(outcome=_outcome_label(outcome or "unknown")).observe(max(0.0, seconds))
 
 
-def observe_provider_call(*, provider: str, seconds: float, outcome: str, revision: str = "") -> None:
+def observe_provider_call(
+    *,
+    provider: str,
+    seconds: float,
+    outcome: str,
+    revision: str = "",
+    preset_version: str = "",
+    aspect_class: str = "",
+) -> None:
     """One provider call took ``seconds``: ``provider`` is the slug, ``outcome`` "succeeded"
     or the error class (transient, invalid_input, permission, ambiguous, throttled, …),
-    ``revision`` the adapter revision's number ("" outside one)."""
+    ``revision`` the adapter revision's number ("" outside one), ``preset_version`` and
+    ``aspect_class`` a render job's labels ("" for work without an intent)."""
     PROVIDER_CALL_SECONDS.labels(
         provider=_provider_label(provider or "unknown"),
         outcome=_outcome_label(outcome or "unknown"),
         revision=_revision_label(revision),
+        # "" is not a value a tenant chose: it never takes one of the capped places.
+        preset_version=_preset_label(preset_version) if preset_version else "",
+        aspect_class=_aspect_label(aspect_class) if aspect_class else "",
     ).observe(max(0.0, seconds))
 
 

@@ -553,3 +553,37 @@ def stored_intent(stored: Any) -> tuple[Any, dict[str, int]] | None:
         for name, version in pins.items()
         if isinstance(version, int) and not isinstance(version, bool) and version >= 1
     }
+
+
+# --- A render job's labels ------------------------------------------------------------------------
+
+# The intent fields that say which render a job is: every attempt's log line, the provider-call
+# histogram and a failed attempt's evidence carry them (ADR 0016). A label is a short word; a
+# value of another shape (free text in a schema that declares these names as strings) is left
+# out, never shown — these land in logs, metrics and rows kept past the job's retention.
+RENDER_LABEL_FIELDS = ("preset_version", "aspect_class")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
+
+
+@dataclass(frozen=True)
+class RenderLabels:
+    preset_version: str = ""
+    aspect_class: str = ""
+
+
+def render_labels(stored: Any) -> RenderLabels:
+    """The preset version and aspect class of a stored request (``{"intent": …}``), as label
+    text; empty for a request that is not an intent or an intent without them."""
+    found = stored_intent(stored)
+    intent = found[0] if found is not None else None
+    if not isinstance(intent, dict):
+        return RenderLabels()
+    values = {}
+    for name in RENDER_LABEL_FIELDS:
+        value = intent.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            continue
+        text = str(value)
+        if _LABEL.fullmatch(text):
+            values[name] = text
+    return RenderLabels(**values)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger.models import REPORTED_ERROR_CLASSES
-from ledger.platform.storable import MAX_DURATION_SECONDS, nul_problem
+from ledger.models import REPORTED_ERROR_CLASSES, ErrorClass
+from ledger.platform.storable import MAX_DURATION_SECONDS, nul_problem, query_time_problem
 from ledger.providers import prompts, revisions
 
 
@@ -371,3 +372,38 @@ class KeyDeriveInputSerializer(serializers.Serializer):
 class KeyDeriveOutputSerializer(serializers.Serializer):
     key = serializers.CharField(help_text="`<prefix>:<key id>:<digest>`: the same input always gives the same key.")
     key_id = serializers.CharField(help_text="The derivation key's id (it never rotates).")
+
+
+def queryable_time(value: datetime) -> None:
+    """A time a filter compares against: converted to UTC by the database adapters, so it
+    must not lie at the very ends of Python's datetime (ledger.platform.storable)."""
+    problem = query_time_problem(value)
+    if problem is not None:
+        raise serializers.ValidationError(problem)
+
+
+class AttemptEvidenceListQuerySerializer(serializers.Serializer):
+    provider = serializers.SlugField(required=False, max_length=63)
+    error_class = serializers.ChoiceField(choices=ErrorClass.choices, required=False)
+    finished_after = serializers.DateTimeField(required=False, validators=[queryable_time])
+    finished_before = serializers.DateTimeField(required=False, validators=[queryable_time])
+
+
+class AttemptEvidenceOutputSerializer(serializers.Serializer):
+    """A failed attempt's evidence (ADR 0016): no personal data, the key as a keyed digest."""
+
+    id = serializers.IntegerField()
+    provider = serializers.CharField(source="provider_slug")
+    operation_id = serializers.IntegerField(help_text="The operation's id; it may have been deleted since.")
+    key_digest = serializers.CharField(help_text="HMAC-SHA256 of the key (empty after an erasure).")
+    attempt_number = serializers.IntegerField()
+    outcome = serializers.CharField()
+    error_class = serializers.CharField()
+    response_status = serializers.IntegerField(allow_null=True)
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+    duration_ms = serializers.IntegerField(allow_null=True)
+    adapter_revision = serializers.IntegerField(allow_null=True)
+    preset_version = serializers.CharField()
+    aspect_class = serializers.CharField()
+    error = serializers.CharField(help_text="The error text, the job's own values and personal data cut out.")

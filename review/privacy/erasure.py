@@ -22,7 +22,8 @@ the second finds the cursor moved. Per record:
 * free text of the record and what hangs off it (last error, attempt messages, event
   reasons, DLQ error message, notes, quarantine reason, replay messages and notes): the
   person's own values, read from the payload before it goes, are cut out — the rows, their
-  times, actors and states (the audit trail) stay;
+  times, actors and states (the audit trail) stay; its failed attempts' evidence (ADR 0016)
+  stays too, its error text cut the same way and its keyed digest of the key cleared;
 * the record's subject-index entries are deleted (every kind: the payload that named them
   is gone). When the list is done, every index entry left under the person's digests (a
   record retention deleted, one that arrived since) goes too, and the run forgets the digests.
@@ -34,7 +35,6 @@ fingerprint, the tombstones', and the subject references in the access log and t
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -50,8 +50,9 @@ from dlq.models import FailedEvent, FailedEventChange, FailedEventOccurrence, Fa
 from dlq.rules.errors import FailedEventBusy, FailedEventClosed
 from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import upload_keys_in, uploads_delete_named
-from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
+from ledger.models import Attempt, AttemptEvidence, Operation, OperationEvent, OperationStatus
 from ledger.platform import crypto
+from ledger.platform.cutting import ValueCutter, readable_value, value_strings
 from ledger.platform.errors import DomainError, ValidationFailed
 from ledger.platform.redaction import scrub
 from ledger.protocol import transitions as ledger_transitions
@@ -79,9 +80,6 @@ PASS_SECONDS = 60.0
 STALLED_SECONDS = 600
 ERASED = "[erased]"
 ACTOR = "erasure"
-# Values shorter than this are not cut from free text (a "1", "no" or "AU" would cut
-# everywhere); identifiers are always long enough.
-MIN_VALUE_LENGTH = 3
 CANCELLABLE = (OperationStatus.QUEUED, OperationStatus.RETRY_WAIT)
 DISCARDABLE = (FailedEventStatus.PENDING, FailedEventStatus.REPLAYED)
 
@@ -183,60 +181,12 @@ def _erasure_create(
 # --- The pass ------------------------------------------------------------------------------------
 
 
-def _strings(value: Any, out: set[str], depth: int = 0) -> None:
-    """Every text (and long number) in a plaintext value, and the words of short texts (a
-    name is also written as its parts)."""
-    if depth > 12:
-        return
-    if isinstance(value, dict):
-        for v in value.values():
-            _strings(v, out, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            _strings(v, out, depth + 1)
-    elif isinstance(value, bool) or value is None:
-        return
-    elif isinstance(value, (int, float)):
-        text = str(value)
-        if len(text) >= 6:
-            out.add(text)
-    elif isinstance(value, str):
-        text = value.strip()
-        if len(text) >= MIN_VALUE_LENGTH:
-            out.add(text)
-        if len(text) <= 120:
-            out.update(w for w in re.split(r"[\s,;:()<>\"]+", text) if len(w) >= MIN_VALUE_LENGTH)
-        for kind in ("phone", "email"):
-            normalized = crypto.normalize_identifier(kind, text)
-            if normalized and len(normalized) >= 8 and (kind == "email" or re.search(r"\d{6}", text)):
-                out.add(normalized)
-
-
-def _plain(value: Any) -> Any:
-    if value is None or crypto.is_redacted(value):
-        return None
-    try:
-        return crypto.open_json(value)
-    except crypto.EncryptionKeyError:
-        # Sealed under a key no longer configured: unreadable already, and redacted all the same.
-        return None
-
-
-class _Cutter:
-    """Cuts one record's values out of free text; counts the texts it changed."""
+class _Cutter(ValueCutter):
+    """Cuts one record's values out of free text (ledger.platform.cutting); counts the texts it
+    changed, and rewrites the rows that held them."""
 
     def __init__(self, values: Iterable[str]) -> None:
-        words = sorted({v for v in values if v}, key=len, reverse=True)
-        self.pattern = re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE) if words else None
-        self.changed = 0
-
-    def cut(self, text: str) -> str:
-        if not text or self.pattern is None:
-            return text
-        new = self.pattern.sub(ERASED, text)
-        if new != text:
-            self.changed += 1
-        return new
+        super().__init__(values, replacement=ERASED)
 
     def rows(self, queryset: Any, *columns: str) -> None:
         """Rewrite ``columns`` of every row of ``queryset`` whose text holds a value."""
@@ -268,8 +218,8 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     attempts = list(Attempt.objects.filter(operation_id=op.pk, response_body__isnull=False).only("pk", "response_body"))
     named_uploads: set[str] = set()
     for stored in [*columns.values(), *(a.response_body for a in attempts)]:
-        plain = _plain(stored)
-        _strings(plain, values)
+        plain = readable_value(stored)
+        value_strings(plain, values)
         named_uploads |= upload_keys_in(plain)
     changes: dict[str, Any] = {
         c: redaction_marker(value=v, policy_id=None, run_id=None, at=now, erasure_id=run.pk)
@@ -285,6 +235,13 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     cutter.rows(Attempt.objects.filter(operation_id=op.pk).exclude(message=""), "message")
     cutter.rows(OperationEvent.objects.filter(operation_id=op.pk).exclude(reason=""), "reason")
     cutter.rows(Replay.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk), "error_message", "note")
+    # Its failed attempts' evidence stays: it holds no personal data by construction (its
+    # error text was cut of these same values when written). The keyed digest of the key goes,
+    # since a tenant may allow keys made of personal data (ADR 0016).
+    cutter.rows(AttemptEvidence.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk).exclude(error=""), "error")
+    AttemptEvidence.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk).exclude(key_digest="").update(
+        key_digest="", digest_key_id=""
+    )
     run.texts += cutter.changed
     # Its published output (a file it produced for this person) goes: the row now, the bytes
     # once the batch commits (ledger.execution.outputs).
@@ -322,7 +279,7 @@ def _erase_failed_event(run: ErasureRun, pk: int, now: datetime) -> bool:
         )
     )
     for stored in [event.payload, *(r.response_body for r in replays)]:
-        _strings(_plain(stored), values)
+        value_strings(readable_value(stored), values)
     cutter = _Cutter(values)
     changes: dict[str, Any] = {"search_fields": {}}
     if event.payload is not None and not crypto.is_redacted(event.payload):

@@ -17,6 +17,9 @@ Rules (DESIGN §6):
   review.retention.batches), and every pass over a tenant leaves a RetentionRun with counts per
   record type and policy. The pass starts by dropping the months nothing in which may be kept
   (review.retention.partitions); the policies it applies are review.retention.policies'.
+* Failed attempts' evidence (ADR 0016) holds no personal data and is not part of the operation:
+  deleting operations and dropping months leave it; its own period,
+  ``FAILED_ATTEMPT_EVIDENCE_DAYS``, expires it in the same pass.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, models, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from alerts.services import alert_raise
@@ -38,9 +41,10 @@ from dlq.models import FailedEvent, FailedEventStatus, Replay
 from dlq.rules.errors import FailedEventBusy, FailedEventClosed
 from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import uploads_purge
-from ledger.models import TERMINAL_STATES, Attempt, Operation, Tenant, Tombstone, Upload
+from ledger.models import TERMINAL_STATES, Attempt, AttemptEvidence, Operation, Tenant, Tombstone, Upload
 from ledger.platform.crypto import is_redacted
 from ledger.platform.passes import PASS_ROW_FAILURES, row_isolated
+from ledger.protocol.evidence import attempt_evidence_expired
 from ledger.protocol.tombstones import tombstones_create
 from ledger.store import sql
 from review.audit.accesslog import access_log_min_retention, accesslog_checkpoint, checkpoint_write, lock_chain
@@ -302,6 +306,34 @@ def _expire_gone_links(tp: TenantPurge) -> None:
         SubjectIndex.objects.filter(pk__in=ids).delete()
 
 
+# The key of a run's counts for failed attempts' evidence (not a record type: no tenant policy
+# applies to it; its period is the platform's, ADR 0016).
+EVIDENCE = "attempt_evidence"
+
+
+def evidence_days() -> int:
+    """How long failed attempts' evidence is kept (FAILED_ATTEMPT_EVIDENCE_DAYS, by default the
+    access log's record retention)."""
+    return int(retention_setting("EVIDENCE_DAYS", 2555))
+
+
+def _expire_evidence(tp: TenantPurge) -> None:
+    """Failed attempts' evidence past its own period (ADR 0016): neither the operations' record
+    TTL nor a dropped month of attempts touches it, and a legal hold on operations keeps it."""
+    counts = tp.counts.setdefault(EVIDENCE, TypeCounts(policy="setting"))
+    operations = _policies(tp.run.tenant_id).get(RecordType.OPERATIONS)
+    if operations is not None and operations.legal_hold:
+        counts.held = True
+        return
+    rows = attempt_evidence_expired(tenant_id=tp.run.tenant_id, before=tp.now - timedelta(days=evidence_days()))
+
+    def batch(ids: list[int]) -> None:
+        deleted, _ = AttemptEvidence.objects.filter(tenant_id=tp.run.tenant_id, pk__in=ids).delete()
+        counts.deleted += deleted
+
+    _each_batch(tp, rows, "finished_at", counts, batch)
+
+
 def _expire_tombstones(tp: TenantPurge) -> None:
     rows = Tombstone.objects.filter(tenant_id=tp.run.tenant_id, keep_until__lt=tp.now)
     for ids in _keyset_batches(tp, rows, "keep_until"):
@@ -321,7 +353,8 @@ def retention_purge_tenant(
     """One purge pass over one tenant; None when the tenant has no retention policy."""
     policies = _policies(tenant_id)
     has_stones = Tombstone.objects.filter(tenant_id=tenant_id).exists()
-    if not policies and not has_stones:
+    has_evidence = AttemptEvidence.objects.filter(tenant_id=tenant_id).exists()
+    if not policies and not has_stones and not has_evidence:
         return None
     now = now or sql.db_now()
     run = RetentionRun.objects.create(
@@ -353,6 +386,7 @@ def retention_purge_tenant(
             ):
                 _purge_type(tp, record_type, policy, counts)
         _expire_tombstones(tp)
+        _expire_evidence(tp)
         _expire_gone_links(tp)
         # Every purge leaves the tenant's access-log head signed (review.audit.accesslog).
         accesslog_checkpoint(tenant_id=tenant_id)
@@ -422,6 +456,12 @@ def retention_purge(
     pass_id = uuid.uuid4().hex
     tenant_ids = set(RetentionPolicy.objects.values_list("tenant_id", flat=True)) | set(
         Tombstone.objects.values_list("tenant_id", flat=True).distinct()
+    )
+    # Tenants with failed attempts' evidence (ADR 0016): one index probe per tenant.
+    tenant_ids |= set(
+        Tenant.objects.filter(Exists(AttemptEvidence.objects.filter(tenant_id=OuterRef("pk")))).values_list(
+            "pk", flat=True
+        )
     )
     if defaults_apply():
         tenant_ids |= set(Tenant.objects.values_list("pk", flat=True))

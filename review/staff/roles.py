@@ -34,6 +34,7 @@ _NEVER_BY_HAND = [
         "subjectindex",
         "tombstone",
         "erasurerun",
+        "attemptevidence",
     )
 ] + [f"{verb}_retentionrun" for verb in ("add", "change", "delete")]
 
@@ -43,6 +44,8 @@ _READ_LEDGER = [
     "ledger.view_operationevent",
     "ledger.view_provider",
     "ledger.view_tenant",
+    # Failed attempts' evidence (ADR 0016): no personal data, read by whoever reads attempts.
+    "ledger.view_attemptevidence",
 ]
 
 # app_label.codename patterns (fnmatch) per role.

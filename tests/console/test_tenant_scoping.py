@@ -55,6 +55,7 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     review = op_in_review(
         tenant, mailer, f"review-{tag}", handle=f"handle-{tag}", payload=example("voice-call-analyzed.json")
     )
+    # Its failed attempt also leaves the tenant's failed-attempt evidence (ADR 0016).
     failed = failed_op(tenant, crm, f"failed-{tag}", payload=example("crm-create-contact-request.json"))
     event = FailedEvent.objects.get(operation=failed)
     target = dlq_targets.replay_target_upsert(

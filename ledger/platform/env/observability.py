@@ -84,6 +84,15 @@ HEALTH_AND_METRICS: list[Setting] = _group(
         read_as="ledger.platform.telemetry",
     ),
     _s(
+        "METRICS_PRESET_LABELS",
+        INT,
+        50,
+        """Render jobs' preset versions and aspect classes: at most this many values of each get
+        their own series per process; the rest are counted under _other.""",
+        minimum=0,
+        read_as="ledger.platform.telemetry",
+    ),
+    _s(
         "SCHEDULER_STALE_SECONDS",
         INT,
         300,

@@ -159,6 +159,16 @@ RETENTION: list[Setting] = _group(
     _s("RETENTION_DLQ_RECORD_DAYS", INT, 90, "DLQ entries' records are kept this long.", minimum=0),
     _s("RETENTION_ACCESS_LOG_RECORD_DAYS", INT, 2555, "Access-log rows are kept this long.", minimum=0),
     _s(
+        "FAILED_ATTEMPT_EVIDENCE_DAYS",
+        INT,
+        None,
+        """Failed attempts' evidence (class, status, timing, revision, redacted error; no personal
+        data) is kept this long, whatever the operations' retention (ADR 0016).""",
+        minimum=1,
+        default_text="as RETENTION_ACCESS_LOG_RECORD_DAYS",
+        read_as="settings.ONCEGUARD_RETENTION",
+    ),
+    _s(
         "RETENTION_FLOOR_OPERATIONS_PAYLOAD_DAYS",
         INT,
         1,

@@ -40,6 +40,7 @@ from ledger.models import (
 )
 from ledger.platform.errors import LeaseLost, OperationAlreadyFinished, ValidationFailed
 from ledger.platform.logs import operation_fields
+from ledger.protocol.evidence import attempt_evidence_record
 from ledger.protocol.inputs import backoff_seconds, clamp_lease, new_lease_token, sanitize_message
 from ledger.protocol.transitions.claim import after_terminal
 from ledger.protocol.transitions.trace import (
@@ -307,6 +308,19 @@ def _complete_reported(params: dict[str, Any], *, actor: str, reason: str) -> Op
     return None
 
 
+def _failure_evidence(op: Operation, attempt: dict[str, Any]) -> None:
+    """The failed attempt's evidence, in its own transaction: it commits or rolls back with
+    the failure it describes (ADR 0016)."""
+    attempt_evidence_record(
+        op=op,
+        number=attempt["number"],
+        outcome=attempt["outcome"],
+        error_class=attempt["error_class"],
+        message=attempt["message"],
+        response_status=attempt["response_status"],
+    )
+
+
 @dataclass(frozen=True)
 class FailureDecision:
     to: str
@@ -451,6 +465,7 @@ def operation_fail(
             # An ambiguous report on a row already uncertain, or one that would move a row
             # already waiting for a human (review → uncertain): evidence only.
             statements.execute("attempt_finish", attempt)
+            _failure_evidence(op, attempt)
             return op
         has_response = response_status is not None or response_body is not None
         updated = statements.operation(
@@ -474,6 +489,7 @@ def operation_fail(
         if updated is None:  # pragma: no cover - the row is locked above
             raise LeaseLost("The operation moved while failing.")
         statements.execute("attempt_finish", attempt)
+        _failure_evidence(op, attempt)
         event_row(
             op=updated,
             old=op.status,

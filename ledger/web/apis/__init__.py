@@ -7,8 +7,10 @@ service or selector, render the output.
 - ``files``: uploads and validated outputs, their facts and bytes.
 - ``providers``: provider webhooks, a provider's caps and adapter rollout, intents, prompt
   templates.
+- ``evidence``: failed attempts' evidence (ADR 0016).
 """
 
+from ledger.web.apis.evidence import AttemptEvidenceListApi
 from ledger.web.apis.files import (
     OperationOutputApi,
     OperationOutputContentApi,
@@ -39,6 +41,7 @@ from ledger.web.apis.providers import (
 )
 
 __all__ = [
+    "AttemptEvidenceListApi",
     "ClaimCreateApi",
     "KeyDeriveApi",
     "OperationAttemptsApi",
