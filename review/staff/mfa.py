@@ -39,12 +39,12 @@ from review.models import TOTP_DIGITS, TOTP_STEP, ConsoleTotpDevice
 OIDC_BACKEND = "review.staff.oidc.ConsoleOidcBackend"
 VERIFY_URL_NAME = "admin:onceguard_mfa_verify"
 ENROL_URL_NAME = "admin:onceguard_mfa_enrol"
+WEBAUTHN_URL_PREFIX = "/admin/sign-in/webauthn/"
 # The pages a signed-in but unverified session may still open: the second factor's own,
 # signing out, and what the sign-in page itself loads.
 _OPEN_URL_NAMES = (
     VERIFY_URL_NAME,
     ENROL_URL_NAME,
-    "admin:onceguard_mfa_webauthn",
     "admin:logout",
     "admin:login",
     "admin:jsi18n",
@@ -89,12 +89,12 @@ class ConsoleMfaMiddleware:
     def _open(self, path: str) -> bool:
         if self._open_paths is None:
             self._open_paths = tuple(reverse(name) for name in _OPEN_URL_NAMES)
-        return path in self._open_paths
+        # django-otp-webauthn's ceremonies (config.urls) answer the second factor's pages.
+        return path in self._open_paths or path.startswith(WEBAUTHN_URL_PREFIX)
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        admin_root = reverse("admin:index")
-        if request.path.startswith(admin_root) and not self._open(request.path) and mfa_required(request):
-            if not mfa_verified(request):
+        if settings.CONSOLE_REQUIRE_MFA and request.path.startswith("/admin/") and mfa_required(request):
+            if not self._open(request.path) and not mfa_verified(request):
                 target = VERIFY_URL_NAME if confirmed_devices(request.user) else ENROL_URL_NAME
                 return HttpResponseRedirect(f"{reverse(target)}?{urlencode({'next': request.get_full_path()})}")
         return self.get_response(request)
