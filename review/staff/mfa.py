@@ -27,7 +27,7 @@ from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django_otp_webauthn.models import WebAuthnCredential
 
@@ -93,6 +93,10 @@ class ConsoleMfaMiddleware:
         return path in self._open_paths or path.startswith(WEBAUTHN_URL_PREFIX)
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path.startswith(WEBAUTHN_URL_PREFIX) and not webauthn_enabled():
+            # No relying party configured: no key may be registered or used (its ceremonies
+            # would otherwise run under the placeholder id).
+            raise Http404("Security keys are not enabled.")
         if settings.CONSOLE_REQUIRE_MFA and request.path.startswith("/admin/") and mfa_required(request):
             if not self._open(request.path) and not mfa_verified(request):
                 target = VERIFY_URL_NAME if confirmed_devices(request.user) else ENROL_URL_NAME
