@@ -12,6 +12,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -19,8 +20,10 @@ from django.utils import timezone
 from django_otp.oath import TOTP
 
 from ledger.models import ConfigChange
+from ledger.platform import crypto
 from ledger.platform.crypto import is_sealed
 from review.models import ConsoleTotpDevice
+from review.privacy.keys import encryption_rotate
 
 pytestmark = pytest.mark.django_db
 
@@ -189,3 +192,22 @@ def test_the_second_factor_pages_answer_no_5xx_on_bad_input(client: Client, oper
             assert answer.status_code < 500
             assert "evil.example" not in answer.get("Location", "")
     assert Client().get("/admin/sign-in/second-factor/").status_code == 302
+
+
+def test_encryption_rotate_reseals_authenticator_keys_and_their_codes_still_work(
+    operator: Any, mfa_on: None, monkeypatch: Any
+) -> None:
+    old_spec = f"old1:{Fernet.generate_key().decode()}"
+    monkeypatch.setenv(crypto.KEYS_ENV, old_spec)
+    first = Client()
+    password_sign_in(first, "olivia")
+    key = enrol(first)
+    new_spec = f"new1:{Fernet.generate_key().decode()}"
+    monkeypatch.setenv(crypto.KEYS_ENV, f"{new_spec},{old_spec}")
+    assert encryption_rotate(batch_size=1)["review.ConsoleTotpDevice"]["resealed"] == 1
+    assert crypto.key_id_of(ConsoleTotpDevice.objects.get(user=operator).sealed_key) == "new1"
+    # The old key can go: the app's codes still open the console.
+    monkeypatch.setenv(crypto.KEYS_ENV, new_spec)
+    later = Client()
+    password_sign_in(later, "olivia")
+    assert later.post("/admin/sign-in/second-factor/", {"code": code_for(key, at=time.time() + 30)}).status_code == 302
