@@ -197,7 +197,7 @@ class ConsoleOidcBackend(OIDCAuthenticationBackend):
     @staticmethod
     def _refuse(request: HttpRequest, exc: SignInRefused) -> None:
         # The code and the library's reason only: never a claim, a token or an address.
-        log.warning("console sign-in refused", extra={"code": exc.code, "why": exc.detail[:200]})
+        log.warning("console_sign_in_refused code=%s why=%s", exc.code, exc.detail[:200])
         setattr(request, REFUSAL_ATTR, exc)
 
     def _verify_jws(self, payload: str, key: Any) -> dict[str, Any]:
