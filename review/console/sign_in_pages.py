@@ -6,6 +6,7 @@ and the second factor's pages — enrolling an authenticator app and typing its 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin
@@ -86,7 +87,7 @@ def mfa_verify_view(site: admin.AdminSite, request: HttpRequest) -> HttpResponse
         return HttpResponseRedirect(_next_url(request))
     devices = mfa.confirmed_devices(request.user)
     if not devices:
-        return HttpResponseRedirect(f"{reverse(mfa.ENROL_URL_NAME)}?next={_next_url(request)}")
+        return HttpResponseRedirect(f"{reverse(mfa.ENROL_URL_NAME)}?{urlencode({'next': _next_url(request)})}")
     form = CodeForm(request.POST or None)
     error = ""
     if request.method == "POST" and form.is_valid():
@@ -111,7 +112,7 @@ def mfa_enrol_view(site: admin.AdminSite, request: HttpRequest) -> HttpResponse:
     required = mfa.mfa_required(request)
     if required and not mfa.mfa_verified(request) and mfa.confirmed_devices(request.user):
         # An unverified session never replaces a factor: that would bypass it.
-        return HttpResponseRedirect(f"{reverse(mfa.VERIFY_URL_NAME)}?next={_next_url(request)}")
+        return HttpResponseRedirect(f"{reverse(mfa.VERIFY_URL_NAME)}?{urlencode({'next': _next_url(request)})}")
     device = ConsoleTotpDevice.objects.filter(
         pk=request.session.get(_ENROLMENT_SESSION_KEY) or 0, user_id=request.user.pk, confirmed=False
     ).first()
