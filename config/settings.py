@@ -59,6 +59,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
+    # Second factors of the console's local accounts (review.staff.mfa, ADR 0014).
+    "django_otp",
+    "django_otp_webauthn",
     "ledger",
     "alerts",
     "dlq",
@@ -84,6 +87,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The device that verified this session (django-otp), then the console's demand for one.
+    "django_otp.middleware.OTPMiddleware",
+    "review.staff.mfa.ConsoleMfaMiddleware",
     "review.staff.tenancy.TenantScopeMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -213,6 +219,47 @@ STORAGES = {
 }
 
 LOGIN_URL = "/admin/login/"
+
+# --- Console sign-in (ADR 0014): single sign-on, and the second factor of local accounts -----
+# Passwords for local accounts; the provider's sign-in (review.staff.oidc) acts only on its own
+# callback and only when OIDC_RP_CLIENT_ID and CONSOLE_OIDC_ISSUER are set.
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "review.staff.oidc.ConsoleOidcBackend",
+]
+OIDC_RP_CLIENT_ID = env.read("OIDC_RP_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = env.read("OIDC_RP_CLIENT_SECRET")
+CONSOLE_OIDC_ISSUER = env.read("CONSOLE_OIDC_ISSUER")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env.read("OIDC_OP_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = env.read("OIDC_OP_TOKEN_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = env.read("OIDC_OP_JWKS_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = env.read("OIDC_OP_USER_ENDPOINT")
+OIDC_RP_SIGN_ALGO = env.read("OIDC_RP_SIGN_ALGO")
+OIDC_RP_SCOPES = env.read("OIDC_RP_SCOPES")
+OIDC_TIMEOUT = env.read("OIDC_TIMEOUT")
+# The code flow with a nonce and PKCE (S256): an intercepted code is useless without the
+# verifier kept in this browser's session.
+OIDC_USE_NONCE = True
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_AUTHENTICATION_CALLBACK_URL = "admin:onceguard_oidc_callback"
+OIDC_CREATE_USER = True
+OIDC_STORE_ACCESS_TOKEN = False
+OIDC_STORE_ID_TOKEN = False
+LOGIN_REDIRECT_URL = "/admin/"
+CONSOLE_OIDC_ROLE_CLAIM = env.read("CONSOLE_OIDC_ROLE_CLAIM")
+CONSOLE_OIDC_ROLE_MAP = env.read("CONSOLE_OIDC_ROLE_MAP")
+CONSOLE_OIDC_TENANT_CLAIM = env.read("CONSOLE_OIDC_TENANT_CLAIM")
+CONSOLE_REQUIRE_MFA = env.read("CONSOLE_REQUIRE_MFA")
+CONSOLE_MFA_EXEMPT_USERS = env.read("CONSOLE_MFA_EXEMPT_USERS")
+CONSOLE_MFA_MAX_FAILURES = env.read("CONSOLE_MFA_MAX_FAILURES")
+CONSOLE_WEBAUTHN_RP_ID = env.read("CONSOLE_WEBAUTHN_RP_ID")
+CONSOLE_WEBAUTHN_ORIGINS = env.read("CONSOLE_WEBAUTHN_ORIGINS")
+OTP_WEBAUTHN_RP_ID = CONSOLE_WEBAUTHN_RP_ID or "localhost"
+OTP_WEBAUTHN_RP_NAME = "Onceguard console"
+OTP_WEBAUTHN_ALLOWED_ORIGINS = CONSOLE_WEBAUTHN_ORIGINS or [f"https://{OTP_WEBAUTHN_RP_ID}"]
+# A security key is a second factor here, never a password's replacement.
+OTP_WEBAUTHN_ALLOW_PASSWORDLESS_LOGIN = False
 
 # --- Security -------------------------------------------------------------------------
 SESSION_COOKIE_AGE = env.read("SESSION_COOKIE_AGE")

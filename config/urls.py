@@ -8,6 +8,9 @@ from observability.health import healthz, readyz
 from observability.metrics import metrics_view
 
 urlpatterns = [
+    # Security keys as a second factor of local accounts (django-otp-webauthn's ceremonies,
+    # review.staff.mfa, ADR 0014): before the console's catch-all.
+    path("admin/sign-in/webauthn/", include("django_otp_webauthn.urls", namespace="otp_webauthn")),
     path("admin/", admin.site.urls),
     # Payload reveal (scope `payload`, reason, access log) — before the ledger's routes.
     path("api/v1/", include("review.privacy.urls")),

@@ -18,6 +18,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext
+from django_otp_webauthn import admin as webauthn_admin  # noqa: F401  (registers its page first: removed below)
+from django_otp_webauthn.models import WebAuthnCredential
 from django_q import admin as django_q_admin  # noqa: F401  (registers its pages first: replaced below)
 from django_q.models import Schedule
 
@@ -539,6 +541,12 @@ class ScheduleReadOnlyAdmin(ConsoleReadOnlyAdmin):
 if admin.site.is_registered(Schedule):
     admin.site.unregister(Schedule)
 admin.site.register(Schedule, ScheduleReadOnlyAdmin)
+
+# django-otp-webauthn's page of security keys shows raw public keys and lets a key be edited by
+# hand; a person's second factors are reset with `manage.py mfa_reset` instead, which leaves its
+# trace (review.staff.mfa, ADR 0014).
+if admin.site.is_registered(WebAuthnCredential):
+    admin.site.unregister(WebAuthnCredential)
 
 
 # Attempts and events: their lists, pages and export (review.console.history_pages). Uploads and

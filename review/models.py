@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import time
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
+from django.utils import timezone
+from django_otp.models import Device, ThrottlingMixin
+from django_otp.oath import TOTP
 
 from ledger.models import Operation, OperationStatus, Provider, Tenant
+from ledger.providers.credentials import secret_open
 
 
 class ReviewDecision(models.TextChoices):
@@ -430,3 +438,93 @@ class ActivityHour(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.hour:%Y-%m-%d %H:00} {self.provider} {self.series} {self.n}"
+
+
+# --- Console sign-in: single sign-on identities and second factors (ADR 0014) ---------------
+
+
+class OidcIdentity(models.Model):
+    """A person as the organisation's identity provider names them: the (issuer, subject)
+    pair of their ID tokens, bound to one console user. Never matched by e-mail: an address
+    can be reissued, and another issuer may vouch for the same one (ADR 0014)."""
+
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identity")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_sign_in_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "single sign-on identity"
+        verbose_name_plural = "single sign-on identities"
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="oidcidentity_issuer_subject_unique"),
+            models.CheckConstraint(condition=~Q(issuer="") & ~Q(subject=""), name="oidcidentity_named"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.issuer} · {self.subject}"
+
+
+# RFC 6238's defaults, which every authenticator app reads from an otpauth:// address.
+TOTP_STEP, TOTP_DIGITS = 30, 6
+
+
+class ConsoleTotpDevice(ThrottlingMixin, Device):
+    """A local account's authenticator app (RFC 6238 TOTP), as a django-otp device so the
+    session's verification and the throttling of wrong codes are django-otp's. Unlike
+    django-otp's own TOTPDevice the shared key is sealed at rest like every other secret of
+    the service (ledger.platform.crypto): a copy of the database alone cannot mint codes.
+    ``confirmed`` is False while enrolling (the key shown once, no code typed yet); a user has
+    at most one confirmed device. Verification and enrolment: review.staff.mfa."""
+
+    # seal_json(base32 key, always=True): opened only to check a code.
+    sealed_key = models.JSONField()
+    # The last time step a code was accepted for: a code is never accepted twice.
+    last_t = models.BigIntegerField(default=-1)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "authenticator app"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user"], condition=Q(confirmed=True), name="consoletotpdevice_one_confirmed_per_user"
+            ),
+            models.CheckConstraint(condition=Q(last_t__gte=-1), name="consoletotpdevice_last_t_valid"),
+        ]
+
+    def get_throttle_factor(self) -> int:
+        # Seconds before the next try after the first wrong code, doubled with each one more.
+        return 1
+
+    def verify_token(self, token: str) -> bool:
+        """Whether ``token`` is this device's code now (one step of clock drift either way),
+        throttled as django-otp throttles: each wrong code doubles the wait before the next,
+        and CONSOLE_MFA_MAX_FAILURES in a row lock the device until ``mfa_reset``."""
+        allowed, _ = self.verify_is_allowed()
+        if not allowed:
+            return False
+        totp = TOTP(base64.b32decode(secret_open(self.sealed_key)), step=TOTP_STEP, digits=TOTP_DIGITS)
+        totp.time = time.time()
+        code = "".join(str(token or "").split())
+        matched = (
+            code.isdigit() and len(code) == TOTP_DIGITS and totp.verify(int(code), tolerance=1, min_t=self.last_t + 1)
+        )
+        devices = ConsoleTotpDevice.objects.filter(pk=self.pk)
+        # Guarded writes, not save(): two sign-ins racing with one code both read the old
+        # last_t, and only the UPDATE that still sees it wins (a code is good for one session).
+        if matched and devices.filter(last_t__lt=totp.t()).update(
+            last_t=totp.t(), throttling_failure_count=0, throttling_failure_timestamp=None
+        ):
+            self.last_t, self.throttling_failure_count, self.throttling_failure_timestamp = totp.t(), 0, None
+            return True
+        now = timezone.now()
+        devices.update(throttling_failure_count=F("throttling_failure_count") + 1, throttling_failure_timestamp=now)
+        self.throttling_failure_count += 1
+        self.throttling_failure_timestamp = now
+        return False
+
+    def verify_is_allowed(self) -> tuple[bool, dict[str, Any] | None]:
+        if self.throttling_failure_count >= settings.CONSOLE_MFA_MAX_FAILURES:
+            return False, {"reason": "locked", "failure_count": self.throttling_failure_count}
+        return super().verify_is_allowed()

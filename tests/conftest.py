@@ -183,15 +183,17 @@ SLOW: tuple[str, ...] = (
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Heavy suites (browser, real n8n, soak, fuzzing) run once per `make test`, in the
-    PostgreSQL pass: on SQLite they are skipped, never silently dropped from CI (.ci/run
+    """Heavy suites (browser, real n8n, soak, fuzzing) and the ``pg_pass`` ones run once per
+    `make test`, in the PostgreSQL pass: on SQLite they are skipped, never silently dropped from CI (.ci/run
     fails when the PostgreSQL pass did not happen)."""
     from django.conf import settings
 
     on_sqlite = "postgresql" not in settings.DATABASES["default"]["ENGINE"]
     skip = pytest.mark.skip(reason="heavy suite: runs once, in the PostgreSQL pass")
     for item in items:
-        heavy = item.get_closest_marker("heavy") or item.get_closest_marker("browser")
+        heavy = (
+            item.get_closest_marker("heavy") or item.get_closest_marker("browser") or item.get_closest_marker("pg_pass")
+        )
         if heavy and on_sqlite:
             item.add_marker(skip)
         if item.nodeid.startswith(SERIAL):

@@ -97,6 +97,8 @@ def test_run_all_serves_the_console_and_api_and_stops_on_ctrl_c(tmp_path, db):
         local = (tmp_path / "local.env").read_text()
         assert f"\nDEMO_OUTBOUND_ALLOW=127.0.0.1:{base}-{base + 5}\n" in local
         assert f"\nDEMO_PORT_BASE={base}\n" in local and "\nREQUEST_LOG_SLOW_MS=1000\n" in local
+        # The demo admin signs in with its password alone even where CONSOLE_REQUIRE_MFA is on (ADR 0014).
+        assert "\nCONSOLE_MFA_EXEMPT_USERS=admin\n" in local
         clean = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(tmp_path),

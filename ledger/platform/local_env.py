@@ -29,6 +29,7 @@ KEYS: dict[str, str] = {
     "DEMO_OUTBOUND_ALLOW": "the demo receivers' loopback ports, allowed besides OUTBOUND_ALLOW",
     "METRICS_TOKEN_FILE": "the file holding the demo's /metrics bearer token",
     "REQUEST_LOG_SLOW_MS": "make run logs a request only when it fails or takes at least this long",
+    "CONSOLE_MFA_EXEMPT_USERS": "the demo admin, who signs in with its password alone (ADR 0014)",
 }
 
 _OFF = {"0", "false", "no", "off"}

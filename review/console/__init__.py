@@ -8,7 +8,8 @@ with the per-page work done once; ``forms`` the site's own forms. The front page
 (numbers, attention list, charts) over ``selectors`` (bounded counts, activity per hour).
 Pages of their own: ``history_pages`` (attempts and events, keyed by time), ``object_pages``
 (uploads and published outputs), ``run_pages`` (a run's steps and its resume),
-``subject_pages`` (a person's data trail) and ``n8n_audit_pages`` (a tenant's n8n workflows).
+``subject_pages`` (a person's data trail), ``n8n_audit_pages`` (a tenant's n8n workflows) and
+``sign_in_pages`` (single sign-on's way out and back, the second factor's pages: ADR 0014).
 
 May import: every room of review. Nothing of review imports it but the modules on top
 (``review.admin``, ``review.schedules``, ``review.adminconfig`` by its dotted path) and the

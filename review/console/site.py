@@ -31,6 +31,7 @@ from ledger.platform.errors import DomainError
 from ledger.store import sql
 from ledger.web.console_base import ConsoleLookupsMixin
 from review.audit.changes import ConfigChangeAdminMixin
+from review.console import sign_in_pages
 from review.console.dashboard import attention_context, charts_context, dashboard_context
 from review.console.forms import RevealForm, SubjectSearchForm, ThrottledAuthenticationForm
 from review.console.n8n_audit_pages import n8n_audit_page
@@ -41,6 +42,7 @@ from review.console.selectors import attention_now, dashboard_numbers, provider_
 from review.console.subject_pages import subject_trail_page
 from review.models import AccessAction
 from review.privacy import payloads as privacy
+from review.staff.oidc import oidc_enabled
 from review.staff.tenancy import object_tenant_id, scope_of, scoped_admin_class
 
 _APPS_WHEN_READ = "_onceguard_app_list_when_read"
@@ -155,6 +157,16 @@ class OnceguardAdminSite(admin.AdminSite):
             path("onceguard/runs/", self.admin_view(self.run_view), name="onceguard_run"),
             path("onceguard/n8n-audit/", self.admin_view(self.n8n_audit_view), name="onceguard_n8n_audit"),
             path("onceguard/subjects/trail/", self.admin_view(self.subject_trail_view), name="onceguard_subject_trail"),
+            # Sign-in (ADR 0014): to the identity provider and back, before anyone is signed in;
+            # the second factor's pages, for a signed-in session that has not shown it yet.
+            path("sign-in/sso/", sign_in_pages.oidc_start_view, name="onceguard_oidc_start"),
+            path(
+                "sign-in/sso/callback/",
+                sign_in_pages.ConsoleOidcCallbackView.as_view(site=self),
+                name="onceguard_oidc_callback",
+            ),
+            path("sign-in/second-factor/", self.admin_view(self.mfa_verify_view), name="onceguard_mfa_verify"),
+            path("sign-in/second-factor/enrol/", self.admin_view(self.mfa_enrol_view), name="onceguard_mfa_enrol"),
         ]
         for page in self._history_pages.values():
             extra += page.get_urls()
@@ -162,8 +174,19 @@ class OnceguardAdminSite(admin.AdminSite):
 
     def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         # While the demo runs, its sign-in is on the page itself (make run's terminal scrolls).
-        extra_context = {**(extra_context or {}), "onceguard_demo_sign_in": demo_sign_in()}
+        # With single sign-on configured the page offers it above the password form.
+        extra_context = {
+            **(extra_context or {}),
+            "onceguard_demo_sign_in": demo_sign_in(),
+            "onceguard_sso": oidc_enabled(),
+        }
         return super().login(request, extra_context)
+
+    def mfa_verify_view(self, request: HttpRequest) -> HttpResponse:
+        return sign_in_pages.mfa_verify_view(self, request)
+
+    def mfa_enrol_view(self, request: HttpRequest) -> HttpResponse:
+        return sign_in_pages.mfa_enrol_view(self, request)
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = dict(extra_context or {})

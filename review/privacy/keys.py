@@ -31,6 +31,8 @@ SECRET_COLUMNS: list[tuple[str, tuple[str, ...]]] = [
     ("dlq.N8nConnection", ("api_key_secret",)),
     ("dlq.ReplayTarget", ("signing_secret", "signing_secret_previous", "credential_secret")),
     ("alerts.AlertChannel", ("url",)),
+    # Authenticator apps' shared keys (review.staff.mfa, ADR 0014).
+    ("review.ConsoleTotpDevice", ("sealed_key",)),
 ]
 
 

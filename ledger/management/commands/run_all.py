@@ -74,6 +74,13 @@ class Command(BaseCommand):
         slow_ms = int(_from_environment("REQUEST_LOG_SLOW_MS") or "1000")
         os.environ["REQUEST_LOG_SLOW_MS"] = str(slow_ms)
         local: dict[str, str] = {}
+        # The demo admin bootstrap_demo makes ("admin", its password printed above) keeps
+        # signing in with its password alone even where CONSOLE_REQUIRE_MFA is on (ADR 0014):
+        # a first look at the console needs no authenticator app. Other accounts are asked.
+        exempt = [u for u in (_from_environment("CONSOLE_MFA_EXEMPT_USERS") or "").split(",") if u.strip()]
+        os.environ["CONSOLE_MFA_EXEMPT_USERS"] = local["CONSOLE_MFA_EXEMPT_USERS"] = ",".join(
+            dict.fromkeys([*exempt, "admin"])
+        )
         if demo:
             # Demo receivers on loopback: a key-enforced and a key-advisory mock provider and the
             # mock image API, each behind a fault relay, so the crash window can be reproduced

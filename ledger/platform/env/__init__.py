@@ -19,6 +19,7 @@ configured.
 The table is declared by topic, one module each, and assembled here in the reference page's
 order: :mod:`.core` (Django's core, the database, object storage, the task queue, ``make run``
 and the web server), :mod:`.security` (sessions, keys, the access log, retention),
+:mod:`.sign_in` (single sign-on and the second factor of the console's local accounts),
 :mod:`.execution` (the ledger's own knobs), :mod:`.observability` (logging, health and
 metrics) and :mod:`.dlq_alerts`; :mod:`.declare` says how a setting is declared and how each
 kind of value is parsed. Callers import this package only (``from ledger.platform import env``).
@@ -30,7 +31,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ledger.platform.env import core, dlq_alerts, execution, fencing, observability, security
+from ledger.platform.env import core, dlq_alerts, execution, fencing, observability, security, sign_in
 from ledger.platform.env.declare import (  # noqa: F401 -- the table's public names, used as env.<name>
     BOOL,
     CHOICE,
@@ -52,6 +53,7 @@ SETTINGS: tuple[Setting, ...] = (
     *core.DATABASE,
     *core.OBJECT_STORAGE,
     *security.SECURITY,
+    *sign_in.CONSOLE_SIGN_IN,
     *execution.LEDGER,
     *fencing.FENCING,
     *security.ACCESS_LOG,
