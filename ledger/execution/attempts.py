@@ -41,6 +41,7 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
+from ledger.platform import tracing
 from ledger.platform.crypto import open_json
 from ledger.platform.errors import DomainError
 from ledger.platform.logs import log_context, operation_fields
@@ -330,7 +331,16 @@ def operation_execute(
     # The provider as the revision this attempt runs under sees it (ledger.providers.revisions).
     provider = revisions.operation_adapter_view(op, services.provider_by_id(op.provider_id))
     revision = revisions.revision_number(op.adapter_revision_id)
-    with log_context(**operation_fields(op, provider=provider.slug, adapter_revision=revision)):
+    step = "poll" if op.polls > 0 else ("callback" if provider.kind == ProviderKind.CALLBACK else "attempt")
+    with (
+        log_context(**operation_fields(op, provider=provider.slug, adapter_revision=revision)),
+        # The attempt continues the trace its claim stored (ADR 0015): the caller's trace.
+        tracing.operation_span(
+            f"onceguard.{step}",
+            operation=op,
+            attributes={"onceguard.provider": provider.slug, "onceguard.attempt": op.attempts},
+        ),
+    ):
         if op.polls > 0:
             # A poll lease (ledger.execution.polling): ask the provider about the job; nothing is sent.
             recorded = polling.operation_poll(op=op, provider=provider, client=client, actor=actor)
@@ -404,7 +414,16 @@ def _execute(
             if refused is not None:
                 outcome = refused
             else:
-                outcome = _send(op=op, provider=provider, client=client, envelope=envelope)
+                # The provider call is a client span: its traceparent is the one the request carries.
+                with tracing.client_span(f"onceguard.provider_call {provider.slug}", operation=op):
+                    outcome = _send(op=op, provider=provider, client=client, envelope=envelope)
+                    tracing.attributes_set(
+                        {
+                            "onceguard.outcome": outcome.error_class or "succeeded",
+                            "onceguard.sent": bool(outcome.sent),
+                            "http.response.status_code": outcome.status or 0,
+                        }
+                    )
                 observe_provider_call(
                     provider=provider.slug,
                     seconds=outcome.duration_ms / 1000,
