@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -118,7 +118,55 @@ def flush(timeout_millis: int = 5000) -> None:
         provider.force_flush(timeout_millis)
 
 
-# --- Spans ----------------------------------------------------------------------------------
+# --- Spans (the public helpers first; their bodies, run only while tracing is on, below) -----
+
+# What every span helper returns while tracing is off: one shared context manager yielding
+# None, so the off path builds no generator (a tenth of a microsecond instead of one).
+_OFF: AbstractContextManager[None] = nullcontext()
+SpanContext = AbstractContextManager["trace.Span | None"]
+
+
+def span(
+    name: str,
+    *,
+    parent: str = "",
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+) -> SpanContext:
+    """A span named ``name``, current inside the block: a child of ``parent`` (a stored
+    ``traceparent``) when given, else of the current span, else a new trace's root. Yields
+    None while tracing is off. An exception leaving the block marks the span as an error
+    (its class only: a message can carry the data the span must not)."""
+    if not enabled():
+        return _OFF
+    return _span(name, parent=parent, kind=kind, attributes=attributes)
+
+
+def server_span(*, name: str, headers: Mapping[str, str]) -> SpanContext:
+    """The server span of an incoming request, continuing its ``traceparent``/``tracestate``
+    (W3C Trace Context) when it sent a valid one; a new trace otherwise."""
+    if not enabled():
+        return _OFF
+    return _server_span(name=name, headers=headers)
+
+
+def operation_span(
+    name: str, *, operation: Any, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None
+) -> SpanContext:
+    """A span about one operation (an attempt, a poll, a callback delivery), continuing the
+    trace its row stored (``trace_context``) when it has one: ``onceguard.operation_id``, the
+    key's HMAC and ``attributes``."""
+    if not enabled():
+        return _OFF
+    return _operation_span(name, operation=operation, kind=kind, attributes=attributes)
+
+
+def client_span(name: str, *, operation: Any) -> SpanContext:
+    """A call out of the service about ``operation`` (a provider call): a client span, child of
+    the current one, named by the key's HMAC; the request it makes carries its traceparent."""
+    if not enabled():
+        return _OFF
+    return _client_span(name, operation=operation)
 
 
 def _parent_context(traceparent: str) -> otel_context.Context | None:
@@ -129,20 +177,13 @@ def _parent_context(traceparent: str) -> otel_context.Context | None:
 
 
 @contextmanager
-def span(
+def _span(
     name: str,
     *,
     parent: str = "",
     kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, Any] | None = None,
 ) -> Iterator[trace.Span | None]:
-    """A span named ``name``, current inside the block: a child of ``parent`` (a stored
-    ``traceparent``) when given, else of the current span, else a new trace's root. Yields
-    None while tracing is off. An exception leaving the block marks the span as an error
-    (its class only: a message can carry the data the span must not)."""
-    if not enabled():
-        yield None
-        return
     tracer = _state.tracer
     assert tracer is not None
     ctx = _parent_context(parent)
@@ -162,12 +203,7 @@ def span(
 
 
 @contextmanager
-def server_span(*, name: str, headers: Mapping[str, str]) -> Iterator[trace.Span | None]:
-    """The server span of an incoming request, continuing its ``traceparent``/``tracestate``
-    (W3C Trace Context) when it sent a valid one; a new trace otherwise."""
-    if not enabled():
-        yield None
-        return
+def _server_span(*, name: str, headers: Mapping[str, str]) -> Iterator[trace.Span | None]:
     tracer = _state.tracer
     assert tracer is not None
     carrier = {k: v for k in (TRACEPARENT, "tracestate") if (v := headers.get(k))}
@@ -208,18 +244,12 @@ def current_traceparent() -> str:
 
 
 @contextmanager
-def operation_span(
+def _operation_span(
     name: str, *, operation: Any, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None
 ) -> Iterator[trace.Span | None]:
-    """A span about one operation (an attempt, a poll, a callback delivery), continuing the
-    trace its row stored (``trace_context``) when it has one: ``onceguard.operation_id``, the
-    key's HMAC and ``attributes``."""
-    if not enabled():
-        yield None
-        return
     stored = getattr(operation, "trace_context", "") or ""
     values = {"onceguard.operation_id": operation.pk, **operation_attributes(operation), **dict(attributes or {})}
-    with span(name, parent=stored, kind=kind, attributes=values) as current:
+    with _span(name, parent=stored, kind=kind, attributes=values) as current:
         token = otel_context.attach(otel_context.set_value(_CONTINUED, True)) if stored else None
         try:
             yield current
@@ -229,13 +259,8 @@ def operation_span(
 
 
 @contextmanager
-def client_span(name: str, *, operation: Any) -> Iterator[trace.Span | None]:
-    """A call out of the service about ``operation`` (a provider call): a client span, child of
-    the current one, named by the key's HMAC; the request it makes carries its traceparent."""
-    if not enabled():
-        yield None
-        return
-    with span(name, kind=SpanKind.CLIENT, attributes=operation_attributes(operation)) as current:
+def _client_span(name: str, *, operation: Any) -> Iterator[trace.Span | None]:
+    with _span(name, kind=SpanKind.CLIENT, attributes=operation_attributes(operation)) as current:
         yield current
 
 

@@ -9,12 +9,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.exceptions import MiddlewareNotUsed
 from django.http import HttpResponse
+from django.urls import reverse
 
 from config.middleware import TraceContextMiddleware
 from ledger.models import IdempotencyClass, Operation, Provider, Tenant
 from ledger.platform import tracing
+from ledger.protocol import transitions
 from ledger.protocol.services import provider_upsert
 from tests.execute.support import run_due
 from tests.observability.otlp import OtlpReceiver
@@ -198,3 +201,32 @@ def test_a_stored_traceparent_gives_its_trace_id_and_link():
     assert tracing.trace_link(trace_id=TRACE_ID, template=template) == f"https://tempo.example/trace/{TRACE_ID}"
     assert tracing.trace_link(trace_id=TRACE_ID, template="") == ""
     assert tracing.trace_link(trace_id="", template=template) == ""
+
+
+def _console_page(client: Any, op: Operation) -> str:
+    response = client.get(reverse("admin:ledger_operation_change", args=[op.pk]))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_the_operation_page_shows_the_trace_id_linked_by_the_template(tenant, provider, client, settings):
+    client.force_login(User.objects.create_superuser("root", "root@example.invalid", "x"))
+    traced = transitions.operation_claim(
+        tenant=tenant, key="k-traced", provider=provider, request={"a": 1}, trace_context=TRACEPARENT
+    ).operation
+    untraced = transitions.operation_claim(tenant=tenant, key="k-plain", provider=provider, request={"a": 1}).operation
+    assert traced.trace_context == TRACEPARENT and untraced.trace_context == ""
+
+    settings.TRACE_LINK_TEMPLATE = "https://tempo.example/trace/{trace_id}"
+    page = _console_page(client, traced)
+    assert (
+        f'<a href="https://tempo.example/trace/{TRACE_ID}" rel="noopener noreferrer"><code>{TRACE_ID}</code></a>'
+        in page
+    )
+    assert TRACE_ID not in _console_page(client, untraced)
+
+    # Without a template (or with one that is no web address) the id is shown, not linked.
+    for template in ("", "javascript:alert('{trace_id}')"):
+        settings.TRACE_LINK_TEMPLATE = template
+        page = _console_page(client, traced)
+        assert f"<code>{TRACE_ID}</code>" in page and "tempo.example" not in page and "javascript:" not in page
