@@ -19,7 +19,9 @@ from ledger.models import IdempotencyClass, Operation, Provider, Tenant
 from ledger.platform import tracing
 from ledger.protocol import transitions
 from ledger.protocol.services import provider_upsert
+from ledger.recovery.sweeper import reconcile_uncertain, sweep_expired_leases
 from tests.execute.support import run_due
+from tests.ledger.support import expire_lease
 from tests.observability.otlp import OtlpReceiver
 from tests.support.listener import Listener
 
@@ -230,3 +232,32 @@ def test_the_operation_page_shows_the_trace_id_linked_by_the_template(tenant, pr
         settings.TRACE_LINK_TEMPLATE = template
         page = _console_page(client, traced)
         assert f"<code>{TRACE_ID}</code>" in page and "tempo.example" not in page and "javascript:" not in page
+
+
+def test_the_sweepers_lookup_continues_the_stored_trace_and_sends_its_traceparent(otlp, tenant, provider_listener):
+    lookups = provider_upsert(
+        tenant=tenant,
+        slug="lookups",
+        base_url=provider_listener.url,
+        idempotency_class=IdempotencyClass.KEY_ENFORCED,
+        lookup_path="/charges?idempotency_key={key}",
+        ref_pointer="/id",
+        status_pointer="/status",
+        success_values=["succeeded"],
+        lookup_settle_seconds=0,
+    )
+    stored = f"00-{TRACE_ID}-{PARENT_ID}-01"
+    op = transitions.operation_claim(
+        tenant=tenant, key=KEY, provider=lookups, request={"a": 1}, mark_sent=True, trace_context=stored
+    ).operation
+    expire_lease(op.pk)
+    sweep_expired_leases()
+    Operation.objects.filter(pk=op.pk).update(reconcile_until=None)
+    reconcile_uncertain()
+
+    (reconcile,) = otlp.named("onceguard.reconcile")
+    assert (reconcile.trace_id, reconcile.parent_span_id) == (TRACE_ID, PARENT_ID)
+    assert reconcile.attributes[tracing.KEY_ATTRIBUTE] == tracing.key_hmac(tenant_id=tenant.pk, key=KEY)
+    (lookup,) = provider_listener.seen
+    assert parent_of(lookup.headers["traceparent"]) == (TRACE_ID, reconcile.span_id)
+    assert KEY.encode() not in otlp.everything()
