@@ -109,6 +109,7 @@ TRACES: list[Setting] = _group(
         "",
         """Base URL of an OTLP/HTTP receiver (a collector, Tempo, Jaeger, Honeycomb …); spans go
         to <url>/v1/traces. Unset: tracing is off, nothing is recorded or sent (ADR 0015).""",
+        pattern=r"https?://\S+",
     ),
     _s(
         "OTEL_EXPORTER_OTLP_HEADERS",
