@@ -23,7 +23,6 @@ Imports no app: any room may call it.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -55,7 +54,6 @@ class _State:
     def __init__(self) -> None:
         self.tracer: trace.Tracer | None = None
         self.provider: TracerProvider | None = None
-        self.pid = 0
         self.lock = threading.Lock()
 
 
@@ -98,16 +96,13 @@ def configure(environ: Mapping[str, str] | None = None, *, batch: bool = True) -
         provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
         _state.provider = provider
         _state.tracer = provider.get_tracer("onceguard")
-        _state.pid = os.getpid()
         _enabled = True
         return True
 
 
 def enabled() -> bool:
-    """Whether this process records spans."""
-    if _enabled and _state.pid != os.getpid():
-        # A forked worker (gunicorn, django-q): the parent's export thread did not come along.
-        configure()
+    """Whether this process records spans. (A forked worker — gunicorn, django-q — keeps its
+    parent's tracer: the SDK starts the batch exporter's thread again in the child.)"""
     return _enabled
 
 
