@@ -298,12 +298,14 @@ def test_onceguard_refusing_a_claim_fails_a_version_1_execution_with_its_title_c
 
 
 def _middleware_reload(live_server: Any) -> None:
-    """The live server's Django handler builds its middleware chain again, as a process started
-    with the current settings would (the trace middleware is in it only while tracing is on)."""
+    """The live server's Django handlers build their middleware chains again, as a process
+    started with the current settings would (the trace middleware is in them only while tracing
+    is on). Every layer: the test server's static and media handlers answer other paths with
+    their own chain, not their inner application's."""
     app = live_server.thread.httpd.get_app()
-    while hasattr(app, "application"):
-        app = app.application
-    app.load_middleware()
+    while app is not None:
+        app.load_middleware()
+        app = getattr(app, "application", None)
 
 
 def test_the_charge_is_one_trace_from_the_n8n_execution_to_the_provider_when_onceguard_traces(
@@ -322,9 +324,9 @@ def test_the_charge_is_one_trace_from_the_n8n_execution_to_the_provider_when_onc
         (completed,) = run.output("Complete")
         trace_id = claimed["onceguard"]["trace_id"]
         assert len(trace_id) == 32 and completed["onceguard"]["trace_id"] == trace_id
+        servers = receiver.named("POST /api/v1/")
         op = Operation.objects.get(key=KEY)
         assert tracing.trace_id_of(op.trace_context) == trace_id
-        servers = receiver.named("POST /api/v1/")
         assert {s.name for s in servers} >= {
             "POST /api/v1/claims",
             "POST /api/v1/operations/<int:operation_id>/complete",
