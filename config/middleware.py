@@ -8,10 +8,12 @@ from collections.abc import Callable
 from datetime import date, datetime
 
 from django.conf import settings
+from django.core.exceptions import MiddlewareNotUsed
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.dateparse import parse_date, parse_datetime
 
 from config.problems import problem_response
+from ledger.platform import tracing
 from ledger.platform.errors import InvalidQueryParameter
 from ledger.platform.outage import dead_connections_discard
 from ledger.platform.storable import query_time_problem
@@ -59,6 +61,42 @@ class QuietRequestLogMiddleware:
                 response.status_code,
                 took,
             )
+        return response
+
+
+class TraceContextMiddleware:
+    """An API request is a server span that continues the caller's W3C ``traceparent`` (the n8n
+    node sends one): the claim, the completion and everything they call are in the caller's
+    trace (ADR 0015). Named by the route's pattern, never the path: a path can hold a key.
+    Left out of the chain (MiddlewareNotUsed) while tracing is off, so it costs nothing."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        if not tracing.enabled():
+            raise MiddlewareNotUsed("tracing is off (OTEL_EXPORTER_OTLP_ENDPOINT unset)")
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not request.path.startswith("/api/"):
+            return self.get_response(request)
+        headers = {
+            "traceparent": request.META.get("HTTP_TRACEPARENT", ""),
+            "tracestate": request.META.get("HTTP_TRACESTATE", ""),
+        }
+        with tracing.server_span(name=f"{request.method} /api", headers=headers) as span:
+            response = self.get_response(request)
+            if span is not None:
+                match = request.resolver_match
+                route = f"/{match.route}" if match is not None and match.route else "/api"
+                span.update_name(f"{request.method} {route}")
+                span.set_attributes(
+                    {
+                        "http.request.method": request.method or "",
+                        "http.route": route,
+                        "http.response.status_code": response.status_code,
+                    }
+                )
+                if response.status_code >= 500:
+                    span.set_status(tracing.Status(tracing.StatusCode.ERROR))
         return response
 
 

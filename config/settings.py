@@ -78,6 +78,9 @@ MIDDLEWARE = [
     "config.middleware.DeadConnectionMiddleware",
     # /healthz and /readyz answer before host validation, sessions and auth (observability.health).
     "observability.health.HealthProbeMiddleware",
+    # Continues an incoming W3C traceparent as the request's server span; not in the chain at
+    # all while tracing is off (ADR 0015). After the probes: they are not traced.
+    "config.middleware.TraceContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "review.staff.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -556,3 +559,8 @@ METRICS_TENANT_LABELS = env.read("METRICS_TENANT_LABELS")
 # the sweeper's default is five sweep intervals (at least 300 s).
 SCHEDULER_STALE_SECONDS = env.read("SCHEDULER_STALE_SECONDS")
 SWEEPER_STALE_SECONDS = env.read("SWEEPER_STALE_SECONDS") or None
+
+# --- Traces (ADR 0015) ----------------------------------------------------------------------
+# The export itself is ledger.platform.tracing's (OTEL_EXPORTER_OTLP_ENDPOINT, off by default);
+# the console only needs where a trace id links to.
+TRACE_LINK_TEMPLATE = env.read("TRACE_LINK_TEMPLATE").strip()

@@ -63,7 +63,15 @@ TINY = {
 }
 # Every suite of `make bench` (the Makefile's BENCH_SUITES) but `bench` (its own test below),
 # and bench.scale at a small size.
-SUITES = ("bench.execute", "bench.sweeper", "bench.dlq", "bench.retention", "bench.fencing", "bench.scale")
+SUITES = (
+    "bench.execute",
+    "bench.sweeper",
+    "bench.dlq",
+    "bench.retention",
+    "bench.fencing",
+    "bench.tracing",
+    "bench.scale",
+)
 # A suite that hangs fails here instead of holding the pass (each is bounded inside too).
 SUITE_TIMEOUT_S = 600
 

@@ -41,6 +41,7 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
+from ledger.platform import tracing
 from ledger.platform.crypto import EncryptionKeyError, open_json
 from ledger.platform.errors import DomainError
 from ledger.platform.logs import log_context, operation_fields
@@ -340,7 +341,16 @@ def operation_execute(
         preset_version=labels.preset_version,
         aspect_class=labels.aspect_class,
     )
-    with log_context(**fields):
+    step = "poll" if op.polls > 0 else ("callback" if provider.kind == ProviderKind.CALLBACK else "attempt")
+    with (
+        log_context(**fields),
+        # The attempt continues the trace its claim stored (ADR 0015): the caller's trace.
+        tracing.operation_span(
+            f"onceguard.{step}",
+            operation=op,
+            attributes={"onceguard.provider": provider.slug, "onceguard.attempt": op.attempts},
+        ),
+    ):
         if op.polls > 0:
             # A poll lease (ledger.execution.polling): ask the provider about the job; nothing is sent.
             recorded = polling.operation_poll(op=op, provider=provider, client=client, actor=actor)
@@ -432,7 +442,16 @@ def _execute(
             if refused is not None:
                 outcome = refused
             else:
-                outcome = _send(op=op, provider=provider, client=client, envelope=envelope)
+                # The provider call is a client span: its traceparent is the one the request carries.
+                with tracing.client_span(f"onceguard.provider_call {provider.slug}", operation=op):
+                    outcome = _send(op=op, provider=provider, client=client, envelope=envelope)
+                    tracing.attributes_set(
+                        {
+                            "onceguard.outcome": outcome.error_class or "succeeded",
+                            "onceguard.sent": bool(outcome.sent),
+                            "http.response.status_code": outcome.status or 0,
+                        }
+                    )
                 observe_provider_call(
                     provider=provider.slug,
                     seconds=outcome.duration_ms / 1000,

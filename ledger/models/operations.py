@@ -91,6 +91,9 @@ class Operation(models.Model):
     request_bytes = Counter(default=0, db_default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=4, default=0, db_default=0)
     callback_url = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    # The W3C traceparent of the claim's span, stored only when tracing is on and the caller sent
+    # one: the worker's attempt, polls and the callback continue that trace later (ADR 0015).
+    trace_context = models.CharField(max_length=55, blank=True, default="", db_default="")
     # Asynchronous providers: polls of the current job so far (the backoff's exponent). A
     # claimed row with polls > 0 holds a poll lease, not a send's (the sweeper returns it to
     # waiting when it expires); a take for a send sets it back to 0.

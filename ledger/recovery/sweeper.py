@@ -28,7 +28,7 @@ from ledger.models import (
     OperationMode,
     OperationStatus,
 )
-from ledger.platform import hooks
+from ledger.platform import hooks, tracing
 from ledger.platform.errors import LeaseLost
 from ledger.platform.logs import log_context
 from ledger.platform.passes import failure_text, row_isolated
@@ -203,7 +203,11 @@ def reconcile_uncertain(
         # Every line about this row names its attempt's adapter revision and prompt version.
         # The lookup is an HTTP call: no transaction is held across it (atomic=False).
         with row_isolated(job=JOB, ref=f"operation={op.pk}", on_failure=_lookup_backoff(op), atomic=False):
-            with log_context(**attempt_log_fields(op)):
+            with (
+                log_context(**attempt_log_fields(op)),
+                # The sweeper's lookup continues the trace the claim stored (ADR 0015).
+                tracing.operation_span("onceguard.reconcile", operation=op),
+            ):
                 _reconcile_one(op, report=report, client=client)
     return report
 

@@ -52,6 +52,7 @@ import httpcore
 import httpx
 from django.conf import settings
 
+from ledger.platform import tracing
 from ledger.platform.errors import DestinationNotAllowed
 
 log = logging.getLogger("onceguard.outbound")
@@ -590,5 +591,7 @@ def outbound_client(
         timeout=timeout,
         follow_redirects=False,
         trust_env=False,
+        # Every request carries the current trace's traceparent, when tracing is on (ADR 0015).
+        event_hooks={"request": [tracing.request_hook]},
         **kwargs,
     )

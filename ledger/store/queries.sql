@@ -40,7 +40,7 @@ INSERT INTO ledger_operation (
     last_error, error_class, provider_ref, response_status, response_body,
     reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,
     run, step, record, version,
-    lookup_failures, request_bytes, cost, callback_url, adapter_revision_id,
+    lookup_failures, request_bytes, cost, callback_url, adapter_revision_id, trace_context,
     created_at, updated_at
 )
 SELECT
@@ -58,7 +58,7 @@ SELECT
     '', '', '', NULL, NULL,
     %(reconciliation_handle)s, %(execution_id)s, %(workflow_id)s, %(workflow_version)s, %(correlation_id)s,
     %(run)s, %(step)s, %(record)s, %(version)s,
-    0, %(request_bytes)s, %(cost)s, %(callback_url)s, %(adapter_revision_id)s,
+    0, %(request_bytes)s, %(cost)s, %(callback_url)s, %(adapter_revision_id)s, %(trace_context)s,
     now(), now()
 -- (The key is written twice as CAST(… AS varchar): a parameter used in two places must be
 -- of one type on PostgreSQL.)
@@ -83,7 +83,7 @@ WITH op AS (
         last_error, error_class, provider_ref, response_status, response_body,
         reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,
         run, step, record, version,
-        lookup_failures, request_bytes, cost, callback_url, adapter_revision_id,
+        lookup_failures, request_bytes, cost, callback_url, adapter_revision_id, trace_context,
         created_at, updated_at
     )
     SELECT
@@ -101,7 +101,7 @@ WITH op AS (
         '', '', '', NULL, NULL,
         %(reconciliation_handle)s, %(execution_id)s, %(workflow_id)s, %(workflow_version)s, %(correlation_id)s,
         %(run)s, %(step)s, %(record)s, %(version)s,
-        0, %(request_bytes)s, %(cost)s, %(callback_url)s, %(adapter_revision_id)s,
+        0, %(request_bytes)s, %(cost)s, %(callback_url)s, %(adapter_revision_id)s, %(trace_context)s,
         now(), now()
     WHERE NOT EXISTS (SELECT 1 FROM ledger_tombstone WHERE tenant_id = %(tenant_id)s AND key = CAST(%(key)s AS varchar))
     ON CONFLICT (tenant_id, key) DO NOTHING

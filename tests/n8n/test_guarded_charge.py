@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 
 from ledger.models import IdempotencyClass, Operation, OperationStatus, Provider, Tenant
+from ledger.platform import tracing
 from ledger.protocol import services
 from ledger.recovery.sweeper import sweep
 from relay.testing import start_mock_provider, start_relay
 from tests.e2e.support import settle
 from tests.n8n.support import CUSTOM_NODE_TYPE, N8n, Run, node_named, template, template_env
+from tests.observability.otlp import OtlpReceiver
 
 pytestmark = [pytest.mark.heavy, pytest.mark.django_db(transaction=True)]
 
@@ -293,3 +295,45 @@ def test_onceguard_refusing_a_claim_fails_a_version_1_execution_with_its_title_c
     assert error.get("httpCode") == "422"
     assert not run.ran("Charge")
     assert charges.effects(ENFORCED) == 1
+
+
+def _middleware_reload(live_server: Any) -> None:
+    """The live server's Django handlers build their middleware chains again, as a process
+    started with the current settings would (the trace middleware is in them only while tracing
+    is on). Every layer: the test server's static and media handlers answer other paths with
+    their own chain, not their inner application's."""
+    app = live_server.thread.httpd.get_app()
+    while app is not None:
+        app.load_middleware()
+        app = getattr(app, "application", None)
+
+
+def test_the_charge_is_one_trace_from_the_n8n_execution_to_the_provider_when_onceguard_traces(
+    n8n: N8n, onceguard: Tenant, charges: Charges, live_server: Any
+) -> None:
+    """Node version 2 sends a traceparent (one per execution); Onceguard continues it in every
+    API call's span and stores it on the operation (ADR 0015). The key never reaches a span."""
+    charge_provider(onceguard, charges, ENFORCED)
+    receiver = OtlpReceiver()
+    tracing.configure({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}, batch=False)
+    _middleware_reload(live_server)
+    try:
+        run = n8n.execute(TEMPLATE)
+        assert claim_outcome(run) == "proceed"
+        (claimed,) = run.output("Claim")
+        (completed,) = run.output("Complete")
+        trace_id = claimed["onceguard"]["trace_id"]
+        assert len(trace_id) == 32 and completed["onceguard"]["trace_id"] == trace_id
+        servers = receiver.named("POST /api/v1/")
+        op = Operation.objects.get(key=KEY)
+        assert tracing.trace_id_of(op.trace_context) == trace_id
+        assert {s.name for s in servers} >= {
+            "POST /api/v1/claims",
+            "POST /api/v1/operations/<int:operation_id>/complete",
+        }
+        assert {s.trace_id for s in servers} == {trace_id}
+        assert KEY.encode() not in receiver.everything()
+    finally:
+        tracing.configure({})
+        _middleware_reload(live_server)
+        receiver.close()

@@ -61,6 +61,7 @@ SETTINGS: tuple[Setting, ...] = (
     *core.TASK_QUEUE,
     *observability.LOGGING,
     *observability.HEALTH_AND_METRICS,
+    *observability.TRACES,
     *dlq_alerts.DLQ,
     *dlq_alerts.ALERTS,
     *core.RUN,

@@ -107,3 +107,38 @@ HEALTH_AND_METRICS: list[Setting] = _group(
         minimum=0,
     ),
 )
+
+
+TRACES: list[Setting] = _group(
+    "Traces (OpenTelemetry)",
+    "ledger.platform.tracing",
+    _s(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        STR,
+        "",
+        """Base URL of an OTLP/HTTP receiver (a collector, Tempo, Jaeger, Honeycomb …); spans go
+        to <url>/v1/traces. Unset: tracing is off, nothing is recorded or sent (ADR 0015).""",
+        pattern=r"https?://\S+",
+    ),
+    _s(
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        STR,
+        "",
+        "Headers sent with every export, as name=value pairs separated by commas (a vendor's API key).",
+        secret=True,
+    ),
+    _s(
+        "OTEL_SERVICE_NAME",
+        STR,
+        "onceguard",
+        "The service.name the spans carry.",
+    ),
+    _s(
+        "TRACE_LINK_TEMPLATE",
+        STR,
+        "",
+        """Link from an operation's console page to its trace, with {trace_id} where the id goes
+        (e.g. https://tempo.example/trace/{trace_id}). Unset: the id is shown without a link.""",
+        read_as="settings.TRACE_LINK_TEMPLATE",
+    ),
+)

@@ -41,7 +41,7 @@ from ledger.models import (
     Provider,
     Tenant,
 )
-from ledger.platform import hooks
+from ledger.platform import hooks, tracing
 from ledger.platform.crypto import payload_indexing_needed, payload_written
 from ledger.platform.errors import (
     DomainError,
@@ -164,6 +164,7 @@ def operation_claim(
     fingerprint: str | None = None,
     execute: ExecuteTerms | None = None,
     adapter_revision_id: int | None = None,
+    trace_context: str | None = None,
 ) -> ClaimResult:
     """Claim ``key`` atomically, or answer for the row that already holds it (DESIGN §5).
 
@@ -172,6 +173,10 @@ def operation_claim(
     Raises the named 409/422 errors for rows that cannot be claimed now.
 
     ``adapter_revision_id``: the adapter revision a new execute-mode row runs under.
+
+    ``trace_context``: the ``traceparent`` a new row stores so later work continues its trace
+    (ADR 0015); by default the current span's, when tracing is on and the trace came from the
+    caller ("" otherwise: nothing stored).
 
     ``run``/``step`` place the operation in a run. ``record``/``version`` (with ``action``)
     are the parts of a versioned key: the key must be their composition; an older version
@@ -249,6 +254,9 @@ def operation_claim(
         "cost": terms.cost,
         "callback_url": terms.callback_url,
         "adapter_revision_id": adapter_revision_id,
+        "trace_context": (tracing.stored_context() if trace_context is None else trace_context)[
+            : tracing.TRACEPARENT_LENGTH
+        ],
     }
     reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
     stored = [payload, request if mode == OperationMode.EXECUTE else None]

@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 
 from ledger.execution.submission import operation_submit
 from ledger.models import Operation, OperationStatus, Provider
+from ledger.platform import tracing
 from ledger.platform.errors import InvalidKey, ValidationFailed
 from ledger.platform.telemetry import claim_timer
 from ledger.protocol import selectors, services, transitions
@@ -96,6 +97,8 @@ def operation_response(
 ) -> Response:
     """The operation as the API renders it: its recorded response masked, unless
     ``response_in_clear`` (the answer that replays the key, see replay_answer)."""
+    # The request's server span names the operation by its key's HMAC (ADR 0015).
+    tracing.operation_annotate(op)
     headers = dict(headers or {})
     if replayed:
         headers[REPLAYED_HEADER] = "true"
@@ -136,6 +139,7 @@ class ClaimCreateApi(APIView):
             workflow_name_note(tenant_id=tenant.pk, workflow_id=op.workflow_id, name=workflow_name)
         if result.replayed:
             return replay_answer(request, op)
+        tracing.operation_annotate(op)
         location = {"Location": f"/api/v1/operations/{op.pk}"}
         return Response(represented(ClaimOutputSerializer, op), status=201, headers=location)
 

@@ -37,6 +37,7 @@ from ledger.models import (
     OperationStatus,
     WorkflowName,
 )
+from ledger.platform import tracing
 from ledger.platform.errors import DomainError
 from ledger.protocol import transitions
 from ledger.protocol.selectors import operation_search, run_of
@@ -184,6 +185,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         "run_page",
         "replaced_by",
         "prompt_pins",
+        "trace",
     ]
     fieldsets = [
         (
@@ -200,6 +202,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
                     "workflow_version",
                     "execution_id",
                     "correlation_id",
+                    "trace",
                     "reconciliation_handle",
                     "callback_url",
                 ]
@@ -350,6 +353,18 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         url = reverse(f"{self.admin_site.name}:onceguard_run") + "?" + urlencode({"run": run, "tenant": obj.tenant_id})
         source = "" if obj.run else " (its correlation id)"
         return format_html('<a href="{}">{}</a>{}', url, run, source)
+
+    @admin.display(description="trace")
+    def trace(self, obj: Operation) -> str:
+        # The caller's trace this operation continued (ADR 0015), linked to the trace backend
+        # when TRACE_LINK_TEMPLATE says where; only an http(s) template becomes a link.
+        trace_id = tracing.trace_id_of(obj.trace_context)
+        if not trace_id:
+            return display.EMPTY
+        url = tracing.trace_link(trace_id=trace_id, template=settings.TRACE_LINK_TEMPLATE)
+        if not url.startswith(("https://", "http://")):
+            return format_html("<code>{}</code>", trace_id)
+        return format_html('<a href="{}" rel="noopener noreferrer"><code>{}</code></a>', url, trace_id)
 
     @admin.display(description="prompt templates pinned at acceptance")
     def prompt_pins(self, obj: Operation) -> str:

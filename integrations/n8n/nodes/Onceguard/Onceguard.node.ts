@@ -10,7 +10,8 @@ import { NodeOperationError, sleep } from 'n8n-workflow';
 import { nodeProperties } from './descriptions';
 import { GOOD_KEY_HINT, KeyProblem, checkKey, keyFromParts } from './keys';
 import type { OnceguardAnswer } from './transport';
-import { isReplayed, onceguardRequest, problemError, retryAfterSeconds } from './transport';
+import { isReplayed, onceguardRequest, problemError, retryAfterSeconds, traceparentUse } from './transport';
+import { itemTraceparent, traceIdOf } from './trace';
 
 // The Claim operation's outputs, in order.
 const PROCEED = 0;
@@ -66,6 +67,12 @@ function resultField(ctx: IExecuteFunctions, index: number): string {
 /** The item's own fields, plus Onceguard's answer in the result field. */
 function withResult(ctx: IExecuteFunctions, index: number, item: INodeExecutionData, result: IDataObject): INodeExecutionData {
 	return { json: { ...item.json, [resultField(ctx, index)]: result }, pairedItem: { item: index } };
+}
+
+/** The trace id on an output item's result object (version 2), where the workflow finds it. */
+function withTraceId(ctx: IExecuteFunctions, index: number, item: INodeExecutionData, traceId: string): void {
+	const result = item.json[resultField(ctx, index)];
+	if (result && typeof result === 'object' && !Array.isArray(result)) (result as IDataObject).trace_id = traceId;
 }
 
 function jsonParameter(ctx: IExecuteFunctions, name: string, index: number): unknown {
@@ -719,9 +726,15 @@ export class Onceguard implements INodeType {
 		const v2 = nodeVersion(this) >= 2;
 		const count = operation === 'claim' ? (v2 ? 5 : 4) : operation === 'submit' && v2 ? 3 : 1;
 		const outputs: INodeExecutionData[][] = Array.from({ length: count }, () => []);
+		const { workflowId, executionId } = context(this);
 		for (let index = 0; index < items.length; index++) {
+			// Version 2: the item's calls carry its trace (./trace.ts); its result names the trace id.
+			const traceparent = v2 ? itemTraceparent(items[index], workflowId, executionId) : undefined;
+			traceparentUse(this, traceparent);
 			try {
 				const routed = await run.call(this, index, items[index]);
+				// One item per input item gets the trace id (a listing's entries are not this item's result).
+				if (traceparent && !Array.isArray(routed.item)) withTraceId(this, index, routed.item, traceIdOf(traceparent));
 				outputs[routed.output].push(...(Array.isArray(routed.item) ? routed.item : [routed.item]));
 			} catch (caught) {
 				const error =

@@ -25,6 +25,15 @@ export interface OnceguardRequest {
 	itemIndex: number;
 }
 
+// Version 2: the traceparent the calls of the item being run send (set per item by execute()).
+const ITEM_TRACEPARENT = new WeakMap<object, string>();
+
+/** Send `traceparent` with every call this node context makes from now on (undefined: none). */
+export function traceparentUse(ctx: IExecuteFunctions, traceparent: string | undefined): void {
+	if (traceparent) ITEM_TRACEPARENT.set(ctx, traceparent);
+	else ITEM_TRACEPARENT.delete(ctx);
+}
+
 function baseUrl(raw: unknown): string {
 	return String(raw ?? '').trim().replace(/\/+$/, '');
 }
@@ -55,6 +64,8 @@ export async function onceguardRequest(this: IExecuteFunctions, request: Oncegua
 	const file = request.file;
 	const headers: IDataObject = { Accept: 'application/json, application/problem+json' };
 	if (file) headers['Content-Type'] = file.mimeType || 'application/octet-stream';
+	const traceparent = ITEM_TRACEPARENT.get(this);
+	if (traceparent) headers.traceparent = traceparent;
 	try {
 		const response = (await this.helpers.httpRequestWithAuthentication.call(this, CREDENTIAL, {
 			method: request.method,
