@@ -25,7 +25,7 @@ from ledger.models import Checkpoint
 from ledger.platform.storable import query_time_problem
 from ledger.protocol.representation import OperationOutputSerializer, operation_representation
 from ledger.providers.revisions import revision_number
-from ledger.web.serializers import no_nul_characters
+from ledger.web.serializers import ApprovalOutputSerializer, no_nul_characters
 
 
 def queryable_time(value: datetime) -> None:
@@ -151,6 +151,8 @@ class ReplayOutputSerializer(serializers.Serializer):
 
 class BulkReplayOutputSerializer(serializers.Serializer):
     id = serializers.IntegerField()
+    # Only on a confirm that waits for four-eyes approval (ADR 0013): the request.
+    approval = ApprovalOutputSerializer(required=False)
     status = serializers.CharField()
     count = serializers.IntegerField()
     digest = serializers.CharField()

@@ -137,7 +137,9 @@ class ApiKey(models.Model):
     # `payload`: may reveal payloads (with a reason, logged); not implied by `admin`.
     # `audit`: may read a person's data trail (review.privacy.subject_apis; implied by `admin`, not by
     # `read`: a trail is about a person).
-    SCOPES = ("read", "write", "admin", "payload", "audit")
+    # `approve`: may approve or reject another's re-send under four-eyes (ADR 0013); not
+    # implied by `admin` (ledger.web.apis.approvals checks it by name), like `payload`.
+    SCOPES = ("read", "write", "admin", "payload", "audit", "approve")
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100, blank=True)

@@ -7,7 +7,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger.models import REPORTED_ERROR_CLASSES
+from ledger.models import REPORTED_ERROR_CLASSES, ApprovalKind, ApprovalStatus
 from ledger.platform.storable import MAX_DURATION_SECONDS, nul_problem
 from ledger.providers import prompts, revisions
 
@@ -371,3 +371,57 @@ class KeyDeriveInputSerializer(serializers.Serializer):
 class KeyDeriveOutputSerializer(serializers.Serializer):
     key = serializers.CharField(help_text="`<prefix>:<key id>:<digest>`: the same input always gives the same key.")
     key_id = serializers.CharField(help_text="The derivation key's id (it never rotates).")
+
+
+# --- Four-eyes approval of re-sends (ADR 0013) ------------------------------------------------
+
+
+class ApprovalDecisionInputSerializer(serializers.Serializer):
+    reason = serializers.CharField(
+        max_length=500, help_text="Why you approve or reject (required: it is in the audit trail)."
+    )
+
+
+class ApprovalListQuerySerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices, required=False, default=None, allow_null=True)
+
+
+class ApprovalOutputSerializer(serializers.Serializer):
+    """A re-send waiting for (or given) a second person: never its parameters (a correction's
+    values are sealed and shown to no one)."""
+
+    id = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=ApprovalKind.choices)
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices)
+    provider = serializers.CharField(allow_null=True, help_text="the provider whose setting asked, if any")
+    target_ids = serializers.ListField(child=serializers.IntegerField(), help_text="entry or operation ids")
+    target_ref = serializers.CharField(help_text="a run id, a bulk replay's id")
+    requested_by = serializers.CharField()
+    request_reason = serializers.CharField()
+    requested_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    decided_by = serializers.CharField()
+    decision_reason = serializers.CharField()
+    decided_at = serializers.DateTimeField(allow_null=True)
+    settled_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField()
+
+
+def approval_representation(request: Any) -> dict[str, Any]:
+    return {
+        "id": request.pk,
+        "kind": request.kind,
+        "status": request.status,
+        "provider": request.provider.slug if request.provider_id else None,
+        "target_ids": list(request.target_ids),
+        "target_ref": request.target_ref,
+        "requested_by": request.requested_by,
+        "request_reason": request.request_reason,
+        "requested_at": request.requested_at,
+        "expires_at": request.expires_at,
+        "decided_by": request.decided_by,
+        "decision_reason": request.decision_reason,
+        "decided_at": request.decided_at,
+        "settled_at": request.settled_at,
+        "outcome": request.outcome,
+    }
