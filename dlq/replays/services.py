@@ -248,9 +248,12 @@ def failed_event_replay(
     provider_ids = selectors.entry_provider_ids(tenant_id=tenant_id, event_pks=[event.pk])
     provider_id = provider.pk if provider is not None else None
     if trigger == ReplayTrigger.MANUAL and correction is None:
-        kind = ApprovalKind.RERUN_AS_NEW if as_new else ApprovalKind.REPLAY
+        kind = ApprovalKind.REPLAY
         if force or to_provider:
             kind = ApprovalKind.FORCED_REISSUE
+        if as_new:
+            # A new key: the receiver cannot dedup it at all — the kind the approver must see.
+            kind = ApprovalKind.RERUN_AS_NEW
         approvals.approval_gate(
             tenant_id=tenant_id,
             provider_id=provider_id,

@@ -187,10 +187,9 @@ def _clean_reason(reason: str | None, *, what: str) -> str:
     return text
 
 
-def _trail(request: ApprovalRequest, *, actor: str, old: str | None, reason: str) -> None:
-    """The move in the configuration trail (the console's history), in the move's transaction.
-    Never the parameters: they may hold a payload's values."""
-    after = {
+def _snapshot(request: ApprovalRequest) -> dict[str, Any]:
+    """What the trail shows of a request. Never the parameters: they may hold a payload's values."""
+    return {
         "status": request.status,
         "kind": request.kind,
         "target_ids": request.target_ids[:50],
@@ -199,15 +198,19 @@ def _trail(request: ApprovalRequest, *, actor: str, old: str | None, reason: str
         "decided_by": request.decided_by,
         "outcome": request.outcome,
     }
+
+
+def _trail(request: ApprovalRequest, *, actor: str, before: dict[str, Any] | None, reason: str) -> None:
+    """The move in the configuration trail (the console's history), in the move's transaction."""
     config_change_record(
         tenant_id=request.tenant_id,
         actor=actor,
-        action=ConfigChangeAction.CREATE if old is None else ConfigChangeAction.UPDATE,
+        action=ConfigChangeAction.CREATE if before is None else ConfigChangeAction.UPDATE,
         object_type=ApprovalRequest._meta.label_lower,
         object_id=request.pk,
         object_repr=str(request),
-        before=None if old is None else {"status": old},
-        after=after,
+        before=before,
+        after=_snapshot(request),
         reason=reason,
     )
 
@@ -242,7 +245,7 @@ def approval_request_create(
             requested_at=now,
             expires_at=now + approval_ttl(),
         )
-        _trail(request, actor=actor, old=None, reason=reason)
+        _trail(request, actor=actor, before=None, reason=reason)
     log.info("approval_requested id=%s tenant=%s kind=%s", request.pk, tenant_id, kind)
     return request
 
@@ -291,8 +294,9 @@ def _decide(*, tenant_id: int, request_id: int, actor: str, reason: str, to: str
             .update(status=to, decided_by=actor[:150], decision_reason=reason, decided_at=now)
         )
         if moved:
+            before = _snapshot(request)
             request.refresh_from_db()
-            _trail(request, actor=actor, old=A.PENDING, reason=reason)
+            _trail(request, actor=actor, before=before, reason=reason)
     if not moved:
         approval_requests_expire(tenant_id=tenant_id)
         request.refresh_from_db()
@@ -336,9 +340,10 @@ def approval_request_settle(*, request: ApprovalRequest, ok: bool, outcome: str)
         moved = ApprovalRequest.objects.filter(pk=request.pk, status=A.APPROVED).update(
             status=to, outcome=outcome, settled_at=timezone.now()
         )
+        before = _snapshot(request)
         request.refresh_from_db()
         if moved:
-            _trail(request, actor=request.decided_by, old=A.APPROVED, reason=outcome or to)
+            _trail(request, actor=request.decided_by, before=before, reason=outcome or to)
     log.info("approval_settled id=%s status=%s", request.pk, request.status)
     return request
 
@@ -365,7 +370,7 @@ def approval_requests_expire(*, tenant_id: int | None = None) -> dict[str, int]:
         with transaction.atomic():
             if ApprovalRequest.objects.filter(pk=pk, status=A.PENDING, expires_at__lte=now).update(status=A.EXPIRED):
                 request = ApprovalRequest.objects.get(pk=pk)
-                _trail(request, actor="system", old=A.PENDING, reason="expired unanswered")
+                _trail(request, actor="system", before={**_snapshot(request), "status": A.PENDING}, reason="expired")
                 counts["expired"] += 1
     for pk in list(stale.order_by("pk").values_list("pk", flat=True)[:1000]):
         request = ApprovalRequest.objects.get(pk=pk)
