@@ -43,6 +43,8 @@ _READ_LEDGER = [
     "ledger.view_operationevent",
     "ledger.view_provider",
     "ledger.view_tenant",
+    # Four-eyes (ADR 0013): the re-sends waiting for a second person, theirs among them.
+    "ledger.view_approvalrequest",
 ]
 
 # app_label.codename patterns (fnmatch) per role.
@@ -106,6 +108,9 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.export_data",
         "review.search_subjects",
         "review.*_retentionpolicy",
+        # Four-eyes (ADR 0013): the second person of a re-send is a tenant admin (or a person
+        # granted the permission); never the one who asked, which the service refuses.
+        "ledger.approve_approvalrequest",
         # Erasing a person's data on request (review.privacy.erasure): a tenant admin's decision;
         # auditors see the runs (view_erasurerun) and the trail, not the button.
         "review.erase_subject",
