@@ -83,7 +83,7 @@ class ApprovalRequestAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
         row = get_object_or_404(self.get_queryset(request), pk=pk)
         if not self.has_view_permission(request, row):
             raise PermissionDenied
-        actor = self.actor_of(request)
+        actor = f"user:{request.user.get_username()}"
         may_approve = request.user.has_perm(APPROVE_PERMISSION)
         form = DecideForm(request.POST or None)
         back = reverse("admin:ledger_approvalrequest_decide", args=[row.pk])
