@@ -271,14 +271,20 @@ def failed_event_replay(
                 "to_provider": to_provider,
             },
         )
-    approvals.approval_guard(
-        tenant_id=tenant_id,
-        provider_id=provider_id,
-        provider_ids=provider_ids,
-        trusted=trigger == ReplayTrigger.BULK
-        and bulk_id is not None
-        and approvals.approval_granted_for(tenant_id=tenant_id, kind=ApprovalKind.BULK_REPLAY, target_ref=str(bulk_id)),
-    )
+    else:
+        approvals.approval_guard(
+            tenant_id=tenant_id,
+            provider_id=provider_id,
+            provider_ids=provider_ids,
+            # A bulk run is a task of its own: its confirm's approved request is its approval.
+            approved_otherwise=lambda: (
+                trigger == ReplayTrigger.BULK
+                and bulk_id is not None
+                and approvals.approval_granted_for(
+                    tenant_id=tenant_id, kind=ApprovalKind.BULK_REPLAY, target_ref=str(bulk_id)
+                )
+            ),
+        )
     replay = _replay_begin(
         event=event,
         target=target,

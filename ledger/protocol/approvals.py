@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, IntegerField, QuerySet, Value, When
+from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from ledger.models import (
@@ -91,11 +91,13 @@ def approval_ttl() -> timedelta:
 
 def approval_required(*, tenant_id: int, provider_id: int | None = None, provider_ids: Sequence[int] = ()) -> bool:
     """Whether a re-send for this tenant (and its providers, if any) needs a second person:
-    either setting requires it. Read fresh, never cached: a switch takes effect at the next
-    click."""
-    if Tenant.objects.filter(pk=tenant_id, resend_approval_required=True).exists():
-        return True
-    return approval_provider(tenant_id=tenant_id, provider_ids=[provider_id, *provider_ids]) is not None
+    either setting requires it. One indexed read, never cached: a switch takes effect at the
+    next click."""
+    wanted = sorted({p for p in (provider_id, *provider_ids) if p is not None})
+    flag = Q(resend_approval_required=True)
+    if wanted:
+        flag |= Q(providers__pk__in=wanted, providers__resend_approval_required=True)
+    return Tenant.objects.filter(flag, pk=tenant_id).exists()
 
 
 def approval_provider(*, tenant_id: int, provider_ids: Sequence[int | None]) -> int | None:
@@ -160,16 +162,23 @@ def approval_gate(
 
 
 def approval_guard(
-    *, tenant_id: int, provider_id: int | None, provider_ids: Sequence[int] = (), trusted: bool = False
+    *,
+    tenant_id: int,
+    provider_id: int | None,
+    provider_ids: Sequence[int] = (),
+    approved_otherwise: Callable[[], bool] | None = None,
 ) -> None:
     """The last check on the sending path itself: a re-send that needs approval and runs
     outside an approved request is refused (``approval_required``), whichever caller forgot to
-    ask. ``trusted``: the caller proved approval another way (a bulk run whose confirm was
-    approved)."""
-    if trusted or approval_in_progress(tenant_id) is not None:
+    ask. ``approved_otherwise``: asked only when approval is required — whether the caller
+    proved it another way (a bulk run whose confirm was approved)."""
+    if approval_in_progress(tenant_id) is not None:
         return
-    if approval_required(tenant_id=tenant_id, provider_id=provider_id, provider_ids=provider_ids):
-        raise ApprovalRequired("This tenant or provider requires a second person's approval for re-sends.")
+    if not approval_required(tenant_id=tenant_id, provider_id=provider_id, provider_ids=provider_ids):
+        return
+    if approved_otherwise is not None and approved_otherwise():
+        return
+    raise ApprovalRequired("This tenant or provider requires a second person's approval for re-sends.")
 
 
 def approval_granted_for(*, tenant_id: int, kind: str, target_ref: str) -> bool:

@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ledger.models import ApprovalStatus
 from ledger.protocol import approvals
 from ledger.web.apis.operations import validated_input
 from ledger.web.pagination import KeysetCursorPagination
@@ -51,7 +52,7 @@ class ApprovalListApi(APIView):
                 str,
                 OpenApiParameter.QUERY,
                 required=False,
-                enum=ApprovalListQuerySerializer().fields["status"].choices,
+                enum=ApprovalStatus.values,
             ),
             OpenApiParameter("cursor", str, OpenApiParameter.QUERY, required=False),
             OpenApiParameter("page_size", int, OpenApiParameter.QUERY, required=False),
