@@ -346,7 +346,7 @@ def approval_request_settle(*, request: ApprovalRequest, ok: bool, outcome: str)
     to = A.EXECUTED if ok else A.FAILED
     outcome = sanitize_message(outcome)[:500]
     with transaction.atomic():
-        moved = ApprovalRequest.objects.filter(pk=request.pk, status=A.APPROVED).update(
+        moved = ApprovalRequest.objects.filter(pk=request.pk, tenant_id=request.tenant_id, status=A.APPROVED).update(
             status=to, outcome=outcome, settled_at=timezone.now()
         )
         before = _snapshot(request)
@@ -377,8 +377,11 @@ def approval_requests_expire(*, tenant_id: int | None = None) -> dict[str, int]:
         rows, stale = rows.filter(tenant_id=tenant_id), stale.filter(tenant_id=tenant_id)
     for pk in list(rows.order_by("pk").values_list("pk", flat=True)[:1000]):
         with transaction.atomic():
-            if ApprovalRequest.objects.filter(pk=pk, status=A.PENDING, expires_at__lte=now).update(status=A.EXPIRED):
-                request = ApprovalRequest.objects.get(pk=pk)
+            request = ApprovalRequest.objects.get(pk=pk)
+            if ApprovalRequest.objects.filter(
+                pk=pk, tenant_id=request.tenant_id, status=A.PENDING, expires_at__lte=now
+            ).update(status=A.EXPIRED):
+                request.refresh_from_db()
                 _trail(request, actor="system", before={**_snapshot(request), "status": A.PENDING}, reason="expired")
                 counts["expired"] += 1
     for pk in list(stale.order_by("pk").values_list("pk", flat=True)[:1000]):

@@ -424,3 +424,23 @@ def test_another_tenant_can_neither_see_nor_decide_a_request(
     assert sink.received() == []
     mine = requester.get("/api/v1/approvals?status=pending").json()["results"]
     assert [r["id"] for r in mine] == [request["id"]]
+
+
+def test_an_approved_request_whose_re_send_never_reported_back_is_failed_by_the_sweeper(
+    tenant, requester, target, sink
+):
+    require_for_tenant(tenant)
+    request = asked(requester, ingest(requester))
+    # As if the approver's process died between the approval and the send, an hour ago.
+    ApprovalRequest.objects.filter(pk=request["id"]).update(
+        status="approved",
+        decided_by="user:boss",
+        decision_reason="ok",
+        decided_at=timezone.now() - timedelta(hours=2),
+    )
+
+    assert sweep().counts["approvals_interrupted"] == 1
+
+    row = ApprovalRequest.objects.get(pk=request["id"])
+    assert row.status == "failed" and "did not report back" in row.outcome
+    assert sink.received() == []
