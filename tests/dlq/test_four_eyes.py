@@ -444,3 +444,35 @@ def test_an_approved_request_whose_re_send_never_reported_back_is_failed_by_the_
     row = ApprovalRequest.objects.get(pk=request["id"])
     assert row.status == "failed" and "did not report back" in row.outcome
     assert sink.received() == []
+
+
+def test_a_run_resume_waits_and_re_drives_the_failed_step_once_approved(tenant, requester, approver, target, sink):
+    ledger_services.provider_upsert(
+        tenant=tenant, slug="crm", base_url="http://127.0.0.1:9", idempotency_class="key_enforced", max_attempts=1
+    )
+    steps = []
+    for step, key in ((1, "lead-1:crm:v1"), (2, "lead-1:crm-note:v1")):
+        body = {"key": key, "provider": "crm", "action": "create", "run": "run-9", "step": step, "payload": {"n": step}}
+        steps.append(requester.post("/api/v1/claims", body, format="json").json())
+    done, failing = steps
+    requester.post(
+        f"/api/v1/operations/{done['id']}/complete",
+        {"lease_token": done["lease_token"], "provider_ref": "c1"},
+        format="json",
+    )
+    requester.post(
+        f"/api/v1/operations/{failing['id']}/fail",
+        {"lease_token": failing["lease_token"], "error_class": "transient", "message": "CRM answered 503"},
+        format="json",
+    )
+    require_for_tenant(tenant)
+
+    answer = requester.post("/api/v1/runs/run-9/resume", {"note": "CRM is back"}, format="json")
+
+    assert answer.status_code == 202, answer.content
+    request = answer.json()
+    assert (request["kind"], request["target_ref"], request["target_ids"]) == ("run_resume", "run-9", [failing["id"]])
+    assert sink.received() == []
+    assert approve(approver, request["id"]).json()["status"] == "executed"
+    [sent] = sink.received()
+    assert sent.header("Idempotency-Key") == "lead-1:crm-note:v1"
