@@ -15,6 +15,8 @@ from rest_framework.response import Response
 
 from ledger.platform.errors import DomainError
 from ledger.platform.outage import database_unavailable, retry_after_seconds
+from ledger.protocol import approvals
+from ledger.web.serializers import approval_representation
 
 log = logging.getLogger("onceguard.api")
 
@@ -98,6 +100,13 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     request = context.get("request")
     instance = request.path if request is not None else ""
     headers: dict[str, str] = {}
+    if isinstance(exc, approvals.ApprovalPending):
+        # Not a problem: the re-send was accepted as a request a second person decides (ADR
+        # 0013). Every re-sending endpoint answers the same way, documented on each.
+        pending = exc.request
+        return Response(
+            approval_representation(pending), status=202, headers={"Location": f"/api/v1/approvals/{pending.pk}"}
+        )
     if isinstance(exc, DomainError):
         body = problem_body(exc.status, exc.code, exc.title, exc.detail, instance, **_extension_members(exc.extra))
         if exc.retry_after is not None:

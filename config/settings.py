@@ -412,6 +412,8 @@ ONCEGUARD = {
     "PROVIDER_SECRET_PREFIX": env.read("ONCEGUARD_PROVIDER_SECRET_PREFIX"),
     # After a callback secret is rotated the previous one still signs for this long.
     "CALLBACK_SECRET_OVERLAP_SECONDS": env.read("CALLBACK_SECRET_OVERLAP_SECONDS"),
+    # A re-send waiting for a second person's approval expires unanswered after this long (ADR 0013).
+    "APPROVAL_TTL_SECONDS": env.read("APPROVAL_TTL_SECONDS"),
     "CALLBACK_TIMEOUT_SECONDS": env.read("CALLBACK_TIMEOUT_SECONDS"),
     "CALLBACK_MAX_ATTEMPTS": env.read("CALLBACK_MAX_ATTEMPTS"),
     # Eligibility rechecks (ledger.recovery.eligibility): how long the tenant's webhook may take to

@@ -26,6 +26,10 @@ urlpatterns = [
     path("providers/<slug:slug>/revisions", apis.ProviderRolloutApi.as_view(), name="provider-revisions"),
     path("providers/<slug:slug>/intent", apis.ProviderIntentApi.as_view(), name="provider-intent"),
     path("attempt-evidence", apis.AttemptEvidenceListApi.as_view(), name="attempt-evidence-list"),
+    path("approvals", apis.ApprovalListApi.as_view(), name="approval-list"),
+    path("approvals/<int:approval_id>", apis.ApprovalDetailApi.as_view(), name="approval-detail"),
+    path("approvals/<int:approval_id>/approve", apis.ApprovalApproveApi.as_view(), name="approval-approve"),
+    path("approvals/<int:approval_id>/reject", apis.ApprovalRejectApi.as_view(), name="approval-reject"),
     path("prompt-templates", apis.PromptTemplateListApi.as_view(), name="prompt-template-list"),
     path(
         "providers/<slug:slug>/revisions/<int:number>/canary",

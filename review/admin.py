@@ -25,6 +25,7 @@ from django_q.models import Schedule
 
 from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
 from ledger.platform.errors import DomainError
+from ledger.protocol import approvals
 from ledger.protocol.selectors import operation_search
 from ledger.protocol.services import provider_pause, provider_resume
 from ledger.tenants.config_changes import config_change_of, config_snapshot
@@ -36,6 +37,7 @@ from ledger.web.console_base import (
     ServiceSaveAdmin,
     TenantColumnMixin,
     attempts_with_labels,
+    pending_message,
 )
 from ledger.web.story import operation_story
 from review.decisions.services import review_decision_record
@@ -170,6 +172,10 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
                         actor=actor_of(request),
                         tenant_ids=getattr(request, "onceguard_tenant_ids", None),
                     )
+                except approvals.ApprovalPending as pending:
+                    # Four-eyes (ADR 0013): the item stays in review until a second person decides.
+                    messages.info(request, pending_message(pending))
+                    return HttpResponseRedirect(reverse("admin:review_reviewitem_changelist"))
                 except DomainError as exc:
                     messages.error(request, exc.detail)
                 else:

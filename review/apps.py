@@ -20,9 +20,12 @@ class ReviewConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at module level: an AppConfig module is imported before the
         # models are loaded, and privacy imports models.
+        from review.decisions.services import review_approval_executor_connect
         from review.privacy.erasure_admin import register as register_erasure_admin
         from review.privacy.payloads import subject_index_record
 
         register_erasure_admin()
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="review.sync_roles")
         hooks.payload_written.connect(subject_index_record)
+        # An approved "safe to retry" runs the reviewer's decision service (ADR 0013).
+        review_approval_executor_connect()

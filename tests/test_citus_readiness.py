@@ -84,6 +84,9 @@ DISTRIBUTED = frozenset(
         # Failed attempts' evidence (ADR 0016): written in the failed attempt's transaction with
         # its tenant, read by one tenant's console page and API list, expired per tenant.
         "ledger_attemptevidence",
+        # Four-eyes requests (ADR 0013): a tenant's re-sends waiting for a second person, read and
+        # moved by tenant (the API, the console, the approver's guarded UPDATE).
+        "ledger_approvalrequest",
         "alerts_alert",
         "alerts_alertdelivery",
         "dlq_failedevent",
@@ -135,6 +138,8 @@ FANS_OUT: dict[str, str] = {
     "ledger.protocol.fencing": "a restore is the platform's: the fence view reads the journal's keys of every tenant"
     " and whether any tenant has an unreleased hold",
     "ledger.recovery.sweeper": "a sweeper pass moves expired leases and unresolved rows of every tenant",
+    "ledger.protocol.approvals.approval_requests_expire": "the sweeper's pass expires the four-eyes requests of every"
+    " tenant nobody answered in time (ADR 0013)",
     "ledger.protocol.selectors.metrics": "the /metrics gauges are platform-wide",
     "review.retention": "the purge pass walks every tenant with a policy (each batch is one tenant's)",
     "review.console.selectors.activity_rollup": "the dashboard's rollup schedule reads every tenant's hour just over"

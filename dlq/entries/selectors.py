@@ -28,7 +28,7 @@ from dlq.models import (
 )
 from dlq.rules.conf import dlq_setting
 from dlq.rules.errors import BulkReplayNotFound, FailedEventNotFound, ReplayTargetMissing
-from ledger.models import Attempt, AttemptOutcome, ErrorClass, IdempotencyClass
+from ledger.models import Attempt, AttemptOutcome, ErrorClass, IdempotencyClass, Operation, Provider
 from ledger.platform.redaction import scrub
 from ledger.rules import search
 from ledger.web.display import age_words, truncate
@@ -419,3 +419,17 @@ def alerts_cleared_retention_discarded(tenant_id: int, alerts: list[Alert], now:
         for alert in alerts
         if alert.ref not in pending
     }
+
+
+def entry_provider_ids(*, tenant_id: int, event_pks: list[int]) -> list[int]:
+    """The providers of these entries' operations that require four-eyes approval themselves
+    (ADR 0013; an n8n-reported entry has none). Most tenants have no such provider: then one
+    read of the tenant's providers answers, and no operation is read."""
+    requiring = Provider.objects.filter(tenant_id=tenant_id, resend_approval_required=True).values("pk")
+    if not requiring.exists():
+        return []
+    op_ids = FailedEvent.objects.filter(tenant_id=tenant_id, pk__in=event_pks, operation_id__isnull=False).values(
+        "operation_id"
+    )
+    providers = Operation.objects.filter(tenant_id=tenant_id, pk__in=op_ids, provider_id__in=requiring)
+    return sorted(set(providers.values_list("provider_id", flat=True)))

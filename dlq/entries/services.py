@@ -25,8 +25,9 @@ from dlq.rules.errors import (
     ReplayInProgress,
     ReplayNeedsForce,
 )
-from ledger.models import Tenant
+from ledger.models import ApprovalKind, Tenant
 from ledger.platform.errors import DomainError
+from ledger.protocol import approvals
 from ledger.protocol import services as ledger_services
 from ledger.rules.key_rules import key_check
 
@@ -64,6 +65,17 @@ def failed_event_resend_decide(*, tenant_id: int, event_pk: int, actor: str, not
     if not note:
         raise NoteRequired('The decision "safe to resend" needs a reason.')
     event = selectors.failed_event_get(tenant_id=tenant_id, event_pk=event_pk)
+    # Four-eyes (ADR 0013): the decision is what lets a key-advisory target be sent to again.
+    approvals.approval_gate(
+        tenant_id=tenant_id,
+        provider_id=None,
+        provider_ids=selectors.entry_provider_ids(tenant_id=tenant_id, event_pks=[event.pk]),
+        kind=ApprovalKind.SAFE_TO_RESEND,
+        actor=actor,
+        reason=note,
+        target_ids=[event.pk],
+        params={"note": note},
+    )
     with transaction.atomic():
         moved = FailedEvent.objects.filter(pk=event.pk, tenant_id=tenant_id, status=FE.PENDING).update(
             resend_decided_by=actor[:150], resend_decided_at=timezone.now(), updated_at=timezone.now()

@@ -18,6 +18,7 @@ from dlq.rules.conf import dlq_setting
 from ledger.models import ErrorClass, Operation
 from ledger.platform.errors import DomainError
 from ledger.platform.passes import failure_text, row_isolated
+from ledger.protocol import approvals
 
 
 def _root_deadline(event: FailedEvent) -> datetime:
@@ -56,6 +57,7 @@ def auto_replay_due(*, limit: int | None = None) -> dict[str, int]:
 
 
 AUTO_REPLAY_JOB = "dlq_auto_replay"
+AUTO_OFF_NOTE = "automatic replay is off: re-sends of this entry need a second person's approval (four-eyes)"
 
 
 def _auto_replay_failed(event: FailedEvent) -> Callable[[BaseException], None]:
@@ -86,6 +88,15 @@ def _auto_replay_one(event: FailedEvent, *, now: datetime, cap: int, base: float
             or (last.finished_at and now < last.finished_at + timedelta(seconds=base * 2**event.auto_replay_count))
         )
     ):
+        return "skipped"
+    if approvals.approval_required(
+        tenant_id=event.tenant_id,
+        provider_ids=selectors.entry_provider_ids(tenant_id=event.tenant_id, event_pks=[event.pk]),
+    ):
+        # Four-eyes (ADR 0013): no one would be the second person of an automatic replay.
+        FailedEvent.objects.filter(pk=event.pk, tenant_id=event.tenant_id).exclude(status_note=AUTO_OFF_NOTE).update(
+            status_note=AUTO_OFF_NOTE, updated_at=timezone.now()
+        )
         return "skipped"
     try:
         replay = failed_event_replay(

@@ -27,9 +27,10 @@ from dlq.rules.errors import (
     BulkReplayTooLarge,
     NoteRequired,
 )
-from ledger.models import Tenant
+from ledger.models import ApprovalKind, Tenant
 from ledger.platform import tasks
 from ledger.platform.errors import DomainError
+from ledger.protocol import approvals
 
 log = logging.getLogger("onceguard.dlq")
 
@@ -102,6 +103,29 @@ def bulk_replay_confirm(
         options["target_slug"] = target_slug
     if note:
         options["note"] = clean_note(note)
+    draft = BulkReplay.objects.filter(
+        pk=bulk_id, tenant=tenant, status=BulkReplayStatus.DRAFT, expires_at__gt=timezone.now()
+    ).first()
+    if draft is not None:
+        # Four-eyes (ADR 0013): the frozen selection waits for a second person, and lives as
+        # long as the request does (a dry run's own hour is shorter than an approver's day).
+        try:
+            approvals.approval_gate(
+                tenant_id=tenant.pk,
+                provider_id=None,
+                provider_ids=selectors.entry_provider_ids(tenant_id=tenant.pk, event_pks=draft.event_ids),
+                kind=ApprovalKind.BULK_REPLAY,
+                actor=actor,
+                reason=options.get("note") or draft.note,
+                target_ids=draft.event_ids,
+                target_ref=str(draft.pk),
+                params={"count": count, "target_slug": target_slug or "", "note": options.get("note") or draft.note},
+            )
+        except approvals.ApprovalPending as pending:
+            BulkReplay.objects.filter(pk=draft.pk, status=BulkReplayStatus.DRAFT).update(
+                expires_at=pending.request.expires_at
+            )
+            raise
     with transaction.atomic():
         # Serialises confirms of one tenant, so the one-at-a-time check cannot race.
         Tenant.objects.select_for_update().filter(pk=tenant.pk).first()

@@ -22,9 +22,10 @@ from dlq.models import FE, FailedEvent, Replay
 from dlq.replays.services import Correction, failed_event_replay
 from dlq.rules.errors import FailedEventClosed, NoteRequired
 from ledger.execution.submission import operation_submit
-from ledger.models import Operation, OperationEvent, OperationMode, Tenant
+from ledger.models import ApprovalKind, Operation, OperationEvent, OperationMode, Tenant
 from ledger.platform.crypto import open_json
 from ledger.platform.errors import ValidationFailed
+from ledger.protocol import approvals
 from ledger.protocol import services as ledger_services
 from ledger.protocol.selectors import provider_slug
 from ledger.rules import intents
@@ -126,6 +127,17 @@ def failed_event_correct(
         raise FailedEventClosed("This entry's payload was redacted by retention; there is nothing to correct.")
     if event.status != FE.PENDING:
         raise not_replayable(event.pk, force=False)
+    # Four-eyes (ADR 0013): the corrected values wait sealed in the request, not sent.
+    approvals.approval_gate(
+        tenant_id=tenant_id,
+        provider_id=None,
+        provider_ids=selectors.entry_provider_ids(tenant_id=tenant_id, event_pks=[event.pk]),
+        kind=ApprovalKind.CORRECTED_REPLAY,
+        actor=actor,
+        reason=note,
+        target_ids=[event.pk],
+        params={"fields": fields, "note": note, "target_slug": target_slug},
+    )
     original = Operation.objects.filter(pk=event.operation_id, tenant_id=tenant_id).first()
     record, action, version = next_version_of(
         tenant_id=tenant_id, key=event.original_key or event.event_id, operation=original

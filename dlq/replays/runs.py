@@ -38,6 +38,7 @@ from dlq.replays.services import failed_event_replay
 from dlq.rules.errors import RunChangedSincePreview, RunNotFound, RunNothingToResume
 from ledger.models import (
     CHECKPOINT_OF,
+    ApprovalKind,
     Attempt,
     AttemptOutcome,
     Checkpoint,
@@ -47,6 +48,7 @@ from ledger.models import (
     OperationStatus,
 )
 from ledger.platform.errors import DomainError, ValidationFailed
+from ledger.protocol import approvals
 from ledger.protocol import services as ledger_services
 from ledger.protocol import transitions as ledger_transitions
 from ledger.protocol.selectors import operation_newest_in_lineage, run_operations
@@ -223,6 +225,18 @@ def run_resume(
             "The steps a resume would re-drive changed since the preview; look again.",
             extra={"planned": [p["operation"] for p in planned]},
         )
+    # Four-eyes (ADR 0013): the steps' providers (or the tenant) may require a second person.
+    approvals.approval_gate(
+        tenant_id=tenant_id,
+        provider_id=None,
+        provider_ids=[s.operation.provider_id for s in view.plan if s.operation.provider_id is not None],
+        kind=ApprovalKind.RUN_RESUME,
+        actor=actor,
+        reason=note,
+        target_ids=[p["operation"] for p in planned],
+        target_ref=run,
+        params={"note": note, "target_slug": target_slug, "expected": [p["operation"] for p in planned]},
+    )
     resume = RunResume.objects.create(tenant_id=tenant_id, run=run[:255], actor=actor[:150], note=note, planned=planned)
     results: list[dict[str, Any]] = []
     for step in view.plan:

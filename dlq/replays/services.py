@@ -48,6 +48,7 @@ from dlq.rules.errors import (
 )
 from ledger.models import (
     TERMINAL_STATES,
+    ApprovalKind,
     ErrorClass,
     IdempotencyClass,
     Operation,
@@ -59,6 +60,7 @@ from ledger.models import (
 )
 from ledger.platform.errors import DomainError, ValidationFailed
 from ledger.platform.redaction import scrub
+from ledger.protocol import approvals
 from ledger.protocol import services as ledger_services
 from ledger.protocol import transitions as ledger_transitions
 from ledger.providers import adapters
@@ -239,6 +241,50 @@ def failed_event_replay(
             raise ReplayNeedsDecision(
                 wait, extra={"waits_for": "resend_decision", "target_class": target.idempotency_class}
             )
+    # Four-eyes (ADR 0013): a person's replay of an entry whose tenant or provider requires
+    # approval becomes a pending request here (corrections, run resumes and bulk confirms
+    # asked at their own door, and run here inside their approved request); a bulk or
+    # automatic replay that reaches this point unapproved is refused by the guard.
+    provider_ids = selectors.entry_provider_ids(tenant_id=tenant_id, event_pks=[event.pk])
+    provider_id = provider.pk if provider is not None else None
+    if trigger == ReplayTrigger.MANUAL and correction is None:
+        kind = ApprovalKind.REPLAY
+        if force or to_provider:
+            kind = ApprovalKind.FORCED_REISSUE
+        if as_new:
+            # A new key: the receiver cannot dedup it at all — the kind the approver must see.
+            kind = ApprovalKind.RERUN_AS_NEW
+        approvals.approval_gate(
+            tenant_id=tenant_id,
+            provider_id=provider_id,
+            provider_ids=provider_ids,
+            kind=kind,
+            actor=actor,
+            reason=note,
+            target_ids=[event.pk],
+            params={
+                "target_slug": target_slug,
+                "force": force,
+                "note": note,
+                "as_new": as_new,
+                "confirm": confirm,
+                "to_provider": to_provider,
+            },
+        )
+    else:
+        approvals.approval_guard(
+            tenant_id=tenant_id,
+            provider_id=provider_id,
+            provider_ids=provider_ids,
+            # A bulk run is a task of its own: its confirm's approved request is its approval.
+            approved_otherwise=lambda: (
+                trigger == ReplayTrigger.BULK
+                and bulk_id is not None
+                and approvals.approval_granted_for(
+                    tenant_id=tenant_id, kind=ApprovalKind.BULK_REPLAY, target_ref=str(bulk_id)
+                )
+            ),
+        )
     replay = _replay_begin(
         event=event,
         target=target,

@@ -42,10 +42,12 @@ from dlq.web.serializers import (
     run_resume_representation,
 )
 from ledger.platform.errors import ValidationFailed
+from ledger.protocol import approvals
 from ledger.protocol.representation import operation_representation
 from ledger.store import sql
 from ledger.web.apis.operations import validated_input
 from ledger.web.pagination import KeysetCursorPagination
+from ledger.web.serializers import ApprovalOutputSerializer, approval_representation
 
 _LIST_PARAMS = [
     OpenApiParameter("status", str, OpenApiParameter.QUERY, required=False),
@@ -173,7 +175,7 @@ class FailedEventDetailApi(APIView):
 class FailedEventReplayApi(APIView):
     @extend_schema(
         request=ReplayInputSerializer,
-        responses={201: ReplayOutputSerializer},
+        responses={201: ReplayOutputSerializer, 202: ApprovalOutputSerializer},
         summary="Replay an entry to its target with the original idempotency key",
         description=(
             "409 replay_in_progress when another replay holds the entry; 409 replay_needs_force for an entry "
@@ -205,7 +207,7 @@ class FailedEventReplayApi(APIView):
 class FailedEventResendDecisionApi(APIView):
     @extend_schema(
         request=CloseInputSerializer,
-        responses={200: FailedEventOutputSerializer},
+        responses={200: FailedEventOutputSerializer, 202: ApprovalOutputSerializer},
         summary='Record the decision "safe to resend" (reason required)',
         description=(
             "For a pending entry whose first try may have acted (ambiguous) and whose target is key-advisory: the "
@@ -262,7 +264,10 @@ class BulkReplayApi(APIView):
             "`dry_run: true` with filters (status, workflow, error_class, failed_after, failed_before, match) "
             "answers 201 with the frozen selection (id, count, event_ids, digest); nothing is sent. "
             '`{"id": N}` (optionally with `count` to check) confirms: exactly those entries are replayed, '
-            "paced, in the background (202). One bulk replay runs per tenant at a time (429 otherwise)."
+            "paced, in the background (202). One bulk replay runs per tenant at a time (429 otherwise). Where the "
+            "tenant or a provider of the selection requires four-eyes approval, the confirm answers 202 with the "
+            "selection still a draft and `approval`: the request a second person decides (the dry run's note is its "
+            "reason)."
         ),
     )
     def post(self, request: Request) -> Response:
@@ -271,9 +276,16 @@ class BulkReplayApi(APIView):
         if data.get("id") is not None:
             if not data["confirm"]:
                 raise ValidationFailed("Send confirm=true (or leave it out) to confirm a selection.")
-            bulk = dlq_bulk.bulk_replay_confirm(
-                tenant=tenant, bulk_id=data["id"], actor=request.user.actor, count=data.get("count")
-            )
+            try:
+                bulk = dlq_bulk.bulk_replay_confirm(
+                    tenant=tenant, bulk_id=data["id"], actor=request.user.actor, count=data.get("count")
+                )
+            except approvals.ApprovalPending as pending:
+                # Four-eyes (ADR 0013): the draft waits for a second person, and says so.
+                bulk = selectors.bulk_replay_get(tenant_id=tenant.pk, bulk_id=data["id"])
+                body = bulk_replay_representation(bulk, waiting=_waiting(bulk))
+                body["approval"] = approval_representation(pending.request)
+                return Response(body, status=202, headers={"Location": f"/api/v1/approvals/{pending.request.pk}"})
             return Response(bulk_replay_representation(bulk, waiting=_waiting(bulk)), status=202)
         if not data["dry_run"]:
             raise ValidationFailed("A bulk replay starts with a dry run: send dry_run=true with the filters.")
@@ -303,7 +315,7 @@ class BulkReplayDetailApi(APIView):
 class FailedEventCorrectApi(APIView):
     @extend_schema(
         request=CorrectInputSerializer,
-        responses={201: CorrectOutputSerializer},
+        responses={201: CorrectOutputSerializer, 202: ApprovalOutputSerializer},
         summary="Replay a (quarantined) entry with corrected fields, as the next version of its key",
         description=(
             "The key must be versioned ({record}:{action}:v{version}); the correction is version n+1 of the same "
@@ -354,7 +366,7 @@ class RunDetailApi(APIView):
 class RunResumeApi(APIView):
     @extend_schema(
         request=RunResumeInputSerializer,
-        responses={201: RunResumeOutputSerializer, 200: RunOutputSerializer},
+        responses={201: RunResumeOutputSerializer, 200: RunOutputSerializer, 202: ApprovalOutputSerializer},
         summary="Resume a run: re-drive only its failed steps through the DLQ replay path (audited)",
         description=(
             "`preview: true` answers the run (200) with `resume.operations`, doing nothing. Otherwise the failed "

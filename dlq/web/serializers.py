@@ -23,7 +23,7 @@ from dlq.replays.runs import RunView, plan_of
 from ledger.models import Checkpoint
 from ledger.protocol.representation import OperationOutputSerializer, operation_representation
 from ledger.providers.revisions import revision_number
-from ledger.web.serializers import no_nul_characters, queryable_time
+from ledger.web.serializers import ApprovalOutputSerializer, no_nul_characters, queryable_time
 
 
 class FailedEventListQuerySerializer(serializers.Serializer):
@@ -141,6 +141,8 @@ class ReplayOutputSerializer(serializers.Serializer):
 
 class BulkReplayOutputSerializer(serializers.Serializer):
     id = serializers.IntegerField()
+    # Only on a confirm that waits for four-eyes approval (ADR 0013): the request.
+    approval = ApprovalOutputSerializer(required=False)
     status = serializers.CharField()
     count = serializers.IntegerField()
     digest = serializers.CharField()

@@ -6,8 +6,9 @@ the allowed moves; the other enumerations), ``fields`` (the ledger's own column 
 lookups), ``tenants`` (the tenant, its API keys, configuration changes, workflow names),
 ``providers`` (providers, their rate buckets, adapter revisions, prompt templates),
 ``operations`` (operations, attempts, events, admission refusals, tombstones), ``evidence``
-(failed attempts' de-identified evidence, ADR 0016), ``objects``
-(uploads and published outputs), ``fencing`` (the ledger's identity and epoch, restore holds).
+(failed attempts' de-identified evidence, ADR 0016), ``objects`` (uploads and published
+outputs), ``approvals`` (four-eyes requests for re-sends, ADR 0013), ``fencing`` (the ledger's
+identity and epoch, restore holds).
 
 Import from the package (``from ledger.models import Operation``), as Django's convention and
 the migrations do: it names every model, choice, field and helper of the modules below, so a
@@ -16,6 +17,14 @@ move between them changes no importer.
 May import: ``ledger.rules``, ``ledger.platform``.
 """
 
+from ledger.models.approvals import (  # noqa: F401
+    APPROVAL_DECIDED_STATES,
+    APPROVAL_MOVES,
+    APPROVAL_OPEN_STATES,
+    ApprovalKind,
+    ApprovalRequest,
+    ApprovalStatus,
+)
 from ledger.models.evidence import EVIDENCE_ERROR_LENGTH, AttemptEvidence  # noqa: F401
 from ledger.models.fencing import (  # noqa: F401
     FENCE_RELEASED,

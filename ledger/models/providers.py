@@ -79,6 +79,15 @@ class Provider(models.Model):
     throttled_until = models.DateTimeField(null=True, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_reason = models.CharField(max_length=200, blank=True)
+    # Four-eyes (ADR 0013): re-sends to or of this provider wait for a second person's
+    # approval, and automatic replay skips its entries. Platform-owned: only a superuser (or
+    # `provider_upsert(platform=True)`) changes it; a tenant admin's save keeps it.
+    resend_approval_required = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Re-sends of this provider's failures wait for a second person's approval (four-eyes). Set by"
+        " the platform; a tenant's roles cannot switch it off.",
+    )
     # Seconds: a retry of an operation older than this (since its creation or the tenant's
     # last "still wanted") first asks the tenant's eligibility webhook (ledger.recovery.eligibility).
     # Empty: retries never ask.

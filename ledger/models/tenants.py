@@ -77,6 +77,16 @@ class Tenant(models.Model):
         help_text="Accept new idempotency keys that contain an e-mail address or an international phone"
         " number. Keys are logged and shown in clear: prefer hashing the value into the key.",
     )
+    # Four-eyes (ADR 0013): every re-send of this tenant's entries and operations — replays,
+    # bulk, corrected, re-run as new, forced re-issues, run resumes, "safe to resend/retry" —
+    # waits for a second person's approval. Platform-owned like every field here; its
+    # providers may require it on their own (Provider.resend_approval_required).
+    resend_approval_required = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text='Every re-send of this tenant\'s failures (replays, corrections, "safe to retry") waits for a'
+        " second person's approval. Set by the platform; a tenant's roles cannot switch it off.",
+    )
     # Which environment variables its providers may read credentials from:
     # <PROVIDER_SECRET_PREFIX><secret_namespace>_<NAME> (ledger.providers.credentials). Assigned once
     # when the tenant is made (derived from the slug where free), never changed with the slug,
@@ -127,7 +137,9 @@ class ApiKey(models.Model):
     # `payload`: may reveal payloads (with a reason, logged); not implied by `admin`.
     # `audit`: may read a person's data trail (review.privacy.subject_apis; implied by `admin`, not by
     # `read`: a trail is about a person).
-    SCOPES = ("read", "write", "admin", "payload", "audit")
+    # `approve`: may approve or reject another's re-send under four-eyes (ADR 0013); not
+    # implied by `admin` (ledger.web.apis.approvals checks it by name), like `payload`.
+    SCOPES = ("read", "write", "admin", "payload", "audit", "approve")
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100, blank=True)

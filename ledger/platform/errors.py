@@ -158,3 +158,37 @@ class AdapterRolloutConflict(DomainError):
     canary, or a move that lost a race with another one (ledger.providers.canary)."""
 
     status, code, title = 409, "adapter_rollout_conflict", "The adapter rollout does not allow that now"
+
+
+# --- Four-eyes approval of re-sends (ADR 0013) ------------------------------------------------
+
+
+class ApprovalNotFound(DomainError):
+    status, code, title = 404, "approval_not_found", "No such approval request"
+
+
+class ApprovalNotPending(DomainError):
+    """Approved, rejected or expired already — by another approver, or by the clock."""
+
+    status, code, title = 409, "approval_not_pending", "The approval request is not pending"
+
+
+class ApprovalBySameActor(DomainError):
+    """Four eyes: whoever asked for a re-send cannot approve it (nor reject it: they withdraw
+    it by letting it expire, or ask someone else)."""
+
+    status, code, title = 403, "approval_by_requester", "The requester cannot decide their own request"
+
+
+class ApprovalRequired(DomainError):
+    """A re-send reached the sending path without an approved request while its tenant or
+    provider requires one: a path that forgot to ask is refused, never sent."""
+
+    status, code, title = 403, "approval_required", "This re-send needs a second person's approval"
+
+
+class PlatformOwnedSetting(DomainError):
+    """A setting the platform owns (a tenant's or provider's four-eyes requirement) changed by
+    a tenant-scoped actor."""
+
+    status, code, title = 403, "platform_owned_setting", "This setting is the platform's"

@@ -34,7 +34,7 @@ from ledger.models import (
     provider_caps_errors,
 )
 from ledger.platform import hooks
-from ledger.platform.errors import DestinationNotAllowed, ValidationFailed
+from ledger.platform.errors import DestinationNotAllowed, PlatformOwnedSetting, ValidationFailed
 from ledger.platform.storable import MAX_DURATION_SECONDS
 
 # Re-exported: callers (and tests) that name these through ledger.protocol.services; new code imports ledger.protocol.inputs.
@@ -233,6 +233,24 @@ def provider_slug_check(slug: str) -> str:
     return slug
 
 
+# A provider's fields that only the platform changes (ADR 0013): a tenant's own roles cannot
+# switch off the second person their re-sends need.
+PROVIDER_PLATFORM_FIELDS = ("resend_approval_required",)
+
+
+def platform_owned_check(existing: Provider | None, fields: dict[str, Any]) -> None:
+    """Refuse a tenant-side change of a platform-owned field (``platform_owned_setting``); a
+    new provider made by a tenant starts with the platform's default."""
+    for name in PROVIDER_PLATFORM_FIELDS:
+        if name not in fields:
+            continue
+        current = getattr(existing, name) if existing is not None else Provider._meta.get_field(name).get_default()
+        if bool(fields[name]) != bool(current):
+            raise PlatformOwnedSetting(
+                f"{name} is set by the platform: a tenant's roles cannot change it.", extra={"field": name}
+            )
+
+
 def provider_upsert(
     *,
     tenant: Tenant,
@@ -242,6 +260,7 @@ def provider_upsert(
     webhook_secret: str | None = None,
     reason: str = "",
     canary_percent: int | None = None,
+    platform: bool = False,
     **fields: Any,
 ) -> Provider:
     """Create or update a tenant's provider, checked like a console save (``Provider.clean``:
@@ -253,7 +272,9 @@ def provider_upsert(
     A change of the adapter fields records the next adapter revision (``ledger.providers.revisions``):
     the stable one at once, or — with ``canary_percent`` — a canary taking that share of new
     operations while the provider keeps its stable revision (DESIGN §5, adapter revisions).
-    ``reason`` says why, in the revision and the trail."""
+    ``reason`` says why, in the revision and the trail. ``platform``: the caller is the
+    platform (a superuser, the command line), the only one who may change a platform-owned
+    field (``PROVIDER_PLATFORM_FIELDS``: the four-eyes requirement, ADR 0013)."""
     provider_slug_check(slug)
     if auth_secret is not None:
         fields["auth_secret"] = sealed_credential(auth_secret)
@@ -264,6 +285,8 @@ def provider_upsert(
         raise ValidationFailed(f"Not configuration: {', '.join(sorted(unknown))} (see ledger.providers.canary).")
     with transaction.atomic():
         existing = Provider.objects.select_for_update().filter(tenant=tenant, slug=slug).first()
+        if not platform:
+            platform_owned_check(existing, fields)
         before = config_snapshot(existing, exclude=PROVIDER_STATE_FIELDS) if existing is not None else None
         wanted = {
             name: fields.get(name, getattr(existing, name) if existing is not None else "") or ""

@@ -32,7 +32,7 @@ from ledger.platform import hooks, tracing
 from ledger.platform.errors import LeaseLost
 from ledger.platform.logs import log_context
 from ledger.platform.passes import failure_text, row_isolated
-from ledger.protocol import transitions
+from ledger.protocol import approvals, transitions
 from ledger.protocol.selectors import attempt_log_fields
 from ledger.protocol.transitions import decide_unsent_expiry
 from ledger.providers.adapters import is_asynchronous
@@ -433,4 +433,8 @@ def sweep(*, batch: int = 500, client: httpx.Client | None = None) -> SweepRepor
     # failing canary attempt; this pass covers what they cannot see, ledger.providers.canary).
     for verdict, n in canary_watch_all().items():
         report.add(f"canary_{verdict}", n)
+    # Four-eyes requests nobody answered in time expire; an approved one whose re-send never
+    # reported back is failed (ADR 0013).
+    for outcome, n in approvals.approval_requests_expire().items():
+        report.add(f"approvals_{outcome}", n)
     return report

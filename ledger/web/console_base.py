@@ -27,7 +27,8 @@ Below them, what the pages of every app (the ledger's ``ledger.web.console``, dl
 alerts) share: ``ReadOnlyPermissions`` and ``ReadOnlyInline`` for rows only services write,
 ``TenantInlineFormSet``, the https default of URL forms (``HTTPS_URL_FORMS``,
 ``https_url_formfield``), the tenant column (``TenantColumnMixin``), a search box answered by
-a selector (``SelectorSearchMixin``), ``may_view`` and ``attempts_with_labels``.
+a selector (``SelectorSearchMixin``), ``may_view``, ``attempts_with_labels`` and ``pending_message``
+(what an action says when its re-send waits for four-eyes approval, ADR 0013).
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ from django.db.models import QuerySet, URLField
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from ledger.models import Attempt, Tenant
 from ledger.platform.errors import DomainError, LookupNotOffered
 from ledger.platform.storable import EARLIEST, LATEST, json_problem, nul_problem
+from ledger.protocol import approvals
 from ledger.providers import prompts, revisions
 
 # Django's own parameters of a change list (never lookups on the model).
@@ -438,3 +443,15 @@ __all__ = [
     "shows_tenant",
     "unoffered_parameters",
 ]
+
+
+def pending_message(pending: approvals.ApprovalPending) -> SafeString:
+    """What a console action says when its re-send waits for a second person."""
+    request = pending.request
+    return format_html(
+        'Not sent: this re-send needs a second person\'s approval. <a href="{}">Request #{}</a> waits for someone'
+        " with the right to approve it (until {}).",
+        reverse("admin:ledger_approvalrequest_decide", args=[request.pk]),
+        request.pk,
+        request.expires_at.strftime("%Y-%m-%d %H:%M UTC"),
+    )

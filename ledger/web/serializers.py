@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger.models import REPORTED_ERROR_CLASSES, ErrorClass
+from ledger.models import REPORTED_ERROR_CLASSES, ApprovalKind, ApprovalStatus, ErrorClass
 from ledger.platform.storable import MAX_DURATION_SECONDS, nul_problem, query_time_problem
 from ledger.providers import prompts, revisions
 
@@ -407,3 +407,57 @@ class AttemptEvidenceOutputSerializer(serializers.Serializer):
     preset_version = serializers.CharField()
     aspect_class = serializers.CharField()
     error = serializers.CharField(help_text="The error text, the job's own values and personal data cut out.")
+
+
+# --- Four-eyes approval of re-sends (ADR 0013) ------------------------------------------------
+
+
+class ApprovalDecisionInputSerializer(serializers.Serializer):
+    reason = serializers.CharField(
+        max_length=500, help_text="Why you approve or reject (required: it is in the audit trail)."
+    )
+
+
+class ApprovalListQuerySerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices, required=False, default=None, allow_null=True)
+
+
+class ApprovalOutputSerializer(serializers.Serializer):
+    """A re-send waiting for (or given) a second person: never its parameters (a correction's
+    values are sealed and shown to no one)."""
+
+    id = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=ApprovalKind.choices)
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices)
+    provider = serializers.CharField(allow_null=True, help_text="the provider whose setting asked, if any")
+    target_ids = serializers.ListField(child=serializers.IntegerField(), help_text="entry or operation ids")
+    target_ref = serializers.CharField(help_text="a run id, a bulk replay's id")
+    requested_by = serializers.CharField()
+    request_reason = serializers.CharField()
+    requested_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    decided_by = serializers.CharField()
+    decision_reason = serializers.CharField()
+    decided_at = serializers.DateTimeField(allow_null=True)
+    settled_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField()
+
+
+def approval_representation(request: Any) -> dict[str, Any]:
+    return {
+        "id": request.pk,
+        "kind": request.kind,
+        "status": request.status,
+        "provider": request.provider.slug if request.provider_id else None,
+        "target_ids": list(request.target_ids),
+        "target_ref": request.target_ref,
+        "requested_by": request.requested_by,
+        "request_reason": request.request_reason,
+        "requested_at": request.requested_at,
+        "expires_at": request.expires_at,
+        "decided_by": request.decided_by,
+        "decision_reason": request.decision_reason,
+        "decided_at": request.decided_at,
+        "settled_at": request.settled_at,
+        "outcome": request.outcome,
+    }

@@ -84,6 +84,8 @@ def attention_context(request: HttpRequest, rows: dict[str, list[Any]]) -> dict[
         out["review"] = rows["review"]
     if user.has_perm("dlq.view_failedevent"):
         out["dlq"] = rows["dlq"]
+    if user.has_perm("ledger.view_approvalrequest"):
+        out["approvals"] = rows["approvals"]
     if user.has_perm("review.view_pausedprovider") or user.has_perm("ledger.view_provider"):
         out["paused"] = rows["paused"]
     if user.has_perm("ledger.view_operation"):

@@ -24,8 +24,8 @@ from review.console.selectors import shown_counts
 ROUND: list[tuple[str, str, list[tuple[str, str]]]] = [
     (
         "Needs attention",
-        "decisions waiting for a person, alerts, paused providers",
-        [("review", "reviewitem"), ("alerts", "alert"), ("review", "pausedprovider")],
+        "decisions waiting for a person, re-sends waiting for a second person, alerts, paused providers",
+        [("review", "reviewitem"), ("ledger", "approvalrequest"), ("alerts", "alert"), ("review", "pausedprovider")],
     ),
     (
         "Operations",
@@ -89,6 +89,8 @@ CONFIGURATION = "Configuration"
 # definition of "open" for the count and the list.
 ATTENTION: dict[tuple[str, str], tuple[str, str]] = {
     ("alerts", "alert"): ("state", "open"),
+    # ledger.web.console.approvals.ApprovalStateFilter: re-sends waiting for a second person.
+    ("ledger", "approvalrequest"): ("state", "pending"),
     ("review", "pausedprovider"): ("paused", "yes"),
 }
 

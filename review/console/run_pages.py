@@ -21,7 +21,9 @@ from dlq.models import ReplayTarget, RunResume
 from dlq.replays.runs import RunView, run_resume, run_view
 from ledger.models import Checkpoint, Operation, Tenant
 from ledger.platform.errors import DomainError
+from ledger.protocol import approvals
 from ledger.protocol.selectors import run_of
+from ledger.web.console_base import pending_message
 from review.staff.tenancy import scope_of
 
 
@@ -116,6 +118,10 @@ def run_page(site: admin.AdminSite, request: HttpRequest) -> HttpResponse:
                     target_slug=form.cleaned_data["target"],
                     expected=form.cleaned_data["operations"],
                 )
+            except approvals.ApprovalPending as pending:
+                # Four-eyes (ADR 0013): nothing was re-driven; the request waits for a second person.
+                messages.info(request, pending_message(pending))
+                return HttpResponseRedirect(here)
             except DomainError as exc:
                 messages.error(request, exc.detail)
             else:

@@ -27,6 +27,8 @@ from dlq.entries.selectors import failed_events_for_a_person
 from dlq.models import FailedEvent, FailedEventStatus
 from ledger.models import (
     TERMINAL_STATES,
+    ApprovalRequest,
+    ApprovalStatus,
     Operation,
     OperationEvent,
     OperationMode,
@@ -195,7 +197,8 @@ ATTENTION_ROWS = 5
 
 def attention_now(*, tenant_ids: list[int] | None) -> dict[str, list[Any]]:
     """The oldest of each kind of thing a person must look at, each a few rows: review items,
-    DLQ entries no automatic replay will retry, paused providers, operations open too long."""
+    DLQ entries no automatic replay will retry, re-sends waiting for a second person, paused
+    providers, operations open too long."""
     now = timezone.now()
     # provider__tenant: a provider prints as "tenant/slug" (one query per row without it).
     # Only what the rows show (key, state, provider, time): an operation with its provider and
@@ -209,6 +212,12 @@ def attention_now(*, tenant_ids: list[int] | None) -> dict[str, list[Any]]:
     return {
         "review": list(ops.filter(status=OperationStatus.REVIEW).order_by("updated_at", "id")[:ATTENTION_ROWS]),
         "dlq": list(failed_events_for_a_person(tenant_ids=tenant_ids).select_related("tenant")[:ATTENTION_ROWS]),
+        # Re-sends waiting for a second person (four-eyes, ADR 0013), the one closest to expiring first.
+        "approvals": list(
+            _scoped(ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING), tenant_ids).order_by(
+                "expires_at", "id"
+            )[:ATTENTION_ROWS]
+        ),
         "paused": list(
             _scoped(Provider.objects.filter(paused_at__isnull=False), tenant_ids)
             .select_related("tenant")

@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 
 from ledger.store import sql
 from ledger.web.apis.operations import OperationCursorPagination, validated_input
+from ledger.web.serializers import ApprovalOutputSerializer
 from review.decisions import selectors, services
 from review.decisions.serializers import (
     DecisionInputSerializer,
@@ -57,8 +58,10 @@ class ReviewItemListApi(APIView):
 class ReviewDecisionApi(APIView):
     @extend_schema(
         request=DecisionInputSerializer,
-        responses={200: ReviewItemOutputSerializer},
+        responses={200: ReviewItemOutputSerializer, 202: ApprovalOutputSerializer},
         summary="Record a review decision (note mandatory)",
+        description="safe_to_retry where the tenant or the provider requires four-eyes approval answers 202 with"
+        " the request a second person decides (ADR 0013); the operation stays in review until then.",
     )
     def post(self, request: Request, operation_id: int) -> Response:
         data = validated_input(DecisionInputSerializer, request)

@@ -22,6 +22,8 @@ SEALED_COLUMNS: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] =
     ("ledger.Attempt", ("response_body",), None, ()),
     ("dlq.FailedEvent", ("payload",), RecordType.FAILED_EVENTS, ("payload",)),
     ("dlq.Replay", ("response_body",), None, ()),
+    # A four-eyes request's parameters: a correction's values (ADR 0013).
+    ("ledger.ApprovalRequest", ("params",), None, ()),
 ]
 # Secrets sealed under the same keys, always (even where payload encryption is off): a value
 # found in clear (stored before it was sealed) is sealed too. docs/secrets.md lists them.

@@ -46,6 +46,8 @@ _READ_LEDGER = [
     "ledger.view_tenant",
     # Failed attempts' evidence (ADR 0016): no personal data, read by whoever reads attempts.
     "ledger.view_attemptevidence",
+    # Four-eyes (ADR 0013): the re-sends waiting for a second person, theirs among them.
+    "ledger.view_approvalrequest",
 ]
 
 # app_label.codename patterns (fnmatch) per role.
@@ -109,6 +111,9 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "review.export_data",
         "review.search_subjects",
         "review.*_retentionpolicy",
+        # Four-eyes (ADR 0013): the second person of a re-send is a tenant admin (or a person
+        # granted the permission); never the one who asked, which the service refuses.
+        "ledger.approve_approvalrequest",
         # Erasing a person's data on request (review.privacy.erasure): a tenant admin's decision;
         # auditors see the runs (view_erasurerun) and the trail, not the button.
         "review.erase_subject",

@@ -18,6 +18,7 @@ from dlq.n8n import connections as dlq_connections
 from dlq.targets import services as dlq_targets
 from ledger.models import (
     AdmissionRefusalCount,
+    ApprovalRequest,
     Attempt,
     FenceHold,
     Operation,
@@ -126,6 +127,16 @@ def _populate(tenant: Tenant, tag: str) -> dict[str, Any]:
     # A key a restored database forgot (ADR 0012): a hold of its own.
     FenceHold.objects.create(
         tenant=tenant, key=f"held-{tag}", provider_id=crm.pk, journaled_state="succeeded", epoch=1, found_at=now
+    )
+    # A re-send waiting for a second person (four-eyes, ADR 0013).
+    ApprovalRequest.objects.create(
+        tenant=tenant,
+        kind="replay",
+        target_ids=[event.pk],
+        requested_by=f"user:{tag}",
+        request_reason=f"approval-{tag}",
+        requested_at=now,
+        expires_at=now + timedelta(days=1),
     )
     member = User.objects.create_user(f"member-{tag}", is_staff=True)
     StaffTenant.objects.create(user=member, tenant=tenant)

@@ -33,9 +33,10 @@ from dlq.web.console.common import actor_of, replay_failure
 from ledger.models import Tenant
 from ledger.platform.errors import DomainError
 from ledger.platform.masking import mask_json
+from ledger.protocol import approvals
 from ledger.providers.credentials import url_masked
 from ledger.web import display
-from ledger.web.console_base import ConsoleJSONField
+from ledger.web.console_base import ConsoleJSONField, pending_message
 from ledger.web.pagination import COUNT_CAP
 
 
@@ -186,6 +187,10 @@ class FailedEventActions:
         if request.method == "POST" and bound.is_valid():
             try:
                 level, message = act(event, bound.cleaned_data)
+            except approvals.ApprovalPending as pending:
+                # Four-eyes (ADR 0013): nothing was sent; the request waits for a second person.
+                messages.info(request, pending_message(pending))
+                return HttpResponseRedirect(self._change_url(event.pk))
             except DomainError as exc:
                 messages.error(request, f"{refused}: {exc.detail}")
             else:
@@ -411,6 +416,9 @@ class FailedEventActions:
                     target_slug=request.POST.get("target", ""),
                     note=request.POST.get("note", ""),
                 )
+            except approvals.ApprovalPending as pending:
+                messages.info(request, pending_message(pending))
+                return None
             except (DomainError, ValueError, KeyError) as exc:
                 messages.error(request, f"Not started: {getattr(exc, 'detail', 'bad request')}")
                 return None

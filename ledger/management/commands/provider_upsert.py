@@ -123,6 +123,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--clear-webhook-secret", action="store_true", help="forget the stored webhook secret")
         parser.add_argument("--reason", default="", help="why: recorded with the adapter revision and the change")
+        parser.add_argument(
+            "--resend-approval-required",
+            choices=("on", "off"),
+            help="four-eyes: re-sends of this provider's failures wait for a second person's approval (ADR 0013)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -184,11 +189,15 @@ class Command(BaseCommand):
             fields["auth_secret"] = secret
         elif options["clear_auth_secret"]:
             fields["auth_secret"] = ""
+        if options["resend_approval_required"]:
+            fields["resend_approval_required"] = options["resend_approval_required"] == "on"
         try:
             provider = services.provider_upsert(
                 tenant=tenant,
                 slug=options["slug"],
                 actor=cli_actor(),
+                # The command line is the platform's: it may set the platform-owned fields.
+                platform=True,
                 reason=options["reason"],
                 canary_percent=options["canary_percent"],
                 webhook_secret=webhook_secret,

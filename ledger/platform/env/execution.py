@@ -234,6 +234,14 @@ LEDGER: list[Setting] = _group(
         "After a callback secret is rotated the previous one still signs for this long.",
         minimum=0,
     ),
+    _s(
+        "APPROVAL_TTL_SECONDS",
+        INT,
+        86400,
+        """A re-send waiting for a second person's approval (four-eyes, ADR 0013) expires
+        unanswered after this long; the requester asks again.""",
+        minimum=60,
+    ),
     _s("CALLBACK_TIMEOUT_SECONDS", INT, 5, "A callback delivery may take this long.", minimum=1),
     _s("CALLBACK_MAX_ATTEMPTS", INT, 8, "Delivery attempts of one callback.", minimum=1),
     _s(

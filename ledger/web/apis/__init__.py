@@ -5,11 +5,18 @@ service or selector, render the output.
   derived keys; with the request helpers every view uses (``validated_input``, ``claim_key``,
   ``operation_response``).
 - ``files``: uploads and validated outputs, their facts and bytes.
+- ``approvals``: four-eyes requests for re-sends, their approval and rejection (ADR 0013).
 - ``providers``: provider webhooks, a provider's caps and adapter rollout, intents, prompt
   templates.
 - ``evidence``: failed attempts' evidence (ADR 0016).
 """
 
+from ledger.web.apis.approvals import (
+    ApprovalApproveApi,
+    ApprovalDetailApi,
+    ApprovalListApi,
+    ApprovalRejectApi,
+)
 from ledger.web.apis.evidence import AttemptEvidenceListApi
 from ledger.web.apis.files import (
     OperationOutputApi,
@@ -42,6 +49,10 @@ from ledger.web.apis.providers import (
 
 __all__ = [
     "AttemptEvidenceListApi",
+    "ApprovalApproveApi",
+    "ApprovalDetailApi",
+    "ApprovalListApi",
+    "ApprovalRejectApi",
     "ClaimCreateApi",
     "KeyDeriveApi",
     "OperationAttemptsApi",

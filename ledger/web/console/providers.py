@@ -172,9 +172,20 @@ class ProviderAdmin(ServiceSaveAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # Slugs are how operations, claims and caches name a provider: fixed once created.
+        # The four-eyes requirement is the platform's (ADR 0013): shown, not editable, to a
+        # tenant's roles (provider_upsert refuses their change anyway).
+        platform_owned = [] if request.user.is_superuser else list(services.PROVIDER_PLATFORM_FIELDS)
         if obj is None:
-            return ["credential_state", "webhook_secret_state"]
-        return ["tenant", "slug", "credential_state", "webhook_secret_state", "rollout_link", "caps_state"]
+            return ["credential_state", "webhook_secret_state", *platform_owned]
+        return [
+            "tenant",
+            "slug",
+            "credential_state",
+            "webhook_secret_state",
+            "rollout_link",
+            "caps_state",
+            *platform_owned,
+        ]
 
     @admin.display(description="webhook secret")
     def webhook_secret_state(self, obj: Provider) -> str:
@@ -235,6 +246,8 @@ class ProviderAdmin(ServiceSaveAdmin):
             tenant=obj.tenant,
             slug=obj.slug,
             actor=self.actor_of(request),
+            # The four-eyes requirement is the platform's (ADR 0013): a superuser's save only.
+            platform=request.user.is_superuser,
             reason=form.cleaned_data.get("change_reason") or "",
             canary_percent=form.cleaned_data.get("rollout_percent"),
             auth_secret=secrets_typed["auth_secret"],
