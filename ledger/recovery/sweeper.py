@@ -435,6 +435,8 @@ def sweep(*, batch: int = 500, client: httpx.Client | None = None) -> SweepRepor
         report.add(f"canary_{verdict}", n)
     # Four-eyes requests nobody answered in time expire; an approved one whose re-send never
     # reported back is failed (ADR 0013).
+    # Only what happened is reported, as every other count here: a quiet pass says "nothing to do".
     for outcome, n in approvals.approval_requests_expire().items():
-        report.add(f"approvals_{outcome}", n)
+        if n:
+            report.add(f"approvals_{outcome}", n)
     return report
