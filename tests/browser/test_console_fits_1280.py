@@ -9,6 +9,7 @@ Screenshots of every page are kept under test-artifacts/browser/ (the path is pr
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from multiprocessing import Value
 from typing import Any
 
@@ -30,7 +31,7 @@ from dlq.n8n import connections as dlq_connections
 from dlq.replays import bulk as dlq_bulk
 from dlq.replays.runs import run_resume
 from dlq.targets import services as dlq_targets
-from ledger.models import ErrorClass, FenceHold, IdempotencyClass, Tenant, Tombstone
+from ledger.models import ApprovalRequest, ErrorClass, FenceHold, IdempotencyClass, Tenant, Tombstone
 from ledger.protocol import services
 from ledger.providers import prompts
 from ledger.tenants.workflows import workflow_name_note
@@ -208,6 +209,16 @@ def _seed_longest(tenant: Tenant) -> None:
     # A restore hold (ADR 0012) with the longest key.
     FenceHold.objects.create(
         tenant=tenant, key=LONG_KEY[:-1] + "h", provider_id=None, journaled_state="succeeded", epoch=1, found_at=now
+    )
+    # A four-eyes request (ADR 0013) with a long reason.
+    ApprovalRequest.objects.create(
+        tenant=tenant,
+        kind="replay",
+        target_ids=[1],
+        requested_by="user:" + "r" * 60,
+        request_reason="re-send the charge after the provider's outage " * 4,
+        requested_at=now,
+        expires_at=now + timedelta(days=1),
     )
 
 

@@ -22,6 +22,7 @@ from ledger.models import ApprovalRequest, ApprovalStatus, ConfigChange
 from ledger.platform.errors import DomainError
 from ledger.protocol import approvals
 from ledger.web.console_base import ConsoleReadOnlyAdmin, TenantColumnMixin
+from ledger.web.display import age, short_id
 
 APPROVE_PERMISSION = "ledger.approve_approvalrequest"
 
@@ -50,12 +51,25 @@ class ApprovalStateFilter(admin.SimpleListFilter):
 
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
-    list_display = ("id", "kind", "status", "targets", "requested_by", "requested_at", "expires_at", "decide_link")
+    # Fits 1,280 px: who asked shortened (whole on hover), times as ages (exact on hover).
+    list_display = ("id", "kind", "status", "targets", "requester", "requested", "expires", "decide_link")
     list_filter = (ApprovalStateFilter, "kind", "status")
     ordering = ("-requested_at", "-id")
     list_per_page = 100
     # Never the parameters (a correction's values, sealed).
     exclude = ("params",)
+
+    @admin.display(description="requested by", ordering="requested_by")
+    def requester(self, row: ApprovalRequest) -> Any:
+        return short_id(row.requested_by)
+
+    @admin.display(description="requested", ordering="requested_at")
+    def requested(self, row: ApprovalRequest) -> Any:
+        return age(row.requested_at)
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires(self, row: ApprovalRequest) -> Any:
+        return age(row.expires_at)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApprovalRequest]:
         rows = super().get_queryset(request).select_related("provider")
