@@ -134,11 +134,11 @@ class Tenant(models.Model):
 class ApiKey(models.Model):
     """A tenant's API key. Only a sha256 of the secret is stored; the prefix identifies it."""
 
-    # `payload`: may reveal payloads (with a reason, logged); not implied by `admin`.
+    # `payload`: may reveal payloads (with a reason, logged); not implied by `admin` (the same).
     # `audit`: may read a person's data trail (review.privacy.subject_apis; implied by `admin`, not by
     # `read`: a trail is about a person).
     # `approve`: may approve or reject another's re-send under four-eyes (ADR 0013); not
-    # implied by `admin` (ledger.web.apis.approvals checks it by name), like `payload`.
+    # implied by `admin` (ledger.tenants.auth.SCOPES_NOT_IMPLIED_BY_ADMIN), like `payload`.
     SCOPES = ("read", "write", "admin", "payload", "audit", "approve")
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")

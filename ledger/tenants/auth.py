@@ -80,8 +80,15 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="api"'
 
 
+# Scopes `admin` does not imply (ApiKey.SCOPES says what each allows): `payload` reveals a
+# person's data and `approve` is the second pair of eyes on another's re-send (ADR 0013);
+# handing an automation an admin key must hand it neither.
+SCOPES_NOT_IMPLIED_BY_ADMIN = frozenset({"payload", "approve"})
+
+
 class HasApiKeyScope(permissions.BasePermission):
-    """Safe methods need `read`; anything else needs `write` (or the view's `required_scope`)."""
+    """Safe methods need `read`; anything else needs `write` (or the view's `required_scope`).
+    `admin` implies every scope but those of ``SCOPES_NOT_IMPLIED_BY_ADMIN``."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         principal = request.user
@@ -90,9 +97,12 @@ class HasApiKeyScope(permissions.BasePermission):
         needed = getattr(view, "required_scope", None) or (
             "read" if request.method in permissions.SAFE_METHODS else "write"
         )
-        if needed in principal.scopes or "admin" in principal.scopes:
+        if needed in principal.scopes:
             return True
-        raise exceptions.PermissionDenied(f"This API key lacks the '{needed}' scope.")
+        if "admin" in principal.scopes and needed not in SCOPES_NOT_IMPLIED_BY_ADMIN:
+            return True
+        implied = " (not implied by admin)" if needed in SCOPES_NOT_IMPLIED_BY_ADMIN else ""
+        raise exceptions.PermissionDenied(f"This API key lacks the '{needed}' scope{implied}.")
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):

