@@ -23,6 +23,8 @@ if [[ " $* " != *"no:randomly"* ]]; then
   ORDER=(--randomly-seed="$SEED")
   echo "== random order: seed $SEED (repeat it with TEST_SEED=$SEED) =="
 fi
+# The slowest tests of each pass, printed at its end: CI's record of where the loop's time goes.
+DURATIONS=(--durations=20 --durations-min=5)
 PARALLEL=(-n "$WORKERS")
 if [ "$WORKERS" -le 1 ]; then PARALLEL=(-p no:xdist); fi
 
@@ -36,7 +38,7 @@ timed() {
 }
 
 echo "== pytest on SQLite ($WORKERS workers) =="
-timed "SQLite pass" env -u DATABASE_URL $PY -m pytest "${PARALLEL[@]}" "${ORDER[@]}" "$@"
+timed "SQLite pass" env -u DATABASE_URL $PY -m pytest "${PARALLEL[@]}" "${ORDER[@]}" "${DURATIONS[@]}" "$@"
 
 PG_URL="${DATABASE_URL:-}"
 if [ -z "$PG_URL" ]; then
@@ -48,10 +50,10 @@ fi
 if [ -n "$PG_URL" ]; then
   echo "== pytest on PostgreSQL ($WORKERS workers, then the serial suites one at a time) =="
   started=$SECONDS
-  timed "PostgreSQL parallel run" env DATABASE_URL="$PG_URL" $PY -m pytest "${PARALLEL[@]}" "${ORDER[@]}" -m "not serial" "$@"
+  timed "PostgreSQL parallel run" env DATABASE_URL="$PG_URL" $PY -m pytest "${PARALLEL[@]}" "${ORDER[@]}" "${DURATIONS[@]}" -m "not serial" "$@"
   # Exit 5 is "no tests collected": arguments that name no serial test are not a failure.
   status=0
-  timed "PostgreSQL serial run" env DATABASE_URL="$PG_URL" $PY -m pytest -p no:xdist "${ORDER[@]}" -m serial "$@" || status=$?
+  timed "PostgreSQL serial run" env DATABASE_URL="$PG_URL" $PY -m pytest -p no:xdist "${ORDER[@]}" "${DURATIONS[@]}" -m serial "$@" || status=$?
   if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then exit "$status"; fi
   echo "== PostgreSQL pass: $((SECONDS - started)) s =="
   date -u +%FT%TZ > var/test-postgres.ok
