@@ -70,6 +70,7 @@ SUITES = (
     "bench.retention",
     "bench.fencing",
     "bench.tracing",
+    "bench.powertools",
     "bench.scale",
 )
 # A suite that hangs fails here instead of holding the pass (each is bounded inside too).
