@@ -46,6 +46,8 @@ def test_an_operator_s_replay_waits_and_a_tenant_admin_approves_it_once(tenant, 
 
     # The requester sees their request, no buttons; posting anyway is refused.
     url = f"/admin/ledger/approvalrequest/{request.pk}/decide/"
+    detail = operator.get(f"/admin/ledger/approvalrequest/{request.pk}/change/").content.decode()
+    assert f'href="{url}" data-testid="decide-link"' in detail
     own = operator.get(url).content.decode()
     assert 'data-testid="approve"' not in own
     assert operator.post(url, {"verb": "approve", "reason": "me"}).status_code == 403

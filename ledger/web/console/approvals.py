@@ -58,6 +58,9 @@ class ApprovalRequestAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
     list_per_page = 100
     # Never the parameters (a correction's values, sealed).
     exclude = ("params",)
+    # The detail page links to where the request is decided (or its decision read): a person who
+    # opened the row from the list or a link must not have to go back for the button.
+    readonly_fields = ("decision_page",)
 
     @admin.display(description="requested by", ordering="requested_by")
     def requester(self, row: ApprovalRequest) -> Any:
@@ -87,6 +90,15 @@ class ApprovalRequestAdmin(TenantColumnMixin, ConsoleReadOnlyAdmin):
     def decide_link(self, obj: ApprovalRequest) -> str:
         label = "decide" if obj.status == ApprovalStatus.PENDING else "details"
         return format_html('<a href="{}">{}</a>', reverse("admin:ledger_approvalrequest_decide", args=[obj.pk]), label)
+
+    @admin.display(description="decision")
+    def decision_page(self, obj: ApprovalRequest) -> str:
+        label = "approve or reject it" if obj.status == ApprovalStatus.PENDING else "how it was decided"
+        return format_html(
+            '<a href="{}" data-testid="decide-link">{}</a>',
+            reverse("admin:ledger_approvalrequest_decide", args=[obj.pk]),
+            label,
+        )
 
     def get_urls(self) -> list[Any]:
         wrap = self.admin_site.admin_view
