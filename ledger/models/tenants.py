@@ -50,6 +50,21 @@ class Tenant(models.Model):
     max_unresolved = models.PositiveIntegerField(null=True, blank=True, help_text="uncertain + review")
     max_queued_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="request bytes not yet sent")
     budget_amount = models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True)
+    # Fair admission at the workers' take (ADR 0021). Empty: the deployment's default
+    # (EXECUTE_TENANT_SHARE, EXECUTE_TENANT_MAX_IN_FLIGHT); a value may lower the default cap
+    # or raise the share only up to the deployment's bound (EXECUTE_TENANT_MAX_SHARE), which
+    # tenant_update refuses past (ledger.execution.fairness.tenant_take_limits_check).
+    take_share = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Rows per round of the workers' take (weight against other tenants); empty = the deployment's"
+        " default",
+    )
+    take_max_in_flight = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Operations being sent at once (claimed); empty = the deployment's default, never above it",
+    )
     budget_period_seconds = models.PositiveIntegerField(default=86400, db_default=86400)
     # Callbacks go only to URLs under one of these prefixes (scheme://host[:port]/path), each
     # allowed by the outbound policy and stored in canonical form (ledger.rules.outbound).
@@ -103,6 +118,13 @@ class Tenant(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(secret_namespace__regex=NAMESPACE_PATTERN), name="tenant_secret_namespace_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(take_share__isnull=True) | Q(take_share__gte=1), name="tenant_take_share_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(take_max_in_flight__isnull=True) | Q(take_max_in_flight__gte=1),
+                name="tenant_take_max_in_flight_valid",
             ),
         ]
 

@@ -75,7 +75,7 @@ from ledger.protocol.transitions import (  # noqa: F401
     operation_take,
     operation_wait,
 )
-from ledger.providers import ratelimit, revisions
+from ledger.providers import admission, ratelimit, revisions
 from ledger.providers.credentials import sealed_credential
 from ledger.providers.lookup import (  # noqa: F401
     PROVIDERS_BY_ID,
@@ -118,6 +118,9 @@ def tenant_create(
     fixed = set(settings) & {*TENANT_FIXED_FIELDS, "slug", "name"}
     if fixed:
         raise ValidationFailed(f"Not a setting: {', '.join(sorted(fixed))}.")
+    admission.tenant_take_limits_check(
+        take_share=settings.get("take_share"), take_max_in_flight=settings.get("take_max_in_flight")
+    )
     tenant = Tenant(slug=slug, name=name or slug, secret_namespace=secret_namespace, **settings)
     try:
         # The slug's and name's shape and length, the allow-list and eligibility URL against the
@@ -155,6 +158,11 @@ def tenant_update(*, tenant_id: int, actor: str, **fields: Any) -> Tenant:
         before = config_snapshot(tenant)
         for name, value in fields.items():
             setattr(tenant, name, value)
+        # Within the deployment's bound (ADR 0021); a stored value the deployment lowered since
+        # is clamped at the take, and does not block an unrelated change.
+        admission.tenant_take_limits_check(
+            take_share=fields.get("take_share"), take_max_in_flight=fields.get("take_max_in_flight")
+        )
         try:
             tenant.full_clean()
         except DjangoValidationError as exc:
