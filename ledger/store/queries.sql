@@ -172,9 +172,10 @@ GROUP BY tenant_id;
 --           eligibility recheck; locked here, SKIP LOCKED, so two takers share the queue;
 --   ranked  a tenant's rows alternating between the two states, oldest first at each step.
 -- Then round by round (a tenant's share of rows per round), tenants in turn order, cut at
--- %(limit)s. A tenant's reads are an even split of the take (times its share), so rows read
--- past the cut — locked until the take commits — stay few. Across tenants by design: the take
--- serves every tenant.
+-- %(limit)s. "Due" is on the statement's clock, as in the take's ORM read that follows
+-- (Django's Now()), not the transaction's. A tenant's reads are an even split of the take
+-- (times its share), so rows read past the cut — locked until the take commits — stay few.
+-- Across tenants by design: the take serves every tenant.
 WITH RECURSIVE walk(tenant_id) AS (
     (SELECT tenant_id FROM ledger_operation
      WHERE status IN ({queued}, {retry_wait}) AND mode = 'execute'
@@ -206,13 +207,13 @@ picked AS (
         SELECT o.id, o.next_attempt_at FROM ledger_operation o
         WHERE o.tenant_id = u.tenant_id AND o.status = s.status
           AND o.status IN ({queued}, {retry_wait}) AND o.mode = 'execute'
-          AND o.next_attempt_at <= now()
+          AND o.next_attempt_at <= statement_timestamp()
           AND o.provider_id <> ALL(CAST(%(held_back)s AS bigint[]))
           AND NOT (o.status = {retry_wait} AND EXISTS (
               SELECT 1 FROM ledger_provider p
               WHERE p.id = o.provider_id AND p.recheck_after IS NOT NULL
                 AND COALESCE(o.eligibility_confirmed_at, o.created_at)
-                    <= now() - p.recheck_after * interval '1 second'))
+                    <= statement_timestamp() - p.recheck_after * interval '1 second'))
         ORDER BY o.next_attempt_at, o.id
         LIMIT LEAST(u.room, CEIL(CAST(%(limit)s AS numeric) / u.tenants) * u.share)
         FOR UPDATE SKIP LOCKED
