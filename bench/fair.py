@@ -15,8 +15,11 @@ Queue wait = due → taken: the operation's ``created_at`` (a new job is due at 
 first attempt's ``started_at``, both on the database's clock. An idle system's wait is set by
 the worker's idle poll: a worker with nothing due backs off from 5 ms to ``--poll`` (the
 default 0.05 s here as in bench.execute), so a job arriving into quiet waits for the next
-poll; a busy worker takes again as soon as a thread frees. Both phases run the same workers,
-with the same poll, fresh, warmed up the same way, so the ratio compares like with like.
+poll; a busy worker takes again as soon as a thread frees. A finishing thread wakes its worker's
+loop at once (ledger.execution.worker). The deployment caps each tenant at three quarters of
+the threads (``--tenant-cap``), so A's backlog never holds every thread: B's job waits for the
+next take, not for a send of A's to end. Both phases run the same workers, with the same poll
+and caps, fresh, warmed up the same way, so the ratio compares like with like.
 Target: B's loaded p95 within 2× of its idle p95. Runs on a dedicated database
 ``onceguard_bench_fair``; loopback only.
 """
@@ -73,6 +76,12 @@ def seed(mock_url: str) -> dict[str, Any]:
     return tenants
 
 
+def tenant_cap(args: argparse.Namespace) -> int:
+    """The deployment's per-tenant in-flight cap for the run: three quarters of the threads, so
+    a tenant's backlog never holds every thread and another tenant's job finds one free."""
+    return args.tenant_cap or max(1, args.workers * args.concurrency * 3 // 4)
+
+
 def start_workers(url: str, args: argparse.Namespace) -> list[Any]:
     import subprocess
 
@@ -80,7 +89,7 @@ def start_workers(url: str, args: argparse.Namespace) -> list[Any]:
         subprocess.Popen(
             [sys.executable, "manage.py", "worker", "--concurrency", str(args.concurrency), "--poll", str(args.poll)],
             cwd=ROOT,
-            env=child_env(url),
+            env=child_env(url, EXECUTE_TENANT_MAX_IN_FLIGHT=str(tenant_cap(args))),
             stdout=subprocess.DEVNULL,
             stderr=open(VAR / "bench-fair-workers.log", "ab"),
             start_new_session=True,
@@ -181,6 +190,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="worker processes")
     p.add_argument("--concurrency", type=int, default=8, help="threads per worker process")
     p.add_argument("--poll", type=float, default=0.05, help="the workers' longest idle wait, seconds")
+    p.add_argument(
+        "--tenant-cap", type=int, default=0, help="EXECUTE_TENANT_MAX_IN_FLIGHT (0: three quarters of the threads)"
+    )
     p.add_argument("--seed", type=int, default=21)
     p.add_argument("--json", default=str(VAR / "bench-fair.json"))
     return p.parse_args(argv)
@@ -197,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     mock = start_mock_provider("enforced", process=True)
     print(
         f"bench.fair: {BENCH_DB}, mock provider {mock.url} (own process), {args.workers} workers x"
-        f" {args.concurrency} threads, poll {args.poll} s; A {args.big} jobs, B {args.small} at {args.rate}/s",
+        f" {args.concurrency} threads, poll {args.poll} s, {tenant_cap(args)} in flight per tenant;"
+        f" A {args.big} jobs, B {args.small} at {args.rate}/s",
         flush=True,
     )
     results = []
