@@ -13,7 +13,7 @@ tenants with due work in turn:
   hold back new work, and new work does not starve the retries.
 - **In-flight caps.** At most ``EXECUTE_MAX_IN_FLIGHT`` execute-mode rows are claimed at once
   over all tenants, and at most a tenant's cap of its own (``take_max_in_flight``, never above
-  ``EXECUTE_TENANT_MAX_IN_FLIGHT``; ``ledger.providers.admission``). Counted under one
+  ``EXECUTE_TENANT_MAX_IN_FLIGHT``; ``ledger.rules.take_limits``). Counted under one
   transaction-scoped advisory lock on PostgreSQL, taken before any row lock, so two takers
   never both squeeze under a cap (SQLite has one writer at a time anyway).
 
@@ -38,8 +38,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ledger.models import Operation, OperationMode, OperationStatus, Tenant
-from ledger.providers import admission
 from ledger.recovery import eligibility
+from ledger.rules import take_limits
 from ledger.store import statements
 
 S = OperationStatus
@@ -87,8 +87,8 @@ class Room:
 def caps_in_force() -> bool:
     """Whether any in-flight cap applies: the take then counts under its lock."""
     return (
-        admission.system_max_in_flight() is not None
-        or admission.tenant_default_max_in_flight() is not None
+        take_limits.system_max_in_flight() is not None
+        or take_limits.tenant_default_max_in_flight() is not None
         or Tenant.objects.filter(take_max_in_flight__isnull=False).exists()
     )
 
@@ -102,13 +102,13 @@ def take_room() -> Room:
     with connection.cursor() as cursor:
         cursor.execute(statements.text("operations_in_flight_by_tenant"), {})
         running = {int(tenant_id): int(n) for tenant_id, n in cursor.fetchall()}
-    system = admission.system_max_in_flight()
+    system = take_limits.system_max_in_flight()
     total = None if system is None else max(0, system - sum(running.values()))
-    default_cap = admission.take_max_in_flight(None)
+    default_cap = take_limits.take_max_in_flight(None)
     own = dict(Tenant.objects.filter(take_max_in_flight__isnull=False).values_list("id", "take_max_in_flight"))
     per_tenant: dict[int, int] = {}
     for tenant_id in set(running) | set(own):
-        cap = admission.take_max_in_flight(own.get(tenant_id))
+        cap = take_limits.take_max_in_flight(own.get(tenant_id))
         if cap is not None:
             per_tenant[tenant_id] = max(0, cap - running.get(tenant_id, 0))
     return Room(total=total, per_tenant=per_tenant, default=default_cap)
@@ -168,7 +168,7 @@ def due_pick_sqlite(*, limit: int, held_back: Sequence[int], room: Room, after: 
     per = quota(limit=limit, tenants=len(turns))
     candidates: list[Candidate] = []
     for turn, tenant_id in enumerate(turns, start=1):
-        share = admission.take_share(shares.get(tenant_id))
+        share = take_limits.take_share(shares.get(tenant_id))
         room_of = room.of(tenant_id)
         count = per * share if room_of is None else min(room_of, per * share)
         for status in (S.QUEUED, S.RETRY_WAIT):
@@ -195,8 +195,8 @@ def due_pick_pg(*, limit: int, held_back: Sequence[int], room: Room, after: int)
             statements.text("operations_take_fair_pg"),
             {
                 "after": after,
-                "default_share": admission.tenant_default_share(),
-                "max_share": admission.tenant_max_share(),
+                "default_share": take_limits.tenant_default_share(),
+                "max_share": take_limits.tenant_max_share(),
                 "room_tenants": tenants_with_room,
                 "room": [room.per_tenant[t] for t in tenants_with_room],
                 "default_room": limit if room.default is None else room.default,
@@ -220,7 +220,9 @@ def operations_due_fair(*, limit: int, held_back: Sequence[int]) -> list[int]:
     if connection.vendor == "postgresql":
         picked = due_pick_pg(limit=limit, held_back=held_back, room=room, after=after)
     else:
-        picked = [(c.id, c.tenant_id) for c in due_pick_sqlite(limit=limit, held_back=held_back, room=room, after=after)]
+        picked = [
+            (c.id, c.tenant_id) for c in due_pick_sqlite(limit=limit, held_back=held_back, room=room, after=after)
+        ]
     if picked:
         ROTATION.served(picked[-1][1])
     return [i for i, _ in picked]

@@ -187,7 +187,9 @@ class Worker:
                 # finishes, which frees a slot under the in-flight caps (ADR 0021).
                 with self._cond:
                     free_before = self._free
-                    self._cond.wait_for(lambda: self._free > free_before or stop.is_set(), timeout=idle_wait)
+                    self._cond.wait_for(
+                        lambda before=free_before: self._free > before or stop.is_set(), timeout=idle_wait
+                    )
                 idle_wait = min(self.poll_seconds, idle_wait * 2)
         finally:
             self._close_pool_connections(pool)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 from django.db.models import Q
 
 from ledger.models.fields import SealedJSONField
 from ledger.models.states import ConfigChangeAction
-from ledger.platform.errors import DestinationNotAllowed
+from ledger.platform.errors import DestinationNotAllowed, DomainError
+from ledger.rules import take_limits
 from ledger.rules.outbound import outbound_check, outbound_prefixes_check
 from ledger.rules.provider_checks import NAMESPACE_MAX_LENGTH, NAMESPACE_PATTERN, secret_namespace_choose
 
@@ -53,7 +54,7 @@ class Tenant(models.Model):
     # Fair admission at the workers' take (ADR 0021). Empty: the deployment's default
     # (EXECUTE_TENANT_SHARE, EXECUTE_TENANT_MAX_IN_FLIGHT); a value may lower the default cap
     # or raise the share only up to the deployment's bound (EXECUTE_TENANT_MAX_SHARE), which
-    # tenant_update refuses past (ledger.execution.fairness.tenant_take_limits_check).
+    # the services and the console's form refuse past (ledger.rules.take_limits).
     take_share = models.PositiveSmallIntegerField(
         null=True,
         blank=True,
@@ -146,6 +147,12 @@ class Tenant(models.Model):
             )
         except DestinationNotAllowed as exc:
             raise ValidationError({"callback_allow_list": exc.detail}) from None
+        # The deployment's bound of the fair take (ADR 0021): a value past it is refused on the
+        # form as by the services (which name it: take_…_above_deployment).
+        try:
+            take_limits.tenant_take_limits_check(take_share=self.take_share, take_max_in_flight=self.take_max_in_flight)
+        except DomainError as exc:
+            raise ValidationError({str(exc.extra.get("field", NON_FIELD_ERRORS)): exc.detail}) from None
         if self.eligibility_url:
             try:
                 self.eligibility_url = outbound_check(self.eligibility_url, purpose="eligibility webhook").url

@@ -75,7 +75,7 @@ from ledger.protocol.transitions import (  # noqa: F401
     operation_take,
     operation_wait,
 )
-from ledger.providers import admission, ratelimit, revisions
+from ledger.providers import ratelimit, revisions
 from ledger.providers.credentials import sealed_credential
 from ledger.providers.lookup import (  # noqa: F401
     PROVIDERS_BY_ID,
@@ -85,6 +85,7 @@ from ledger.providers.lookup import (  # noqa: F401
     provider_cache_forget,
     provider_for,
 )
+from ledger.rules import take_limits
 from ledger.rules.intents import RequestTemplateInvalid, intent_config_errors
 from ledger.rules.provider_checks import (
     NAMESPACE_MAX_LENGTH,
@@ -118,7 +119,7 @@ def tenant_create(
     fixed = set(settings) & {*TENANT_FIXED_FIELDS, "slug", "name"}
     if fixed:
         raise ValidationFailed(f"Not a setting: {', '.join(sorted(fixed))}.")
-    admission.tenant_take_limits_check(
+    take_limits.tenant_take_limits_check(
         take_share=settings.get("take_share"), take_max_in_flight=settings.get("take_max_in_flight")
     )
     tenant = Tenant(slug=slug, name=name or slug, secret_namespace=secret_namespace, **settings)
@@ -160,7 +161,7 @@ def tenant_update(*, tenant_id: int, actor: str, **fields: Any) -> Tenant:
             setattr(tenant, name, value)
         # Within the deployment's bound (ADR 0021); a stored value the deployment lowered since
         # is clamped at the take, and does not block an unrelated change.
-        admission.tenant_take_limits_check(
+        take_limits.tenant_take_limits_check(
             take_share=fields.get("take_share"), take_max_in_flight=fields.get("take_max_in_flight")
         )
         try:

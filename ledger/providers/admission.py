@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q, Sum
 
@@ -26,7 +25,7 @@ from ledger.models import (
     ProviderKind,
     Tenant,
 )
-from ledger.platform.errors import AdmissionRefused, DomainError
+from ledger.platform.errors import AdmissionRefused
 from ledger.store import sql
 
 S = OperationStatus
@@ -53,19 +52,6 @@ class TenantQueuedBytesLimit(AdmissionRefused):
 
 class TenantBudgetExhausted(AdmissionRefused):
     code, title = "tenant_budget_exhausted", "Spend budget for this period exhausted"
-
-
-class TakeShareAboveDeployment(DomainError):
-    """A tenant's take_share above the deployment's EXECUTE_TENANT_MAX_SHARE (ADR 0021)."""
-
-    status, code, title = 422, "take_share_above_deployment", "Share above the deployment's bound"
-
-
-class TakeInFlightAboveDeployment(DomainError):
-    """A tenant's take_max_in_flight above the deployment's per-tenant cap or its system-wide
-    one (ADR 0021): a tenant's own cap may only lower the deployment's."""
-
-    status, code, title = 422, "take_in_flight_above_deployment", "In-flight cap above the deployment's"
 
 
 REASONS = [
@@ -187,58 +173,3 @@ def admission_refusals_by_reason() -> dict[str, int]:
     for row in AdmissionRefusalCount.objects.values("reason").annotate(n=Sum("count")):
         totals[row["reason"]] = int(row["n"] or 0)
     return totals
-
-
-# --- Fair admission at the take (ADR 0021) -----------------------------------------------------
-# The deployment sets each tenant's share of the workers' round-robin take and its in-flight cap
-# once; a tenant's own value is the platform's to set and stays within the deployment's bound.
-
-
-def system_max_in_flight() -> int | None:
-    """Execute-mode operations sent at once across every tenant (None: no cap)."""
-    value = settings.ONCEGUARD["EXECUTE_MAX_IN_FLIGHT"]
-    return int(value) if value else None
-
-
-def tenant_default_max_in_flight() -> int | None:
-    value = settings.ONCEGUARD["EXECUTE_TENANT_MAX_IN_FLIGHT"]
-    return int(value) if value else None
-
-
-def tenant_default_share() -> int:
-    return max(1, int(settings.ONCEGUARD["EXECUTE_TENANT_SHARE"]))
-
-
-def tenant_max_share() -> int:
-    return max(1, int(settings.ONCEGUARD["EXECUTE_TENANT_MAX_SHARE"]))
-
-
-def take_share(own: int | None) -> int:
-    """A tenant's rows per round: its own share (bounded by the deployment's), else the default."""
-    if own is None:
-        return tenant_default_share()
-    return max(1, min(int(own), tenant_max_share()))
-
-
-def take_max_in_flight(own: int | None) -> int | None:
-    """A tenant's cap on operations sent at once: the lower of its own and the deployment's
-    (a stored value the deployment lowered since is clamped, not trusted); None: no cap."""
-    caps = [int(n) for n in (own, tenant_default_max_in_flight(), system_max_in_flight()) if n is not None]
-    return min(caps) if caps else None
-
-
-def tenant_take_limits_check(*, take_share: int | None, take_max_in_flight: int | None) -> None:
-    """Refuse a tenant's own take settings beyond the deployment's bound (a named 422)."""
-    if take_share is not None and int(take_share) > tenant_max_share():
-        raise TakeShareAboveDeployment(
-            f"A tenant's share is at most {tenant_max_share()} (EXECUTE_TENANT_MAX_SHARE); asked {take_share}.",
-            extra={"field": "take_share", "limit": tenant_max_share()},
-        )
-    if take_max_in_flight is None:
-        return
-    bounds = [n for n in (tenant_default_max_in_flight(), system_max_in_flight()) if n is not None]
-    if bounds and int(take_max_in_flight) > min(bounds):
-        raise TakeInFlightAboveDeployment(
-            f"A tenant's in-flight cap may only lower the deployment's ({min(bounds)}); asked {take_max_in_flight}.",
-            extra={"field": "take_max_in_flight", "limit": min(bounds)},
-        )

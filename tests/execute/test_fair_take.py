@@ -12,13 +12,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from ledger.execution import fairness
 from ledger.execution.attempts import operations_take
 from ledger.execution.submission import operation_submit
 from ledger.models import IdempotencyClass, Operation, OperationStatus
-from ledger.providers.admission import TakeInFlightAboveDeployment, TakeShareAboveDeployment
+from ledger.platform.errors import TakeInFlightAboveDeployment, TakeShareAboveDeployment
 from ledger.protocol import services
 from ledger.store import sql
 from tests.execute.support import CountingProvider
@@ -157,7 +157,9 @@ def test_a_held_back_provider_does_not_hold_its_tenants_other_work_nor_its_turn(
         success_values=["succeeded"],
         timeout_seconds=2.0,
     )
-    operation_submit(tenant=tenant, key="free-000", provider="free", request={"method": "POST", "path": "/x", "body": {}})
+    operation_submit(
+        tenant=tenant, key="free-000", provider="free", request={"method": "POST", "path": "/x", "body": {}}
+    )
     submit(other, "g-000")
 
     assert keys(operations_take(limit=4, actor="w")) == ["free-000", "g-000"]
