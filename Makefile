@@ -77,7 +77,7 @@ soak: setup
 ## make bench: every benchmark against PostgreSQL, each beside its baseline measured in the same run, and the
 ## write cost per operation (WAL, index entries, HOT share, statements, CPU) beside raw SQL; exits non-zero when
 ## any scenario had errors. BENCH_SUITES narrows it, e.g. `make bench BENCH_SUITES="bench bench.sweeper"`.
-BENCH_SUITES ?= bench bench.execute bench.sweeper bench.dlq bench.retention bench.fencing bench.tracing bench.powertools
+BENCH_SUITES ?= bench bench.execute bench.fair bench.sweeper bench.dlq bench.retention bench.fencing bench.tracing bench.powertools
 bench: setup
 	@set -e; for suite in $(BENCH_SUITES); do \
 	  echo; echo "===== $$suite ====="; \

@@ -394,6 +394,13 @@ ONCEGUARD = {
     # PROVIDER_DEFAULT_MAX_IN_FLIGHT for a provider that declared none.
     "PROVIDER_DEFAULT_MAX_IN_FLIGHT": env.read("PROVIDER_DEFAULT_MAX_IN_FLIGHT"),
     "PROVIDER_CONCURRENCY_RECOVERY_SECONDS": env.read("PROVIDER_CONCURRENCY_RECOVERY_SECONDS"),
+    # Fair admission at the workers' take (ledger.execution.fairness, ADR 0021): a system-wide
+    # in-flight cap, and each tenant's default cap and round-robin share with the bound of a
+    # tenant's own share (its own cap never exceeds the default).
+    "EXECUTE_MAX_IN_FLIGHT": env.read("EXECUTE_MAX_IN_FLIGHT"),
+    "EXECUTE_TENANT_MAX_IN_FLIGHT": env.read("EXECUTE_TENANT_MAX_IN_FLIGHT"),
+    "EXECUTE_TENANT_SHARE": env.read("EXECUTE_TENANT_SHARE"),
+    "EXECUTE_TENANT_MAX_SHARE": env.read("EXECUTE_TENANT_MAX_SHARE"),
     # Retry-After of the API's 503 `database_unavailable` answer.
     "DATABASE_RETRY_AFTER_SECONDS": env.read("DATABASE_RETRY_AFTER_SECONDS"),
     # Largest stored request envelope (method/path/query/headers/body as canonical JSON).

@@ -47,6 +47,10 @@ TINY = {
     "BENCH_EXEC_PACED_OPS": "6",
     "BENCH_EXEC_Q_WORKERS": "2",
     "BENCH_EXEC_ROUNDS": "1",
+    "BENCH_FAIR_BIG": "25",
+    "BENCH_FAIR_SMALL": "3",
+    "BENCH_FAIR_WARMUP": "1",
+    "BENCH_FAIR_RATE": "50",
     "BENCH_SWEEP_ROWS": "2000",
     "BENCH_DLQ_ROWS": "2000",
     "BENCH_DLQ_REPEAT": "2",
@@ -65,6 +69,7 @@ TINY = {
 # and bench.scale at a small size.
 SUITES = (
     "bench.execute",
+    "bench.fair",
     "bench.sweeper",
     "bench.dlq",
     "bench.retention",

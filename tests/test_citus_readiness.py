@@ -131,6 +131,8 @@ REFERENCE = frozenset(
 FANS_OUT: dict[str, str] = {
     # Cross-tenant by design: the platform's background passes.
     "ledger.execution.attempts.operations_take": "a worker takes due rows of every tenant, oldest first (SKIP LOCKED)",
+    "ledger.execution.fairness": "the fair take (ADR 0021) walks every tenant with due work and counts every"
+    " tenant's rows in flight against the system-wide cap",
     "ledger.execution.polling.operations_poll_take": "a worker's take also takes waiting rows of every tenant whose poll is due"
     " (SKIP LOCKED), under each provider's cap",
     "ledger.recovery.eligibility.eligibility_recheck": "the sweeper's eligibility pass takes due rows of every tenant whose"

@@ -1,7 +1,8 @@
 """Execute mode (DESIGN §3), the workers' side: take, send, record. (A submission writes the
 row ``queued`` first: ``ledger.execution.submission``.)
 
-- :func:`operations_take` is the workers' one guarded UPDATE: due rows of providers that are
+- :func:`operations_take` is the workers' one guarded UPDATE: due rows — picked round-robin
+  over the tenants under the in-flight caps (``ledger.execution.fairness``, ADR 0021) — of providers that are
   neither paused nor throttled nor at their caps (``ledger.providers.ratelimit``: no more of a capped
   provider's rows than its in-flight cap and token bucket allow), ``FOR UPDATE SKIP LOCKED``
   on PostgreSQL, writing the lease,
@@ -28,7 +29,7 @@ from django.db import connection, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
-from ledger.execution import polling, translation
+from ledger.execution import fairness, polling, translation
 from ledger.execution.submission import normalize_envelope
 from ledger.models import (
     Attempt,
@@ -82,14 +83,21 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     past_deadline = ExpressionWrapper(Q(deadline__lte=Now()) | Q(expires_at__lte=Now()), output_field=BooleanField())
     taken: list[Operation] = []
     with transaction.atomic():
+        # Which rows, and in what order: round-robin over the tenants with due work, first
+        # attempts and retries interleaved, under the in-flight caps (ADR 0021). On PostgreSQL
+        # the pick has locked them (SKIP LOCKED); the read below checks every guard again.
+        order = fairness.operations_due_fair(limit=limit, held_back=list(held_back.values_list("id", flat=True)))
+        if not order:
+            return polls
+        place = {op_id: n for n, op_id in enumerate(order)}
         rows = list(
             Operation.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(due)
+            .filter(due, pk__in=order)
             .exclude(provider_id__in=held_back)
             # A retry older than its provider's recheck_after asks the tenant first.
             .exclude(eligibility.RECHECK_PENDING)
             .annotate(past_deadline=past_deadline)
-            .order_by("next_attempt_at", "id")
+            .order_by()
             .values_list(
                 "id",
                 "status",
@@ -99,8 +107,9 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
                 "provider__revision_id",
                 "provider__canary_revision_id",
                 *ratelimit.CAP_COLUMNS,
-            )[:limit]
+            )
         )
+        rows.sort(key=lambda row: place[row[0]])
         # A capped provider's share of these rows, reserved under its bucket's lock; the rest
         # of its rows stay queued, no attempt spent (ledger.providers.ratelimit).
         budget = ratelimit.TakeBudget.reserve(row[7:] for row in rows)

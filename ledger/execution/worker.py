@@ -182,8 +182,14 @@ class Worker:
                         busy = self._free < self.concurrency
                     if not busy:
                         break
-                # Nothing due: poll again soon, backing off to poll_seconds while it stays quiet.
-                stop.wait(idle_wait)
+                # Nothing due (or every due row's tenant or provider at its cap): poll again soon,
+                # backing off to poll_seconds while it stays quiet — or at once when a thread
+                # finishes, which frees a slot under the in-flight caps (ADR 0021).
+                with self._cond:
+                    free_before = self._free
+                    self._cond.wait_for(
+                        lambda before=free_before: self._free > before or stop.is_set(), timeout=idle_wait
+                    )
                 idle_wait = min(self.poll_seconds, idle_wait * 2)
         finally:
             self._close_pool_connections(pool)

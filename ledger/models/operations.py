@@ -189,6 +189,14 @@ class Operation(models.Model):
                 name="op_exec_due_idx",
                 condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
             ),
+            # The fair take (ADR 0021): due execute-mode rows by tenant and state, oldest first, so
+            # the take walks the tenants with queued work (a skip scan: one descent per tenant)
+            # and reads each one's oldest first attempts and retries (ledger.execution.fairness).
+            models.Index(
+                fields=["tenant", "status", "next_attempt_at", "id"],
+                name="op_exec_tenant_due_idx",
+                condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
+            ),
             # Workers take due polls of rows waiting on a provider (FOR UPDATE SKIP LOCKED).
             models.Index(
                 fields=["next_attempt_at", "id"],

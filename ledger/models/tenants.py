@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 from django.db.models import Q
 
 from ledger.models.fields import SealedJSONField
 from ledger.models.states import ConfigChangeAction
-from ledger.platform.errors import DestinationNotAllowed
+from ledger.platform.errors import DestinationNotAllowed, DomainError
+from ledger.rules import take_limits
 from ledger.rules.outbound import outbound_check, outbound_prefixes_check
 from ledger.rules.provider_checks import NAMESPACE_MAX_LENGTH, NAMESPACE_PATTERN, secret_namespace_choose
 
@@ -50,6 +51,21 @@ class Tenant(models.Model):
     max_unresolved = models.PositiveIntegerField(null=True, blank=True, help_text="uncertain + review")
     max_queued_bytes = models.PositiveBigIntegerField(null=True, blank=True, help_text="request bytes not yet sent")
     budget_amount = models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True)
+    # Fair admission at the workers' take (ADR 0021). Empty: the deployment's default
+    # (EXECUTE_TENANT_SHARE, EXECUTE_TENANT_MAX_IN_FLIGHT); a value may lower the default cap
+    # or raise the share only up to the deployment's bound (EXECUTE_TENANT_MAX_SHARE), which
+    # the services and the console's form refuse past (ledger.rules.take_limits).
+    take_share = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Rows per round of the workers' take (weight against other tenants); empty = the deployment's"
+        " default",
+    )
+    take_max_in_flight = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Operations being sent at once (claimed); empty = the deployment's default, never above it",
+    )
     budget_period_seconds = models.PositiveIntegerField(default=86400, db_default=86400)
     # Callbacks go only to URLs under one of these prefixes (scheme://host[:port]/path), each
     # allowed by the outbound policy and stored in canonical form (ledger.rules.outbound).
@@ -104,6 +120,13 @@ class Tenant(models.Model):
             models.CheckConstraint(
                 condition=Q(secret_namespace__regex=NAMESPACE_PATTERN), name="tenant_secret_namespace_valid"
             ),
+            models.CheckConstraint(
+                condition=Q(take_share__isnull=True) | Q(take_share__gte=1), name="tenant_take_share_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(take_max_in_flight__isnull=True) | Q(take_max_in_flight__gte=1),
+                name="tenant_take_max_in_flight_valid",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -124,6 +147,12 @@ class Tenant(models.Model):
             )
         except DestinationNotAllowed as exc:
             raise ValidationError({"callback_allow_list": exc.detail}) from None
+        # The deployment's bound of the fair take (ADR 0021): a value past it is refused on the
+        # form as by the services (which name it: take_…_above_deployment).
+        try:
+            take_limits.tenant_take_limits_check(take_share=self.take_share, take_max_in_flight=self.take_max_in_flight)
+        except DomainError as exc:
+            raise ValidationError({str(exc.extra.get("field", NON_FIELD_ERRORS)): exc.detail}) from None
         if self.eligibility_url:
             try:
                 self.eligibility_url = outbound_check(self.eligibility_url, purpose="eligibility webhook").url

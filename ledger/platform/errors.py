@@ -192,3 +192,16 @@ class PlatformOwnedSetting(DomainError):
     a tenant-scoped actor."""
 
     status, code, title = 403, "platform_owned_setting", "This setting is the platform's"
+
+
+class TakeShareAboveDeployment(DomainError):
+    """A tenant's take_share above the deployment's EXECUTE_TENANT_MAX_SHARE (ADR 0021)."""
+
+    status, code, title = 422, "take_share_above_deployment", "Share above the deployment's bound"
+
+
+class TakeInFlightAboveDeployment(DomainError):
+    """A tenant's take_max_in_flight above the deployment's per-tenant or system-wide cap (ADR
+    0021): a tenant's own cap may only lower the deployment's."""
+
+    status, code, title = 422, "take_in_flight_above_deployment", "In-flight cap above the deployment's"

@@ -85,6 +85,7 @@ from ledger.providers.lookup import (  # noqa: F401
     provider_cache_forget,
     provider_for,
 )
+from ledger.rules import take_limits
 from ledger.rules.intents import RequestTemplateInvalid, intent_config_errors
 from ledger.rules.provider_checks import (
     NAMESPACE_MAX_LENGTH,
@@ -118,6 +119,9 @@ def tenant_create(
     fixed = set(settings) & {*TENANT_FIXED_FIELDS, "slug", "name"}
     if fixed:
         raise ValidationFailed(f"Not a setting: {', '.join(sorted(fixed))}.")
+    take_limits.tenant_take_limits_check(
+        take_share=settings.get("take_share"), take_max_in_flight=settings.get("take_max_in_flight")
+    )
     tenant = Tenant(slug=slug, name=name or slug, secret_namespace=secret_namespace, **settings)
     try:
         # The slug's and name's shape and length, the allow-list and eligibility URL against the
@@ -155,6 +159,11 @@ def tenant_update(*, tenant_id: int, actor: str, **fields: Any) -> Tenant:
         before = config_snapshot(tenant)
         for name, value in fields.items():
             setattr(tenant, name, value)
+        # Within the deployment's bound (ADR 0021); a stored value the deployment lowered since
+        # is clamped at the take, and does not block an unrelated change.
+        take_limits.tenant_take_limits_check(
+            take_share=fields.get("take_share"), take_max_in_flight=fields.get("take_max_in_flight")
+        )
         try:
             tenant.full_clean()
         except DjangoValidationError as exc:

@@ -148,6 +148,88 @@ WHERE id = %(id)s AND tenant_id = %(tenant_id)s AND status = {retry_wait}
 RETURNING *;
 
 
+-- name: operations_in_flight_by_tenant --
+-- Execute-mode rows being sent now (claimed: sends and polls), per tenant: what the fair take's
+-- caps count (ADR 0021), read under its lock. The claimed rows are the work under way, a short
+-- range of op_exec_inflight_idx. Across tenants by design: the take serves every tenant.
+SELECT tenant_id, COUNT(*) FROM ledger_operation
+WHERE status = {claimed} AND mode = 'execute'
+GROUP BY tenant_id;
+
+
+-- name: operations_take_fair_pg --
+-- The workers' fair pick (ADR 0021), PostgreSQL; the SQLite equivalent is
+-- ledger.execution.fairness.fair_order over the same per-tenant reads. Ids to take, in order:
+--   walk    every tenant with queued or retry_wait execute-mode rows, by a skip scan of
+--           op_exec_tenant_due_idx (one index descent per tenant, never its rows);
+--   turns   those with room under their in-flight cap (%(room_tenants)s/%(room)s: tenants with
+--           a cap or rows in flight; the others get %(default_room)s), numbered from the one
+--           after %(after)s (the last tenant the previous take served: a rotating start), each
+--           with its share of rows per round;
+--   picked  per tenant and state, its oldest due rows — first attempts and retries read apart,
+--           so neither waits behind the other — of providers not held back (%(held_back)s:
+--           paused, throttled or at their caps) and, for a retry, not waiting for its
+--           eligibility recheck; locked here, SKIP LOCKED, so two takers share the queue;
+--   ranked  a tenant's rows alternating between the two states, oldest first at each step.
+-- Then round by round (a tenant's share of rows per round), tenants in turn order, cut at
+-- %(limit)s. "Due" is on the statement's clock, as in the take's ORM read that follows
+-- (Django's Now()), not the transaction's. A tenant's reads are an even split of the take
+-- (times its share), so rows read past the cut — locked until the take commits — stay few.
+-- Across tenants by design: the take serves every tenant.
+WITH RECURSIVE walk(tenant_id) AS (
+    (SELECT tenant_id FROM ledger_operation
+     WHERE status IN ({queued}, {retry_wait}) AND mode = 'execute'
+     ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.tenant_id FROM ledger_operation o
+            WHERE o.status IN ({queued}, {retry_wait}) AND o.mode = 'execute' AND o.tenant_id > w.tenant_id
+            ORDER BY o.tenant_id LIMIT 1)
+    FROM walk w WHERE w.tenant_id IS NOT NULL
+),
+turns AS (
+    SELECT w.tenant_id,
+           LEAST(COALESCE(t.take_share, %(default_share)s), %(max_share)s) AS share,
+           COALESCE(r.room, %(default_room)s) AS room,
+           ROW_NUMBER() OVER (ORDER BY w.tenant_id <= %(after)s, w.tenant_id) AS turn,
+           COUNT(*) OVER () AS tenants
+    FROM walk w
+    JOIN ledger_tenant t ON t.id = w.tenant_id
+    LEFT JOIN unnest(CAST(%(room_tenants)s AS bigint[]), CAST(%(room)s AS integer[])) AS r(tenant_id, room)
+        ON r.tenant_id = w.tenant_id
+    WHERE w.tenant_id IS NOT NULL AND COALESCE(r.room, %(default_room)s) > 0
+),
+picked AS (
+    SELECT c.id, u.tenant_id, u.turn, u.share, c.next_attempt_at,
+           ROW_NUMBER() OVER (PARTITION BY u.tenant_id, s.status ORDER BY c.next_attempt_at, c.id) AS nth
+    FROM turns u
+    CROSS JOIN (VALUES ({queued}), ({retry_wait})) AS s(status)
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.next_attempt_at FROM ledger_operation o
+        WHERE o.tenant_id = u.tenant_id AND o.status = s.status
+          AND o.status IN ({queued}, {retry_wait}) AND o.mode = 'execute'
+          AND o.next_attempt_at <= statement_timestamp()
+          AND o.provider_id <> ALL(CAST(%(held_back)s AS bigint[]))
+          AND NOT (o.status = {retry_wait} AND EXISTS (
+              SELECT 1 FROM ledger_provider p
+              WHERE p.id = o.provider_id AND p.recheck_after IS NOT NULL
+                AND COALESCE(o.eligibility_confirmed_at, o.created_at)
+                    <= statement_timestamp() - p.recheck_after * interval '1 second'))
+        ORDER BY o.next_attempt_at, o.id
+        LIMIT LEAST(u.room, CEIL(CAST(%(limit)s AS numeric) / u.tenants) * u.share)
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+),
+ranked AS (
+    SELECT id, tenant_id, turn, share,
+           ROW_NUMBER() OVER (PARTITION BY tenant_id ORDER BY nth, next_attempt_at, id) AS place
+    FROM picked
+)
+SELECT id, tenant_id FROM ranked
+WHERE place <= (SELECT room FROM turns WHERE turns.tenant_id = ranked.tenant_id)
+ORDER BY (place - 1) / share, turn, place
+LIMIT %(limit)s;
+
+
 -- name: operation_take --
 -- queued|retry_wait → claimed by an execute-mode worker (the row was selected and locked by
 -- the take's SKIP LOCKED read in the same transaction). The sent marker is written with the

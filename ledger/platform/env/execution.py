@@ -178,6 +178,38 @@ LEDGER: list[Setting] = _group(
         minimum=0,
     ),
     _s(
+        "EXECUTE_MAX_IN_FLIGHT",
+        INT,
+        256,
+        """Execute-mode operations being sent at once (claimed), all tenants and worker processes
+        together: the workers' take stops there (ADR 0021). 0: no system-wide cap.""",
+        minimum=0,
+    ),
+    _s(
+        "EXECUTE_TENANT_MAX_IN_FLIGHT",
+        INT,
+        None,
+        """Each tenant's operations being sent at once, unless the tenant's take_max_in_flight is
+        lower; also the most a tenant's own value may be (ADR 0021). Empty: a tenant alone may use
+        the whole system-wide cap.""",
+        minimum=1,
+    ),
+    _s(
+        "EXECUTE_TENANT_SHARE",
+        INT,
+        1,
+        """Rows a tenant gets per round of the workers' round-robin take over the tenants with due
+        work, unless its take_share says otherwise (ADR 0021).""",
+        minimum=1,
+    ),
+    _s(
+        "EXECUTE_TENANT_MAX_SHARE",
+        INT,
+        8,
+        "The largest take_share a tenant may be given (ADR 0021).",
+        minimum=1,
+    ),
+    _s(
         "DATABASE_RETRY_AFTER_SECONDS",
         INT,
         5,
