@@ -179,13 +179,17 @@ def manifest_get(*, tenant: Tenant, operation_id: int) -> OperationManifest:
     return manifest
 
 
-def manifest_of(*, operation_id: int) -> OperationManifest | None:
+def manifest_of(*, tenant_id: int, operation_id: int) -> OperationManifest | None:
     """An operation's manifest row (the console's page; the caller scoped the operation)."""
-    return OperationManifest.objects.select_related("preset").filter(operation_id=operation_id).first()
+    return (
+        OperationManifest.objects.select_related("preset")
+        .filter(tenant_id=tenant_id, operation_id=operation_id)
+        .first()
+    )
 
 
-def manifest_score_of(*, operation_id: int) -> ManifestScore | None:
-    return ManifestScore.objects.filter(operation_id=operation_id).first()
+def manifest_score_of(*, tenant_id: int, operation_id: int) -> ManifestScore | None:
+    return ManifestScore.objects.filter(tenant_id=tenant_id, operation_id=operation_id).first()
 
 
 def manifest_content(manifest: OperationManifest) -> Any:
@@ -198,9 +202,13 @@ def manifest_output_link(*, tenant_id: int, operation_id: int, output_id: int) -
     OperationManifest.objects.filter(tenant_id=tenant_id, operation_id=operation_id).update(output_id=output_id)
 
 
-def manifest_values(*, operation_id: int) -> Any:
+def manifest_values(*, tenant_id: int, operation_id: int) -> Any:
     """The manifest of an operation in clear (None without one): what an erasure cuts elsewhere."""
-    stored = OperationManifest.objects.filter(operation_id=operation_id).values_list("content", flat=True).first()
+    stored = (
+        OperationManifest.objects.filter(tenant_id=tenant_id, operation_id=operation_id)
+        .values_list("content", flat=True)
+        .first()
+    )
     if stored is None:
         return None
     try:
@@ -209,13 +217,13 @@ def manifest_values(*, operation_id: int) -> Any:
         return None
 
 
-def manifests_delete_for(*, operation_ids: list[int]) -> int:
+def manifests_delete_for(*, tenant_id: int, operation_ids: list[int]) -> int:
     """Delete the manifests of these operations (an erasure; retention's cascade does the same
     when it deletes the operations). The scores of extractions against them stay: they hold
     no value of the document (their details name fields only)."""
     if not operation_ids:
         return 0
-    return OperationManifest.objects.filter(operation_id__in=operation_ids).delete()[0]
+    return OperationManifest.objects.filter(tenant_id=tenant_id, operation_id__in=operation_ids).delete()[0]
 
 
 # --- Evaluations: an extraction job against a generating job's manifest ---------------------------
@@ -250,9 +258,9 @@ def evaluates_check(*, tenant_id: int, evaluates: Any) -> EvaluatesLink:
 def manifest_score_open(*, operation: Operation, link: EvaluatesLink) -> ManifestScore:
     """The extraction's pending evaluation, in its submission's transaction (once per job)."""
     score, _ = ManifestScore.objects.get_or_create(
+        tenant_id=operation.tenant_id,
         operation_id=operation.pk,
         defaults={
-            "tenant_id": operation.tenant_id,
             "evaluates_id": link.operation_id,
             "pointer": link.pointer,
             "created_at": timezone.now(),
@@ -265,9 +273,9 @@ def _move(*, score: ManifestScore, to: str, changes: dict[str, Any]) -> Manifest
     """The guarded move of a pending evaluation to a final state; zero rows: someone else won."""
     if to not in MANIFEST_SCORE_MOVES[ManifestScoreStatus.PENDING]:
         raise IllegalTransition(f"pending → {to} is not an allowed move.")
-    moved = ManifestScore.objects.filter(pk=score.pk, status=ManifestScoreStatus.PENDING).update(
-        status=to, scored_at=timezone.now(), **changes
-    )
+    moved = ManifestScore.objects.filter(
+        pk=score.pk, tenant_id=score.tenant_id, status=ManifestScoreStatus.PENDING
+    ).update(status=to, scored_at=timezone.now(), **changes)
     if not moved:
         raise IllegalTransition("This evaluation was already settled.")
     score.refresh_from_db()
@@ -290,7 +298,7 @@ def manifest_score_feed(
     is, under its adapter revision) against its document's manifest: recorded (pending →
     scored, an event on its history) and given to the canary gate — the one place extraction
     quality leaves this module."""
-    row = ManifestScore.objects.get(operation_id=output.pk)
+    row = ManifestScore.objects.get(tenant_id=output.tenant_id, operation_id=output.pk)
     with transaction.atomic():
         settled = _move(
             score=row,
@@ -320,7 +328,11 @@ def manifest_score_settle(*, score: ManifestScore, operation: Operation, actor: 
         return manifest_score_unscorable(
             score=score, operation=operation, reason="the document's manifest is gone", actor=actor
         )
-    body = Operation.objects.filter(pk=operation.pk).values_list("response_body", flat=True).first()
+    body = (
+        Operation.objects.filter(pk=operation.pk, tenant_id=operation.tenant_id)
+        .values_list("response_body", flat=True)
+        .first()
+    )
     try:
         expected, answer = open_json(manifest.content), open_json(body)
     except EncryptionKeyError:
@@ -351,7 +363,9 @@ def manifest_score_after_finish(*, operation: Operation, actor: str) -> None:
     read scores it later) and never the finish undone."""
     if operation.mode != OperationMode.EXECUTE:
         return
-    score = ManifestScore.objects.filter(operation_id=operation.pk, status=ManifestScoreStatus.PENDING).first()
+    score = ManifestScore.objects.filter(
+        tenant_id=operation.tenant_id, operation_id=operation.pk, status=ManifestScoreStatus.PENDING
+    ).first()
     if score is None:
         return
     try:

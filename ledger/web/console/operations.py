@@ -188,7 +188,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         "prompt_pins",
         "trace",
         "evaluation_manifest",
-        "manifest_score",
+        "extraction_score",
     ]
     fieldsets = [
         (
@@ -256,7 +256,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
                     "response_status",
                     "last_attempt_error",
                     "evaluation_manifest",
-                    "manifest_score",
+                    "extraction_score",
                 ]
             },
         ),
@@ -396,7 +396,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     @admin.display(description="evaluation manifest")
     def evaluation_manifest(self, obj: Operation) -> str:
         # Its digest and preset only: the manifest itself can name a person (ADR 0022).
-        manifest = manifests.manifest_of(operation_id=obj.pk)
+        manifest = manifests.manifest_of(tenant_id=obj.tenant_id, operation_id=obj.pk)
         if manifest is None:
             return display.EMPTY
         return format_html(
@@ -407,9 +407,9 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         )
 
     @admin.display(description="manifest score")
-    def manifest_score(self, obj: Operation) -> str:
+    def extraction_score(self, obj: Operation) -> str:
         # An extraction's score against its document's manifest, and the fields that missed.
-        score = manifests.manifest_score_of(operation_id=obj.pk)
+        score = manifests.manifest_score_of(tenant_id=obj.tenant_id, operation_id=obj.pk)
         if score is None:
             return display.EMPTY
         if score.score is None:
