@@ -298,7 +298,11 @@ def test_an_erasure_deletes_its_jobs_manifest_and_retention_deletes_it_with_the_
         actor="test",
     )
     run, _ = erasure.erasure_request(
-        tenant_id=tenant.pk, subject=subject_resolve({"email": email}), actor="user:ada", reason="Erasure request ER-1, verified", enqueue=False
+        tenant_id=tenant.pk,
+        subject=subject_resolve({"email": email}),
+        actor="user:ada",
+        reason="Erasure request ER-1, verified",
+        enqueue=False,
     )
     erasure.erasure_continue(run_id=run.pk)
     assert not OperationManifest.objects.filter(operation_id=hers.pk).exists()
