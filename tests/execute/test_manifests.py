@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger.execution import manifests
@@ -35,7 +36,7 @@ from review.privacy import erasure
 from review.privacy.subjects import subject_resolve
 from review.retention.purge import retention_purge_tenant
 from tests.execute.conftest import configure_provider
-from tests.execute.support import RenderApi, run_due
+from tests.execute.support import RenderApi, run_due, wait_until
 from tests.support.loopback import LoopbackServer, QuietHandler
 
 S = OperationStatus
@@ -380,3 +381,56 @@ def test_a_preset_manifest_schema_that_is_not_a_json_schema_is_refused(tenant):
             actor="a",
             manifest_schema={"type": "nonsense"},
         )
+
+
+# --- The race with the output's publish, on PostgreSQL --------------------------------------------
+
+
+def _blocked_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        # Inside a transaction the statistics views answer from a snapshot: take a fresh one.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_manifest_racing_the_outputs_publish_waits_for_its_lock_and_is_refused_after_it(tenant, api, docs):
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    op_id = generate(api).json()["id"]
+    results: list[Any] = []
+
+    def put() -> None:
+        try:
+            results.append(manifests.manifest_put(tenant=tenant, operation_id=op_id, manifest=MANIFEST, actor="t"))
+        except BaseException as exc:
+            results.append(exc)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        # The publish holds the operation's row while it records the output (ledger.execution.outputs).
+        Operation.objects.select_for_update().get(pk=op_id)
+        thread = threading.Thread(target=put, daemon=True)
+        thread.start()
+        assert wait_until(_blocked_on_a_lock, timeout=20), "the manifest never waited for the publish's lock"
+        OperationOutput.objects.create(
+            tenant=tenant,
+            operation_id=op_id,
+            key="out_" + "a" * 64,
+            sha256="a" * 64,
+            size=1,
+            media_type="application/pdf",
+            storage_name="outputs/x",
+        )
+    thread.join(timeout=30)
+
+    assert not thread.is_alive()
+    (outcome,) = results
+    assert isinstance(outcome, manifests.ManifestAfterOutput)
+    assert not OperationManifest.objects.filter(operation_id=op_id).exists()
