@@ -10,9 +10,11 @@ import hashlib
 import json
 import threading
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -434,3 +436,40 @@ def test_a_manifest_racing_the_outputs_publish_waits_for_its_lock_and_is_refused
     (outcome,) = results
     assert isinstance(outcome, manifests.ManifestAfterOutput)
     assert not OperationManifest.objects.filter(operation_id=op_id).exists()
+
+
+def test_the_command_creates_a_preset_version_with_its_manifest_schema(tenant, tmp_path):
+    (tmp_path / "prompt.txt").write_text("Draw a receipt in the {{ style }} layout.")
+    (tmp_path / "schema.json").write_text(json.dumps(MANIFEST_SCHEMA))
+    call_command(
+        "prompt_template",
+        "create",
+        "--tenant",
+        tenant.slug,
+        "--name",
+        "receipt",
+        "--slot",
+        "style=10",
+        "--text-file",
+        str(tmp_path / "prompt.txt"),
+        "--manifest-schema-file",
+        str(tmp_path / "schema.json"),
+        stdout=StringIO(),
+    )
+    assert PromptTemplate.objects.get(tenant=tenant, name="receipt").manifest_schema == MANIFEST_SCHEMA
+    (tmp_path / "schema.json").write_text('{"type": 7}')
+    with pytest.raises(CommandError, match="not a JSON Schema"):
+        call_command(
+            "prompt_template",
+            "create",
+            "--tenant",
+            tenant.slug,
+            "--name",
+            "receipt",
+            "--slot",
+            "style=10",
+            "--text-file",
+            str(tmp_path / "prompt.txt"),
+            "--manifest-schema-file",
+            str(tmp_path / "schema.json"),
+        )
