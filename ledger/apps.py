@@ -1,6 +1,7 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
+from ledger.platform import hooks
 from ledger.tenants.tenant_namespaces import namespace_triggers_ensure
 
 
@@ -12,3 +13,9 @@ class LedgerConfig(AppConfig):
         # After every migrate: SQLite drops a table's triggers when a later migration
         # rebuilds it (ledger.tenants.tenant_namespaces).
         post_migrate.connect(namespace_triggers_ensure, sender=self, dispatch_uid="ledger.namespace_triggers")
+        # A finished extraction is scored against its document's manifest in the transaction
+        # that finishes it (ADR 0022). Imported here: the module imports models, which the app
+        # registry loads only after this module.
+        from ledger.execution import manifests
+
+        hooks.operation_finished.connect(manifests.manifest_score_after_finish)

@@ -18,6 +18,12 @@ urlpatterns = [
         apis.OperationOutputContentApi.as_view(),
         name="operation-output-content",
     ),
+    path("operations/<int:operation_id>/manifest", apis.OperationManifestApi.as_view(), name="operation-manifest"),
+    path(
+        "operations/<int:operation_id>/manifest-score",
+        apis.OperationManifestScoreApi.as_view(),
+        name="operation-manifest-score",
+    ),
     path("uploads", apis.UploadCreateApi.as_view(), name="upload-create"),
     path("uploads/<str:key>", apis.UploadDetailApi.as_view(), name="upload-detail"),
     path("uploads/<str:key>/content", apis.UploadContentApi.as_view(), name="upload-content"),

@@ -87,6 +87,10 @@ DISTRIBUTED = frozenset(
         # Four-eyes requests (ADR 0013): a tenant's re-sends waiting for a second person, read and
         # moved by tenant (the API, the console, the approver's guarded UPDATE).
         "ledger_approvalrequest",
+        # Evaluation manifests and extraction scores (ADR 0022): one row per job that has one,
+        # written and read with its operation's tenant.
+        "ledger_operationmanifest",
+        "ledger_manifestscore",
         "alerts_alert",
         "alerts_alertdelivery",
         "dlq_failedevent",
@@ -579,6 +583,9 @@ CONSTRAINTS_TO_WIDEN: dict[str, str] = {
     "ledger_operationevent_pkey": "(id, at) → (tenant_id, id, at): as attempts",
     "dlq_failedevent_operation_id_key": "one entry per operation → (tenant_id, operation_id)",
     "ledger_operationoutput_operation_id_key": "one output per operation → (tenant_id, operation_id)",
+    "ledger_operationmanifest_operation_id_key": "one manifest per operation → (tenant_id, operation_id)",
+    "ledger_operationmanifest_output_id_key": "one manifest per output → (tenant_id, output_id)",
+    "ledger_manifestscore_operation_id_key": "one score per extraction → (tenant_id, operation_id)",
     "ledger_providerrate_pkey": "one bucket per provider → (tenant_id, provider_id): the column is there"
     " (ledger 0029); the key is Django's OneToOneField primary key until the Citus migration",
     "review_accesslog_hash_key": "the hash chain is per tenant already → (tenant_id, hash)",
@@ -592,6 +599,10 @@ FOREIGN_KEYS_TO_WIDEN = {
     ("ledger_attempt", "operation_id"),
     ("ledger_operationevent", "operation_id"),
     ("ledger_operationoutput", "operation_id"),
+    ("ledger_operationmanifest", "operation_id"),
+    ("ledger_operationmanifest", "output_id"),
+    ("ledger_manifestscore", "operation_id"),
+    ("ledger_manifestscore", "evaluates_id"),
     ("ledger_operation", "superseded_by_id"),
     ("ledger_operation", "replaced_by_id"),
     ("dlq_failedevent", "operation_id"),

@@ -39,7 +39,7 @@ from typing import IO
 import httpx
 from django.db import transaction
 
-from ledger.execution import objects
+from ledger.execution import manifests, objects
 from ledger.models import (
     REPORTABLE_STATES,
     Operation,
@@ -300,6 +300,10 @@ def _publish(
                 width=facts.width,
                 height=facts.height,
                 storage_name=name,
+            )
+            # The job's evaluation manifest, written before any output could exist, now names it.
+            manifests.manifest_output_link(
+                tenant_id=operation.tenant_id, operation_id=operation.pk, output_id=output.pk
             )
     except BaseException:
         # No row names it: nobody could ever read it.

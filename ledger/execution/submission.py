@@ -11,6 +11,7 @@ is open — never the claim protocol's 409s. The workers' take, send and record 
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -19,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from ledger.execution import translation
+from ledger.execution import manifests, translation
 from ledger.models import Operation, OperationMode, Provider, ProviderKind, Tenant
 from ledger.platform.errors import (
     AdmissionRefused,
@@ -177,6 +178,8 @@ def operation_submit(
     version: int | None = None,
     actor: str = "api",
     prompt_pins: dict[str, int] | None = None,
+    manifest: Any = None,
+    evaluates: Any = None,
 ) -> SubmitResult:
     """Accept an operation for the workers, or answer for the key's existing row (DESIGN §5):
     its recorded outcome once finished (``replayed``), the operation itself while it is open
@@ -190,6 +193,11 @@ def operation_submit(
     (``"prompts": {name: version}``, outside the fingerprint: every attempt renders them, ADR
     0009); ``request_bytes`` adds the referenced uploads' sizes. ``prompt_pins``: the versions
     a job keeps from the one it corrects (the DLQ's correction), instead of the newest.
+
+    ``manifest``: the generated document's evaluation manifest, checked against the job's
+    presets and stored with the new row (a key accepted before: as ``PUT …/manifest`` would);
+    ``evaluates``: the generating job an extraction reads (ADR 0022,
+    ledger.execution.manifests). Neither is part of the fingerprint.
 
     Validation and admission raise before anything is written, so a corrected retry can
     succeed. Admission runs only for a key that is new: a replay is never refused.
@@ -242,6 +250,12 @@ def operation_submit(
         raise ValidationFailed("deadline_seconds must be positive (at most a year).")
     if callback_url:
         callback_url = callbacks.callback_url_check(tenant=tenant, url=callback_url)
+    # Checked against the presets this rendering pinned, before anything is written (ADR 0022).
+    checked = None
+    if manifest is not None:
+        presets = manifests.job_presets(tenant_id=tenant.pk, request={**envelope, intents.PINS: pins})
+        checked = manifests.manifest_check(manifest=manifest, presets=presets)
+    link = manifests.evaluates_check(tenant_id=tenant.pk, evaluates=evaluates) if evaluates is not None else None
     fingerprint = services.request_fingerprint(
         mode=OperationMode.EXECUTE, provider=provider_obj.slug, action=action, request=envelope
     )
@@ -283,15 +297,30 @@ def operation_submit(
             tenant_id=tenant.pk, refs=upload_refs, seconds=upload_retain_seconds(provider_obj, view)
         )
     try:
-        result = _claim_admitted(tenant=tenant, claim_kwargs=claim_kwargs, size=size, cost=cost)
+        with transaction.atomic() if checked or link else contextlib.nullcontext():
+            result = _claim_admitted(tenant=tenant, claim_kwargs=claim_kwargs, size=size, cost=cost)
+            _evaluation_attach(result.operation, checked=checked, link=link, actor=actor)
     except OPEN_ROW_ANSWERS:
         # The same request (another fingerprint is a 422 before these) for a key accepted
         # before, whose row is still open: the submitter retried one whose 202 it never saw.
         # The claim protocol's 409 would send it down its error path; the service already
         # has the work, so the answer is that operation again (DESIGN §5).
         op = Operation.objects.get(tenant_id=tenant.pk, key=key)
+        _evaluation_attach(op, checked=checked, link=link, actor=actor)
         return SubmitResult(op, created=False, replayed=False, still_open=True)
     return SubmitResult(result.operation, created=result.acquired, replayed=result.replayed)
+
+
+def _evaluation_attach(
+    op: Operation, *, checked: manifests.CheckedManifest | None, link: manifests.EvaluatesLink | None, actor: str
+) -> None:
+    """The submission's manifest and evaluation, with its row: written for a new row; for a key
+    accepted before, the same manifest answers as stored and another one is refused, as a
+    ``PUT …/manifest`` would be (ADR 0022)."""
+    if checked is not None:
+        manifests.manifest_store(operation_id=op.pk, tenant_id=op.tenant_id, checked=checked, actor=actor)
+    if link is not None:
+        manifests.manifest_score_open(operation=op, link=link)
 
 
 def upload_retain_seconds(provider: Provider, view: Provider) -> float:

@@ -5,7 +5,8 @@ By purpose: ``states`` (every choice list: the operation's states, who moves row
 the allowed moves; the other enumerations), ``fields`` (the ledger's own column types and
 lookups), ``tenants`` (the tenant, its API keys, configuration changes, workflow names),
 ``providers`` (providers, their rate buckets, adapter revisions, prompt templates),
-``operations`` (operations, attempts, events, admission refusals, tombstones), ``evidence``
+``operations`` (operations, attempts, events, admission refusals, tombstones), ``manifests``
+(evaluation manifests and the scores of extractions against them, ADR 0022), ``evidence``
 (failed attempts' de-identified evidence, ADR 0016), ``objects`` (uploads and published
 outputs), ``approvals`` (four-eyes requests for re-sends, ADR 0013), ``fencing`` (the ledger's
 identity and epoch, restore holds).
@@ -46,6 +47,13 @@ from ledger.models.fields import (  # noqa: F401
     bytes_to_sealed,
     hex_to_bytes,
     sealed_to_bytes,
+)
+from ledger.models.manifests import (  # noqa: F401
+    MANIFEST_SCORE_FINAL,
+    MANIFEST_SCORE_MOVES,
+    ManifestScore,
+    ManifestScoreStatus,
+    OperationManifest,
 )
 from ledger.models.objects import OperationOutput, Upload  # noqa: F401
 from ledger.models.operations import (  # noqa: F401

@@ -394,6 +394,9 @@ class PromptTemplate(models.Model):
     created_by = models.CharField(max_length=150)
     created_at = models.DateTimeField()
     reason = models.CharField(max_length=500, blank=True)
+    # The JSON Schema a job's evaluation manifest must match when the job is pinned to this
+    # version (ledger.execution.manifests, ADR 0022); null: this preset declares none.
+    manifest_schema = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "ledger_prompttemplate"

@@ -34,6 +34,7 @@ from ledger.platform.errors import ValidationFailed
 from ledger.platform.redaction import scrub
 from ledger.rules import intents
 from ledger.rules.intents import IntentInvalid, value_text
+from ledger.rules.manifests import manifest_schema_check
 from ledger.tenants.config_changes import config_change_record
 
 MAX_TEXT = 50_000
@@ -231,12 +232,22 @@ def prompt_template_check(*, name: Any, text: Any, slots: Any) -> None:
 
 
 def prompt_template_create(
-    *, tenant: Tenant, name: str, text: str, slots: dict[str, Any], actor: str, reason: str = ""
+    *,
+    tenant: Tenant,
+    name: str,
+    text: str,
+    slots: dict[str, Any],
+    actor: str,
+    reason: str = "",
+    manifest_schema: dict[str, Any] | None = None,
 ) -> PromptTemplate:
     """Version n+1 of the tenant's prompt ``name`` (1 for a new name), checked first; recorded
     in the configuration trail. Two creations at once get consecutive versions (the unique
-    (tenant, name, version) decides; the loser reads the new highest and tries once more)."""
+    (tenant, name, version) decides; the loser reads the new highest and tries once more).
+    ``manifest_schema``: the JSON Schema of the evaluation manifests of jobs pinned to this
+    version (ADR 0022)."""
     prompt_template_check(name=name, text=text, slots=slots)
+    manifest_schema_check(manifest_schema)
     for _ in range(2):
         try:
             with transaction.atomic():
@@ -249,6 +260,7 @@ def prompt_template_create(
                     version=highest + 1,
                     text=text,
                     slots=slots,
+                    manifest_schema=manifest_schema,
                     created_by=str(actor)[:150],
                     created_at=timezone.now(),
                     reason=scrub(" ".join((reason or "").split()))[:500],
@@ -261,7 +273,13 @@ def prompt_template_create(
                     object_id=prompt.pk,
                     object_repr=str(prompt),
                     before=None,
-                    after={"name": name, "version": prompt.version, "slots": slots, "text_length": len(text)},
+                    after={
+                        "name": name,
+                        "version": prompt.version,
+                        "slots": slots,
+                        "text_length": len(text),
+                        "manifest_schema": manifest_schema is not None,
+                    },
                     reason=prompt.reason,
                 )
                 return prompt

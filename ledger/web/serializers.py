@@ -115,6 +115,20 @@ class SubmitInputSerializer(OperationInputMixin):
     )
     deadline_seconds = serializers.FloatField(required=False, allow_null=True, default=None, min_value=0.001)
     callback_url = optional_text(1000, trim_whitespace=False)
+    manifest = serializers.JSONField(
+        required=False,
+        default=None,
+        validators=[no_nul_characters],
+        help_text="A generating job's evaluation manifest (ADR 0022): what the generated document holds (vendor"
+        " names, invoice ids, currency, totals, line items), a JSON object checked against the manifest schema of"
+        " the job's preset (422 manifest_invalid). Stored immutable, by digest.",
+    )
+    evaluates = serializers.JSONField(
+        required=False,
+        default=None,
+        help_text='An extraction job: {"operation": <the generating job\'s id>, "pointer": "/fields"} — its JSON'
+        " answer (at the pointer) is scored against that job's manifest when it succeeds.",
+    )
 
 
 class LeaseTokenSerializer(serializers.Serializer):
@@ -301,6 +315,13 @@ class PromptTemplateInputSerializer(serializers.Serializer):
     )
     slots = serializers.DictField(child=serializers.DictField(), help_text='{"description": {"max_length": 500}, …}')
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    manifest_schema = serializers.JSONField(
+        required=False,
+        default=None,
+        validators=[no_nul_characters],
+        help_text="A JSON Schema (2020-12) the evaluation manifests of jobs pinned to this version must match"
+        " (ADR 0022); x-match (exact, normalized, numeric), x-tolerance and x-key tune the scoring.",
+    )
 
 
 class PromptTemplateOutputSerializer(serializers.Serializer):
@@ -311,6 +332,51 @@ class PromptTemplateOutputSerializer(serializers.Serializer):
     created_by = serializers.CharField()
     created_at = serializers.DateTimeField()
     reason = serializers.CharField()
+    manifest_schema = serializers.JSONField(allow_null=True)
+
+
+class ManifestInputSerializer(serializers.Serializer):
+    manifest = serializers.JSONField(validators=[no_nul_characters], help_text="The evaluation manifest (an object).")
+
+
+class ManifestOutputSerializer(serializers.Serializer):
+    """A generating job's evaluation manifest (ADR 0022)."""
+
+    operation = serializers.IntegerField(source="operation_id")
+    sha256 = serializers.CharField(help_text="sha256 of the manifest's canonical JSON (sorted keys, no spaces).")
+    preset = serializers.SerializerMethodField(help_text="The preset whose manifest schema it matched (name@version).")
+    output = serializers.SerializerMethodField(help_text="The key of the job's output, once published.")
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_preset(self, manifest: Any) -> str | None:
+        return str(manifest.preset) if manifest.preset_id else None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_output(self, manifest: Any) -> str | None:
+        return manifest.output.key if manifest.output_id else None
+
+
+class ManifestContentOutputSerializer(ManifestOutputSerializer):
+    content = serializers.JSONField(help_text="The manifest (API keys with the write or admin scope).")
+
+
+class ManifestScoreOutputSerializer(serializers.Serializer):
+    """An extraction job's score against its document's manifest (ADR 0022)."""
+
+    operation = serializers.IntegerField(source="operation_id")
+    evaluates = serializers.IntegerField(source="evaluates_id", allow_null=True)
+    pointer = serializers.CharField()
+    status = serializers.CharField(help_text="pending, scored or unscorable.")
+    score = serializers.FloatField(allow_null=True, help_text="0..1: matched fields over compared ones.")
+    manifest_sha256 = serializers.CharField()
+    details = serializers.JSONField(
+        help_text="Per field: {field, match (exact|normalized|numeric|item), result (match|mismatch|missing|unexpected)}."
+    )
+    reason = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    scored_at = serializers.DateTimeField(allow_null=True)
 
 
 class AttemptOutputSerializer(serializers.Serializer):

@@ -48,6 +48,7 @@ from django_q.tasks import async_task
 from dlq.entries.services import failed_event_discard
 from dlq.models import FailedEvent, FailedEventChange, FailedEventOccurrence, FailedEventStatus, Replay
 from dlq.rules.errors import FailedEventBusy, FailedEventClosed
+from ledger.execution.manifests import manifest_values, manifests_delete_for
 from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import upload_keys_in, uploads_delete_named
 from ledger.models import Attempt, AttemptEvidence, Operation, OperationEvent, OperationStatus
@@ -221,6 +222,9 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
         plain = readable_value(stored)
         value_strings(plain, values)
         named_uploads |= upload_keys_in(plain)
+    # Its evaluation manifest (what its document was generated to hold, ADR 0022) can name the
+    # person too: its values are cut from the texts below, and it goes with the rest.
+    value_strings(manifest_values(tenant_id=op.tenant_id, operation_id=op.pk), values)
     changes: dict[str, Any] = {
         c: redaction_marker(value=v, policy_id=None, run_id=None, at=now, erasure_id=run.pk)
         for c, v in columns.items()
@@ -246,6 +250,7 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     # Its published output (a file it produced for this person) goes: the row now, the bytes
     # once the batch commits (ledger.execution.outputs).
     run.outputs += outputs_delete_for(operation_ids=[op.pk])
+    manifests_delete_for(tenant_id=op.tenant_id, operation_ids=[op.pk])
     # The uploads it named (a source photo, a document): an upload a person's job used is
     # taken to be that person's data, whoever else's job names the same bytes (DESIGN §8).
     # Rows now, files once the batch commits (ledger.execution.uploads).

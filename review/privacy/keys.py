@@ -24,6 +24,8 @@ SEALED_COLUMNS: list[tuple[str, tuple[str, ...], str | None, tuple[str, ...]]] =
     ("dlq.Replay", ("response_body",), None, ()),
     # A four-eyes request's parameters: a correction's values (ADR 0013).
     ("ledger.ApprovalRequest", ("params",), None, ()),
+    # Evaluation manifests: what a generated document holds, a vendor's name among it (ADR 0022).
+    ("ledger.OperationManifest", ("content",), None, ()),
 ]
 # Secrets sealed under the same keys, always (even where payload encryption is off): a value
 # found in clear (stored before it was sealed) is sealed too. docs/secrets.md lists them.

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -29,6 +30,10 @@ class Command(BaseCommand):
             help="a slot the user's text goes into, with its length cap (repeat for each)",
         )
         parser.add_argument("--reason", default="", help="why: recorded in the configuration trail")
+        parser.add_argument(
+            "--manifest-schema-file",
+            help="a JSON Schema the evaluation manifests of jobs pinned to this version must match (create)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant.objects.filter(slug=options["tenant"]).first()
@@ -49,6 +54,13 @@ class Command(BaseCommand):
                 text = fh.read()
         except OSError as exc:
             raise CommandError(f"Cannot read {options['text_file']}: {exc.strerror}.") from None
+        manifest_schema = None
+        if options["manifest_schema_file"]:
+            try:
+                with open(options["manifest_schema_file"], encoding="utf-8") as fh:
+                    manifest_schema = json.load(fh)
+            except (OSError, ValueError) as exc:
+                raise CommandError(f"Cannot read {options['manifest_schema_file']} as JSON: {exc}.") from None
         slots: dict[str, Any] = {}
         for spec in options["slot"]:
             name, sep, cap = spec.partition("=")
@@ -57,7 +69,13 @@ class Command(BaseCommand):
             slots[name] = {"max_length": int(cap)}
         try:
             prompt = prompts.prompt_template_create(
-                tenant=tenant, name=options["name"], text=text, slots=slots, actor=cli_actor(), reason=options["reason"]
+                tenant=tenant,
+                name=options["name"],
+                text=text,
+                slots=slots,
+                actor=cli_actor(),
+                reason=options["reason"],
+                manifest_schema=manifest_schema,
             )
         except DomainError as exc:
             raise CommandError(exc.detail) from None

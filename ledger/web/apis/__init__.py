@@ -9,6 +9,7 @@ service or selector, render the output.
 - ``providers``: provider webhooks, a provider's caps and adapter rollout, intents, prompt
   templates.
 - ``evidence``: failed attempts' evidence (ADR 0016).
+- ``manifests``: evaluation manifests and extraction scores (ADR 0022).
 """
 
 from ledger.web.apis.approvals import (
@@ -25,6 +26,7 @@ from ledger.web.apis.files import (
     UploadCreateApi,
     UploadDetailApi,
 )
+from ledger.web.apis.manifests import OperationManifestApi, OperationManifestScoreApi
 from ledger.web.apis.operations import (
     ClaimCreateApi,
     KeyDeriveApi,
@@ -61,6 +63,8 @@ __all__ = [
     "OperationFailApi",
     "OperationHeartbeatApi",
     "OperationListApi",
+    "OperationManifestApi",
+    "OperationManifestScoreApi",
     "OperationOutputApi",
     "OperationOutputContentApi",
     "OperationSentApi",

@@ -28,6 +28,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
+from ledger.execution import manifests
 from ledger.models import (
     TERMINAL_STATES,
     Attempt,
@@ -186,6 +187,8 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         "replaced_by",
         "prompt_pins",
         "trace",
+        "evaluation_manifest",
+        "extraction_score",
     ]
     fieldsets = [
         (
@@ -245,7 +248,18 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
                 ]
             },
         ),
-        ("Outcome", {"fields": ["provider_ref", "response_status", "last_attempt_error"]}),
+        (
+            "Outcome",
+            {
+                "fields": [
+                    "provider_ref",
+                    "response_status",
+                    "last_attempt_error",
+                    "evaluation_manifest",
+                    "extraction_score",
+                ]
+            },
+        ),
         ("Sweeper", {"fields": ["reconcile_until", "lookup_failures", "alerted_at"]}),
     ]
 
@@ -377,6 +391,39 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
             ", ",
             '<a href="{}">{}</a>',
             ((reverse("admin:ledger_prompttemplate_change", args=[p.pk]), str(p)) for p in pinned),
+        )
+
+    @admin.display(description="evaluation manifest")
+    def evaluation_manifest(self, obj: Operation) -> str:
+        # Its digest and preset only: the manifest itself can name a person (ADR 0022).
+        manifest = manifests.manifest_of(tenant_id=obj.tenant_id, operation_id=obj.pk)
+        if manifest is None:
+            return display.EMPTY
+        return format_html(
+            "<code>sha256 {}</code> · preset {} · written by {}",
+            manifest.sha256[:16] + "…",
+            str(manifest.preset) if manifest.preset_id else "none",
+            manifest.created_by,
+        )
+
+    @admin.display(description="manifest score")
+    def extraction_score(self, obj: Operation) -> str:
+        # An extraction's score against its document's manifest, and the fields that missed.
+        score = manifests.manifest_score_of(tenant_id=obj.tenant_id, operation_id=obj.pk)
+        if score is None:
+            return display.EMPTY
+        if score.score is None:
+            return format_html(
+                "{} · {}", score.get_status_display(), score.reason or f"of operation {score.evaluates_id}"
+            )
+        missed = [d["field"] for d in score.details if d["result"] != "match"]
+        return format_html(
+            "<strong>{}</strong> against the manifest of operation {} · {} of {} fields matched{}",
+            f"{score.score:.3f}",
+            score.evaluates_id or "(deleted)",
+            len(score.details) - len(missed),
+            len(score.details),
+            f" · missed: {', '.join(missed[:12])}" if missed else "",
         )
 
     # --- detail: the story first ---

@@ -22,6 +22,7 @@ from ledger.platform.errors import DomainError, ValidationFailed
 from ledger.protocol import services
 from ledger.providers import canary, prompts, ratelimit, revisions
 from ledger.providers.credentials import credential_is_set
+from ledger.rules.manifests import manifest_schema_check
 from ledger.rules.provider_checks import secret_env_names
 from ledger.web import display
 from ledger.web.console_base import (
@@ -352,8 +353,10 @@ class PromptTemplateForm(forms.ModelForm):
 
     class Meta:
         model = PromptTemplate
-        fields = ["tenant", "name", "text", "slots"]
+        fields = ["tenant", "name", "text", "slots", "manifest_schema"]
         help_texts = {
+            "manifest_schema": "Optional: the JSON Schema the evaluation manifests of jobs pinned to this version"
+            " must match (ADR 0022).",
             "text": "The instructions, with {{ slot }} where each declared slot's user text goes (fenced between"
             " markers, capped). Nothing else in braces.",
             "slots": 'Each slot with its length cap: {"description": {"max_length": 500}}.',
@@ -364,6 +367,7 @@ class PromptTemplateForm(forms.ModelForm):
         try:
             # The service's own check (ADR 0006): the same message as the command's and the API's.
             prompts.prompt_template_check(name=data.get("name"), text=data.get("text"), slots=data.get("slots"))
+            manifest_schema_check(data.get("manifest_schema"))
         except DomainError as exc:
             raise forms.ValidationError(exc.detail) from None
         return data
@@ -465,6 +469,7 @@ class PromptTemplateAdmin(TenantColumnMixin, ConsoleAdmin):
             slots=obj.slots,
             actor=f"user:{request.user.get_username()}",
             reason=form.cleaned_data.get("reason") or "",
+            manifest_schema=obj.manifest_schema,
         )
         # The admin's redirect and message name the row the service wrote.
         obj.pk, obj.version, obj.created_at = created.pk, created.version, created.created_at
