@@ -27,7 +27,7 @@ def bounded_locks(apps: Any, schema_editor: Any) -> None:
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0041_approval_requests'),
+        ('ledger', '0045_fair_take'),
     ]
 
     operations = [
