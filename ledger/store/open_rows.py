@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
+from django.db.models import Q
 
 from ledger.models import TERMINAL_STATES
 
@@ -183,3 +184,12 @@ def open_rows_backfill(
             progress(upto, total)
         after = upto
     return total
+
+
+def open_rows_where(**lookups: Any) -> Q:
+    """Operation rows that ``lookups`` match on their work-queue mirror — whose partial indexes
+    serve the query — and on the row itself. The row's own columns are what ``FOR UPDATE``
+    checks again after waiting for a concurrent move (the mirror is not locked, and a join
+    re-reads it as the statement first saw it), so a row that moved meanwhile is passed over
+    as it was when the indexes were on the row (ADR 0017)."""
+    return Q(**lookups) & Q(**{f"open_row__{name}": value for name, value in lookups.items()})

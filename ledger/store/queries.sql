@@ -436,10 +436,11 @@ RETURNING tokens, rate, concurrency;
 
 
 -- name: provider_in_flight --
--- A capped provider's calls in flight: its claimed execute-mode rows, over every worker
--- (op_exec_inflight_idx). Read after provider_rate_refill locked the bucket, so it sees every
--- row the provider's previous taker committed.
-SELECT COUNT(*) FROM ledger_operation
+-- A capped provider's calls in flight: its claimed execute-mode rows, over every worker, read
+-- off the work queue's mirror (open_exec_inflight_idx, ADR 0017), which the take's own
+-- operation_take updated in the same statement. Read after provider_rate_refill locked the
+-- bucket, so it sees every row the provider's previous taker committed.
+SELECT COUNT(*) FROM ledger_open_operation
 WHERE tenant_id = %(tenant_id)s AND provider_id = %(provider_id)s AND status = {claimed} AND mode = 'execute';
 
 
