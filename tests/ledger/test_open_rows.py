@@ -33,7 +33,7 @@ from ledger.recovery import sweeper
 from ledger.store import open_rows
 from tests.conftest import on_postgres
 from tests.ledger.support import expire_lease, make_retry_due
-from tests.support.plans import captured_statements, explain, sequential_scans
+from tests.support.plans import captured_statements, sequential_scans
 
 S = OperationStatus
 MIRRORED = ("tenant_id", "status", "mode", "provider_id", "lease_expires_at", "next_attempt_at", "updated_at")
@@ -362,7 +362,12 @@ def _plan_of_captured(run: Any, *markers: str) -> str:
         run()
     found = [s for s in statements if all(marker in s.sql for marker in markers)]
     assert found, f"no statement with {markers!r}"
-    return explain(found[0].sql, found[0].params, plan="custom", enable_seqscan="off")
+    # Planned for its values as the app sent them, sequential scans priced out (the tests'
+    # tables are tiny): an index that can serve the statement shows up.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {found[0].sql}", found[0].params)
+        return "\n".join(row[0] for row in cursor.fetchall())
 
 
 @pytest.mark.postgres_only
@@ -394,8 +399,13 @@ def test_the_work_queue_reads_use_the_mirror_indexes(tenant: Any, provider: Any,
     listing = ('FROM "ledger_operation"', "ORDER BY")
     failed = _plan_of_captured(lambda: api.get("/api/v1/operations?status=failed"), *listing)
     assert "_term_status" in failed, failed
+    # An open state's list: a mirror's index over the state (on tiny tables (tenant, id) costs
+    # the same; without it, as tests/ledger/test_growth.py does, the plan shows what serves it).
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX op_tenant_id_idx")
     queued = _plan_of_captured(lambda: api.get("/api/v1/operations?status=queued"), *listing)
-    assert "open_tenant_status_idx" in queued, queued
+    assert "open_tenant_status_idx" in queued or "open_due_idx" in queued, queued
+    assert not sequential_scans(queued, ["ledger_operation", "ledger_open_operation"]), queued
     changed = _plan_of_captured(
         lambda: api.get("/api/v1/operations", {"updated_after": "2020-01-01T00:00:00Z"}), *listing
     )
@@ -404,7 +414,7 @@ def test_the_work_queue_reads_use_the_mirror_indexes(tenant: Any, provider: Any,
 
 @pytest.mark.postgres_only
 @pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's catalogue")
-def test_the_operation_table_keeps_fifteen_indexes_and_none_names_a_completed_column() -> None:
+def test_the_operation_table_keeps_fifteen_indexes_and_none_names_a_completed_column(db: Any) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'ledger_operation'")
         indexes = dict(cursor.fetchall())
