@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 
 from ledger.models import TERMINAL_STATES
 
@@ -191,5 +191,7 @@ def open_rows_where(**lookups: Any) -> Q:
     serve the query — and on the row itself. The row's own columns are what ``FOR UPDATE``
     checks again after waiting for a concurrent move (the mirror is not locked, and a join
     re-reads it as the statement first saw it), so a row that moved meanwhile is passed over
-    as it was when the indexes were on the row (ADR 0017)."""
-    return Q(**lookups) & Q(**{f"open_row__{name}": value for name, value in lookups.items()})
+    as it was when the indexes were on the row (ADR 0017). The join names the tenant on both
+    sides: the two tables are co-located by tenant (Citus routes the join to one shard)."""
+    mirrored = {f"open_row__{name}": value for name, value in lookups.items()}
+    return Q(**lookups) & Q(open_row__tenant_id=F("tenant_id"), **mirrored)

@@ -383,13 +383,8 @@ def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | 
     def upto(field: str) -> Q:
         return Q() if until is None else Q(**{f"{field}__lt": until})
 
-    # Finished since `since`: their terminal events (opevent_terminal_at_idx, ADR 0017), written
-    # with done_at in the same transaction, no earlier; the rows' own columns decide.
-    into_finished = OperationEvent.objects.filter(
-        tenant_id__in=tenant_ids, to_status__in=[OperationStatus.SUCCEEDED, OperationStatus.FAILED], at__gte=since
-    ).values("operation_id")
     finished = (
-        Operation.objects.filter(tenant_id__in=tenant_ids, updated_at__gte=since, pk__in=into_finished)
+        Operation.objects.filter(tenant_id__in=tenant_ids, updated_at__gte=since)
         .filter(upto("done_at"), status__in=[OperationStatus.SUCCEEDED, OperationStatus.FAILED], done_at__gte=since)
         .annotate(hour=TruncHour("done_at", tzinfo=UTC))
         .values("tenant_id", "provider__slug", "status", "hour")

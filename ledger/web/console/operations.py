@@ -18,7 +18,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.lookups import In
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -109,14 +109,18 @@ class NeedsFilter(admin.SimpleListFilter):
             cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
             # Every mirrored row is open: "not moved since" is checked on the entries of its
             # (id, updated_at) index; the page and its count read that index.
-            return queryset.filter(open_row__updated_at__lt=cutoff, updated_at__lt=cutoff).exclude(
-                status__in_literal=sorted(TERMINAL_STATES)
-            )
+            return queryset.filter(
+                open_row__tenant_id=F("tenant_id"), open_row__updated_at__lt=cutoff, updated_at__lt=cutoff
+            ).exclude(status__in_literal=sorted(TERMINAL_STATES))
         if self.value() == "cancellable":
             # The predicate of open_cancellable_id_idx (those rows in list order), in constants:
             # the page reads its 100 entries, its count a range of them.
             cancellable = list(transitions.CANCELLABLE_STATES)
-            return queryset.filter(open_row__status__in_literal=cancellable, status__in_literal=cancellable)
+            return queryset.filter(
+                open_row__tenant_id=F("tenant_id"),
+                open_row__status__in_literal=cancellable,
+                status__in_literal=cancellable,
+            )
         return queryset
 
 
