@@ -39,7 +39,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from dlq.models import FailedEvent, FailedEventStatus
-from ledger.models import OPEN_STATES, Operation, OperationStatus, Provider, Tenant
+from ledger.models import OpenOperation, OperationStatus, Provider, Tenant
 from ledger.platform import env
 from ledger.platform.errors import DomainError
 from ledger.protocol import selectors
@@ -54,7 +54,7 @@ def _oldest_age_seconds(states: Iterable[str]) -> float:
     states = list(states)
     marks = ", ".join(["%s"] * len(states))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT MIN(updated_at) FROM ledger_operation WHERE status IN ({marks})", states)
+        cursor.execute(f"SELECT MIN(updated_at) FROM ledger_open_operation WHERE status IN ({marks})", states)
         oldest = sql.to_datetime(cursor.fetchone()[0])
     if oldest is None:
         return 0.0
@@ -101,7 +101,7 @@ class DatabaseCollector(Collector):
         yield from self._open_operations()
         yield from self._dlq()
         with connection.cursor() as cursor:
-            cursor.execute("SELECT COUNT(*) FROM ledger_operation WHERE status = %s", [OperationStatus.REVIEW])
+            cursor.execute("SELECT COUNT(*) FROM ledger_open_operation WHERE status = %s", [OperationStatus.REVIEW])
             review = cursor.fetchone()[0]
         yield _gauge("onceguard_review_backlog", "Operations waiting for a human decision.", review)
         yield _gauge(
@@ -114,10 +114,8 @@ class DatabaseCollector(Collector):
 
     def _open_operations(self) -> Iterator[Metric]:
         rows = list(
-            Operation.objects.filter(status__in=sorted(OPEN_STATES))
-            .values_list("tenant_id", "status")
-            .annotate(n=Count("id"))
-            .order_by()
+            # Every open row, off the work queue's mirror (ADR 0017).
+            OpenOperation.objects.values_list("tenant_id", "status").annotate(n=Count("operation_id")).order_by()
         )
         per_tenant: Counter[int] = Counter()
         for tenant_id, _, n in rows:

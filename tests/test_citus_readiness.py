@@ -66,6 +66,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTED = frozenset(
     {
         "ledger_operation",
+        # The open rows' mirror (ADR 0017): co-located with its operation, written by the
+        # operation row's triggers on the same shard.
+        "ledger_open_operation",
         "ledger_attempt",
         "ledger_operationevent",
         "ledger_admissionrefusalcount",

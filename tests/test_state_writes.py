@@ -53,6 +53,9 @@ OTHER_STATE_MACHINES: dict[tuple[str, str], str] = {
     ("bench/retention.py", "_seed"): "a retention benchmark's synthetic data set, seeded in bulk",
     ("bench/scale.py", "fill"): "the scale benchmark's synthetic data set, seeded in bulk",
     ("bench/scale_dropcheck.py", "main"): "the partition-drop check's rows, finished in bulk and rolled back",
+    # The work queue's mirror (ADR 0017): triggers copy the operation row's state into
+    # ledger_open_operation in the statement that moved it; they never write ledger_operation.
+    ("ledger/store/open_rows.py", ""): "the open rows' mirror, written by triggers from the operation row's own move",
 }
 
 # How ledger.store.statements runs a named statement: statements.operation("operation_fail", …).

@@ -52,6 +52,7 @@ from ledger.protocol import callbacks, services, transitions
 from ledger.providers import adapters, canary, prompts, ratelimit, revisions
 from ledger.recovery import eligibility
 from ledger.rules import intents
+from ledger.store.open_rows import open_rows_where
 
 S = OperationStatus
 log = logging.getLogger("onceguard.execute")
@@ -76,7 +77,8 @@ def operations_take(*, limit: int, actor: str = "worker") -> list[Operation]:
     limit -= len(polls)
     if limit <= 0:
         return polls
-    due = Q(status__in=(S.QUEUED, S.RETRY_WAIT), mode=OperationMode.EXECUTE, next_attempt_at__lte=Now())
+    # Read off the work queue's mirror, locking the operation row (ADR 0017).
+    due = open_rows_where(status__in=(S.QUEUED, S.RETRY_WAIT), mode=OperationMode.EXECUTE, next_attempt_at__lte=Now())
     held_back = Provider.objects.filter(
         Q(paused_at__isnull=False) | Q(throttled_until__gt=Now()) | ratelimit.held_back()
     ).values("id")

@@ -18,7 +18,7 @@ tenants with due work in turn:
   never both squeeze under a cap (SQLite has one writer at a time anyway).
 
 On PostgreSQL the pick is one named statement (``operations_take_fair_pg``: a skip scan over
-``op_exec_tenant_due_idx``, per tenant and state its oldest due rows, locked SKIP LOCKED). On
+the work queue's ``open_exec_tenant_due_idx`` (ADR 0017), per tenant and state its oldest due rows, locked SKIP LOCKED). On
 SQLite (the embedded mode: one worker) the same reads run per tenant and :func:`fair_order`
 orders them — the definition the statement's ORDER BY follows. The take
 (``ledger.execution.attempts.operations_take``) then reads and moves the picked rows with
@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Q
 from django.db.models.functions import Now
 
-from ledger.models import Operation, OperationMode, OperationStatus, Tenant
+from ledger.models import OpenOperation, Operation, OperationMode, OperationStatus, Tenant
 from ledger.recovery import eligibility
 from ledger.rules import take_limits
 from ledger.store import statements
+from ledger.store.open_rows import open_rows_where
 
 S = OperationStatus
 
@@ -156,13 +156,19 @@ def quota(*, limit: int, tenants: int) -> int:
     return max(1, math.ceil(limit / max(1, tenants)))
 
 
-DUE = Q(status__in=(S.QUEUED, S.RETRY_WAIT), mode=OperationMode.EXECUTE)
+# Read off the work queue's mirror, whose indexes serve it, and checked on the row (ADR 0017).
+DUE = open_rows_where(status__in=(S.QUEUED, S.RETRY_WAIT), mode=OperationMode.EXECUTE)
 
 
 def due_pick_sqlite(*, limit: int, held_back: Sequence[int], room: Room, after: int) -> list[Candidate]:
     """The embedded mode's pick: the statement's reads, one tenant and state at a time (one
     worker, one writer: nothing to lock), ordered by :func:`fair_order`."""
-    tenant_ids = Operation.objects.filter(DUE).order_by().values_list("tenant_id", flat=True).distinct()
+    tenant_ids = (
+        OpenOperation.objects.filter(status__in=(S.QUEUED, S.RETRY_WAIT), mode=OperationMode.EXECUTE)
+        .order_by()
+        .values_list("tenant_id", flat=True)
+        .distinct()
+    )
     turns = [t for t in turn_order(tenant_ids, after=after) if (room.of(t) is None or room.of(t) > 0)]
     shares = dict(Tenant.objects.filter(pk__in=turns).values_list("id", "take_share"))
     per = quota(limit=limit, tenants=len(turns))
@@ -173,10 +179,12 @@ def due_pick_sqlite(*, limit: int, held_back: Sequence[int], room: Room, after: 
         count = per * share if room_of is None else min(room_of, per * share)
         for status in (S.QUEUED, S.RETRY_WAIT):
             rows = (
-                Operation.objects.filter(DUE, tenant_id=tenant_id, status=status, next_attempt_at__lte=Now())
+                Operation.objects.filter(
+                    DUE, open_rows_where(status=status, next_attempt_at__lte=Now()), tenant_id=tenant_id
+                )
                 .exclude(provider_id__in=list(held_back))
                 .exclude(eligibility.RECHECK_PENDING)
-                .order_by("next_attempt_at", "id")
+                .order_by("open_row__next_attempt_at", "id")
                 .values_list("id", "next_attempt_at")[:count]
             )
             candidates.extend(

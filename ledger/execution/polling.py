@@ -64,6 +64,7 @@ from ledger.rules import intents
 from ledger.rules.key_rules import key_header_value
 from ledger.rules.provider_checks import POLL_PLACEHOLDER, path_fill
 from ledger.store import sql
+from ledger.store.open_rows import open_rows_where
 
 S = OperationStatus
 log = logging.getLogger("onceguard.polling")
@@ -374,7 +375,8 @@ def operations_poll_take(*, limit: int, actor: str = "worker") -> list[Operation
     on PostgreSQL; one writer at a time on SQLite)."""
     if limit <= 0:
         return []
-    due = Q(status=S.WAITING, next_attempt_at__lte=Now())
+    # Read off the work queue's mirror, locking the operation row (ADR 0017).
+    due = open_rows_where(status=S.WAITING, next_attempt_at__lte=Now())
     held_back = Provider.objects.filter(
         Q(paused_at__isnull=False) | Q(throttled_until__gt=Now()) | ratelimit.held_back()
     ).values("id")
@@ -384,7 +386,7 @@ def operations_poll_take(*, limit: int, actor: str = "worker") -> list[Operation
             Operation.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(due)
             .exclude(provider_id__in=held_back)
-            .order_by("next_attempt_at", "id")
+            .order_by("open_row__next_attempt_at", "id")
             .values_list(
                 "id",
                 "tenant_id",

@@ -3,14 +3,15 @@
 * ``Tenant.take_share`` and ``Tenant.take_max_in_flight``: nullable columns (no rewrite, no
   default to fill) on the tenants' table, a reference table of a few hundred rows; their CHECKs
   validate those rows at once.
-* ``op_exec_tenant_due_idx`` (tenant, status, next_attempt_at, id) over due execute-mode rows:
-  the fair take's skip scan over tenants. Partial, so its size is the queue, not the table.
+* ``open_exec_tenant_due_idx`` (tenant, status, next_attempt_at, id) over due execute-mode rows
+  of the work queue's mirror, ``ledger_open_operation`` (ADR 0017): the fair take's skip scan
+  over tenants. Partial, on a table as small as the work under way.
   CONCURRENTLY on PostgreSQL (no lock on writes at ten million rows), so not atomic; a valid
   index left by an interrupted run is kept, an invalid one rebuilt. Elsewhere the schema
   editor's own. Reversible: the backwards step drops it CONCURRENTLY.
 
-``op_exec_due_idx`` stays: the take no longer reads it, and its removal belongs to the move of
-the open rows' indexes to their own table.
+``open_exec_due_idx`` stays: the take no longer reads it, but the due count and the sweeper's
+ended lifetimes may (ADR 0017's table).
 """
 
 from typing import Any
@@ -19,8 +20,8 @@ from django.db import migrations, models
 from django.db.models import Q
 
 INDEX = models.Index(
-    fields=["tenant", "status", "next_attempt_at", "id"],
-    name="op_exec_tenant_due_idx",
+    fields=["tenant", "status", "next_attempt_at", "operation"],
+    name="open_exec_tenant_due_idx",
     condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
 )
 
@@ -34,7 +35,7 @@ def _valid(schema_editor: Any, name: str) -> bool | None:
 
 
 def forwards(apps: Any, schema_editor: Any) -> None:
-    model = apps.get_model("ledger", "Operation")
+    model = apps.get_model("ledger", "OpenOperation")
     if schema_editor.connection.vendor != "postgresql":
         schema_editor.add_index(model, INDEX)
         return
@@ -47,7 +48,7 @@ def forwards(apps: Any, schema_editor: Any) -> None:
 
 
 def backwards(apps: Any, schema_editor: Any) -> None:
-    model = apps.get_model("ledger", "Operation")
+    model = apps.get_model("ledger", "OpenOperation")
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX.name}")
     else:
@@ -58,7 +59,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0041_approval_requests"),
+        ("ledger", "0042_open_operation_work_queue"),
     ]
 
     operations = [
@@ -95,7 +96,7 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.SeparateDatabaseAndState(
-            state_operations=[migrations.AddIndex(model_name="operation", index=INDEX)],
+            state_operations=[migrations.AddIndex(model_name="openoperation", index=INDEX)],
             database_operations=[migrations.RunPython(forwards, backwards)],
         ),
     ]

@@ -59,6 +59,7 @@ from ledger.models.objects import OperationOutput, Upload  # noqa: F401
 from ledger.models.operations import (  # noqa: F401
     AdmissionRefusalCount,
     Attempt,
+    OpenOperation,
     Operation,
     OperationEvent,
     Tombstone,

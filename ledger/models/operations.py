@@ -78,7 +78,7 @@ class Operation(models.Model):
     # Execute mode: the adapter revision this operation's next attempt runs under (assigned at
     # submission — the stable revision or, for its share of new keys, a canary — and moved
     # only while nothing is under way: ledger.providers.revisions / ledger.providers.canary). Each attempt keeps
-    # its own. Not indexed: a rollback reads the open rows through op_due_idx.
+    # its own. Not indexed: a rollback reads the open rows through OpenOperation (ADR 0017).
     adapter_revision = models.ForeignKey(
         AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
     )
@@ -134,79 +134,17 @@ class Operation(models.Model):
         # the completion changes a column it names: docs/adr/0011-operation-index-audit.md
         # (with the two GIN indexes of migrations 0004 and 0028, 25 with the keys).
         indexes = [
-            # The sweeper and workers read only the open rows, by state and time.
-            models.Index(
-                fields=["status", "lease_expires_at"],
-                name="op_claimed_lease_idx",
-                condition=Q(status="claimed"),
-            ),
-            models.Index(
-                fields=["status", "next_attempt_at"],
-                name="op_due_idx",
-                condition=Q(status__in=["queued", "retry_wait"]),
-            ),
-            models.Index(
-                fields=["status", "updated_at"],
-                name="op_unresolved_idx",
-                condition=Q(status__in=["uncertain", "review"]),
-            ),
-            # Open rows in list order, with the time they last moved (migration 0024): the
-            # console's needs=stuck and needs=cancellable pages, the stuck count and the
-            # dashboard's stuck rows read this, not the table; updated_at is a key column so
-            # "not moved since" is checked on the index entry. Partial: a finished row has no
-            # entry, and a completion adds none, so it holds the work under way.
-            models.Index(
-                fields=["id", "updated_at"],
-                name="op_open_id_idx",
-                condition=~Q(status__in=sorted(TERMINAL_STATES)),
-            ),
-            # The rows an operator can cancel (queued, waiting to retry), in list order
-            # (migration 0026): the console's needs=cancellable page reads its 100 entries
-            # instead of sorting every such row off the due index.
-            models.Index(fields=["id"], name="op_cancellable_id_idx", condition=Q(status__in=["queued", "retry_wait"])),
+            # The work queue's indexes — open rows by state, lease, due time and last move, and
+            # the public `updated_after` filter's (tenant, updated_at, id) — live on
+            # OpenOperation and the terminal events (ADR 0017): no index here names a column a
+            # completion changes, so the completion is a HOT update.
             # Lists newest first, by tenant and optionally state (migration 0017 says why): read
-            # straight off the index whatever the tenant or the filter.
+            # straight off the index whatever the tenant or the filter. `status=succeeded` lists
+            # read it and keep the 98 % that match (ADR 0017).
             models.Index(fields=["tenant", "id"], name="op_tenant_id_idx"),
-            # Every state but `succeeded` (migration 0021): a completion writes nothing here, and
-            # entries stay few. `status=succeeded` lists read (tenant, id) and keep the 98 % that
-            # match. Partial on a state: only a plan that sees the state uses it (lists are planned
-            # per call, ledger.store.sql.planned_per_call).
-            models.Index(
-                fields=["tenant", "status", "id"],
-                name="op_tenant_other_status_idx",
-                condition=~Q(status="succeeded"),
-            ),
-            # A capped provider's calls in flight, counted at every take (ledger.providers.ratelimit):
-            # only claimed execute-mode rows, so it stays as small as the work under way.
-            models.Index(
-                fields=["provider"],
-                name="op_exec_inflight_idx",
-                condition=Q(status="claimed", mode="execute"),
-            ),
-            # Workers take due execute-mode rows oldest first (FOR UPDATE SKIP LOCKED).
-            models.Index(
-                fields=["next_attempt_at", "id"],
-                name="op_exec_due_idx",
-                condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
-            ),
-            # The fair take (ADR 0021): due execute-mode rows by tenant and state, oldest first, so
-            # the take walks the tenants with queued work (a skip scan: one descent per tenant)
-            # and reads each one's oldest first attempts and retries (ledger.execution.fairness).
-            models.Index(
-                fields=["tenant", "status", "next_attempt_at", "id"],
-                name="op_exec_tenant_due_idx",
-                condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
-            ),
-            # Workers take due polls of rows waiting on a provider (FOR UPDATE SKIP LOCKED).
-            models.Index(
-                fields=["next_attempt_at", "id"],
-                name="op_waiting_due_idx",
-                condition=Q(status="waiting"),
-            ),
             # Admission's budget: what a tenant submitted in execute mode in the current period.
             # Partial (migration 0021): guard-mode claims, most of the ledger, write nothing here.
             models.Index(fields=["tenant", "created_at"], name="op_exec_created_idx", condition=Q(mode="execute")),
-            models.Index(fields=["tenant", "updated_at", "id"], name="op_tenant_updated_idx"),
             # Identifier searches: partial, so the many rows without one cost no index write.
             models.Index(
                 fields=["reconciliation_handle"], name="op_handle_idx", condition=~Q(reconciliation_handle="")
@@ -240,6 +178,105 @@ class Operation(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATES
+
+
+class OpenOperation(models.Model):
+    """The work queue (ADR 0017): one row per operation in an open state, mirroring the few
+    columns the workers, the sweeper and the open-row lists select by. Written only by the
+    database, in the statement that writes the operation row (triggers of migration 0042):
+    inserted with an open row, updated by a move between open states, a heartbeat or a new due
+    time, deleted by the terminal move — never updated to a terminal state. So its indexes hold
+    the work under way and a completion adds no index entry anywhere; the operation row's
+    `status`, `lease_expires_at`, `next_attempt_at` and `updated_at` stay the record, which the
+    detail pages and exports read, and no index of `ledger_operation` names them."""
+
+    # The operation's id; no foreign key (its check would lock the operation row at every
+    # claim): the triggers write both rows in one statement, and delete this one with it.
+    operation = models.OneToOneField(
+        Operation,
+        primary_key=True,
+        db_column="id",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="open_row",
+    )
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    status = models.CharField(max_length=16, choices=OperationStatus.choices)
+    mode = models.CharField(max_length=8, choices=OperationMode.choices)
+    provider = models.ForeignKey(
+        Provider, on_delete=models.DO_NOTHING, db_constraint=False, null=True, db_index=False, related_name="+"
+    )
+    lease_expires_at = models.DateTimeField(null=True)
+    next_attempt_at = models.DateTimeField(null=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "ledger_open_operation"
+        constraints = [
+            # Only open states have a row here (the terminal move deletes it).
+            models.CheckConstraint(condition=~Q(status__in=sorted(TERMINAL_STATES)), name="open_operation_status_open"),
+        ]
+        # Each was on ledger_operation with the same key and predicate (ADR 0011 rows 6–8,
+        # 10–15); on this table every row is open, so "not terminal" needs no predicate.
+        indexes = [
+            # Lists filtered by an open state, newest first (the open part of the former
+            # op_tenant_other_status_idx).
+            models.Index(fields=["tenant", "status", "operation"], name="open_tenant_status_idx"),
+            # The sweeper's expired leases.
+            models.Index(
+                fields=["status", "lease_expires_at"], name="open_claimed_lease_idx", condition=Q(status="claimed")
+            ),
+            # Console needs=stuck and needs=cancellable, the stuck count and the dashboard's stuck
+            # rows, in list order with the time of the last move on the entry.
+            models.Index(fields=["operation", "updated_at"], name="open_id_updated_idx"),
+            # Guard-mode retries past their lifetime, the console's "due" filter.
+            models.Index(
+                fields=["status", "next_attempt_at"],
+                name="open_due_idx",
+                condition=Q(status__in=["queued", "retry_wait"]),
+            ),
+            # The rows an operator can cancel, in list order.
+            models.Index(
+                fields=["operation"], name="open_cancellable_id_idx", condition=Q(status__in=["queued", "retry_wait"])
+            ),
+            # The sweeper's reconciliation of uncertain rows, review and stuck counts.
+            models.Index(
+                fields=["status", "updated_at"],
+                name="open_unresolved_idx",
+                condition=Q(status__in=["uncertain", "review"]),
+            ),
+            # A capped provider's calls in flight, counted at every take.
+            models.Index(
+                fields=["provider"], name="open_exec_inflight_idx", condition=Q(status="claimed", mode="execute")
+            ),
+            # Workers take due execute-mode rows oldest first (FOR UPDATE SKIP LOCKED of the
+            # operation row: ledger.execution.attempts).
+            models.Index(
+                fields=["next_attempt_at", "operation"],
+                name="open_exec_due_idx",
+                condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
+            ),
+            # The fair take (ADR 0021): due execute-mode rows by tenant and state, oldest first, so
+            # the take walks the tenants with queued work (a skip scan: one descent per tenant)
+            # and reads each one's oldest first attempts and retries (ledger.execution.fairness).
+            models.Index(
+                fields=["tenant", "status", "next_attempt_at", "operation"],
+                name="open_exec_tenant_due_idx",
+                condition=Q(status__in=["queued", "retry_wait"], mode="execute"),
+            ),
+            # Workers take due polls of rows waiting on a provider.
+            models.Index(
+                fields=["next_attempt_at", "operation"], name="open_waiting_due_idx", condition=Q(status="waiting")
+            ),
+            # The public `updated_after` filter's open rows (its terminal rows: the terminal
+            # events' opevent_terminal_at_idx, migration 0042).
+            models.Index(fields=["tenant", "updated_at", "operation"], name="open_tenant_updated_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}: {self.status}"
 
 
 class Attempt(models.Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -10,8 +11,11 @@ from django.db.models import Count, F, Func, Q, QuerySet, TextField
 from django.db.models.lookups import IContains
 
 from ledger.models import (
+    OPEN_STATES,
+    TERMINAL_STATES,
     Attempt,
     AttemptOutcome,
+    OpenOperation,
     Operation,
     OperationEvent,
     OperationMode,
@@ -27,6 +31,7 @@ from ledger.providers.prompts import prompt_template_label
 from ledger.providers.revisions import revision_number
 from ledger.rules import search
 from ledger.store import sql
+from ledger.store.open_rows import open_rows_where
 
 # Columns of an operation no list answer renders (OperationOutputSerializer).
 LIST_DEFERRED = ("payload", "request", "search_fields", "fingerprint")
@@ -43,6 +48,42 @@ def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySe
     if match:
         rows = search.filter_match(rows, search.parse_match(match, settings.ONCEGUARD["OPERATION_SEARCH_PATHS"]))
     return rows
+
+
+# States whose lists read the append-only events into them (opevent_terminal_status_idx,
+# migration 0042): a terminal state is final, so an event into it names the row's state for
+# good. `succeeded` lists read (tenant, id) and keep the 98 % that match (ADR 0017).
+LISTED_BY_EVENT = frozenset({OperationStatus.FAILED, OperationStatus.ABANDONED})
+
+
+def operations_in_state(rows: QuerySet[Operation], state: str, *, tenant_ids: list[int]) -> QuerySet[Operation]:
+    """``rows`` in ``state``, each state read through an index that does not live on the
+    operation row (ADR 0017): an open state through the work queue's mirror (its (tenant,
+    status, id) index), `failed` and `abandoned` through the events into them, `succeeded` as
+    the row says. The row's own state is checked too (it is the record)."""
+    if state in OPEN_STATES:
+        return rows.filter(open_rows_where(status=state))
+    if state in LISTED_BY_EVENT:
+        into = OperationEvent.objects.filter(tenant_id__in=tenant_ids, to_status=state).values("operation_id")
+        return rows.filter(status=state, pk__in=into)
+    return rows.filter(status=state)
+
+
+def operations_updated_after(
+    rows: QuerySet[Operation], after: datetime, *, tenant_ids: list[int]
+) -> QuerySet[Operation]:
+    """``rows`` whose ``updated_at`` is later than ``after`` — the public ``updated_after``
+    filter, exactly — found without an index on the operation row (ADR 0017): an open row's
+    ``updated_at`` is on its work-queue mirror (same statement, same value), a finished row's
+    was last written by the move into its terminal state or a supersede, each of which writes
+    an event into a terminal state in the same transaction, no earlier than the row's
+    ``updated_at``. So the two sets hold every row that matches, and the row's own
+    ``updated_at`` then keeps exactly those."""
+    still_open = OpenOperation.objects.filter(tenant_id__in=tenant_ids, updated_at__gt=after).values("operation_id")
+    finished = OperationEvent.objects.filter(
+        tenant_id__in=tenant_ids, to_status__in=sorted(TERMINAL_STATES), at__gt=after
+    ).values("operation_id")
+    return rows.filter(updated_at__gt=after, pk__in=still_open.union(finished))
 
 
 # Written once (at the claim or the sent marker), so their trigram index (migration
@@ -266,7 +307,8 @@ def metrics_active_leases() -> int:
     """Rows held by a live lease right now (workers' and guard callers' attempts)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT COUNT(*) FROM ledger_operation WHERE status IN {sql.states_in(OperationStatus.CLAIMED)}"
+            # The work queue's mirror holds every open row's state and lease (ADR 0017).
+            f"SELECT COUNT(*) FROM ledger_open_operation WHERE status IN {sql.states_in(OperationStatus.CLAIMED)}"
             f" AND lease_expires_at > {sql.now()}",
             [],
         )
@@ -286,7 +328,7 @@ def metrics_oldest_eligible_age_seconds() -> float:
     retry_wait, due, its provider neither paused nor throttled. 0 when nothing waits."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT MIN(o.next_attempt_at), {sql.now()} FROM ledger_operation o"
+            f"SELECT MIN(o.next_attempt_at), {sql.now()} FROM ledger_open_operation o"
             " JOIN ledger_provider p ON p.id = o.provider_id"
             f" WHERE o.status IN {sql.states_in(OperationStatus.QUEUED, OperationStatus.RETRY_WAIT)}"
             f" AND o.mode = '{OperationMode.EXECUTE}'"

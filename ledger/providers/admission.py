@@ -27,6 +27,7 @@ from ledger.models import (
 )
 from ledger.platform.errors import AdmissionRefused
 from ledger.store import sql
+from ledger.store.open_rows import open_rows_where
 
 S = OperationStatus
 log = logging.getLogger("onceguard.admission")
@@ -93,10 +94,10 @@ def tenant_usage(*, tenant: Tenant, with_budget: bool = True) -> Usage:
     spent = Decimal(0)
     start = None
     # Planned for this call's values: both reads go through partial indexes — open states of
-    # (tenant, status, id), execute mode of (tenant, created_at) — whose predicates a prepared
-    # statement's generic plan cannot see (`status IN ($2, …)`, `mode = $3`).
+    # the work queue's (tenant, status, id) (ADR 0017), execute mode of (tenant, created_at) —
+    # whose predicates a prepared statement's generic plan cannot see (`status IN ($2, …)`, `mode = $3`).
     with sql.planned_per_call():
-        open_rows = rows.filter(status__in=IN_FLIGHT_STATES + UNRESOLVED_STATES).aggregate(
+        open_rows = rows.filter(open_rows_where(status__in=IN_FLIGHT_STATES + UNRESOLVED_STATES)).aggregate(
             in_flight=Count("id", filter=Q(status__in=IN_FLIGHT_STATES)),
             unresolved=Count("id", filter=Q(status__in=UNRESOLVED_STATES)),
             queued_bytes=Sum("request_bytes", filter=Q(status__in=QUEUED_STATES)),

@@ -69,6 +69,7 @@ from ledger.platform.errors import AdapterRolloutConflict, OperationNotFound, Va
 from ledger.providers import revisions
 from ledger.providers.lookup import provider_cache_forget
 from ledger.store import sql
+from ledger.store.open_rows import open_rows_where
 from ledger.tenants.config_changes import config_change_record
 
 S = OperationStatus
@@ -437,11 +438,12 @@ def operations_requeue(
     )
     for _ in range(REQUEUE_MAX_ROWS // REQUEUE_BATCH):
         rows = list(
+            # The unsent rows off the work queue's mirror (ADR 0017).
             Operation.objects.filter(
+                open_rows_where(status__in=UNSENT_STATES),
                 tenant_id=from_revision.tenant_id,
                 provider_id=provider_id,
                 mode=OperationMode.EXECUTE,
-                status__in=UNSENT_STATES,
                 adapter_revision_id=from_revision.pk,
                 pk__gt=after,
             )

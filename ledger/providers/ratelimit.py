@@ -5,7 +5,7 @@ A provider may declare ``max_in_flight`` (calls at once) and a rate (``rate_limi
 process respect them through the database, never a process's memory:
 
 - *in flight* is the provider's claimed execute-mode rows, counted at the take
-  (``provider_in_flight``, on the partial ``op_exec_inflight_idx``);
+  (``provider_in_flight``, on the partial ``open_exec_inflight_idx`` of the work queue, ADR 0017);
 - *the rate* is a token bucket, one ``ProviderRate`` row per capped provider, refilled on the
   database's clock (``provider_rate_refill``) and spent by guarded UPDATEs
   (``provider_rate_spend``: never below empty).
@@ -53,7 +53,7 @@ from django.db import connection
 from django.db.models import Count, IntegerField, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Now
 
-from ledger.models import Operation, OperationMode, OperationStatus, Provider, ProviderRate
+from ledger.models import OpenOperation, OperationMode, OperationStatus, Provider, ProviderRate
 from ledger.store import sql, statements
 
 log = logging.getLogger("onceguard.ratelimit")
@@ -139,10 +139,13 @@ def held_back() -> Q:
     will not hold a whole call before ``next_take_at``, or as many calls in flight as allowed
     (the declared cap, or the limit a 429 lowered)."""
     in_flight = (
-        Operation.objects.filter(provider_id=OuterRef("pk"), status=OperationStatus.CLAIMED, mode=OperationMode.EXECUTE)
+        # Off the work queue's mirror (open_exec_inflight_idx, ADR 0017).
+        OpenOperation.objects.filter(
+            provider_id=OuterRef("pk"), status=OperationStatus.CLAIMED, mode=OperationMode.EXECUTE
+        )
         .order_by()
         .values("provider_id")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("operation_id"))
         .values("n")
     )
     counted = Coalesce(Subquery(in_flight, output_field=IntegerField()), 0)
@@ -448,7 +451,7 @@ def provider_caps(provider: Provider) -> CapsView:
     """The provider's caps and where they stand now (its bucket row and in-flight count)."""
     in_flight = 0
     if provider.pk is not None:
-        in_flight = Operation.objects.filter(
+        in_flight = OpenOperation.objects.filter(
             tenant_id=provider.tenant_id,
             provider_id=provider.pk,
             status=OperationStatus.CLAIMED,

@@ -44,6 +44,7 @@ from ledger.protocol.selectors import provider_slug, run_of
 from ledger.providers import adapters
 from ledger.rules.key_rules import key_header_value
 from ledger.rules.outbound import OutboundBlocked, outbound_client, outbound_refusal
+from ledger.store.open_rows import open_rows_where
 
 S = OperationStatus
 log = logging.getLogger("onceguard.eligibility")
@@ -179,7 +180,10 @@ def eligibility_recheck(*, batch: int = 100, client: httpx.Client | None = None)
     One HTTP call per row, outside any transaction; each answer recorded by a guarded update."""
     counts: dict[str, int] = {}
     rows = list(
-        Operation.objects.filter(RECHECK_PENDING, next_attempt_at__lte=Now()).order_by("next_attempt_at", "id")[:batch]
+        # Due retries off the work queue's mirror (ADR 0017).
+        Operation.objects.filter(
+            RECHECK_PENDING, open_rows_where(status=S.RETRY_WAIT, next_attempt_at__lte=Now())
+        ).order_by("open_row__next_attempt_at", "id")[:batch]
     )
     tenants: dict[int, Tenant] = {}
     for op in rows:

@@ -41,6 +41,7 @@ from ledger.providers.reconcile import LookupOutcome, provider_lookup
 from ledger.providers.revisions import operation_adapter_view
 from ledger.recovery.eligibility import eligibility_recheck
 from ledger.store import sql
+from ledger.store.open_rows import open_rows_where
 
 S = OperationStatus
 log = logging.getLogger("onceguard.sweeper")
@@ -95,8 +96,11 @@ def sender_honours_marker(op: Operation) -> bool:
 def sweep_expired_leases(*, batch: int = 500, report: SweepReport | None = None) -> SweepReport:
     """claimed, lease expired: → retry_wait when provably unsent, else → uncertain."""
     report = report or SweepReport()
-    expired = Q(status=S.CLAIMED, lease_expires_at__lt=Now())
-    ids = list(Operation.objects.filter(expired).order_by("lease_expires_at").values_list("id", flat=True)[:batch])
+    # Candidates off the work queue's mirror (ADR 0017); each is checked again on its row.
+    expired = open_rows_where(status=S.CLAIMED, lease_expires_at__lt=Now())
+    ids = list(
+        Operation.objects.filter(expired).order_by("open_row__lease_expires_at").values_list("id", flat=True)[:batch]
+    )
     for op in Operation.objects.filter(pk__in=ids, status=S.CLAIMED).select_related("provider"):
         with row_isolated(job=JOB, ref=f"operation={op.pk}"):
             _expire_one(op, report)
@@ -154,16 +158,18 @@ def key_first_used_at(op: Operation) -> datetime:
 def _take_uncertain(batch: int) -> list[int]:
     """Take uncertain rows under a short reconciliation lease, so a second sweeper (another
     node, a manual run) passes them over: read with SKIP LOCKED, set in the same transaction."""
-    free = Q(status=S.UNCERTAIN) & (Q(reconcile_until__isnull=True) | Q(reconcile_until__lt=Now()))
+    free = open_rows_where(status=S.UNCERTAIN) & (Q(reconcile_until__isnull=True) | Q(reconcile_until__lt=Now()))
     until = sql.db_now() + timedelta(seconds=int(settings.ONCEGUARD["RECONCILE_LEASE_SECONDS"]))
     with transaction.atomic():
         ids = list(
-            Operation.objects.select_for_update(skip_locked=True)
+            Operation.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(free)
-            .order_by("updated_at")
+            .order_by("open_row__updated_at")
             .values_list("id", flat=True)[:batch]
         )
-        Operation.objects.filter(free, pk__in=ids).update(reconcile_until=until)
+        Operation.objects.filter(pk__in=ids, status=S.UNCERTAIN).filter(
+            Q(reconcile_until__isnull=True) | Q(reconcile_until__lt=Now())
+        ).update(reconcile_until=until)
     return ids
 
 
@@ -343,7 +349,7 @@ def _reconcile_one(op: Operation, *, report: SweepReport, client: httpx.Client |
 def expire_abandoned_retries(*, batch: int = 500, report: SweepReport | None = None) -> SweepReport:
     """Guard-mode retry_wait past its lifetime: the caller is not coming back → failed + DLQ."""
     report = report or SweepReport()
-    ended = Q(status=S.RETRY_WAIT, mode=OperationMode.GUARD, expires_at__lt=Now())
+    ended = open_rows_where(status=S.RETRY_WAIT, mode=OperationMode.GUARD) & Q(expires_at__lt=Now())
     ids = list(Operation.objects.filter(ended).values_list("id", flat=True)[:batch])
     for op in Operation.objects.filter(pk__in=ids, status=S.RETRY_WAIT):
         with row_isolated(job=JOB, ref=f"operation={op.pk}"):
@@ -364,8 +370,10 @@ def review_unpolled_waits(*, batch: int = 500, report: SweepReport | None = None
     worker polls it, and ``alert_stuck`` reports it if that takes too long."""
     report = report or SweepReport()
     overdue = sql.db_now() - timedelta(seconds=int(settings.ONCEGUARD["POLL_OVERDUE_SECONDS"]))
-    ended = Q(status=S.WAITING, next_attempt_at__lt=overdue, expires_at__lt=Now())
-    ids = list(Operation.objects.filter(ended).order_by("next_attempt_at").values_list("id", flat=True)[:batch])
+    ended = open_rows_where(status=S.WAITING, next_attempt_at__lt=overdue) & Q(expires_at__lt=Now())
+    ids = list(
+        Operation.objects.filter(ended).order_by("open_row__next_attempt_at").values_list("id", flat=True)[:batch]
+    )
     for op in Operation.objects.filter(pk__in=ids, status=S.WAITING):
         with row_isolated(job=JOB, ref=f"operation={op.pk}"):
             why = (
@@ -397,14 +405,17 @@ def alert_stuck(*, batch: int = 500, report: SweepReport | None = None) -> Sweep
     # One query per partial index (claimed; uncertain+review; waiting): an IN over all the
     # states matches no index's predicate and scans the whole table.
     for states in STUCK_STATE_GROUPS:
-        stuck = Q(status__in=states, updated_at__lt=cutoff) & (
-            Q(alerted_at__isnull=True) | Q(alerted_at__lt=F("updated_at"))
-        )
+        unalerted = Q(alerted_at__isnull=True) | Q(alerted_at__lt=F("updated_at"))
+        stuck = open_rows_where(status__in=states, updated_at__lt=cutoff) & unalerted
         with transaction.atomic():
             found = list(
-                Operation.objects.select_for_update(skip_locked=True).filter(stuck).values_list("id", flat=True)[:batch]
+                Operation.objects.select_for_update(skip_locked=True, of=("self",))
+                .filter(stuck)
+                .values_list("id", flat=True)[:batch]
             )
-            Operation.objects.filter(stuck, pk__in=found).update(alerted_at=Now())
+            Operation.objects.filter(unalerted, pk__in=found, status__in=states, updated_at__lt=cutoff).update(
+                alerted_at=Now()
+            )
         ids += found
     for op in Operation.objects.filter(pk__in=ids).only("id", "tenant_id", "key", "status"):
         with row_isolated(job=JOB, ref=f"operation={op.pk}"):

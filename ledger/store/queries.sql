@@ -151,8 +151,9 @@ RETURNING *;
 -- name: operations_in_flight_by_tenant --
 -- Execute-mode rows being sent now (claimed: sends and polls), per tenant: what the fair take's
 -- caps count (ADR 0021), read under its lock. The claimed rows are the work under way, a short
--- range of op_exec_inflight_idx. Across tenants by design: the take serves every tenant.
-SELECT tenant_id, COUNT(*) FROM ledger_operation
+-- range of the work queue's open_exec_inflight_idx (ADR 0017). Across tenants by design: the
+-- take serves every tenant.
+SELECT tenant_id, COUNT(*) FROM ledger_open_operation
 WHERE status = {claimed} AND mode = 'execute'
 GROUP BY tenant_id;
 
@@ -160,8 +161,9 @@ GROUP BY tenant_id;
 -- name: operations_take_fair_pg --
 -- The workers' fair pick (ADR 0021), PostgreSQL; the SQLite equivalent is
 -- ledger.execution.fairness.fair_order over the same per-tenant reads. Ids to take, in order:
---   walk    every tenant with queued or retry_wait execute-mode rows, by a skip scan of
---           op_exec_tenant_due_idx (one index descent per tenant, never its rows);
+--   walk    every tenant with queued or retry_wait execute-mode rows, by a skip scan of the
+--           work queue's open_exec_tenant_due_idx (ADR 0017; one index descent per tenant,
+--           never its rows);
 --   turns   those with room under their in-flight cap (%(room_tenants)s/%(room)s: tenants with
 --           a cap or rows in flight; the others get %(default_room)s), numbered from the one
 --           after %(after)s (the last tenant the previous take served: a rotating start), each
@@ -169,7 +171,8 @@ GROUP BY tenant_id;
 --   picked  per tenant and state, its oldest due rows — first attempts and retries read apart,
 --           so neither waits behind the other — of providers not held back (%(held_back)s:
 --           paused, throttled or at their caps) and, for a retry, not waiting for its
---           eligibility recheck; locked here, SKIP LOCKED, so two takers share the queue;
+--           eligibility recheck; read off the work queue, the operation row locked here (SKIP
+--           LOCKED), so two takers share the queue;
 --   ranked  a tenant's rows alternating between the two states, oldest first at each step.
 -- Then round by round (a tenant's share of rows per round), tenants in turn order, cut at
 -- %(limit)s. "Due" is on the statement's clock, as in the take's ORM read that follows
@@ -177,13 +180,13 @@ GROUP BY tenant_id;
 -- (times its share), so rows read past the cut — locked until the take commits — stay few.
 -- Across tenants by design: the take serves every tenant.
 WITH RECURSIVE walk(tenant_id) AS (
-    (SELECT tenant_id FROM ledger_operation
+    (SELECT tenant_id FROM ledger_open_operation
      WHERE status IN ({queued}, {retry_wait}) AND mode = 'execute'
      ORDER BY tenant_id LIMIT 1)
     UNION ALL
-    SELECT (SELECT o.tenant_id FROM ledger_operation o
-            WHERE o.status IN ({queued}, {retry_wait}) AND o.mode = 'execute' AND o.tenant_id > w.tenant_id
-            ORDER BY o.tenant_id LIMIT 1)
+    SELECT (SELECT m.tenant_id FROM ledger_open_operation m
+            WHERE m.status IN ({queued}, {retry_wait}) AND m.mode = 'execute' AND m.tenant_id > w.tenant_id
+            ORDER BY m.tenant_id LIMIT 1)
     FROM walk w WHERE w.tenant_id IS NOT NULL
 ),
 turns AS (
@@ -204,19 +207,23 @@ picked AS (
     FROM turns u
     CROSS JOIN (VALUES ({queued}), ({retry_wait})) AS s(status)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.next_attempt_at FROM ledger_operation o
-        WHERE o.tenant_id = u.tenant_id AND o.status = s.status
-          AND o.status IN ({queued}, {retry_wait}) AND o.mode = 'execute'
-          AND o.next_attempt_at <= statement_timestamp()
-          AND o.provider_id <> ALL(CAST(%(held_back)s AS bigint[]))
+        SELECT o.id, m.next_attempt_at FROM ledger_open_operation m
+        JOIN ledger_operation o ON o.id = m.id AND o.tenant_id = m.tenant_id
+        WHERE m.tenant_id = u.tenant_id AND m.status = s.status
+          AND m.status IN ({queued}, {retry_wait}) AND m.mode = 'execute'
+          AND m.next_attempt_at <= statement_timestamp()
+          AND m.provider_id <> ALL(CAST(%(held_back)s AS bigint[]))
+          -- The row's own state and due time: what FOR UPDATE checks again after waiting for
+          -- a concurrent move (the mirror is not locked; ADR 0017).
+          AND o.status = s.status AND o.next_attempt_at <= statement_timestamp()
           AND NOT (o.status = {retry_wait} AND EXISTS (
               SELECT 1 FROM ledger_provider p
               WHERE p.id = o.provider_id AND p.recheck_after IS NOT NULL
                 AND COALESCE(o.eligibility_confirmed_at, o.created_at)
                     <= statement_timestamp() - p.recheck_after * interval '1 second'))
-        ORDER BY o.next_attempt_at, o.id
+        ORDER BY m.next_attempt_at, m.id
         LIMIT LEAST(u.room, CEIL(CAST(%(limit)s AS numeric) / u.tenants) * u.share)
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF o SKIP LOCKED
     ) AS c
 ),
 ranked AS (
@@ -518,10 +525,11 @@ RETURNING tokens, rate, concurrency;
 
 
 -- name: provider_in_flight --
--- A capped provider's calls in flight: its claimed execute-mode rows, over every worker
--- (op_exec_inflight_idx). Read after provider_rate_refill locked the bucket, so it sees every
--- row the provider's previous taker committed.
-SELECT COUNT(*) FROM ledger_operation
+-- A capped provider's calls in flight: its claimed execute-mode rows, over every worker, read
+-- off the work queue's mirror (open_exec_inflight_idx, ADR 0017), which the take's own
+-- operation_take updated in the same statement. Read after provider_rate_refill locked the
+-- bucket, so it sees every row the provider's previous taker committed.
+SELECT COUNT(*) FROM ledger_open_operation
 WHERE tenant_id = %(tenant_id)s AND provider_id = %(provider_id)s AND status = {claimed} AND mode = 'execute';
 
 

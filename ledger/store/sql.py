@@ -15,6 +15,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.utils.dateparse import parse_datetime
 
 from ledger.models import OperationStatus
@@ -145,3 +146,15 @@ def planned_per_call(*, indexed: bool = False) -> Iterator[None]:
                 else:
                     cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan", [])
         yield
+
+
+class TransactionNow(Now):
+    """``now()`` as the named statements of ``queries.sql`` read it: on PostgreSQL the
+    transaction's start (``CURRENT_TIMESTAMP``; Django's ``Now()`` is the statement's), on SQLite
+    the statement's time as ``Now()``. A move through the ORM stamps its row with this, so its
+    ``updated_at`` and ``done_at`` equal its event's ``at`` (``event_insert``) on PostgreSQL and
+    never follow it on SQLite: ``updated_after`` finds a finished row by its terminal event
+    (ADR 0017)."""
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="CURRENT_TIMESTAMP", **extra)

@@ -9,7 +9,7 @@ The review queue's own reads are review.decisions.selectors."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,7 +26,6 @@ from alerts.models import Alert
 from dlq.entries.selectors import failed_events_for_a_person
 from dlq.models import FailedEvent, FailedEventStatus
 from ledger.models import (
-    TERMINAL_STATES,
     ApprovalRequest,
     ApprovalStatus,
     Operation,
@@ -36,7 +35,9 @@ from ledger.models import (
     Provider,
     Tenant,
 )
+from ledger.protocol.selectors import operations_in_state
 from ledger.store import sql
+from ledger.store.open_rows import open_rows_where
 from review.models import ActivityHour, RetentionRun
 
 
@@ -115,13 +116,20 @@ def shown_total(counts: Iterable[ShownCount]) -> str:
     return str(ShownCount(total, "estimate" if "estimate" in hows else "at_least"))
 
 
-def state_counts(qs: QuerySet, *, tenant_ids: list[int], states: list[str]) -> dict[str, ShownCount]:
+def state_counts(
+    qs: QuerySet,
+    *,
+    tenant_ids: list[int],
+    states: list[str],
+    in_state: Callable[[QuerySet, str], QuerySet] | None = None,
+) -> dict[str, ShownCount]:
     """Rows per state (``shown_count``). A GROUP BY status over the operations reads every
     row (1.7 s at ten million); each count here reads at most the bound's worth of
     a (tenant, status, …) index's entries: ``tenant_ids`` is spelled out for a platform admin
     too (every tenant), so the index is usable."""
     rows = qs.filter(tenant_id__in=tenant_ids).order_by().values("pk")
-    each = [rows.filter(status=state) for state in states]
+    # ``in_state``: the operations' states are read off the work queue and the events (ADR 0017).
+    each = [rows.filter(status=state) if in_state is None else in_state(rows, state) for state in states]
     # Every state's count in one statement (a round trip each was most of the page's time).
     counted = sql.capped_counts(each, DASHBOARD_EXACT_UP_TO)
     return {state: _shown(q, n) for state, q, n in zip(states, each, counted, strict=True)}
@@ -134,18 +142,32 @@ def dashboard_numbers(*, tenant_ids: list[int] | None) -> dict[str, Any]:
     ops = _scoped(Operation.objects.all(), tenant_ids)
     # The counts name the tenants for a platform admin too (state_counts): listed once here.
     counted_for = tenant_ids if tenant_ids is not None else list(Tenant.objects.values_list("pk", flat=True))
-    by_state = state_counts(Operation.objects.all(), tenant_ids=counted_for, states=list(OperationStatus.values))
-    due = Q(status__in=[OperationStatus.QUEUED, OperationStatus.RETRY_WAIT], next_attempt_at__lte=now)
+    by_state = state_counts(
+        Operation.objects.all(),
+        tenant_ids=counted_for,
+        states=list(OperationStatus.values),
+        in_state=lambda rows, state: operations_in_state(rows, state, tenant_ids=counted_for),
+    )
+    # Off the work queue's mirror (ADR 0017); the row's own columns checked too.
+    due = open_rows_where(status__in=[OperationStatus.QUEUED, OperationStatus.RETRY_WAIT], next_attempt_at__lte=now)
     # Due work is what a worker will do: execute mode. A due guard-mode retry waits for its
     # caller to claim the key again — nobody here can do it — so it is counted apart. Oldest
     # first off the due index (status, next_attempt_at), one row each.
     eligible = (
-        ops.filter(due, mode=OperationMode.EXECUTE).order_by("next_attempt_at").values_list("next_attempt_at").first()
+        ops.filter(due, mode=OperationMode.EXECUTE)
+        .order_by("open_row__next_attempt_at")
+        .values_list("next_attempt_at")
+        .first()
     )
     caller_rows = ops.filter(due, status=OperationStatus.RETRY_WAIT, mode=OperationMode.GUARD)
-    caller_oldest = caller_rows.order_by("next_attempt_at").values_list("next_attempt_at").first()
+    caller_oldest = caller_rows.order_by("open_row__next_attempt_at").values_list("next_attempt_at").first()
     # The review backlog is the review state's count; its oldest row off (status, updated_at).
-    review_oldest = ops.filter(status=OperationStatus.REVIEW).order_by("updated_at").values_list("updated_at").first()
+    review_oldest = (
+        ops.filter(open_rows_where(status=OperationStatus.REVIEW))
+        .order_by("open_row__updated_at")
+        .values_list("updated_at")
+        .first()
+    )
     dlq_by_status = state_counts(
         FailedEvent.objects.all(), tenant_ids=counted_for, states=list(FailedEventStatus.values)
     )
@@ -210,7 +232,11 @@ def attention_now(*, tenant_ids: list[int] | None) -> dict[str, list[Any]]:
     )
     cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
     return {
-        "review": list(ops.filter(status=OperationStatus.REVIEW).order_by("updated_at", "id")[:ATTENTION_ROWS]),
+        "review": list(
+            ops.filter(open_rows_where(status=OperationStatus.REVIEW)).order_by("open_row__updated_at", "id")[
+                :ATTENTION_ROWS
+            ]
+        ),
         "dlq": list(failed_events_for_a_person(tenant_ids=tenant_ids).select_related("tenant")[:ATTENTION_ROWS]),
         # Re-sends waiting for a second person (four-eyes, ADR 0013), the one closest to expiring first.
         "approvals": list(
@@ -223,15 +249,14 @@ def attention_now(*, tenant_ids: list[int] | None) -> dict[str, list[Any]]:
             .select_related("tenant")
             .order_by("paused_at")[:ATTENTION_ROWS]
         ),
-        # Oldest first (by id, the order of the open rows' (id, updated_at) index): "not
-        # finished" spelled as the index's own predicate, so the planner sees it applies.
+        # Oldest first (by id, the order of the work queue's (id, updated_at) index, ADR 0017).
         "stuck": list(
-            ops.exclude(status__in=sorted(TERMINAL_STATES))
-            .filter(
-                status__in=[OperationStatus.CLAIMED, OperationStatus.UNCERTAIN, OperationStatus.QUEUED],
-                updated_at__lt=cutoff,
-            )
-            .order_by("id")[:ATTENTION_ROWS]
+            ops.filter(
+                open_rows_where(
+                    status__in=[OperationStatus.CLAIMED, OperationStatus.UNCERTAIN, OperationStatus.QUEUED],
+                    updated_at__lt=cutoff,
+                )
+            ).order_by("id")[:ATTENTION_ROWS]
         ),
     }
 

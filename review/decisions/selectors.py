@@ -15,6 +15,7 @@ from ledger.models import (
     OperationStatus,
 )
 from ledger.protocol.selectors import operation_search
+from ledger.store.open_rows import open_rows_where
 
 
 def review_item_list(
@@ -27,7 +28,8 @@ def review_item_list(
     # Attempts and events prefetched: the API renders both per item (one query each per page),
     # each read by the tenants' ids too (Citus routes a tenant's statement to one node).
     rows = (
-        Operation.objects.filter(status=OperationStatus.REVIEW)
+        # Off the work queue's mirror (its (status, updated_at) index; ADR 0017).
+        Operation.objects.filter(open_rows_where(status=OperationStatus.REVIEW))
         .select_related("provider", "tenant")
         .prefetch_related(*review_evidence(tenant_ids))
     )

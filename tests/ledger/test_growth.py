@@ -121,4 +121,4 @@ def test_every_status_list_can_be_served_by_an_index(tenant: Any, provider: Any,
         with connection.cursor() as cursor:
             cursor.execute("DROP INDEX op_tenant_id_idx")
         plan = explain(listing[0].sql, listing[0].params, plan="custom", enable_seqscan="off")
-        assert "op_tenant_other_status_idx" in plan, plan
+        assert "_term_status" in plan, plan

@@ -71,6 +71,7 @@ from ledger.models import (
     Attempt,
     AttemptOutcome,
     IdempotencyClass,
+    OpenOperation,
     Operation,
     OperationStatus,
     Provider,
@@ -645,6 +646,18 @@ class LedgerMachine(RuleBasedStateMachine):
             seen = representation(op)
             recorded = self.snapshots.setdefault(op.pk, seen)
             assert seen == recorded, f"finished op {op.pk} changed: {recorded!r} → {seen!r}"
+
+    @invariant()
+    def open_rows_are_mirrored(self) -> None:
+        """The work queue's mirror (ADR 0017) holds exactly the open rows, as they are."""
+        if not self.ready:
+            return
+        columns = ("tenant_id", "status", "mode", "provider_id", "lease_expires_at", "next_attempt_at", "updated_at")
+        rows = {
+            r[0]: r[1:] for r in Operation.objects.exclude(status__in=list(TERMINAL_STATES)).values_list("id", *columns)
+        }
+        mirror = {r[0]: r[1:] for r in OpenOperation.objects.values_list("operation_id", *columns)}
+        assert mirror == rows
 
     @invariant()
     def providers_agree(self) -> None:

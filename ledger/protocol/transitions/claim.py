@@ -539,9 +539,11 @@ def guarded_move(
     narrowing the move further (e.g. ``Q(expires_at__lte=Now())``).
     """
     check_moves((operation.status,), to)
-    columns: dict[str, Any] = {"status": to, "updated_at": Now(), **(values or {})}
+    # The event's clock (event_insert's now()), so a finished row's times never follow its
+    # terminal event's: updated_after reads those events (ADR 0017).
+    columns: dict[str, Any] = {"status": to, "updated_at": sql.TransactionNow(), **(values or {})}
     if to in TERMINAL_STATES:
-        columns["done_at"] = Now()
+        columns["done_at"] = sql.TransactionNow()
     rows = Operation.objects.filter(
         pk=operation.pk, tenant_id=operation.tenant_id, status=operation.status, lease_token=operation.lease_token
     )

@@ -9,6 +9,7 @@ operation (``operation_response``, ``replay_answer`` with ``Idempotent-Replayed`
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import django_filters
@@ -257,9 +258,10 @@ class OperationAttemptsApi(APIView):
 
 class OperationFilter(django_filters.FilterSet):
     key = django_filters.CharFilter(field_name="key")
-    status = django_filters.ChoiceFilter(field_name="status", choices=OperationStatus.choices)
+    # Neither is served by an index on the operation row (ADR 0017): see the selectors.
+    status = django_filters.ChoiceFilter(method="in_state", choices=OperationStatus.choices)
     provider = django_filters.CharFilter(method="by_provider")
-    updated_after = django_filters.IsoDateTimeFilter(field_name="updated_at", lookup_expr="gt")
+    updated_after = django_filters.IsoDateTimeFilter(method="changed_after")
     reconciliation_handle = django_filters.CharFilter(field_name="reconciliation_handle")
     provider_ref = django_filters.CharFilter(field_name="provider_ref")
     execution_id = django_filters.CharFilter(field_name="execution_id")
@@ -284,6 +286,12 @@ class OperationFilter(django_filters.FilterSet):
         found = Provider.objects.filter(tenant=self.request.user.tenant, slug=value).values_list("pk", flat=True)
         provider_id = found.first()
         return rows.none() if provider_id is None else rows.filter(provider_id=provider_id)
+
+    def in_state(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
+        return selectors.operations_in_state(rows, value, tenant_ids=[self.request.user.tenant.pk])
+
+    def changed_after(self, rows: QuerySet[Operation], name: str, value: datetime) -> QuerySet[Operation]:
+        return selectors.operations_updated_after(rows, value, tenant_ids=[self.request.user.tenant.pk])
 
     def named(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
         found = selectors.workflows_named(value)

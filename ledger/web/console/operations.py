@@ -18,7 +18,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.lookups import In
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -32,6 +32,7 @@ from ledger.execution import manifests
 from ledger.models import (
     TERMINAL_STATES,
     Attempt,
+    OpenOperation,
     Operation,
     OperationEvent,
     OperationMode,
@@ -41,8 +42,9 @@ from ledger.models import (
 from ledger.platform import tracing
 from ledger.platform.errors import DomainError
 from ledger.protocol import transitions
-from ledger.protocol.selectors import operation_search, run_of
+from ledger.protocol.selectors import operation_search, operations_in_state, run_of
 from ledger.providers import prompts
+from ledger.store.open_rows import open_rows_where
 from ledger.web import display
 from ledger.web.console_base import (
     ConsoleReadOnlyAdmin,
@@ -76,6 +78,7 @@ class LiteralIn(In):
 
 _STATE_NAME = re.compile(r"[a-z_]{1,32}")
 Operation._meta.get_field("status").register_lookup(LiteralIn)
+OpenOperation._meta.get_field("status").register_lookup(LiteralIn)
 
 
 class NeedsFilter(admin.SimpleListFilter):
@@ -93,22 +96,51 @@ class NeedsFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Operation]) -> QuerySet[Operation]:
+        # Each reads the work queue's mirror, whose partial indexes hold the open rows (ADR 0017);
+        # the row's own columns are checked too (open_rows_where).
         now = timezone.now()
         due = Q(status__in=[S.QUEUED, S.RETRY_WAIT], next_attempt_at__lte=now)
         if self.value() == "due":
-            return queryset.filter(due, mode=OperationMode.EXECUTE)
+            return queryset.filter(
+                open_rows_where(status__in=[S.QUEUED, S.RETRY_WAIT], mode=OperationMode.EXECUTE)
+            ).filter(due)
         if self.value() == "caller":
-            return queryset.filter(due, status=S.RETRY_WAIT, mode=OperationMode.GUARD)
+            return queryset.filter(open_rows_where(status=S.RETRY_WAIT, mode=OperationMode.GUARD)).filter(due)
         if self.value() == "stuck":
             cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
-            # "Not finished" spelled as the predicate of the open rows' (id, updated_at) index, in
-            # constants, so any plan sees that it applies: the page and its count read that index.
-            return queryset.exclude(status__in_literal=sorted(TERMINAL_STATES)).filter(updated_at__lt=cutoff)
+            # Every mirrored row is open: "not moved since" is checked on the entries of its
+            # (id, updated_at) index; the page and its count read that index.
+            return queryset.filter(
+                open_row__tenant_id=F("tenant_id"), open_row__updated_at__lt=cutoff, updated_at__lt=cutoff
+            ).exclude(status__in_literal=sorted(TERMINAL_STATES))
         if self.value() == "cancellable":
-            # The predicate of op_cancellable_id_idx (those rows in list order), in constants:
+            # The predicate of open_cancellable_id_idx (those rows in list order), in constants:
             # the page reads its 100 entries, its count a range of them.
-            return queryset.filter(status__in_literal=list(transitions.CANCELLABLE_STATES))
+            cancellable = list(transitions.CANCELLABLE_STATES)
+            return queryset.filter(
+                open_row__tenant_id=F("tenant_id"),
+                open_row__status__in_literal=cancellable,
+                status__in_literal=cancellable,
+            )
         return queryset
+
+
+class StateFilter(admin.ChoicesFieldListFilter):
+    """The stock state filter (``status__exact``), each state read through an index that does
+    not live on the operation row (ADR 0017: ``ledger.protocol.selectors.operations_in_state``)."""
+
+    def __init__(self, field: Any, request: HttpRequest, params: Any, model: Any, model_admin: Any, field_path: str):
+        super().__init__(field, request, params, model, model_admin, field_path)
+        scope_of = getattr(model_admin, "tenant_scope", None)
+        self.tenant_ids = scope_of(request) if scope_of is not None else None
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Operation]) -> QuerySet[Operation]:
+        states = self.used_parameters.get(self.lookup_kwarg)
+        if isinstance(states, list | tuple) and len(states) == 1:
+            states = states[0]
+        if not isinstance(states, str) or states not in S.values or self.lookup_kwarg_isnull in self.used_parameters:
+            return super().queryset(request, queryset)
+        return operations_in_state(queryset, states, tenant_ids=self.tenant_ids)
 
 
 class OperatorActionForm(forms.Form):
@@ -134,7 +166,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     # view (4 s at ten million rows); the date filter is links, no query.
     list_filter = [
         NeedsFilter,
-        "status",
+        ("status", StateFilter),
         "mode",
         "tenant",
         "provider",
