@@ -387,9 +387,10 @@ def test_the_work_queue_reads_use_the_mirror_indexes(tenant: Any, provider: Any,
         services.operation_fail(
             operation_id=op.pk, tenant_id=tenant.pk, lease_token=op.lease_token, error_class="permission"
         )
-    # The workers' take: the mirror's due index, the operation row locked.
-    take = _plan_of_captured(lambda: operations_take(limit=2), "FOR UPDATE", "past_deadline")
-    assert "open_exec_due_idx" in take and "LockRows" in take, take
+    # The workers' take: its fair pick (ADR 0021) walks the mirror's tenant-due index, the
+    # operation row locked.
+    take = _plan_of_captured(lambda: operations_take(limit=2), "WITH RECURSIVE walk")
+    assert "open_exec_tenant_due_idx" in take and "LockRows" in take, take
     assert not sequential_scans(take, ["ledger_operation", "ledger_open_operation"]), take
     # The sweeper's expired leases.
     expired = _plan_of_captured(sweeper.sweep_expired_leases, "ledger_open_operation")
