@@ -49,10 +49,12 @@ from ledger.models.fields import (  # noqa: F401
 )
 from ledger.models.objects import OperationOutput, Upload  # noqa: F401
 from ledger.models.operations import (  # noqa: F401
+    SEARCH_SEPARATOR,
     AdmissionRefusalCount,
     Attempt,
     Operation,
     OperationEvent,
+    OperationSearch,
     Tombstone,
 )
 from ledger.models.providers import (  # noqa: F401
