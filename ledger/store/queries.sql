@@ -529,3 +529,41 @@ UPDATE ledger_providerrate SET
     concurrency = NULL, concurrency_since = NULL, concurrency_quiet_since = NULL, concurrency_reason = ''
 WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s;
 
+
+
+-- Search rows of operations written before them (ADR 0018; ledger.store.search_rows): the
+-- backfill, batch by batch of ids in (after, upto], each batch its own short transaction.
+-- Idempotent (an operation that has the row is skipped), so a batch run twice, or a pass
+-- resumed anywhere, writes each row once.
+
+
+-- name: operation_search_fill_identifiers --
+-- operation_search_append of the claim's identifiers, set-wise, for operations without them.
+INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)
+SELECT o.id,
+       COALESCE((SELECT MAX(s.seq) FROM ledger_operation_search s
+                 WHERE s.operation_id = o.id AND s.tenant_id = o.tenant_id), -1) + 1,
+       o.tenant_id, FALSE,
+       o.key || %(sep)s || o.reconciliation_handle || %(sep)s || o.execution_id || %(sep)s || o.correlation_id
+FROM ledger_operation o
+WHERE o.id > %(after)s AND o.id <= %(upto)s
+  AND NOT EXISTS (
+      SELECT 1 FROM ledger_operation_search s
+      WHERE s.operation_id = o.id AND s.tenant_id = o.tenant_id AND NOT s.ref
+        AND s.text = o.key || %(sep)s || o.reconciliation_handle || %(sep)s || o.execution_id || %(sep)s || o.correlation_id)
+ON CONFLICT DO NOTHING;
+
+
+-- name: operation_search_fill_refs --
+-- operation_search_append of the provider reference, set-wise, for operations without it.
+INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)
+SELECT o.id,
+       COALESCE((SELECT MAX(s.seq) FROM ledger_operation_search s
+                 WHERE s.operation_id = o.id AND s.tenant_id = o.tenant_id), -1) + 1,
+       o.tenant_id, TRUE, o.provider_ref
+FROM ledger_operation o
+WHERE o.id > %(after)s AND o.id <= %(upto)s AND o.provider_ref <> ''
+  AND NOT EXISTS (
+      SELECT 1 FROM ledger_operation_search s
+      WHERE s.operation_id = o.id AND s.tenant_id = o.tenant_id AND s.ref AND s.text = o.provider_ref)
+ON CONFLICT DO NOTHING;
