@@ -5,9 +5,10 @@
 
 Fills ``SCALE_DB`` with ``bench.scale``'s generator (reused when it holds the same fill), then
 times each search page ``SCALE_REPEAT`` times through the console (Django's test client, in
-process). Keys are ``ord-<i>-<md5 8>``: ``ord-1`` is in one key in nine (the regression that
-joined and sorted every match), a middle part of one key is in one key, provider references
-``ch_…`` are on 98 % of rows.
+process): the superuser, the staff of the big tenant (9 rows in 10) and of a small one (1 in
+90). Keys are ``ord-<i>-<md5 8>``: ``ord-1`` is in one key in nine (the regression that joined
+and sorted every match), a middle part of one key is in one key, provider references ``ch_…``
+are on 98 % of rows.
 """
 
 from __future__ import annotations
@@ -53,11 +54,16 @@ def child(rows: int) -> None:
     root = users.objects.filter(username="probe-root").first() or users.objects.create_superuser(
         "probe-root", "probe@example.invalid", None
     )
-    staff = users.objects.filter(username="probe-staff").first()
-    if staff is None:
-        staff = users.objects.create_user("probe-staff", is_staff=True)
-        staff.groups.add(*Group.objects.all())
-        StaffTenant.objects.create(user=staff, tenant=big)
+    def staff_of(tenant: Tenant) -> Any:
+        name = f"probe-{tenant.slug}"
+        user = users.objects.filter(username=name).first()
+        if user is None:
+            user = users.objects.create_user(name, is_staff=True)
+            user.groups.add(*Group.objects.all())
+            StaffTenant.objects.create(user=user, tenant=tenant)
+        return user
+
+    small = Tenant.objects.get(slug=scale.SMALL_TENANT)
     url = reverse("admin:ledger_operation_changelist")
     texts = {
         "common ord-1": "ord-1",
@@ -66,7 +72,7 @@ def child(rows: int) -> None:
         "ref prefix common ch_": "ch_",
         "ref prefix rare": known["provider_ref"][:10],
     }
-    for who, user in (("superuser", root), ("tenant staff", staff)):
+    for who, user in (("superuser", root), ("big tenant", staff_of(big)), ("small tenant", staff_of(small))):
         client = Client(HTTP_HOST="127.0.0.1")
         client.force_login(user)
         for name, text in texts.items():

@@ -49,14 +49,18 @@ def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySe
 # The identifiers the console's search finds by any part (the claim's OperationSearch row
 # joins them; ADR 0018).
 OPERATION_SUBSTRING_FIELDS = ("key", "reconciliation_handle", "execution_id", "correlation_id")
-# A search's identifier and provider-reference matches, newest operations first: the ids go to
-# the database as a list (an OR with a sub-select would walk every operation), so beyond this
-# the oldest are left out — five pages of the console's list.
+# A search's identifier and provider-reference matches are read newest operation first, at most
+# this many at a time (one LIMIT on the search rows); each batch is narrowed by the list's own
+# filters until the list has what it shows, at most MATCHED_TEXT_ROUNDS batches: past the newest
+# ~4,000 matches a search narrowed further by a filter finds no older ones (a narrower text does).
+MATCHED_TEXT_BATCH = 500
+MATCHED_TEXT_ROUNDS = 10
+# What a caller that does not say shows at most (the API's largest page).
 MATCHED_TEXT_MAX = 500
 
 
 def operation_search(
-    rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None = None
+    rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None = None, enough: int = MATCHED_TEXT_MAX
 ) -> QuerySet[Operation]:
     """Rows matching ``text``: a case-insensitive substring of the key, reconciliation
     handle, execution or correlation id, of a name of the row's workflow, or of the error
@@ -64,10 +68,11 @@ def operation_search(
     given, exactly or by prefix; the row's id.
 
     The identifiers and provider references are read from the write-once search rows
-    (``operations_matching``, ADR 0018), newest first, at most ``MATCHED_TEXT_MAX``: the
-    search stops when it has them and hands their ids to the list, so a common term never
-    joins and sorts every match. Every other arm has its index too (the primary key, the
-    tenant's workflow ids, the failure events' trigrams).
+    (``operations_matching``, ADR 0018), newest first, a batch at a time, each batch narrowed
+    by ``rows``' filters, until ``enough`` rows match (the caller's page: the console asks for
+    the rows up to the page it shows) — so a common text costs a page, not a join and a sort
+    of every match. Every other arm has its index too (the primary key, the tenant's
+    workflow ids, the failure events' trigrams).
 
     A whole key of one of ``tenant_ids``' operations (None: every tenant's) finds that
     operation and nothing else, through the unique (tenant, key) index: a substring search
@@ -79,7 +84,7 @@ def operation_search(
     exact = _whole_key(rows, text, tenant_ids=tenant_ids)
     if exact is not None:
         return exact
-    ids = list(operations_matching(text, tenant_ids=tenant_ids)[:MATCHED_TEXT_MAX])
+    ids = _matching_ids(rows, text, tenant_ids=tenant_ids, enough=enough)
     if ERROR_SEARCH_MIN <= len(text) <= ERROR_SEARCH_MAX:
         # Newest first by an expression no index serves: walking the event's operation index
         # backwards hoping for a rare match under the LIMIT is the plan this rules out.
@@ -95,19 +100,46 @@ def operation_search(
     return rows.filter(found)
 
 
-def operations_matching(text: str, *, tenant_ids: list[int] | None = None) -> QuerySet[OperationSearch]:
+def _matching_ids(rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None, enough: int) -> list[int]:
+    """The ids of ``rows`` ``operations_matching`` finds, newest first, ``enough`` of them when
+    there are: batch by batch of the search rows, each kept where ``rows`` holds it."""
+    kept: list[int] = []
+    below: int | None = None
+    # The first batch is the page's own LIMIT (a walk newest first stops at it); later ones,
+    # needed only when the list's filters dropped matches, grow to MATCHED_TEXT_BATCH.
+    size = max(1, min(enough, MATCHED_TEXT_BATCH))
+    for _ in range(MATCHED_TEXT_ROUNDS):
+        read = list(operations_matching(text, tenant_ids=tenant_ids, below=below)[:size])
+        if not read:
+            break
+        batch = list(dict.fromkeys(read))
+        kept += rows.filter(pk__in=batch).values_list("pk", flat=True)
+        # Enough, or no older match left.
+        if len(kept) >= enough or len(read) < size:
+            break
+        below = batch[-1]
+        size = min(2 * size, MATCHED_TEXT_BATCH)
+    return kept
+
+
+def operations_matching(
+    text: str, *, tenant_ids: list[int] | None = None, below: int | None = None
+) -> QuerySet[OperationSearch]:
     """The ids of the operations whose identifiers hold ``text`` (any case; not across two of
-    them) or that were given a provider reference starting with it, newest first, as
-    ``operation_id`` values (an operation with several matching rows may repeat). From the
-    search rows alone (ADR 0018): trigram GIN and the references' pattern-ops index, or, for a
-    common text, the (operation, seq) key walked backwards until the page is full — the planner
-    chooses by the text's frequency. ``tenant_ids`` (None: every tenant's) bind the rows' tenant."""
+    them) or that were given a provider reference starting with it, newest first (below the
+    operation id ``below``), as ``operation_id`` values (an operation with several matching rows
+    may repeat). From the search rows alone (ADR 0018): trigram GIN and the references'
+    pattern-ops index, or, for a common text, the (operation, seq) key walked backwards until the
+    LIMIT is met — the planner chooses by the text's frequency. ``tenant_ids`` (None: every
+    tenant's) bind the rows' tenant."""
     found = Q(ref=True, text__startswith=text)
     if SEARCH_SEPARATOR not in text:
         found |= Q(ref=False, text__icontains=text)
     rows = OperationSearch.objects.filter(found)
     if tenant_ids is not None:
         rows = rows.filter(tenant_id__in=tenant_ids)
+    if below is not None:
+        rows = rows.filter(operation_id__lt=below)
     return rows.order_by("-operation_id").values_list("operation_id", flat=True)
 
 

@@ -14,6 +14,7 @@ from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent
 from ledger.models import Operation, OperationSearch
 from ledger.protocol import services
+from ledger.protocol import selectors
 from ledger.protocol.selectors import MATCHED_TEXT_MAX, operation_search, operations_matching
 from review.privacy import payloads as privacy
 from tests.conftest import on_postgres
@@ -210,3 +211,23 @@ def test_a_whole_key_of_another_tenant_changes_nothing_in_a_scoped_search(tenant
     mine = Operation.objects.filter(tenant=tenant)
     found = operation_search(mine, "order-1", tenant_ids=[tenant.pk]).values_list("key", flat=True)
     assert set(found) == {"order-1x"}
+
+
+def test_a_filtered_search_reads_older_matches_until_the_page_has_what_it_shows(tenant, monkeypatch):
+    # The search rows are read newest first a batch at a time (ADR 0018); a list filter that
+    # drops the newest matches makes it read on, not answer with what the first batch kept.
+    monkeypatch.setattr(selectors, "MATCHED_TEXT_BATCH", 2)
+    made = [
+        services.operation_claim(tenant=tenant, key=f"batch-{i}", provider=None, request={}).operation for i in range(5)
+    ]
+    oldest = made[0]
+    services.operation_complete(
+        operation_id=oldest.pk, tenant_id=oldest.tenant_id, lease_token=oldest.lease_token, actor="t"
+    )
+    done = Operation.objects.filter(status="succeeded")
+    assert set(operation_search(done, "batch-", enough=1).values_list("key", flat=True)) == {"batch-0"}
+    # Unfiltered, the first page's worth is all it reads: the newest.
+    assert set(operation_search(Operation.objects.all(), "batch-", enough=2).values_list("key", flat=True)) == {
+        "batch-4",
+        "batch-3",
+    }
