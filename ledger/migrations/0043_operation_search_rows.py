@@ -208,6 +208,7 @@ class Migration(migrations.Migration):
             options={
                 "db_table": "ledger_operation_search",
                 "indexes": [
+                    models.Index(fields=["tenant", "operation"], name="opsearch_tenant_op_idx"),
                     models.Index(
                         condition=Q(("ref", True)),
                         fields=["text"],

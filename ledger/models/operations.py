@@ -386,6 +386,10 @@ class OperationSearch(models.Model):
     class Meta:
         db_table = "ledger_operation_search"
         indexes = [
+            # A tenant's matches newest first: a tenant's search walks its own rows backwards
+            # until its page is full, or narrows the trigram bitmap to them (a small tenant's
+            # common text, ADR 0018).
+            models.Index(fields=["tenant", "operation"], name="opsearch_tenant_op_idx"),
             # Provider references by exact value or prefix (pattern ops on PostgreSQL; ignored
             # elsewhere), whatever the database's collation: the console's prefix search, the
             # API's provider_ref filter.
