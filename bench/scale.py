@@ -231,7 +231,9 @@ def fill(rows: int) -> float:
     # One transaction: a fill that fails half-way leaves the schema (dropped indexes) as it was.
     with transaction.atomic(), connection.cursor() as cursor:
         # The dashboard's rollup of the rows this replaces goes with them.
-        cursor.execute("TRUNCATE ledger_operation, ledger_operation_search, ledger_tombstone, review_activityhour RESTART IDENTITY CASCADE")
+        cursor.execute(
+            "TRUNCATE ledger_operation, ledger_operation_search, ledger_tombstone, review_activityhour RESTART IDENTITY CASCADE"
+        )
         restore = _drop_secondary(cursor)
         # Foreign-key triggers off for this session's inserts: every row points at a row this
         # fill wrote (attempts and events are selected from the operations just inserted).

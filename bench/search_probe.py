@@ -47,13 +47,15 @@ def child(rows: int) -> None:
     from review.models import StaffTenant
 
     filled = scale.fill(rows)
-    print(f"{scale.BIG_DB}: {rows:,} operations ({'filled in %.0f s' % filled if filled else 'reused'})", flush=True)
+    how = f"filled in {filled:.0f} s" if filled else "reused"
+    print(f"{scale.BIG_DB}: {rows:,} operations ({how})", flush=True)
     big = Tenant.objects.get(slug=scale.BIG)
     known = Operation.objects.filter(tenant=big).order_by("id").values("key", "provider_ref")[rows // 3]
     users = get_user_model()
     root = users.objects.filter(username="probe-root").first() or users.objects.create_superuser(
         "probe-root", "probe@example.invalid", None
     )
+
     def staff_of(tenant: Tenant) -> Any:
         name = f"probe-{tenant.slug}"
         user = users.objects.filter(username=name).first()
@@ -82,7 +84,10 @@ def child(rows: int) -> None:
                 response = client.get(url, {"q": text})
                 timings.append((time.perf_counter() - started) * 1000)
                 assert response.status_code == 200, (who, name, response.status_code)
-            print(f"{who:<13} {name:<24} q={text!r:<26} p95 {_p95(timings):8.1f} ms  median {sorted(timings)[len(timings) // 2]:8.1f} ms", flush=True)
+            print(
+                f"{who:<13} {name:<24} q={text!r:<26} p95 {_p95(timings):8.1f} ms  median {sorted(timings)[len(timings) // 2]:8.1f} ms",
+                flush=True,
+            )
 
 
 def main() -> int:

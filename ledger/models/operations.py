@@ -377,7 +377,9 @@ class OperationSearch(models.Model):
     # 0 for the claim's row; each append takes the next (under the operation's row lock).
     seq = models.PositiveSmallIntegerField()
     # The operation's tenant, copied (Citus routes by it; a scoped search binds it).
-    tenant = models.ForeignKey(Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+")
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
     # True: ``text`` is a provider reference, found exactly or by prefix (never in the middle).
     # False: identifiers, found by any part of one (trigram GIN on PostgreSQL, migration 0043).
     ref = models.BooleanField(default=False)

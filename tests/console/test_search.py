@@ -13,8 +13,7 @@ from dlq.entries.selectors import failed_event_search
 from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent
 from ledger.models import Operation, OperationSearch
-from ledger.protocol import services
-from ledger.protocol import selectors
+from ledger.protocol import selectors, services
 from ledger.protocol.selectors import MATCHED_TEXT_MAX, operation_search, operations_matching
 from review.privacy import payloads as privacy
 from tests.conftest import on_postgres

@@ -28,7 +28,9 @@ class Command(BaseCommand):
         ):
             written += step.written
             # The resume point, after every committed batch.
-            self.stdout.write(f"ids up to {step.upto} of {step.last_id}: {step.written} rows (resume: --after {step.upto})")
+            self.stdout.write(
+                f"ids up to {step.upto} of {step.last_id}: {step.written} rows (resume: --after {step.upto})"
+            )
         self.stdout.write(f"done: {written} rows written")
         if not options["keep_old_indexes"]:
             for name in old_search_indexes_drop():
