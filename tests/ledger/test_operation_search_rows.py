@@ -5,7 +5,9 @@ them for older operations once, and the nightly check finds a planted orphan."""
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.core.management import call_command
@@ -161,3 +163,18 @@ def test_on_postgresql_a_claim_names_tenant_and_provider_without_a_foreign_key_c
         )
         referenced = {row[0] for row in cursor.fetchall()}
     assert not {"ledger_tenant", "ledger_provider"} & referenced, referenced
+
+
+def test_the_migration_fills_the_rows_of_a_small_table_itself(tenant):
+    # Migration 0043's own (frozen) copy of the fill statements, on this database.
+    migration = importlib.import_module("ledger.migrations.0043_operation_search_rows")
+    crm = enforced_provider(tenant)
+    ops = [succeeded_op(tenant, crm, f"before-{i}") for i in range(2)]
+    OperationSearch.objects.filter(operation_id__in=[op.pk for op in ops]).delete()
+
+    assert migration.fill(SimpleNamespace(connection=connection)) is True
+    assert migration.fill(SimpleNamespace(connection=connection)) is True  # again: nothing twice
+
+    rows = set(OperationSearch.objects.filter(operation_id=ops[0].pk).values_list("seq", "ref", "text"))
+    assert rows == {(0, False, "before-0\x01\x01\x01"), (1, True, "ref-before-0")}
+    assert found("before-") == {"before-0", "before-1"}
