@@ -69,6 +69,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=int(os.environ.get("BENCH_COST_OPS", 200)),
         help="fresh pairs (and as many replays) per scenario for the write-cost figures (bench.writecost)",
     )
+    p.add_argument(
+        "--cost-only",
+        action="store_true",
+        help="only the write-cost figures (bench.writecost) of (a), (b), (c): no timed groups, no CPU",
+    )
     p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 5)), help="interleaved rounds")
     p.add_argument("--profile", action="store_true", help="profile (b) and (c) in-process instead of measuring")
     p.add_argument(
@@ -497,6 +502,14 @@ def main(argv: list[str]) -> int:
         return profiling.main(args)
     seeded = dbsetup.seed()
     keys = Keys()
+    if args.cost_only:
+        from bench import writecost
+
+        raw.create_tables(bench_dsn)
+        costs = write_cost_group(seeded, bench_dsn, keys, args)
+        say(writecost.fmt_table(costs, {}, {}))
+        say(writecost.fmt_indexes(costs))
+        return 1 if any(c.errors for c in costs) else 0
     say(
         f"{args.ops} ops per scenario after {args.warmup} warm-up ops; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
     )

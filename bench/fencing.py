@@ -61,7 +61,9 @@ def main(argv: list[str]) -> int:
     assert connection.settings_dict["NAME"] == BENCH_DB
     with connection.cursor() as cursor:
         # Only ever in onceguard_bench_fence: every run starts from empty tables.
-        cursor.execute("TRUNCATE ledger_operation, ledger_attempt, ledger_operationevent, ledger_fencehold CASCADE")
+        cursor.execute(
+            "TRUNCATE ledger_operation, ledger_operation_search, ledger_attempt, ledger_operationevent, ledger_fencehold CASCADE"
+        )
     tenant = Tenant.objects.filter(slug="bench-fence").first() or services.tenant_create(slug="bench-fence")
     provider = services.provider_upsert(
         tenant=tenant, slug=common.PROVIDER_SLUG, base_url="http://127.0.0.1:9", idempotency_class="key_enforced"

@@ -71,7 +71,7 @@ MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Single fresh claims whose WAL is read one by one (the least is the operation's own).
 WAL_SAMPLES = int(os.environ.get("SCALE_WAL_SAMPLES", 60))
 # Bump when the generated shape changes: a database filled by another version is refilled.
-FILL_VERSION = 7
+FILL_VERSION = 8
 SMALL_TENANTS = 9
 QUIET_ROWS = 300
 BIG = "scale-big"
@@ -100,7 +100,7 @@ def prepare(db: str) -> str:
 
 # --- Fill -------------------------------------------------------------------------------------
 
-TABLES = ("ledger_operation", "ledger_attempt", "ledger_operationevent")
+TABLES = ("ledger_operation", "ledger_operation_search", "ledger_attempt", "ledger_operationevent")
 TABLES_ARRAY = "ARRAY['" + "', '".join(TABLES) + "']"
 # The tables and, for those partitioned by month, their partitions (a partitioned table has no
 # storage of its own): what sizes are summed over.
@@ -177,7 +177,7 @@ _REASON = (
 
 
 def _drop_secondary(cursor: Any) -> list[str]:
-    """Drop the three tables' unique constraints and non-primary indexes; the statements that
+    """Drop the tables' unique constraints and non-primary indexes; the statements that
     put them back (the fill then writes heap only, and each index is built once, sorted)."""
     restore: list[str] = []
     cursor.execute(
@@ -231,7 +231,9 @@ def fill(rows: int) -> float:
     # One transaction: a fill that fails half-way leaves the schema (dropped indexes) as it was.
     with transaction.atomic(), connection.cursor() as cursor:
         # The dashboard's rollup of the rows this replaces goes with them.
-        cursor.execute("TRUNCATE ledger_operation, ledger_tombstone, review_activityhour RESTART IDENTITY CASCADE")
+        cursor.execute(
+            "TRUNCATE ledger_operation, ledger_operation_search, ledger_tombstone, review_activityhour RESTART IDENTITY CASCADE"
+        )
         restore = _drop_secondary(cursor)
         # Foreign-key triggers off for this session's inserts: every row points at a row this
         # fill wrote (attempts and events are selected from the operations just inserted).
@@ -291,6 +293,15 @@ def fill(rows: int) -> float:
             " SELECT tenant_id, id, '', 'claimed', 'api', 'claimed', 1, created_at FROM ledger_operation"
             " UNION ALL SELECT tenant_id, id, 'claimed', status, 'api', " + _REASON + ", 1, updated_at"
             " FROM ledger_operation WHERE status <> 'claimed' ORDER BY 2"
+        )
+        # The search rows (ADR 0018): the claim's identifiers, and the provider reference the
+        # completion appended (fill version 8).
+        cursor.execute(
+            "INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)"
+            " SELECT id, 0, tenant_id, false,"
+            " key || chr(1) || reconciliation_handle || chr(1) || execution_id || chr(1) || correlation_id"
+            " FROM ledger_operation"
+            " UNION ALL SELECT id, 1, tenant_id, true, provider_ref FROM ledger_operation WHERE provider_ref <> ''"
         )
         cursor.execute("SET session_replication_role = DEFAULT")
         cursor.execute("SET maintenance_work_mem = '512MB'")
@@ -607,7 +618,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
 
 
 def _sized(result: dict[str, Any]) -> dict[str, Any]:
-    """``result`` with the three tables' total and index bytes and their breakdown."""
+    """``result`` with the tables' total and index bytes and their breakdown."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -685,7 +696,7 @@ def transaction_savepoint(connection: Any) -> Any:
 
 def wal_and_hot(call: Callable[[], None], samples: int = WAL_SAMPLES, marginal: int = MARGINAL) -> dict[str, Any]:
     """WAL bytes of one fresh claim → complete, how many of its operation and attempt updates
-    were HOT, and the bytes the three tables grew by per such operation (``marginal`` more).
+    were HOT, and the bytes the tables grew by per such operation (``marginal`` more).
 
     WAL positions are the cluster's, which other sessions write too: the least of many
     single-operation deltas is this operation's own (any other writer only adds)."""

@@ -133,7 +133,9 @@ def main(argv: list[str]) -> int:
     assert connection.settings_dict["NAME"] == BENCH_DB
     with connection.cursor() as cursor:
         # Only ever in onceguard_bench_trace: every run starts from empty tables.
-        cursor.execute("TRUNCATE ledger_operation, ledger_attempt, ledger_operationevent CASCADE")
+        cursor.execute(
+            "TRUNCATE ledger_operation, ledger_operation_search, ledger_attempt, ledger_operationevent CASCADE"
+        )
     tenant = Tenant.objects.filter(slug="bench-trace").first() or services.tenant_create(slug="bench-trace")
     services.provider_upsert(
         tenant=tenant, slug=common.PROVIDER_SLUG, base_url="http://127.0.0.1:9", idempotency_class="key_enforced"

@@ -72,6 +72,10 @@ class Cost:
     index_source: str = "wal"
     # Index entries per op of each index (WAL only), busiest first: the audit's figure.
     indexes: dict[str, float] = field(default_factory=dict)
+    # Heap LOCK records per op, by table (row locks: foreign-key checks, FOR UPDATE).
+    heap_locks: dict[str, float] = field(default_factory=dict)
+    # WAL bytes per op of each index's insert records.
+    index_bytes: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +90,8 @@ class Cost:
             "statements_per_op": self.statements,
             "index_entries_from": self.index_source,
             "index_entries_per_index": self.indexes,
+            "heap_locks_per_op": self.heap_locks,
+            "index_wal_bytes_per_op": self.index_bytes,
         }
 
 
@@ -111,25 +117,39 @@ def wal_reader(conn: psycopg.Connection) -> WalReader:
         ).fetchone()
         # The relation of each index-insert record, by its file node (first block reference).
         rows = conn.execute(
-            "WITH r AS (SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid AS node"
+            "WITH r AS (SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid AS node, record_length"
             " FROM pg_get_wal_records_info(%s, %s)"
             " WHERE block_ref LIKE %s AND (resource_manager, record_type) IN"
             f" ({', '.join(['(%s, %s)'] * len(inserts))}))"
-            " SELECT t.relname, coalesce(pg_partition_root(i.indexrelid), i.indexrelid)::regclass::text, count(*)"
+            " SELECT t.relname, coalesce(pg_partition_root(i.indexrelid), i.indexrelid)::regclass::text, count(*),"
+            " sum(r.record_length)"
             " FROM r JOIN pg_index i ON i.indexrelid = pg_filenode_relation(0, r.node)"
             " JOIN pg_class t ON t.oid = coalesce(pg_partition_root(i.indrelid), i.indrelid)"
             " GROUP BY 1, 2",
             [start, end, mine, *[x for pair in inserts for x in pair]],
         ).fetchall()
+        # Row locks written to a table's rows (Heap LOCK records: SELECT … FOR KEY SHARE of a
+        # foreign-key check, FOR UPDATE), by table: ADR 0019 counts the tenant's and provider's.
+        locks = conn.execute(
+            "WITH r AS (SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid AS node"
+            " FROM pg_get_wal_records_info(%s, %s)"
+            " WHERE block_ref LIKE %s AND resource_manager = 'Heap' AND record_type LIKE 'LOCK%%')"
+            " SELECT coalesce(pg_partition_root(c.oid), c.oid)::regclass::text, count(*)"
+            " FROM r JOIN pg_class c ON c.oid = pg_filenode_relation(0, r.node) GROUP BY 1",
+            [start, end, mine],
+        ).fetchall()
         return {
+            "heap_locks": {table: int(n) for table, n in locks},
             "records": int(total[0]),
             "bytes": int(total[1]),
             "fpi_bytes": int(total[2]),
             "commits": int(total[3]),
             "index_entries": {
-                table: sum(int(n) for t, _, n in rows if t == table) for table in {t for t, _, _ in rows}
+                table: sum(int(n) for t, _, n, _ in rows if t == table) for table in {t for t, _, _, _ in rows}
             },
-            "by_index": {f"{table}.{index}": int(n) for table, index, n in rows},
+            "by_index": {f"{table}.{index}": int(n) for table, index, n, _ in rows},
+            # WAL bytes of those records (full-page images included), by index.
+            "index_bytes": {f"{table}.{index}": int(b) for table, index, _, b in rows},
         }
 
     return read
@@ -214,13 +234,26 @@ def measure(
             wal_error = wal_error or f"WAL of some ops unreadable: {exc}"[:300]
             continue
         wal_ops += len(chunk)
-        walled = walled or {"records": 0, "bytes": 0, "fpi_bytes": 0, "commits": 0, "index_entries": {}, "by_index": {}}
+        walled = walled or {
+            "records": 0,
+            "bytes": 0,
+            "fpi_bytes": 0,
+            "commits": 0,
+            "index_entries": {},
+            "by_index": {},
+            "index_bytes": {},
+            "heap_locks": {},
+        }
         for key in ("records", "bytes", "fpi_bytes", "commits"):
             walled[key] += part[key] if part else 0
         for table, entries in (part or {}).get("index_entries", {}).items():
             walled["index_entries"][table] = walled["index_entries"].get(table, 0) + entries
         for index, entries in (part or {}).get("by_index", {}).items():
             walled["by_index"][index] = walled["by_index"].get(index, 0) + entries
+        for index, size in (part or {}).get("index_bytes", {}).items():
+            walled["index_bytes"][index] = walled["index_bytes"].get(index, 0) + size
+        for table, locks in (part or {}).get("heap_locks", {}).items():
+            walled["heap_locks"][table] = walled["heap_locks"].get(table, 0) + locks
     statements = counted() - statements0
     flush_stats()
     stats1 = _settled_stats(monitor)
@@ -255,6 +288,8 @@ def measure(
             "commits": round(walled["commits"] / wal_ops, 2),
             "ops_read": wal_ops,
         }
+        cost.heap_locks = {table: round(n / wal_ops, 2) for table, n in sorted(walled["heap_locks"].items())}
+        cost.index_bytes = {index: round(size / wal_ops, 1) for index, size in sorted(walled["index_bytes"].items())}
     else:
         cost.index_source = "estimate"
     return cost
@@ -355,6 +390,8 @@ def fmt_table(
                 kind,
                 2,
             )
+        for t in sorted({t for c in costs for t in c.heap_locks}):
+            row(f"{t}: row locks (Heap LOCK records)", lambda s, k, t=t: by[(s, k)].heap_locks.get(t), kind, 2)
         if kind == "fresh":
             row("completion HOT share (operation table)", lambda s, k: by[(s, k)].hot_share, kind, 2)
         for proc, name in (("client", "client"), ("app", "server"), ("pg", "PostgreSQL")):
@@ -374,6 +411,18 @@ def fmt_table(
         " leave its indexes alone. CPU: from the timed runs above ((a) and (b) at 1 connection in-process,"
         " (c) at client concurrency 8: client = load processes, server = WSGI server, PostgreSQL = backends)."
     )
+    return "\n".join(lines)
+
+
+def fmt_indexes(costs: list[Cost]) -> str:
+    """Index entries and their WAL bytes per op, by index, of every fresh scenario."""
+    lines = []
+    for c in costs:
+        if c.kind != "fresh" or not c.indexes:
+            continue
+        lines.append(f"{c.scenario} fresh: index entries (WAL bytes) per op")
+        for index, entries in c.indexes.items():
+            lines.append(f"  {index:<60}{entries:>8.2f}{c.index_bytes.get(index, 0):>10,.0f} B")
     return "\n".join(lines)
 
 

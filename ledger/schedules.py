@@ -1,4 +1,4 @@
-"""django-q2 schedules owned by the ledger: the sweeper, the sweep of objects crashes left, the fence epoch. Entry points take nothing but
+"""django-q2 schedules owned by the ledger: the sweeper, the sweep of objects crashes left, the fence epoch, the nightly orphan check. Entry points take nothing but
 call the service; the schedule rows are installed idempotently by `schedules_install`."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from ledger.execution.objects import objects_sweep
 from ledger.platform.partitions import partitions_ensure
 from ledger.protocol.fencing import fence_schedule
 from ledger.recovery.sweeper import sweep
+from ledger.store.orphans import orphans_count
 
 
 def sweep_task() -> dict[str, int]:
@@ -26,6 +27,10 @@ def partitions_ensure_task() -> list[str]:
 
 def fence_task() -> dict[str, int]:
     return fence_schedule()
+
+
+def orphans_task() -> dict[str, int]:
+    return orphans_count()
 
 
 def install_schedules() -> list[str]:
@@ -70,4 +75,14 @@ def install_schedules() -> list[str]:
             "repeats": -1,
         },
     )
-    return ["ledger.sweep", "ledger.objects_sweep", "ledger.partitions_ensure", "ledger.fence"]
+    # The references without a database constraint (ADR 0019): nightly, a report of rows whose
+    # tenant, provider or operation is gone (a warning in the log; none is the expected answer).
+    Schedule.objects.update_or_create(
+        name="ledger.orphans",
+        defaults={
+            "func": "ledger.schedules.orphans_task",
+            "schedule_type": Schedule.DAILY,
+            "repeats": -1,
+        },
+    )
+    return ["ledger.sweep", "ledger.objects_sweep", "ledger.partitions_ensure", "ledger.fence", "ledger.orphans"]

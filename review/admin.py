@@ -85,6 +85,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
     search_fields = ["key"]
     list_search = staticmethod(operation_search)
     list_search_scoped = True
+    list_search_paged = True
     search_help_text = (
         "A whole key; any part of a key, reconciliation handle, execution or correlation id or workflow name"
         " (any case); a provider ref."

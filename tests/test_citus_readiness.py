@@ -71,6 +71,9 @@ DISTRIBUTED = frozenset(
         "ledger_open_operation",
         "ledger_attempt",
         "ledger_operationevent",
+        # The write-once search rows (ADR 0018): written with their operation, by its tenant;
+        # a tenant's search binds tenant_id (the superuser's reads every shard).
+        "ledger_operation_search",
         "ledger_admissionrefusalcount",
         "ledger_tombstone",
         "ledger_upload",
@@ -584,6 +587,7 @@ CONSTRAINTS_TO_WIDEN: dict[str, str] = {
     "ledger_attempt_pkey": "(id, started_at) → (tenant_id, id, started_at): the column is there (ledger 0029);"
     " widening the key rebuilds every partition's primary key index, the Citus migration's work",
     "ledger_operationevent_pkey": "(id, at) → (tenant_id, id, at): as attempts",
+    "ledger_operation_search_pkey": "(operation_id, seq) → (tenant_id, operation_id, seq): the column is there",
     "dlq_failedevent_operation_id_key": "one entry per operation → (tenant_id, operation_id)",
     "ledger_operationoutput_operation_id_key": "one output per operation → (tenant_id, operation_id)",
     "ledger_operationmanifest_operation_id_key": "one manifest per operation → (tenant_id, operation_id)",

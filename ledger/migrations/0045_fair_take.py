@@ -59,7 +59,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0042_open_operation_work_queue"),
+        ("ledger", "0043_operation_search_rows"),
     ]
 
     operations = [

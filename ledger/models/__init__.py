@@ -57,11 +57,13 @@ from ledger.models.manifests import (  # noqa: F401
 )
 from ledger.models.objects import OperationOutput, Upload  # noqa: F401
 from ledger.models.operations import (  # noqa: F401
+    SEARCH_SEPARATOR,
     AdmissionRefusalCount,
     Attempt,
     OpenOperation,
     Operation,
     OperationEvent,
+    OperationSearch,
     Tombstone,
 )
 from ledger.models.providers import (  # noqa: F401

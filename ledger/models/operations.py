@@ -16,15 +16,27 @@ from ledger.models.tenants import Tenant
 class Operation(models.Model):
     """One row per logical side effect, unique on (tenant, key)."""
 
-    # No single-column index: (tenant, key) and the tenant composites below cover it.
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="operations", db_index=False)
+    # No single-column index: (tenant, key) and the tenant composites below cover it. No
+    # database constraint on tenant or provider (ADR 0019): its check took a FOR KEY SHARE lock
+    # on the one tenant row (and provider row) every claim names, a multixact under load. The
+    # ORM's PROTECT still refuses deleting a tenant or provider that has operations, and
+    # `ledger_orphans` (nightly) reports any row whose tenant or provider is gone.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="operations", db_index=False, db_constraint=False
+    )
     key = models.CharField(max_length=255)
     mode = models.CharField(max_length=8, choices=OperationMode.choices, default=OperationMode.GUARD)
     status = models.CharField(max_length=16, choices=OperationStatus.choices)
     # Not indexed: only deleting a provider (rare, PROTECTed) searches by it; every claim
     # would pay for the index.
     provider = models.ForeignKey(
-        Provider, on_delete=models.PROTECT, null=True, blank=True, related_name="operations", db_index=False
+        Provider,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="operations",
+        db_index=False,
+        db_constraint=False,
     )
     action = models.CharField(max_length=100, blank=True)
     # sha256 of the request (services.request_fingerprint): 32 bytes stored, hex everywhere else.
@@ -132,7 +144,8 @@ class Operation(models.Model):
         ]
         # Each index's query, how often it is read, its entries per claim→complete and whether
         # the completion changes a column it names: docs/adr/0011-operation-index-audit.md
-        # (with the two GIN indexes of migrations 0004 and 0028, 25 with the keys).
+        # (with the GIN index of migration 0004, 23 with the keys; ADR 0018 moved the search
+        # trigram index of migration 0028 and op_ref_idx to OperationSearch).
         indexes = [
             # The work queue's indexes — open rows by state, lease, due time and last move, and
             # the public `updated_after` filter's (tenant, updated_at, id) — live on
@@ -149,14 +162,8 @@ class Operation(models.Model):
             models.Index(
                 fields=["reconciliation_handle"], name="op_handle_idx", condition=~Q(reconciliation_handle="")
             ),
-            # Pattern ops (PostgreSQL; ignored elsewhere): serves the console's prefix search
-            # (LIKE 'ref%') as well as equality, whatever the database's collation.
-            models.Index(
-                fields=["provider_ref"],
-                name="op_ref_idx",
-                condition=~Q(provider_ref=""),
-                opclasses=["varchar_pattern_ops"],
-            ),
+            # The provider reference and the console's search text are not indexed here: they
+            # live in OperationSearch, written once (ADR 0018).
             models.Index(fields=["execution_id"], name="op_execution_idx", condition=~Q(execution_id="")),
             models.Index(fields=["correlation_id"], name="op_correlation_idx", condition=~Q(correlation_id="")),
             # A search by workflow name ends here: the ids of the workflows so named (WorkflowName).
@@ -390,6 +397,66 @@ class OperationEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operation_id}: {self.from_status or '∅'} → {self.to_status}"
+
+
+class OperationSearch(models.Model):
+    """What the console's search box and the API's ``provider_ref`` filter find an operation by,
+    written once (ADR 0018): the claim's row (``seq`` 0) holds its key, reconciliation handle,
+    execution and correlation ids joined by chr(1) (``SEARCH_SEPARATOR``);
+    an identifier that becomes known later (a provider reference at completion or when the
+    provider accepts the job, a handle at the sent marker, an execution id at a reclaim) is a
+    row appended after it, never an UPDATE. Nothing on the hot row is indexed for search, so a
+    completion writes no trigram entry and changes no column a search index names.
+
+    Deleted with its operation (retention's ``_delete_operation_rows`` and the ORM collector
+    follow the CASCADE); erasure cuts the person's values out of ``text`` as out of every other
+    text of the record. No database constraint to the operation: the insert would lock the
+    operation row it names (ADR 0019); ``ledger_orphans`` reports rows left without one."""
+
+    # (operation, seq): deletes by operation, the next seq of an append, and the superuser's
+    # newest-first walk all read this one B-tree.
+    pk = models.CompositePrimaryKey("operation_id", "seq")
+    operation = models.ForeignKey(
+        Operation, on_delete=models.CASCADE, related_name="search_rows", db_index=False, db_constraint=False
+    )
+    # 0 for the claim's row; each append takes the next (under the operation's row lock).
+    seq = models.PositiveSmallIntegerField()
+    # The operation's tenant, copied (Citus routes by it; a scoped search binds it).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    # True: ``text`` is a provider reference, found exactly or by prefix (never in the middle).
+    # False: identifiers, found by any part of one (trigram GIN on PostgreSQL, migration 0043).
+    ref = models.BooleanField(default=False)
+    text = models.TextField()
+
+    class Meta:
+        db_table = "ledger_operation_search"
+        indexes = [
+            # A tenant's matches newest first: a tenant's search walks its own rows backwards
+            # until its page is full, or narrows the trigram bitmap to them (a small tenant's
+            # common text, ADR 0018).
+            models.Index(fields=["tenant", "operation"], name="opsearch_tenant_op_idx"),
+            # Provider references by exact value or prefix (pattern ops on PostgreSQL; ignored
+            # elsewhere), whatever the database's collation: the console's prefix search, the
+            # API's provider_ref filter.
+            models.Index(
+                fields=["text"], name="opsearch_ref_idx", condition=Q(ref=True), opclasses=["text_pattern_ops"]
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation_id}#{self.seq}"
+
+    @staticmethod
+    def joined(*identifiers: str) -> str:
+        """The claim's row text: its identifiers joined by chr(1), which no identifier holds, so
+        a substring match never spans two of them."""
+        return SEARCH_SEPARATOR.join(identifiers)
+
+
+# Between the identifiers of an OperationSearch row's text.
+SEARCH_SEPARATOR = "\x01"
 
 
 class AdmissionRefusalCount(models.Model):

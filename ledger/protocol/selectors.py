@@ -7,11 +7,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, F, Func, Q, QuerySet, TextField
-from django.db.models.lookups import IContains
+from django.db.models import Count, F, Q, QuerySet
 
 from ledger.models import (
     OPEN_STATES,
+    SEARCH_SEPARATOR,
     TERMINAL_STATES,
     Attempt,
     AttemptOutcome,
@@ -19,6 +19,7 @@ from ledger.models import (
     Operation,
     OperationEvent,
     OperationMode,
+    OperationSearch,
     OperationStatus,
     Provider,
     Tenant,
@@ -86,31 +87,33 @@ def operations_updated_after(
     return rows.filter(updated_at__gt=after, pk__in=still_open.union(finished))
 
 
-# Written once (at the claim or the sent marker), so their trigram index (migration
-# ledger.0028, PostgreSQL) costs a claim, never a completion.
+# The identifiers the console's search finds by any part (the claim's OperationSearch row
+# joins them; ADR 0018).
 OPERATION_SUBSTRING_FIELDS = ("key", "reconciliation_handle", "execution_id", "correlation_id")
-SEARCH_SEPARATOR = "\x01"
-
-
-class SearchText(Func):
-    """The columns joined by chr(1): ``op_search_trgm``'s expression under ``icontains``
-    (PostgreSQL; migration 0028 spells it out, and a test holds the search's plan to it)."""
-
-    arg_joiner = " || chr(1) || "
-    template = "(%(expressions)s)"
-    output_field = TextField()
+# A search's identifier and provider-reference matches are read newest operation first, at most
+# this many at a time (one LIMIT on the search rows); each batch is narrowed by the list's own
+# filters until the list has what it shows, at most MATCHED_TEXT_ROUNDS batches: past the newest
+# ~4,000 matches a search narrowed further by a filter finds no older ones (a narrower text does).
+MATCHED_TEXT_BATCH = 500
+MATCHED_TEXT_ROUNDS = 10
+# What a caller that does not say shows at most (the API's largest page).
+MATCHED_TEXT_MAX = 500
 
 
 def operation_search(
-    rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None = None
+    rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None = None, enough: int = MATCHED_TEXT_MAX
 ) -> QuerySet[Operation]:
     """Rows matching ``text``: a case-insensitive substring of the key, reconciliation
     handle, execution or correlation id, of a name of the row's workflow, or of the error
-    text of one of its failures (``operations_failed_with``); the provider ref exactly or by
-    prefix (it is written at completion, so it gets no trigram index); the
-    row's id. Plain LIKE on SQLite; on PostgreSQL every arm of the OR has its index (trigram
-    GIN, the provider ref's pattern-ops btree, the primary key, the tenant's workflow ids), so
-    it stays an index scan at a million rows.
+    text of one of its failures (``operations_failed_with``); a provider reference the row was
+    given, exactly or by prefix; the row's id.
+
+    The identifiers and provider references are read from the write-once search rows
+    (``operations_matching``, ADR 0018), newest first, a batch at a time, each batch narrowed
+    by ``rows``' filters, until ``enough`` rows match (the caller's page: the console asks for
+    the rows up to the page it shows) — so a common text costs a page, not a join and a sort
+    of every match. Every other arm has its index too (the primary key, the tenant's
+    workflow ids, the failure events' trigrams).
 
     A whole key of one of ``tenant_ids``' operations (None: every tenant's) finds that
     operation and nothing else, through the unique (tenant, key) index: a substring search
@@ -122,29 +125,69 @@ def operation_search(
     exact = _whole_key(rows, text, tenant_ids=tenant_ids)
     if exact is not None:
         return exact
-    found = Q(provider_ref__startswith=text) & ~Q(provider_ref="")
-    if text.isdigit() and len(text) <= 18:
-        found |= Q(pk=int(text))
-    if connection.vendor == "postgresql" and SEARCH_SEPARATOR not in text:
-        # The four columns joined, as op_search_trgm indexes them (migration 0028): one trigram
-        # index and one bitmap instead of four; a match cannot span two columns (the separator
-        # is not in the text).
-        found |= Q(IContains(SearchText(*OPERATION_SUBSTRING_FIELDS), text))
-    else:
-        for field in OPERATION_SUBSTRING_FIELDS:
-            found |= Q(**{f"{field}__icontains": text}) & ~Q(**{field: ""})
-    named = workflows_named(text)
-    if named is not None:
-        found |= named
+    ids = _matching_ids(rows, text, tenant_ids=tenant_ids, enough=enough)
     if ERROR_SEARCH_MIN <= len(text) <= ERROR_SEARCH_MAX:
         # Newest first by an expression no index serves: walking the event's operation index
         # backwards hoping for a rare match under the LIMIT is the plan this rules out.
         newest = (F("operation_id") + 0).desc()
         failed = operations_failed_with(text, tenant_ids=tenant_ids).order_by(newest)
-        ids = list(dict.fromkeys(failed.values_list("operation_id", flat=True)[:MATCHED_ERRORS_MAX]))
-        if ids:
-            found |= Q(pk__in=ids)
+        ids += failed.values_list("operation_id", flat=True)[:MATCHED_ERRORS_MAX]
+    found = Q(pk__in=list(dict.fromkeys(ids)))
+    if text.isdigit() and len(text) <= 18:
+        found |= Q(pk=int(text))
+    named = workflows_named(text)
+    if named is not None:
+        found |= named
     return rows.filter(found)
+
+
+def _matching_ids(rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None, enough: int) -> list[int]:
+    """The ids of ``rows`` ``operations_matching`` finds, newest first, ``enough`` of them when
+    there are: batch by batch of the search rows, each kept where ``rows`` holds it."""
+    kept: list[int] = []
+    below: int | None = None
+    # The first batch is the page's own LIMIT (a walk newest first stops at it); later ones,
+    # needed only when the list's filters dropped matches, grow to MATCHED_TEXT_BATCH.
+    size = max(1, min(enough, MATCHED_TEXT_BATCH))
+    for _ in range(MATCHED_TEXT_ROUNDS):
+        read = list(operations_matching(text, tenant_ids=tenant_ids, below=below)[:size])
+        if not read:
+            break
+        batch = list(dict.fromkeys(read))
+        kept += rows.filter(pk__in=batch).values_list("pk", flat=True)
+        # Enough, or no older match left.
+        if len(kept) >= enough or len(read) < size:
+            break
+        below = batch[-1]
+        size = min(2 * size, MATCHED_TEXT_BATCH)
+    return kept
+
+
+def operations_matching(
+    text: str, *, tenant_ids: list[int] | None = None, below: int | None = None
+) -> QuerySet[OperationSearch]:
+    """The ids of the operations whose identifiers hold ``text`` (any case; not across two of
+    them) or that were given a provider reference starting with it, newest first (below the
+    operation id ``below``), as ``operation_id`` values (an operation with several matching rows
+    may repeat). From the search rows alone (ADR 0018): trigram GIN and the references'
+    pattern-ops index, or, for a common text, the (operation, seq) key walked backwards until the
+    LIMIT is met — the planner chooses by the text's frequency. ``tenant_ids`` (None: every
+    tenant's) bind the rows' tenant."""
+    found = Q(ref=True, text__startswith=text)
+    if SEARCH_SEPARATOR not in text:
+        found |= Q(ref=False, text__icontains=text)
+    rows = OperationSearch.objects.filter(found)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=tenant_ids)
+    if below is not None:
+        rows = rows.filter(operation_id__lt=below)
+    return rows.order_by("-operation_id").values_list("operation_id", flat=True)
+
+
+def operations_with_provider_ref(ref: str, *, tenant_id: int) -> QuerySet[OperationSearch]:
+    """The ids of a tenant's operations ever given the provider reference ``ref`` (its index:
+    the search rows', ADR 0018), for ``id IN (…)``; the API filter then compares the row's own."""
+    return OperationSearch.objects.filter(tenant_id=tenant_id, ref=True, text=ref).values("operation_id")
 
 
 # The states a failure moves an operation to; the event of that move holds the error text in
@@ -155,8 +198,7 @@ ERROR_EVENT_STATES = (
     OperationStatus.UNCERTAIN,
     OperationStatus.REVIEW,
 )
-# A search arm's error matches, newest operations first: the ids go to the database as a list
-# (an OR with a sub-select would read every operation), so beyond this the oldest are left out.
+# A search arm's error matches, newest operations first (MATCHED_TEXT_MAX says why a list).
 MATCHED_ERRORS_MAX = 500
 # A trigram index narrows nothing for a shorter text (it holds no trigram): it would read the
 # whole index. Error text is searched from three characters on (the API says so too).

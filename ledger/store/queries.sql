@@ -119,6 +119,11 @@ WITH op AS (
     -- event_insert's row: from no state to the new one.
     INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, attempt, at)
     SELECT %(tenant_id)s, id, '', status, %(actor)s, %(reason)s, attempts, now() FROM op
+), search AS (
+    -- operation_search_append's first row (seq 0): the identifiers the claim brings, joined as
+    -- %(search_text)s (ADR 0018). Written once; nothing on the operation row is indexed for search.
+    INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)
+    SELECT id, 0, %(tenant_id)s, FALSE, %(search_text)s FROM op
 )
 SELECT * FROM op;
 
@@ -383,8 +388,41 @@ WITH held AS (
     INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, attempt, at)
     SELECT %(tenant_id)s, op.id, held.from_status, op.status, %(actor)s, %(reason)s, op.attempts, now()
     FROM op JOIN held ON held.id = op.id
+), search AS (
+    -- operation_search_append of the provider reference the completion brings: a row appended
+    -- after the operation's others (its row lock, taken by `held`, orders the appends), never
+    -- an update (ADR 0018); none without a reference or for one it already has.
+    INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)
+    SELECT op.id,
+           COALESCE((SELECT MAX(s.seq) FROM ledger_operation_search s
+                     WHERE s.operation_id = op.id AND s.tenant_id = %(tenant_id)s), -1) + 1,
+           %(tenant_id)s, TRUE, op.provider_ref
+    FROM op
+    WHERE op.provider_ref <> ''
+      AND NOT EXISTS (SELECT 1 FROM ledger_operation_search s
+                      WHERE s.operation_id = op.id AND s.tenant_id = %(tenant_id)s AND s.ref AND s.text = op.provider_ref)
+    ON CONFLICT DO NOTHING
 )
 SELECT * FROM op;
+
+
+-- name: operation_search_append --
+-- A searchable identifier of an operation, as a row of its own (ADR 0018): the claim's joined
+-- identifiers (seq 0), or one that became known later — a provider reference (ref: found
+-- exactly or by prefix), a reconciliation handle at the sent marker, an execution id at a
+-- reclaim. Appended, never updated: the next seq after the operation's others (the caller holds
+-- the operation's row lock, which orders appends), nothing for an empty text or one the
+-- operation already has. ON CONFLICT: a search row must never fail the move it follows.
+INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)
+SELECT %(operation_id)s,
+       COALESCE((SELECT MAX(seq) FROM ledger_operation_search
+                 WHERE operation_id = %(operation_id)s AND tenant_id = %(tenant_id)s), -1) + 1,
+       %(tenant_id)s, %(ref)s, CAST(%(text)s AS text)
+WHERE CAST(%(text)s AS text) <> ''
+  AND NOT EXISTS (SELECT 1 FROM ledger_operation_search
+                  WHERE operation_id = %(operation_id)s AND tenant_id = %(tenant_id)s
+                    AND ref = %(ref)s AND text = CAST(%(text)s AS text))
+ON CONFLICT DO NOTHING;
 
 
 -- name: operation_fail --
@@ -581,3 +619,41 @@ UPDATE ledger_providerrate SET
     concurrency = NULL, concurrency_since = NULL, concurrency_quiet_since = NULL, concurrency_reason = ''
 WHERE provider_id = %(provider_id)s AND tenant_id = %(tenant_id)s;
 
+
+
+-- Search rows of operations written before them (ADR 0018; ledger.store.search_rows): the
+-- backfill, batch by batch of ids in (after, upto], each batch its own short transaction.
+-- Idempotent (an operation that has the row is skipped), so a batch run twice, or a pass
+-- resumed anywhere, writes each row once.
+
+
+-- name: operation_search_fill_identifiers --
+-- operation_search_append of the claim's identifiers, set-wise, for operations without them.
+INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)
+SELECT o.id,
+       COALESCE((SELECT MAX(s.seq) FROM ledger_operation_search s
+                 WHERE s.operation_id = o.id AND s.tenant_id = o.tenant_id), -1) + 1,
+       o.tenant_id, FALSE,
+       o.key || %(sep)s || o.reconciliation_handle || %(sep)s || o.execution_id || %(sep)s || o.correlation_id
+FROM ledger_operation o
+WHERE o.id > %(after)s AND o.id <= %(upto)s
+  AND NOT EXISTS (
+      SELECT 1 FROM ledger_operation_search s
+      WHERE s.operation_id = o.id AND s.tenant_id = o.tenant_id AND NOT s.ref
+        AND s.text = o.key || %(sep)s || o.reconciliation_handle || %(sep)s || o.execution_id || %(sep)s || o.correlation_id)
+ON CONFLICT DO NOTHING;
+
+
+-- name: operation_search_fill_refs --
+-- operation_search_append of the provider reference, set-wise, for operations without it.
+INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)
+SELECT o.id,
+       COALESCE((SELECT MAX(s.seq) FROM ledger_operation_search s
+                 WHERE s.operation_id = o.id AND s.tenant_id = o.tenant_id), -1) + 1,
+       o.tenant_id, TRUE, o.provider_ref
+FROM ledger_operation o
+WHERE o.id > %(after)s AND o.id <= %(upto)s AND o.provider_ref <> ''
+  AND NOT EXISTS (
+      SELECT 1 FROM ledger_operation_search s
+      WHERE s.operation_id = o.id AND s.tenant_id = o.tenant_id AND s.ref AND s.text = o.provider_ref)
+ON CONFLICT DO NOTHING;

@@ -410,15 +410,24 @@ class SelectorSearchMixin:
 
     # Whether list_search takes the user's tenants (a whole key is looked up among them).
     list_search_scoped = False
+    # Whether list_search takes ``enough``: the rows up to the page shown (and one more, which
+    # says there is a next page), so that it can stop reading matches there (ADR 0018).
+    list_search_paged = False
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
+        options: dict[str, Any] = {}
         if self.list_search_scoped:
             scope_of = getattr(self, "tenant_scope", None)
-            tenant_ids = scope_of(request) if scope_of is not None else None
-            return type(self).list_search(queryset, search_term, tenant_ids=tenant_ids), False
-        return type(self).list_search(queryset, search_term), False
+            options["tenant_ids"] = scope_of(request) if scope_of is not None else None
+        if self.list_search_paged:
+            try:
+                page = max(1, int(request.GET.get(PAGE_VAR, 1)))
+            except ValueError:
+                page = 1
+            options["enough"] = page * getattr(self, "list_per_page", 100) + 1
+        return type(self).list_search(queryset, search_term, **options), False
 
 
 __all__ = [

@@ -20,7 +20,7 @@ the second finds the cursor moved. Per record:
 * DLQ entries: the payload becomes a marker, the replays' recorded answers are dropped; a
   ``pending`` or ``replayed`` one is discarded first, so nobody replays a marker;
 * free text of the record and what hangs off it (last error, attempt messages, event
-  reasons, DLQ error message, notes, quarantine reason, replay messages and notes): the
+  reasons, its search rows' identifiers, DLQ error message, notes, quarantine reason, replay messages and notes): the
   person's own values, read from the payload before it goes, are cut out — the rows, their
   times, actors and states (the audit trail) stay; its failed attempts' evidence (ADR 0016)
   stays too, its error text cut the same way and its keyed digest of the key cleared;
@@ -51,7 +51,7 @@ from dlq.rules.errors import FailedEventBusy, FailedEventClosed
 from ledger.execution.manifests import manifest_values, manifests_delete_for
 from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import upload_keys_in, uploads_delete_named
-from ledger.models import Attempt, AttemptEvidence, Operation, OperationEvent, OperationStatus
+from ledger.models import Attempt, AttemptEvidence, Operation, OperationEvent, OperationSearch, OperationStatus
 from ledger.platform import crypto
 from ledger.platform.cutting import ValueCutter, readable_value, value_strings
 from ledger.platform.errors import DomainError, ValidationFailed
@@ -238,6 +238,9 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     run.attempts += Attempt.objects.filter(pk__in=[a.pk for a in attempts]).update(response_body=None)
     cutter.rows(Attempt.objects.filter(operation_id=op.pk).exclude(message=""), "message")
     cutter.rows(OperationEvent.objects.filter(operation_id=op.pk).exclude(reason=""), "reason")
+    # Its search rows (ADR 0018) are a copy of its identifiers: a key or handle made of the
+    # person's data (a tenant may allow such keys) stops being findable by it.
+    cutter.rows(OperationSearch.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk), "text")
     cutter.rows(Replay.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk), "error_message", "note")
     # Its failed attempts' evidence stays: it holds no personal data by construction (its
     # error text was cut of these same values when written). The keyed digest of the key goes,

@@ -12,9 +12,9 @@ from django.db import connection
 from dlq.entries.selectors import failed_event_search
 from dlq.ingest import services as dlq_ingest
 from dlq.models import FailedEvent
-from ledger.models import Operation
-from ledger.protocol import services
-from ledger.protocol.selectors import operation_search
+from ledger.models import Operation, OperationSearch
+from ledger.protocol import selectors, services
+from ledger.protocol.selectors import MATCHED_TEXT_MAX, operation_search, operations_matching
 from review.privacy import payloads as privacy
 from tests.conftest import on_postgres
 from tests.console.support import enforced_provider, example, seq_scan_free_plan
@@ -110,12 +110,13 @@ def test_a_local_phone_number_finds_the_person_indexed_in_international_form(row
 
 @pytest.mark.skipif(not on_postgres(), reason="trigram indexes exist on PostgreSQL only")
 def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
-    # A superuser's search (every tenant): a tenant's own is narrowed by its tenant index too.
-    # (On a nearly empty table the planner may prefer a column's partial btree and recheck;
-    # columns with no other index show their trigram index.)
+    # A superuser's search (every tenant): the identifiers and provider references through the
+    # search rows' two indexes (ADR 0018), their ids then through the operations' primary key.
+    matching = operations_matching("lead-call")[:MATCHED_TEXT_MAX]
+    found = seq_scan_free_plan(matching)
+    assert "Seq Scan" not in found and "opsearch_text_trgm" in found and "opsearch_ref_idx" in found, found
     ops = seq_scan_free_plan(operation_search(Operation.objects.all(), "lead-call"))
-    # The four written-once columns through their one trigram index (migration 0028).
-    assert "Seq Scan" not in ops and "op_search_trgm" in ops and "op_ref_idx" in ops, ops
+    assert "Seq Scan" not in ops and "ledger_operation_pkey" in ops, ops
     dlq = seq_scan_free_plan(failed_event_search(FailedEvent.objects.all(), "429"))
     assert "Seq Scan" not in dlq, dlq
     for index in ("fe_event_trgm", "fe_error_trgm", "fe_workflow_name_trgm", "fe_node_trgm"):
@@ -123,8 +124,73 @@ def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexname FROM pg_indexes WHERE indexname LIKE '%%_trgm'")
         made = {r[0] for r in cursor.fetchall()}
-    assert {"op_search_trgm", "fe_key_trgm", "fe_execution_trgm"} <= made
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'ledger_operation'")
+        on_the_row = {r[0] for r in cursor.fetchall()}
+    assert {"opsearch_text_trgm", "fe_key_trgm", "fe_execution_trgm"} <= made
     assert not {"op_key_trgm", "op_handle_trgm", "op_execution_trgm", "op_correlation_trgm"} & made
+    # Nothing on the operation row is indexed for search any more.
+    assert not {"op_search_trgm", "op_ref_idx"} & on_the_row
+
+
+@pytest.mark.skipif(not on_postgres(), reason="plans are PostgreSQL's")
+def test_on_postgresql_the_search_stops_at_its_limit_before_reading_any_operation(rows, tenant):
+    # The regression this rules out: the search rows joined to every matching operation and
+    # sorted (1.5 s for a common text at a million rows). The LIMIT sits on the search rows'
+    # own scan, newest first; the operation table is not in the plan at all.
+    for scoped in (None, [tenant.pk]):
+        plan = seq_scan_free_plan(operations_matching("order", tenant_ids=scoped)[:MATCHED_TEXT_MAX])
+        assert plan.lstrip().startswith("Limit"), plan
+        assert "ledger_operation_search" in plan and " ledger_operation " not in plan, plan
+        assert "Join" not in plan and "Nested Loop" not in plan, plan
+
+
+def test_every_identifier_is_found_by_any_part_and_a_provider_ref_only_from_its_start(rows, tenant):
+    # As before the search rows (ADR 0018): key, handle, execution and correlation id by any
+    # part; the provider reference exactly or by prefix.
+    op = services.operation_claim(
+        tenant=tenant, key="k-77", provider=None, request={}, correlation_id="corr-XYZ-9", execution_id="exec-55"
+    ).operation
+    assert keys("xyz-9") == keys("EXEC-5") == keys("k-7") == {"k-77"}
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="re_ABC123", actor="t"
+    )
+    assert keys("re_ABC") == keys("re_ABC123") == {"k-77"}
+    assert keys("ABC123") == set()
+
+
+def test_the_search_rows_are_written_once_and_the_completion_appends_its_provider_ref(rows, tenant):
+    op = services.operation_claim(
+        tenant=tenant, key="once-1", provider=None, request={}, reconciliation_handle="h-1"
+    ).operation
+    first = list(OperationSearch.objects.filter(operation_id=op.pk).values_list("seq", "ref", "text"))
+    assert first == [(0, False, "once-1\x01h-1\x01\x01")]
+    services.operation_complete(
+        operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="ref-9", actor="t"
+    )
+    after = list(OperationSearch.objects.filter(operation_id=op.pk).order_by("seq").values_list("seq", "ref", "text"))
+    # The claim's row is unchanged; the reference is a second row after it.
+    assert after == [*first, (1, True, "ref-9")]
+    # A completion without a reference appends nothing.
+    bare = services.operation_claim(tenant=tenant, key="once-2", provider=None, request={}).operation
+    services.operation_complete(operation_id=bare.pk, tenant_id=bare.tenant_id, lease_token=bare.lease_token, actor="t")
+    assert OperationSearch.objects.filter(operation_id=bare.pk).count() == 1
+
+
+def test_no_statement_of_a_claim_or_completion_updates_a_search_row(tenant):
+    seen: list[str] = []
+
+    def spy(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        op = services.operation_claim(tenant=tenant, key="spy-1", provider=None, request={}).operation
+        services.operation_complete(
+            operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="r-1", actor="t"
+        )
+    writes = [sql for sql in seen if "ledger_operation_search" in sql]
+    assert writes, seen
+    assert not [sql for sql in writes if "UPDATE ledger_operation_search" in sql], writes
 
 
 def test_a_whole_key_finds_that_operation_only_and_a_part_of_it_finds_every_key_containing_it(tenant):
@@ -144,3 +210,23 @@ def test_a_whole_key_of_another_tenant_changes_nothing_in_a_scoped_search(tenant
     mine = Operation.objects.filter(tenant=tenant)
     found = operation_search(mine, "order-1", tenant_ids=[tenant.pk]).values_list("key", flat=True)
     assert set(found) == {"order-1x"}
+
+
+def test_a_filtered_search_reads_older_matches_until_the_page_has_what_it_shows(tenant, monkeypatch):
+    # The search rows are read newest first a batch at a time (ADR 0018); a list filter that
+    # drops the newest matches makes it read on, not answer with what the first batch kept.
+    monkeypatch.setattr(selectors, "MATCHED_TEXT_BATCH", 2)
+    made = [
+        services.operation_claim(tenant=tenant, key=f"batch-{i}", provider=None, request={}).operation for i in range(5)
+    ]
+    oldest = made[0]
+    services.operation_complete(
+        operation_id=oldest.pk, tenant_id=oldest.tenant_id, lease_token=oldest.lease_token, actor="t"
+    )
+    done = Operation.objects.filter(status="succeeded")
+    assert set(operation_search(done, "batch-", enough=1).values_list("key", flat=True)) == {"batch-0"}
+    # Unfiltered, the first page's worth is all it reads: the newest.
+    assert set(operation_search(Operation.objects.all(), "batch-", enough=2).values_list("key", flat=True)) == {
+        "batch-4",
+        "batch-3",
+    }

@@ -37,6 +37,7 @@ from ledger.models import (
     Operation,
     OperationEvent,
     OperationMode,
+    OperationSearch,
     OperationStatus,
     Provider,
     Tenant,
@@ -75,6 +76,7 @@ from ledger.protocol.transitions.trace import (
     event_row,
     event_text,
     sealed_param,
+    search_append,
     seconds_param,
 )
 from ledger.providers.lookup import provider_by_id
@@ -258,6 +260,9 @@ def operation_claim(
             : tracing.TRACEPARENT_LENGTH
         ],
     }
+    params["search_text"] = OperationSearch.joined(
+        key, params["reconciliation_handle"], params["execution_id"], params["correlation_id"]
+    )
     reason = "claimed, sent" if mark_sent else ("queued" if status == S.QUEUED else "claimed")
     stored = [payload, request if mode == OperationMode.EXECUTE else None]
     # A claim that writes nothing after its row (no stored payload to index, no older
@@ -307,6 +312,7 @@ def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Opera
         return statements.operation("operation_claim_pg", {**params, **event_text(actor=actor, reason=reason)})
     op = statements.operation("operation_insert", params)
     if op is not None:
+        search_append(op=op, text=params["search_text"])
         if op.attempts:
             statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
         event_row(op=op, old="", actor=actor, reason=reason)
@@ -515,6 +521,8 @@ def operation_reclaim(
         if op is None:
             return None
         statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
+        # A new execution id this attempt brought is found by search too.
+        search_append(op=op, text=execution_id[:255])
         event_row(op=op, old=S.RETRY_WAIT, actor=actor, reason="retry claimed, sent" if mark_sent else "retry claimed")
     return op
 
@@ -553,6 +561,8 @@ def guarded_move(
         if not rows.update(**columns):
             raise LeaseLost("The operation moved before this change could be applied.")
         updated = Operation.objects.get(pk=operation.pk, tenant_id=operation.tenant_id)
+        if columns.get("provider_ref"):
+            search_append(op=updated, text=updated.provider_ref, ref=True)
         if attempt_values:
             Attempt.objects.filter(
                 tenant_id=updated.tenant_id, operation_id=updated.pk, number=updated.attempts

@@ -52,6 +52,7 @@ from ledger.protocol.transitions.trace import (
     holder_refusal,
     journal_move,
     sealed_param,
+    search_append,
     seconds_param,
 )
 from ledger.store import sql, statements
@@ -103,6 +104,7 @@ def operation_wait(
                         "response_status": response_status,
                     },
                 )
+            search_append(op=op, text=provider_ref, ref=True)
             event_row(op=op, old=S.CLAIMED, actor=actor, reason=reason)
             return op
     current = Operation.objects.filter(pk=operation_id, tenant_id=tenant_id).first()
@@ -189,6 +191,8 @@ def operation_mark_sent(
             statements.execute(
                 "attempt_mark_sent", {"tenant_id": op.tenant_id, "operation_id": op.pk, "number": op.attempts}
             )
+            # A handle the marker brought is found by search too (ADR 0018).
+            search_append(op=op, text=reconciliation_handle[:255])
             event_row(op=op, old=S.CLAIMED, actor=actor, reason="sent marker")
     if op is None:
         raise holder_refusal(op_id=operation_id, token=lease_token, tenant_id=tenant_id, allow_expired=False)
@@ -303,6 +307,7 @@ def _complete_reported(params: dict[str, Any], *, actor: str, reason: str) -> Op
                     "response_status": params["response_status"],
                 },
             )
+            search_append(op=op, text=params["provider_ref"], ref=True)
             event_row(op=op, old=old, actor=actor, reason=reason)
             return op
     return None

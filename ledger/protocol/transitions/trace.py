@@ -62,6 +62,17 @@ def event_row(*, op: Operation, old: str, actor: str, reason: str) -> None:
     )
 
 
+def search_append(*, op: Operation, text: str, ref: bool = False) -> None:
+    """An identifier of ``op`` that became known after its claim, as a search row appended in
+    the move's transaction (ADR 0018): a provider reference (``ref``), a reconciliation handle,
+    an execution id. Nothing for an empty text or one the operation already has."""
+    if text:
+        statements.execute(
+            "operation_search_append",
+            {"operation_id": op.pk, "tenant_id": op.tenant_id, "ref": ref, "text": text},
+        )
+
+
 def journal_move(op: Operation) -> None:
     """The key of ``op`` into the fence journal as possibly performed (ledger.protocol.fencing)."""
     fencing.journal_move(tenant_id=op.tenant_id, key=op.key, provider_id=op.provider_id, state=op.status)

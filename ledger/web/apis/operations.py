@@ -263,7 +263,7 @@ class OperationFilter(django_filters.FilterSet):
     provider = django_filters.CharFilter(method="by_provider")
     updated_after = django_filters.IsoDateTimeFilter(method="changed_after")
     reconciliation_handle = django_filters.CharFilter(field_name="reconciliation_handle")
-    provider_ref = django_filters.CharFilter(field_name="provider_ref")
+    provider_ref = django_filters.CharFilter(method="by_provider_ref")
     execution_id = django_filters.CharFilter(field_name="execution_id")
     correlation_id = django_filters.CharFilter(field_name="correlation_id")
     workflow_id = django_filters.CharFilter(field_name="workflow_id")
@@ -292,6 +292,13 @@ class OperationFilter(django_filters.FilterSet):
 
     def changed_after(self, rows: QuerySet[Operation], name: str, value: datetime) -> QuerySet[Operation]:
         return selectors.operations_updated_after(rows, value, tenant_ids=[self.request.user.tenant.pk])
+
+    def by_provider_ref(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
+        # The reference is indexed on the write-once search rows, not on the operation (ADR
+        # 0018): they name the candidates, the row's own column keeps the filter exact (a row
+        # given another reference since no longer matches).
+        found = selectors.operations_with_provider_ref(value, tenant_id=self.request.user.tenant.pk)
+        return rows.filter(pk__in=found, provider_ref=value)
 
     def named(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
         found = selectors.workflows_named(value)

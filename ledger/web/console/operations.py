@@ -177,6 +177,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     search_fields = ["key"]
     list_search = staticmethod(operation_search)
     list_search_scoped = True
+    list_search_paged = True
     tenant_column_at = 2
     search_help_text = (
         "A whole key; any part of a key, reconciliation handle, execution or correlation id, workflow name"
