@@ -12,3 +12,11 @@ class LedgerConfig(AppConfig):
         # After every migrate: SQLite drops a table's triggers when a later migration
         # rebuilds it (ledger.tenants.tenant_namespaces).
         post_migrate.connect(namespace_triggers_ensure, sender=self, dispatch_uid="ledger.namespace_triggers")
+        # Four-eyes (ADR 0013): an approved re-run of recalled outputs runs here (ADR 0020).
+        # Imported here, not at module level: an AppConfig module is imported before the
+        # models are loaded, and the services import models.
+        from ledger.execution.rerun import recalled_rerun_approved
+        from ledger.models import ApprovalKind
+        from ledger.protocol.approvals import approval_executor_register
+
+        approval_executor_register(ApprovalKind.RECALLED_RERUN, recalled_rerun_approved)

@@ -11,7 +11,7 @@ from rest_framework import ISO_8601, serializers
 from rest_framework.relations import PKOnlyObject
 from rest_framework.settings import api_settings
 
-from ledger.models import Operation, OperationMode, OperationOutput, OperationStatus
+from ledger.models import RECALLED_OUTPUT_STATES, Operation, OperationMode, OperationOutput, OperationStatus
 from ledger.platform.crypto import open_json
 from ledger.platform.masking import stored_value_masked
 from ledger.protocol import selectors
@@ -254,6 +254,29 @@ class UploadOutputSerializer(StoredObjectSerializer):
 class OutputObjectSerializer(StoredObjectSerializer):
     operation = serializers.IntegerField(source="operation_id")
     content = serializers.SerializerMethodField(help_text="Where the bytes are read (this tenant's API keys only).")
+    adapter_revision = serializers.SerializerMethodField(
+        help_text="The number of the provider's adapter revision that produced it (null: none)."
+    )
+    state = serializers.CharField(
+        help_text="published; quarantined — recalled before it was consumed (its revision was rolled back), its"
+        " bytes answer 410 output_quarantined; flagged — consumed before the recall, still served (ADR 0020)."
+    )
+    produced_by_rolled_back_revision = serializers.SerializerMethodField(
+        help_text="true once the revision that produced it was rolled back and the output recalled."
+    )
+    consumed_at = serializers.DateTimeField(
+        allow_null=True, help_text="When this tenant's caller first downloaded the bytes."
+    )
+    recalled_at = serializers.DateTimeField(allow_null=True)
+    recall_reason = serializers.CharField()
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_adapter_revision(self, output: Any) -> int | None:
+        return revisions.revision_number(output.adapter_revision_id)
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_produced_by_rolled_back_revision(self, output: Any) -> bool:
+        return output.state in RECALLED_OUTPUT_STATES
 
     @extend_schema_field(serializers.CharField())
     def get_content(self, output: Any) -> str:
