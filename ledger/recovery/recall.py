@@ -62,10 +62,10 @@ def output_recall(*, output: OperationOutput, actor: str, reason: str) -> str | 
         raise IllegalTransition(f"An output {output.state} cannot become {to}.")
     reason = sanitize_message(reason)[:500]
     with transaction.atomic():
-        guard = {"consumed_at__isnull": True} if output.consumed_at is None else {"consumed_at": output.consumed_at}
-        moved = OperationOutput.objects.filter(pk=output.pk, state=output.state, **guard).update(
-            state=to, recalled_at=Now(), recall_reason=reason
-        )
+        # Consumed is for ever: only "not yet consumed" can change under us.
+        moved = OperationOutput.objects.filter(
+            pk=output.pk, state=output.state, consumed_at__isnull=output.consumed_at is None
+        ).update(state=to, recalled_at=Now(), recall_reason=reason)
         if not moved:
             return None
         operation = Operation.objects.get(pk=output.operation_id, tenant_id=output.tenant_id)
