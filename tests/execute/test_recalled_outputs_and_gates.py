@@ -35,6 +35,7 @@ from ledger.protocol.services import operation_complete, provider_upsert
 from ledger.providers import canary, revisions
 from ledger.recovery.recall import outputs_recall_due
 from ledger.store import sql
+from tests.console.support import client_for, page, staff
 from tests.support.objects import image_bytes
 
 BASE = "http://127.0.0.1:9"
@@ -264,3 +265,19 @@ def test_low_scored_outputs_of_the_canary_breach_its_quality_gate_and_pause_it(t
     quality = next(g for g in paused.canary_pause_evidence["gates"] if g["gate"] == "rejected_or_low_score")
     assert quality["verdict"] == "breached" and quality["canary_bad"] == 2 and quality["canary_n"] == 3
     assert Alert.objects.filter(tenant=tenant, kind="provider_canary_paused", ref="images").exists()
+
+
+def test_the_console_rolls_back_shows_the_recalled_outputs_and_the_pause_evidence_and_reruns_them(tenant, images):
+    (op,) = published(tenant, ["c-1:render:v1"], callback=False)
+    olga = client_for(staff("olga", role="operator", tenants=[tenant]))
+    rollout = f"/admin/ledger/provider/{images.pk}/rollout/"
+    done = olga.post(rollout, {"verb": "rollback", "reason": "blurry renders"}, follow=True)
+    assert "outputs recalled: 1 quarantined, 0 flagged" in done.content.decode()
+    status, body = page(olga, rollout)
+    assert status == 200 and "quarantined 1" in body and "rolled back" in body
+    status, body = page(olga, f"/admin/ledger/operation/{op.pk}/change/")
+    assert status == 200 and 'data-testid="output-recalled"' in body and "blurry renders" in body
+
+    rerun = olga.post(rollout, {"verb": "rerun", "number": "2", "reason": "render again"}, follow=True)
+    assert "1 recalled output(s) of revision 2 re-run" in rerun.content.decode()
+    assert Operation.objects.filter(tenant=tenant, key="c-1:render:v2").exists()
