@@ -87,6 +87,9 @@ DISTRIBUTED = frozenset(
         # Four-eyes requests (ADR 0013): a tenant's re-sends waiting for a second person, read and
         # moved by tenant (the API, the console, the approver's guarded UPDATE).
         "ledger_approvalrequest",
+        # Verdicts on outputs (ADR 0020): written by a tenant's consumer (or its manifests'
+        # scoring), counted per tenant's canary by the watch.
+        "ledger_outputverdict",
         "alerts_alert",
         "alerts_alertdelivery",
         "dlq_failedevent",
@@ -590,6 +593,7 @@ FOREIGN_KEYS_TO_WIDEN = {
     ("ledger_attempt", "operation_id"),
     ("ledger_operationevent", "operation_id"),
     ("ledger_operationoutput", "operation_id"),
+    ("ledger_outputverdict", "output_id"),
     ("ledger_operation", "superseded_by_id"),
     ("ledger_operation", "replaced_by_id"),
     ("dlq_failedevent", "operation_id"),

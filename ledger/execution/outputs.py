@@ -153,11 +153,11 @@ def output_consume(*, tenant: Tenant, operation_id: int) -> OperationOutput:
     if output.state == OutputState.QUARANTINED:
         raise _quarantined(output)
     if output.consumed_at is None:
-        recorded = OperationOutput.objects.filter(pk=output.pk, state=output.state, consumed_at__isnull=True).update(
-            consumed_at=Now()
-        )
+        recorded = OperationOutput.objects.filter(
+            pk=output.pk, tenant_id=output.tenant_id, state=output.state, consumed_at__isnull=True
+        ).update(consumed_at=Now())
         if not recorded:
-            output = OperationOutput.objects.get(pk=output.pk)
+            output = OperationOutput.objects.get(pk=output.pk, tenant_id=output.tenant_id)
             if output.state == OutputState.QUARANTINED:
                 raise _quarantined(output)
     return output

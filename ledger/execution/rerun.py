@@ -31,6 +31,7 @@ from ledger.models import (
     ApprovalRequest,
     Operation,
     OperationEvent,
+    OperationOutput,
     Provider,
     Tenant,
 )
@@ -169,13 +170,14 @@ def recalled_outputs_rerun(
         f"output recalled with adapter revision {number}; re-run under revision {revisions.revision_number(stable_id)}"
     )
     why = f"{why} ({reason})"
+    # Two single-table reads (a join by operation id alone would not stay on one tenant's node).
+    recalled = OperationOutput.objects.filter(
+        tenant_id=tenant_id, adapter_revision_id=revision.pk, state__in=RECALLED_OUTPUT_STATES
+    ).values_list("operation_id", flat=True)
     originals = list(
-        Operation.objects.filter(
-            tenant_id=tenant_id,
-            output__adapter_revision_id=revision.pk,
-            output__state__in=RECALLED_OUTPUT_STATES,
-            replaced_by__isnull=True,
-        ).order_by("pk")[:limit]
+        Operation.objects.filter(tenant_id=tenant_id, pk__in=list(recalled), replaced_by__isnull=True).order_by("pk")[
+            :limit
+        ]
     )
     done = []
     for op in originals:

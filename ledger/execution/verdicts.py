@@ -77,7 +77,8 @@ def output_verdict_record(
     its tenant."""
     score, verdict, reason, source = _checked(score=score, verdict=verdict, reason=reason, source=source)
     actor = str(actor)[:150]
-    existing = OutputVerdict.objects.filter(output_id=output.pk, source=source, actor=actor).first()
+    mine = {"tenant_id": output.tenant_id, "output_id": output.pk, "source": source, "actor": actor}
+    existing = OutputVerdict.objects.filter(**mine).first()
     if existing is None:
         try:
             with transaction.atomic():
@@ -94,7 +95,7 @@ def output_verdict_record(
                 )
         except IntegrityError:
             # A concurrent first verdict of the same caller won: answer against it.
-            existing = OutputVerdict.objects.get(output_id=output.pk, source=source, actor=actor)
+            existing = OutputVerdict.objects.get(**mine)
         else:
             log.info("output_verdict output=%s verdict=%s score=%s source=%s", output.key, verdict, score, source)
             _watch_if_canary(existing)
@@ -113,7 +114,9 @@ def _watch_if_canary(row: OutputVerdict) -> None:
     if row.adapter_revision_id is None:
         return
     provider_id = (
-        Provider.objects.filter(canary_revision_id=row.adapter_revision_id, canary_paused_at__isnull=True)
+        Provider.objects.filter(
+            tenant_id=row.tenant_id, canary_revision_id=row.adapter_revision_id, canary_paused_at__isnull=True
+        )
         .values_list("pk", flat=True)
         .first()
     )

@@ -293,7 +293,7 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name="outputverdict",
             constraint=models.UniqueConstraint(
-                fields=("output", "source", "actor"), name="outputverdict_one_per_caller"
+                fields=("tenant", "output", "source", "actor"), name="outputverdict_one_per_caller"
             ),
         ),
         migrations.AddConstraint(

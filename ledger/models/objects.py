@@ -135,7 +135,9 @@ class OutputVerdict(models.Model):
     class Meta:
         db_table = "ledger_outputverdict"
         constraints = [
-            models.UniqueConstraint(fields=["output", "source", "actor"], name="outputverdict_one_per_caller"),
+            models.UniqueConstraint(
+                fields=["tenant", "output", "source", "actor"], name="outputverdict_one_per_caller"
+            ),
             models.CheckConstraint(condition=Q(source__in=VerdictSource.values), name="outputverdict_source_valid"),
             models.CheckConstraint(condition=Q(verdict__in=VerdictValue.values), name="outputverdict_verdict_valid"),
             models.CheckConstraint(

@@ -286,13 +286,14 @@ def _p95(durations: list[float]) -> float | None:
     return ordered[max(0, -(-95 * len(ordered) // 100) - 1)]
 
 
-def revision_latencies(*, revision_ids: list[int], since: datetime) -> dict[int, list[float]]:
+def revision_latencies(*, tenant_id: int, revision_ids: list[int], since: datetime) -> dict[int, list[float]]:
     """Milliseconds from start to finish of each revision's successful attempts in the window
     (the newest ``LATENCY_SAMPLE_MAX``), through the attempts' (revision, started_at) index."""
     out: dict[int, list[float]] = {}
     for revision_id in revision_ids:
         rows = (
             Attempt.objects.filter(
+                tenant_id=tenant_id,
                 adapter_revision_id=revision_id,
                 started_at__gte=since,
                 finished_at__isnull=False,
@@ -306,10 +307,10 @@ def revision_latencies(*, revision_ids: list[int], since: datetime) -> dict[int,
 
 
 def latency_gate(
-    *, canary_id: int, stable_id: int | None, since: datetime, min_sample: int, max_ratio: float
+    *, tenant_id: int, canary_id: int, stable_id: int | None, since: datetime, min_sample: int, max_ratio: float
 ) -> GateFigures:
     ids = [canary_id] + ([stable_id] if stable_id else [])
-    latencies = revision_latencies(revision_ids=ids, since=since)
+    latencies = revision_latencies(tenant_id=tenant_id, revision_ids=ids, since=since)
     canary_ms, stable_ms = latencies[canary_id], latencies.get(stable_id, []) if stable_id else []
     canary_p95, stable_p95 = _p95(canary_ms), _p95(stable_ms)
     if len(canary_ms) < min_sample or len(stable_ms) < min_sample or not stable_p95:
@@ -338,14 +339,21 @@ def latency_gate(
 
 
 def quality_gate(
-    *, canary_id: int, stable_id: int | None, since: datetime, min_sample: int, max_excess: float, min_score: float
+    *,
+    tenant_id: int,
+    canary_id: int,
+    stable_id: int | None,
+    since: datetime,
+    min_sample: int,
+    max_excess: float,
+    min_score: float,
 ) -> GateFigures:
     """Rejected or low-scored outputs (consumers' and manifests' verdicts, ADR 0020): the
     canary's share against the stable revision's (0 % until the stable one has a sample)."""
     ids = [canary_id] + ([stable_id] if stable_id else [])
     bad = Q(verdict=VerdictValue.REJECTED) | Q(score__lt=min_score)
     rows = (
-        OutputVerdict.objects.filter(adapter_revision_id__in=ids, created_at__gte=since)
+        OutputVerdict.objects.filter(tenant_id=tenant_id, adapter_revision_id__in=ids, created_at__gte=since)
         .values_list("adapter_revision_id")
         .annotate(n=Count("id"), bad=Count("id", filter=bad))
         .order_by()
@@ -416,7 +424,11 @@ def canary_figures(provider: Provider) -> WatchFigures | None:
     gates = revision_gates(provider.canary_revision_id)
     min_sample = max(1, int(settings.ONCEGUARD["CANARY_MIN_SAMPLE"]))
     judged = dict(
-        canary_id=provider.canary_revision_id, stable_id=provider.revision_id, since=since, min_sample=min_sample
+        tenant_id=provider.tenant_id,
+        canary_id=provider.canary_revision_id,
+        stable_id=provider.revision_id,
+        since=since,
+        min_sample=min_sample,
     )
     return WatchFigures(
         canary=revisions.revision_get(provider.canary_revision_id).number,
@@ -848,7 +860,7 @@ def provider_rollout(provider: Provider, *, limit: int = 50) -> dict[str, Any]:
     revisions (at most ``limit``), newest first."""
     figures = canary_figures(provider)
     shown = list(AdapterRevision.objects.filter(provider_id=provider.pk).order_by("-number")[:limit])
-    outputs = revision_output_counts(revision_ids=[r.pk for r in shown])
+    outputs = revision_output_counts(tenant_id=provider.tenant_id, revision_ids=[r.pk for r in shown])
     return {
         "provider": provider.slug,
         "stable_revision": revisions.revision_number(provider.revision_id),
@@ -876,13 +888,15 @@ def provider_rollout(provider: Provider, *, limit: int = 50) -> dict[str, Any]:
     }
 
 
-def revision_output_counts(*, revision_ids: list[int]) -> dict[int, dict[str, int]]:
+def revision_output_counts(*, tenant_id: int, revision_ids: list[int]) -> dict[int, dict[str, int]]:
     """Each revision's recalled outputs by state and its verdicts by value (the rollout
     page's counts, ADR 0020): two grouped queries on indexes. Published outputs are not
     counted (a stable revision has millions)."""
     counts: dict[int, dict[str, int]] = {rid: {} for rid in revision_ids}
     by_state = (
-        OperationOutput.objects.filter(adapter_revision_id__in=revision_ids, state__in=RECALLED_OUTPUT_STATES)
+        OperationOutput.objects.filter(
+            tenant_id=tenant_id, adapter_revision_id__in=revision_ids, state__in=RECALLED_OUTPUT_STATES
+        )
         .values_list("adapter_revision_id", "state")
         .annotate(n=Count("id"))
         .order_by()
@@ -890,7 +904,7 @@ def revision_output_counts(*, revision_ids: list[int]) -> dict[int, dict[str, in
     for revision_id, state, n in by_state:
         counts[revision_id][state] = n
     by_verdict = (
-        OutputVerdict.objects.filter(adapter_revision_id__in=revision_ids)
+        OutputVerdict.objects.filter(tenant_id=tenant_id, adapter_revision_id__in=revision_ids)
         .values_list("adapter_revision_id", "verdict")
         .annotate(n=Count("id"))
         .order_by()

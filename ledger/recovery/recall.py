@@ -64,7 +64,10 @@ def output_recall(*, output: OperationOutput, actor: str, reason: str) -> str | 
     with transaction.atomic():
         # Consumed is for ever: only "not yet consumed" can change under us.
         moved = OperationOutput.objects.filter(
-            pk=output.pk, state=output.state, consumed_at__isnull=output.consumed_at is None
+            pk=output.pk,
+            tenant_id=output.tenant_id,
+            state=output.state,
+            consumed_at__isnull=output.consumed_at is None,
         ).update(state=to, recalled_at=Now(), recall_reason=reason)
         if not moved:
             return None
@@ -94,7 +97,10 @@ def outputs_recall_revision(
     while sum(counts.values()) < max_rows:
         batch = list(
             OperationOutput.objects.filter(
-                adapter_revision_id=revision.pk, state=OutputState.PUBLISHED, pk__gt=after
+                tenant_id=revision.tenant_id,
+                adapter_revision_id=revision.pk,
+                state=OutputState.PUBLISHED,
+                pk__gt=after,
             ).order_by("pk")[: min(RECALL_BATCH, max_rows - sum(counts.values()))]
         )
         if not batch:
