@@ -42,6 +42,7 @@ from ledger.platform.errors import IllegalTransition
 from ledger.protocol.callbacks import OUTPUT_RECALLED
 from ledger.protocol.inputs import sanitize_message
 from ledger.protocol.transitions import callback_enqueue
+from ledger.providers import canary
 
 log = logging.getLogger("onceguard.recall")
 
@@ -134,3 +135,19 @@ def outputs_recall_due(*, max_rows: int = RECALL_MAX_ROWS) -> dict[str, int]:
         for state, n in counts.items():
             totals[state] += n
     return totals
+
+
+def revision_rollback_recall(
+    *, provider_id: int, actor: str, reason: str, number: int | None = None, tenant_ids: list[int] | None = None
+) -> tuple[canary.RollbackResult, dict[str, int]]:
+    """An operator's rollback (the API, the console, the command): ``canary.revision_rollback``,
+    then the rolled-back revision's outputs recalled at once, up to ``RECALL_MAX_ROWS`` (the
+    sweeper's pass takes the rest). The rollback stands whatever the recall does."""
+    result = canary.revision_rollback(
+        provider_id=provider_id, actor=actor, reason=reason, number=number, tenant_ids=tenant_ids
+    )
+    revision = AdapterRevision.objects.get(provider_id=result.provider.pk, number=result.rolled_back)
+    recalled = outputs_recall_revision(
+        revision=revision, actor=actor, reason=f"adapter revision {result.rolled_back} was rolled back: {reason}"
+    )
+    return result, recalled

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.execution import polling, rerun
-from ledger.models import AdapterRevision, PromptTemplate, Provider, ProviderKind
+from ledger.models import PromptTemplate, Provider, ProviderKind
 from ledger.platform.errors import OperationNotFound
 from ledger.protocol import services
 from ledger.protocol.serializer_reuse import represented
@@ -166,18 +166,13 @@ class ProviderRollbackApi(APIView):
     )
     def post(self, request: Request, slug: str) -> Response:
         data = validated_input(RolloutMoveInputSerializer, request)
-        result = canary.revision_rollback(
+        # Its outputs are recalled too (ADR 0020).
+        result, recalled = recall.revision_rollback_recall(
             provider_id=_tenant_provider(request, slug).pk,
             number=data.get("number"),
             actor=request.user.actor,
             reason=data["reason"],
             tenant_ids=[request.user.tenant.pk],
-        )
-        # Its outputs are recalled now, up to recall.RECALL_MAX_ROWS; the sweeper's pass takes the rest (ADR 0020).
-        recalled = recall.outputs_recall_revision(
-            revision=AdapterRevision.objects.get(provider_id=result.provider.pk, number=result.rolled_back),
-            actor=request.user.actor,
-            reason=f"adapter revision {result.rolled_back} was rolled back: {data['reason']}",
         )
         body = {**canary.provider_rollout(result.provider), "requeued": result.requeued, "recalled": recalled}
         return Response(represented(RolloutOutputSerializer, body))

@@ -18,7 +18,7 @@ from django.urls import path, reverse
 from django.utils.html import escape, format_html
 
 from ledger.execution import rerun
-from ledger.models import ADAPTER_FIELDS, AdapterRevision, ConfigChange, PromptTemplate, Provider, Tenant
+from ledger.models import ADAPTER_FIELDS, ConfigChange, PromptTemplate, Provider, Tenant
 from ledger.platform.errors import DomainError, ValidationFailed
 from ledger.protocol import approvals, services
 from ledger.providers import canary, prompts, ratelimit, revisions
@@ -303,18 +303,13 @@ class ProviderAdmin(ServiceSaveAdmin):
                         )
                         done = f"Revision {revisions.revision_number(current.revision_id)} is stable now."
                     elif verb == "rollback":
-                        result = canary.revision_rollback(
+                        # Its outputs are recalled too (ADR 0020).
+                        result, recalled = recall.revision_rollback_recall(
                             provider_id=provider.pk,
                             number=data["number"],
                             actor=actor,
                             reason=data["reason"],
                             tenant_ids=tenants,
-                        )
-                        # Recalled now up to recall.RECALL_MAX_ROWS; the sweeper takes the rest (ADR 0020).
-                        recalled = recall.outputs_recall_revision(
-                            revision=AdapterRevision.objects.get(provider_id=provider.pk, number=result.rolled_back),
-                            actor=actor,
-                            reason=f"adapter revision {result.rolled_back} was rolled back: {data['reason']}",
                         )
                         done = (
                             f"Revision {result.rolled_back} rolled back; revision {result.stable} is stable;"
