@@ -147,8 +147,8 @@ def output_consume(*, tenant: Tenant, operation_id: int) -> OperationOutput:
     unconsumed output raises :class:`OutputQuarantined`. The record is a guarded UPDATE on the
     state as read: against a recall that committed first it matches nothing, and the row read
     again says quarantined — the bytes are never served after their recall, and an output
-    that was served is never quarantined behind its caller's back (the recall's own guard
-    reads ``consumed_at``)."""
+    that was served is never quarantined behind its caller's back (the recall locks its rows
+    and reads ``consumed_at`` under the lock)."""
     output = output_get(tenant=tenant, operation_id=operation_id)
     if output.state == OutputState.QUARANTINED:
         raise _quarantined(output)

@@ -179,7 +179,7 @@ class ConfigChangeAction(models.TextChoices):
 
 class OutputState(models.TextChoices):
     """A published output's standing (ADR 0020). Moved only by
-    ``ledger.recovery.recall.output_recall`` (the recall of a rolled-back revision's outputs)."""
+    ``ledger.recovery.recall.outputs_recall`` (the recall of a rolled-back revision's outputs)."""
 
     # Served to its tenant. Out: the recall pass once its revision was rolled back (→
     # quarantined when nobody consumed it yet, → flagged when its caller already had it).

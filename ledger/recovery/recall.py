@@ -5,20 +5,20 @@ watch) stamps the rolled-back revision's ``rolled_back_at`` in its own transacti
 itself is this idempotent follow-up pass, in bounded batches — never in the rollback's
 transaction, which would hold the provider's row locked while thousands of outputs move:
 
-- :func:`outputs_recall_revision` runs right after an operator's rollback (the API's and the
-  console's) for at most ``RECALL_MAX_ROWS`` outputs;
+- :func:`outputs_recall_revision` runs right after an operator's rollback (the API's, the
+  console's and the command's) for at most ``RECALL_INLINE_MAX_ROWS`` outputs;
 - :func:`outputs_recall_due`, on every sweeper pass, finishes what is left: an automatic
   rollback's outputs (the worker that rolled back does not wait for them), a pass a crash
   interrupted, and outputs a rolled-back revision's in-flight operations published after
   the rollback (an asynchronous job that finished late).
 
-Each output moves by :func:`output_recall`, a guarded UPDATE on its state *and* its
-``consumed_at`` as read: one nobody downloaded yet becomes ``quarantined`` (its bytes are no
-longer served: ``410 output_quarantined``), one its caller already downloaded becomes
-``flagged`` (served, marked "produced by a rolled-back revision"). Against a download racing
-it, exactly one of the two UPDATEs matches (``ledger.execution.outputs.output_consume``).
-The operation's history gets an event row and its submitter a callback
-(``operation.output_recalled``), in the move's transaction.
+A batch of outputs moves by :func:`outputs_recall` in one transaction, its rows locked first:
+one nobody downloaded yet becomes ``quarantined`` (its bytes are no longer served: ``410
+output_quarantined``), one its caller already downloaded becomes ``flagged`` (served, marked
+"produced by a rolled-back revision"). A first download racing it waits for the lock and then
+finds the row quarantined (``ledger.execution.outputs.output_consume`` re-reads it). Each
+operation's history gets an event row and its submitter a callback
+(``operation.output_recalled``), in the batch's transaction.
 
 May import: ``ledger.protocol`` and every room below it.
 """
@@ -47,51 +47,74 @@ from ledger.providers import canary
 log = logging.getLogger("onceguard.recall")
 
 RECALL_BATCH = 200
-# One call recalls at most this many outputs; the sweeper's next pass takes the rest.
-RECALL_MAX_ROWS = 5_000
+# One sweeper pass recalls at most this many outputs; the next pass takes the rest.
+RECALL_MAX_ROWS = 2_000
+# An operator's rollback recalls at most this many before it answers (about 6 ms an output on
+# PostgreSQL with its callback, 0.4 ms without: a few seconds at most); the sweeper the rest.
+RECALL_INLINE_MAX_ROWS = 1_000
 # Revisions looked at per sweeper pass (newest rollbacks first).
 RECALL_MAX_REVISIONS = 200
 
 
-def output_recall(*, output: OperationOutput, actor: str, reason: str) -> str | None:
-    """published → quarantined (not consumed) or flagged (consumed), as read; the new state,
-    or None when the row moved meanwhile (recalled already, or downloaded between the read
-    and this UPDATE — the next pass reads it again). Writes the operation's event row and
-    queues the recall callback in the same transaction."""
-    to = OutputState.QUARANTINED if output.consumed_at is None else OutputState.FLAGGED
-    if to not in OUTPUT_MOVES[output.state]:
-        raise IllegalTransition(f"An output {output.state} cannot become {to}.")
+def outputs_recall(*, tenant_id: int, output_ids: list[int], actor: str, reason: str) -> dict[str, int]:
+    """published → quarantined (not consumed) or flagged (consumed), for a batch of one
+    tenant's outputs, in one transaction; counts by new state. The batch's rows still
+    published are locked first (in id order), so a first download racing the recall waits and
+    then finds the row quarantined (``output_consume`` re-reads it: 410), and what is read
+    as consumed or not is what moves. Writes each operation's event row and queues each
+    submitter's recall callback in the same transaction. Rows recalled meanwhile are skipped."""
     reason = sanitize_message(reason)[:500]
+    counts = {OutputState.QUARANTINED.value: 0, OutputState.FLAGGED.value: 0}
     with transaction.atomic():
-        # Consumed is for ever: only "not yet consumed" can change under us.
-        moved = OperationOutput.objects.filter(
-            pk=output.pk,
-            tenant_id=output.tenant_id,
-            state=output.state,
-            consumed_at__isnull=output.consumed_at is None,
-        ).update(state=to, recalled_at=Now(), recall_reason=reason)
-        if not moved:
-            return None
-        operation = Operation.objects.get(pk=output.operation_id, tenant_id=output.tenant_id)
-        OperationEvent.objects.create(
-            tenant_id=output.tenant_id,
-            operation_id=operation.pk,
-            from_status=operation.status,
-            to_status=operation.status,
-            actor=str(actor)[:150],
-            reason=f"output {output.key} {OutputState(to).label}: {reason}"[:500],
-            attempt=None,
-            at=Now(),
+        rows = list(
+            OperationOutput.objects.select_for_update()
+            .filter(tenant_id=tenant_id, pk__in=output_ids, state=OutputState.PUBLISHED)
+            .order_by("pk")
+            .values_list("pk", "operation_id", "key", "consumed_at")
         )
-        callback_enqueue(operation=operation, event=OUTPUT_RECALLED)
-    return to
+        if not rows:
+            return counts
+        by_state: dict[str, list[tuple[int, int, str]]] = {s: [] for s in counts}
+        for pk, operation_id, key, consumed_at in rows:
+            to = OutputState.QUARANTINED if consumed_at is None else OutputState.FLAGGED
+            if to not in OUTPUT_MOVES[OutputState.PUBLISHED]:  # pragma: no cover - the table allows both
+                raise IllegalTransition(f"A published output cannot become {to}.")
+            by_state[to].append((pk, operation_id, key))
+        for to, moving in by_state.items():
+            if moving:
+                OperationOutput.objects.filter(
+                    tenant_id=tenant_id, pk__in=[pk for pk, _, _ in moving], state=OutputState.PUBLISHED
+                ).update(state=to, recalled_at=Now(), recall_reason=reason)
+                counts[to] = len(moving)
+        operations = {
+            op.pk: op for op in Operation.objects.filter(tenant_id=tenant_id, pk__in=[row[1] for row in rows])
+        }
+        OperationEvent.objects.bulk_create(
+            OperationEvent(
+                tenant_id=tenant_id,
+                operation_id=operation_id,
+                from_status=operations[operation_id].status,
+                to_status=operations[operation_id].status,
+                actor=str(actor)[:150],
+                reason=f"output {key} {OutputState(to).label}: {reason}"[:500],
+                attempt=None,
+                at=Now(),
+            )
+            for to, moving in by_state.items()
+            for _, operation_id, key in moving
+        )
+        for operation in operations.values():
+            if operation.callback_url:
+                callback_enqueue(operation=operation, event=OUTPUT_RECALLED)
+    return counts
 
 
 def outputs_recall_revision(
     *, revision: AdapterRevision, actor: str, reason: str = "", max_rows: int = RECALL_MAX_ROWS
 ) -> dict[str, int]:
     """Recall the still-published outputs of ``revision`` (rolled back), in batches by id
-    through the partial index of published outputs; counts by new state. Idempotent."""
+    through the outputs' (revision, state, id) index, each batch one transaction; counts by
+    new state. Idempotent."""
     reason = reason or f"adapter revision {revision.number} was rolled back"
     counts = {OutputState.QUARANTINED.value: 0, OutputState.FLAGGED.value: 0}
     after = 0
@@ -102,15 +125,16 @@ def outputs_recall_revision(
                 adapter_revision_id=revision.pk,
                 state=OutputState.PUBLISHED,
                 pk__gt=after,
-            ).order_by("pk")[: min(RECALL_BATCH, max_rows - sum(counts.values()))]
+            )
+            .order_by("pk")
+            .values_list("pk", flat=True)[: min(RECALL_BATCH, max_rows - sum(counts.values()))]
         )
         if not batch:
             break
-        for output in batch:
-            moved = output_recall(output=output, actor=actor, reason=reason)
-            if moved is not None:
-                counts[moved] += 1
-        after = batch[-1].pk
+        moved = outputs_recall(tenant_id=revision.tenant_id, output_ids=batch, actor=actor, reason=reason)
+        for state, n in moved.items():
+            counts[state] += n
+        after = batch[-1]
     if any(counts.values()):
         log.warning(
             "outputs_recalled revision=%s provider=%s quarantined=%s flagged=%s",
@@ -141,13 +165,16 @@ def revision_rollback_recall(
     *, provider_id: int, actor: str, reason: str, number: int | None = None, tenant_ids: list[int] | None = None
 ) -> tuple[canary.RollbackResult, dict[str, int]]:
     """An operator's rollback (the API, the console, the command): ``canary.revision_rollback``,
-    then the rolled-back revision's outputs recalled at once, up to ``RECALL_MAX_ROWS`` (the
+    then the rolled-back revision's outputs recalled at once, up to ``RECALL_INLINE_MAX_ROWS`` (the
     sweeper's pass takes the rest). The rollback stands whatever the recall does."""
     result = canary.revision_rollback(
         provider_id=provider_id, actor=actor, reason=reason, number=number, tenant_ids=tenant_ids
     )
     revision = AdapterRevision.objects.get(provider_id=result.provider.pk, number=result.rolled_back)
     recalled = outputs_recall_revision(
-        revision=revision, actor=actor, reason=f"adapter revision {result.rolled_back} was rolled back: {reason}"
+        revision=revision,
+        actor=actor,
+        reason=f"adapter revision {result.rolled_back} was rolled back: {reason}",
+        max_rows=RECALL_INLINE_MAX_ROWS,
     )
     return result, recalled
