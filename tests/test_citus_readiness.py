@@ -593,6 +593,7 @@ FOREIGN_KEYS_TO_WIDEN = {
     ("ledger_attempt", "operation_id"),
     ("ledger_operationevent", "operation_id"),
     ("ledger_operationoutput", "operation_id"),
+    ("ledger_outputverdict", "operation_id"),
     ("ledger_outputverdict", "output_id"),
     ("ledger_operation", "superseded_by_id"),
     ("ledger_operation", "replaced_by_id"),

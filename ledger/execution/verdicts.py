@@ -20,7 +20,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ledger.models import OperationOutput, OutputVerdict, Provider, VerdictSource, VerdictValue
+from ledger.models import Operation, OperationOutput, OutputVerdict, Provider, VerdictSource, VerdictValue
 from ledger.platform.errors import DomainError, ValidationFailed
 from ledger.protocol.inputs import sanitize_message
 from ledger.providers import canary
@@ -64,7 +64,7 @@ def _same(row: OutputVerdict, *, score: float | None, verdict: str, reason: str)
 
 def output_verdict_record(
     *,
-    output: OperationOutput,
+    output: OperationOutput | Operation,
     score: float | None,
     verdict: str,
     reason: str = "",
@@ -72,22 +72,27 @@ def output_verdict_record(
     actor: str,
 ) -> VerdictResult:
     """Record ``actor``'s verdict on ``output`` (module docstring): created, or the same one
-    answered again; :class:`VerdictConflict` for a different one. ``source``: ``consumer``
-    (the API) or ``manifest`` (evaluation manifests' scoring). The caller scopes ``output`` to
-    its tenant."""
+    answered again; :class:`VerdictConflict` for a different one. ``output``: a stored file
+    (the API), or the operation whose output is judged — an extraction job whose output is its
+    JSON answer (evaluation manifests' scoring, ``source="manifest"``). The verdict counts for
+    the adapter revision the output was produced under. The caller scopes it to its tenant."""
     score, verdict, reason, source = _checked(score=score, verdict=verdict, reason=reason, source=source)
     actor = str(actor)[:150]
-    mine = {"tenant_id": output.tenant_id, "output_id": output.pk, "source": source, "actor": actor}
+    if isinstance(output, Operation):
+        operation_id, stored = output.pk, None
+        revision_id = output.adapter_revision_id
+    else:
+        operation_id, stored = output.operation_id, output
+        revision_id = output.adapter_revision_id
+    mine = {"tenant_id": output.tenant_id, "operation_id": operation_id, "source": source, "actor": actor}
     existing = OutputVerdict.objects.filter(**mine).first()
     if existing is None:
         try:
             with transaction.atomic():
                 existing = OutputVerdict.objects.create(
-                    tenant_id=output.tenant_id,
-                    output_id=output.pk,
-                    adapter_revision_id=output.adapter_revision_id,
-                    source=source,
-                    actor=actor,
+                    **mine,
+                    output=stored,
+                    adapter_revision_id=revision_id,
                     verdict=verdict,
                     score=score,
                     reason=reason,
@@ -97,7 +102,7 @@ def output_verdict_record(
             # A concurrent first verdict of the same caller won: answer against it.
             existing = OutputVerdict.objects.get(**mine)
         else:
-            log.info("output_verdict output=%s verdict=%s score=%s source=%s", output.key, verdict, score, source)
+            log.info("output_verdict operation=%s verdict=%s score=%s source=%s", operation_id, verdict, score, source)
             _watch_if_canary(existing)
             return VerdictResult(verdict=existing, created=True)
     if not _same(existing, score=score, verdict=verdict, reason=reason):

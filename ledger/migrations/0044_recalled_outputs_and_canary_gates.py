@@ -271,9 +271,21 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name="outputverdict",
-            name="output",
+            name="operation",
             field=models.ForeignKey(
                 db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="+",
+                to="ledger.operation",
+            ),
+        ),
+        migrations.AddField(
+            model_name="outputverdict",
+            name="output",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
                 on_delete=django.db.models.deletion.CASCADE,
                 related_name="verdicts",
                 to="ledger.operationoutput",
@@ -293,7 +305,7 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name="outputverdict",
             constraint=models.UniqueConstraint(
-                fields=("tenant", "output", "source", "actor"), name="outputverdict_one_per_caller"
+                fields=("tenant", "operation", "source", "actor"), name="outputverdict_one_per_caller"
             ),
         ),
         migrations.AddConstraint(

@@ -119,8 +119,13 @@ class OutputVerdict(models.Model):
     is the output's, copied so the gate reads this table alone."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
-    # Deleted with its output (and so with its operation).
-    output = models.ForeignKey(OperationOutput, on_delete=models.CASCADE, related_name="verdicts", db_index=False)
+    # The operation whose output it judges (deleted with it): a stored file's operation, or an
+    # extraction job whose output is its JSON answer (evaluation manifests' scores).
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # The stored file judged, when the output is one (deleted with it).
+    output = models.ForeignKey(
+        OperationOutput, on_delete=models.CASCADE, null=True, blank=True, related_name="verdicts", db_index=False
+    )
     adapter_revision = models.ForeignKey(
         AdapterRevision, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_index=False
     )
@@ -136,7 +141,7 @@ class OutputVerdict(models.Model):
         db_table = "ledger_outputverdict"
         constraints = [
             models.UniqueConstraint(
-                fields=["tenant", "output", "source", "actor"], name="outputverdict_one_per_caller"
+                fields=["tenant", "operation", "source", "actor"], name="outputverdict_one_per_caller"
             ),
             models.CheckConstraint(condition=Q(source__in=VerdictSource.values), name="outputverdict_source_valid"),
             models.CheckConstraint(condition=Q(verdict__in=VerdictValue.values), name="outputverdict_verdict_valid"),

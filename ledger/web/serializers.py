@@ -194,8 +194,10 @@ class VerdictInputSerializer(serializers.Serializer):
 
 
 class VerdictOutputSerializer(serializers.Serializer):
-    operation = serializers.IntegerField(source="output.operation_id")
-    output = serializers.CharField(source="output.key")
+    operation = serializers.IntegerField(source="operation_id")
+    output = serializers.SerializerMethodField(
+        help_text="The stored output's key (null: an output not stored as a file)."
+    )
     verdict = serializers.CharField()
     score = serializers.FloatField(allow_null=True)
     reason = serializers.CharField()
@@ -207,6 +209,10 @@ class VerdictOutputSerializer(serializers.Serializer):
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_adapter_revision(self, row: Any) -> int | None:
         return revisions.revision_number(row.adapter_revision_id)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_output(self, row: Any) -> str | None:
+        return row.output.key if row.output_id is not None else None
 
 
 class RolloutMoveInputSerializer(RolloutReasonSerializer):

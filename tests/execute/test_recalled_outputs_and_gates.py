@@ -18,6 +18,7 @@ from alerts.models import Alert
 from ledger.execution.attempts import operations_take
 from ledger.execution.outputs import OutputExpectation, output_fetch_publish
 from ledger.execution.submission import operation_submit
+from ledger.execution.verdicts import output_verdict_record
 from ledger.models import (
     AdapterRevision,
     ApprovalRequest,
@@ -250,6 +251,10 @@ def test_verdicts_are_idempotent_refuse_a_different_second_one_validate_and_stay
     foreign = make_client(other_tenant).post(url, body, format="json")
     assert foreign.status_code == 404 and problem(foreign) == "not_found"
     assert OutputVerdict.objects.count() == 1
+    # Evaluation manifests score an extraction job, whose output is its answer (no stored file).
+    scored = output_verdict_record(output=op, score=0.4, verdict="accepted", source="manifest", actor="manifests")
+    assert scored.created and scored.verdict.output_id is None
+    assert scored.verdict.adapter_revision_id == op.adapter_revision_id
 
 
 def test_low_scored_outputs_of_the_canary_breach_its_quality_gate_and_pause_it(tenant, images, gates, make_client):
