@@ -113,7 +113,7 @@ class OperationOutput(models.Model):
 class OutputVerdict(models.Model):
     """What a consumer of an output (or the service's scoring against an evaluation manifest)
     said about it: accepted or rejected, a score from 0 to 1, and why (ADR 0020). One per
-    output, source and caller — recorded once, answered again for the same body, refused (409)
+    operation whose output it judges, source and caller — recorded once, answered again for the same body, refused (409)
     for another. The canary gate counts the rejected and low-scored ones of the canary's
     outputs against the stable revision's (``ledger.providers.canary``); ``adapter_revision``
     is the output's, copied so the gate reads this table alone."""
