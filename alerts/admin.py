@@ -118,7 +118,7 @@ def console_path(alert: Alert) -> str | None:
         return reverse("admin:dlq_failedevent_change", args=[ref])
     if alert.kind == "provider_paused":
         return reverse("admin:review_pausedprovider_changelist") + "?paused=yes"
-    if alert.kind == "provider_canary_rolled_back":
+    if alert.kind in ("provider_canary_rolled_back", "provider_canary_paused"):
         return reverse("admin:ledger_provider_changelist") + "?" + urlencode({"q": ref})
     if ref.isdigit():
         return reverse("admin:ledger_operation_change", args=[ref])

@@ -73,6 +73,10 @@ CLEARING: dict[str, Clearing] = {
     "provider_canary_rolled_back": Clearing(
         "alerts.clearing.alerts_cleared_canary_rolled_back", "a new adapter revision was saved since the rollback"
     ),
+    # ledger.providers.canary: a canary gate beyond the failure rate paused the canary (ADR 0020).
+    "provider_canary_paused": Clearing(
+        "alerts.clearing.alerts_cleared_canary_paused", "the canary was resumed, promoted or rolled back"
+    ),
     # observability.scheduler: no django-q2 task finished for SCHEDULER_STALE_SECONDS.
     "scheduler_stale": Clearing(
         "observability.scheduler.alerts_cleared_scheduler_stale", "a django-q2 task finished within the threshold"
@@ -148,6 +152,19 @@ def alerts_cleared_canary_rolled_back(tenant_id: int, alerts: list[Alert], now: 
         alert.pk: f"cleared: provider {alert.ref} has a new adapter revision ({newest[alert.ref][0]})"
         for alert in alerts
         if alert.ref in newest and newest[alert.ref][1] > alert.last_raised_at
+    }
+
+
+def alerts_cleared_canary_paused(tenant_id: int, alerts: list[Alert], now: datetime) -> dict[int, str]:
+    """``provider_canary_paused`` (ref: the slug) clears once the provider has no paused canary:
+    an operator resumed it, promoted it or rolled it back."""
+    paused = set(
+        Provider.objects.filter(
+            tenant_id=tenant_id, slug__in={a.ref for a in alerts}, canary_paused_at__isnull=False
+        ).values_list("slug", flat=True)
+    )
+    return {
+        alert.pk: f"cleared: provider {alert.ref} has no paused canary" for alert in alerts if alert.ref not in paused
     }
 
 

@@ -169,7 +169,7 @@ def alert_link(alert: Alert) -> str:
         return _console(f"/admin/dlq/failedevent/{ref}/change/")
     if alert.kind == "provider_paused":
         return _console("/admin/ledger/provider/")
-    if alert.kind == "provider_canary_rolled_back":
+    if alert.kind in ("provider_canary_rolled_back", "provider_canary_paused"):
         # The provider's slug: its page links the adapter rollout (revisions, the watch, the trail).
         return _console(f"/admin/ledger/provider/?{urlencode({'q': ref})}")
     if ref.isdigit():

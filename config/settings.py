@@ -434,6 +434,12 @@ ONCEGUARD = {
     "CANARY_WINDOW_SECONDS": env.read("CANARY_WINDOW_SECONDS"),
     "CANARY_MIN_SAMPLE": env.read("CANARY_MIN_SAMPLE"),
     "CANARY_MAX_EXCESS_PERCENT": env.read("CANARY_MAX_EXCESS_PERCENT"),
+    # Its gates beyond the failure rate pause it instead (ADR 0020): p95 latency against the
+    # stable revision's, and consumers' rejected or low-scored outputs. Defaults; a revision
+    # may set its own thresholds when it starts as a canary.
+    "CANARY_LATENCY_P95_MAX_RATIO": env.read("CANARY_LATENCY_P95_MAX_RATIO"),
+    "CANARY_MAX_REJECTED_EXCESS_PERCENT": env.read("CANARY_MAX_REJECTED_EXCESS_PERCENT"),
+    "CANARY_MIN_SCORE": env.read("CANARY_MIN_SCORE"),
     # Identifier shapes of this deployment masked in stored error text besides e-mail
     # addresses, phone numbers, tokens and keys (ledger.platform.redaction): regular expressions, one
     # per line, e.g. ERROR_SCRUB_PATTERNS='\bCUST-\d{8}\b'. Compiled here so a bad one

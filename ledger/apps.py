@@ -19,3 +19,12 @@ class LedgerConfig(AppConfig):
         from ledger.execution import manifests
 
         hooks.operation_finished.connect(manifests.manifest_score_after_finish)
+
+        # Four-eyes (ADR 0013): an approved re-run of recalled outputs runs here (ADR 0020).
+        # Imported here, not at module level: an AppConfig module is imported before the
+        # models are loaded, and the services import models.
+        from ledger.execution.rerun import recalled_rerun_approved
+        from ledger.models import ApprovalKind
+        from ledger.protocol.approvals import approval_executor_register
+
+        approval_executor_register(ApprovalKind.RECALLED_RERUN, recalled_rerun_approved)

@@ -24,6 +24,11 @@ urlpatterns = [
         apis.OperationManifestScoreApi.as_view(),
         name="operation-manifest-score",
     ),
+    path(
+        "operations/<int:operation_id>/output/verdict",
+        apis.OperationOutputVerdictApi.as_view(),
+        name="operation-output-verdict",
+    ),
     path("uploads", apis.UploadCreateApi.as_view(), name="upload-create"),
     path("uploads/<str:key>", apis.UploadDetailApi.as_view(), name="upload-detail"),
     path("uploads/<str:key>/content", apis.UploadContentApi.as_view(), name="upload-content"),
@@ -44,4 +49,9 @@ urlpatterns = [
     ),
     path("providers/<slug:slug>/revisions/promote", apis.ProviderPromoteApi.as_view(), name="provider-promote"),
     path("providers/<slug:slug>/revisions/rollback", apis.ProviderRollbackApi.as_view(), name="provider-rollback"),
+    path(
+        "providers/<slug:slug>/revisions/<int:number>/rerun",
+        apis.ProviderRerunApi.as_view(),
+        name="provider-revision-rerun",
+    ),
 ]

@@ -97,6 +97,9 @@ DISTRIBUTED = frozenset(
         # written and read with its operation's tenant.
         "ledger_operationmanifest",
         "ledger_manifestscore",
+        # Verdicts on outputs (ADR 0020): written by a tenant's consumer (or its manifests'
+        # scoring), counted per tenant's canary by the watch.
+        "ledger_outputverdict",
         "alerts_alert",
         "alerts_alertdelivery",
         "dlq_failedevent",
@@ -610,6 +613,8 @@ FOREIGN_KEYS_TO_WIDEN = {
     ("ledger_operationmanifest", "output_id"),
     ("ledger_manifestscore", "operation_id"),
     ("ledger_manifestscore", "evaluates_id"),
+    ("ledger_outputverdict", "operation_id"),
+    ("ledger_outputverdict", "output_id"),
     ("ledger_operation", "superseded_by_id"),
     ("ledger_operation", "replaced_by_id"),
     ("dlq_failedevent", "operation_id"),

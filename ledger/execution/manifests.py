@@ -28,6 +28,7 @@ from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ledger.execution import verdicts
 from ledger.models import (
     MANIFEST_SCORE_MOVES,
     ManifestScore,
@@ -40,6 +41,8 @@ from ledger.models import (
     OperationStatus,
     PromptTemplate,
     Tenant,
+    VerdictSource,
+    VerdictValue,
 )
 from ledger.platform.crypto import EncryptionKeyError, open_json, seal_json
 from ledger.platform.errors import DomainError, IllegalTransition, OperationNotFound
@@ -312,7 +315,16 @@ def manifest_score_feed(
             reason=f"scored {score:.3f} against the manifest of operation {row.evaluates_id}"
             f" ({matched} of {len(details)} fields matched)",
         )
-        # Canary gate (ADR 0022): output_verdict_record(output=…, score=score, source="manifest") is called here.
+        # The canary's quality gate (ADR 0020) counts the score as the extraction's verdict, under
+        # the revision it ran on: a low score is what the gate's minimum score judges.
+        verdicts.output_verdict_record(
+            output=output,
+            score=score,
+            verdict=VerdictValue.ACCEPTED,
+            reason=f"scored against the manifest of operation {row.evaluates_id}",
+            source=VerdictSource.MANIFEST,
+            actor="manifests",
+        )
     log.info("manifest_scored operation=%s score=%.3f fields=%s", output.pk, score, len(details))
     return settled
 

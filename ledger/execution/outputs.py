@@ -38,12 +38,14 @@ from typing import IO
 
 import httpx
 from django.db import transaction
+from django.db.models.functions import Now
 
 from ledger.execution import manifests, objects
 from ledger.models import (
     REPORTABLE_STATES,
     Operation,
     OperationOutput,
+    OutputState,
     Provider,
     Tenant,
 )
@@ -64,6 +66,13 @@ class OutputNotFound(DomainError):
     """No published output for this operation of this tenant (another tenant's: the same)."""
 
     status, code, title = 404, "not_found", "Not found"
+
+
+class OutputQuarantined(DomainError):
+    """The output was recalled before anyone consumed it: its adapter revision was rolled back
+    (ADR 0020). Its facts stay readable; its bytes are not served."""
+
+    status, code, title = 410, "output_quarantined", "The output was recalled"
 
 
 class OutputUnavailable(Exception):
@@ -121,6 +130,36 @@ def output_get(*, tenant: Tenant, operation_id: int) -> OperationOutput:
     output = OperationOutput.objects.filter(tenant_id=tenant.pk, operation_id=operation_id).first()
     if output is None:
         raise OutputNotFound("No published output for this operation.")
+    return output
+
+
+def _quarantined(output: OperationOutput) -> OutputQuarantined:
+    return OutputQuarantined(
+        f"Output {output.key} was recalled: {output.recall_reason or 'its adapter revision was rolled back'}."
+        " Its facts stay readable; a re-run under the good revision is the next version of its key.",
+        extra={"recalled_at": output.recalled_at.isoformat() if output.recalled_at else None},
+    )
+
+
+def output_consume(*, tenant: Tenant, operation_id: int) -> OperationOutput:
+    """The output whose bytes the tenant's caller is about to download, its first download
+    recorded as ``consumed_at`` (ADR 0020: what a rollback's recall tells apart). A recalled,
+    unconsumed output raises :class:`OutputQuarantined`. The record is a guarded UPDATE on the
+    state as read: against a recall that committed first it matches nothing, and the row read
+    again says quarantined — the bytes are never served after their recall, and an output
+    that was served is never quarantined behind its caller's back (the recall locks its rows
+    and reads ``consumed_at`` under the lock)."""
+    output = output_get(tenant=tenant, operation_id=operation_id)
+    if output.state == OutputState.QUARANTINED:
+        raise _quarantined(output)
+    if output.consumed_at is None:
+        recorded = OperationOutput.objects.filter(
+            pk=output.pk, tenant_id=output.tenant_id, state=output.state, consumed_at__isnull=True
+        ).update(consumed_at=Now())
+        if not recorded:
+            output = OperationOutput.objects.get(pk=output.pk, tenant_id=output.tenant_id)
+            if output.state == OutputState.QUARANTINED:
+                raise _quarantined(output)
     return output
 
 
@@ -300,6 +339,9 @@ def _publish(
                 width=facts.width,
                 height=facts.height,
                 storage_name=name,
+                # The revision the lease holder ran under (a row is moved to another
+                # revision only while nothing is under way): what a rollback recalls by.
+                adapter_revision_id=operation.adapter_revision_id,
             )
             # The job's evaluation manifest, written before any output could exist, now names it.
             manifests.manifest_output_link(

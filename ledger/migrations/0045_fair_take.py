@@ -59,7 +59,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0043_operation_search_rows"),
+        ("ledger", "0044_recalled_outputs_and_canary_gates"),
     ]
 
     operations = [

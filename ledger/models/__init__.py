@@ -55,7 +55,7 @@ from ledger.models.manifests import (  # noqa: F401
     ManifestScoreStatus,
     OperationManifest,
 )
-from ledger.models.objects import OperationOutput, Upload  # noqa: F401
+from ledger.models.objects import OperationOutput, OutputVerdict, Upload  # noqa: F401
 from ledger.models.operations import (  # noqa: F401
     SEARCH_SEPARATOR,
     AdmissionRefusalCount,
@@ -82,6 +82,8 @@ from ledger.models.states import (  # noqa: F401
     CHECKPOINT_OF,
     NO_RETRY_ERROR_CLASSES,
     OPEN_STATES,
+    OUTPUT_MOVES,
+    RECALLED_OUTPUT_STATES,
     REPORTABLE_STATES,
     REPORTED_ERROR_CLASSES,
     TERMINAL_STATES,
@@ -93,8 +95,11 @@ from ledger.models.states import (  # noqa: F401
     IdempotencyClass,
     OperationMode,
     OperationStatus,
+    OutputState,
     ProviderKind,
     S,
+    VerdictSource,
+    VerdictValue,
     sources_of,
 )
 from ledger.models.tenants import (  # noqa: F401

@@ -27,6 +27,9 @@ class ApprovalKind(models.TextChoices):
     # The DLQ decision a key-advisory target waits for, and the review decision "safe to retry".
     SAFE_TO_RESEND = "safe_to_resend", 'decision "safe to resend"'
     SAFE_TO_RETRY = "safe_to_retry", 'review decision "safe to retry"'
+    # A rolled-back revision's recalled outputs re-run under the good revision as the next
+    # versions of their keys (ADR 0020; ledger.execution.rerun).
+    RECALLED_RERUN = "recalled_rerun", "re-run of recalled outputs"
 
 
 class ApprovalStatus(models.TextChoices):

@@ -152,6 +152,11 @@ class Provider(models.Model):
     )
     canary_percent = models.PositiveSmallIntegerField(default=0, db_default=0, editable=False)
     canary_started_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # A canary gate's breach pauses the canary (ADR 0020): it keeps its share and figures but
+    # takes no new operations until an operator resumes it (canary_start), promotes or rolls
+    # it back. The evidence: the gates' figures at the breach.
+    canary_paused_at = models.DateTimeField(null=True, blank=True, editable=False)
+    canary_pause_evidence = models.JSONField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -177,6 +182,10 @@ class Provider(models.Model):
                 condition=(Q(canary_revision__isnull=True) & Q(canary_percent=0))
                 | (Q(canary_revision__isnull=False) & Q(canary_percent__gte=1) & Q(canary_percent__lte=100)),
                 name="provider_canary_has_percent",
+            ),
+            models.CheckConstraint(
+                condition=Q(canary_paused_at__isnull=True) | Q(canary_revision__isnull=False),
+                name="provider_paused_canary_exists",
             ),
         ]
 
@@ -369,6 +378,13 @@ class AdapterRevision(models.Model):
     created_by = models.CharField(max_length=150)
     created_at = models.DateTimeField()
     reason = models.CharField(max_length=500, blank=True)
+    # The rollout's, not the snapshot's (``config`` never changes; ADR 0020): the canary
+    # gates' thresholds this revision is judged by (a key missing: the deployment's default,
+    # ledger.providers.canary.GATE_SETTINGS), set when it starts as a canary; and when it was
+    # last rolled back (its outputs are recalled: ledger.recovery.recall), cleared when it
+    # runs again.
+    gates = models.JSONField(default=dict, db_default={}, blank=True)
+    rolled_back_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "ledger_adapterrevision"

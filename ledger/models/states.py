@@ -175,3 +175,40 @@ class ConfigChangeAction(models.TextChoices):
     CREATE = "create", "created"
     UPDATE = "update", "changed"
     DELETE = "delete", "deleted"
+
+
+class OutputState(models.TextChoices):
+    """A published output's standing (ADR 0020). Moved only by
+    ``ledger.recovery.recall.outputs_recall`` (the recall of a rolled-back revision's outputs)."""
+
+    # Served to its tenant. Out: the recall pass once its revision was rolled back (→
+    # quarantined when nobody consumed it yet, → flagged when its caller already had it).
+    PUBLISHED = "published", "published"
+    # Recalled before anyone consumed it: its bytes are no longer served (410
+    # output_quarantined). Terminal; a re-run under the good revision is a new key version.
+    QUARANTINED = "quarantined", "quarantined (rolled-back revision)"
+    # Consumed before the recall: still served (the caller has it anyway), marked as produced
+    # by a rolled-back revision in every answer and a recall callback. Terminal.
+    FLAGGED = "flagged", "produced by a rolled-back revision"
+
+
+OUTPUT_MOVES: dict[str, frozenset[str]] = {
+    OutputState.PUBLISHED: frozenset({OutputState.QUARANTINED, OutputState.FLAGGED}),
+    OutputState.QUARANTINED: frozenset(),
+    OutputState.FLAGGED: frozenset(),
+}
+RECALLED_OUTPUT_STATES = frozenset({OutputState.QUARANTINED, OutputState.FLAGGED})
+
+
+class VerdictValue(models.TextChoices):
+    """What a consumer (or an evaluation manifest) said about an output (ADR 0020)."""
+
+    ACCEPTED = "accepted", "accepted"
+    REJECTED = "rejected", "rejected"
+
+
+class VerdictSource(models.TextChoices):
+    # The tenant's caller, through POST /api/v1/operations/{id}/output/verdict.
+    CONSUMER = "consumer", "consumer"
+    # The service's own scoring of an extraction output against its evaluation manifest.
+    MANIFEST = "manifest", "evaluation manifest"

@@ -175,19 +175,29 @@ def callback_provider(*, tenant_id: int) -> Provider:
         return Provider.objects.get(tenant_id=tenant_id, slug=CALLBACK_PROVIDER_SLUG)
 
 
-def callback_claim_arguments(*, operation: Operation) -> dict[str, Any] | None:
+# Callbacks besides the terminal one, by the event they announce: the key's suffix and the
+# body's ``type``. A recalled output (ADR 0020) is told to the submitter once, with the
+# operation as it is then (its output marked quarantined or flagged).
+OUTPUT_RECALLED = "output_recalled"
+CALLBACK_TYPES = {"": "operation.finished", OUTPUT_RECALLED: "operation.output_recalled"}
+
+
+def callback_claim_arguments(*, operation: Operation, event: str = "") -> dict[str, Any] | None:
     """What the callback operation of a finished operation is claimed with (the claim itself
     is ``ledger.protocol.transitions.callback_enqueue``, which the terminal move calls): key
-    ``callback:{id}`` on the tenant's callback provider, in execute mode. None when the
-    operation has no callback."""
+    ``callback:{id}`` on the tenant's callback provider, in execute mode — ``callback:{id}:{event}``
+    for a later event (``CALLBACK_TYPES``). None when the operation has no callback."""
     if not operation.callback_url or operation.mode != OperationMode.EXECUTE:
         return None
+    request: dict[str, Any] = {"method": "POST", "url": operation.callback_url, "operation_id": operation.pk}
+    if event:
+        request["event"] = event
     return {
         "tenant": Tenant(pk=operation.tenant_id),
-        "key": f"callback:{operation.pk}",
+        "key": f"callback:{operation.pk}" + (f":{event}" if event else ""),
         "provider": callback_provider(tenant_id=operation.tenant_id),
         "action": CALLBACK_ACTION,
-        "request": {"method": "POST", "url": operation.callback_url, "operation_id": operation.pk},
+        "request": request,
         "mode": OperationMode.EXECUTE,
         "via_claims": False,
         "actor": "callbacks",
@@ -204,10 +214,10 @@ def callback_body(*, callback_operation: Operation) -> bytes:
     The recorded response is in clear here: the callback is the asynchronous answer to the
     submission (the same the submitter gets by replaying its key with a write-scoped key),
     signed, and sent only to a URL on the tenant's own callback allow-list."""
-    source_id = (open_json(callback_operation.request) or {}).get("operation_id")
-    source = Operation.objects.get(pk=source_id, tenant_id=callback_operation.tenant_id)
+    request = open_json(callback_operation.request) or {}
+    source = Operation.objects.get(pk=request.get("operation_id"), tenant_id=callback_operation.tenant_id)
     document: dict[str, Any] = {
-        "type": "operation.finished",
+        "type": CALLBACK_TYPES.get(request.get("event") or "", CALLBACK_TYPES[""]),
         "operation": operation_representation(
             source, provider_slug=provider_slug(source.provider_id), response_in_clear=True
         ),

@@ -11,7 +11,7 @@ from rest_framework import ISO_8601, serializers
 from rest_framework.relations import PKOnlyObject
 from rest_framework.settings import api_settings
 
-from ledger.models import Operation, OperationMode, OperationOutput, OperationStatus
+from ledger.models import RECALLED_OUTPUT_STATES, Operation, OperationMode, OperationOutput, OperationStatus
 from ledger.platform.crypto import open_json
 from ledger.platform.masking import stored_value_masked
 from ledger.protocol import selectors
@@ -251,9 +251,46 @@ class UploadOutputSerializer(StoredObjectSerializer):
         return f"/api/v1/uploads/{upload.key}/content"
 
 
+class OutputRecallSerializer(serializers.Serializer):
+    """What an output says once its adapter revision was rolled back (ADR 0020)."""
+
+    state = serializers.CharField(
+        help_text="quarantined — recalled before it was consumed: its bytes answer 410 output_quarantined;"
+        " flagged — consumed before the recall: still served, marked."
+    )
+    produced_by_rolled_back_revision = serializers.SerializerMethodField()
+    adapter_revision = serializers.SerializerMethodField(help_text="The rolled-back revision's number.")
+    recalled_at = serializers.DateTimeField()
+    reason = serializers.CharField(source="recall_reason")
+    consumed_at = serializers.DateTimeField(
+        allow_null=True, help_text="When this tenant's caller first downloaded the bytes (null: never)."
+    )
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_produced_by_rolled_back_revision(self, output: Any) -> bool:
+        return output.state in RECALLED_OUTPUT_STATES
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_adapter_revision(self, output: Any) -> int | None:
+        return revisions.revision_number(output.adapter_revision_id)
+
+
 class OutputObjectSerializer(StoredObjectSerializer):
     operation = serializers.IntegerField(source="operation_id")
     content = serializers.SerializerMethodField(help_text="Where the bytes are read (this tenant's API keys only).")
+    # Not read-only, so the schema does not list it as required: it appears once recalled.
+    recall = OutputRecallSerializer(
+        source="*",
+        required=False,
+        help_text="Present only once the output was recalled (ADR 0020): its adapter revision was rolled back.",
+    )
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        # An output that stands says nothing of recalls: the field appears once it was recalled.
+        data = super().to_representation(instance)
+        if instance.state not in RECALLED_OUTPUT_STATES:
+            data.pop("recall", None)
+        return data
 
     @extend_schema_field(serializers.CharField())
     def get_content(self, output: Any) -> str:

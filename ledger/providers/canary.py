@@ -44,7 +44,7 @@ the revision numbers and the reason (``ledger.tenants.config_changes``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -55,14 +55,18 @@ from django.db.models.functions import Now
 
 from ledger.models import (
     ADAPTER_FIELDS,
+    RECALLED_OUTPUT_STATES,
     AdapterRevision,
     Attempt,
     AttemptOutcome,
     ConfigChangeAction,
     Operation,
     OperationMode,
+    OperationOutput,
     OperationStatus,
+    OutputVerdict,
     Provider,
+    VerdictValue,
 )
 from ledger.platform import hooks
 from ledger.platform.errors import AdapterRolloutConflict, OperationNotFound, ValidationFailed
@@ -120,6 +124,8 @@ class WatchFigures:
     stable_failures: int
     min_sample: int
     max_excess_percent: float
+    # The gates beyond the failure rate (ADR 0020), each with its own figures and verdict.
+    gates: tuple[GateFigures, ...] = field(default=())
 
     @staticmethod
     def _rate(failures: int, attempts: int) -> float:
@@ -141,12 +147,26 @@ class WatchFigures:
         return self.stable_rate if self.stable_attempts >= self.min_sample else 0.0
 
     @property
-    def verdict(self) -> str:
-        """``collecting`` (below the minimum sample), ``healthy`` or ``failing``."""
+    def error_verdict(self) -> str:
+        """The failure-rate gate: ``collecting`` (below the minimum sample), ``healthy`` or ``failing``."""
         if self.canary_attempts < self.min_sample:
             return "collecting"
         excess = (self.canary_rate - self.baseline) * 100
         return "failing" if excess > self.max_excess_percent else "healthy"
+
+    @property
+    def breached(self) -> list[GateFigures]:
+        """The gates beyond the failure rate that the canary breaches (a pause, not a rollback)."""
+        return [gate for gate in self.gates if gate.verdict == "breached"]
+
+    @property
+    def verdict(self) -> str:
+        """``failing`` (the failure rate: rolled back), ``breached`` (another gate: paused),
+        else the failure-rate gate's ``collecting`` or ``healthy``."""
+        error = self.error_verdict
+        if error == "failing":
+            return error
+        return "breached" if self.breached else error
 
     def sentence(self) -> str:
         stable = f"revision {self.stable}" if self.stable is not None else "the stable revision"
@@ -176,7 +196,193 @@ class WatchFigures:
             "min_sample": self.min_sample,
             "max_excess_percent": self.max_excess_percent,
             "verdict": self.verdict,
+            "gates": [
+                {"gate": "error_rate", "verdict": self.error_verdict, "summary": self.sentence()},
+                *(gate.as_dict() for gate in self.gates),
+            ],
         }
+
+
+@dataclass(frozen=True)
+class GateFigures:
+    """One canary gate beyond the failure rate (ADR 0020): the canary's figure against the
+    stable revision's over the watch's window, the threshold, and the verdict — ``collecting``
+    (the canary, or for a ratio the stable revision, has fewer than the minimum sample),
+    ``healthy`` or ``breached``."""
+
+    gate: str
+    canary_n: int
+    stable_n: int
+    canary_value: float | None
+    stable_value: float | None
+    threshold: float
+    verdict: str
+    summary: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gate": self.gate,
+            "verdict": self.verdict,
+            "canary_n": self.canary_n,
+            "stable_n": self.stable_n,
+            "canary_value": self.canary_value,
+            "stable_value": self.stable_value,
+            "threshold": self.threshold,
+            "summary": self.summary,
+            **self.extra,
+        }
+
+
+# The gates' thresholds a revision may set (``AdapterRevision.gates``) and the setting each
+# defaults to: the failure rate's excess in points (rolls back), the p95 latency's ratio to the
+# stable revision's, the share of rejected or low-scored outputs' excess in points, and the
+# score below which an output counts as low-scored (these three pause).
+GATE_SETTINGS = {
+    "max_excess_percent": "CANARY_MAX_EXCESS_PERCENT",
+    "latency_p95_max_ratio": "CANARY_LATENCY_P95_MAX_RATIO",
+    "max_rejected_excess_percent": "CANARY_MAX_REJECTED_EXCESS_PERCENT",
+    "min_score": "CANARY_MIN_SCORE",
+}
+GATE_RANGES = {
+    "max_excess_percent": (0.0, 100.0),
+    "latency_p95_max_ratio": (1.0, 1000.0),
+    "max_rejected_excess_percent": (0.0, 100.0),
+    "min_score": (0.0, 1.0),
+}
+# The newest successful attempts per revision the latency gate reads (a bound on the window).
+LATENCY_SAMPLE_MAX = 2000
+
+
+def gates_check(gates: Any) -> dict[str, float]:
+    """Thresholds an operator sets for a revision: known names, numbers within their range."""
+    if gates is None:
+        return {}
+    if not isinstance(gates, dict):
+        raise ValidationFailed("`gates` must be an object of thresholds.")
+    checked: dict[str, float] = {}
+    for name, value in gates.items():
+        if name not in GATE_RANGES:
+            raise ValidationFailed(f"Unknown canary gate {name!r}; known: {', '.join(GATE_RANGES)}.")
+        low, high = GATE_RANGES[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ValidationFailed(f"Canary gate {name!r} must be a number from {low:g} to {high:g}.")
+        checked[name] = float(value)
+    return checked
+
+
+def revision_gates(revision_id: int) -> dict[str, float]:
+    """The thresholds ``revision_id`` is judged by: its own, else the deployment's defaults.
+    Read from the row, not the revisions' cache (the gates are the rollout's, set later than
+    the snapshot)."""
+    own = AdapterRevision.objects.filter(pk=revision_id).values_list("gates", flat=True).first() or {}
+    return {name: float(own.get(name, settings.ONCEGUARD[setting])) for name, setting in GATE_SETTINGS.items()}
+
+
+def _p95(durations: list[float]) -> float | None:
+    """The nearest-rank 95th percentile."""
+    if not durations:
+        return None
+    ordered = sorted(durations)
+    return ordered[max(0, -(-95 * len(ordered) // 100) - 1)]
+
+
+def revision_latencies(*, tenant_id: int, revision_ids: list[int], since: datetime) -> dict[int, list[float]]:
+    """Milliseconds from start to finish of each revision's successful attempts in the window
+    (the newest ``LATENCY_SAMPLE_MAX``), through the attempts' (revision, started_at) index."""
+    out: dict[int, list[float]] = {}
+    for revision_id in revision_ids:
+        rows = (
+            Attempt.objects.filter(
+                tenant_id=tenant_id,
+                adapter_revision_id=revision_id,
+                started_at__gte=since,
+                finished_at__isnull=False,
+                outcome=AttemptOutcome.SUCCEEDED,
+            )
+            .order_by("-started_at")
+            .values_list("started_at", "finished_at")[:LATENCY_SAMPLE_MAX]
+        )
+        out[revision_id] = [(finished - started).total_seconds() * 1000 for started, finished in rows]
+    return out
+
+
+def latency_gate(
+    *, tenant_id: int, canary_id: int, stable_id: int | None, since: datetime, min_sample: int, max_ratio: float
+) -> GateFigures:
+    ids = [canary_id] + ([stable_id] if stable_id else [])
+    latencies = revision_latencies(tenant_id=tenant_id, revision_ids=ids, since=since)
+    canary_ms, stable_ms = latencies[canary_id], latencies.get(stable_id, []) if stable_id else []
+    canary_p95, stable_p95 = _p95(canary_ms), _p95(stable_ms)
+    if len(canary_ms) < min_sample or len(stable_ms) < min_sample or not stable_p95:
+        verdict = "collecting"
+    else:
+        verdict = "breached" if canary_p95 > stable_p95 * max_ratio else "healthy"  # type: ignore[operator]
+    summary = (
+        f"p95 latency: canary {canary_p95:.0f} ms over {len(canary_ms)} successful attempts"
+        if canary_p95 is not None
+        else f"p95 latency: canary has {len(canary_ms)} successful attempts"
+    ) + (
+        f" against stable {stable_p95:.0f} ms over {len(stable_ms)}; limit ×{max_ratio:g}"
+        if stable_p95 is not None
+        else f" and the stable revision {len(stable_ms)} (fewer than {min_sample}: not judged)"
+    )
+    return GateFigures(
+        gate="latency_p95",
+        canary_n=len(canary_ms),
+        stable_n=len(stable_ms),
+        canary_value=round(canary_p95, 1) if canary_p95 is not None else None,
+        stable_value=round(stable_p95, 1) if stable_p95 is not None else None,
+        threshold=max_ratio,
+        verdict=verdict,
+        summary=summary,
+    )
+
+
+def quality_gate(
+    *,
+    tenant_id: int,
+    canary_id: int,
+    stable_id: int | None,
+    since: datetime,
+    min_sample: int,
+    max_excess: float,
+    min_score: float,
+) -> GateFigures:
+    """Rejected or low-scored outputs (consumers' and manifests' verdicts, ADR 0020): the
+    canary's share against the stable revision's (0 % until the stable one has a sample)."""
+    ids = [canary_id] + ([stable_id] if stable_id else [])
+    bad = Q(verdict=VerdictValue.REJECTED) | Q(score__lt=min_score)
+    rows = (
+        OutputVerdict.objects.filter(tenant_id=tenant_id, adapter_revision_id__in=ids, created_at__gte=since)
+        .values_list("adapter_revision_id")
+        .annotate(n=Count("id"), bad=Count("id", filter=bad))
+        .order_by()
+    )
+    counts = {revision_id: (n, b) for revision_id, n, b in rows}
+    canary_n, canary_bad = counts.get(canary_id, (0, 0))
+    stable_n, stable_bad = counts.get(stable_id, (0, 0)) if stable_id else (0, 0)
+    canary_rate = canary_bad / canary_n if canary_n else 0.0
+    stable_rate = stable_bad / stable_n if stable_n else 0.0
+    baseline = stable_rate if stable_n >= min_sample else 0.0
+    if canary_n < min_sample:
+        verdict = "collecting"
+    else:
+        verdict = "breached" if (canary_rate - baseline) * 100 > max_excess else "healthy"
+    return GateFigures(
+        gate="rejected_or_low_score",
+        canary_n=canary_n,
+        stable_n=stable_n,
+        canary_value=round(canary_rate, 4),
+        stable_value=round(stable_rate, 4),
+        threshold=max_excess,
+        verdict=verdict,
+        summary=(
+            f"rejected or scored below {min_score:g}: canary {canary_bad} of {canary_n} ({canary_rate:.0%})"
+            f" against stable {stable_bad} of {stable_n} ({stable_rate:.0%}); limit +{max_excess:g} points"
+        ),
+        extra={"canary_bad": canary_bad, "stable_bad": stable_bad, "min_score": min_score},
+    )
 
 
 def revision_counts(*, revision_ids: list[int], since: datetime) -> dict[int, tuple[int, int]]:
@@ -216,6 +422,15 @@ def canary_figures(provider: Provider) -> WatchFigures | None:
     counts = revision_counts(revision_ids=ids, since=since)
     canary_n, canary_f = counts[provider.canary_revision_id]
     stable_n, stable_f = counts.get(provider.revision_id, (0, 0)) if provider.revision_id else (0, 0)
+    gates = revision_gates(provider.canary_revision_id)
+    min_sample = max(1, int(settings.ONCEGUARD["CANARY_MIN_SAMPLE"]))
+    judged = dict(
+        tenant_id=provider.tenant_id,
+        canary_id=provider.canary_revision_id,
+        stable_id=provider.revision_id,
+        since=since,
+        min_sample=min_sample,
+    )
     return WatchFigures(
         canary=revisions.revision_get(provider.canary_revision_id).number,
         stable=revisions.revision_number(provider.revision_id),
@@ -225,8 +440,12 @@ def canary_figures(provider: Provider) -> WatchFigures | None:
         canary_failures=canary_f,
         stable_attempts=stable_n,
         stable_failures=stable_f,
-        min_sample=max(1, int(settings.ONCEGUARD["CANARY_MIN_SAMPLE"])),
-        max_excess_percent=float(settings.ONCEGUARD["CANARY_MAX_EXCESS_PERCENT"]),
+        min_sample=min_sample,
+        max_excess_percent=gates["max_excess_percent"],
+        gates=(
+            latency_gate(**judged, max_ratio=gates["latency_p95_max_ratio"]),
+            quality_gate(**judged, max_excess=gates["max_rejected_excess_percent"], min_score=gates["min_score"]),
+        ),
     )
 
 
@@ -268,14 +487,32 @@ def _needs_reason(reason: str) -> str:
     return reason
 
 
+def _revision_runs_again(revision: AdapterRevision, *, gates: dict[str, float] | None = None) -> None:
+    """A revision that runs again (a canary, or stable) is no longer rolled back: outputs it
+    produces from now on are not recalled. ``gates``: new thresholds (the rollout's, ADR 0020)."""
+    values: dict[str, Any] = {"rolled_back_at": None}
+    if gates:
+        values["gates"] = {**revision.gates, **gates}
+    AdapterRevision.objects.filter(pk=revision.pk).update(**values)
+
+
 def canary_start(
-    *, provider_id: int, number: int, percent: int, actor: str, reason: str, tenant_ids: list[int] | None = None
+    *,
+    provider_id: int,
+    number: int,
+    percent: int,
+    actor: str,
+    reason: str,
+    tenant_ids: list[int] | None = None,
+    gates: dict[str, Any] | None = None,
 ) -> Provider:
     """Revision ``number`` (not the stable one) takes ``percent`` of new operations as the
-    canary; for the running canary, its percentage changes. Refused while another revision
-    is the canary."""
+    canary; for the running canary, its percentage changes — and a paused one resumes.
+    Refused while another revision is the canary. ``gates``: the thresholds it is judged by
+    (``GATE_SETTINGS``; the ones not named keep theirs, else the deployment's defaults)."""
     reason = _needs_reason(reason)
     percent = revisions.canary_percent_check(percent)
+    gates = gates_check(gates)
     with transaction.atomic():
         provider = _provider(provider_id=provider_id, tenant_ids=tenant_ids, lock=True)
         revision = _revision(provider, number)
@@ -286,9 +523,15 @@ def canary_start(
                 f"Revision {revisions.revision_number(provider.canary_revision_id)} is the canary:"
                 " promote it or roll it back first."
             )
-        values: dict[str, Any] = {"canary_revision_id": revision.pk, "canary_percent": percent}
+        values: dict[str, Any] = {
+            "canary_revision_id": revision.pk,
+            "canary_percent": percent,
+            "canary_paused_at": None,
+            "canary_pause_evidence": None,
+        }
         if provider.canary_revision_id is None:
             values["canary_started_at"] = Now()
+        _revision_runs_again(revision, gates=gates)
         current = _move_pointers(provider=provider, actor=actor, reason=reason, **values)
     provider_cache_forget(current)
     log.info("adapter_canary_started provider=%s revision=%s percent=%s actor=%s", current.pk, number, percent, actor)
@@ -326,6 +569,7 @@ def revision_promote(
 
 def _make_stable(*, provider: Provider, revision: AdapterRevision, actor: str, reason: str) -> Provider:
     config = {name: value for name, value in revision.config.items() if name in ADAPTER_FIELDS}
+    _revision_runs_again(revision)
     return _move_pointers(
         provider=provider,
         actor=actor,
@@ -334,6 +578,8 @@ def _make_stable(*, provider: Provider, revision: AdapterRevision, actor: str, r
         canary_revision_id=None,
         canary_percent=0,
         canary_started_at=None,
+        canary_paused_at=None,
+        canary_pause_evidence=None,
         **config,
     )
 
@@ -385,6 +631,8 @@ def revision_rollback(
                 canary_revision_id=None,
                 canary_percent=0,
                 canary_started_at=None,
+                canary_paused_at=None,
+                canary_pause_evidence=None,
             )
         else:
             if canary is not None:
@@ -398,6 +646,8 @@ def revision_rollback(
             if target.pk == rolled_back.pk:
                 raise AdapterRolloutConflict(f"Revision {number} is the stable revision already.")
             current = _make_stable(provider=provider, revision=target, actor=actor, reason=reason)
+        # Its outputs are recalled by ledger.recovery.recall's pass, which reads this (ADR 0020).
+        AdapterRevision.objects.filter(pk=rolled_back.pk).update(rolled_back_at=Now())
         hooks.adapter_revision_rolled_back.send(
             tenant_id=current.tenant_id,
             provider_id=current.pk,
@@ -488,7 +738,10 @@ def canary_watch(*, provider_id: int) -> WatchFigures | None:
     if provider is None:
         return None
     figures = canary_figures(provider)
-    if figures is None or figures.verdict != "failing":
+    if figures is None or figures.verdict not in ("failing", "breached"):
+        return figures
+    if figures.verdict == "breached":
+        canary_pause_on_breach(provider=provider, figures=figures)
         return figures
     try:
         revision_rollback(
@@ -508,6 +761,51 @@ def canary_watch(*, provider_id: int) -> WatchFigures | None:
         summary=f"provider {provider.slug}: {figures.sentence()}; rolled back to revision {figures.stable}",
     )
     return figures
+
+
+def canary_pause(
+    *, provider_id: int, canary: int, actor: str, reason: str, evidence: dict[str, Any] | None = None
+) -> Provider | None:
+    """Pause the running canary ``canary`` (by number): it takes no new operations
+    (``revisions.revision_assign``) and keeps its share, figures and operations under way until
+    an operator resumes (``canary_start``), promotes or rolls it back. None when it is paused
+    already, or no longer the canary (a guarded move on the pointers as read)."""
+    reason = _needs_reason(reason)
+    with transaction.atomic():
+        provider = _provider(provider_id=provider_id, tenant_ids=None, lock=True)
+        if provider.canary_revision_id is None or provider.canary_paused_at is not None:
+            return None
+        if revisions.revision_number(provider.canary_revision_id) != canary:
+            return None
+        current = _move_pointers(
+            provider=provider, actor=actor, reason=reason, canary_paused_at=Now(), canary_pause_evidence=evidence
+        )
+    provider_cache_forget(current)
+    log.warning("adapter_canary_paused provider=%s revision=%s actor=%s", current.pk, canary, actor)
+    return current
+
+
+def canary_pause_on_breach(*, provider: Provider, figures: WatchFigures) -> Provider | None:
+    """The watch's answer to a gate beyond the failure rate: pause the canary and raise an
+    alert, the gates' figures as the evidence (shown on the rollout page and in the API)."""
+    if provider.canary_paused_at is not None:
+        return None
+    breached = "; ".join(gate.summary for gate in figures.breached)
+    paused = canary_pause(
+        provider_id=provider.pk,
+        canary=figures.canary,
+        actor=WATCH_ACTOR,
+        reason=f"automatic pause: {breached}",
+        evidence=figures.as_dict(),
+    )
+    if paused is not None:
+        hooks.alert_raised.send(
+            tenant_id=provider.tenant_id,
+            kind="provider_canary_paused",
+            ref=provider.slug,
+            summary=f"provider {provider.slug}: canary revision {figures.canary} paused: {breached}",
+        )
+    return paused
 
 
 def canary_watch_after_attempt(*, operation: Operation, provider_id: int) -> None:
@@ -563,12 +861,16 @@ def provider_rollout(provider: Provider, *, limit: int = 50) -> dict[str, Any]:
     """``provider``'s rollout: which revisions run, the watch's figures, and its newest
     revisions (at most ``limit``), newest first."""
     figures = canary_figures(provider)
+    shown = list(AdapterRevision.objects.filter(provider_id=provider.pk).order_by("-number")[:limit])
+    outputs = revision_output_counts(tenant_id=provider.tenant_id, revision_ids=[r.pk for r in shown])
     return {
         "provider": provider.slug,
         "stable_revision": revisions.revision_number(provider.revision_id),
         "canary_revision": revisions.revision_number(provider.canary_revision_id),
         "canary_percent": provider.canary_percent,
         "canary_started_at": provider.canary_started_at,
+        "canary_paused_at": provider.canary_paused_at,
+        "canary_pause_evidence": provider.canary_pause_evidence,
         "watch": figures.as_dict() if figures is not None else None,
         "revisions": [
             {
@@ -579,7 +881,36 @@ def provider_rollout(provider: Provider, *, limit: int = 50) -> dict[str, Any]:
                 "created_at": r.created_at,
                 "reason": r.reason,
                 "role": revision_role(provider, r),
+                "gates": r.gates,
+                "rolled_back_at": r.rolled_back_at,
+                "outputs": outputs.get(r.pk, {}),
             }
-            for r in AdapterRevision.objects.filter(provider_id=provider.pk).order_by("-number")[:limit]
+            for r in shown
         ],
     }
+
+
+def revision_output_counts(*, tenant_id: int, revision_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Each revision's recalled outputs by state and its verdicts by value (the rollout
+    page's counts, ADR 0020): two grouped queries on indexes. Published outputs are not
+    counted (a stable revision has millions)."""
+    counts: dict[int, dict[str, int]] = {rid: {} for rid in revision_ids}
+    by_state = (
+        OperationOutput.objects.filter(
+            tenant_id=tenant_id, adapter_revision_id__in=revision_ids, state__in=RECALLED_OUTPUT_STATES
+        )
+        .values_list("adapter_revision_id", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for revision_id, state, n in by_state:
+        counts[revision_id][state] = n
+    by_verdict = (
+        OutputVerdict.objects.filter(tenant_id=tenant_id, adapter_revision_id__in=revision_ids)
+        .values_list("adapter_revision_id", "verdict")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for revision_id, verdict, n in by_verdict:
+        counts[revision_id][f"verdicts_{verdict}"] = n
+    return counts

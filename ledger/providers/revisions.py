@@ -51,7 +51,14 @@ from ledger.tenants.config_changes import config_change_record
 
 MAX_REASON_LENGTH = 500
 # The provider's rollout pointers: moved by this module and ledger.providers.canary only.
-ROLLOUT_FIELDS = ("revision_id", "canary_revision_id", "canary_percent", "canary_started_at")
+ROLLOUT_FIELDS = (
+    "revision_id",
+    "canary_revision_id",
+    "canary_percent",
+    "canary_started_at",
+    "canary_paused_at",
+    "canary_pause_evidence",
+)
 
 
 def adapter_config(provider: Provider) -> dict[str, Any]:
@@ -215,6 +222,7 @@ def rollout_state(provider: Provider) -> dict[str, Any]:
         "revision": revision_number(provider.revision_id),
         "canary_revision": revision_number(provider.canary_revision_id),
         "canary_percent": provider.canary_percent,
+        **({"canary_paused": True} if provider.canary_paused_at is not None else {}),
     }
 
 
@@ -287,11 +295,13 @@ def canary_share(*, tenant_id: int, key: str, canary_revision_id: int, percent: 
 
 def revision_assign(*, provider: Provider, tenant_id: int, key: str) -> int | None:
     """The revision a new operation of ``provider`` runs under: the canary for its share of
-    keys while one runs, else the stable revision (None for callback providers)."""
+    keys while one runs (and is not paused by a gate: ADR 0020), else the stable revision
+    (None for callback providers)."""
     stable = revision_ensure(provider)
     if (
         stable is not None
         and provider.canary_revision_id is not None
+        and provider.canary_paused_at is None
         and canary_share(
             tenant_id=tenant_id,
             key=key,

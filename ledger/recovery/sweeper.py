@@ -40,6 +40,7 @@ from ledger.providers.canary import canary_watch_all
 from ledger.providers.reconcile import LookupOutcome, provider_lookup
 from ledger.providers.revisions import operation_adapter_view
 from ledger.recovery.eligibility import eligibility_recheck
+from ledger.recovery.recall import outputs_recall_due
 from ledger.store import sql
 from ledger.store.open_rows import open_rows_where
 
@@ -444,6 +445,11 @@ def sweep(*, batch: int = 500, client: httpx.Client | None = None) -> SweepRepor
     # failing canary attempt; this pass covers what they cannot see, ledger.providers.canary).
     for verdict, n in canary_watch_all().items():
         report.add(f"canary_{verdict}", n)
+    # Rolled-back revisions' outputs still published are recalled (ADR 0020): an automatic
+    # rollback's, a late publish's, what an interrupted pass left.
+    for state, n in outputs_recall_due().items():
+        if n:
+            report.add(f"outputs_{state}", n)
     # Four-eyes requests nobody answered in time expire; an approved one whose re-send never
     # reported back is failed (ADR 0013).
     # Only what happened is reported, as every other count here: a quiet pass says "nothing to do".

@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger.models import REPORTED_ERROR_CLASSES, ApprovalKind, ApprovalStatus, ErrorClass
+from ledger.models import REPORTED_ERROR_CLASSES, ApprovalKind, ApprovalStatus, ErrorClass, VerdictValue
 from ledger.platform.storable import MAX_DURATION_SECONDS, nul_problem, query_time_problem
 from ledger.providers import prompts, revisions
 
@@ -173,6 +173,60 @@ class RolloutReasonSerializer(serializers.Serializer):
 
 class CanaryInputSerializer(RolloutReasonSerializer):
     percent = serializers.IntegerField(min_value=1, max_value=100, help_text="Share of new operations, 1–100.")
+    gates = serializers.DictField(
+        child=serializers.FloatField(),
+        required=False,
+        allow_null=True,
+        help_text="This revision's canary gate thresholds (ADR 0020), any of: max_excess_percent (failure rate,"
+        " points above stable: rolls back), latency_p95_max_ratio (p95 latency against stable's: pauses),"
+        " max_rejected_excess_percent (rejected or low-scored outputs, points above stable: pauses), min_score"
+        " (a verdict scored below it is low). Left out: the deployment's defaults (CANARY_* settings).",
+    )
+
+
+class RerunInputSerializer(RolloutReasonSerializer):
+    limit = serializers.IntegerField(
+        min_value=1, max_value=500, required=False, default=500, help_text="Most operations re-run by this call."
+    )
+
+
+class RerunOutputSerializer(serializers.Serializer):
+    revision = serializers.IntegerField(help_text="The rolled-back revision whose recalled outputs were re-run.")
+    stable_revision = serializers.IntegerField(allow_null=True, help_text="The revision the re-runs run under.")
+    count = serializers.IntegerField()
+    operations = serializers.ListField(
+        child=serializers.DictField(), help_text="Per re-run: the original operation, the new one and its key."
+    )
+
+
+class VerdictInputSerializer(serializers.Serializer):
+    verdict = serializers.ChoiceField(choices=VerdictValue.choices, help_text="accepted or rejected")
+    score = serializers.FloatField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=1, help_text="0 (worst) to 1 (best)."
+    )
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+
+
+class VerdictOutputSerializer(serializers.Serializer):
+    operation = serializers.IntegerField(source="operation_id")
+    output = serializers.SerializerMethodField(
+        help_text="The stored output's key (null: an output not stored as a file)."
+    )
+    verdict = serializers.CharField()
+    score = serializers.FloatField(allow_null=True)
+    reason = serializers.CharField()
+    source = serializers.CharField()
+    actor = serializers.CharField()
+    adapter_revision = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_adapter_revision(self, row: Any) -> int | None:
+        return revisions.revision_number(row.adapter_revision_id)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_output(self, row: Any) -> str | None:
+        return row.output.key if row.output_id is not None else None
 
 
 class RolloutMoveInputSerializer(RolloutReasonSerializer):
@@ -193,6 +247,15 @@ class AdapterRevisionOutputSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     reason = serializers.CharField()
     role = serializers.CharField(help_text="stable, canary or retired")
+    gates = serializers.DictField(help_text="Its own canary gate thresholds (the rest: the deployment's defaults).")
+    rolled_back_at = serializers.DateTimeField(
+        allow_null=True, help_text="When it was last rolled back (its outputs are recalled)."
+    )
+    outputs = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Its recalled outputs by state (quarantined, flagged) and its verdicts (verdicts_accepted,"
+        " verdicts_rejected).",
+    )
 
 
 class WatchFiguresSerializer(serializers.Serializer):
@@ -208,7 +271,14 @@ class WatchFiguresSerializer(serializers.Serializer):
     stable_failure_rate = serializers.FloatField()
     min_sample = serializers.IntegerField()
     max_excess_percent = serializers.FloatField()
-    verdict = serializers.CharField(help_text="collecting (below the minimum sample), healthy or failing")
+    verdict = serializers.CharField(
+        help_text="collecting (below the minimum sample), healthy, failing (the failure rate: rolled back) or"
+        " breached (another gate: paused)"
+    )
+    gates = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Each gate's figures and verdict: error_rate, latency_p95 (milliseconds), rejected_or_low_score.",
+    )
 
 
 class ProviderCapsSerializer(serializers.Serializer):
@@ -261,10 +331,22 @@ class RolloutOutputSerializer(serializers.Serializer):
     canary_revision = serializers.IntegerField(allow_null=True)
     canary_percent = serializers.IntegerField()
     canary_started_at = serializers.DateTimeField(allow_null=True)
+    canary_paused_at = serializers.DateTimeField(
+        allow_null=True, help_text="A gate paused the canary: it takes no new operations until resumed."
+    )
+    canary_pause_evidence = serializers.DictField(
+        allow_null=True, help_text="The watch's figures per gate when it paused the canary."
+    )
     watch = WatchFiguresSerializer(allow_null=True)
     revisions = AdapterRevisionOutputSerializer(many=True)
     requeued = serializers.IntegerField(
         required=False, help_text="Roll back: operations re-queued under the stable revision."
+    )
+    recalled = serializers.DictField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text="Roll back: the rolled-back revision's outputs recalled now, by new state (quarantined: not yet"
+        " consumed, no longer served; flagged: consumed, marked); the sweeper recalls any left (ADR 0020).",
     )
 
 

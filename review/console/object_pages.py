@@ -162,10 +162,28 @@ class UploadAdmin(StoredObjectAdmin):
 
 @admin.register(OperationOutput)
 class OperationOutputAdmin(StoredObjectAdmin):
-    list_display = ["short_key", "operation_link", "media_type", "size_shown", "dimensions", "created", "download_link"]
+    list_display = [
+        "short_key",
+        "operation_link",
+        "state",
+        "media_type",
+        "size_shown",
+        "dimensions",
+        "created",
+        "download_link",
+    ]
     list_select_related = ["tenant", "operation"]
-    readonly_fields = ["operation_link", *StoredObjectAdmin.readonly_fields]
-    exclude = ["storage_name", "operation"]
+    # Recalled with a rolled-back adapter revision or not (ADR 0020).
+    list_filter = ["state", "media_type"]
+    readonly_fields = [
+        "operation_link",
+        "state",
+        "consumed_at",
+        "recalled_at",
+        "recall_reason",
+        *StoredObjectAdmin.readonly_fields,
+    ]
+    exclude = ["storage_name", "operation", "adapter_revision"]
 
     def export_columns(self, request: HttpRequest) -> list[str]:
         return ["created_at", "tenant", "operation_key", *super().export_columns(request)[2:]]

@@ -35,6 +35,7 @@ from ledger.models import Operation, OperationEvent, OperationStatus, Tombstone
 from ledger.platform import crypto
 from ledger.platform.errors import ValidationFailed
 from ledger.platform.masking import stored_value_masked
+from ledger.protocol.callbacks import CALLBACK_TYPES
 from ledger.protocol.selectors import run_of
 from ledger.web.display import csv_cell
 from review.models import AccessAction, AccessLog, ErasureRun, RecordType, SubjectIndex
@@ -158,7 +159,13 @@ def subject_record_ids(*, tenant_id: int, subject: Subject) -> list[RecordRef]:
         )
         new_ops |= set(
             Operation.objects.filter(
-                tenant_id=tenant_id, key__in=[f"callback:{pk}" for pk in sorted(frontier_ops)]
+                tenant_id=tenant_id,
+                # The terminal callback and a recalled output's (ledger.protocol.callbacks.CALLBACK_TYPES).
+                key__in=[
+                    f"callback:{pk}" + (f":{event}" if event else "")
+                    for pk in sorted(frontier_ops)
+                    for event in CALLBACK_TYPES
+                ],
             ).values_list("pk", flat=True)
         )
         frontier_ops, frontier_fes = new_ops - op_ids, new_fes - fe_ids

@@ -27,6 +27,7 @@ from ledger.models import (
     OperationManifest,
     OperationOutput,
     OperationStatus,
+    OutputVerdict,
     PromptTemplate,
     Tenant,
 )
@@ -263,6 +264,10 @@ def test_an_extraction_is_scored_against_its_documents_manifest_when_its_answer_
     assert (matched, len(some["details"])) == (8, 11) and some["score"] == pytest.approx(8 / 11)
     # No value of the document in the details.
     assert "Acme" not in json.dumps(some["details"]) and "1234" not in json.dumps(some["details"])
+    # Each score is the extraction's verdict for the canary's quality gate (ADR 0020).
+    verdicts = {v.operation_id: v for v in OutputVerdict.objects.filter(source="manifest")}
+    assert set(verdicts) == {first, second}
+    assert verdicts[second].score == pytest.approx(8 / 11) and verdicts[second].actor == "manifests"
     # On the console's operation page.
     page = admin_client.get(f"/admin/ledger/operation/{second}/change/").content.decode()
     assert "manifest score" in page.lower() and f"{some['score']:.3f}" in page

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ledger.models import Provider, ProviderKind
 from ledger.platform.errors import DomainError
 from ledger.providers import canary
+from ledger.recovery import recall
 from ledger.tenants.config_changes import cli_actor
 
 
@@ -57,13 +58,15 @@ class Command(BaseCommand):
                     provider_id=provider.pk, number=options["number"], actor=cli_actor(), reason=options["reason"]
                 )
             elif action == "rollback":
-                result = canary.revision_rollback(
+                # Its outputs are recalled too (ADR 0020).
+                result, recalled = recall.revision_rollback_recall(
                     provider_id=provider.pk, number=options["number"], actor=cli_actor(), reason=options["reason"]
                 )
                 provider = result.provider
                 self.stdout.write(
                     f"rolled back revision {result.rolled_back}; stable is revision {result.stable};"
-                    f" {result.requeued} operation(s) re-queued under it"
+                    f" {result.requeued} operation(s) re-queued under it; outputs recalled:"
+                    f" {recalled['quarantined']} quarantined, {recalled['flagged']} flagged"
                 )
         except DomainError as exc:
             raise CommandError(exc.detail) from None

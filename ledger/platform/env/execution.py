@@ -312,6 +312,27 @@ LEDGER: list[Setting] = _group(
         minimum=0,
     ),
     _s(
+        "CANARY_LATENCY_P95_MAX_RATIO",
+        FLOAT,
+        2.0,
+        "A canary whose p95 latency exceeds the stable revision's times this is paused (a revision may set its own).",
+        minimum=1,
+    ),
+    _s(
+        "CANARY_MAX_REJECTED_EXCESS_PERCENT",
+        FLOAT,
+        10.0,
+        "A canary whose share of rejected or low-scored outputs exceeds the stable revision's by more points is paused.",
+        minimum=0,
+    ),
+    _s(
+        "CANARY_MIN_SCORE",
+        FLOAT,
+        0.5,
+        "An output verdict scored below this counts as low-scored in the canary's quality gate.",
+        minimum=0,
+    ),
+    _s(
         "UPLOAD_MAX_BYTES",
         INT,
         10 * 1024 * 1024,

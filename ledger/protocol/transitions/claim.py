@@ -110,11 +110,12 @@ def after_terminal(op: Operation, *, actor: str) -> None:
     hooks.operation_finished.send(operation=op, actor=actor)
 
 
-def callback_enqueue(*, operation: Operation) -> Operation | None:
+def callback_enqueue(*, operation: Operation, event: str = "") -> Operation | None:
     """Queue the callback of a finished operation, in the caller's transaction: a claim of
     the key ``callback:{id}`` (``ledger.protocol.callbacks`` says what it is claimed with), so it
-    exists once, whoever finishes the operation."""
-    arguments = callbacks.callback_claim_arguments(operation=operation)
+    exists once, whoever finishes the operation. ``event``: a later event's callback
+    (``callback:{id}:{event}``, once per event: a recalled output)."""
+    arguments = callbacks.callback_claim_arguments(operation=operation, event=event)
     if arguments is None:
         return None
     try:

@@ -15,10 +15,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.execution import objects, outputs, uploads
-from ledger.models import OperationOutput, Upload
+from ledger.execution import objects, outputs, uploads, verdicts
+from ledger.models import OperationOutput, Upload, VerdictSource
 from ledger.protocol.representation import OutputObjectSerializer, UploadOutputSerializer
-from ledger.web.apis.operations import REPLAYED_HEADER
+from ledger.protocol.serializer_reuse import represented
+from ledger.web.apis.operations import REPLAYED_HEADER, validated_input
+from ledger.web.serializers import VerdictInputSerializer, VerdictOutputSerializer
 
 
 def object_content_response(stored: Upload | OperationOutput) -> FileResponse:
@@ -115,7 +117,39 @@ class OperationOutputContentApi(ObjectBytesApi):
     @extend_schema(
         responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
         summary="An operation's validated output bytes (published only after every check passed)",
+        description="The first download records the output as consumed (ADR 0020). An output recalled before"
+        " anyone consumed it — its adapter revision was rolled back — answers 410 output_quarantined.",
     )
     def get(self, request: Request, operation_id: int) -> FileResponse:
-        output = outputs.output_get(tenant=request.user.tenant, operation_id=operation_id)
+        output = outputs.output_consume(tenant=request.user.tenant, operation_id=operation_id)
         return object_content_response(output)
+
+
+class OperationOutputVerdictApi(APIView):
+    @extend_schema(
+        request=VerdictInputSerializer,
+        responses={
+            201: VerdictOutputSerializer,
+            200: OpenApiResponse(VerdictOutputSerializer, description="The same verdict again: the recorded one."),
+        },
+        summary="Report what you made of an operation's output: accepted or rejected, a score, why",
+        description="One verdict per output and API key (ADR 0020): the same body again answers the recorded"
+        " verdict (200, Idempotent-Replayed: true); a different one answers 409 verdict_conflict. Rejected and"
+        " low-scored outputs of a canary adapter revision count in its quality gate, which pauses the canary"
+        " when it breaches its threshold.",
+    )
+    def post(self, request: Request, operation_id: int) -> Response:
+        data = validated_input(VerdictInputSerializer, request)
+        output = outputs.output_get(tenant=request.user.tenant, operation_id=operation_id)
+        result = verdicts.output_verdict_record(
+            output=output,
+            score=data["score"],
+            verdict=data["verdict"],
+            reason=data["reason"],
+            source=VerdictSource.CONSUMER,
+            actor=request.user.actor,
+        )
+        body = represented(VerdictOutputSerializer, result.verdict)
+        if not result.created:
+            return Response(body, status=200, headers={REPLAYED_HEADER: "true"})
+        return Response(body, status=201)

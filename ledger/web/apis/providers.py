@@ -15,12 +15,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.execution import polling
+from ledger.execution import polling, rerun
 from ledger.models import PromptTemplate, Provider, ProviderKind
 from ledger.platform.errors import OperationNotFound
 from ledger.protocol import services
 from ledger.protocol.serializer_reuse import represented
 from ledger.providers import canary, prompts, ratelimit, revisions
+from ledger.recovery import recall
 from ledger.rules.provider_checks import secret_env_names
 from ledger.web.apis.operations import validated_input
 from ledger.web.serializers import (
@@ -30,6 +31,8 @@ from ledger.web.serializers import (
     ProviderIntentInputSerializer,
     ProviderIntentOutputSerializer,
     ProviderOutputSerializer,
+    RerunInputSerializer,
+    RerunOutputSerializer,
     RolloutMoveInputSerializer,
     RolloutOutputSerializer,
 )
@@ -127,6 +130,7 @@ class ProviderCanaryApi(APIView):
             actor=request.user.actor,
             reason=data["reason"],
             tenant_ids=[request.user.tenant.pk],
+            gates=data.get("gates"),
         )
         return Response(represented(RolloutOutputSerializer, canary.provider_rollout(provider)))
 
@@ -162,15 +166,47 @@ class ProviderRollbackApi(APIView):
     )
     def post(self, request: Request, slug: str) -> Response:
         data = validated_input(RolloutMoveInputSerializer, request)
-        result = canary.revision_rollback(
+        # Its outputs are recalled too (ADR 0020).
+        result, recalled = recall.revision_rollback_recall(
             provider_id=_tenant_provider(request, slug).pk,
             number=data.get("number"),
             actor=request.user.actor,
             reason=data["reason"],
             tenant_ids=[request.user.tenant.pk],
         )
-        body = {**canary.provider_rollout(result.provider), "requeued": result.requeued}
+        body = {**canary.provider_rollout(result.provider), "requeued": result.requeued, "recalled": recalled}
         return Response(represented(RolloutOutputSerializer, body))
+
+
+class ProviderRerunApi(APIView):
+    required_scope = "admin"
+
+    @extend_schema(
+        request=RerunInputSerializer,
+        responses={200: RerunOutputSerializer},
+        summary="Re-run a rolled-back revision's recalled outputs under the stable revision, as next key versions",
+        description="Each operation whose output was recalled (quarantined or flagged) and that no newer version"
+        " replaced is submitted again as the next version of its key ({record}:{action}:v{n+1}), under the"
+        " provider's stable revision (ADR 0020); at most `limit` per call. Where the tenant or provider requires"
+        " four eyes for re-sends (ADR 0013), the answer is 202 with the pending approval request.",
+    )
+    def post(self, request: Request, slug: str, number: int) -> Response:
+        data = validated_input(RerunInputSerializer, request)
+        result = rerun.recalled_outputs_rerun(
+            tenant_id=request.user.tenant.pk,
+            provider_id=_tenant_provider(request, slug).pk,
+            number=number,
+            actor=request.user.actor,
+            reason=data["reason"],
+            limit=data["limit"],
+        )
+        body = {
+            "revision": result.revision,
+            "stable_revision": result.stable,
+            "count": len(result.rerun),
+            "operations": [{"original": a, "operation": b, "key": k} for a, b, k in result.rerun],
+        }
+        return Response(represented(RerunOutputSerializer, body))
 
 
 # --- Intent envelopes and prompt templates (ledger.rules.intents, ledger.providers.prompts) -------------------------

@@ -30,12 +30,14 @@ from django.utils.http import urlencode
 
 from ledger.execution import manifests
 from ledger.models import (
+    RECALLED_OUTPUT_STATES,
     TERMINAL_STATES,
     Attempt,
     OpenOperation,
     Operation,
     OperationEvent,
     OperationMode,
+    OperationOutput,
     OperationStatus,
     WorkflowName,
 )
@@ -43,7 +45,7 @@ from ledger.platform import tracing
 from ledger.platform.errors import DomainError
 from ledger.protocol import transitions
 from ledger.protocol.selectors import operation_search, operations_in_state, run_of
-from ledger.providers import prompts
+from ledger.providers import prompts, revisions
 from ledger.store.open_rows import open_rows_where
 from ledger.web import display
 from ledger.web.console_base import (
@@ -220,6 +222,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         "replaced_by",
         "prompt_pins",
         "trace",
+        "output_state",
         "evaluation_manifest",
         "extraction_score",
     ]
@@ -288,6 +291,7 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
                     "provider_ref",
                     "response_status",
                     "last_attempt_error",
+                    "output_state",
                     "evaluation_manifest",
                     "extraction_score",
                 ]
@@ -412,6 +416,27 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         if not url.startswith(("https://", "http://")):
             return format_html("<code>{}</code>", trace_id)
         return format_html('<a href="{}" rel="noopener noreferrer"><code>{}</code></a>', url, trace_id)
+
+    @admin.display(description="output")
+    def output_state(self, obj: Operation) -> str:
+        # The published output's standing (ADR 0020): recalled with a rolled-back revision or not.
+        output = OperationOutput.objects.filter(tenant_id=obj.tenant_id, operation_id=obj.pk).first()
+        if output is None:
+            return display.EMPTY
+        url = reverse("admin:ledger_operationoutput_change", args=[output.pk])
+        if output.state not in RECALLED_OUTPUT_STATES:
+            return format_html('<a href="{}">{}</a> · {}', url, display.short_id(output.key, keep=22), output.state)
+        return format_html(
+            '<a href="{}">{}</a> · <strong data-testid="output-recalled">{}</strong> (revision {}, {}): {}'
+            '<div class="og-muted">consumed: {}</div>',
+            url,
+            display.short_id(output.key, keep=22),
+            output.get_state_display(),
+            revisions.revision_number(output.adapter_revision_id) or "—",
+            output.recalled_at,
+            output.recall_reason,
+            output.consumed_at or "never",
+        )
 
     @admin.display(description="prompt templates pinned at acceptance")
     def prompt_pins(self, obj: Operation) -> str:

@@ -17,11 +17,13 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import escape, format_html
 
+from ledger.execution import rerun
 from ledger.models import ADAPTER_FIELDS, ConfigChange, PromptTemplate, Provider, Tenant
 from ledger.platform.errors import DomainError, ValidationFailed
-from ledger.protocol import services
+from ledger.protocol import approvals, services
 from ledger.providers import canary, prompts, ratelimit, revisions
 from ledger.providers.credentials import credential_is_set
+from ledger.recovery import recall
 from ledger.rules.manifests import manifest_schema_check
 from ledger.rules.provider_checks import secret_env_names
 from ledger.web import display
@@ -273,7 +275,7 @@ class ProviderAdmin(ServiceSaveAdmin):
             if not may_move:
                 raise PermissionDenied
             verb = request.POST.get("verb", "")
-            if verb not in ("canary", "promote", "rollback"):
+            if verb not in ("canary", "promote", "rollback", "rerun"):
                 messages.error(request, "Nothing changed: unknown action.")
             elif form.is_valid():
                 data = form.cleaned_data
@@ -301,8 +303,9 @@ class ProviderAdmin(ServiceSaveAdmin):
                             tenant_ids=tenants,
                         )
                         done = f"Revision {revisions.revision_number(current.revision_id)} is stable now."
-                    else:
-                        result = canary.revision_rollback(
+                    elif verb == "rollback":
+                        # Its outputs are recalled too (ADR 0020).
+                        result, recalled = recall.revision_rollback_recall(
                             provider_id=provider.pk,
                             number=data["number"],
                             actor=actor,
@@ -311,8 +314,29 @@ class ProviderAdmin(ServiceSaveAdmin):
                         )
                         done = (
                             f"Revision {result.rolled_back} rolled back; revision {result.stable} is stable;"
-                            f" {result.requeued} operation(s) re-queued under it."
+                            f" {result.requeued} operation(s) re-queued under it; outputs recalled:"
+                            f" {recalled['quarantined']} quarantined, {recalled['flagged']} flagged."
                         )
+                    else:
+                        if data["number"] is None:
+                            raise ValidationFailed("Name the rolled-back revision whose outputs are re-run.")
+                        rerun_result = rerun.recalled_outputs_rerun(
+                            tenant_id=provider.tenant_id,
+                            provider_id=provider.pk,
+                            number=data["number"],
+                            actor=actor,
+                            reason=data["reason"],
+                            tenant_ids=tenants,
+                        )
+                        done = (
+                            f"{len(rerun_result.rerun)} recalled output(s) of revision {data['number']} re-run as the"
+                            f" next versions of their keys under revision {rerun_result.stable}."
+                        )
+                except approvals.ApprovalPending as pending:
+                    messages.warning(
+                        request, f"Nothing sent yet: approval request #{pending.request.pk} waits for a second person."
+                    )
+                    return HttpResponseRedirect(back)
                 except DomainError as exc:
                     messages.error(request, f"Nothing changed: {exc.detail}")
                 else:
