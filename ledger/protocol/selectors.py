@@ -57,16 +57,19 @@ def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySe
 LISTED_BY_EVENT = frozenset({OperationStatus.FAILED, OperationStatus.ABANDONED})
 
 
-def operations_in_state(rows: QuerySet[Operation], state: str, *, tenant_ids: list[int]) -> QuerySet[Operation]:
+def operations_in_state(rows: QuerySet[Operation], state: str, *, tenant_ids: list[int] | None) -> QuerySet[Operation]:
     """``rows`` in ``state``, each state read through an index that does not live on the
     operation row (ADR 0017): an open state through the work queue's mirror (its (tenant,
     status, id) index), `failed` and `abandoned` through the events into them, `succeeded` as
-    the row says. The row's own state is checked too (it is the record)."""
+    the row says. The row's own state is checked too (it is the record). ``tenant_ids``: the
+    tenants the reader sees (None: every tenant, a superuser's console)."""
     if state in OPEN_STATES:
         return rows.filter(open_rows_where(status=state))
     if state in LISTED_BY_EVENT:
-        into = OperationEvent.objects.filter(tenant_id__in=tenant_ids, to_status=state).values("operation_id")
-        return rows.filter(status=state, pk__in=into)
+        into = OperationEvent.objects.filter(to_status=state)
+        if tenant_ids is not None:
+            into = into.filter(tenant_id__in=tenant_ids)
+        return rows.filter(status=state, pk__in=into.values("operation_id"))
     return rows.filter(status=state)
 
 
