@@ -326,6 +326,13 @@ def test_an_erasure_deletes_its_jobs_manifest_and_retention_deletes_it_with_the_
     # The extraction's score stays with it (no value of the document in it); its link is cleared.
     kept = ManifestScore.objects.get(operation_id=reader)
     assert kept.status == ManifestScoreStatus.SCORED and kept.evaluates_id is None
+    # The extraction itself goes with its score and its verdict (ADR 0020): the verdict names the
+    # operation only, by a hidden relation the purge must not miss.
+    assert OutputVerdict.objects.filter(operation_id=reader).exists()
+    Operation.objects.filter(pk=reader).update(updated_at=past, done_at=past)
+    retention_purge_tenant(tenant_id=tenant.pk)
+    assert not Operation.objects.filter(pk=reader).exists()
+    assert not OutputVerdict.objects.filter(operation_id=reader).exists()
 
 
 @pytest.mark.parametrize(
