@@ -75,7 +75,8 @@ def next_key_version(op: Operation) -> tuple[str, str, int]:
 
 def _rerun_one(
     *, op: Operation, tenant: Tenant, provider: Provider, stable_id: int | None, actor: str, why: str
-) -> tuple[int, str]:
+) -> tuple[int, str] | None:
+    """The re-run of one original, or None when another re-run replaced it first."""
     record, action, version = next_key_version(op)
     key = versioned_key(record=record, action=action, version=version)
     request = open_json(op.request)
@@ -84,6 +85,16 @@ def _rerun_one(
     if accepted is not None:
         request, pins = {"intent": accepted[0]}, accepted[1]
     with transaction.atomic():
+        # The original, locked while it is still not replaced: two re-runs at once (a double
+        # click, an approval beside a direct call) submit one; the other waits here, then finds
+        # it replaced and sends nothing.
+        still_original = (
+            Operation.objects.select_for_update()
+            .filter(pk=op.pk, tenant_id=op.tenant_id, replaced_by__isnull=True)
+            .exists()
+        )
+        if not still_original:
+            return None
         submitted = operation_submit(
             tenant=tenant,
             key=key,
@@ -181,8 +192,9 @@ def recalled_outputs_rerun(
     )
     done = []
     for op in originals:
-        new_id, key = _rerun_one(op=op, tenant=tenant, provider=provider, stable_id=stable_id, actor=actor, why=why)
-        done.append((op.pk, new_id, key))
+        rerun = _rerun_one(op=op, tenant=tenant, provider=provider, stable_id=stable_id, actor=actor, why=why)
+        if rerun is not None:
+            done.append((op.pk, *rerun))
     log.info("recalled_outputs_rerun provider=%s revision=%s count=%s actor=%s", provider.pk, number, len(done), actor)
     return RerunResult(revision=number, stable=revisions.revision_number(stable_id), rerun=done)
 

@@ -114,8 +114,8 @@ def output_verdict_record(
 
 
 def _watch_if_canary(row: OutputVerdict) -> None:
-    """A verdict on a running canary's output may breach its quality gate: evaluate it now
-    (a failure here is logged; the verdict stands)."""
+    """A verdict on a running canary's output may breach its quality gate: evaluate it once the
+    verdict has committed (a failure there is logged; the verdict stands)."""
     if row.adapter_revision_id is None:
         return
     provider_id = (
@@ -127,9 +127,15 @@ def _watch_if_canary(row: OutputVerdict) -> None:
     )
     if provider_id is None:
         return
-    try:
-        # Its own savepoint: a caller's transaction (a manifest's scoring) outlives a failed watch.
-        with transaction.atomic():
+
+    def watch() -> None:
+        try:
             canary.canary_watch(provider_id=provider_id)
-    except Exception as exc:
-        log.error("adapter_canary_watch_error provider=%s error=%s", provider_id, type(exc).__name__)
+        except Exception as exc:
+            log.error("adapter_canary_watch_error provider=%s error=%s", provider_id, type(exc).__name__)
+
+    # After the commit, in the watch's own transactions: a breach of the error gate rolls the
+    # canary back and re-queues its rows in short batches, which must not run inside the
+    # caller's transaction — a worker's completion, when a manifest's score is the verdict —
+    # nor be undone with it after its alert went out.
+    transaction.on_commit(watch)

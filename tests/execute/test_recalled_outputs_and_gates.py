@@ -257,13 +257,19 @@ def test_verdicts_are_idempotent_refuse_a_different_second_one_validate_and_stay
     assert scored.verdict.adapter_revision_id == op.adapter_revision_id
 
 
-def test_low_scored_outputs_of_the_canary_breach_its_quality_gate_and_pause_it(tenant, images, gates, make_client):
+def test_low_scored_outputs_of_the_canary_breach_its_quality_gate_and_pause_it(
+    tenant, images, gates, make_client, django_capture_on_commit_callbacks
+):
     ops = published(tenant, ["q-1", "q-2", "q-3"], callback=False)
     api = make_client(tenant)
-    for op in ops[:2]:
-        api.post(f"/api/v1/operations/{op.pk}/output/verdict", {"verdict": "accepted", "score": 0.3}, format="json")
+    # The watch runs once a verdict has committed (each request's own commit, here the test's
+    # transaction stands in for it).
+    with django_capture_on_commit_callbacks(execute=True):
+        for op in ops[:2]:
+            api.post(f"/api/v1/operations/{op.pk}/output/verdict", {"verdict": "accepted", "score": 0.3}, format="json")
     assert Provider.objects.get(pk=images.pk).canary_paused_at is None  # two of three: still collecting
-    api.post(f"/api/v1/operations/{ops[2].pk}/output/verdict", {"verdict": "accepted", "score": 0.9}, format="json")
+    with django_capture_on_commit_callbacks(execute=True):
+        api.post(f"/api/v1/operations/{ops[2].pk}/output/verdict", {"verdict": "accepted", "score": 0.9}, format="json")
 
     paused = Provider.objects.get(pk=images.pk)
     assert paused.canary_paused_at is not None
