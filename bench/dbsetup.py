@@ -86,7 +86,8 @@ def seed() -> dict[str, Any]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT string_agg(quote_ident(tablename), ', ') FROM pg_tables WHERE schemaname = 'public'"
-            " AND tablename IN ('ledger_operation', 'ledger_operation_search', 'ledger_attempt', 'ledger_operationevent')"
+            " AND tablename IN ('ledger_operation', 'ledger_open_operation', 'ledger_operation_search', 'ledger_attempt',"
+            " 'ledger_operationevent')"
         )
         tables = cursor.fetchone()[0]
         if tables:

@@ -82,7 +82,7 @@ def reset_tables() -> None:
     assert connection.settings_dict["NAME"] == BENCH_DB
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE ledger_operation, ledger_operation_search, ledger_attempt, ledger_operationevent, django_q_ormq, django_q_task"
+            "TRUNCATE ledger_operation, ledger_open_operation, ledger_operation_search, ledger_attempt, ledger_operationevent, django_q_ormq, django_q_task"
             " RESTART IDENTITY CASCADE"
         )
         cursor.execute("ANALYZE")

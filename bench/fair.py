@@ -50,7 +50,9 @@ def reset_tables() -> None:
 
     assert connection.settings_dict["NAME"] == BENCH_DB
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE ledger_operation, ledger_attempt, ledger_operationevent RESTART IDENTITY CASCADE")
+        cursor.execute(
+            "TRUNCATE ledger_operation, ledger_open_operation, ledger_operation_search, ledger_attempt, ledger_operationevent RESTART IDENTITY CASCADE"
+        )
         cursor.execute("ANALYZE")
 
 

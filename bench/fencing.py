@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     with connection.cursor() as cursor:
         # Only ever in onceguard_bench_fence: every run starts from empty tables.
         cursor.execute(
-            "TRUNCATE ledger_operation, ledger_operation_search, ledger_attempt, ledger_operationevent, ledger_fencehold CASCADE"
+            "TRUNCATE ledger_operation, ledger_open_operation, ledger_operation_search, ledger_attempt, ledger_operationevent, ledger_fencehold CASCADE"
         )
     tenant = Tenant.objects.filter(slug="bench-fence").first() or services.tenant_create(slug="bench-fence")
     provider = services.provider_upsert(

@@ -52,7 +52,7 @@ def _seed(rows: int, redact_rows: int) -> int:
     assert connection.settings_dict["NAME"] == BENCH_DB
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE ledger_operation, ledger_operation_search, ledger_attempt, ledger_operationevent, ledger_tombstone,"
+            "TRUNCATE ledger_operation, ledger_open_operation, ledger_operation_search, ledger_attempt, ledger_operationevent, ledger_tombstone,"
             " review_retentionrun, review_retentionpolicy, review_subjectindex RESTART IDENTITY CASCADE"
         )
     tenant = Tenant.objects.filter(slug=TENANT).first() or services.tenant_create(slug=TENANT)

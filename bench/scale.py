@@ -71,7 +71,7 @@ MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Single fresh claims whose WAL is read one by one (the least is the operation's own).
 WAL_SAMPLES = int(os.environ.get("SCALE_WAL_SAMPLES", 60))
 # Bump when the generated shape changes: a database filled by another version is refilled.
-FILL_VERSION = 8
+FILL_VERSION = 9
 SMALL_TENANTS = 9
 QUIET_ROWS = 300
 BIG = "scale-big"
@@ -100,7 +100,13 @@ def prepare(db: str) -> str:
 
 # --- Fill -------------------------------------------------------------------------------------
 
-TABLES = ("ledger_operation", "ledger_operation_search", "ledger_attempt", "ledger_operationevent")
+TABLES = (
+    "ledger_operation",
+    "ledger_open_operation",
+    "ledger_operation_search",
+    "ledger_attempt",
+    "ledger_operationevent",
+)
 TABLES_ARRAY = "ARRAY['" + "', '".join(TABLES) + "']"
 # The tables and, for those partitioned by month, their partitions (a partitioned table has no
 # storage of its own): what sizes are summed over.
@@ -232,7 +238,7 @@ def fill(rows: int) -> float:
     with transaction.atomic(), connection.cursor() as cursor:
         # The dashboard's rollup of the rows this replaces goes with them.
         cursor.execute(
-            "TRUNCATE ledger_operation, ledger_operation_search, ledger_tombstone, review_activityhour RESTART IDENTITY CASCADE"
+            "TRUNCATE ledger_operation, ledger_open_operation, ledger_operation_search, ledger_tombstone, review_activityhour RESTART IDENTITY CASCADE"
         )
         restore = _drop_secondary(cursor)
         # Foreign-key triggers off for this session's inserts: every row points at a row this
@@ -302,6 +308,14 @@ def fill(rows: int) -> float:
             " key || chr(1) || reconciliation_handle || chr(1) || execution_id || chr(1) || correlation_id"
             " FROM ledger_operation"
             " UNION ALL SELECT id, 1, tenant_id, true, provider_ref FROM ledger_operation WHERE provider_ref <> ''"
+        )
+        # The work queue's mirror of the open rows (ADR 0017): the fill's replica role keeps its
+        # triggers off, so its rows are copied as the backfill would (fill version 9).
+        from ledger.store import open_rows
+
+        cursor.execute(
+            f"INSERT INTO ledger_open_operation ({open_rows.COLUMNS})"
+            f" SELECT {open_rows.COLUMNS} FROM ledger_operation WHERE status NOT IN {open_rows.TERMINAL_SQL}"
         )
         cursor.execute("SET session_replication_role = DEFAULT")
         cursor.execute("SET maintenance_work_mem = '512MB'")

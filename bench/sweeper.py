@@ -86,7 +86,7 @@ def fill() -> float:
             params.append(json.dumps(default) if f.get_internal_type() == "JSONField" else default)
     started = time.perf_counter()
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE ledger_operation, ledger_operation_search CASCADE", [])
+        cursor.execute("TRUNCATE ledger_operation, ledger_open_operation, ledger_operation_search CASCADE", [])
         cursor.execute(
             f"INSERT INTO ledger_operation ({', '.join(columns)}) SELECT {', '.join(values)}"
             " FROM generate_series(1, %s) AS i",

@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     with connection.cursor() as cursor:
         # Only ever in onceguard_bench_trace: every run starts from empty tables.
         cursor.execute(
-            "TRUNCATE ledger_operation, ledger_operation_search, ledger_attempt, ledger_operationevent CASCADE"
+            "TRUNCATE ledger_operation, ledger_open_operation, ledger_operation_search, ledger_attempt, ledger_operationevent CASCADE"
         )
     tenant = Tenant.objects.filter(slug="bench-trace").first() or services.tenant_create(slug="bench-trace")
     services.provider_upsert(

@@ -31,6 +31,9 @@ TERMINAL_SQL = "(" + ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATES)) + ")"
 _NEW = ", ".join(f"NEW.{c}" for c in COLUMNS.split(", "))
 _SET = ", ".join(f"{c} = NEW.{c}" for c in _MIRRORED)
 _CHANGED = " OR ".join(f"OLD.{c} IS DISTINCT FROM NEW.{c}" for c in _MIRRORED)
+# SQLite spells the null-safe comparison `IS NOT` (IS DISTINCT FROM only from 3.39; the embedded
+# mode runs on 3.35, the first with RETURNING).
+_CHANGED_SQLITE = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _MIRRORED)
 
 # PostgreSQL: one function for the three triggers. The UPDATE branch inserts when the mirror is
 # missing (a row open before the triggers, not yet reached by the backfill).
@@ -76,7 +79,7 @@ SQLITE_TRIGGERS = [
     WHEN NEW.status NOT IN {TERMINAL_SQL}
     BEGIN INSERT INTO {TABLE} ({COLUMNS}) VALUES ({_NEW}); END""",
     f"""CREATE TRIGGER IF NOT EXISTS ledger_open_operation_on_update AFTER UPDATE OF {", ".join(_MIRRORED)}
-    ON ledger_operation WHEN NEW.status NOT IN {TERMINAL_SQL} AND ({_CHANGED})
+    ON ledger_operation WHEN NEW.status NOT IN {TERMINAL_SQL} AND ({_CHANGED_SQLITE})
     BEGIN INSERT OR REPLACE INTO {TABLE} ({COLUMNS}) VALUES ({_NEW}); END""",
     f"""CREATE TRIGGER IF NOT EXISTS ledger_open_operation_on_finish AFTER UPDATE OF status ON ledger_operation
     WHEN NEW.status IN {TERMINAL_SQL}
