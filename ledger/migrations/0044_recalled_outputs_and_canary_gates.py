@@ -86,6 +86,12 @@ def checks_backwards(apps: Any, schema_editor: Any) -> None:
         schema_editor.execute(f"ALTER TABLE ledger_operationoutput DROP CONSTRAINT IF EXISTS {name}")
 
 
+def recalled_rerun_requests_forget(apps: Any, schema_editor: Any) -> None:
+    """Going back: the re-runs of recalled outputs waiting for (or past) a second person go with
+    the kind (the older CHECK would refuse them and stop the reversal halfway)."""
+    apps.get_model("ledger", "ApprovalRequest").objects.filter(kind="recalled_rerun").delete()
+
+
 def revisions_backfill(apps: Any, schema_editor: Any) -> None:
     """Each output's revision from its operation, in short batches by id."""
     model = apps.get_model("ledger", "OperationOutput")
@@ -135,6 +141,8 @@ class Migration(migrations.Migration):
             model_name="approvalrequest",
             name="approval_request_kind_valid",
         ),
+        # Backwards, before the older kind CHECK returns: requests of the kind it does not know.
+        migrations.RunPython(migrations.RunPython.noop, recalled_rerun_requests_forget),
         migrations.AddField(
             model_name="adapterrevision",
             name="gates",
