@@ -170,8 +170,10 @@ def due_pick_sqlite(*, limit: int, held_back: Sequence[int], room: Room, after: 
         .distinct()
     )
     turns = [t for t in turn_order(tenant_ids, after=after) if (room.of(t) is None or room.of(t) > 0)]
-    shares = dict(Tenant.objects.filter(pk__in=turns).values_list("id", "take_share"))
+    # Only the first `limit` tenants in turn can be served (as the statement's `turn <= limit`).
     per = quota(limit=limit, tenants=len(turns))
+    turns = turns[:limit]
+    shares = dict(Tenant.objects.filter(pk__in=turns).values_list("id", "take_share"))
     candidates: list[Candidate] = []
     for turn, tenant_id in enumerate(turns, start=1):
         share = take_limits.take_share(shares.get(tenant_id))

@@ -230,6 +230,9 @@ picked AS (
         LIMIT LEAST(u.room, CEIL(CAST(%(limit)s AS numeric) / u.tenants) * u.share)
         FOR UPDATE OF o SKIP LOCKED
     ) AS c
+    -- Only the first %(limit)s tenants in turn can be served by this take (each takes at least one
+    -- row a round): the others' rows are not read nor locked; the rotation reaches them next.
+    WHERE u.turn <= %(limit)s
 ),
 ranked AS (
     SELECT id, tenant_id, turn, share,

@@ -263,3 +263,50 @@ def test_concurrent_takes_never_pass_the_system_or_a_tenants_cap_nor_take_a_row_
     assert per_tenant["b"] == 2  # its own cap
     assert per_tenant["a"] <= 4 and per_tenant["c"] <= 4  # the deployment's per-tenant cap
     assert sum(per_tenant.values()) == 7
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_take_locks_rows_of_only_as_many_tenants_as_it_can_serve(crm, uncapped):
+    """With more tenants than rows to take, the pick reads and locks the first `limit` tenants'
+    rows in turn, not a row of every tenant: the others stay free for another taker."""
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("row locks (SKIP LOCKED) are PostgreSQL's")
+    for n in range(6):
+        backlog(tenant_with_provider(f"t{n}", crm), f"t{n}", 2)
+    picked: list[int] = []
+    locked = threading.Event()
+    release = threading.Event()
+
+    def taker() -> None:
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                picked.extend(fairness.operations_due_fair(limit=2, held_back=[]))
+                locked.set()
+                release.wait(timeout=30)
+        finally:
+            locked.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=taker)
+    thread.start()
+    try:
+        assert locked.wait(timeout=30)
+        with connections["default"].cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute(
+                "SELECT count(*) FROM (SELECT id FROM ledger_operation WHERE status = 'queued'"
+                " FOR UPDATE SKIP LOCKED) AS free"
+            )
+            (free,) = cursor.fetchone()
+            cursor.execute("ROLLBACK")
+    finally:
+        release.set()
+        thread.join(timeout=30)
+
+    assert len(picked) == 2
+    # Two tenants' first rows locked (one each: an even split of the take), ten left free — not
+    # one row of each of the six tenants.
+    assert free == 12 - 2
