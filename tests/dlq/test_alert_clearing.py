@@ -142,6 +142,9 @@ def test_operation_stuck_resolves_when_the_operation_moves_and_reopens_when_it_i
     assert alert_stuck().counts == {"stuck_alerted": 1}
     [alert] = alerts_of("operation_stuck", op.key)
     assert evaluate(clock).get("held") == 1
+    # The alert's transaction ended before the move's began: a move stamps the row with its
+    # transaction's clock (ADR 0017), and this test runs in one transaction.
+    Operation.objects.filter(pk=op.pk).update(alerted_at=F("alerted_at") - timedelta(minutes=1))
     op.refresh_from_db()
     _move(op, S.UNCERTAIN)
     assert evaluate(clock)["resolved"] == 1
