@@ -113,7 +113,13 @@ def test_on_postgresql_every_substring_search_is_an_index_scan(rows):
     # A superuser's search (every tenant): the identifiers and provider references through the
     # search rows' two indexes (ADR 0018), their ids then through the operations' primary key.
     matching = operations_matching("lead-call")[:MATCHED_TEXT_MAX]
-    found = seq_scan_free_plan(matching)
+    with connection.cursor() as cursor:
+        # On tables this small a backward walk of the primary key, filtered until the page is
+        # full, can cost less (the random order's statistics decide): priced out as well, so the
+        # plan shows what serves the match itself.
+        cursor.execute("SET LOCAL enable_indexscan = off")
+        found = seq_scan_free_plan(matching)
+        cursor.execute("SET LOCAL enable_indexscan = on")
     assert "Seq Scan" not in found and "opsearch_text_trgm" in found and "opsearch_ref_idx" in found, found
     ops = seq_scan_free_plan(operation_search(Operation.objects.all(), "lead-call"))
     assert "Seq Scan" not in ops and "ledger_operation_pkey" in ops, ops
