@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max
 from django.db.models.functions import Now
 
 from dlq.entries import selectors, transitions
@@ -21,20 +19,19 @@ from dlq.entries.services import clean_note, not_replayable
 from dlq.models import FE, FailedEvent, Replay
 from dlq.replays.services import Correction, failed_event_replay
 from dlq.rules.errors import FailedEventClosed, NoteRequired
-from ledger.execution.submission import operation_submit
+from ledger.execution.submission import operation_submit_version, version_after
 from ledger.models import ApprovalKind, Operation, OperationEvent, OperationMode, Tenant
 from ledger.platform.crypto import open_json
 from ledger.platform.errors import ValidationFailed
 from ledger.protocol import approvals
 from ledger.protocol import services as ledger_services
+from ledger.protocol.inputs import key_version_parts
 from ledger.protocol.selectors import provider_slug
 from ledger.rules import intents
 
 log = logging.getLogger("onceguard.dlq")
 
 
-# A key in the versioned form {record}:{action}:v{version} (ledger.protocol.services.versioned_key).
-_VERSIONED_KEY = re.compile(r"^(?P<record>.+):(?P<action>[^:]+):v(?P<version>\d{1,10})$")
 MAX_CORRECTED_FIELDS = 50
 
 
@@ -54,21 +51,16 @@ def next_version_of(*, tenant_id: int, key: str, operation: Operation | None) ->
     version of its record and action the ledger knows. The key must be versioned — stored as
     parts, or of the form ``{record}:{action}:v{version}``."""
     if operation is not None and operation.record and operation.version is not None:
-        record, action, version = operation.record, operation.action, operation.version
+        parts: tuple[str, str, int] | None = (operation.record, operation.action, operation.version)
     else:
-        match = _VERSIONED_KEY.match(key)
-        if match is None:
-            raise ValidationFailed(
-                "Only a versioned key ({record}:{action}:v{version}) can be corrected: the correction is its next"
-                " version. Use a replay re-run as new instead."
-            )
-        record, action, version = match["record"], match["action"], int(match["version"])
-    newest = (
-        Operation.objects.filter(tenant_id=tenant_id, record=record, action=action)
-        .aggregate(newest=Max("version"))
-        .get("newest")
-    )
-    return record, action, max(version, newest or 0) + 1
+        parts = key_version_parts(key)
+    if parts is None:
+        raise ValidationFailed(
+            "Only a versioned key ({record}:{action}:v{version}) can be corrected: the correction is its next"
+            " version. Use a replay re-run as new instead."
+        )
+    record, action, version = parts
+    return record, action, version_after(tenant_id=tenant_id, record=record, action=action, version=version)
 
 
 def _child(node: Any, part: str, path: str) -> Any:
@@ -153,24 +145,17 @@ def failed_event_correct(
             request, pins = {"intent": accepted[0]}, accepted[1]
         what = f"corrected {', '.join(changed)} and sent again as {key}"
         with transaction.atomic():
-            submitted = operation_submit(
+            submitted = operation_submit_version(
+                original=original,
                 tenant=Tenant.objects.get(pk=tenant_id),
-                key=key,
                 provider=provider_slug(original.provider_id) or "",
-                action=action,
-                request=request,
-                payload=open_json(original.payload),
-                callback_url=original.callback_url,
-                workflow_id=original.workflow_id,
-                workflow_version=original.workflow_version,
-                correlation_id=original.correlation_id,
-                run=original.run,
-                step=original.step,
                 record=record,
+                action=action,
                 version=version,
-                actor=actor,
+                request=request,
                 prompt_pins=pins,
-            ).operation
+                actor=actor,
+            )
             if not transitions.failed_event_correct(
                 event_pk=event.pk,
                 tenant_id=event.tenant_id,

@@ -16,14 +16,12 @@ in the approver's name (the executor is registered in ``ledger.apps``).
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Max
 from django.db.models.functions import Now
 
-from ledger.execution.submission import operation_submit
+from ledger.execution.submission import operation_submit_version, version_after
 from ledger.models import (
     RECALLED_OUTPUT_STATES,
     AdapterRevision,
@@ -38,7 +36,7 @@ from ledger.models import (
 from ledger.platform.crypto import open_json
 from ledger.platform.errors import AdapterRolloutConflict, OperationNotFound, ValidationFailed
 from ledger.protocol import approvals
-from ledger.protocol.inputs import sanitize_message, versioned_key
+from ledger.protocol.inputs import key_version_parts, sanitize_message, versioned_key
 from ledger.providers import revisions
 from ledger.rules import intents
 
@@ -46,7 +44,6 @@ log = logging.getLogger("onceguard.rerun")
 
 # One call re-runs at most this many operations (the next call takes the rest).
 RERUN_MAX = 500
-_VERSIONED = re.compile(r"^(?P<record>.+):(?P<action>[^:]+):v(?P<version>\d{1,10})$")
 
 
 @dataclass(frozen=True)
@@ -59,18 +56,12 @@ class RerunResult:
 
 def next_key_version(op: Operation) -> tuple[str, str, int]:
     """(record, action, version) of the version after ``op``'s: its parts, or its key's
-    versioned form, else its key as the record of version 2 (the original is version 1);
-    one more than the newest version of that record and action the ledger knows."""
+    versioned form, else its key as the record of version 2 (the original is version 1)."""
     if op.record and op.version is not None:
         record, action, version = op.record, op.action, op.version
-    elif match := _VERSIONED.match(op.key):
-        record, action, version = match["record"], match["action"], int(match["version"])
     else:
-        record, action, version = op.key, op.action or "output", 1
-    newest = Operation.objects.filter(tenant_id=op.tenant_id, record=record, action=action).aggregate(n=Max("version"))[
-        "n"
-    ]
-    return record, action, max(version, newest or 0) + 1
+        record, action, version = key_version_parts(op.key) or (op.key, op.action or "output", 1)
+    return record, action, version_after(tenant_id=op.tenant_id, record=record, action=action, version=version)
 
 
 def _rerun_one(
@@ -95,24 +86,17 @@ def _rerun_one(
         )
         if not still_original:
             return None
-        submitted = operation_submit(
+        submitted = operation_submit_version(
+            original=op,
             tenant=tenant,
-            key=key,
             provider=provider.slug,
-            action=action,
-            request=request,
-            payload=open_json(op.payload),
-            callback_url=op.callback_url,
-            workflow_id=op.workflow_id,
-            workflow_version=op.workflow_version,
-            correlation_id=op.correlation_id,
-            run=op.run,
-            step=op.step,
             record=record,
+            action=action,
             version=version,
-            actor=actor,
+            request=request,
             prompt_pins=pins,
-        ).operation
+            actor=actor,
+        )
         if stable_id is not None and submitted.adapter_revision_id not in (None, stable_id):
             # A canary's share drew it: the re-run is under the good revision.
             revisions.operation_revision_move(

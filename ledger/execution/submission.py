@@ -19,9 +19,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 
 from ledger.execution import manifests, translation
 from ledger.models import Operation, OperationMode, Provider, ProviderKind, Tenant
+from ledger.platform.crypto import open_json
 from ledger.platform.errors import (
     AdmissionRefused,
     OperationInProgress,
@@ -31,6 +33,7 @@ from ledger.platform.errors import (
     ValidationFailed,
 )
 from ledger.protocol import callbacks, services, transitions
+from ledger.protocol.inputs import versioned_key
 from ledger.providers import adapters, admission, revisions
 from ledger.rules import intents
 
@@ -350,3 +353,45 @@ def _claim_admitted(
     except AdmissionRefused as refusal:
         admission.admission_refusal_record(tenant_id=tenant.pk, reason=refusal.code)
         raise
+
+
+def version_after(*, tenant_id: int, record: str, action: str, version: int) -> int:
+    """The version to send next for ``record`` and ``action``: one more than ``version`` and
+    than the newest the ledger knows (a corrected replay, a recalled output's re-run)."""
+    newest = Operation.objects.filter(tenant_id=tenant_id, record=record, action=action).aggregate(n=Max("version"))
+    return max(version, newest["n"] or 0) + 1
+
+
+def operation_submit_version(
+    *,
+    original: Operation,
+    tenant: Tenant,
+    provider: str,
+    record: str,
+    action: str,
+    version: int,
+    request: Any,
+    prompt_pins: Any,
+    actor: str,
+) -> Operation:
+    """``original`` submitted again as version ``version`` of its record and action: a new
+    operation carrying the original's payload, callback, workflow, correlation and run step,
+    with ``request`` (corrected, or as it was) and the prompt versions it was accepted with."""
+    return operation_submit(
+        tenant=tenant,
+        key=versioned_key(record=record, action=action, version=version),
+        provider=provider,
+        action=action,
+        request=request,
+        payload=open_json(original.payload),
+        callback_url=original.callback_url,
+        workflow_id=original.workflow_id,
+        workflow_version=original.workflow_version,
+        correlation_id=original.correlation_id,
+        run=original.run,
+        step=original.step,
+        record=record,
+        version=version,
+        actor=actor,
+        prompt_pins=prompt_pins,
+    ).operation

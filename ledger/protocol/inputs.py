@@ -57,6 +57,14 @@ def claim_key_check(*, tenant_id: int, key: Any) -> str:
 
 # Versions are integers that fit the column; newer means larger.
 MAX_VERSION = 2**31 - 1
+# A key composed by versioned_key: {record}:{action}:v{version}.
+VERSIONED_KEY = re.compile(r"^(?P<record>.+):(?P<action>[^:]+):v(?P<version>\d{1,10})$")
+
+
+def key_version_parts(key: str) -> tuple[str, str, int] | None:
+    """(record, action, version) of a key of versioned_key's form, else None."""
+    match = VERSIONED_KEY.match(key)
+    return None if match is None else (match["record"], match["action"], int(match["version"]))
 
 
 def versioned_key(*, record: str, action: str, version: int) -> str:
