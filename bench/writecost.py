@@ -76,6 +76,8 @@ class Cost:
     heap_locks: dict[str, float] = field(default_factory=dict)
     # WAL bytes per op of each index's insert records.
     index_bytes: dict[str, float] = field(default_factory=dict)
+    # Records and WAL bytes per op by relation and record type (full-page images included).
+    by_record: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +94,7 @@ class Cost:
             "index_entries_per_index": self.indexes,
             "heap_locks_per_op": self.heap_locks,
             "index_wal_bytes_per_op": self.index_bytes,
+            "wal_by_relation_and_record_per_op": self.by_record,
         }
 
 
@@ -138,7 +141,21 @@ def wal_reader(conn: psycopg.Connection) -> WalReader:
             " FROM r JOIN pg_class c ON c.oid = pg_filenode_relation(0, r.node) GROUP BY 1",
             [start, end, mine],
         ).fetchall()
+        # Every record of this database by relation (tables and indexes under their root;
+        # records with no block, such as commits, as "-") and record type: where the bytes go.
+        kinds = conn.execute(
+            "WITH r AS (SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid AS node, resource_manager,"
+            " split_part(record_type, ' ', 1) AS rt, record_length"
+            " FROM pg_get_wal_records_info(%s, %s)"
+            " WHERE block_ref LIKE %s OR xid IN (SELECT DISTINCT xid FROM pg_get_wal_records_info(%s, %s)"
+            " WHERE block_ref LIKE %s AND xid <> 0))"
+            " SELECT coalesce(coalesce(pg_partition_root(c.oid), c.oid)::regclass::text, '-'),"
+            " r.resource_manager || '/' || r.rt, count(*), sum(r.record_length)"
+            " FROM r LEFT JOIN pg_class c ON c.oid = pg_filenode_relation(0, r.node) GROUP BY 1, 2",
+            [start, end, mine, start, end, mine],
+        ).fetchall()
         return {
+            "by_record": {f"{rel} {kind}": (int(n), int(b)) for rel, kind, n, b in kinds},
             "heap_locks": {table: int(n) for table, n in locks},
             "records": int(total[0]),
             "bytes": int(total[1]),
@@ -243,6 +260,7 @@ def measure(
             "by_index": {},
             "index_bytes": {},
             "heap_locks": {},
+            "by_record": {},
         }
         for key in ("records", "bytes", "fpi_bytes", "commits"):
             walled[key] += part[key] if part else 0
@@ -254,6 +272,9 @@ def measure(
             walled["index_bytes"][index] = walled["index_bytes"].get(index, 0) + size
         for table, locks in (part or {}).get("heap_locks", {}).items():
             walled["heap_locks"][table] = walled["heap_locks"].get(table, 0) + locks
+        for what, (count, size) in (part or {}).get("by_record", {}).items():
+            had = walled["by_record"].get(what, (0, 0))
+            walled["by_record"][what] = (had[0] + count, had[1] + size)
     statements = counted() - statements0
     flush_stats()
     stats1 = _settled_stats(monitor)
@@ -290,6 +311,10 @@ def measure(
         }
         cost.heap_locks = {table: round(n / wal_ops, 2) for table, n in sorted(walled["heap_locks"].items())}
         cost.index_bytes = {index: round(size / wal_ops, 1) for index, size in sorted(walled["index_bytes"].items())}
+        cost.by_record = {
+            what: (round(count / wal_ops, 2), round(size / wal_ops, 1))
+            for what, (count, size) in sorted(walled["by_record"].items(), key=lambda kv: -kv[1][1])
+        }
     else:
         cost.index_source = "estimate"
     return cost
@@ -423,6 +448,13 @@ def fmt_indexes(costs: list[Cost]) -> str:
         lines.append(f"{c.scenario} fresh: index entries (WAL bytes) per op")
         for index, entries in c.indexes.items():
             lines.append(f"  {index:<60}{entries:>8.2f}{c.index_bytes.get(index, 0):>10,.0f} B")
+    for c in costs:
+        if c.kind != "fresh" or not c.by_record:
+            continue
+        lines.append(f"{c.scenario} fresh: WAL records (bytes) per op by relation and record type")
+        for what, (count, size) in c.by_record.items():
+            if size >= 1:
+                lines.append(f"  {what:<60}{count:>8.2f}{size:>10,.0f} B")
     return "\n".join(lines)
 
 
