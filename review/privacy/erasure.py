@@ -51,7 +51,15 @@ from dlq.rules.errors import FailedEventBusy, FailedEventClosed
 from ledger.execution.manifests import manifest_values, manifests_delete_for
 from ledger.execution.outputs import outputs_delete_for
 from ledger.execution.uploads import upload_keys_in, uploads_delete_named
-from ledger.models import Attempt, AttemptEvidence, Operation, OperationEvent, OperationSearch, OperationStatus
+from ledger.models import (
+    Attempt,
+    AttemptEvidence,
+    Operation,
+    OperationEvent,
+    OperationSearch,
+    OperationStatus,
+    OutputVerdict,
+)
 from ledger.platform import crypto
 from ledger.platform.cutting import ValueCutter, readable_value, value_strings
 from ledger.platform.errors import DomainError, ValidationFailed
@@ -242,6 +250,9 @@ def _erase_operation(run: ErasureRun, pk: int, now: datetime) -> bool:
     # person's data (a tenant may allow such keys) stops being findable by it.
     cutter.rows(OperationSearch.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk), "text")
     cutter.rows(Replay.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk), "error_message", "note")
+    # What a consumer said of its output (ADR 0020) is the consumer's free text: it can quote the
+    # output ("wrong name: Mei Lin"). The verdict and score stay (the canary gate counts them).
+    cutter.rows(OutputVerdict.objects.filter(tenant_id=op.tenant_id, operation_id=op.pk).exclude(reason=""), "reason")
     # Its failed attempts' evidence stays: it holds no personal data by construction (its
     # error text was cut of these same values when written). The keyed digest of the key goes,
     # since a tenant may allow keys made of personal data (ADR 0016).

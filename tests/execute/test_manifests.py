@@ -305,6 +305,15 @@ def test_an_erasure_deletes_its_jobs_manifest_and_retention_deletes_it_with_the_
         checked=manifests.manifest_check(manifest={"vendor_name": "Mei Lin"}, presets=[]),
         actor="test",
     )
+    OutputVerdict.objects.create(
+        tenant=tenant,
+        operation=hers,
+        source="consumer",
+        actor="apikey:test",
+        verdict="rejected",
+        reason=f"names {email} instead of the vendor",
+        created_at=timezone.now(),
+    )
     run, _ = erasure.erasure_request(
         tenant_id=tenant.pk,
         subject=subject_resolve({"email": email}),
@@ -314,6 +323,9 @@ def test_an_erasure_deletes_its_jobs_manifest_and_retention_deletes_it_with_the_
     )
     erasure.erasure_continue(run_id=run.pk)
     assert not OperationManifest.objects.filter(operation_id=hers.pk).exists()
+    # A consumer's verdict on her output quoted her (ADR 0020): its reason is cut, its verdict stays.
+    said = OutputVerdict.objects.get(operation_id=hers.pk)
+    assert said.reason == "names [erased] instead of the vendor" and said.verdict == "rejected"
 
     doc = generate(api, manifest=MANIFEST).json()["id"]
     extract_api.answers = [MANIFEST]
