@@ -31,6 +31,7 @@ from ledger.platform.errors import DomainError
 from ledger.protocol import selectors, services, transitions
 from ledger.recovery import sweeper
 from ledger.store import open_rows
+from ledger.store.orphans import DRIFT, orphans_count
 from tests.conftest import on_postgres
 from tests.ledger.support import expire_lease, make_retry_due
 from tests.support.plans import captured_statements, sequential_scans
@@ -313,6 +314,8 @@ def test_the_backfill_fills_a_missing_mirror_in_batches_resumes_and_repairs(tena
             " SELECT id, tenant_id, 'review', mode, provider_id, updated_at FROM ledger_operation WHERE id = %s",
             [ops[0].pk],
         )
+    # The nightly check sees it (the four open rows without a mirror, the finished one with one).
+    assert orphans_count()[DRIFT] == 5
     watermarks: list[int] = []
     # Interrupted after the first batches, resumed from the last watermark it printed.
     first = ops[0].pk - 1
@@ -323,6 +326,15 @@ def test_the_backfill_fills_a_missing_mirror_in_batches_resumes_and_repairs(tena
     # Idempotent: again, through the command.
     call_command("open_rows_backfill", "--span", "3", stdout=_Quiet())
     assert mirror() == expected
+    assert orphans_count()[DRIFT] == 0 and orphans_count()["ledger_open_operation.id"] == 0
+    # A mirror row whose operation is gone (no constraint: ADR 0017) is an orphan.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO ledger_open_operation (id, tenant_id, status, mode, provider_id, updated_at)"
+            " SELECT id + 1000, tenant_id, status, mode, provider_id, updated_at FROM ledger_operation WHERE id = %s",
+            [ops[-1].pk],
+        )
+    assert orphans_count()["ledger_open_operation.id"] == 1
 
 
 class _Quiet:
