@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
 from ledger.models import (
@@ -52,7 +53,8 @@ RECALL_MAX_ROWS = 2_000
 # An operator's rollback recalls at most this many before it answers (about 6 ms an output on
 # PostgreSQL with its callback, 0.4 ms without: a few seconds at most); the sweeper the rest.
 RECALL_INLINE_MAX_ROWS = 1_000
-# Revisions looked at per sweeper pass (newest rollbacks first).
+# Revisions recalled from per sweeper pass, of those that still have a published output
+# (newest rollbacks first); the next pass takes the rest.
 RECALL_MAX_REVISIONS = 200
 
 
@@ -150,7 +152,20 @@ def outputs_recall_due(*, max_rows: int = RECALL_MAX_ROWS) -> dict[str, int]:
     """The sweeper's pass: every rolled-back revision's outputs still published, newest
     rollbacks first, at most ``max_rows`` in all."""
     totals = {OutputState.QUARANTINED.value: 0, OutputState.FLAGGED.value: 0}
-    revisions = AdapterRevision.objects.filter(rolled_back_at__isnull=False).order_by("-rolled_back_at", "-pk")
+    # Only revisions with something left to recall (one probe of the outputs' (revision,
+    # state, id) index each): the rolled-back revisions already recalled pile up over the
+    # years, and a cap on them alone left an older rollback's late outputs never looked at.
+    revisions = (
+        AdapterRevision.objects.filter(rolled_back_at__isnull=False)
+        .filter(
+            Exists(
+                OperationOutput.objects.filter(
+                    tenant_id=OuterRef("tenant_id"), adapter_revision_id=OuterRef("pk"), state=OutputState.PUBLISHED
+                )
+            )
+        )
+        .order_by("-rolled_back_at", "-pk")
+    )
     for revision in revisions[:RECALL_MAX_REVISIONS]:
         left = max_rows - sum(totals.values())
         if left <= 0:

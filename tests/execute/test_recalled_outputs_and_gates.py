@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from alerts.models import Alert
 from ledger.execution.attempts import operations_take
@@ -34,6 +35,7 @@ from ledger.protocol import approvals
 from ledger.protocol.callbacks import callback_body
 from ledger.protocol.services import operation_complete, provider_upsert
 from ledger.providers import canary, revisions
+from ledger.recovery import recall
 from ledger.recovery.recall import outputs_recall_due
 from ledger.store import sql
 from tests.console.support import client_for, page, staff
@@ -148,6 +150,21 @@ def test_the_automatic_watchs_rollback_is_recalled_by_the_sweepers_pass(tenant, 
     (op,) = published(tenant, ["order-3:render:v1"], callback=False)
     canary.revision_rollback(provider_id=images.pk, actor=canary.WATCH_ACTOR, reason="automatic rollback", canary=2)
     assert OperationOutput.objects.get(operation_id=op.pk).state == "published"
+    assert outputs_recall_due() == {"quarantined": 1, "flagged": 0}
+    assert OperationOutput.objects.get(operation_id=op.pk).state == "quarantined"
+
+
+def test_the_sweepers_pass_reaches_an_older_rollbacks_outputs_past_newer_rollbacks_with_none(
+    tenant, images, monkeypatch
+):
+    (op,) = published(tenant, ["order-4:render:v1"], callback=False)
+    canary.revision_rollback(provider_id=images.pk, actor=canary.WATCH_ACTOR, reason="automatic rollback", canary=2)
+    # A newer rollback with nothing published (revision 1 served none of these), and a pass
+    # that looks at one revision: the one it looks at is the one with outputs left.
+    AdapterRevision.objects.filter(provider_id=images.pk, number=1).update(
+        rolled_back_at=timezone.now() + timedelta(minutes=1)
+    )
+    monkeypatch.setattr(recall, "RECALL_MAX_REVISIONS", 1)
     assert outputs_recall_due() == {"quarantined": 1, "flagged": 0}
     assert OperationOutput.objects.get(operation_id=op.pk).state == "quarantined"
 
