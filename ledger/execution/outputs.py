@@ -43,6 +43,7 @@ from django.db.models.functions import Now
 from ledger.execution import manifests, objects
 from ledger.models import (
     REPORTABLE_STATES,
+    AdapterRevision,
     Operation,
     OperationOutput,
     OutputState,
@@ -54,6 +55,7 @@ from ledger.platform.errors import DestinationNotAllowed, DomainError, LeaseLost
 from ledger.protocol.services import provider_by_id, sanitize_message
 from ledger.protocol.transitions import operation_output_reject
 from ledger.providers import adapters
+from ledger.recovery.recall import outputs_recall
 from ledger.rules.outbound import outbound_check, outbound_client
 
 log = logging.getLogger("onceguard.outputs")
@@ -347,6 +349,20 @@ def _publish(
             manifests.manifest_output_link(
                 tenant_id=operation.tenant_id, operation_id=operation.pk, output_id=output.pk
             )
+            # Published late, under a revision rolled back meanwhile (ADR 0020): recalled in the
+            # same transaction, so it is never served as good, not even until the sweeper's
+            # next pass. (A rollback committing between this read and this commit is the pass's.)
+            if (
+                output.adapter_revision_id is not None
+                and AdapterRevision.objects.filter(pk=output.adapter_revision_id, rolled_back_at__isnull=False).exists()
+            ):
+                outputs_recall(
+                    tenant_id=operation.tenant_id,
+                    output_ids=[output.pk],
+                    actor="system:recall",
+                    reason="published after its adapter revision was rolled back",
+                )
+                output.refresh_from_db()
     except BaseException:
         # No row names it: nobody could ever read it.
         objects.object_delete(storage, name)

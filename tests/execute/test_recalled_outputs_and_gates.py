@@ -169,6 +169,25 @@ def test_the_sweepers_pass_reaches_an_older_rollbacks_outputs_past_newer_rollbac
     assert OperationOutput.objects.get(operation_id=op.pk).state == "quarantined"
 
 
+def test_an_output_published_after_its_revisions_rollback_is_recalled_as_it_is_published(tenant, images, api):
+    operation_submit(
+        tenant=tenant,
+        key="order-5:render:v1",
+        provider="images",
+        action="render",
+        request={"method": "POST", "path": "/renders", "body": {"prompt": "a bicycle"}},
+    )
+    (op,) = operations_take(limit=1, actor="test-worker")
+    # Rolled back while the worker rendered: the operator's recall found nothing published yet.
+    canary.revision_rollback(provider_id=images.pk, actor="user:a", reason="bad renders", canary=2)
+    with httpx.Client(transport=httpx.MockTransport(_transport)) as client:
+        output = output_fetch_publish(operation=op, url="/out/1.png", expect=OutputExpectation(), client=client)
+    assert output.state == "quarantined"
+    operation_complete(operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="job-5")
+    content = api.get(f"/api/v1/operations/{op.pk}/output/content")
+    assert content.status_code == 410 and problem(content) == "output_quarantined"
+
+
 def test_a_bulk_rerun_submits_the_next_key_versions_under_the_stable_revision_once_and_asks_four_eyes(
     tenant, images, make_client
 ):
