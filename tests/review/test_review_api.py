@@ -62,6 +62,21 @@ def test_a_provider_filter_naming_no_provider_of_the_tenant_lists_no_item_withou
     assert [item["key"] for item in api.get("/api/v1/review/items?provider=mailer").json()["results"]] == ["mail:9"]
 
 
+def test_review_items_are_read_through_the_work_queue_mirror(api, tenant, advisory):
+    # The console's review list (ReviewItem's manager) reads the state from the open rows'
+    # index (ADR 0017), not from a scan of the operation rows; a decided item leaves it.
+    from review.models import ReviewItem
+
+    op = _in_review(tenant, advisory, "mail:8")
+    assert "ledger_open_operation" in str(ReviewItem.objects.all().query)
+    assert list(ReviewItem.objects.values_list("key", flat=True)) == ["mail:8"]
+    decided = api.post(
+        f"/api/v1/review/items/{op.pk}/decision", {"decision": "abandon", "note": "customer cancelled"}, format="json"
+    )
+    assert decided.status_code == 200, decided.content
+    assert not ReviewItem.objects.exists()
+
+
 def test_confirm_succeeded_records_the_ref_and_later_claims_replay_it(api, tenant, advisory):
     op = _in_review(tenant, advisory, "mail:3")
     r = api.post(
