@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from ledger.models import AttemptOutcome, IdempotencyClass, OperationStatus
 from ledger.protocol import services
@@ -40,6 +42,39 @@ def test_reviewer_finds_an_item_by_reconciliation_handle(api, tenant, advisory):
     assert [item["key"] for item in body["results"]] == ["mail:1"]
     assert body["results"][0]["attempts_detail"][0]["outcome"] == AttemptOutcome.AMBIGUOUS
     assert api.get("/api/v1/review/items?provider=mailer").json()["results"].__len__() == 2
+
+
+def test_a_provider_filter_naming_no_provider_of_the_tenant_lists_no_item_without_reading_operations(
+    api, tenant, other_tenant, advisory
+):
+    _in_review(tenant, advisory, "mail:9")
+    # Another tenant's provider of that slug is not the caller's.
+    services.provider_upsert(
+        tenant=other_tenant,
+        slug="elsewhere",
+        base_url="http://127.0.0.1:9",
+        idempotency_class=IdempotencyClass.KEY_ADVISORY,
+    )
+    assert api.get("/api/v1/review/items?provider=elsewhere").json()["results"] == []
+    with CaptureQueriesContext(connection) as seen:
+        assert api.get("/api/v1/review/items?provider=no-such-provider").json()["results"] == []
+    assert not [q["sql"] for q in seen.captured_queries if "ledger_operation" in q["sql"]]
+    assert [item["key"] for item in api.get("/api/v1/review/items?provider=mailer").json()["results"]] == ["mail:9"]
+
+
+def test_review_items_are_read_through_the_work_queue_mirror(api, tenant, advisory):
+    # The console's review list (ReviewItem's manager) reads the state from the open rows'
+    # index (ADR 0017), not from a scan of the operation rows; a decided item leaves it.
+    from review.models import ReviewItem
+
+    op = _in_review(tenant, advisory, "mail:8")
+    assert "ledger_open_operation" in str(ReviewItem.objects.all().query)
+    assert list(ReviewItem.objects.values_list("key", flat=True)) == ["mail:8"]
+    decided = api.post(
+        f"/api/v1/review/items/{op.pk}/decision", {"decision": "abandon", "note": "customer cancelled"}, format="json"
+    )
+    assert decided.status_code == 200, decided.content
+    assert not ReviewItem.objects.exists()
 
 
 def test_confirm_succeeded_records_the_ref_and_later_claims_replay_it(api, tenant, advisory):
