@@ -44,5 +44,3 @@ class Migration(migrations.Migration):
             database_operations=[migrations.RunPython(forwards, backwards)],
         ),
     ]
-
-

@@ -201,9 +201,7 @@ def operations_with_handle(handle: str, *, tenant_id: int) -> QuerySet[Operation
     Served by the search rows' trigram index (ADR 0023: the operation row's op_handle_idx is
     gone); a handle shorter than three characters holds no trigram, and the planner walks the
     tenant's search rows instead."""
-    return OperationSearch.objects.filter(tenant_id=tenant_id, ref=False, text__icontains=handle).values(
-        "operation_id"
-    )
+    return OperationSearch.objects.filter(tenant_id=tenant_id, ref=False, text__icontains=handle).values("operation_id")
 
 
 # The states a failure moves an operation to; the event of that move holds the error text in

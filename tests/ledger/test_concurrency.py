@@ -269,7 +269,9 @@ def test_concurrent_complete_and_fail_by_one_holder_record_exactly_one_outcome(t
 
 
 @pytest.mark.postgres_only
-@pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's re-check of a guarded UPDATE on the row as a concurrent move left it")
+@pytest.mark.skipif(
+    not on_postgres(), reason="PostgreSQL's re-check of a guarded UPDATE on the row as a concurrent move left it"
+)
 @pytest.mark.django_db(transaction=True)
 def test_a_completion_waiting_on_the_sweepers_move_records_the_state_it_moved_the_row_from(tenant, provider):
     """ADR 0023: the completion's lock-free UPDATE from claimed meets a row the sweeper is moving
