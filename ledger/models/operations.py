@@ -305,8 +305,12 @@ class Attempt(models.Model):
     tenant = models.ForeignKey(
         Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
     )
-    # Indexed by (operation, number).
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
+    # Indexed by (operation, number). No database constraint (ADR 0023): its check locked the
+    # operation row (FOR KEY SHARE, a Heap/LOCK record) at every claim; the ORM's CASCADE and
+    # retention delete attempts with their operation, and ledger_orphans reports any left.
+    operation = models.ForeignKey(
+        Operation, on_delete=models.CASCADE, related_name="attempt_set", db_index=False, db_constraint=False
+    )
     number = Counter()
     lease_token = HexBytesField(hex_length=32)
     started_at = models.DateTimeField()
@@ -372,8 +376,12 @@ class OperationEvent(models.Model):
     tenant = models.ForeignKey(
         Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
     )
-    # Indexed by operation alone (a history is a few rows, sorted after reading).
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events", db_index=False)
+    # Indexed by operation alone (a history is a few rows, sorted after reading). No database
+    # constraint (ADR 0023): its check locked the operation row at every move's event (the
+    # completion's included); see Attempt.operation.
+    operation = models.ForeignKey(
+        Operation, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
+    )
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16)
     actor = models.CharField(max_length=150)

@@ -1,6 +1,7 @@
 """Rows that name a parent the database no longer holds, for the references that have no
 database constraint (ADR 0019): an operation's tenant and provider, whose constraint checks
-locked the one tenant row every claim names; the search rows' operation (ADR 0018).
+locked the one tenant row every claim names; the search rows' operation (ADR 0018); the
+attempts' and events' operation (ADR 0023), whose checks locked the operation row.
 
 The application keeps them whole — the ORM's PROTECT refuses deleting a tenant or provider that
 has operations, retention deletes an operation's search rows with it — and this check says so
@@ -24,6 +25,9 @@ REFERENCES = (
     ("ledger_operation", "tenant_id", "ledger_tenant", "id"),
     ("ledger_operation", "provider_id", "ledger_provider", "id"),
     ("ledger_operation_search", "operation_id", "ledger_operation", "operation_id"),
+    # The attempts' and events' operation (ADR 0023): their check locked the operation row.
+    ("ledger_attempt", "operation_id", "ledger_operation", "id"),
+    ("ledger_operationevent", "operation_id", "ledger_operation", "id"),
 )
 CHUNK = 500_000
 
