@@ -357,7 +357,8 @@ RETURNING *;
 -- moves the row `locked` locked. slow's WHERE must not compare the state again: it first
 -- meets the row as the statement's snapshot saw it, before a move `locked` waited for (the
 -- sweeper's claimed → uncertain), and a guard false there is never re-checked on the row as
--- it now is; the lock already guarantees the guard. `held` names the state the row left,
+-- it now is; the lock already guarantees the guard (slow moves the row by its id only when
+-- `locked` holds it). `held` names the state the row left,
 -- whichever path moved it, so the event names the state this statement moved the row from,
 -- as the portable path's one-state-at-a-time updates do. (Its tenant, which never changes,
 -- it names: Citus routes each CTE by it.)
@@ -389,11 +390,13 @@ WITH fast AS (
         error_class = '',
         done_at = now(),
         updated_at = now()
-    FROM locked
-    WHERE ledger_operation.id = locked.id AND ledger_operation.tenant_id = %(tenant_id)s
+    WHERE id = %(id)s AND tenant_id = %(tenant_id)s AND EXISTS (SELECT 1 FROM locked)
     RETURNING ledger_operation.*
 ), op AS (
-    SELECT * FROM fast UNION ALL SELECT * FROM slow
+    -- At most one of them moved the row (slow runs only when fast moved nothing): LIMIT 1
+    -- says so to the planner, which then reads the attempt's partition by the row's id and
+    -- creation time (one month's index, as a one-row UPDATE's RETURNING lets it).
+    SELECT * FROM fast UNION ALL SELECT * FROM slow LIMIT 1
 ), held AS (
     SELECT id, {claimed} AS from_status FROM fast UNION ALL SELECT id, from_status FROM locked
 ), attempt AS (
