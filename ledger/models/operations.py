@@ -145,7 +145,8 @@ class Operation(models.Model):
         # Each index's query, how often it is read, its entries per claim→complete and whether
         # the completion changes a column it names: docs/adr/0011-operation-index-audit.md
         # (with the GIN index of migration 0004, 23 with the keys; ADR 0018 moved the search
-        # trigram index of migration 0028 and op_ref_idx to OperationSearch).
+        # trigram index of migration 0028 and op_ref_idx to OperationSearch, ADR 0023 dropped
+        # op_handle_idx: 12 with the keys and the GIN index, each named with its query in ADR 0023).
         indexes = [
             # The work queue's indexes — open rows by state, lease, due time and last move, and
             # the public `updated_after` filter's (tenant, updated_at, id) — live on
@@ -158,12 +159,12 @@ class Operation(models.Model):
             # Admission's budget: what a tenant submitted in execute mode in the current period.
             # Partial (migration 0021): guard-mode claims, most of the ledger, write nothing here.
             models.Index(fields=["tenant", "created_at"], name="op_exec_created_idx", condition=Q(mode="execute")),
-            # Identifier searches: partial, so the many rows without one cost no index write.
-            models.Index(
-                fields=["reconciliation_handle"], name="op_handle_idx", condition=~Q(reconciliation_handle="")
-            ),
-            # The provider reference and the console's search text are not indexed here: they
-            # live in OperationSearch, written once (ADR 0018).
+            # The API's execution_id filter, the API's correlation_id filter and a run's steps
+            # without a run id (selectors.run_operations, a BitmapOr with op_run_idx): partial, so
+            # the many rows without one cost no index write. The reconciliation handle, the
+            # provider reference and the console's search text are not indexed here: they live
+            # in OperationSearch, written once (ADRs 0018, 0023); the API's reconciliation_handle
+            # filter reads the search rows' trigram index (selectors.operations_with_handle).
             models.Index(fields=["execution_id"], name="op_execution_idx", condition=~Q(execution_id="")),
             models.Index(fields=["correlation_id"], name="op_correlation_idx", condition=~Q(correlation_id="")),
             # A search by workflow name ends here: the ids of the workflows so named (WorkflowName).
@@ -304,8 +305,12 @@ class Attempt(models.Model):
     tenant = models.ForeignKey(
         Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
     )
-    # Indexed by (operation, number).
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
+    # Indexed by (operation, number). No database constraint (ADR 0023): its check locked the
+    # operation row (FOR KEY SHARE, a Heap/LOCK record) at every claim; the ORM's CASCADE and
+    # retention delete attempts with their operation, and ledger_orphans reports any left.
+    operation = models.ForeignKey(
+        Operation, on_delete=models.CASCADE, related_name="attempt_set", db_index=False, db_constraint=False
+    )
     number = Counter()
     lease_token = HexBytesField(hex_length=32)
     started_at = models.DateTimeField()
@@ -371,8 +376,12 @@ class OperationEvent(models.Model):
     tenant = models.ForeignKey(
         Tenant, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
     )
-    # Indexed by operation alone (a history is a few rows, sorted after reading).
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events", db_index=False)
+    # Indexed by operation alone (a history is a few rows, sorted after reading). No database
+    # constraint (ADR 0023): its check locked the operation row at every move's event (the
+    # completion's included); see Attempt.operation.
+    operation = models.ForeignKey(
+        Operation, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
+    )
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16)
     actor = models.CharField(max_length=150)

@@ -193,6 +193,17 @@ def operations_with_provider_ref(ref: str, *, tenant_id: int) -> QuerySet[Operat
     return OperationSearch.objects.filter(tenant_id=tenant_id, ref=True, text=ref).values("operation_id")
 
 
+def operations_with_handle(handle: str, *, tenant_id: int) -> QuerySet[OperationSearch]:
+    """The ids of a tenant's operations whose search rows hold ``handle`` (any case), for
+    ``id IN (…)``: every reconciliation handle an operation is given is written to its search
+    rows (the claim's joined identifiers, or a row appended by the sent marker), so these are
+    the candidates and the API filter then compares the row's own column, which keeps it exact.
+    Served by the search rows' trigram index (ADR 0023: the operation row's op_handle_idx is
+    gone); a handle shorter than three characters holds no trigram, and the planner walks the
+    tenant's search rows instead."""
+    return OperationSearch.objects.filter(tenant_id=tenant_id, ref=False, text__icontains=handle).values("operation_id")
+
+
 # The states a failure moves an operation to; the event of that move holds the error text in
 # its reason. Migration 0035's partial trigram index holds exactly these events' reasons.
 ERROR_EVENT_STATES = (

@@ -1,6 +1,7 @@
 """Rows that name a parent the database no longer holds, for the references that have no
 database constraint (ADR 0019): an operation's tenant and provider, whose constraint checks
-locked the one tenant row every claim names; the search rows' operation (ADR 0018); the work
+locked the one tenant row every claim names; the search rows' operation (ADR 0018); the
+attempts' and events' operation (ADR 0023), whose checks locked the operation row; the work
 queue's mirror rows' operation (ADR 0017), and the mirror's drift from the rows it mirrors.
 
 The application keeps them whole — the ORM's PROTECT refuses deleting a tenant or provider that
@@ -28,14 +29,16 @@ REFERENCES = (
     ("ledger_operation", "tenant_id", "ledger_tenant", "id"),
     ("ledger_operation", "provider_id", "ledger_provider", "id"),
     ("ledger_operation_search", "operation_id", "ledger_operation", "operation_id"),
+    # The attempts' and events' operation (ADR 0023): their check locked the operation row.
+    ("ledger_attempt", "operation_id", "ledger_operation", "id"),
+    ("ledger_operationevent", "operation_id", "ledger_operation", "id"),
     ("ledger_open_operation", "id", "ledger_operation", "id"),
 )
 # Open operations whose mirror row is missing or names another state, and mirror rows of
-# finished operations (ADR 0017). The triggers
-# write both rows in one statement, so this stays 0 — unless something wrote around them (a
-# restore of one table, a trigger dropped by hand): such an operation would never be taken or
-# swept again. `manage.py open_rows_backfill` repairs it. Walked by the operation's id like
-# the references.
+# finished operations (ADR 0017). The triggers write both rows in one statement, so this stays
+# 0 — unless something wrote around them (a restore of one table, a trigger dropped by hand):
+# such an operation would never be taken or swept again. `manage.py open_rows_backfill`
+# repairs it. Walked by the operation's id like the references.
 DRIFT = "ledger_open_operation.drift"
 _DRIFT_SQL = (
     "SELECT (SELECT COUNT(*) FROM ledger_operation o WHERE o.id >= %s AND o.id < %s AND o.status NOT IN ({terminal})"

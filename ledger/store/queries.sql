@@ -345,21 +345,24 @@ RETURNING *;
 
 -- name: operation_complete_pg --
 -- PostgreSQL: operation_complete from whichever of claimed, uncertain or review the row is
--- in, then attempt_succeed and the move's event_insert, in one statement. `held` locks the
--- row and reads the state it leaves (FOR UPDATE waits for a concurrent move and reads the
--- row as that move left it, then the guard is checked again), so the event names the
--- state this statement moved the row from, as the portable path's one-state-at-a-time
--- updates do. The UPDATE then moves the row `held` locked. Its WHERE must not compare the
--- state again: it first meets the row as the statement's snapshot saw it, before a move
--- `held` waited for (the sweeper's claimed → uncertain), and a guard false there is never
--- re-checked on the row as it now is; the lock already guarantees the guard. (Its tenant, which
--- never changes, it names: Citus routes each CTE by it.)
-WITH held AS (
-    SELECT id, status AS from_status FROM ledger_operation
-    WHERE id = %(id)s AND status IN ({claimed}, {uncertain}, {review}) AND lease_token = %(lease_token)s
-      AND tenant_id = %(tenant_id)s
-    FOR UPDATE
-), op AS (
+-- in, then attempt_succeed and the move's event_insert, in one statement. `fast` is the
+-- common case (ADR 0023): one guarded UPDATE from claimed, with no lock taken before it (no
+-- Heap/LOCK record). Its guard names the one state, and PostgreSQL re-checks a guarded
+-- UPDATE's WHERE on the row version it finally moves (a concurrent move is waited for, then
+-- the guard is evaluated again on the row as that move left it), so a row it moved was
+-- claimed, exactly. Only when it moved nothing (the row was uncertain or review, or the
+-- sweeper moved it first) does `locked` run (its NOT EXISTS is evaluated once, before its
+-- scan): it locks the row and reads the state it leaves (FOR UPDATE waits for a concurrent
+-- move and reads the row as that move left it, then the guard is checked again), and `slow`
+-- moves the row `locked` locked. slow's WHERE must not compare the state again: it first
+-- meets the row as the statement's snapshot saw it, before a move `locked` waited for (the
+-- sweeper's claimed → uncertain), and a guard false there is never re-checked on the row as
+-- it now is; the lock already guarantees the guard (slow moves the row by its id only when
+-- `locked` holds it). `held` names the state the row left,
+-- whichever path moved it, so the event names the state this statement moved the row from,
+-- as the portable path's one-state-at-a-time updates do. (Its tenant, which never changes,
+-- it names: Citus routes each CTE by it.)
+WITH fast AS (
     UPDATE ledger_operation SET
         status = {succeeded},
         provider_ref = %(provider_ref)s,
@@ -369,9 +372,33 @@ WITH held AS (
         error_class = '',
         done_at = now(),
         updated_at = now()
-    FROM held
-    WHERE ledger_operation.id = held.id AND ledger_operation.tenant_id = %(tenant_id)s
+    WHERE id = %(id)s AND status = {claimed} AND lease_token = %(lease_token)s
+      AND tenant_id = %(tenant_id)s
     RETURNING ledger_operation.*
+), locked AS (
+    SELECT id, status AS from_status FROM ledger_operation
+    WHERE id = %(id)s AND status IN ({claimed}, {uncertain}, {review}) AND lease_token = %(lease_token)s
+      AND tenant_id = %(tenant_id)s AND NOT EXISTS (SELECT 1 FROM fast)
+    FOR UPDATE
+), slow AS (
+    UPDATE ledger_operation SET
+        status = {succeeded},
+        provider_ref = %(provider_ref)s,
+        response_status = %(response_status)s,
+        response_body = %(response_body)s,
+        lease_expires_at = NULL,
+        error_class = '',
+        done_at = now(),
+        updated_at = now()
+    WHERE id = %(id)s AND tenant_id = %(tenant_id)s AND EXISTS (SELECT 1 FROM locked)
+    RETURNING ledger_operation.*
+), op AS (
+    -- At most one of them moved the row (slow runs only when fast moved nothing): LIMIT 1
+    -- says so to the planner, which then reads the attempt's partition by the row's id and
+    -- creation time (one month's index, as a one-row UPDATE's RETURNING lets it).
+    SELECT * FROM fast UNION ALL SELECT * FROM slow LIMIT 1
+), held AS (
+    SELECT id, {claimed} AS from_status FROM fast UNION ALL SELECT id, from_status FROM locked
 ), attempt AS (
     -- attempt_succeed. The attempt started between its operation's creation and now: on the
     -- monthly partitions of ledger_attempt (DESIGN §12) that range prunes the update to the

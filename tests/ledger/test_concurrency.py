@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
 from ledger.platform.errors import OperationAlreadyFinished, OperationInProgress, OperationRetryScheduled
@@ -266,3 +266,70 @@ def test_concurrent_complete_and_fail_by_one_holder_record_exactly_one_outcome(t
         assert final.status in (S.SUCCEEDED, S.FAILED)
         terminal_events = OperationEvent.objects.filter(operation=final, to_status__in=[S.SUCCEEDED, S.FAILED])
         assert terminal_events.count() == 1
+
+
+@pytest.mark.postgres_only
+@pytest.mark.skipif(
+    not on_postgres(), reason="PostgreSQL's re-check of a guarded UPDATE on the row as a concurrent move left it"
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_completion_waiting_on_the_sweepers_move_records_the_state_it_moved_the_row_from(tenant, provider):
+    """ADR 0023: the completion's lock-free UPDATE from claimed meets a row the sweeper is moving
+    to uncertain; it waits, finds the guard false on the row as that move left it, and the
+    locking path moves the row from uncertain. The event says uncertain → succeeded."""
+    op = services.operation_claim(tenant=tenant, key="epq-1", provider=provider, mark_sent=True).operation
+    moved, release = threading.Event(), threading.Event()
+
+    def sweeper_move() -> None:
+        # The sweeper's claimed → uncertain, its transaction held open until the completion waits.
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE ledger_operation SET status = %s, lease_expires_at = NULL, updated_at = now()"
+                    " WHERE id = %s AND status = %s",
+                    [S.UNCERTAIN, op.pk, S.CLAIMED],
+                )
+                moved.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    finished: list[Any] = []
+
+    def complete() -> None:
+        try:
+            finished.append(
+                services.operation_complete(
+                    operation_id=op.pk, tenant_id=op.tenant_id, lease_token=op.lease_token, provider_ref="late-1"
+                )
+            )
+        except BaseException as exc:  # surfaced below
+            finished.append(exc)
+        finally:
+            connection.close()
+
+    mover = threading.Thread(target=sweeper_move)
+    mover.start()
+    assert moved.wait(timeout=30)
+    holder = threading.Thread(target=complete)
+    holder.start()
+    # The completion is waiting for the sweeper's row lock.
+    for _ in range(300):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%fast AS%%'"
+            )
+            if cursor.fetchone()[0]:
+                break
+        threading.Event().wait(0.05)
+    else:
+        release.set()
+        pytest.fail("the completion never waited for the sweeper's move")
+    release.set()
+    mover.join(timeout=30)
+    holder.join(timeout=30)
+    assert not isinstance(finished[0], BaseException), finished[0]
+    final = Operation.objects.get(pk=op.pk)
+    assert (final.status, final.provider_ref) == (S.SUCCEEDED, "late-1")
+    last = OperationEvent.objects.filter(operation=final).order_by("-id").first()
+    assert (last.from_status, last.to_status) == (S.UNCERTAIN, S.SUCCEEDED)

@@ -427,15 +427,76 @@ def test_the_work_queue_reads_use_the_mirror_indexes(tenant: Any, provider: Any,
 
 @pytest.mark.postgres_only
 @pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's catalogue")
-def test_the_operation_table_keeps_thirteen_indexes_and_none_names_a_completed_column(db: Any) -> None:
+def test_the_operation_table_keeps_twelve_indexes_and_none_names_a_completed_column(db: Any) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'ledger_operation'")
         indexes = dict(cursor.fetchall())
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'ledger_open_operation'")
         (options,) = cursor.fetchone()
-    # 25 before ADR 0017 (ten moved to the mirror) and ADR 0018 (two to the search rows).
-    assert len(indexes) == 13, sorted(indexes)
+    # 25 before ADR 0017 (ten moved to the mirror) and ADR 0018 (two to the search rows); 13
+    # before ADR 0023 (op_handle_idx: the handle filter reads the search rows). Each is named
+    # with the query it serves in ADR 0023; a new one is a decision recorded there, not a drift.
+    assert len(indexes) == 12, sorted(indexes)
+    assert set(indexes) == {
+        "ledger_operation_pkey",
+        "operation_unique_key_per_tenant",
+        "op_tenant_id_idx",
+        "op_exec_created_idx",
+        "op_execution_idx",
+        "op_correlation_idx",
+        "op_workflow_idx",
+        "op_superseded_idx",
+        "op_replaced_idx",
+        "op_run_idx",
+        "op_record_idx",
+        "op_search_fields_gin",
+    }, sorted(indexes)
     completed = ("status", "updated_at", "lease_expires_at", "next_attempt_at", "done_at", "error_class")
     for name, definition in indexes.items():
         assert not any(column in definition for column in completed), (name, definition)
     assert "fillfactor=70" in options and "autovacuum_vacuum_scale_factor=0" in options
+
+
+@pytest.mark.postgres_only
+@pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's trigram index and plans")
+def test_the_handle_filter_reads_the_search_rows_trigram_index(tenant: Any, provider: Any, api: Any) -> None:
+    """ADR 0023: op_handle_idx is gone; the API's reconciliation_handle filter finds its
+    candidates on the search rows' trigram index and stays exact on the row's own column."""
+    for i, handle in enumerate(["pi_3NfX1001", "pi_3NfX10011", "other-77"]):
+        services.operation_claim(tenant=tenant, key=f"h-{i}", provider=provider, reconciliation_handle=handle)
+    late = services.operation_claim(tenant=tenant, key="h-late", provider=provider).operation
+    services.operation_mark_sent(
+        operation_id=late.pk, tenant_id=tenant.pk, lease_token=late.lease_token, reconciliation_handle="pi_late_9"
+    )
+    found = api.get("/api/v1/operations", {"reconciliation_handle": "pi_3NfX1001"}).json()["results"]
+    assert [row["key"] for row in found] == ["h-0"]
+    found = api.get("/api/v1/operations", {"reconciliation_handle": "pi_late_9"}).json()["results"]
+    assert [row["key"] for row in found] == ["h-late"]
+    # Filled (20,000 more rows with handles and their search rows, analysed), so the plan is
+    # the one a real table gets: on tiny tables walking the tenant's rows costs the same.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT string_agg(quote_ident(column_name), ', ') FROM information_schema.columns"
+            " WHERE table_name = 'ledger_operation' AND column_name NOT IN ('id', 'key', 'reconciliation_handle')"
+        )
+        (columns,) = cursor.fetchone()
+        cursor.execute(
+            f"INSERT INTO ledger_operation (key, reconciliation_handle, {columns})"
+            f" SELECT 'fill-' || g, 'pi_fill_' || g, {columns} FROM ledger_operation, generate_series(1, 20000) g"
+            " WHERE id = %s",
+            [late.pk],
+        )
+        cursor.execute(
+            "INSERT INTO ledger_operation_search (operation_id, seq, tenant_id, ref, text)"
+            " SELECT id, 0, tenant_id, FALSE, key || chr(1) || reconciliation_handle || chr(1) || chr(1)"
+            " FROM ledger_operation WHERE key LIKE 'fill-%%'"
+        )
+        cursor.execute("ANALYZE ledger_operation")
+        cursor.execute("ANALYZE ledger_operation_search")
+    plan = _plan_of_captured(
+        lambda: api.get("/api/v1/operations", {"reconciliation_handle": "pi_3NfX1001"}),
+        'FROM "ledger_operation"',
+        "ORDER BY",
+    )
+    assert "opsearch_text_trgm" in plan, plan
+    assert not sequential_scans(plan, ["ledger_operation", "ledger_operation_search"]), plan

@@ -146,6 +146,9 @@ def test_the_nightly_check_finds_an_operation_whose_tenant_is_gone(tenant, other
         "ledger_operation.tenant_id": 1,
         "ledger_operation.provider_id": 0,
         "ledger_operation_search.operation_id": 1,
+        # ADR 0023: the attempts' and events' operation, checked the same way.
+        "ledger_attempt.operation_id": 0,
+        "ledger_operationevent.operation_id": 0,
         "ledger_open_operation.id": 0,
         "ledger_open_operation.drift": 0,
     }

@@ -262,7 +262,7 @@ class OperationFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(method="in_state", choices=OperationStatus.choices)
     provider = django_filters.CharFilter(method="by_provider")
     updated_after = django_filters.IsoDateTimeFilter(method="changed_after")
-    reconciliation_handle = django_filters.CharFilter(field_name="reconciliation_handle")
+    reconciliation_handle = django_filters.CharFilter(method="by_handle")
     provider_ref = django_filters.CharFilter(method="by_provider_ref")
     execution_id = django_filters.CharFilter(field_name="execution_id")
     correlation_id = django_filters.CharFilter(field_name="correlation_id")
@@ -299,6 +299,12 @@ class OperationFilter(django_filters.FilterSet):
         # given another reference since no longer matches).
         found = selectors.operations_with_provider_ref(value, tenant_id=self.request.user.tenant.pk)
         return rows.filter(pk__in=found, provider_ref=value)
+
+    def by_handle(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
+        # Not indexed on the operation row (ADR 0023): the search rows, written once, name the
+        # candidates; the row's own column keeps the filter exact.
+        found = selectors.operations_with_handle(value, tenant_id=self.request.user.tenant.pk)
+        return rows.filter(pk__in=found, reconciliation_handle=value)
 
     def named(self, rows: QuerySet[Operation], name: str, value: str) -> QuerySet[Operation]:
         found = selectors.workflows_named(value)
