@@ -31,3 +31,12 @@ def result_columns(cursor: Any) -> tuple[str, ...]:
     """The column names of the result ``cursor`` (Django's, on psycopg 3) last received."""
     result = cursor.pgresult
     return tuple(result.fname(i).decode() for i in range(result.nfields))
+
+
+def result_shape(cursor: Any) -> tuple[int, bytes | None]:
+    """The number of columns of the result ``cursor`` last received, and its last column's
+    name (raw): what ``ledger.store.fast_rows`` checks before reusing a named statement's
+    layout — two calls into libpq instead of one per column (48 for an operation row)."""
+    result = cursor.pgresult
+    count = result.nfields
+    return count, result.fname(count - 1) if count else None
