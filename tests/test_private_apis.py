@@ -184,3 +184,31 @@ def test_a_loaded_instance_is_what_from_db_builds() -> None:
     finally:
         signals.post_init.disconnect(receiver, sender=Tenant)
     assert len(seen) == 1
+
+
+@pytest.mark.skipif(not on_postgres(), reason="psycopg's loaders are PostgreSQL's")
+@pytest.mark.django_db
+def test_times_read_by_the_c_loader_are_djangos() -> None:
+    from datetime import UTC, datetime
+
+    import psycopg
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+    connection.ensure_connection()
+    assert psycopg_private.timestamps_loaded_in_c(connection)
+    sql = "SELECT TIMESTAMPTZ '2026-12-07 19:59:01.123456+00', TIMESTAMPTZ '2026-06-01 00:00:00+02', now()"
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        ours = cursor.fetchone()
+        loader = cursor.cursor.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
+        assert loader.__module__ == psycopg_private.__name__
+    raw = connection.connection.cursor()
+    register_tzloader(connection.timezone, raw)  # Django's own loader, on this cursor only
+    raw.execute(sql)
+    djangos = raw.fetchone()
+    assert (
+        ours[:2]
+        == djangos[:2]
+        == (datetime(2026, 12, 7, 19, 59, 1, 123456, tzinfo=UTC), datetime(2026, 5, 31, 22, tzinfo=UTC))
+    )
+    assert all(value.tzinfo is UTC for value in (*ours, *djangos))
