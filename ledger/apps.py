@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate
 
 from ledger.platform import hooks
@@ -13,6 +14,8 @@ class LedgerConfig(AppConfig):
         # After every migrate: SQLite drops a table's triggers when a later migration
         # rebuilds it (ledger.tenants.tenant_namespaces).
         post_migrate.connect(namespace_triggers_ensure, sender=self, dispatch_uid="ledger.namespace_triggers")
+        # Times read by psycopg's C loader where it gives Django's values (ledger.platform._adapters.psycopg_private).
+        connection_created.connect(_timestamps_in_c, dispatch_uid="ledger.timestamps_in_c")
         # A finished extraction is scored against its document's manifest in the transaction
         # that finishes it (ADR 0022). Imported here: the module imports models, which the app
         # registry loads only after this module.
@@ -28,3 +31,9 @@ class LedgerConfig(AppConfig):
         from ledger.protocol.approvals import approval_executor_register
 
         approval_executor_register(ApprovalKind.RECALLED_RERUN, recalled_rerun_approved)
+
+
+def _timestamps_in_c(sender: object, connection: object, **kwargs: object) -> None:
+    from ledger.platform._adapters.psycopg_private import timestamps_loaded_in_c
+
+    timestamps_loaded_in_c(connection)

@@ -142,3 +142,73 @@ def test_a_missing_review_item_redirects_to_the_index_with_djangos_message(clien
     assert [str(m) for m in get_messages(answer.wsgi_request)] == [
         "review item with ID “987654” doesn’t exist. Perhaps it was deleted?"
     ]
+
+
+# --- Django: the instance django_private builds ----------------------------------------------
+
+
+@pytest.mark.skipif(not on_postgres(), reason="psycopg's result is PostgreSQL's")
+@pytest.mark.django_db
+def test_psycopg_result_shape_is_the_column_count_and_last_name() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 AS id, 'x' AS key, now() AS \"updatedAt\"")
+        assert psycopg_private.result_shape(cursor) == (3, b"updatedAt")
+
+
+def test_a_loaded_instance_is_what_from_db_builds() -> None:
+    from django.db.models import signals
+
+    from ledger.models import Tenant
+    from ledger.platform._adapters import django_private
+
+    fields = Tenant._meta.concrete_fields
+    attnames = [f.attname for f in fields]
+    values = [getattr(Tenant(slug="t", name="T"), name) for name in attnames]
+    assert django_private.plain_fields(Tenant, attnames)
+    built = django_private.loaded_instance(Tenant, "default", attnames, values, plain=True)
+    framework = Tenant.from_db("default", attnames, values)
+    assert vars(built).keys() == vars(framework).keys()
+    assert all(getattr(built, name) == getattr(framework, name) for name in attnames)
+    assert (
+        (built._state.adding, built._state.db) == (framework._state.adding, framework._state.db) == (False, "default")
+    )
+    # A post_init receiver must see its instances: then from_db itself builds them.
+    seen: list[Any] = []
+
+    def receiver(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(instance)
+
+    signals.post_init.connect(receiver, sender=Tenant)
+    try:
+        django_private.loaded_instance(Tenant, "default", attnames, values, plain=True)
+    finally:
+        signals.post_init.disconnect(receiver, sender=Tenant)
+    assert len(seen) == 1
+
+
+@pytest.mark.skipif(not on_postgres(), reason="psycopg's loaders are PostgreSQL's")
+@pytest.mark.django_db
+def test_times_read_by_the_c_loader_are_djangos() -> None:
+    from datetime import UTC, datetime
+
+    import psycopg
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+    connection.ensure_connection()
+    assert psycopg_private.timestamps_loaded_in_c(connection)
+    sql = "SELECT TIMESTAMPTZ '2026-12-07 19:59:01.123456+00', TIMESTAMPTZ '2026-06-01 00:00:00+02', now()"
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        ours = cursor.fetchone()
+        loader = cursor.cursor.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid, psycopg.pq.Format.TEXT)
+        assert loader.__module__ == psycopg_private.__name__
+    raw = connection.connection.cursor()
+    register_tzloader(connection.timezone, raw)  # Django's own loader, on this cursor only
+    raw.execute(sql)
+    djangos = raw.fetchone()
+    assert (
+        ours[:2]
+        == djangos[:2]
+        == (datetime(2026, 12, 7, 19, 59, 1, 123456, tzinfo=UTC), datetime(2026, 5, 31, 22, tzinfo=UTC))
+    )
+    assert all(value.tzinfo is UTC for value in (*ours, *djangos))

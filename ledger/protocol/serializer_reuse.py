@@ -30,7 +30,8 @@ from rest_framework.exceptions import ValidationError
 _built = threading.local()
 
 
-def _prototype(serializer_class: type[serializers.Serializer]) -> serializers.Serializer:
+def prototype(serializer_class: type[serializers.Serializer]) -> serializers.Serializer:
+    """This thread's instance of ``serializer_class``, its fields bound once."""
     cache: dict[type[serializers.Serializer], serializers.Serializer] | None = getattr(_built, "cache", None)
     if cache is None:
         cache = _built.cache = {}
@@ -46,7 +47,7 @@ def validated_data(serializer_class: type[serializers.Serializer], data: Any) ->
     """``serializer_class(data=data)``'s ``validated_data`` after ``is_valid()``; raises the
     ValidationError ``is_valid(raise_exception=True)`` raises, with the same detail."""
     try:
-        return dict(_prototype(serializer_class).run_validation(data))
+        return dict(prototype(serializer_class).run_validation(data))
     except ValidationError:
         pass
     # A refusal is answered by a serializer built for it: word for word is_valid()'s errors
@@ -58,4 +59,4 @@ def validated_data(serializer_class: type[serializers.Serializer], data: Any) ->
 
 def represented(serializer_class: type[serializers.Serializer], instance: Any) -> dict[str, Any]:
     """``serializer_class(instance).data`` as a plain dict (same keys, order and values)."""
-    return _prototype(serializer_class).to_representation(instance)
+    return prototype(serializer_class).to_representation(instance)

@@ -145,9 +145,10 @@ def operations(name: str, params: dict[str, Any]) -> list[Operation]:
     """Run a statement whose rows are operations (``RETURNING *`` or ``SELECT *``)."""
     params = _stored(params)
     if connection.vendor == "postgresql" and FAST_ROWS:
+        statement = text(name)
         with connection.cursor() as cursor:
-            cursor.execute(text(name), params)
-            return fast_rows.operations_from(cursor)
+            cursor.execute(statement, params)
+            return fast_rows.operations_from(cursor, statement)
     # list(): a RawQuerySet runs its statement again each time it is iterated.
     return list(Operation.objects.raw(text(name), params))
 

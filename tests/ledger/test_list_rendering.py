@@ -87,3 +87,35 @@ def test_a_list_of_operations_renders_each_row_as_drfs_serializer_does(tenant, p
         drf = serializers.ListSerializer(rows, child=child())
         assert planned.data == drf.data
         assert [list(row) for row in planned.data] == [list(row) for row in drf.data]  # same keys, same order
+
+
+@pytest.mark.django_db
+def test_one_operation_renders_by_plan_exactly_as_a_fresh_serializer(tenant, provider):
+    from ledger.models import Operation
+    from ledger.protocol.representation import (
+        ClaimOutputSerializer,
+        OperationOutputSerializer,
+        ReplayedOperationOutputSerializer,
+        operation_represented,
+    )
+
+    claimed = services.operation_claim(
+        tenant=tenant, key="one-1", provider=provider, action="charge", request={"a": 1}, run="run-1", step=2
+    ).operation
+    done = services.operation_claim(tenant=tenant, key="one-2", provider=provider, action="charge").operation
+    services.operation_complete(
+        operation_id=done.pk,
+        tenant_id=done.tenant_id,
+        lease_token=done.lease_token,
+        provider_ref="ch_1",
+        response_body={"id": "ch_1", "amount": 1},
+    )
+    failed = services.operation_claim(tenant=tenant, key="one-3", provider=None, action="x").operation
+    services.operation_fail(
+        operation_id=failed.pk, tenant_id=failed.tenant_id, lease_token=failed.lease_token, error_class="invalid_input"
+    )
+    for op in [claimed, *Operation.objects.filter(key__in=["one-2", "one-3"])]:
+        for serializer in (OperationOutputSerializer, ReplayedOperationOutputSerializer, ClaimOutputSerializer):
+            expected = dict(serializer(op).data)
+            rendered = operation_represented(serializer, op)
+            assert rendered == expected and list(rendered) == list(expected), (serializer.__name__, op.key)

@@ -30,8 +30,9 @@ from ledger.protocol.representation import (
     ClaimOutputSerializer,
     OperationOutputSerializer,
     ReplayedOperationOutputSerializer,
+    operation_represented,
 )
-from ledger.protocol.serializer_reuse import represented, validated_data
+from ledger.protocol.serializer_reuse import validated_data
 from ledger.rules.key_derivation import derivation_key, key_derive
 from ledger.rules.key_rules import key_lookup_shape, key_refusal
 from ledger.store import sql
@@ -104,7 +105,7 @@ def operation_response(
     if replayed:
         headers[REPLAYED_HEADER] = "true"
     serializer = ReplayedOperationOutputSerializer if response_in_clear else OperationOutputSerializer
-    return Response(represented(serializer, op), status=status, headers=headers)
+    return Response(operation_represented(serializer, op), status=status, headers=headers)
 
 
 def replay_answer(request: Request, op: Operation) -> Response:
@@ -142,7 +143,7 @@ class ClaimCreateApi(APIView):
             return replay_answer(request, op)
         tracing.operation_annotate(op)
         location = {"Location": f"/api/v1/operations/{op.pk}"}
-        return Response(represented(ClaimOutputSerializer, op), status=201, headers=location)
+        return Response(operation_represented(ClaimOutputSerializer, op), status=201, headers=location)
 
 
 class KeyDeriveApi(APIView):
