@@ -59,6 +59,7 @@ def claim_event(op: Operation) -> OperationEvent | None:
     if op.claim_actor is None:
         return None
     return OperationEvent(
+        id=None,  # not a row: no id (and no page of its own)
         tenant_id=op.tenant_id,
         operation_id=op.pk,
         from_status="",
