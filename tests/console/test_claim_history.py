@@ -51,7 +51,9 @@ def test_a_guard_pair_writes_one_event_row_and_its_history_lists_both_moves(tena
 
 def test_an_operation_still_claimed_shows_its_claim_from_the_row(tenant):
     crm = enforced_provider(tenant)
-    op = services.operation_claim(tenant=tenant, key="open-1", provider=crm, actor="apikey:cd34", mark_sent=True).operation
+    op = services.operation_claim(
+        tenant=tenant, key="open-1", provider=crm, actor="apikey:cd34", mark_sent=True
+    ).operation
 
     assert not OperationEvent.objects.filter(operation_id=op.pk).exists()
     assert _moves(Operation.objects.get(pk=op.pk)) == [("", S.CLAIMED, "apikey:cd34", "claimed, sent", 1)]
