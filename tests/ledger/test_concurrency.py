@@ -14,10 +14,10 @@ import pytest
 from django.db import connection
 
 from ledger.models import Attempt, Operation, OperationEvent, OperationStatus
-from ledger.protocol.selectors import operation_history
 from ledger.platform.errors import OperationAlreadyFinished, OperationInProgress, OperationRetryScheduled
 from ledger.protocol import services
 from ledger.protocol.guard import run_once
+from ledger.protocol.selectors import operation_history
 from ledger.recovery.sweeper import sweep
 from tests.conftest import on_postgres
 from tests.ledger.support import Sink, expire_lease, make_retry_due
