@@ -26,7 +26,7 @@ from django_q.models import Schedule
 from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
 from ledger.platform.errors import DomainError
 from ledger.protocol import approvals
-from ledger.protocol.selectors import operation_search
+from ledger.protocol.selectors import operation_history, operation_search
 from ledger.protocol.services import provider_pause, provider_resume
 from ledger.tenants.config_changes import config_change_of, config_snapshot
 from ledger.web import display
@@ -191,6 +191,8 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
                         )
                     messages.success(request, message)
                     return HttpResponseRedirect(reverse("admin:review_reviewitem_changelist"))
+        # Its claim from the row where it is kept there (ADR 0024), then its event rows.
+        history = operation_history(item, item.events.filter(tenant_id=item.tenant_id))
         context = {
             **(extra_context or {}),
             **self.admin_site.each_context(request),
@@ -198,10 +200,8 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
             "title": f"Review {item.key}",
             "item": item,
             "attempts": attempts_with_labels(item.attempt_set.order_by("number")),
-            "events": item.events.order_by("at", "id"),
-            "story": operation_story(
-                item, list(item.attempt_set.order_by("number")), list(item.events.order_by("at", "id"))
-            ),
+            "events": history,
+            "story": operation_story(item, list(item.attempt_set.order_by("number")), history),
             "status_badge": display.operation_badge(item),
             "guard_mode": item.mode == OperationMode.GUARD,
             "form": form,

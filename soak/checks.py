@@ -95,7 +95,8 @@ def events(tenant: Tenant) -> Check:
         Attempt.objects.filter(operation__tenant=tenant).values_list("operation_id", flat=True).iterator()
     )
     for op_id, op in ops.items():
-        chain = chains.get(op_id, [])
+        # A guard claim's move is kept on its row, before every event row (ADR 0024).
+        chain = ([("", S.CLAIMED)] if op.claim_actor is not None else []) + chains.get(op_id, [])
         where = f"op {op_id} {op.key}"
         if not chain:
             check.fail(f"{where}: no event rows")

@@ -58,6 +58,15 @@ class Operation(models.Model):
     lease_token = HexBytesField(hex_length=32, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     uses_sent_marker = models.BooleanField(default=False)
+    # A guard-mode claim's first move ('' → claimed) kept on the row instead of an event row of
+    # its own (ADR 0024): who claimed (the event's actor) and whether the claim was also the
+    # sent marker (reason "claimed, sent"); its time is created_at, its attempt 1. Written by
+    # the insert, never updated. NULL: the first move is an event row (execute mode, and every
+    # row claimed before ADR 0024). Readers list an operation's moves with
+    # ledger.protocol.selectors.operation_history, which puts this one first.
+    claim_actor = models.CharField(max_length=150, null=True, blank=True)
+    # (Nullable with no default, as claim_actor: adding it rewrites no table, SQLite's included.)
+    claim_sent = models.BooleanField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     deadline = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)

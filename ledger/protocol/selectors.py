@@ -51,6 +51,35 @@ def operation_list(*, tenant: Tenant, match: list[str] | None = None) -> QuerySe
     return rows
 
 
+def claim_event(op: Operation) -> OperationEvent | None:
+    """A guard claim's move ('' → claimed) as the event row it used to be, read from the
+    operation row (ADR 0024): at ``created_at`` (the claim's clock, as its event's was), by
+    ``claim_actor``, attempt 1, reason "claimed" or "claimed, sent". Unsaved (no id). None when
+    the claim has an event row of its own (execute mode; rows claimed before ADR 0024)."""
+    if op.claim_actor is None:
+        return None
+    return OperationEvent(
+        id=None,  # not a row: no id (and no page of its own)
+        tenant_id=op.tenant_id,
+        operation_id=op.pk,
+        from_status="",
+        to_status=OperationStatus.CLAIMED,
+        actor=op.claim_actor,
+        reason="claimed, sent" if op.claim_sent else "claimed",
+        attempt=1,
+        at=op.created_at,
+    )
+
+
+def operation_history(op: Operation, events: list[OperationEvent] | QuerySet[OperationEvent]) -> list[OperationEvent]:
+    """Every move of ``op`` in order: its stored ``events`` (its own, already read) sorted by
+    (at, id), after the claim kept on its row (``claim_event``), which precedes them all. What
+    every page, export and check that lists an operation's moves shows (ADR 0024)."""
+    stored = sorted(events, key=lambda e: (e.at, e.id))
+    claim = claim_event(op)
+    return stored if claim is None else [claim, *stored]
+
+
 # States whose lists read the append-only events into them (opevent_terminal_status_idx,
 # migration 0042): a terminal state is final, so an event into it names the row's state for
 # good. `succeeded` lists read (tenant, id) and keep the 98 % that match (ADR 0017).

@@ -28,7 +28,9 @@
 
 -- name: operation_insert --
 -- A new key becomes one operation: claimed (guard mode, with its lease) or queued (execute
--- mode). Nothing is inserted when the key is taken (the caller then answers for the existing
+-- mode). A guard claim's move ('' → claimed) is kept on the row — %(claim_actor)s, the claim's
+-- actor, and %(claim_sent)s, whether it was the sent marker too — and writes no event row; a
+-- queued row's move is an event row (ADR 0024). Nothing is inserted when the key is taken (the caller then answers for the existing
 -- row) or when retention deleted its operation and left a tombstone, which keeps answering
 -- late retries: a deleted key is never executed again.
 INSERT INTO ledger_operation (
@@ -41,6 +43,7 @@ INSERT INTO ledger_operation (
     reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,
     run, step, record, version,
     lookup_failures, request_bytes, cost, callback_url, adapter_revision_id, trace_context,
+    claim_actor, claim_sent,
     created_at, updated_at
 )
 SELECT
@@ -59,6 +62,7 @@ SELECT
     %(reconciliation_handle)s, %(execution_id)s, %(workflow_id)s, %(workflow_version)s, %(correlation_id)s,
     %(run)s, %(step)s, %(record)s, %(version)s,
     0, %(request_bytes)s, %(cost)s, %(callback_url)s, %(adapter_revision_id)s, %(trace_context)s,
+    %(claim_actor)s, %(claim_sent)s,
     now(), now()
 -- (The key is written twice as CAST(… AS varchar): a parameter used in two places must be
 -- of one type on PostgreSQL.)
@@ -69,7 +73,7 @@ RETURNING *;
 
 -- name: operation_claim_pg --
 -- PostgreSQL: operation_insert, then attempt_open (when the claim opened an attempt) and the
--- claim's event_insert, in one statement. The attempt and the event read the new row from
+-- claim's event_insert (a queued row's only: ADR 0024), in one statement. The attempt and the event read the new row from
 -- the INSERT's RETURNING (a statement does not see its own writes in the table); nothing
 -- is written at all when the key is taken or tombstoned. Every clause of the INSERT is
 -- operation_insert's.
@@ -84,6 +88,7 @@ WITH op AS (
         reconciliation_handle, execution_id, workflow_id, workflow_version, correlation_id,
         run, step, record, version,
         lookup_failures, request_bytes, cost, callback_url, adapter_revision_id, trace_context,
+        claim_actor, claim_sent,
         created_at, updated_at
     )
     SELECT
@@ -102,6 +107,7 @@ WITH op AS (
         %(reconciliation_handle)s, %(execution_id)s, %(workflow_id)s, %(workflow_version)s, %(correlation_id)s,
         %(run)s, %(step)s, %(record)s, %(version)s,
         0, %(request_bytes)s, %(cost)s, %(callback_url)s, %(adapter_revision_id)s, %(trace_context)s,
+        %(claim_actor)s, %(claim_sent)s,
         now(), now()
     WHERE NOT EXISTS (SELECT 1 FROM ledger_tombstone WHERE tenant_id = %(tenant_id)s AND key = CAST(%(key)s AS varchar))
     ON CONFLICT (tenant_id, key) DO NOTHING
@@ -116,9 +122,11 @@ WITH op AS (
            {attempt_pending}, '', '', '', execution_id, adapter_revision_id
     FROM op WHERE attempts > 0
 ), event AS (
-    -- event_insert's row: from no state to the new one.
+    -- event_insert's row: from no state to the new one — for a queued (execute-mode) row only.
+    -- A guard claim's move is on the row itself (claim_actor, claim_sent, created_at: ADR 0024).
     INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason, attempt, at)
     SELECT %(tenant_id)s, id, '', status, %(actor)s, %(reason)s, attempts, now() FROM op
+    WHERE claim_actor IS NULL
 ), search AS (
     -- operation_search_append's first row (seq 0): the identifiers the claim brings, joined as
     -- %(search_text)s (ADR 0018). Written once; nothing on the operation row is indexed for search.

@@ -15,9 +15,10 @@ numbers them, so an id is one row (the time is only what the partitioning needs 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.contrib.admin.utils import display_for_field
@@ -31,8 +32,9 @@ from django.utils.http import urlencode
 from django.utils.text import capfirst, smart_split, unescape_string_literal
 from django.views.decorators.http import require_safe
 
-from ledger.models import Attempt, AttemptOutcome, ErrorClass, OperationEvent, OperationStatus
+from ledger.models import Attempt, AttemptOutcome, ErrorClass, Operation, OperationEvent, OperationStatus
 from ledger.platform.errors import LookupNotOffered
+from ledger.protocol.selectors import claim_event
 from ledger.providers import prompts, revisions
 from ledger.store import sql
 from ledger.web import display
@@ -282,7 +284,12 @@ class HistoryPage:
             columns=list(self.list_columns),
             labels=[self.label(name) for name in self.list_columns],
             value=self.export_value,
+            written=self.export_written(request),
         )
+
+    def export_written(self, request: HttpRequest) -> Callable[[Iterator[Any]], Iterator[Any]] | None:
+        """What the export writes given the list's rows (None: those rows)."""
+        return None
 
 
 def _exact(*fields: str) -> Callable[[str], Q]:
@@ -350,6 +357,40 @@ class EventPage(HistoryPage):
 
     def word_matches(self, word: str) -> Q:
         return Q(operation__key__iexact=word) | Q(actor__icontains=word)
+
+    def export_written(self, request: HttpRequest) -> Callable[[Iterator[Any]], Iterator[Any]] | None:
+        """The event rows and, among them by time (newest first, as the list), the guard
+        claims kept on operation rows instead of an event row of their own (ADR 0024): the
+        export lists every move the filters match, as it did when each claim was a row."""
+        claims = self.claims_on_rows(request)
+        if claims is None:
+            return None
+
+        def merged(stored: Iterator[Any]) -> Iterator[Any]:
+            kept = (_claim_row(op) for op in claims.iterator(chunk_size=2000))
+            return heapq.merge(stored, kept, key=lambda e: e.at, reverse=True)
+
+        return merged
+
+    def claims_on_rows(self, request: HttpRequest) -> QuerySet[Operation] | None:
+        """The operations whose claim (kept on the row) the list's filters and search match,
+        newest first; None when the filters exclude every claim ('' → claimed)."""
+        to_status, from_status = request.GET.get("to_status"), request.GET.get("from_status")
+        if from_status or (to_status and to_status != OperationStatus.CLAIMED):
+            return None
+        ops = scope_queryset(Operation.objects.filter(claim_actor__isnull=False), scope_of(request))
+        for word in smart_split(request.GET.get(SEARCH_VAR, "").strip()):
+            if word[:1] in "\"'" and word[-1:] == word[:1]:
+                word = unescape_string_literal(word)
+            ops = ops.filter(Q(key__iexact=word) | Q(claim_actor__icontains=word))
+        return ops.defer("payload", "request", "response_body", "search_fields").order_by("-id")
+
+
+def _claim_row(op: Operation) -> OperationEvent:
+    # claims_on_rows reads rows that keep their claim: claim_event is never None for them.
+    event = cast(OperationEvent, claim_event(op))
+    event.operation = op
+    return event
 
 
 for page_class in (AttemptPage, EventPage):

@@ -7,6 +7,7 @@ from rest_framework import serializers
 from ledger.models import Operation
 from ledger.platform.storable import MAX_DURATION_SECONDS
 from ledger.protocol.representation import OperationOutputSerializer, _iso, operation_representation
+from ledger.protocol.selectors import operation_history
 from ledger.providers.prompts import prompt_template_label
 from ledger.providers.revisions import revision_number
 from review.models import ReviewDecision
@@ -58,6 +59,7 @@ def review_item_representation(op: Operation) -> dict[str, Any]:
     ]
     body["events"] = [
         {"at": _iso(e.at), "from": e.from_status, "to": e.to_status, "actor": e.actor, "reason": e.reason}
-        for e in sorted(op.events.all(), key=lambda e: (e.at, e.pk))
+        # Its claim from the row where it is kept there (ADR 0024), then its event rows.
+        for e in operation_history(op, op.events.all())
     ]
     return body

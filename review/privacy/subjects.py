@@ -36,7 +36,7 @@ from ledger.platform import crypto
 from ledger.platform.errors import ValidationFailed
 from ledger.platform.masking import stored_value_masked
 from ledger.protocol.callbacks import CALLBACK_TYPES
-from ledger.protocol.selectors import run_of
+from ledger.protocol.selectors import claim_event, run_of
 from ledger.web.display import csv_cell
 from review.models import AccessAction, AccessLog, ErasureRun, RecordType, SubjectIndex
 from review.privacy.erasure_n8n import n8n_summary
@@ -280,7 +280,12 @@ def subject_trail(*, tenant_id: int, subject: Subject) -> Trail:
     events: list[TrailEvent] = []
     labels: dict[tuple[str, int], str] = {}
 
+    claims = []
     for op in Operation.objects.filter(pk__in=op_ids).order_by("created_at", "pk"):
+        # A guard claim's move is kept on its row (ADR 0024): listed as its event row was.
+        claim = claim_event(op)
+        if claim is not None:
+            claims.append(claim)
         values = {"payload": op.payload, "request": op.request, "response_body": op.response_body}
         kind = _operation_kind(op)
         rec = TrailRecord(
@@ -300,7 +305,8 @@ def subject_trail(*, tenant_id: int, subject: Subject) -> Trail:
         labels[(RecordType.OPERATIONS, op.pk)] = rec.label
         for at, actor, detail in _redactions(values):
             events.append(TrailEvent(at, "redacted", actor, detail, RecordType.OPERATIONS, op.pk, rec.label))
-    for ev in OperationEvent.objects.filter(operation_id__in=op_ids).order_by("at", "pk"):
+    stored = list(OperationEvent.objects.filter(operation_id__in=op_ids).order_by("at", "pk"))
+    for ev in sorted([*claims, *stored], key=lambda e: (e.at, e.id is not None, e.id or 0)):
         label = labels[(RecordType.OPERATIONS, ev.operation_id)]
         if not ev.from_status:
             kind, detail = (

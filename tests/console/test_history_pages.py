@@ -175,9 +175,11 @@ def test_the_operation_page_lists_attempts_and_events_each_linking_to_its_page(t
     attempt = Attempt.objects.get(operation=op)
     assert f"/admin/ledger/attempt/{attempt.id}/change/" in body and "HTTP 422" in body
     events = list(OperationEvent.objects.filter(operation=op).order_by("at", "id"))
-    assert len(events) >= 2
+    # The claim→failed pair is one event row; its claim is kept on the operation row (ADR 0024).
+    assert len(events) >= 1
     assert all(f"/admin/ledger/operationevent/{e.id}/change/" in body for e in events)
-    assert body.count('data-testid="event-row"') == len(events)
+    # Plus the claim, kept on the operation row instead of an event row (ADR 0024).
+    assert body.count('data-testid="event-row"') == len(events) + 1
     status, event_page = page(client, f"/admin/ledger/operationevent/{events[-1].id}/change/")
     assert status == 200 and "failed" in event_page and f"/admin/ledger/operation/{op.pk}/change/" in event_page
 

@@ -13,6 +13,7 @@ import httpx
 from django.db import connection
 
 from ledger.models import Attempt, Operation, OperationEvent
+from ledger.protocol.selectors import operation_history
 from ledger.store import sql
 from tests.support.outbound import announce
 
@@ -98,12 +99,13 @@ def attempts_of(operation_id: int) -> list[dict[str, Any]]:
 
 
 def events_of(operation_id: int) -> list[tuple[str, str, str, str]]:
-    """(from, to, actor, reason) of every event, oldest first."""
-    return list(
-        OperationEvent.objects.filter(operation_id=operation_id)
-        .order_by("at", "id")
-        .values_list("from_status", "to_status", "actor", "reason")
-    )
+    """(from, to, actor, reason) of every move, oldest first: the operation's history as every
+    page and export lists it — a guard claim kept on its row, then its event rows (ADR 0024)."""
+    op = Operation.objects.get(pk=operation_id)
+    return [
+        (e.from_status, e.to_status, e.actor, e.reason)
+        for e in operation_history(op, OperationEvent.objects.filter(operation_id=operation_id))
+    ]
 
 
 def plain(value: Any) -> Any:

@@ -45,7 +45,8 @@ def test_rows_written_by_the_raw_statements_have_ids_from_the_database(tenant, p
 
     assert [a.operation_id for a in attempts] == [first.pk, second.pk]
     assert all(isinstance(a.id, int) and a.pk == (a.id, a.started_at) for a in attempts)
-    assert len({e.id for e in events}) == len(events) == 4
+    # One event row per guard pair: the claim is kept on the operation row (ADR 0024).
+    assert len({e.id for e in events}) == len(events) == 2
     assert all(e.pk == (e.id, e.at) for e in events)
 
 
@@ -143,7 +144,8 @@ def test_concurrent_inserts_through_the_orm_and_the_raw_statements_never_share_a
         raise errors[0]
     every = list(OperationEvent.objects.values_list("id", flat=True))
     assert len(ids) == (threads_n // 2) * per_thread
-    assert len(every) == len(set(every)) == events_before + len(ids) + (threads_n // 2) * per_thread * 2
+    # One event row per raw claim→complete pair: the claim is kept on the operation row (ADR 0024).
+    assert len(every) == len(set(every)) == events_before + len(ids) + (threads_n // 2) * per_thread
     assert set(ids) <= set(every)
     attempt_ids = list(Attempt.objects.values_list("id", flat=True))
     assert len(attempt_ids) == len(set(attempt_ids)) == 1 + (threads_n // 2) * per_thread

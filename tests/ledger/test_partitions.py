@@ -106,7 +106,8 @@ def test_retention_drops_a_month_only_when_nothing_in_it_may_be_kept(tenant: Ten
     held_op = finished_in(on_hold, providers[on_hold.pk], "held-held", held)
     name = {m: {t: partitions.partition_name(t, m) for t in TABLES} for m in (old, mixed, held)}
     for table in TABLES:
-        assert rows_in(name[old][table], gone[0]) == (2 if table == "ledger_operationevent" else 1)
+        # One event row per claim→complete pair: the claim is kept on the operation row (ADR 0024).
+        assert rows_in(name[old][table], gone[0]) == 1
 
     settle()
     retention_purge(now=now, trigger="test")
@@ -124,7 +125,7 @@ def test_retention_drops_a_month_only_when_nothing_in_it_may_be_kept(tenant: Ten
     assert not Operation.objects.filter(pk__in=[op.pk for op in [*gone, mixed_short, held_short]]).exists()
     assert Operation.objects.filter(pk__in=[mixed_long.pk, held_op.pk]).count() == 2
     assert Attempt.objects.filter(operation_id=held_op.pk).count() == 1
-    assert OperationEvent.objects.filter(operation_id=mixed_long.pk).count() == 2
+    assert OperationEvent.objects.filter(operation_id=mixed_long.pk).count() == 1  # one per pair (ADR 0024)
     # Tombstones keep answering late retries of the dropped month's keys.
     assert Tombstone.objects.filter(tenant=short, key="old-0").exists()
     late = services.operation_claim(tenant=short, key="old-0", provider=provider, action="charge")
@@ -139,6 +140,9 @@ def test_a_month_is_kept_while_one_of_its_operations_is_not_finished(tenant: Ten
     RetentionPolicy.objects.create(tenant=tenant, record_type="operations", record_ttl=timedelta(days=30))
     finished_in(tenant, provider, "done", month)
     open_op = services.operation_claim(tenant=tenant, key="open", provider=provider, action="charge").operation
+    # An event row of the open operation to move into the month: its claim is kept on its row
+    # (ADR 0024), its sent marker is a row.
+    services.operation_mark_sent(operation_id=open_op.pk, tenant_id=open_op.tenant_id, lease_token=open_op.lease_token)
     with connection.cursor() as cursor:
         cursor.execute("UPDATE ledger_operationevent SET at = %s WHERE operation_id = %s", [month, open_op.pk])
 
@@ -229,7 +233,7 @@ def test_the_migration_converts_a_database_with_rows_and_keeps_them() -> None:
             operation_id=claimed.pk, tenant_id=claimed.tenant_id, lease_token=claimed.lease_token, provider_ref="r"
         )
         assert Attempt.objects.get(operation_id=claimed.pk).pk > last_attempt.pk
-        assert OperationEvent.objects.filter(operation_id=claimed.pk).count() == 2
+        assert OperationEvent.objects.filter(operation_id=claimed.pk).count() == 1  # one per pair (ADR 0024)
     finally:
         executor.loader.build_graph()
         executor.migrate(leaves)

@@ -75,6 +75,7 @@ from ledger.protocol.transitions.trace import (
     check_moves,
     event_row,
     event_text,
+    journal_move,
     sealed_param,
     search_append,
     seconds_param,
@@ -253,6 +254,9 @@ def operation_claim(
         "step": step,
         "record": record[:200],
         "version": version if record else None,
+        # The guard claim's move, kept on the row instead of an event row (ADR 0024).
+        "claim_actor": event_text(actor=actor, reason="")["actor"] if status == S.CLAIMED else None,
+        "claim_sent": mark_sent and status == S.CLAIMED,
         "request_bytes": terms.request_bytes,
         "cost": terms.cost,
         "callback_url": terms.callback_url,
@@ -316,7 +320,12 @@ def _insert_claimed(params: dict[str, Any], *, actor: str, reason: str) -> Opera
         search_append(op=op, text=params["search_text"])
         if op.attempts:
             statements.execute("attempt_open", {"operation_id": op.pk, "tenant_id": op.tenant_id})
-        event_row(op=op, old="", actor=actor, reason=reason)
+        if op.claim_actor is None:
+            event_row(op=op, old="", actor=actor, reason=reason)
+        elif op.sent_at is not None:
+            # A guard claim's move is on the row (ADR 0024); its journal entry is still due
+            # (ADR 0012), as event_row would have written it.
+            journal_move(op)
     return op
 
 

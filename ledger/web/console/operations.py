@@ -44,7 +44,7 @@ from ledger.models import (
 from ledger.platform import tracing
 from ledger.platform.errors import DomainError
 from ledger.protocol import transitions
-from ledger.protocol.selectors import operation_search, operations_in_state, run_of
+from ledger.protocol.selectors import operation_history, operation_search, operations_in_state, run_of
 from ledger.providers import prompts, revisions
 from ledger.store.open_rows import open_rows_where
 from ledger.web import display
@@ -494,7 +494,8 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
         if op is not None:
             # By the operation's tenant too: Citus routes a statement by tenant_id (DESIGN §12).
             attempts = list(op.attempt_set.filter(tenant_id=op.tenant_id).order_by("number"))
-            events = list(op.events.filter(tenant_id=op.tenant_id).order_by("at", "id"))
+            # Its claim from the row where it is kept there (ADR 0024), then its event rows.
+            events = operation_history(op, op.events.filter(tenant_id=op.tenant_id))
             extra_context["story"] = operation_story(op, attempts, events)
             # The evidence sections, each for those who may read its table (as its inline was);
             # every attempt and event links to its own page (review.console.history_pages).
