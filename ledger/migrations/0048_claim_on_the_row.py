@@ -13,7 +13,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("ledger", "0046_evaluation_manifests")]
+    dependencies = [("ledger", "0047_lean_operation_row")]
 
     operations = [
         migrations.AddField(
