@@ -153,6 +153,8 @@ FANS_OUT: dict[str, str] = {
     "ledger.protocol.fencing": "a restore is the platform's: the fence view reads the journal's keys of every tenant"
     " and whether any tenant has an unreleased hold",
     "ledger.recovery.sweeper": "a sweeper pass moves expired leases and unresolved rows of every tenant",
+    "ledger.recovery.recall.outputs_recall_due": "the sweeper's recall pass (ADR 0020) finds every tenant's rolled-back"
+    " revisions that still have a published output (each batch it recalls is one tenant's)",
     "ledger.protocol.approvals.approval_requests_expire": "the sweeper's pass expires the four-eyes requests of every"
     " tenant nobody answered in time (ADR 0013)",
     "ledger.protocol.selectors.metrics": "the /metrics gauges are platform-wide",
