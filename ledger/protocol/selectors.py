@@ -69,8 +69,20 @@ def operations_in_state(rows: QuerySet[Operation], state: str, *, tenant_ids: li
         into = OperationEvent.objects.filter(to_status=state)
         if tenant_ids is not None:
             into = into.filter(tenant_id__in=tenant_ids)
-        return rows.filter(status=state, pk__in=into.values("operation_id"))
+        return rows.filter(status=state, pk__in=_newest_first(into.values("operation_id")))
     return rows.filter(status=state)
+
+
+def _newest_first(ids: QuerySet[Any]) -> QuerySet[Any]:
+    """Operation ids of events, each once, newest first, on PostgreSQL (ADR 0027): an ordered
+    ``DISTINCT ON`` keeps its ORDER BY inside the semi-join, so the list's page joins the first
+    ids of that stream and stops at its LIMIT — a plain ``IN`` hashed every match, joined each
+    to its row and sorted them all before the page (1.5 s p95 for 36,000 `failed` rows at
+    10M). A supersede writes a second event into `failed` (``failed → failed``), hence the
+    DISTINCT. Elsewhere (SQLite) the plain set."""
+    if connection.vendor != "postgresql":
+        return ids
+    return ids.order_by("-operation_id").distinct("operation_id")
 
 
 def operations_updated_after(
