@@ -321,9 +321,7 @@ def test_updated_after_reads_the_candidate_union_only_while_it_is_small(
 
 
 @pytest.mark.skipif(not on_postgres(), reason="DISTINCT ON and the planner's ordered semi-join")
-def test_a_terminal_state_list_reads_its_event_ids_newest_first_each_once(
-    tenant: Any, provider: Any, api: Any
-) -> None:
+def test_a_terminal_state_list_reads_its_event_ids_newest_first_each_once(tenant: Any, provider: Any, api: Any) -> None:
     # The page joins the first ids of an ordered, distinct stream and stops at its LIMIT (ADR
     # 0027): a plain IN hashed every `failed` event and sorted all their rows (1.5 s at 10M).
     ops = [
