@@ -65,7 +65,9 @@ REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
 # the fill and the byte breakdown only; SCALE_ONLY=search: the error search's measures and,
 # beside them in the same minutes, the lists that met their target before (SEARCH_REFERENCES;
 # no claims, growth, sweeper or purge; custom plans only). SCALE_MARGINAL: fresh operations
-# whose WAL and table growth are averaged (default 2,000).
+# whose WAL and table growth are averaged (default 2,000). SCALE_ONLY=lists: the state,
+# needs and updated_after lists of the API and the console (``_listed``) beside the
+# references, nothing else (no claims, growth, sweeper or purge; custom plans only).
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Single fresh claims whose WAL is read one by one (the least is the operation's own).
@@ -362,6 +364,8 @@ class Recorder:
 
         if ONLY == "search" and not _searched(name):
             return
+        if ONLY == "lists" and not _listed(name):
+            return
         latencies: list[float] = []
         statements: list[tuple[float, str, Any]] = []
         started = time.perf_counter()
@@ -419,6 +423,12 @@ def _searched(name: str) -> bool:
     """Whether SCALE_ONLY=search measures ``name``: a search (error, console) or a filter that
     names no provider, or one of the references."""
     return " error" in name or " search " in name or "no such provider" in name or name in SEARCH_REFERENCES
+
+
+def _listed(name: str) -> bool:
+    """Whether SCALE_ONLY=lists measures ``name``: a list by state, by what it needs or by
+    ``updated_after`` (ADR 0027), or one of the references."""
+    return any(part in name for part in ("status=", "needs=", "updated_after")) or name in SEARCH_REFERENCES
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -513,7 +523,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     for _ in range(30):
         claim_fresh(big)()
         claim_replay()
-    growth = wal_and_hot(claim_fresh(big)) if ONLY != "search" else {}
+    growth = wal_and_hot(claim_fresh(big)) if ONLY not in ("search", "lists") else {}
     if ONLY == "growth":
         Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
         return _sized({"label": label, "rows": rows, "growth": growth, "results": rec.results, "plans": []})
@@ -869,7 +879,7 @@ def explain_slowest(rec: Recorder) -> list[dict[str, Any]]:
         raw = connection.connection
         # The lists plan per call (ledger.store.sql.planned_per_call); the generic plan is shown for
         # what a prepared statement would settle on, and costs minutes at 10M (seq scans).
-        for mode in ("custom",) if ONLY == "search" else ("custom", "generic"):
+        for mode in ("custom",) if ONLY in ("search", "lists") else ("custom", "generic"):
             try:
                 with raw.transaction(), psycopg.ClientCursor(raw) as cursor:
                     cursor.execute(f"SET LOCAL plan_cache_mode = force_{mode}_plan")
@@ -1038,7 +1048,7 @@ def main() -> int:
         results[db] = json.loads((VAR / f"bench-scale-{db}.json").read_text())
     # Claims last, both databases in one process, interleaved (bench.scale_claims).
     results["claims"] = {}
-    if ONLY not in ("bytes", "search"):
+    if ONLY not in ("bytes", "search", "lists"):
         claims_json = VAR / "bench-scale-claims.json"
         env = {**os.environ, "SCALE_DB": BIG_DB, "SCALE_SMALL_DB": SMALL_DB, "SCALE_CLAIMS_JSON": str(claims_json)}
         proc = subprocess.run([sys.executable, "-m", "bench.scale_claims"], cwd=ROOT, env=env)

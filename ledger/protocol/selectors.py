@@ -98,8 +98,20 @@ def operations_in_state(rows: QuerySet[Operation], state: str, *, tenant_ids: li
         into = OperationEvent.objects.filter(to_status=state)
         if tenant_ids is not None:
             into = into.filter(tenant_id__in=tenant_ids)
-        return rows.filter(status=state, pk__in=into.values("operation_id"))
+        return rows.filter(status=state, pk__in=_newest_first(into.values("operation_id")))
     return rows.filter(status=state)
+
+
+def _newest_first(ids: QuerySet[Any]) -> QuerySet[Any]:
+    """Operation ids of events, each once, newest first, on PostgreSQL (ADR 0027): an ordered
+    ``DISTINCT ON`` keeps its ORDER BY inside the semi-join, so the list's page joins the first
+    ids of that stream and stops at its LIMIT — a plain ``IN`` hashed every match, joined each
+    to its row and sorted them all before the page (1.5 s p95 for 36,000 `failed` rows at
+    10M). A supersede writes a second event into `failed` (``failed → failed``), hence the
+    DISTINCT. Elsewhere (SQLite) the plain set."""
+    if connection.vendor != "postgresql":
+        return ids
+    return ids.order_by("-operation_id").distinct("operation_id")
 
 
 def operations_updated_after(
@@ -111,12 +123,26 @@ def operations_updated_after(
     was last written by the move into its terminal state or a supersede, each of which writes
     an event into a terminal state in the same transaction, no earlier than the row's
     ``updated_at``. So the two sets hold every row that matches, and the row's own
-    ``updated_at`` then keeps exactly those."""
+    ``updated_at`` then keeps exactly those.
+
+    That union is sorted and made unique before the page, so it is read only when it is small
+    (ADR 0027): past ``UPDATED_AFTER_UNION_MAX`` candidates on either side (counted on their
+    indexes, stopping there) many rows moved since ``after``, and the rows are walked newest
+    first on ``(tenant, id)`` keeping ``updated_at > after`` — the newest rows, created after
+    ``after``, match at once. The same rows either way; only the plan differs."""
     still_open = OpenOperation.objects.filter(tenant_id__in=tenant_ids, updated_at__gt=after).values("operation_id")
     finished = OperationEvent.objects.filter(
         tenant_id__in=tenant_ids, to_status__in=sorted(TERMINAL_STATES), at__gt=after
     ).values("operation_id")
-    return rows.filter(updated_at__gt=after, pk__in=still_open.union(finished))
+    changed = rows.filter(updated_at__gt=after)
+    if any(side[:UPDATED_AFTER_UNION_MAX].count() >= UPDATED_AFTER_UNION_MAX for side in (finished, still_open)):
+        return changed
+    return changed.filter(pk__in=still_open.union(finished))
+
+
+# Candidates of ``operations_updated_after`` read as a set at most: sorting and joining 20,000
+# ids costs ~20 ms at 10M rows (1.5M of them, 1.5 s). Past it the walk newest first is cheaper.
+UPDATED_AFTER_UNION_MAX = 20_000
 
 
 # The identifiers the console's search finds by any part (the claim's OperationSearch row

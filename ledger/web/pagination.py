@@ -80,6 +80,9 @@ class CappedCountPaginator(Paginator):
 
     # Set by a list that read all its rows on page one (review.console.listing): nothing to count.
     known_count: int | None = None
+    # Set by a list whose rows another, cheaper query names one for one (the operations list
+    # filtered on the work-queue mirror alone, ADR 0027): counted instead.
+    counted: Any = None
 
     @cached_property
     def count(self) -> int:
@@ -89,6 +92,7 @@ class CappedCountPaginator(Paginator):
         # Without ORDER BY: counting needs no order, and any index may serve the filter. Only
         # the primary key: a list's annotations (the operations list's workflow name, a
         # subquery per row) are not computed for rows that are only counted.
-        counted = self.object_list.order_by().values("pk")[: COUNT_CAP + 1].count()
+        rows = self.object_list if self.counted is None else self.counted
+        counted = rows.order_by().values("pk")[: COUNT_CAP + 1].count()
         self.capped = counted > COUNT_CAP
         return min(counted, COUNT_CAP)

@@ -13,6 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import F
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +35,7 @@ from ledger.store import open_rows
 from ledger.store.orphans import DRIFT, orphans_count
 from tests.conftest import on_postgres
 from tests.ledger.support import expire_lease, make_retry_due
-from tests.support.plans import captured_statements, sequential_scans
+from tests.support.plans import captured_statements, explain, sequential_scans
 
 S = OperationStatus
 MIRRORED = ("tenant_id", "status", "mode", "provider_id", "lease_expires_at", "next_attempt_at", "updated_at")
@@ -209,9 +210,13 @@ def _age(seconds: int) -> None:
     OperationEvent.objects.update(at=F("at") - delta)
 
 
+# Both plans of ``operations_updated_after`` (ADR 0027): the candidate union, and the walk
+# newest first taken past UPDATED_AFTER_UNION_MAX candidates (1 here: any candidate).
+@pytest.mark.parametrize("union_max", [selectors.UPDATED_AFTER_UNION_MAX, 1])
 def test_updated_after_finds_exactly_the_rows_whose_updated_at_is_later(
-    tenant: Any, other_tenant: Any, provider: Any, api: Any
+    tenant: Any, other_tenant: Any, provider: Any, api: Any, union_max: int, monkeypatch: Any
 ) -> None:
+    monkeypatch.setattr(selectors, "UPDATED_AFTER_UNION_MAX", union_max)
     theirs = services.provider_upsert(
         tenant=other_tenant,
         slug="stripe",
@@ -293,6 +298,63 @@ def test_every_state_list_answers_the_rows_in_that_state(tenant: Any, provider: 
     rows = Operation.objects.filter(tenant=tenant)
     listed = set(selectors.operations_in_state(rows, state, tenant_ids=[tenant.pk]).values_list("id", flat=True))
     assert listed == set(rows.filter(status=state).values_list("id", flat=True))
+
+
+def test_updated_after_reads_the_candidate_union_only_while_it_is_small(
+    tenant: Any, provider: Any, monkeypatch: Any
+) -> None:
+    # Sorting and joining every candidate before the page is what cost 2 s at 10M rows a month
+    # back (ADR 0027): past the bound the rows are walked newest first instead.
+    for i in range(3):
+        op = services.operation_claim(tenant=tenant, key=f"u-{i}", provider=provider, action="c").operation
+        services.operation_complete(operation_id=op.pk, tenant_id=tenant.pk, lease_token=op.lease_token)
+    rows = Operation.objects.filter(tenant=tenant)
+    after = timezone.now() - timedelta(hours=1)
+    expected = list(rows.filter(updated_at__gt=after).order_by("-id").values_list("id", flat=True))
+    assert len(expected) == 3
+    small = selectors.operations_updated_after(rows, after, tenant_ids=[tenant.pk]).order_by("-id")
+    assert "UNION" in str(small.query)
+    monkeypatch.setattr(selectors, "UPDATED_AFTER_UNION_MAX", 3)
+    many = selectors.operations_updated_after(rows, after, tenant_ids=[tenant.pk]).order_by("-id")
+    assert "UNION" not in str(many.query)
+    assert list(small.values_list("id", flat=True)) == list(many.values_list("id", flat=True)) == expected
+
+
+@pytest.mark.skipif(not on_postgres(), reason="DISTINCT ON and the planner's ordered semi-join")
+def test_a_terminal_state_list_reads_its_event_ids_newest_first_each_once(tenant: Any, provider: Any, api: Any) -> None:
+    # The page joins the first ids of an ordered, distinct stream and stops at its LIMIT (ADR
+    # 0027): a plain IN hashed every `failed` event and sorted all their rows (1.5 s at 10M).
+    ops = [
+        services.operation_claim(tenant=tenant, key=f"f-{i}", provider=provider, action="c").operation for i in range(4)
+    ]
+    for op in ops:
+        services.operation_fail(
+            operation_id=op.pk, tenant_id=tenant.pk, lease_token=op.lease_token, error_class="permission"
+        )
+    # A second event into `failed` for one row, as a supersede writes (failed → failed).
+    OperationEvent.objects.create(
+        tenant=tenant,
+        operation=ops[1],
+        from_status=S.FAILED,
+        to_status=S.FAILED,
+        actor="t",
+        reason="superseded",
+        at=timezone.now(),
+    )
+    rows = Operation.objects.filter(tenant=tenant)
+    listed = selectors.operations_in_state(rows, S.FAILED, tenant_ids=[tenant.pk]).order_by("-id")
+    sql = str(listed.query)
+    assert "DISTINCT ON" in sql and ("ORDER BY 1 DESC)" in sql or 'ORDER BY U0."operation_id" DESC)' in sql), sql
+    newest_first = sorted((op.pk for op in ops), reverse=True)
+    assert list(listed.values_list("id", flat=True)) == newest_first
+    answer = api.get("/api/v1/operations", {"status": "failed", "page_size": 3})
+    assert [row["id"] for row in answer.json()["results"]] == newest_first[:3]
+    with captured_statements() as seen:
+        list(listed[:2])
+    plan = explain(seen[-1].sql, seen[-1].params, plan="custom", enable_seqscan="off")
+    # The events' ids come out of their (tenant, status, operation) index already in order.
+    assert "term_status" in plan or "tenant_id_to_status_operation" in plan, plan
+    assert "Unique" in plan and "HashAggregate" not in plan, plan
 
 
 # --- the backfill -----------------------------------------------------------------------------
