@@ -32,6 +32,7 @@ from ledger.models import (
     OperationEvent,
     OperationMode,
     OperationStatus,
+    TERMINAL_STATES,
     Provider,
     Tenant,
 )
@@ -383,8 +384,17 @@ def _activity_rows(*, tenant_ids: list[int], since: datetime, until: datetime | 
     def upto(field: str) -> Q:
         return Q() if until is None else Q(**{f"{field}__lt": until})
 
+    # The finished rows are found by their events into a terminal state since ``since``
+    # (opevent_terminal_at_idx, pruned to the months after ``since``; ADR 0017): an operation
+    # that finished at ``done_at`` wrote such an event in the same transaction, at or after
+    # ``done_at``, so every row that counts is among them; the row's own ``done_at`` and state
+    # then keep exactly the rows of each hour. No upper bound on the event's time: a supersede
+    # (failed → failed) writes a later one, and the row still counts in its ``done_at``'s hour.
+    ended = OperationEvent.objects.filter(
+        tenant_id__in=tenant_ids, to_status__in=sorted(TERMINAL_STATES), at__gte=since
+    ).values("operation_id")
     finished = (
-        Operation.objects.filter(tenant_id__in=tenant_ids, updated_at__gte=since)
+        Operation.objects.filter(tenant_id__in=tenant_ids, updated_at__gte=since, pk__in=ended)
         .filter(upto("done_at"), status__in=[OperationStatus.SUCCEEDED, OperationStatus.FAILED], done_at__gte=since)
         .annotate(hour=TruncHour("done_at", tzinfo=UTC))
         .values("tenant_id", "provider__slug", "status", "hour")
