@@ -26,13 +26,13 @@ from alerts.models import Alert
 from dlq.entries.selectors import failed_events_for_a_person
 from dlq.models import FailedEvent, FailedEventStatus
 from ledger.models import (
+    TERMINAL_STATES,
     ApprovalRequest,
     ApprovalStatus,
     Operation,
     OperationEvent,
     OperationMode,
     OperationStatus,
-    TERMINAL_STATES,
     Provider,
     Tenant,
 )
