@@ -133,8 +133,9 @@ def operation_search_window(
     first, so without it a common text whose matches are old costs a walk over every newer row
     of the tenant (8–31 s at ten million, bench/results/scale-10M.md)."""
     text = (text or "").strip()
-    if not text or connection.vendor != "postgresql":
-        # SQLite has no estimate and no such table sizes: every match is read.
+    if not text or connection.vendor != "postgresql" or tenant_ids == []:
+        # SQLite has no estimate and no such table sizes: every match is read (and no tenant
+        # has nothing to read).
         return None
     estimate = sql.estimated_rows(operations_matching(text, tenant_ids=tenant_ids, below=below))
     if estimate is None or estimate <= COMMON_TEXT_ROWS:

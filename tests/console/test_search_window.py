@@ -30,8 +30,11 @@ def found(text: str, window: SearchWindow | None, tenant_ids: list[int] | None =
     return set(rows.values_list("key", flat=True))
 
 
-def test_a_rare_text_has_no_window_and_finds_every_match(six, tenant):
+def test_a_rare_text_has_no_window_and_finds_every_match(six, tenant, monkeypatch):
     assert operation_search_window("win-", tenant_ids=[tenant.pk]) is None
+    # A user of no tenant has nothing to search: no window (nor an estimate of nothing).
+    monkeypatch.setattr(selectors, "COMMON_TEXT_ROWS", 0)
+    assert operation_search_window("win-", tenant_ids=[]) is None
     assert found("win-", None) == {f"win-{i}" for i in range(6)}
 
 
