@@ -26,7 +26,7 @@ from django_q.models import Schedule
 from ledger.models import ConfigChangeAction, OperationEvent, OperationMode, OperationStatus, Tombstone
 from ledger.platform.errors import DomainError
 from ledger.protocol import approvals
-from ledger.protocol.selectors import operation_history, operation_search
+from ledger.protocol.selectors import operation_history, operation_search, operation_search_window
 from ledger.protocol.services import provider_pause, provider_resume
 from ledger.tenants.config_changes import config_change_of, config_snapshot
 from ledger.web import display
@@ -84,6 +84,8 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
     list_filter = ["tenant", "provider", "mode"]
     search_fields = ["key"]
     list_search = staticmethod(operation_search)
+    # A common text is searched in the newest operations, window by window (ADR 0026).
+    list_search_window = staticmethod(operation_search_window)
     list_search_scoped = True
     list_search_paged = True
     search_help_text = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -158,8 +159,66 @@ MATCHED_TEXT_ROUNDS = 10
 MATCHED_TEXT_MAX = 500
 
 
+# A text whose identifier matches PostgreSQL estimates at more than this (from the search rows'
+# statistics, EXPLAIN: nothing read) is common: its matches are looked for in a window of the
+# newest search rows only (ADR 0026). A rare text keeps the trigram index, whatever its matches' age.
+COMMON_TEXT_ROWS = 20_000
+# The window: this many newest search rows of each tenant searched (two per operation: about
+# 25,000 operations), ~0.1 s at ten million operations; older ones window by window, on request.
+SEARCH_WINDOW_ROWS = 50_000
+
+
+@dataclass(frozen=True)
+class SearchWindow:
+    """Where a common text's identifier matches were looked for (ADR 0026): the search rows of
+    operations with ids from ``floor`` (inclusive) up to ``below`` (exclusive; None: the newest).
+    ``floor`` None: the window reached the scope's oldest row, nothing older is left unsearched."""
+
+    floor: int | None
+    below: int | None = None
+
+
+def operation_search_window(
+    text: str, *, tenant_ids: list[int] | None = None, below: int | None = None
+) -> SearchWindow | None:
+    """The window a search for ``text`` reads its identifier matches in, or None when the text
+    is rare (every match is read through the trigram index, old or new). For a common text
+    (COMMON_TEXT_ROWS) the window is the newest SEARCH_WINDOW_ROWS search rows of each of
+    ``tenant_ids`` (None: of all) below ``below``: no index returns substring matches newest
+    first, so without it a common text whose matches are old costs a walk over every newer row
+    of the tenant (8–31 s at ten million, bench/results/scale-10M.md)."""
+    text = (text or "").strip()
+    if not text or connection.vendor != "postgresql" or tenant_ids == []:
+        # SQLite has no estimate and no such table sizes: every match is read (and no tenant
+        # has nothing to read).
+        return None
+    estimate = sql.estimated_rows(operations_matching(text, tenant_ids=tenant_ids, below=below))
+    if estimate is None or estimate <= COMMON_TEXT_ROWS:
+        return None
+    floors = []
+    for scope in [None] if tenant_ids is None else [[t] for t in tenant_ids]:
+        # The tenant's (tenant, operation) index read backwards, an entry per row: the
+        # SEARCH_WINDOW_ROWS-th newest row's operation.
+        newest = OperationSearch.objects.all() if scope is None else OperationSearch.objects.filter(tenant_id=scope[0])
+        if below is not None:
+            newest = newest.filter(operation_id__lt=below)
+        nth = newest.order_by("-operation_id").values_list("operation_id", flat=True)[
+            SEARCH_WINDOW_ROWS - 1 : SEARCH_WINDOW_ROWS
+        ]
+        floors.append(next(iter(nth), None))
+    # The highest floor: every tenant's rows above it are at most the window's (a tenant whose
+    # rows all fit, floor None, is read whole under it).
+    reached = [f for f in floors if f is not None]
+    return SearchWindow(floor=max(reached) if reached else None, below=below)
+
+
 def operation_search(
-    rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None = None, enough: int = MATCHED_TEXT_MAX
+    rows: QuerySet[Operation],
+    text: str,
+    *,
+    tenant_ids: list[int] | None = None,
+    enough: int = MATCHED_TEXT_MAX,
+    window: SearchWindow | None = None,
 ) -> QuerySet[Operation]:
     """Rows matching ``text``: a case-insensitive substring of the key, reconciliation
     handle, execution or correlation id, of a name of the row's workflow, or of the error
@@ -176,14 +235,17 @@ def operation_search(
     A whole key of one of ``tenant_ids``' operations (None: every tenant's) finds that
     operation and nothing else, through the unique (tenant, key) index: a substring search
     for a whole key reads the trigram entries of every key sharing its common parts (a
-    quarter of a second per query at ten million rows)."""
+    quarter of a second per query at ten million rows).
+
+    ``window`` (``operation_search_window``, ADR 0026): a common text's identifier matches are
+    read only there; the caller says so on the page and offers the next, older window."""
     text = (text or "").strip()
     if not text:
         return rows
     exact = _whole_key(rows, text, tenant_ids=tenant_ids)
     if exact is not None:
         return exact
-    ids = _matching_ids(rows, text, tenant_ids=tenant_ids, enough=enough)
+    ids = _matching_ids(rows, text, tenant_ids=tenant_ids, enough=enough, window=window)
     if ERROR_SEARCH_MIN <= len(text) <= ERROR_SEARCH_MAX:
         # Newest first by an expression no index serves: walking the event's operation index
         # backwards hoping for a rare match under the LIMIT is the plan this rules out.
@@ -199,16 +261,20 @@ def operation_search(
     return rows.filter(found)
 
 
-def _matching_ids(rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None, enough: int) -> list[int]:
+def _matching_ids(
+    rows: QuerySet[Operation], text: str, *, tenant_ids: list[int] | None, enough: int, window: SearchWindow | None
+) -> list[int]:
     """The ids of ``rows`` ``operations_matching`` finds, newest first, ``enough`` of them when
-    there are: batch by batch of the search rows, each kept where ``rows`` holds it."""
+    there are: batch by batch of the search rows, each kept where ``rows`` holds it; only in
+    ``window`` when one is given."""
     kept: list[int] = []
-    below: int | None = None
+    below: int | None = window.below if window is not None else None
+    floor = window.floor if window is not None else None
     # The first batch is the page's own LIMIT (a walk newest first stops at it); later ones,
     # needed only when the list's filters dropped matches, grow to MATCHED_TEXT_BATCH.
     size = max(1, min(enough, MATCHED_TEXT_BATCH))
     for _ in range(MATCHED_TEXT_ROUNDS):
-        read = list(operations_matching(text, tenant_ids=tenant_ids, below=below)[:size])
+        read = list(operations_matching(text, tenant_ids=tenant_ids, below=below, floor=floor)[:size])
         if not read:
             break
         batch = list(dict.fromkeys(read))
@@ -222,7 +288,7 @@ def _matching_ids(rows: QuerySet[Operation], text: str, *, tenant_ids: list[int]
 
 
 def operations_matching(
-    text: str, *, tenant_ids: list[int] | None = None, below: int | None = None
+    text: str, *, tenant_ids: list[int] | None = None, below: int | None = None, floor: int | None = None
 ) -> QuerySet[OperationSearch]:
     """The ids of the operations whose identifiers hold ``text`` (any case; not across two of
     them) or that were given a provider reference starting with it, newest first (below the
@@ -230,7 +296,7 @@ def operations_matching(
     may repeat). From the search rows alone (ADR 0018): trigram GIN and the references'
     pattern-ops index, or, for a common text, the (operation, seq) key walked backwards until the
     LIMIT is met — the planner chooses by the text's frequency. ``tenant_ids`` (None: every
-    tenant's) bind the rows' tenant."""
+    tenant's) bind the rows' tenant; ``floor``, a search window's lowest operation id (ADR 0026)."""
     found = Q(ref=True, text__startswith=text)
     if SEARCH_SEPARATOR not in text:
         found |= Q(ref=False, text__icontains=text)
@@ -239,6 +305,8 @@ def operations_matching(
         rows = rows.filter(tenant_id__in=tenant_ids)
     if below is not None:
         rows = rows.filter(operation_id__lt=below)
+    if floor is not None:
+        rows = rows.filter(operation_id__gte=floor)
     return rows.order_by("-operation_id").values_list("operation_id", flat=True)
 
 

@@ -122,7 +122,7 @@ INDEX_PLANS = "SELECT set_config('enable_seqscan', 'off', true)"
 
 
 @contextmanager
-def planned_per_call(*, indexed: bool = False) -> Iterator[None]:
+def planned_per_call(*, indexed: bool = False, serial: bool = False) -> Iterator[None]:
     """Run the reads inside planned for the values of each call (PostgreSQL's
     ``plan_cache_mode = force_custom_plan``, for this transaction only).
 
@@ -137,6 +137,11 @@ def planned_per_call(*, indexed: bool = False) -> Iterator[None]:
     match nothing for one tenant and millions for another — there a generic plan can walk the
     whole table (docs/explanation/scale.md). Lists and console pages run inside this; planning one costs about
     a millisecond, a wrong generic plan seconds.
+
+    ``serial``: also without parallel workers (``max_parallel_workers_per_gather = 0``), for a
+    page of many short reads that each stop after a few rows (the console's front page): at ten
+    million rows the planner gave several of them a parallel plan whose workers took 35–56 ms to
+    start on a busy machine, for 1–10 ms of work each (bench/results/scale-10M.md).
     """
     with transaction.atomic():
         if connection.vendor == "postgresql":
@@ -145,6 +150,8 @@ def planned_per_call(*, indexed: bool = False) -> Iterator[None]:
                     cursor.execute(f"{INDEX_PLANS}, set_config('plan_cache_mode', 'force_custom_plan', true)", [])
                 else:
                     cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan", [])
+                if serial:
+                    cursor.execute("SET LOCAL max_parallel_workers_per_gather = 0", [])
         yield
 
 

@@ -413,6 +413,18 @@ class SelectorSearchMixin:
     # Whether list_search takes ``enough``: the rows up to the page shown (and one more, which
     # says there is a next page), so that it can stop reading matches there (ADR 0018).
     list_search_paged = False
+    # The search window of a common text (ADR 0026): ``list_search_window(text, tenant_ids=,
+    # below=)`` gives list_search its ``window``; None: every match is read.
+    list_search_window: Callable[..., Any] | None = None
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # "Search older" (ADR 0026) is not a lookup of the list: taken off the query before
+        # the change list reads it as one.
+        if SEARCH_OLDER_VAR in request.GET:
+            request.GET = request.GET.copy()
+            older = request.GET.pop(SEARCH_OLDER_VAR)[-1]
+            request.search_older_than = int(older) if older.isdigit() and len(older) <= 18 else None  # type: ignore[attr-defined]
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -427,7 +439,45 @@ class SelectorSearchMixin:
             except ValueError:
                 page = 1
             options["enough"] = page * getattr(self, "list_per_page", 100) + 1
+        window_of = type(self).list_search_window
+        if window_of is not None and search_term.strip():
+            window = window_of(
+                search_term,
+                tenant_ids=options.get("tenant_ids"),
+                below=getattr(request, "search_older_than", None),
+            )
+            if window is not None:
+                options["window"] = window
+                _say_search_window(request, search_term, window)
         return type(self).list_search(queryset, search_term, **options), False
+
+
+# The query parameter of a common text's next, older search window (ADR 0026).
+SEARCH_OLDER_VAR = "older_than"
+
+
+def _say_search_window(request: HttpRequest, text: str, window: Any) -> None:
+    """Tells the reader that a common text was searched in the newest operations only, and
+    links the next, older window (the same query, ``older_than`` its floor)."""
+    where = f"operations below #{window.below:,}" if window.below is not None else "the newest operations"
+    if window.floor is None:
+        messages.info(request, f"“{text}” is a common text: searched {where}, down to the oldest.")
+        return
+    query = request.GET.copy()
+    query[SEARCH_OLDER_VAR] = str(window.floor)
+    query.pop(PAGE_VAR, None)
+    messages.info(
+        request,
+        format_html(
+            "“{}” is a common text: its identifier matches were searched in {} from #{} on only"
+            " (error texts and workflow names were searched in every operation). For older matches narrow the"
+            ' text, or <a href="?{}">search older operations</a>.',
+            text,
+            where,
+            f"{window.floor:,}",
+            query.urlencode(),
+        ),
+    )
 
 
 __all__ = [
@@ -440,6 +490,7 @@ __all__ = [
     "OfferedLookupsChangeList",
     "ReadOnlyInline",
     "ReadOnlyPermissions",
+    "SEARCH_OLDER_VAR",
     "SelectorSearchMixin",
     "ServiceSaveAdmin",
     "TenantColumnMixin",

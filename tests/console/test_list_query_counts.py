@@ -286,6 +286,13 @@ def test_stuck_rows_and_review_decisions_are_read_from_their_partial_indexes(ten
     count_plan = seq_scan_free_plan(stuck.order_by().values("pk")[:10001])
     assert "open_id_updated_idx" in count_plan or "open_tenant_updated_idx" in count_plan, count_plan
 
+    # The chart's finished rows: found by their events into a terminal state, by time (the
+    # operation row has no index on updated_at or done_at since ADR 0017), then by primary key.
+    with CaptureQueriesContext(connection) as charted:
+        review_selectors._activity_rows(tenant_ids=[tenant.pk], since=timezone.now(), until=None, cap=10)
+    finished_sql = next(q["sql"] for q in charted.captured_queries if '"ledger_operation"."done_at" >=' in q["sql"])
+    assert "opevent_terminal_at_idx" in plan_of(finished_sql) or "_term_at" in plan_of(finished_sql)
+
     reviewed = OperationEvent.objects.filter(from_status=OperationStatus.REVIEW, at__gte=timezone.now()).exclude(
         to_status=OperationStatus.REVIEW
     )
@@ -378,6 +385,22 @@ def test_the_rollup_stores_every_count_of_an_hour_however_many_providers_and_hou
                     )
                 )
     Operation.objects.bulk_create(rows, batch_size=2000)
+    # Each with its event into the terminal state, as every move into one writes (the rollup
+    # finds the finished rows by those events: opevent_terminal_at_idx, ADR 0017).
+    OperationEvent.objects.bulk_create(
+        [
+            OperationEvent(
+                tenant_id=op.tenant_id,
+                operation_id=op.pk,
+                from_status=OperationStatus.CLAIMED,
+                to_status=op.status,
+                actor="worker",
+                at=op.done_at,
+            )
+            for op in Operation.objects.filter(tenant__in=tenants).only("id", "tenant_id", "status", "done_at")
+        ],
+        batch_size=2000,
+    )
     settled = top - timedelta(hours=22)
     expected = Operation.objects.filter(done_at__gte=settled).count()
     assert expected > 20000

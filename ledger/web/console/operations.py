@@ -45,7 +45,13 @@ from ledger.models import (
 from ledger.platform import tracing
 from ledger.platform.errors import DomainError
 from ledger.protocol import transitions
-from ledger.protocol.selectors import operation_history, operation_search, operations_in_state, run_of
+from ledger.protocol.selectors import (
+    operation_history,
+    operation_search,
+    operation_search_window,
+    operations_in_state,
+    run_of,
+)
 from ledger.providers import prompts, revisions
 from ledger.store.open_rows import open_rows_where
 from ledger.web import display
@@ -199,6 +205,8 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     # The console's own search (ledger.protocol.selectors.operation_search); this list only shows the box.
     search_fields = ["key"]
     list_search = staticmethod(operation_search)
+    # A common text is searched in the newest operations, window by window (ADR 0026).
+    list_search_window = staticmethod(operation_search_window)
     list_search_scoped = True
     list_search_paged = True
     tenant_column_at = 2
