@@ -123,6 +123,19 @@ def unoffered_parameters(params: Iterable[str], offered: Iterable[str]) -> list[
 class OfferedLookupsChangeList(ChangeList):
     """Django's ChangeList, refusing every query-string lookup its filters did not take."""
 
+    def __init__(self, request: HttpRequest, *args: Any, **kwargs: Any) -> None:
+        # An older search window (ADR 0026) is taken off the query before the list reads it
+        # (SelectorSearchMixin.changelist_view); its page links carry it again, so page 2 of
+        # an older window is that window's, not the newest one's. A new search, a filter or a
+        # sort starts from the newest window.
+        self.search_older_than = getattr(request, "search_older_than", None)
+        super().__init__(request, *args, **kwargs)
+
+    def get_query_string(self, new_params: dict[str, Any] | None = None, remove: list[str] | None = None) -> str:
+        if new_params and PAGE_VAR in new_params and self.search_older_than is not None:
+            new_params = {**new_params, SEARCH_OLDER_VAR: str(self.search_older_than)}
+        return super().get_query_string(new_params, remove)
+
     def get_filters(self, request: HttpRequest) -> Any:
         raw = self.get_filters_params()
         if self.date_hierarchy:

@@ -11,6 +11,7 @@ from django.urls import reverse
 from ledger.models import Operation
 from ledger.protocol import selectors, services
 from ledger.protocol.selectors import SearchWindow, operation_search, operation_search_window
+from ledger.web.console.operations import OperationAdmin
 from tests.conftest import on_postgres
 from tests.console.support import client_for
 
@@ -82,3 +83,18 @@ def test_without_a_window_the_console_search_reads_every_match(six):
     client = client_for(User.objects.create_superuser("root", password="correct horse battery"))
     text = client.get(reverse("admin:ledger_operation_changelist"), {"q": "win-"}).content.decode()
     assert all(f"win-{i}" in text for i in range(6)) and "is a common text" not in text
+
+
+@pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's estimate says a text is common")
+def test_the_page_links_of_an_older_window_stay_in_that_window(six, monkeypatch):
+    monkeypatch.setattr(selectors, "COMMON_TEXT_ROWS", 0)
+    monkeypatch.setattr(selectors, "SEARCH_WINDOW_ROWS", 2)
+    monkeypatch.setattr(OperationAdmin, "list_per_page", 1)
+    client = client_for(User.objects.create_superuser("root", password="correct horse battery"))
+    url = reverse("admin:ledger_operation_changelist")
+    text = client.get(url, {"q": "win-", "older_than": six[4].pk}).content.decode()
+    assert "win-3" in text and "win-2" not in text
+    # Page 2 of the older window is its second row, not the newest window's.
+    assert f"older_than={six[4].pk}&amp;p=2" in text or f"p=2&amp;older_than={six[4].pk}" in text
+    second = client.get(url, {"q": "win-", "older_than": six[4].pk, "p": 2}).content.decode()
+    assert "win-2" in second and "win-4" not in second
