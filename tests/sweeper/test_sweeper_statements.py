@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from alerts import services as alerts
 from alerts.models import Alert
@@ -13,7 +15,6 @@ from ledger.models import IdempotencyClass, Operation, OperationStatus
 from ledger.protocol import services
 from ledger.recovery.sweeper import reconcile_uncertain, sweep_expired_leases
 from tests.ledger.support import expire_lease
-from tests.support.plans import captured_statements
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,20 +31,20 @@ def test_a_reconciled_row_reads_its_attempts_prompt_template_once(tenant: Any) -
     expire_lease(op.pk)
     sweep_expired_leases()
 
-    with captured_statements() as seen:
+    with CaptureQueriesContext(connection) as captured:
         report = reconcile_uncertain()
 
     assert report.counts == {"uncertain->review": 1}
     # Once for the row's log context; the move inside it names the same attempt.
-    assert sum('"ledger_attempt"."prompt_template_id"' in s.sql for s in seen) == 1, [s.sql for s in seen]
+    assert sum('"ledger_attempt"."prompt_template_id"' in sql for sql in _sql(captured)) == 1, _sql(captured)
     assert Operation.objects.get(pk=op.pk).status == OperationStatus.REVIEW
 
 
 def test_a_new_alert_is_inserted_without_reading_its_dedup_key_first(tenant: Any) -> None:
-    with captured_statements() as seen:
+    with CaptureQueriesContext(connection) as captured:
         alerts.alert_raise(tenant_id=tenant.pk, kind="operation_stuck", ref="k-1", summary="stuck")
 
-    assert not [s.sql for s in seen if s.sql.startswith("SELECT") and '"dedup_key" =' in s.sql]
+    assert not [sql for sql in _sql(captured) if sql.startswith("SELECT") and '"dedup_key" =' in sql]
     assert Alert.objects.get(tenant=tenant, ref="k-1").episode == 1
 
 
@@ -72,3 +73,7 @@ def test_a_raise_that_loses_the_episode_to_a_concurrent_one_counts_a_repeat(tena
 def _first_read_empty(qs: Any, kw: dict[str, Any], empty: Any) -> Any:
     # The raise's own (tenant, kind, ref) read answers "no episode yet"; other filters are real.
     return empty() if set(kw) == {"tenant_id", "kind", "ref"} else qs
+
+
+def _sql(captured: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in captured.captured_queries]
