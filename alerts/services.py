@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 import httpx
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
@@ -67,21 +67,28 @@ def alert_raise(*, tenant_id: int, kind: str, ref: str, summary: str) -> None:
     if _repeat(same, now):
         return
     episode = (same.aggregate(last=Max("episode"))["last"] or 0) + 1
-    alert, created = Alert.objects.get_or_create(
-        tenant_id=tenant_id,
-        dedup_key=f"{kind}:{ref}:e{episode}"[:400],
-        defaults={
-            "kind": kind,
-            "ref": ref,
-            "episode": episode,
-            "summary": " ".join(summary.split())[:MAX_SUMMARY],
-            "created_at": now,
-            "last_raised_at": now,
-        },
-    )
-    if not created:
-        # A concurrent raise opened this episode first: ours is a repeat of it.
-        Alert.objects.filter(pk=alert.pk).update(repeat_count=F("repeat_count") + 1, last_raised_at=now)
+    dedup_key = f"{kind}:{ref}:e{episode}"[:400]
+    # Inserted straight away (no get_or_create's read first): the episode was just found
+    # free, so the read would find nothing but in a race, which the unique key catches.
+    try:
+        with transaction.atomic():
+            alert = Alert.objects.create(
+                tenant_id=tenant_id,
+                dedup_key=dedup_key,
+                kind=kind,
+                ref=ref,
+                episode=episode,
+                summary=" ".join(summary.split())[:MAX_SUMMARY],
+                created_at=now,
+                last_raised_at=now,
+            )
+    except IntegrityError:
+        # A concurrent raise opened this episode first: ours is a repeat of it. Any other
+        # integrity error (no such alert to count on) is raised, not swallowed.
+        if not Alert.objects.filter(tenant_id=tenant_id, dedup_key=dedup_key).update(
+            repeat_count=F("repeat_count") + 1, last_raised_at=now
+        ):
+            raise
         return
     log.info("alert_raised tenant=%s kind=%s ref=%s alert=%s episode=%s", tenant_id, kind, ref, alert.pk, episode)
     # robust: a broker hiccup after commit is logged, never raised into the caller.

@@ -110,6 +110,11 @@ def log_context(**fields: Any) -> Iterator[None]:
         yield
 
 
+def bound_log_fields() -> dict[str, Any]:
+    """The fields ``log_context`` has bound around the current code (this thread or task)."""
+    return dict(structlog.contextvars.get_contextvars())
+
+
 def operation_fields(operation: Any, **extra: Any) -> dict[str, Any]:
     """The fields every line about an operation carries, read from an ``Operation`` (or any
     object with its attributes) without touching the database; ``extra`` adds or overrides

@@ -30,7 +30,7 @@ from ledger.models import (
 )
 from ledger.platform import hooks, tracing
 from ledger.platform.errors import LeaseLost
-from ledger.platform.logs import log_context
+from ledger.platform.logs import bound_log_fields, log_context
 from ledger.platform.passes import failure_text, row_isolated
 from ledger.protocol import approvals, transitions
 from ledger.protocol.selectors import attempt_log_fields
@@ -66,8 +66,17 @@ def _move(
     """One named move (``move``, a ledger.protocol.transitions function, to ``to``); a row someone else
     moved first is counted, not overwritten. Its lines name the attempt's adapter revision and
     prompt template version, as the worker's did."""
+    if _fields_bound(op):
+        return _move_logged(op, to, report, move, also=also)
     with log_context(**attempt_log_fields(op)):
         return _move_logged(op, to, report, move, also=also)
+
+
+def _fields_bound(op: Operation) -> bool:
+    """Whether the lines written here already name ``op``'s attempt (reconcile_uncertain binds
+    them around its row): its prompt template is then not read a second time per move."""
+    bound = bound_log_fields()
+    return bound.get("operation") == op.pk and bound.get("attempt") == op.attempts
 
 
 def _move_logged(

@@ -86,7 +86,18 @@ class TenantPurge:
 
 def _keyset(qs: Any, column: str, last: tuple[Any, int] | None, size: int) -> list[tuple[Any, int]]:
     """The next ``size`` (column, id) pairs after ``last``, in index order: each batch starts
-    where the previous one stopped (rows skipped on purpose are never scanned again)."""
+    where the previous one stopped (rows skipped on purpose are never scanned again).
+
+    ``column="pk"`` reads one tenant's rows in id order, ``(tenant_id, id)``: for a table whose
+    time column has no index of its own (the operations: ``(tenant, updated_at)`` left the row
+    with ADR 0017), so that a batch stops at its ``size``-th match instead of reading and
+    sorting every row of the tenant (each batch, 0.5 s for a 111,000-row tenant at 10M)."""
+    if column == "pk":
+        if last is not None:
+            qs = qs.filter(pk__gt=last[1])
+        # ORDER BY tenant_id too (one value in ``qs``): the tenant's id index is that order,
+        # where ``id`` alone plans on the primary key, a walk of every tenant's rows.
+        return list(qs.order_by("tenant_id", "pk").values_list("pk", "pk")[:size])
     if last is not None:
         value, pk = last
         # (column, id) > (value, pk), spelled so that ``column >= value`` is an index range
