@@ -67,6 +67,8 @@ class HistoryPage:
     detail_fields: tuple[str, ...]
     filters: tuple[ChoiceFilter, ...]
     search_help: str
+    # What the list does not hold that a reader would look for in it, said above the rows.
+    list_note = ""
     list_per_page = 100
 
     def __init__(self, site: admin.AdminSite) -> None:
@@ -243,6 +245,7 @@ class HistoryPage:
                 "query": request.GET.get(SEARCH_VAR, ""),
                 "hidden": [(k, v) for k, v in request.GET.items() if k not in (PAGE_VAR, SEARCH_VAR)],
                 "search_help": self.search_help,
+                "list_note": self.list_note,
                 "can_export": can_export(request, self.model),
                 "export_url": reverse(f"{self.site.name}:{self.url_name('export')}") + self._query_string(request),
             }
@@ -354,6 +357,11 @@ class EventPage(HistoryPage):
         ChoiceFilter("from_status", "from_status", "from status", OperationStatus.choices),
     )
     search_help = "A whole operation key (any case), or part of an actor."
+    # ADR 0024: a guard claim of a new key is kept on its operation row, not stored here.
+    list_note = (
+        "The claim that opened an operation through the guard or the claims API is kept on the operation"
+        " itself: its page and this list's export show it; this list shows the moves after it."
+    )
 
     def word_matches(self, word: str) -> Q:
         return Q(operation__key__iexact=word) | Q(actor__icontains=word)

@@ -198,6 +198,8 @@ def test_event_changelist_searches_by_operation_key(admin_client, ops):
     # The list shows stored rows: the pair's claim is kept on the operation row (ADR 0024).
     assert len(results) == 1
     assert {e.operation_id for e in results} == {ops["two"].pk}
+    # …and says so, so that an auditor does not take the list for every move.
+    assert "is kept on the operation itself" in response.content.decode()
 
 
 @pytest.mark.parametrize("name", MODELS)
