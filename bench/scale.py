@@ -556,8 +556,8 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
         "status=claimed": "status=claimed",
         "provider": f"provider={PROVIDER}",
         "provider + status=failed": f"provider={PROVIDER}&status=failed",
-        # A slug that names none of the tenant's providers (issue 29: 576 ms p95 at 2M rows when
-        # the filter joined on the slug): the empty page, without reading the operations.
+        # A slug that names none of the tenant's providers (576 ms p95 at 2M rows while the
+        # filter joined on the slug): the empty page, without reading the operations.
         "provider (no such provider)": "provider=no-such-provider",
         "updated_after (a random row's)": recent,
         "reconciliation_handle": f"reconciliation_handle=h-{sample - sample % 2}",
