@@ -389,6 +389,7 @@ WITH fast AS (
       AND tenant_id = %(tenant_id)s AND NOT EXISTS (SELECT 1 FROM fast)
     FOR UPDATE
 ), slow AS (
+    -- The same SET as `fast` (one statement cannot share it between two UPDATEs): change both.
     UPDATE ledger_operation SET
         status = {succeeded},
         provider_ref = %(provider_ref)s,
