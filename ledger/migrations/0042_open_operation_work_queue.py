@@ -9,9 +9,10 @@ Safe on a live 10M-row table, in this order, not atomic (each step its own short
    its page), autovacuum after 1,000 dead rows whatever the table's size, with no cost delay
    (a queue's dead rows are vacuumed while they are few), statistics after 1,000 changes
    (ADR 0010).
-2. The triggers: ``CREATE TRIGGER`` takes a SHARE ROW EXCLUSIVE lock on ``ledger_operation``
-   for an instant (under ``lock_timeout``; it waits for the writes under way, blocks new ones
-   only while it waits). From then on every write keeps the mirror.
+2. The triggers: ``CREATE OR REPLACE TRIGGER`` takes a SHARE ROW EXCLUSIVE lock on
+   ``ledger_operation`` for an instant (under ``lock_timeout``; it waits for the writes under
+   way, blocks new ones only while it waits, never reads). From then on every write keeps the
+   mirror. A run again after a failure replaces them (``ledger.store.open_rows``).
 3. The backfill of the rows open before that (``ledger.store.open_rows``): batches of 10,000
    ids, each locking its open rows under a 2 s ``lock_timeout``, retried. The open rows are
    found through ``op_open_id_idx`` (still there at this step): the work under way, tens of

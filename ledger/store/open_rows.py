@@ -36,7 +36,11 @@ _CHANGED = " OR ".join(f"OLD.{c} IS DISTINCT FROM NEW.{c}" for c in _MIRRORED)
 _CHANGED_SQLITE = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _MIRRORED)
 
 # PostgreSQL: one function for the three triggers. The UPDATE branch inserts when the mirror is
-# missing (a row open before the triggers, not yet reached by the backfill).
+# missing (a row open before the triggers, not yet reached by the backfill). CREATE OR REPLACE
+# TRIGGER (PostgreSQL 14+) takes a SHARE ROW EXCLUSIVE lock: it waits for the writes under way
+# and lets reads go on, and an install run again replaces what it finds. DROP TRIGGER IF EXISTS
+# would take ACCESS EXCLUSIVE even when there is nothing to drop, stopping every read of the
+# operation table while it waits for its lock.
 PG_TRIGGERS = f"""
 CREATE OR REPLACE FUNCTION ledger_open_operation_mirror() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -55,14 +59,11 @@ BEGIN
     RETURN NULL;
 END
 $$;
-DROP TRIGGER IF EXISTS ledger_open_operation_on_insert ON ledger_operation;
-CREATE TRIGGER ledger_open_operation_on_insert AFTER INSERT ON ledger_operation
+CREATE OR REPLACE TRIGGER ledger_open_operation_on_insert AFTER INSERT ON ledger_operation
     FOR EACH ROW WHEN (NEW.status NOT IN {TERMINAL_SQL}) EXECUTE FUNCTION ledger_open_operation_mirror();
-DROP TRIGGER IF EXISTS ledger_open_operation_on_update ON ledger_operation;
-CREATE TRIGGER ledger_open_operation_on_update AFTER UPDATE OF {", ".join(_MIRRORED)} ON ledger_operation
+CREATE OR REPLACE TRIGGER ledger_open_operation_on_update AFTER UPDATE OF {", ".join(_MIRRORED)} ON ledger_operation
     FOR EACH ROW WHEN ({_CHANGED}) EXECUTE FUNCTION ledger_open_operation_mirror();
-DROP TRIGGER IF EXISTS ledger_open_operation_on_delete ON ledger_operation;
-CREATE TRIGGER ledger_open_operation_on_delete AFTER DELETE ON ledger_operation
+CREATE OR REPLACE TRIGGER ledger_open_operation_on_delete AFTER DELETE ON ledger_operation
     FOR EACH ROW WHEN (OLD.status NOT IN {TERMINAL_SQL}) EXECUTE FUNCTION ledger_open_operation_mirror();
 """
 

@@ -562,3 +562,36 @@ def test_the_handle_filter_reads_the_search_rows_trigram_index(tenant: Any, prov
     )
     assert "opsearch_text_trgm" in plan, plan
     assert not sequential_scans(plan, ["ledger_operation", "ledger_operation_search"]), plan
+
+
+@pytest.mark.postgres_only
+@pytest.mark.skipif(not on_postgres(), reason="PostgreSQL's table locks")
+def test_installing_the_mirror_triggers_lets_reads_go_on_and_runs_again(db: Any) -> None:
+    """Migration 0042's trigger install (and a repair that runs it again) takes SHARE ROW
+    EXCLUSIVE on the operation table, which reads do not hold up: here a reader's open
+    transaction holds its ACCESS SHARE lock while the install runs twice under a 1 s lock
+    timeout. DROP TRIGGER would have waited for the reader (ACCESS EXCLUSIVE) and timed out."""
+    import psycopg
+
+    params = {k: v for k, v in connection.get_connection_params().items() if k in ("dbname", "user", "host", "port")}
+    reader = psycopg.connect(**params)
+    try:
+        reader.execute("SELECT count(*) FROM ledger_operation").fetchone()  # its transaction stays open
+        with connection.cursor() as cursor:
+
+            class Editor:  # what triggers_install reads of a schema editor
+                execute = staticmethod(cursor.execute)
+                connection = connection
+
+            cursor.execute("SET LOCAL lock_timeout = '1s'")
+            open_rows.triggers_install(Editor())
+            open_rows.triggers_install(Editor())
+            cursor.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'ledger_operation'::regclass"
+                " AND tgname LIKE 'ledger_open_operation_on_%%' ORDER BY tgname"
+            )
+            names = [row[0] for row in cursor.fetchall()]
+        assert names == [f"ledger_open_operation_on_{op}" for op in ("delete", "insert", "update")], names
+        assert reader.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        reader.close()
