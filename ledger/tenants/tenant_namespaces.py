@@ -41,9 +41,10 @@ _POSTGRESQL_INSTALL = [
     END
     $body$
     """,
-    f"DROP TRIGGER IF EXISTS {TRIGGER} ON ledger_tenant",
+    # CREATE OR REPLACE (PostgreSQL 14+): SHARE ROW EXCLUSIVE, which the reads of every request
+    # do not wait on; DROP TRIGGER would take ACCESS EXCLUSIVE on the tenants table.
     f"""
-    CREATE TRIGGER {TRIGGER} BEFORE INSERT OR UPDATE OF secret_namespace ON ledger_tenant
+    CREATE OR REPLACE TRIGGER {TRIGGER} BEFORE INSERT OR UPDATE OF secret_namespace ON ledger_tenant
     FOR EACH ROW EXECUTE FUNCTION {TRIGGER}()
     """,
 ]
