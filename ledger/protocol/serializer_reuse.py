@@ -7,12 +7,13 @@ Over HTTP that was worth +30–40 % fresh claim→complete ops/s (median of 7 in
 rounds, `python -m bench.compare`; docs/explanation/benchmarks.md), above the 10 % bar a shortcut must
 clear to stay.
 
-Nothing is re-implemented: ``validated_data`` runs the serializer's own
-``run_validation`` (every field's own ``run_validation``, validators, ``validate_<name>``
-and ``validate``) and ``represented`` its own ``to_representation``, exactly what
-``is_valid()`` and ``.data`` run, on field instances built once per thread instead of per
-call; a body it refuses is validated again by a fresh serializer, so every 400 carries
-``is_valid()``'s own errors. tests/test_serializer_reuse.py holds that both answer exactly like a fresh serializer.
+Next to nothing is re-implemented: ``validated_data`` runs the serializer's own steps
+(every field's own ``run_validation``, validators, ``validate_<name>`` and ``validate``) and
+``represented`` its own ``to_representation``, exactly what ``is_valid()`` and ``.data``
+run, on field instances built once per thread instead of per call. The one shortcut: a
+field the body lacks whose DRF answer is its plain default is set to that default (the
+input plan below). A body it refuses is validated again by a fresh serializer, so every 400
+carries ``is_valid()``'s own errors. tests/test_serializer_reuse.py holds that both answer exactly like a fresh serializer.
 
 Only for serializers that read nothing of the serializer instance beyond its fields (no
 ``self.instance``, ``self.initial_data``, ``self.context`` or ``partial``): every input and
