@@ -107,7 +107,9 @@ def _input_plan(serializer: serializers.Serializer) -> tuple[list[tuple[Any, ...
                 getattr(serializer, "validate_" + field.field_name, None),
                 _absent_value(field),
             )
-            for field in serializer._writable_fields
+            # DRF's writable fields (its private ``_writable_fields``), from its public ``fields``.
+            for field in serializer.fields.values()
+            if not field.read_only
         ]
         # The serializer's run_validators does nothing without validators or read-only defaults.
         validators = bool(serializer.validators) or any(f.read_only for f in serializer.fields.values())
