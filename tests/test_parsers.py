@@ -80,6 +80,39 @@ def test_edge_bodies_get_the_same_answer(raw, encoding):
     assert bounded(raw, encoding) == reference(raw, encoding)
 
 
+def answer(parser: JSONParser, raw: bytes, encoding: str) -> Any:
+    """What ``parser`` makes of ``raw``: the value, or the refusal's detail, word for word."""
+    try:
+        return "ok", parser.parse(io.BytesIO(raw), None, {"encoding": encoding})
+    except ParseError as exc:
+        return "refused", str(exc.detail)
+    except RecursionError:  # DRF's own parser lets it through; BoundedJSONParser names it
+        return "refused", "JSON nested too deeply."
+
+
+UNDECODABLE_BODIES = [
+    b'{"a": 1}\xe2',  # a sequence cut off at the end: DRF's stream reader drops it
+    b'{"a": 1}\xe2\x82',
+    b'{"a": "\xff"}',
+    b'{"a": "caf\xc3"}',
+    b"\xef\xbb\xbf{}",  # a byte-order mark
+    b"\xc3\xa9",
+]
+
+
+@pytest.mark.parametrize("raw", EDGE_BODIES[:-3] + UNDECODABLE_BODIES, ids=range(len(EDGE_BODIES) - 3 + 6))
+@pytest.mark.parametrize("encoding", ["utf-8", "UTF8", "utf_8", "U8", "latin-1", "no-such-charset", "bz2_codec"])
+def test_a_body_reads_as_drf_reads_it_word_for_word(raw, encoding):
+    """The one-call UTF-8 decode gives DRF's parser's value or refusal, its message included
+    (the hostile-JSON walk after it aside): bodies that do not decode go to DRF's own path."""
+    expected = answer(JSONParser(), raw, encoding)
+    got = answer(BoundedJSONParser(), raw, encoding)
+    if expected[0] == "ok" and json_problem(expected[1]) is not None:
+        assert got[0] == "refused"
+    else:
+        assert got == expected
+
+
 def random_value(rnd: random.Random, depth: int) -> Any:
     kinds = ["int", "float", "str", "bool", "null"] + (["list", "dict"] if depth < 8 else [])
     kind = rnd.choice(kinds)

@@ -215,6 +215,43 @@ def test_a_serializer_with_its_own_validate_hooks_is_run_as_declared():
         assert outcome_with_codes(reused(WithHooks), body) == expected
 
 
+def test_absent_fields_come_back_as_drf_makes_them_whatever_their_default():
+    """The input plan sets a plain default for an absent field itself; every other kind of
+    absence (required, no default, a callable default, a field class with its own empty
+    handling, a hook on the default, a dotted source) still goes through DRF."""
+    calls: list[str] = []
+
+    class Counted(serializers.CharField):
+        def get_default(self) -> Any:
+            calls.append("get_default")
+            return "counted"
+
+    class Blanked(serializers.CharField):
+        def run_validation(self, data: Any = serializers.empty) -> Any:
+            return "blank" if data is serializers.empty else super().run_validation(data)
+
+    class Shapes(serializers.Serializer):
+        plain = serializers.CharField(required=False, default="p")
+        nothing = serializers.CharField(required=False)
+        needed = serializers.CharField()
+        made = serializers.ListField(required=False, default=list)
+        counted = Counted(required=False, default="unused")
+        blanked = Blanked(required=False, default="unused")
+        hooked = serializers.IntegerField(required=False, default=3)
+        nested = serializers.CharField(required=False, default="n", source="inner.value")
+
+        def validate_hooked(self, value: int) -> int:
+            return value * 2
+
+    for body in ({"needed": "x"}, {"needed": "x", "plain": "q", "hooked": 4, "nested": "m"}, {}, {"plain": 1}):
+        calls.clear()
+        expected = outcome_with_codes(lambda d: drf(Shapes, d), body)
+        fresh_calls = list(calls)
+        calls.clear()
+        assert outcome_with_codes(reused(Shapes), body) == expected
+        assert calls == fresh_calls
+
+
 def test_threads_validate_concurrently_without_sharing_state():
     results: list[Any] = []
 

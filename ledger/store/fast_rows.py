@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from ledger.models import Operation
 from ledger.platform._adapters.django_private import loaded_instance, plain_fields
@@ -72,19 +72,23 @@ def _layout(cursor: Any, statement: str | None) -> Layout:
     return layout
 
 
-def operations_from(cursor: Any, statement: str | None = None) -> list[Operation]:
+def operations_from(cursor: Any, statement: str | None = None, db: Any = None) -> list[Operation]:
     """The rows left on ``cursor`` (a statement returning whole operation rows) as
     ``Operation`` instances, exactly as ``Operation.objects.raw`` builds them. ``statement``:
-    the text the cursor ran, when it is a named statement (its layout is then kept by it)."""
+    the text the cursor ran, when it is a named statement (its layout is then kept by it).
+    ``db``: the database wrapper the cursor belongs to, when the caller holds it (else the
+    default database's)."""
     rows = cursor.fetchall()
     if not rows:
         return []
     layout = _layout(cursor, statement)
-    alias = connection.alias
+    if db is None:
+        db = connections[DEFAULT_DB_ALIAS]
+    alias = db.alias
     out = []
     for row in rows:
         values = [row[i] for i in layout.positions]
         for i, convert in layout.converters:
-            values[i] = convert(values[i], None, connection)
+            values[i] = convert(values[i], None, db)
         out.append(loaded_instance(Operation, alias, layout.attnames, values, plain=layout.plain))
     return out

