@@ -11,7 +11,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.db.models import Prefetch, QuerySet
+from django.db.models import F, Prefetch, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -120,8 +120,18 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
     show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ReviewItem]:
+        # The items as the mirror names them, without ReviewItem.objects' check of the row's
+        # own state (open_rows_where: what FOR UPDATE checks again after a wait; nothing here
+        # locks, and in one snapshot the mirror's review rows are exactly the rows in review,
+        # ADR 0027). With that check the planner multiplies two selectivities that are one
+        # (an estimate of 10 items for 20,000 at ten million operations), so it joined and
+        # sorted every item rather than walk the index for a page: 180 ms against 1 ms.
+        rows = ReviewItem._base_manager.filter(
+            open_row__status=OperationStatus.REVIEW, open_row__tenant_id=F("tenant_id")
+        )
+        ordering = self.get_ordering(request)  # as ModelAdmin.get_queryset orders its rows
         # The "why" column's events in one query for the page, not one per row.
-        return super().get_queryset(request).prefetch_related(REVIEW_MOVES)
+        return (rows.order_by(*ordering) if ordering else rows).prefetch_related(REVIEW_MOVES)
 
     def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any) -> Any:
         paginator = super().get_paginator(request, queryset, per_page, *args, **kwargs)
