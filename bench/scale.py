@@ -71,6 +71,7 @@ REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
 # whose WAL and table growth are averaged (default 2,000). SCALE_ONLY=lists: the state,
 # needs and updated_after lists of the API and the console (``_listed``) beside the
 # references, nothing else (no claims, growth, sweeper or purge; custom plans only).
+# SCALE_ONLY=console: the dashboard and every console page (``console …``), as lists.
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Single fresh claims whose WAL is read one by one (the least is the operation's own).
@@ -398,6 +399,8 @@ class Recorder:
             return
         if ONLY == "lists" and not _listed(name):
             return
+        if ONLY == "console" and not name.startswith("console "):
+            return
         latencies: list[float] = []
         statements: list[tuple[float, str, Any]] = []
         started = time.perf_counter()
@@ -555,7 +558,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     for _ in range(30):
         claim_fresh(big)()
         claim_replay()
-    growth = wal_and_hot(claim_fresh(big)) if ONLY not in ("search", "lists") else {}
+    growth = wal_and_hot(claim_fresh(big)) if ONLY not in ("search", "lists", "console") else {}
     if ONLY == "growth":
         Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
         return _sized({"label": label, "rows": rows, "growth": growth, "results": rec.results, "plans": []})
@@ -911,7 +914,7 @@ def explain_slowest(rec: Recorder) -> list[dict[str, Any]]:
         raw = connection.connection
         # The lists plan per call (ledger.store.sql.planned_per_call); the generic plan is shown for
         # what a prepared statement would settle on, and costs minutes at 10M (seq scans).
-        for mode in ("custom",) if ONLY in ("search", "lists") else ("custom", "generic"):
+        for mode in ("custom",) if ONLY in ("search", "lists", "console") else ("custom", "generic"):
             try:
                 with raw.transaction(), psycopg.ClientCursor(raw) as cursor:
                     cursor.execute(f"SET LOCAL plan_cache_mode = force_{mode}_plan")
@@ -1085,7 +1088,7 @@ def main() -> int:
         results[db] = json.loads((VAR / f"bench-scale-{db}.json").read_text())
     # Claims last, both databases in one process, interleaved (bench.scale_claims).
     results["claims"] = {}
-    if ONLY not in ("bytes", "search", "lists"):
+    if ONLY not in ("bytes", "search", "lists", "console"):
         claims_json = VAR / "bench-scale-claims.json"
         env = {**os.environ, "SCALE_DB": BIG_DB, "SCALE_SMALL_DB": SMALL_DB, "SCALE_CLAIMS_JSON": str(claims_json)}
         proc = subprocess.run([sys.executable, "-m", "bench.scale_claims"], cwd=ROOT, env=env)
