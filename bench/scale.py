@@ -4,7 +4,8 @@
     .venv/bin/python -m bench.scale                           # the real measurement (10M, ~12 GB)
 
 Two databases on the DATABASE_URL server: ``bench_scale`` (SCALE_ROWS operations, each with
-one attempt and two events: one big tenant with 90 % of the rows, nine small ones, and a
+one attempt and, once it left ``claimed``, one event — a guard claim's move is on its row, ADR
+0024 — one big tenant with 90 % of the rows, nine small ones, and a
 quiet tenant with a few hundred succeeded rows) and ``bench_scale_small`` (SCALE_SMALL_ROWS,
 same shape). Rows are generated in SQL (INSERT … SELECT generate_series, secondary indexes
 built after the fill, foreign-key triggers off while filling), and a filled database is reused
@@ -26,11 +27,13 @@ load that comes and goes on a shared machine lands on one side.
 A fill ends as a database in service would be, not as a bulk load leaves it: its VACUUM
 (ANALYZE) sets hint bits and the visibility map and takes statistics, then a CHECKPOINT
 writes out what the fill and the VACUUM dirtied (gigabytes at 10M) so the measures do not
-queue behind that write-back. One thing of a bulk load remains: the fill leaves room on
-nearly every page of operations (fillfactor 90) that its VACUUM publishes, and a fresh row
-that fits in it goes to the next old page instead of the table's end — a page read and a
-full-page image in the WAL per fresh claim, in both databases (bench/results/scale-10M.md, *Claims at
-scale*).
+queue behind that write-back. Operations and attempts are filled at fillfactor 100 and given
+back their own (90, migration ledger.0021/0025) afterwards (fill version 10): a live table's
+old pages are packed — each row was inserted claimed and its one update (the completion)
+took the room the fillfactor kept — so a fresh row goes to the table's end, as in service.
+Before, the fill left room on nearly every page that its VACUUM published, and a fresh row
+that fitted in it went to the next old page — a page read and a full-page image in the WAL
+per fresh claim (bench/results/scale-10M.md, *Claims at scale*).
 
 The plans of every list query (custom and generic) go to var/bench-scale-plans.md, the
 figures to var/bench-scale.json.
@@ -68,12 +71,13 @@ REPEAT = int(os.environ.get("SCALE_REPEAT", 20))
 # whose WAL and table growth are averaged (default 2,000). SCALE_ONLY=lists: the state,
 # needs and updated_after lists of the API and the console (``_listed``) beside the
 # references, nothing else (no claims, growth, sweeper or purge; custom plans only).
+# SCALE_ONLY=console: the dashboard and every console page (``console …``), as lists.
 ONLY = os.environ.get("SCALE_ONLY", "")
 MARGINAL = int(os.environ.get("SCALE_MARGINAL", 2000))
 # Single fresh claims whose WAL is read one by one (the least is the operation's own).
 WAL_SAMPLES = int(os.environ.get("SCALE_WAL_SAMPLES", 60))
 # Bump when the generated shape changes: a database filled by another version is refilled.
-FILL_VERSION = 9
+FILL_VERSION = 10
 SMALL_TENANTS = 9
 QUIET_ROWS = 300
 BIG = "scale-big"
@@ -210,8 +214,31 @@ def _drop_secondary(cursor: Any) -> list[str]:
     return restore
 
 
+# Filled at fillfactor 100, then given their own back (fill version 10): the tables whose rows
+# a live ledger updates once after inserting them (operations and attempts, each partition).
+_PACKED = ("ledger_operation", "ledger_attempt")
+
+
+def _pack(cursor: Any) -> list[str]:
+    """Set fillfactor 100 on each of _PACKED's tables (a partitioned table: its partitions,
+    which hold the storage parameters) that has another; the statements that put each
+    one's own value back."""
+    cursor.execute(
+        "SELECT c.oid::regclass::text, opt FROM pg_class c, unnest(c.reloptions) AS opt"
+        " WHERE c.relkind = 'r' AND opt LIKE 'fillfactor=%%' AND (c.oid = ANY(%s::regclass[])"
+        " OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = ANY(%s::regclass[])))",
+        [list(_PACKED), list(_PACKED)],
+    )
+    restore = []
+    for table, option in cursor.fetchall():
+        cursor.execute(f"ALTER TABLE {table} SET (fillfactor = 100)")
+        restore.append(f"ALTER TABLE {table} SET ({option})")
+    return restore
+
+
 def fill(rows: int) -> float:
-    """``rows`` operations (+1 attempt, 2 events each) unless the recorded fill matches."""
+    """``rows`` operations (+1 attempt each, +1 event each that left ``claimed``) unless the
+    recorded fill matches."""
     from django.db import connection, transaction
 
     from ledger.models import Tenant, sealed_to_bytes
@@ -243,6 +270,9 @@ def fill(rows: int) -> float:
             "TRUNCATE ledger_operation, ledger_open_operation, ledger_operation_search, ledger_tombstone, review_activityhour RESTART IDENTITY CASCADE"
         )
         restore = _drop_secondary(cursor)
+        # Packed pages, as a live table's are (fill version 10; the module's docstring): each
+        # table filled at fillfactor 100 gets its own storage parameters back after the fill.
+        restore += _pack(cursor)
         # Foreign-key triggers off for this session's inserts: every row points at a row this
         # fill wrote (attempts and events are selected from the operations just inserted).
         cursor.execute("SET session_replication_role = replica")
@@ -253,8 +283,8 @@ def fill(rows: int) -> float:
             " payload, response_body, attempts, throttled_attempts, max_attempts, lease_token, uses_sent_marker,"
             " last_error, error_class, provider_ref, response_status, reconciliation_handle, execution_id,"
             " workflow_id, workflow_version, correlation_id, lookup_failures, request_bytes, cost, callback_url,"
-            " run, record, created_at, updated_at, done_at, claimed_at, lease_expires_at, sent_at,"
-            " next_attempt_at)"
+            " run, record, claim_actor, claim_sent, created_at, updated_at, done_at, claimed_at,"
+            " lease_expires_at, sent_at, next_attempt_at)"
             " SELECT t, 'ord-' || i || '-' || left(md5(i::text), 8), 'guard', st,"
             " (SELECT id FROM ledger_provider p WHERE p.tenant_id = t), %(action)s, decode(%(fp)s, 'hex'),"
             " %(sealed)s,"
@@ -263,7 +293,7 @@ def fill(rows: int) -> float:
             " CASE WHEN st = 'succeeded' THEN 'ch_' || left(md5('r' || i), 20) ELSE '' END,"
             " CASE WHEN st = 'succeeded' THEN 200 END,"
             " CASE WHEN i %% 2 = 0 THEN 'h-' || i ELSE '' END, 'exec-' || (i / 3), 'wf-' || (i %% 50), '3',"
-            " 'corr-' || (i / 3), 0, 0, 0, '', '', '', at, at + interval '1 second',"
+            " 'corr-' || (i / 3), 0, 0, 0, '', '', '', 'api', true, at, at + interval '1 second',"
             " CASE WHEN st IN ('succeeded', 'failed', 'abandoned') THEN at + interval '1 second' END, at,"
             " CASE WHEN st = 'claimed' THEN (CASE WHEN s = 996 THEN now() - interval '1 minute'"
             " ELSE now() + interval '1 hour' END) END, at,"
@@ -295,11 +325,14 @@ def fill(rows: int) -> float:
             " WHEN 'abandoned' THEN 'ambiguous' ELSE 'pending' END,"
             " error_class, last_error, provider_ref, response_status, execution_id FROM ledger_operation"
         )
+        # A guard claim's move ('' → claimed) is on its row (ADR 0024; claim_actor, claim_sent
+        # above, as operation_claim_pg writes them for a claim that is also the sent marker:
+        # sent_at is the claim's time), so each operation has one event row, its move out of
+        # claimed (fill version 10; before, a claim event too). Every filled row is guard mode.
         cursor.execute(
             "INSERT INTO ledger_operationevent (tenant_id, operation_id, from_status, to_status, actor, reason,"
             " attempt, at)"
-            " SELECT tenant_id, id, '', 'claimed', 'api', 'claimed', 1, created_at FROM ledger_operation"
-            " UNION ALL SELECT tenant_id, id, 'claimed', status, 'api', " + _REASON + ", 1, updated_at"
+            " SELECT tenant_id, id, 'claimed', status, 'api', " + _REASON + ", 1, updated_at"
             " FROM ledger_operation WHERE status <> 'claimed' ORDER BY 2"
         )
         # The search rows (ADR 0018): the claim's identifiers, and the provider reference the
@@ -366,6 +399,8 @@ class Recorder:
             return
         if ONLY == "lists" and not _listed(name):
             return
+        if ONLY == "console" and not name.startswith("console "):
+            return
         latencies: list[float] = []
         statements: list[tuple[float, str, Any]] = []
         started = time.perf_counter()
@@ -398,6 +433,9 @@ class Recorder:
             in_sql.append(sum(s[0] for s in statements))
             if last or error:
                 break
+        # The process's first call of a page pays what later calls find done (a connection's
+        # catalog caches, a first JIT): kept apart, so a p95 that is the first call shows as one.
+        first = latencies[0] if latencies else float("nan")
         latencies.sort()
         cpu.sort()
         in_sql.sort()
@@ -408,6 +446,7 @@ class Recorder:
             "p50_ms": round(_pct(latencies, 50) * 1000, 2),
             "p95_ms": round(_pct(latencies, 95) * 1000, 2),
             "max_ms": round(latencies[-1] * 1000, 2),
+            "first_ms": round(first * 1000, 2),
             "cpu_p50_ms": round(_pct(cpu, 50) * 1000, 2),
             "sql_p50_ms": round(_pct(in_sql, 50) * 1000, 2),
             "queries": len(statements),
@@ -523,7 +562,7 @@ def measure_all(rows: int, label: str) -> dict[str, Any]:
     for _ in range(30):
         claim_fresh(big)()
         claim_replay()
-    growth = wal_and_hot(claim_fresh(big)) if ONLY not in ("search", "lists") else {}
+    growth = wal_and_hot(claim_fresh(big)) if ONLY not in ("search", "lists", "console") else {}
     if ONLY == "growth":
         Operation.objects.filter(key__startswith=f"fresh-{run_id}-").delete()
         return _sized({"label": label, "rows": rows, "growth": growth, "results": rec.results, "plans": []})
@@ -879,7 +918,7 @@ def explain_slowest(rec: Recorder) -> list[dict[str, Any]]:
         raw = connection.connection
         # The lists plan per call (ledger.store.sql.planned_per_call); the generic plan is shown for
         # what a prepared statement would settle on, and costs minutes at 10M (seq scans).
-        for mode in ("custom",) if ONLY in ("search", "lists") else ("custom", "generic"):
+        for mode in ("custom",) if ONLY in ("search", "lists", "console") else ("custom", "generic"):
             try:
                 with raw.transaction(), psycopg.ClientCursor(raw) as cursor:
                     cursor.execute(f"SET LOCAL plan_cache_mode = force_{mode}_plan")
@@ -910,6 +949,11 @@ def child(db: str, rows: int) -> None:
 
     logging.getLogger("onceguard").setLevel(logging.ERROR)
     logging.getLogger("django.request").setLevel(logging.CRITICAL)
+    # The measured process stands for a web worker, which config.wsgi warms up at its start
+    # (the URL reverse dictionary, the console's templates): its first page does not pay it.
+    from config.warmup import warm_up
+
+    warm_up()
     filled = fill(rows)
     how = f"filled in {filled:.0f} s" if filled else "reused"
     print(f"{db}: {rows:,} operations ({how})", flush=True)
@@ -1048,7 +1092,7 @@ def main() -> int:
         results[db] = json.loads((VAR / f"bench-scale-{db}.json").read_text())
     # Claims last, both databases in one process, interleaved (bench.scale_claims).
     results["claims"] = {}
-    if ONLY not in ("bytes", "search", "lists"):
+    if ONLY not in ("bytes", "search", "lists", "console"):
         claims_json = VAR / "bench-scale-claims.json"
         env = {**os.environ, "SCALE_DB": BIG_DB, "SCALE_SMALL_DB": SMALL_DB, "SCALE_CLAIMS_JSON": str(claims_json)}
         proc = subprocess.run([sys.executable, "-m", "bench.scale_claims"], cwd=ROOT, env=env)

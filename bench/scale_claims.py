@@ -18,9 +18,9 @@ pooled p50/p95 of each side. Nothing is left behind: the fresh claims' operation
 deleted at the end.
 
 SCALE_FRESH_PAYLOAD=1: fresh claims carry the filled rows' payload (``bench.scale.PAYLOAD``).
-Whether a fresh row fits in the room the fill leaves on each page of operations (fillfactor
-90), and so goes to an old page instead of the table's end, depends on its size
-(bench/results/scale-10M.md, *Claims at scale*).
+Before fill version 10, whether a fresh row fitted in the room the fill left on each page of
+operations (fillfactor 90), and so went to an old page instead of the table's end, depended on
+its size (bench/results/scale-10M.md, *Claims at scale*); the fill now packs its pages.
 """
 
 from __future__ import annotations

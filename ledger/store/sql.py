@@ -121,6 +121,10 @@ def db_now() -> datetime:
 INDEX_PLANS = "SELECT set_config('enable_seqscan', 'off', true)"
 
 
+# planned_per_call(serial=True), for this transaction only: no parallel workers, no JIT.
+SERIAL_PLANS = "SELECT set_config('max_parallel_workers_per_gather', '0', true), set_config('jit', 'off', true)"
+
+
 @contextmanager
 def planned_per_call(*, indexed: bool = False, serial: bool = False) -> Iterator[None]:
     """Run the reads inside planned for the values of each call (PostgreSQL's
@@ -141,7 +145,10 @@ def planned_per_call(*, indexed: bool = False, serial: bool = False) -> Iterator
     ``serial``: also without parallel workers (``max_parallel_workers_per_gather = 0``), for a
     page of many short reads that each stop after a few rows (the console's front page): at ten
     million rows the planner gave several of them a parallel plan whose workers took 35–56 ms to
-    start on a busy machine, for 1–10 ms of work each (bench/results/scale-10M.md).
+    start on a busy machine, for 1–10 ms of work each (bench/results/scale-10M.md). And without
+    JIT compilation: a serial plan of a page read over ten million rows is costed past
+    ``jit_above_cost`` (a LIMIT's plan carries its input's cost), and the console's needs=stuck
+    page then compiled for 27 ms to read 101 rows in 0.5 ms (EXPLAIN ANALYZE, fill version 10).
     """
     with transaction.atomic():
         if connection.vendor == "postgresql":
@@ -151,7 +158,7 @@ def planned_per_call(*, indexed: bool = False, serial: bool = False) -> Iterator
                 else:
                     cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan", [])
                 if serial:
-                    cursor.execute("SET LOCAL max_parallel_workers_per_gather = 0", [])
+                    cursor.execute(SERIAL_PLANS, [])
         yield
 
 

@@ -176,7 +176,12 @@ class ConsoleAdminMixin:
             return super().changelist_view(request, extra_context)  # type: ignore[misc]
         # Every list query planned for its filter's values (ledger.store.sql.planned_per_call), the
         # template's too (it queries while rendering): rendered inside, not after the view.
-        with sql.planned_per_call():
+        # Serial, as the front page: a list reads a page. At ten million rows the planner gave the
+        # open-state lists (status=review, needs=stuck, needs=cancellable) parallel plans whose
+        # workers took 36–51 ms to start for under 1 ms of work each (EXPLAIN ANALYZE,
+        # bench/results/scale-10M.md, fill version 10): the row's own state beside the mirror's
+        # makes it expect a handful of rows where a page's are there to be read.
+        with sql.planned_per_call(serial=True):
             response = super().changelist_view(request, extra_context)  # type: ignore[misc]
             if isinstance(response, TemplateResponse):
                 response.render()
