@@ -103,6 +103,16 @@ def operations_in_state(rows: QuerySet[Operation], state: str, *, tenant_ids: li
     return rows.filter(status=state)
 
 
+def operation_ids_in_terminal_state(state: str) -> QuerySet[Any]:
+    """The ids of the operations in ``state`` (one of ``LISTED_BY_EVENT``), each once, read
+    from the events into it alone (an index-only scan of ``opevent_terminal_status_idx``): the
+    rows ``operations_in_state`` lists, since a terminal state is final and its row says so.
+    For counting them without probing each operation row (ADR 0027 item 3)."""
+    if state not in LISTED_BY_EVENT:
+        raise ValueError(f"{state!r} is not listed by its events")
+    return OperationEvent.objects.filter(to_status=state).values("operation_id").distinct()
+
+
 def _newest_first(ids: QuerySet[Any]) -> QuerySet[Any]:
     """Operation ids of events, each once, newest first, on PostgreSQL (ADR 0027): an ordered
     ``DISTINCT ON`` keeps its ORDER BY inside the semi-join, so the list's page joins the first

@@ -83,6 +83,9 @@ class CappedCountPaginator(Paginator):
     # Set by a list whose rows another, cheaper query names one for one (the operations list
     # filtered on the work-queue mirror alone, ADR 0027): counted instead.
     counted: Any = None
+    # Or the ids of the list's rows, one per row, as a values() query (the operations list
+    # filtered on a terminal state alone, counted on the events into it, ADR 0027).
+    counted_ids: Any = None
 
     @cached_property
     def count(self) -> int:
@@ -92,7 +95,11 @@ class CappedCountPaginator(Paginator):
         # Without ORDER BY: counting needs no order, and any index may serve the filter. Only
         # the primary key: a list's annotations (the operations list's workflow name, a
         # subquery per row) are not computed for rows that are only counted.
-        rows = self.object_list if self.counted is None else self.counted
-        counted = rows.order_by().values("pk")[: COUNT_CAP + 1].count()
+        if self.counted_ids is not None:
+            ids = self.counted_ids.order_by()
+        else:
+            rows = self.object_list if self.counted is None else self.counted
+            ids = rows.order_by().values("pk")
+        counted = ids[: COUNT_CAP + 1].count()
         self.capped = counted > COUNT_CAP
         return min(counted, COUNT_CAP)

@@ -46,7 +46,9 @@ from ledger.platform import tracing
 from ledger.platform.errors import DomainError
 from ledger.protocol import transitions
 from ledger.protocol.selectors import (
+    LISTED_BY_EVENT,
     operation_history,
+    operation_ids_in_terminal_state,
     operation_search,
     operation_search_window,
     operations_in_state,
@@ -154,6 +156,11 @@ class StateFilter(admin.ChoicesFieldListFilter):
             return super().queryset(request, queryset)
         if states in OPEN_STATES:
             _count_on_mirror(request, OpenOperation.objects.filter(status=states))
+        elif states in LISTED_BY_EVENT and request is not None:
+            # Counted on the events into the state (an index-only read), not by probing an
+            # operation row for each of up to 10,001 ids: 33–170 ms at 10M, and seconds on a
+            # cold cache, against 3–16 ms (ADR 0027 item 3).
+            request.terminal_ids_counted = operation_ids_in_terminal_state(states)  # type: ignore[attr-defined]
         return operations_in_state(queryset, states, tenant_ids=self.tenant_ids)
 
 
@@ -370,10 +377,14 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
     def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any) -> Any:
         paginator = super().get_paginator(request, queryset, per_page, *args, **kwargs)
         mirrored = getattr(request, "open_rows_counted", None)
+        terminal_ids = getattr(request, "terminal_ids_counted", None)
         narrowing = set(request.GET) - _NOT_FILTERS
-        if mirrored is not None and len(narrowing) == 1 and isinstance(paginator, CappedCountPaginator):
+        if len(narrowing) == 1 and isinstance(paginator, CappedCountPaginator):
             scope = self._tenants(request)
-            paginator.counted = mirrored if scope is None else mirrored.filter(tenant_id__in=scope)
+            if mirrored is not None:
+                paginator.counted = mirrored if scope is None else mirrored.filter(tenant_id__in=scope)
+            elif terminal_ids is not None:
+                paginator.counted_ids = terminal_ids if scope is None else terminal_ids.filter(tenant_id__in=scope)
         return paginator
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Operation]:
