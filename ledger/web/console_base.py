@@ -452,6 +452,10 @@ class SelectorSearchMixin:
             except ValueError:
                 page = 1
             options["enough"] = page * getattr(self, "list_per_page", 100) + 1
+            if search_term.strip():
+                # The count of a search is of the matches read (the pages up to this one and
+                # one more row): the paginator says "more than" when it reached them.
+                request.search_read_up_to = options["enough"]  # type: ignore[attr-defined]
         window_of = type(self).list_search_window
         if window_of is not None and search_term.strip():
             window = window_of(
@@ -463,6 +467,13 @@ class SelectorSearchMixin:
                 options["window"] = window
                 _say_search_window(request, search_term, window)
         return type(self).list_search(queryset, search_term, **options), False
+
+    def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any) -> Any:
+        paginator = super().get_paginator(request, queryset, per_page, *args, **kwargs)  # type: ignore[misc]
+        read_up_to = getattr(request, "search_read_up_to", None)
+        if read_up_to is not None and hasattr(paginator, "read_up_to"):
+            paginator.read_up_to = read_up_to
+        return paginator
 
 
 # The query parameter of a common text's next, older search window (ADR 0026).

@@ -86,6 +86,10 @@ class CappedCountPaginator(Paginator):
     # Or the ids of the list's rows, one per row, as a values() query (the operations list
     # filtered on a terminal state alone, counted on the events into it, ADR 0027).
     counted_ids: Any = None
+    # Set by a search that stops reading matches after the rows up to its page and one more
+    # (SelectorSearchMixin, ADR 0018): a count that reaches it is "more than" that less one.
+    read_up_to: int | None = None
+    at_least = False
 
     @cached_property
     def count(self) -> int:
@@ -102,4 +106,5 @@ class CappedCountPaginator(Paginator):
             ids = rows.order_by().values("pk")
         counted = ids[: COUNT_CAP + 1].count()
         self.capped = counted > COUNT_CAP
+        self.at_least = not self.capped and self.read_up_to is not None and counted >= self.read_up_to
         return min(counted, COUNT_CAP)

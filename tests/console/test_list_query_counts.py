@@ -487,3 +487,26 @@ def test_a_terminal_state_filter_alone_is_counted_on_the_events_into_it(
         assert len(counts) == 1, counts
         on_events = '"ledger_operation"' not in counts[0] and '"ledger_operationevent"' in counts[0]
         assert on_events == ("&" not in query), counts[0]
+
+
+def test_a_search_that_stops_at_its_page_says_more_than_the_rows_up_to_it(tenant, two_tenants, monkeypatch):
+    # A console search reads its matches up to the page shown and one more row (ADR 0018), so
+    # its count is of those: four matches at two a page count 3 on the first page. The page says
+    # "more than 2" there, and the exact number once a page reads past the last match.
+    from ledger.web.console.operations import OperationAdmin
+    from tests.console.support import failed_op
+
+    for i in range(4):
+        failed_op(tenant, two_tenants["acme"], f"more-{i}")
+    monkeypatch.setattr(OperationAdmin, "list_per_page", 2)
+    root = client_for(User.objects.create_superuser("root-more", "root@example.invalid", "x"))
+    url = reverse("admin:ledger_operation_changelist")
+    first = root.get(url, {"q": "more-"}).content.decode()
+    assert "more than 2 operations" in first, first[-3000:]
+    last = root.get(url, {"q": "more-", "p": "2"}).content.decode()
+    assert "4 operations" in last and "more than" not in last.split('class="paginator"')[1], last[-3000:]
+    few = root.get(url, {"q": "more-3"}).content.decode()
+    assert "more than" not in few.split('class="paginator"')[1], few[-3000:]
+    # Without a search the list is counted as every list is.
+    unsearched = root.get(url).content.decode()
+    assert "4 operations" in unsearched.split('class="paginator"')[1], unsearched[-3000:]
