@@ -141,7 +141,7 @@ class ReviewItemAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdm
         if not set(request.GET) - {"p", "o"} and isinstance(paginator, CappedCountPaginator):
             scope_of = getattr(self, "tenant_scope", None)
             scope = scope_of(request) if scope_of is not None else None
-            mirrored = OpenOperation.objects.filter(status=OperationStatus.REVIEW)
+            mirrored = OpenOperation.objects.filter(status=OperationStatus.REVIEW).values("pk")
             paginator.counted = mirrored if scope is None else mirrored.filter(tenant_id__in=scope)
         return paginator
 

@@ -69,6 +69,7 @@ from ledger.platform.errors import DomainError, LookupNotOffered
 from ledger.platform.storable import EARLIEST, LATEST, json_problem, nul_problem
 from ledger.protocol import approvals
 from ledger.providers import prompts, revisions
+from ledger.web.pagination import CappedCountPaginator
 
 # Django's own parameters of a change list (never lookups on the model).
 LIST_PARAMETERS = frozenset(
@@ -471,7 +472,7 @@ class SelectorSearchMixin:
     def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any) -> Any:
         paginator = super().get_paginator(request, queryset, per_page, *args, **kwargs)  # type: ignore[misc]
         read_up_to = getattr(request, "search_read_up_to", None)
-        if read_up_to is not None and hasattr(paginator, "read_up_to"):
+        if read_up_to is not None and isinstance(paginator, CappedCountPaginator):
             paginator.read_up_to = read_up_to
         return paginator
 

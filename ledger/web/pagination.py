@@ -80,12 +80,10 @@ class CappedCountPaginator(Paginator):
 
     # Set by a list that read all its rows on page one (review.console.listing): nothing to count.
     known_count: int | None = None
-    # Set by a list whose rows another, cheaper query names one for one (the operations list
-    # filtered on the work-queue mirror alone, ADR 0027): counted instead.
+    # Set by a list whose rows another, cheaper query names one for one: the ids of its rows,
+    # one per row, as a values() query (the work-queue mirror's, or the events' into a
+    # terminal state, ADR 0027), counted instead of the rows.
     counted: Any = None
-    # Or the ids of the list's rows, one per row, as a values() query (the operations list
-    # filtered on a terminal state alone, counted on the events into it, ADR 0027).
-    counted_ids: Any = None
     # Set by a search that stops reading matches after the rows up to its page and one more
     # (SelectorSearchMixin, ADR 0018): a count that reaches it is "more than" that less one.
     read_up_to: int | None = None
@@ -99,12 +97,8 @@ class CappedCountPaginator(Paginator):
         # Without ORDER BY: counting needs no order, and any index may serve the filter. Only
         # the primary key: a list's annotations (the operations list's workflow name, a
         # subquery per row) are not computed for rows that are only counted.
-        if self.counted_ids is not None:
-            ids = self.counted_ids.order_by()
-        else:
-            rows = self.object_list if self.counted is None else self.counted
-            ids = rows.order_by().values("pk")
-        counted = ids[: COUNT_CAP + 1].count()
+        ids = self.object_list.values("pk") if self.counted is None else self.counted
+        counted = ids.order_by()[: COUNT_CAP + 1].count()
         self.capped = counted > COUNT_CAP
         self.at_least = not self.capped and self.read_up_to is not None and counted >= self.read_up_to
         return min(counted, COUNT_CAP)

@@ -120,7 +120,7 @@ class NeedsFilter(admin.SimpleListFilter):
             return queryset.filter(open_rows_where(status=S.RETRY_WAIT, mode=OperationMode.GUARD)).filter(due)
         if self.value() == "stuck":
             cutoff = now - timedelta(seconds=int(settings.ONCEGUARD["STUCK_ALERT_SECONDS"]))
-            _count_on_mirror(request, OpenOperation.objects.filter(updated_at__lt=cutoff))
+            _count_instead(request, OpenOperation.objects.filter(updated_at__lt=cutoff).values("pk"))
             # Every mirrored row is open: "not moved since" is checked on the entries of its
             # (id, updated_at) index; the page and its count read that index.
             return queryset.filter(
@@ -130,7 +130,7 @@ class NeedsFilter(admin.SimpleListFilter):
             # The predicate of open_cancellable_id_idx (those rows in list order), in constants:
             # the page reads its 100 entries, its count a range of them.
             cancellable = list(transitions.CANCELLABLE_STATES)
-            _count_on_mirror(request, OpenOperation.objects.filter(status__in_literal=cancellable))
+            _count_instead(request, OpenOperation.objects.filter(status__in_literal=cancellable).values("pk"))
             return queryset.filter(
                 open_row__tenant_id=F("tenant_id"),
                 open_row__status__in_literal=cancellable,
@@ -155,12 +155,12 @@ class StateFilter(admin.ChoicesFieldListFilter):
         if not isinstance(states, str) or states not in S.values or self.lookup_kwarg_isnull in self.used_parameters:
             return super().queryset(request, queryset)
         if states in OPEN_STATES:
-            _count_on_mirror(request, OpenOperation.objects.filter(status=states))
-        elif states in LISTED_BY_EVENT and request is not None:
-            # Counted on the events into the state (an index-only read), not by probing an
-            # operation row for each of up to 10,001 ids: 33–170 ms at 10M, and seconds on a
-            # cold cache, against 3–16 ms (ADR 0027 item 3).
-            request.terminal_ids_counted = operation_ids_in_terminal_state(states)  # type: ignore[attr-defined]
+            _count_instead(request, OpenOperation.objects.filter(status=states).values("pk"))
+        elif states in LISTED_BY_EVENT:
+            # The events into the state (an index-only read) instead of an operation row probed
+            # for each of up to 10,001 ids: 3–16 ms at 10M against 33–170 ms, and seconds on a
+            # cold cache (ADR 0027 item 3).
+            _count_instead(request, operation_ids_in_terminal_state(states))
         return operations_in_state(queryset, states, tenant_ids=self.tenant_ids)
 
 
@@ -168,15 +168,16 @@ class StateFilter(admin.ChoicesFieldListFilter):
 _NOT_FILTERS = frozenset({"p", "o"})
 
 
-def _count_on_mirror(request: HttpRequest | None, mirrored: QuerySet[OpenOperation]) -> None:
-    """Let the list's capped count read ``mirrored`` — the work-queue mirror's rows that are
-    the list's rows — when that filter is the list's only one (ADR 0027): the page joins
-    each mirror row to its operation (to check the row's own columns, ``open_rows_where``),
-    but counting 10,001 of them that way probed as many operation rows (~150 ms at 10M under
-    load). The mirror is written by the row's own statements (ADR 0017 triggers), so in one
-    snapshot its rows are exactly the open rows with the same state and ``updated_at``."""
+def _count_instead(request: HttpRequest | None, ids: QuerySet[Any]) -> None:
+    """Let the list's capped count read ``ids`` — the ids of the list's rows, one per row, from
+    a cheaper source — when that filter is the list's only one (ADR 0027): the page joins each
+    candidate to its operation (to check the row's own columns, ``open_rows_where``), but
+    counting 10,001 of them that way probed as many operation rows (~150 ms at 10M under
+    load). The sources: the work-queue mirror, written by the row's own statements (ADR 0017
+    triggers), so in one snapshot its rows are exactly the open rows with the same state and
+    ``updated_at``; the events into a terminal state, which is final."""
     if request is not None:  # None: the filter applied outside a request (the dashboard's links)
-        request.open_rows_counted = mirrored  # type: ignore[attr-defined]
+        request.list_counted = ids  # type: ignore[attr-defined]
 
 
 class OperatorActionForm(forms.Form):
@@ -376,15 +377,11 @@ class OperationAdmin(TenantColumnMixin, SelectorSearchMixin, ConsoleReadOnlyAdmi
 
     def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any) -> Any:
         paginator = super().get_paginator(request, queryset, per_page, *args, **kwargs)
-        mirrored = getattr(request, "open_rows_counted", None)
-        terminal_ids = getattr(request, "terminal_ids_counted", None)
+        ids = getattr(request, "list_counted", None)
         narrowing = set(request.GET) - _NOT_FILTERS
-        if len(narrowing) == 1 and isinstance(paginator, CappedCountPaginator):
+        if ids is not None and len(narrowing) == 1 and isinstance(paginator, CappedCountPaginator):
             scope = self._tenants(request)
-            if mirrored is not None:
-                paginator.counted = mirrored if scope is None else mirrored.filter(tenant_id__in=scope)
-            elif terminal_ids is not None:
-                paginator.counted_ids = terminal_ids if scope is None else terminal_ids.filter(tenant_id__in=scope)
+            paginator.counted = ids if scope is None else ids.filter(tenant_id__in=scope)
         return paginator
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Operation]:
